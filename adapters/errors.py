@@ -1,0 +1,48 @@
+"""Errors raised by the adapters: what talks to model servers and processes.
+
+The tree (callers never see ``httpx``, ``OSError`` or ``psutil`` errors from
+an adapter; they are translated here, at the edge)::
+
+    AdapterError
+     +-- SpecError          a spec field is invalid (names the field and what is allowed)
+     +-- RegistryError      a model is missing, malformed, or fails its digest
+     +-- AdmissionRefused   the instance cannot be placed or started here (port taken,
+     |                      flavor mismatch, budget, ...); nothing was changed
+     +-- SpawnError         the server process could not be launched
+     +-- ProbeError         a server could not be asked (only where a caller needs the reason)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdapterError",
+    "AdmissionRefused",
+    "ProbeError",
+    "RegistryError",
+    "SpawnError",
+    "SpecError",
+]
+
+
+class AdapterError(Exception):
+    """Base of every error an adapter raises."""
+
+
+class SpecError(AdapterError, ValueError):
+    """An instance spec is invalid; the message names the field and the allowed values."""
+
+
+class RegistryError(AdapterError):
+    """A model could not be resolved from the model registry."""
+
+
+class AdmissionRefused(AdapterError):
+    """The instance is refused; the message says why and what would fix it."""
+
+
+class SpawnError(AdapterError):
+    """The server process could not be launched (missing program, bad cwd, ...)."""
+
+
+class ProbeError(AdapterError):
+    """A server could not be probed."""

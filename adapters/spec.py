@@ -1,0 +1,156 @@
+"""What an instance is: its flavor, mode, model and endpoint.
+
+Source of the behaviour: ``reference/infer_runtime.rs.txt`` (``plan``,
+``instance_id``) and the spec validation it calls: role and node id are plain
+tokens, a managed server binds loopback only, the port is in 1..65535.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import re
+
+import blake3
+import msgspec
+
+from .errors import SpecError
+
+__all__ = [
+    "Flavor",
+    "InstanceSpec",
+    "Mode",
+    "instance_id",
+    "is_loopback",
+    "valid_token",
+]
+
+_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class Flavor(enum.StrEnum):
+    """Server software. The value is the adapter id's middle part (``infer.<value>``)."""
+
+    LLAMACPP = "llamacpp"
+    MLX_LM = "mlx-lm"
+    OLLAMA = "ollama"
+
+    @property
+    def default_port(self) -> int:
+        """The flavor's conventional port (llama.cpp and mlx-lm 8080, Ollama 11434)."""
+        return 11434 if self is Flavor.OLLAMA else 8080
+
+    def adapter_id(self, mode: Mode) -> str:
+        """``infer.<flavor>`` when managed, ``infer.<flavor>.adopted`` when adopted."""
+        base = f"infer.{self.value}"
+        return base if mode is Mode.MANAGED else f"{base}.adopted"
+
+
+class Mode(enum.StrEnum):
+    """Adopted: observe a server somebody else started. Managed: launch and control it."""
+
+    ADOPTED = "adopted"
+    MANAGED = "managed"
+
+
+def valid_token(value: str, max_len: int = 64) -> bool:
+    """A plain token: ASCII letters, digits, ``.``, ``_``, ``-``; not starting with punctuation."""
+    return 0 < len(value) <= max_len and _TOKEN.match(value) is not None
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and any 127.0.0.0/8 or ::1 literal."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One model server instance, as a node controller or a config file places it.
+
+    Attributes:
+        role: plain token naming the instance's job (``chat``, ``embed``); first
+            part of the instance id.
+        flavor: the server software.
+        port: TCP port of the server's HTTP API (1..65535).
+        mode: adopted or managed.
+        model: registry name of the model (managed: required; adopted: optional,
+            used to check the server lists it).
+        host: address the server listens on and is probed at; loopback only when
+            managed.
+        ctx_size: context length in tokens passed to llama.cpp (``-c``).
+        draft_model: registry name of a draft model for speculative decoding.
+        env: extra environment entries for the launched server.
+        kind: workload kind, which defines health interval and judgement.
+        continuous: False for a one-shot run that finishes on exit 0.
+    """
+
+    role: str
+    flavor: Flavor
+    port: int
+    mode: Mode = Mode.MANAGED
+    model: str | None = None
+    host: str = "127.0.0.1"
+    ctx_size: int = 512
+    draft_model: str | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    kind: str = "inference"
+    continuous: bool = True
+
+    def validate(self) -> None:
+        """Check every field an operator can get wrong.
+
+        Raises:
+            SpecError: naming the field, the value and what is allowed.
+        """
+        if not valid_token(self.role):
+            raise SpecError(
+                f"role {self.role!r} must be a plain token (letters, digits, '.', '_', '-', "
+                "at most 64 characters)"
+            )
+        if not 1 <= self.port <= 65535:
+            raise SpecError(f"port {self.port} is out of range: allowed 1-65535")
+        if self.mode is Mode.MANAGED:
+            if not is_loopback(self.host):
+                raise SpecError(
+                    f"host {self.host!r}: a managed server binds loopback only "
+                    "(127.0.0.1, ::1 or localhost)"
+                )
+            if not self.model:
+                raise SpecError("model: managed mode needs a model name from the registry")
+        if self.ctx_size < 8:
+            raise SpecError(f"ctx_size {self.ctx_size} is too small: allowed 8 or more tokens")
+        for key in self.env:
+            if not key or "=" in key:
+                raise SpecError(f"env key {key!r} is not a valid environment variable name")
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` (IPv6 literals bracketed)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def bind_host(self) -> str:
+        """The address to check for a listener (``localhost`` resolved to 127.0.0.1)."""
+        return "127.0.0.1" if self.host == "localhost" else self.host
+
+
+def instance_id(spec: InstanceSpec, node_id: str) -> str:
+    """``<role>-<first 8 hex of BLAKE3 over role, flavor, model, base URL, mode>-<node>``.
+
+    Source: ``reference/infer_runtime.rs.txt`` ``instance_id``: the fields are
+    hashed one after another with no separator, exactly as the reference does.
+
+    Raises:
+        SpecError: the node id is not a plain token.
+    """
+    if not valid_token(node_id):
+        raise SpecError(f"node id {node_id!r} must be a plain token")
+    h = blake3.blake3()
+    for part in (spec.role, spec.flavor.value, spec.model or "", spec.base_url, spec.mode.value):
+        h.update(part.encode())
+    return f"{spec.role}-{h.hexdigest()[:8]}-{node_id}"

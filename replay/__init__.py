@@ -1,0 +1,1 @@
+"""infervisor.replay."""
