@@ -9,6 +9,7 @@ an adapter; they are translated here, at the edge)::
      +-- AdmissionRefused   the instance cannot be placed or started here (port taken,
      |                      flavor mismatch, budget, ...); nothing was changed
      +-- SpawnError         the server process could not be launched
+     +-- ProcessControlError  a process group could not be signalled, or outlived SIGKILL
      +-- ProbeError         a server could not be asked (only where a caller needs the reason)
 """
 
@@ -18,6 +19,7 @@ __all__ = [
     "AdapterError",
     "AdmissionRefused",
     "ProbeError",
+    "ProcessControlError",
     "RegistryError",
     "SpawnError",
     "SpecError",
@@ -36,7 +38,7 @@ class RegistryError(AdapterError):
     """A model could not be resolved from the model registry."""
 
 
-class AdmissionRefused(AdapterError):
+class AdmissionRefused(AdapterError):  # noqa: N818 -- a refusal, not a fault; public name
     """The instance is refused; the message says why and what would fix it."""
 
 
@@ -46,3 +48,8 @@ class SpawnError(AdapterError):
 
 class ProbeError(AdapterError):
     """A server could not be probed."""
+
+
+class ProcessControlError(AdapterError):
+    """A process group could not be signalled (not permitted, or a protected group),
+    or members of it were still alive after SIGKILL and the confirmation deadline."""

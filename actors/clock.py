@@ -1,0 +1,150 @@
+"""Clocks: time is injected into every actor.
+
+Durations use the monotonic clock; wall time (ns since the epoch, UTC) is for
+event timestamps only. :class:`ManualClock` lets a test advance time and fire
+timers deterministically; :class:`RealClock` runs timers on one scheduler thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["Clock", "ManualClock", "RealClock", "Timer"]
+
+
+class Timer:
+    """A scheduled callback; :meth:`cancel` keeps it from running (idempotent)."""
+
+    __slots__ = ("cancelled", "due", "fn")
+
+    def __init__(self, due: float, fn: Callable[[], None]) -> None:
+        self.due = due
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Do not run (a no-op once it has run)."""
+        self.cancelled = True
+
+
+class Clock(Protocol):
+    """What actors need of time."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (for durations)."""
+        ...
+
+    def wall_ns(self) -> int:
+        """Nanoseconds since the Unix epoch, UTC (for event timestamps)."""
+        ...
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        """Run ``fn`` after ``delay`` seconds. ``fn`` must not block (tell, don't ask)."""
+        ...
+
+
+class _Schedule:
+    """A heap of timers ordered by due time, then by scheduling order."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Timer]] = []
+        self._order = itertools.count()
+
+    def push(self, timer: Timer) -> None:
+        heapq.heappush(self._heap, (timer.due, next(self._order), timer))
+
+    def next_due(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: float) -> Timer | None:
+        if self._heap and self._heap[0][0] <= now:
+            return heapq.heappop(self._heap)[2]
+        return None
+
+
+class RealClock:
+    """The system clocks, with timers run on one daemon scheduler thread."""
+
+    def __init__(self) -> None:
+        self._schedule = _Schedule()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall_ns(self) -> int:
+        return time.time_ns()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        timer = Timer(time.monotonic() + max(delay, 0.0), fn)
+        with self._cond:
+            self._schedule.push(timer)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="clock", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return timer
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                timer = self._schedule.pop_due(time.monotonic())
+                if timer is None:
+                    due = self._schedule.next_due()
+                    self._cond.wait(None if due is None else max(due - time.monotonic(), 0))
+                    continue
+            if not timer.cancelled:
+                timer.fn()
+
+
+class ManualClock:
+    """A clock that moves only when the test calls :meth:`advance`.
+
+    Timers fire in due order, on the caller's thread, with the clock set to
+    each timer's due time as it fires.
+    """
+
+    def __init__(self, start_wall_ns: int = 1_800_000_000 * 10**9) -> None:
+        self._now = 0.0
+        self._wall0 = start_wall_ns
+        self._schedule = _Schedule()
+        self._lock = threading.Lock()
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._now
+
+    def wall_ns(self) -> int:
+        with self._lock:
+            return self._wall0 + int(self._now * 1e9)
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        with self._lock:
+            timer = Timer(self._now + max(delay, 0.0), fn)
+            self._schedule.push(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds``, firing every timer that falls due."""
+        with self._lock:
+            end = self._now + seconds
+        while True:
+            with self._lock:
+                timer = self._schedule.pop_due(end)
+                if timer is None:
+                    self._now = end
+                    return
+                self._now = max(self._now, timer.due)
+            if not timer.cancelled:
+                timer.fn()
+
+    def pending(self) -> list[float]:
+        """Due times (monotonic seconds) of timers not yet fired, cancelled ones included."""
+        with self._lock:
+            return sorted(t[0] for t in self._schedule._heap)

@@ -1,0 +1,40 @@
+"""Errors the node raises to its controller.
+
+The tree (adapter errors, such as ``AdmissionRefused``, ``SpecError`` and
+``RegistryError``, pass through unchanged: they already say what to fix)::
+
+    NodeError
+     +-- VerbRefused       the verb was refused; state and chain are as they were
+     |    +-- UnknownInstance
+     |    +-- InvalidState  (names the current state and what the verb needs)
+     +-- VerbTimeout       the verb was accepted but did not complete in time
+"""
+
+from __future__ import annotations
+
+__all__ = ["InvalidState", "NodeError", "UnknownInstance", "VerbRefused", "VerbTimeout"]
+
+
+class NodeError(Exception):
+    """Base of the node's own errors."""
+
+
+class VerbRefused(NodeError):
+    """A verb was refused before anything changed."""
+
+
+class UnknownInstance(VerbRefused):
+    """No instance with that id is placed on this node."""
+
+    def __init__(self, instance_id: str, known: list[str]) -> None:
+        listed = ", ".join(sorted(known)) or "none"
+        super().__init__(f"no instance {instance_id!r} on this node (placed: {listed})")
+        self.instance_id = instance_id
+
+
+class InvalidState(VerbRefused):
+    """The instance's lifecycle state does not allow the verb."""
+
+
+class VerbTimeout(NodeError):
+    """A verb was accepted (and recorded) but its effect was not seen in time."""

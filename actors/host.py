@@ -1,0 +1,137 @@
+"""The host actor: the node. Creates and ends instance actors and routes to them.
+
+Placement follows the reference order (``reference/infer_runtime.rs.txt``
+``plan`` and ``load``): the spec is validated, the id computed, a second load
+of the same instance and a second managed instance on one address are
+refused, and the model is resolved in the registry, all before anything is
+appended. Only then is the placement recorded and the actor started.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+import pykka
+
+from infervisor.adapters.errors import AdapterError, AdmissionRefused
+from infervisor.adapters.registry import ModelRegistry
+from infervisor.adapters.server import ServerAdapter, make_adapter
+from infervisor.adapters.spec import InstanceSpec, instance_id
+from infervisor.chain import EventDraft, StoredEvent
+from infervisor.replay import InstanceState, NodeState, apply_instance, kind_of
+from infervisor.replay import events as ev
+
+from . import messages as m
+from .errors import InvalidState, UnknownInstance
+from .instance import InstanceActor, InstanceContext
+
+__all__ = ["HostActor"]
+
+log = logging.getLogger(__name__)
+
+
+class HostActor(pykka.ThreadingActor):
+    """Owns the set of instance actors. Never asks an actor that may ask it back."""
+
+    def __init__(
+        self, ctx: InstanceContext, registry: ModelRegistry, supervisor: pykka.ActorRef[Any]
+    ) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.registry = registry
+        self.supervisor = supervisor
+        self._refs: dict[str, pykka.ActorRef[Any]] = {}
+        self._specs: dict[str, InstanceSpec] = {}
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case m.Place():
+                return self._place(message)
+            case m.Lookup(instance_id=iid):
+                return self._lookup(iid)
+            case m.ListInstances():
+                return dict(self._refs)
+            case m.UnloadInstance(instance_id=iid, by=by):
+                return self._unload(iid, by)
+            case m.BootAll(state=state):
+                return self._boot(state)
+        raise TypeError(f"HostActor does not take {type(message).__name__}")
+
+    def on_stop(self) -> None:
+        for ref in self._refs.values():
+            ref.stop(block=False)
+
+    def _lookup(self, iid: str) -> pykka.ActorRef[Any]:
+        ref = self._refs.get(iid)
+        if ref is None:
+            raise UnknownInstance(iid, list(self._refs))
+        return ref
+
+    def _place(self, msg: m.Place) -> str:
+        spec = msg.spec
+        spec.validate()
+        iid = instance_id(spec, self.ctx.node_id)
+        if iid in self._refs:
+            raise InvalidState(f"{iid} is already loaded")
+        self._refuse_shared_address(spec)
+        adapter = make_adapter(spec, iid, self.registry, self.ctx.settings.adapter_settings())
+        event = ev.Placed(
+            spec=msgspec.to_builtins(spec), placed_by=msg.placed_by, generation=msg.generation
+        )
+        stored = self._append(iid, event, msg.source)
+        state = apply_instance(None, stored, event)
+        assert state is not None
+        self._adopt_actor(state, spec, adapter)
+        return iid
+
+    def _refuse_shared_address(self, spec: InstanceSpec) -> None:
+        for other_id, other in self._specs.items():
+            same = (other.bind_host, other.port) == (spec.bind_host, spec.port)
+            if same and "managed" in (spec.mode.value, other.mode.value):
+                raise AdmissionRefused(
+                    f"{spec.bind_host}:{spec.port} is already used by another instance ({other_id})"
+                )
+
+    def _append(self, iid: str, event: ev.Placed, source: str) -> StoredEvent:
+        draft = EventDraft(
+            ts_ns=self.ctx.clock.wall_ns(),
+            source=source,
+            kind=kind_of(event),
+            subject=iid,
+            payload=ev.encode_event(event),
+        )
+        stored: StoredEvent = self.ctx.writer.ask(m.Append(drafts=(draft,)), block=True)[0]
+        return stored
+
+    def _adopt_actor(
+        self, state: InstanceState, spec: InstanceSpec, adapter: ServerAdapter
+    ) -> pykka.ActorRef[Any]:
+        ref = InstanceActor.start(state, adapter, self.ctx)
+        self._refs[state.instance_id] = ref
+        self._specs[state.instance_id] = spec
+        self.supervisor.tell(m.Register(instance_id=state.instance_id, ref=ref))
+        return ref
+
+    def _unload(self, iid: str, by: str) -> None:
+        ref = self._lookup(iid)
+        ref.ask(m.Unload(by=by))
+        self.supervisor.tell(m.Deregister(instance_id=iid))
+        del self._refs[iid], self._specs[iid]
+        ref.stop()
+
+    def _boot(self, state: NodeState) -> list[str]:
+        booted = []
+        for iid, inst in state.instances.items():
+            spec = msgspec.convert(inst.spec, InstanceSpec)
+            try:
+                adapter = make_adapter(
+                    spec, iid, self.registry, self.ctx.settings.adapter_settings()
+                )
+            except AdapterError as e:
+                log.error("%s: cannot rebuild its adapter (%s); not supervised", iid, e)  # noqa: TRY400 - the reason is the message; a traceback adds nothing
+                continue
+            self._adopt_actor(inst, spec, adapter).tell(m.Boot())
+            booted.append(iid)
+        return booted

@@ -1,0 +1,173 @@
+"""Typed messages between the node's actors, and the status view they answer with.
+
+Verbs (asked, answered once their event is durable): :class:`Start`,
+:class:`Stop`, :class:`Restart`, :class:`Unload`, :class:`GetStatus`.
+Ticks and observations (told): :class:`HealthTick`, :class:`ReconcileTick`,
+:class:`Boot` and the private ones the instance actor sends itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from infervisor.adapters.spec import InstanceSpec
+from infervisor.chain import EventDraft
+from infervisor.replay import ExitRecord, NodeState
+
+__all__ = [
+    "Append",
+    "Boot",
+    "BootAll",
+    "Deregister",
+    "GetStatus",
+    "HealthTick",
+    "InstanceView",
+    "ListInstances",
+    "Lookup",
+    "Place",
+    "ReconcileTick",
+    "Register",
+    "Restart",
+    "Start",
+    "Stop",
+    "Unload",
+    "UnloadInstance",
+]
+
+
+class _Msg(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+# Chain writer
+class Append(_Msg, frozen=True):
+    """Append drafts in one transaction; answers the stored events once durable."""
+
+    drafts: tuple[EventDraft, ...]
+
+
+# Verbs to an instance
+class Start(_Msg, frozen=True):
+    """Start the server. ``by="operator"`` resets the restart budget."""
+
+    by: str = "operator"
+
+
+class Stop(_Msg, frozen=True):
+    """Stop the server (``grace_s`` seconds after SIGTERM before SIGKILL). Answers a Future."""
+
+    by: str = "operator"
+    grace_s: float | None = None
+    reason: str = ""
+
+
+class Restart(_Msg, frozen=True):
+    """Stop (when running), then start; an operator restart resets the budget."""
+
+    by: str = "operator"
+
+
+class Unload(_Msg, frozen=True):
+    """Stop the server and forget the instance."""
+
+    by: str = "operator"
+
+
+class GetStatus(_Msg, frozen=True):
+    """Answer an :class:`InstanceView` from what the actor already knows (never probes)."""
+
+
+# Ticks and boot
+class HealthTick(_Msg, frozen=True):
+    """Probe the server (in the background) and judge the answer."""
+
+
+class ReconcileTick(_Msg, frozen=True):
+    """Compare desired and actual state and act toward desired."""
+
+
+class Boot(_Msg, frozen=True):
+    """The node restarted: find recorded processes again and resume desired state."""
+
+
+# Host
+class Place(_Msg, frozen=True):
+    """Admit an instance; answers its id once the placement is durable."""
+
+    spec: InstanceSpec
+    placed_by: str
+    generation: int = 0
+    source: str = "operator"
+
+
+class Lookup(_Msg, frozen=True):
+    """Answer the instance actor's ref (raises UnknownInstance)."""
+
+    instance_id: str
+
+
+class ListInstances(_Msg, frozen=True):
+    """Answer ``{instance_id: ref}`` of every instance."""
+
+
+class UnloadInstance(_Msg, frozen=True):
+    """Unload and end the instance's actor."""
+
+    instance_id: str
+    by: str = "operator"
+
+
+class BootAll(_Msg, frozen=True):
+    """Create an actor per instance of the rebuilt state and boot each."""
+
+    state: NodeState
+
+
+# Supervisor
+class Register(_Msg, frozen=True):
+    """Send this instance ticks."""
+
+    instance_id: str
+    ref: Any
+
+
+class Deregister(_Msg, frozen=True):
+    """Stop sending this instance ticks."""
+
+    instance_id: str
+
+
+class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``status`` shows of an instance.
+
+    Attributes:
+        lifecycle: the sourced lifecycle state.
+        desired: ``running`` or ``stopped``.
+        health: last probe verdict (``up``, ``loading``, ``unhealthy``,
+            ``unreachable``) or ``""`` before the first probe.
+        status: the adapter's status (``map_report``): state and detail.
+        since_ns: when the lifecycle state was entered (ns since epoch).
+        rss_bytes: resident memory of the server's process tree, bytes.
+    """
+
+    instance_id: str
+    role: str
+    flavor: str
+    mode: str
+    model: str | None
+    endpoint: str
+    lifecycle: str
+    desired: str
+    reason: str
+    since_ns: int
+    pid: int | None
+    restarts: int
+    health: str
+    health_reason: str
+    status: str
+    status_detail: str | None
+    rss_bytes: int | None
+    last_exit: ExitRecord | None
+    last_seq: int

@@ -1,0 +1,254 @@
+"""The node: the Python API a node controller uses.
+
+``Node.open`` starts the chain writer, rebuilds the node's state from the
+chain, records the boot and starts the supervisor and host actors; every
+instance wanted running is resumed. Verbs go to the instance's own actor and
+answer once their event is durable; a refused verb raises and leaves chain
+and state as they were.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from infervisor.adapters.process import boot_id
+from infervisor.adapters.registry import ModelRegistry
+from infervisor.adapters.spec import InstanceSpec
+from infervisor.chain import EventDraft, SqliteChain
+from infervisor.replay import NodeState, fold, kind_of
+from infervisor.replay import events as ev
+
+from . import messages as m
+from .chain_writer import ChainWriter
+from .clock import Clock, RealClock
+from .errors import VerbTimeout
+from .host import HostActor
+from .instance import InstanceContext
+from .settings import NodeSettings
+from .supervisor import SupervisorActor
+
+__all__ = ["Node"]
+
+VERSION = "0.1.0"
+ASK_TIMEOUT_S = 60.0
+
+
+class Node:
+    """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``)."""
+
+    def __init__(
+        self,
+        settings: NodeSettings,
+        clock: Clock,
+        writer: pykka.ActorRef[Any],
+        supervisor: pykka.ActorRef[Any],
+        host: pykka.ActorRef[Any],
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self._writer = writer
+        self._supervisor = supervisor
+        self._host = host
+        self.registry = ModelRegistry(settings.registry_path)
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(cls, settings: NodeSettings, clock: Clock | None = None) -> Node:
+        """Start the node on ``settings.data_dir`` and resume what the chain says.
+
+        Raises:
+            ValueError: a setting is out of range (the field is named).
+            ChainError: the chain cannot be opened, or belongs to another node.
+        """
+        settings.validate()
+        clock = clock or RealClock()
+        Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+        settings.registry_path.mkdir(parents=True, exist_ok=True)
+        writer = ChainWriter.start(settings.chain_path, settings.node_id)
+        try:
+            writer.ask(m.Append(drafts=()))  # surfaces open errors here
+            state = _rebuild(settings.chain_path)
+            _append(
+                writer, clock, ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
+            )
+            ctx = InstanceContext(settings.node_id, writer, clock, settings)
+            supervisor = SupervisorActor.start(
+                clock, settings.health_interval_s, settings.reconcile_interval_s
+            )
+            registry = ModelRegistry(settings.registry_path)
+            host = HostActor.start(ctx, registry, supervisor)
+        except BaseException:
+            pykka.ActorRegistry.stop_all()
+            raise
+        node = cls(settings, clock, writer, supervisor, host)
+        host.ask(m.BootAll(state=state))
+        return node
+
+    def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
+        """Stop managed servers gracefully (recorded; they stay wanted running for
+        the next start), record the shutdown and end every actor."""
+        if stop_servers:
+            futures = [self._ask(ref, m.Stop(by="shutdown", reason=reason)) for ref in self._refs()]
+            for fut in futures:
+                _wait(fut, self.settings.stop_grace_s + 30)
+        _append(self._writer, self.clock, ev.NodeStopped(reason=reason))
+        self._supervisor.stop()
+        self._host.stop()
+        self._writer.stop()
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ verbs
+    def place(
+        self, spec: InstanceSpec, *, placed_by: str | None = None, generation: int = 0
+    ) -> str:
+        """Admit an instance (state ``loaded``); answers its id once recorded.
+
+        Raises:
+            SpecError, RegistryError, AdmissionRefused, InvalidState: refused; nothing recorded.
+        """
+        msg = m.Place(
+            spec=spec, placed_by=placed_by or self.settings.node_id, generation=generation
+        )
+        iid: str = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
+        return iid
+
+    def start(self, instance_id: str, *, by: str = "operator") -> m.InstanceView:
+        """Start the server; an operator start resets the restart budget.
+
+        Raises:
+            UnknownInstance, InvalidState: refused; nothing recorded.
+            AdmissionRefused: the address is taken (the refusal is recorded).
+            SpawnError: the launcher could not run (recorded as an exit).
+        """
+        view: m.InstanceView = self._ask(self._ref(instance_id), m.Start(by=by))
+        return view
+
+    def stop(
+        self,
+        instance_id: str,
+        *,
+        grace_s: float | None = None,
+        wait: bool = True,
+        by: str = "operator",
+    ) -> m.InstanceView:
+        """Stop the server: SIGTERM to its group, SIGKILL after ``grace_s`` seconds.
+
+        A second stop while stopping escalates to SIGKILL at once. With ``wait``
+        this returns once nothing of the group is left.
+
+        Raises:
+            UnknownInstance: no such instance.
+            VerbTimeout: the stop is recorded but the group outlived the wait.
+        """
+        fut: Future[m.InstanceView] = self._ask(
+            self._ref(instance_id), m.Stop(by=by, grace_s=grace_s)
+        )
+        if not wait:
+            return self.status(instance_id)
+        grace = self.settings.stop_grace_s if grace_s is None else grace_s
+        return _wait(fut, grace + 30)
+
+    def restart(self, instance_id: str, *, by: str = "operator") -> m.InstanceView:
+        """Stop (when running), then start."""
+        fut: Future[m.InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
+        return _wait(fut, self.settings.stop_grace_s + 60)
+
+    def unload(self, instance_id: str, *, by: str = "operator") -> None:
+        """Stop the server (5 s grace) and forget the instance."""
+        self._host.ask(m.UnloadInstance(instance_id=instance_id, by=by), timeout=ASK_TIMEOUT_S)
+
+    def status(self, instance_id: str) -> m.InstanceView:
+        """The instance's view (never waits for a probe)."""
+        view: m.InstanceView = self._ask(self._ref(instance_id), m.GetStatus())
+        return view
+
+    def list(self) -> builtins.list[m.InstanceView]:
+        """Every instance's view, ordered by id."""
+        refs: dict[str, pykka.ActorRef[Any]] = self._host.ask(m.ListInstances(), block=True)
+        return [self._ask(refs[i], m.GetStatus()) for i in sorted(refs)]
+
+    def wait_for(
+        self,
+        instance_id: str,
+        predicate: Callable[[m.InstanceView], bool],
+        timeout_s: float,
+        *,
+        poll_s: float = 0.05,
+    ) -> m.InstanceView:
+        """Poll ``status`` until ``predicate`` holds (real time, ``timeout_s`` seconds).
+
+        Raises:
+            VerbTimeout: naming the last state seen.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            view = self.status(instance_id)
+            if predicate(view):
+                return view
+            if time.monotonic() >= deadline:
+                raise VerbTimeout(
+                    f"{instance_id}: condition not met in {timeout_s:g} s "
+                    f"(now {view.lifecycle}: {view.reason})"
+                )
+            time.sleep(poll_s)
+
+    def rebuild(self) -> NodeState:
+        """The node state replayed from the chain file alone."""
+        return _rebuild(self.settings.chain_path)
+
+    def live_states(self) -> dict[str, Any]:
+        """Each instance actor's sourced state (for comparing with :meth:`rebuild`)."""
+        refs: dict[str, pykka.ActorRef[Any]] = self._host.ask(m.ListInstances(), block=True)
+        return {iid: ref.proxy().state.get(timeout=ASK_TIMEOUT_S) for iid, ref in refs.items()}
+
+    # ------------------------------------------------------------------ plumbing
+    def _ref(self, instance_id: str) -> pykka.ActorRef[Any]:
+        ref: pykka.ActorRef[Any] = self._host.ask(m.Lookup(instance_id=instance_id), block=True)
+        return ref
+
+    def _refs(self) -> builtins.list[pykka.ActorRef[Any]]:
+        refs: dict[str, pykka.ActorRef[Any]] = self._host.ask(m.ListInstances(), block=True)
+        return list(refs.values())
+
+    @staticmethod
+    def _ask(ref: pykka.ActorRef[Any], msg: Any) -> Any:
+        return ref.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
+
+
+def _rebuild(path: Path) -> NodeState:
+    with SqliteChain.open_readonly(path) as chain:
+        return fold(chain.node_id, chain.events())
+
+
+def _append(writer: pykka.ActorRef[Any], clock: Clock, event: ev.Event) -> None:
+    draft = EventDraft(
+        ts_ns=clock.wall_ns(),
+        source="node",
+        kind=kind_of(event),
+        subject="",
+        payload=ev.encode_event(event),
+    )
+    writer.ask(m.Append(drafts=(draft,)))
+
+
+def _wait(fut: Future[m.InstanceView], timeout: float) -> m.InstanceView:
+    try:
+        return fut.result(timeout=timeout)
+    except FutureTimeout as e:
+        raise VerbTimeout(
+            f"not done after {timeout:g} s; it is recorded and still in progress"
+        ) from e

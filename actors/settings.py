@@ -1,0 +1,79 @@
+"""The node's typed settings (one object; unknown fields are refused where it is decoded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from infervisor.adapters.server import AdapterSettings
+from infervisor.replay import RestartPolicy
+
+__all__ = ["NodeSettings"]
+
+
+class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one node runs. Durations in seconds.
+
+    Attributes:
+        node_id: plain token naming the node (recorded in the chain's genesis).
+        data_dir: the chain (``chain.db``), the model registry (``models/``
+            unless ``registry_dir``) and per-instance working directories.
+        llamacpp_program: the llama.cpp launcher program.
+        health_interval_s: time between health probes of one instance.
+        miss_limit: consecutive failed probes that make a running instance unhealthy.
+        reconcile_interval_s: time between reconcile ticks.
+        startup_timeout_s: how long a starting server may stay loading or
+            unreachable before it counts as unhealthy.
+        stop_grace_s: operator stop: SIGTERM, then SIGKILL after this long.
+        health_kill_grace_s: grace when the supervisor kills an unhealthy server.
+        probe_timeout_s: per-request timeout of a health probe.
+        restart: the restart policy (backoff, budget, stability period).
+    """
+
+    node_id: str
+    data_dir: str
+    registry_dir: str | None = None
+    llamacpp_program: str = "infervisor-llama-server"
+    health_interval_s: float = 1.0
+    miss_limit: int = 3
+    reconcile_interval_s: float = 5.0
+    startup_timeout_s: float = 120.0
+    stop_grace_s: float = 30.0
+    health_kill_grace_s: float = 10.0
+    probe_timeout_s: float = 2.0
+    env_passthrough: tuple[str, ...] = ("HOME", "PATH")
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field when a value is out of range."""
+        for name in ("health_interval_s", "reconcile_interval_s", "probe_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} {getattr(self, name)}: allowed a positive number")
+        for name in ("startup_timeout_s", "stop_grace_s", "health_kill_grace_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} {getattr(self, name)}: allowed 0 or more")
+        if self.miss_limit < 1:
+            raise ValueError(f"miss_limit {self.miss_limit}: allowed 1 or more")
+        self.restart.validate()
+
+    @property
+    def chain_path(self) -> Path:
+        """The SQLite chain file."""
+        return Path(self.data_dir) / "chain.db"
+
+    @property
+    def registry_path(self) -> Path:
+        """The model registry directory."""
+        return Path(self.registry_dir) if self.registry_dir else Path(self.data_dir) / "models"
+
+    def adapter_settings(self) -> AdapterSettings:
+        """What the adapters need of these settings."""
+        return AdapterSettings(
+            llamacpp_program=self.llamacpp_program,
+            data_root=self.data_dir,
+            env_passthrough=self.env_passthrough,
+            extra_env=dict(self.env),
+            probe_timeout_s=self.probe_timeout_s,
+        )

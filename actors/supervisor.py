@@ -1,0 +1,69 @@
+"""The supervisor actor: sends every instance its health and reconcile ticks.
+
+Ticks run on the injected clock, so a test advances time instead of sleeping.
+The instance decides what a tick means; the supervisor never blocks on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import msgspec
+import pykka
+
+from . import messages as m
+from .clock import Clock, Timer
+
+__all__ = ["SupervisorActor"]
+
+
+class _Tick(msgspec.Struct, frozen=True):
+    what: str
+
+
+class SupervisorActor(pykka.ThreadingActor):
+    """Fans out :class:`HealthTick` every ``health_interval_s`` and
+    :class:`ReconcileTick` every ``reconcile_interval_s`` (seconds)."""
+
+    def __init__(self, clock: Clock, health_interval_s: float, reconcile_interval_s: float) -> None:
+        super().__init__()
+        self._clock = clock
+        self._intervals = {"health": health_interval_s, "reconcile": reconcile_interval_s}
+        self._instances: dict[str, pykka.ActorRef[Any]] = {}
+        self._timers: dict[str, Timer] = {}
+
+    def on_start(self) -> None:
+        for what in self._intervals:
+            self._schedule(what)
+
+    def on_stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+
+    def _schedule(self, what: str) -> None:
+        ref = self.actor_ref
+
+        def fire() -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_Tick(what))
+
+        self._timers[what] = self._clock.call_later(self._intervals[what], fire)
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case m.Register(instance_id=iid, ref=ref):
+                self._instances[iid] = ref
+            case m.Deregister(instance_id=iid):
+                self._instances.pop(iid, None)
+            case _Tick(what=what):
+                self._fan_out(m.HealthTick() if what == "health" else m.ReconcileTick())
+                self._schedule(what)
+        return None
+
+    def _fan_out(self, tick: Any) -> None:
+        for ref in list(self._instances.values()):
+            try:
+                ref.tell(tick)
+            except pykka.ActorDeadError:
+                continue

@@ -1,0 +1,106 @@
+"""Launch plans: the exact argv and environment a managed server starts with.
+
+Source of the behaviour: ``reference/infer_runtime.rs.txt`` (``build_launch``
+and ``check_format``: weights come from the registry only, the server binds
+the spec's loopback host and port, the environment is cleared but for a few
+passed-through names) and ``reference/infer_config.rs.txt`` (``env``,
+``env_passthrough``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+
+from .errors import AdmissionRefused
+from .manifest import ModelFormat
+from .process import LaunchPlan, launch_env
+from .registry import ResolvedModel, check_format
+from .spec import Flavor, InstanceSpec
+
+__all__ = ["build_llamacpp_launch", "check_format", "resolve_program"]
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def _weights(model: ResolvedModel, role: str) -> str:
+    if model.path is None or model.entry.format is not ModelFormat.GGUF:
+        raise AdmissionRefused(
+            f"{role} {model.entry.name} is {model.entry.format.value}: llama.cpp needs a GGUF file"
+        )
+    return str(model.path)
+
+
+def _check_names(spec: InstanceSpec, model: ResolvedModel, draft: ResolvedModel | None) -> None:
+    if spec.model != model.entry.name:
+        raise AdmissionRefused(f"spec asks for model {spec.model}, not {model.entry.name}")
+    if spec.draft_model != (draft.entry.name if draft else None):
+        got = draft.entry.name if draft else "none"
+        raise AdmissionRefused(f"spec asks for draft model {spec.draft_model}, got {got}")
+
+
+def build_llamacpp_launch(
+    spec: InstanceSpec,
+    model: ResolvedModel,
+    draft: ResolvedModel | None,
+    *,
+    program: str,
+    workdir: Path,
+    passthrough: Sequence[str] = ("HOME", "PATH"),
+    extra_env: Mapping[str, str] = _EMPTY,
+) -> LaunchPlan:
+    """The plan for a managed llama.cpp server::
+
+        program -m <model path> --host <host> --port <port> -c <ctx_size>
+                --alias <model name> [-md <draft path>]
+
+    run in ``workdir`` with only the ``passthrough`` variables of this process,
+    then ``extra_env``, then ``spec.env`` (a later one wins on a clash).
+
+    Raises:
+        SpecError: the spec is invalid.
+        AdmissionRefused: not a llama.cpp spec, a model that is not GGUF, or a
+            model or draft other than the ones the spec names.
+    """
+    spec.validate()
+    if spec.flavor is not Flavor.LLAMACPP:
+        raise AdmissionRefused(f"a llama.cpp launch cannot run a spec for {spec.flavor.value}")
+    check_format(spec.flavor, model)
+    _check_names(spec, model, draft)
+    args = ["-m", _weights(model, "model"), "--host", spec.host, "--port", str(spec.port)]
+    args += ["-c", str(spec.ctx_size), "--alias", model.entry.name]
+    if draft is not None:
+        args += ["-md", _weights(draft, "draft model")]
+    return LaunchPlan(
+        program=program,
+        args=args,
+        env=launch_env(passthrough, {**extra_env, **spec.env}),
+        cwd=str(workdir),
+    )
+
+
+def resolve_program(name: str) -> str:
+    """The absolute path of a serve program, checked to be an executable file.
+
+    A bare name is looked up on ``PATH``, then beside this Python interpreter
+    (where ``pip`` installs ``infervisor-llama-server`` in a virtual environment
+    that is not activated). Source: ``reference/infer_runtime.rs.txt``
+    (``plan``: "serve program ... is not executable").
+
+    Raises:
+        AdmissionRefused: not found, or not an executable file.
+    """
+    if os.sep in name:
+        path: str | None = name
+    else:
+        beside = Path(sys.executable).parent / name
+        path = shutil.which(name) or (str(beside) if beside.exists() else None)
+    if path is None or not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise AdmissionRefused(
+            f"serve program {name} is not executable (not found on PATH or beside {sys.executable})"
+        )
+    return str(Path(path).absolute())

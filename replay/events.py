@@ -1,0 +1,270 @@
+"""The typed, versioned events of the chain, and their codec.
+
+Every event is a frozen msgspec Struct tagged with its chain ``kind``; the
+payload stored in the chain is the canonical JSON of the struct (keys sorted,
+so the bytes are a function of the value). ``v`` is the payload version: when
+a shape changes, the old one is upgraded on read by :data:`UPCASTERS`, because
+the chain is forever and replay must read every event it ever stored.
+
+The instance spec travels as a plain mapping: ``replay`` does not depend on
+``adapters``, and it never needs more of a spec than it stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from infervisor.chain import StoredEvent, encode_payload
+
+__all__ = [
+    "EVENT_TYPES",
+    "UPCASTERS",
+    "Event",
+    "EventDecodeError",
+    "Exited",
+    "Failed",
+    "InstanceEvent",
+    "NodeStarted",
+    "NodeStopped",
+    "Placed",
+    "Ready",
+    "Recovered",
+    "RestartScheduled",
+    "Spawned",
+    "StableAgain",
+    "StartRefused",
+    "Starting",
+    "StopRequested",
+    "Unhealthy",
+    "Unloaded",
+    "decode_event",
+    "encode_event",
+    "kind_of",
+]
+
+
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
+    v: int = 1
+
+
+class NodeStarted(_Event, frozen=True, tag="node.started"):
+    """The node process started (or restarted) on this chain."""
+
+    pid: int
+    boot_id: str
+    version: str
+
+
+class NodeStopped(_Event, frozen=True, tag="node.stopped"):
+    """The node shut down cleanly (servers were stopped first)."""
+
+    reason: str
+
+
+class Placed(_Event, frozen=True, tag="instance.placed"):
+    """An instance was admitted. ``generation`` orders placements by a controller."""
+
+    spec: dict[str, Any]
+    placed_by: str
+    generation: int = 0
+
+
+class Starting(_Event, frozen=True, tag="instance.starting"):
+    """A start was decided (before anything is spawned).
+
+    ``by`` is ``operator``, ``controller``, ``boot`` or ``supervisor``; an
+    explicit operator start resets the restart budget (``reset_budget``).
+    """
+
+    by: str
+    reset_budget: bool = False
+    attempt: int = 0
+
+
+class Spawned(_Event, frozen=True, tag="instance.spawned"):
+    """The server process exists. Identity: pid, process group, start time (s), boot id."""
+
+    pid: int
+    pgid: int
+    start_time: float
+    boot_id: str
+    argv: list[str]
+
+
+class StartRefused(_Event, frozen=True, tag="instance.start_refused"):
+    """A start was refused before anything was spawned (port taken, ...). No state change."""
+
+    by: str
+    reason: str
+
+
+class Ready(_Event, frozen=True, tag="instance.ready"):
+    """The server answered its health probe: it is serving."""
+
+    detail: str = ""
+
+
+class Unhealthy(_Event, frozen=True, tag="instance.unhealthy"):
+    """Consecutive health misses reached the limit."""
+
+    misses: int
+    reason: str
+
+
+class Recovered(_Event, frozen=True, tag="instance.recovered"):
+    """An unhealthy server answered again."""
+
+    detail: str = ""
+
+
+class Exited(_Event, frozen=True, tag="instance.exited"):
+    """The server process is gone (its whole group). Code or signal, and an output tail.
+
+    While stopping this completes the stop; while restarting it only clears the
+    process; otherwise the instance is ``exited``.
+    """
+
+    pid: int | None
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    output_tail: str = ""
+
+
+class RestartScheduled(_Event, frozen=True, tag="instance.restart_scheduled"):
+    """A restart was decided; it runs after ``delay_s`` seconds of backoff."""
+
+    attempt: int
+    delay_s: float
+    reason: str
+
+
+class Failed(_Event, frozen=True, tag="instance.failed"):
+    """The restart budget is spent: held for the operator."""
+
+    attempts: int
+    reason: str
+
+
+class StableAgain(_Event, frozen=True, tag="instance.stable"):
+    """Up for the stability period: the restart count clears."""
+
+    uptime_s: float
+
+
+class StopRequested(_Event, frozen=True, tag="instance.stop_requested"):
+    """A stop was decided. ``by="shutdown"`` keeps the instance wanted running."""
+
+    by: str
+    grace_s: float
+    reason: str = ""
+
+
+class Unloaded(_Event, frozen=True, tag="instance.unloaded"):
+    """The instance is forgotten."""
+
+    by: str
+
+
+InstanceEvent = (
+    Placed
+    | Starting
+    | Spawned
+    | StartRefused
+    | Ready
+    | Unhealthy
+    | Recovered
+    | Exited
+    | RestartScheduled
+    | Failed
+    | StableAgain
+    | StopRequested
+    | Unloaded
+)
+Event = NodeStarted | NodeStopped | InstanceEvent
+
+EVENT_TYPES: dict[str, type[Any]] = {
+    t.__struct_config__.tag: t  # type: ignore[misc]
+    for t in (
+        NodeStarted,
+        NodeStopped,
+        Placed,
+        Starting,
+        Spawned,
+        StartRefused,
+        Ready,
+        Unhealthy,
+        Recovered,
+        Exited,
+        RestartScheduled,
+        Failed,
+        StableAgain,
+        StopRequested,
+        Unloaded,
+    )
+}
+
+#: ``(kind, from_version) -> function`` upgrading a raw payload mapping one version.
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+_DECODER = msgspec.json.Decoder(Event)
+_RAW = msgspec.json.Decoder(dict[str, Any])
+
+
+class EventDecodeError(Exception):
+    """A stored payload is not a known event (names seq, kind and the problem)."""
+
+
+def kind_of(event: Event) -> str:
+    """The chain ``kind`` of an event: its tag."""
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def encode_event(event: Event) -> bytes:
+    """Canonical payload bytes (sorted keys) of an event."""
+    return encode_payload(event)
+
+
+def decode_event(stored: StoredEvent) -> Event:
+    """Decode a stored payload into its typed event, upcasting older versions.
+
+    Raises:
+        EventDecodeError: unknown kind, a payload tag that disagrees with the
+            header kind, or a payload that does not fit its type.
+    """
+    if stored.kind not in EVENT_TYPES:
+        raise EventDecodeError(f"seq {stored.seq}: unknown event kind {stored.kind!r}")
+    try:
+        raw = _RAW.decode(stored.payload)
+        if raw.get("v", 1) != 1 or raw.get("event") != stored.kind:
+            return _upcast(stored, raw)
+        event: Event = _DECODER.decode(stored.payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise EventDecodeError(f"seq {stored.seq} ({stored.kind}): {e}") from e
+    return event
+
+
+def _upcast(stored: StoredEvent, raw: dict[str, Any]) -> Event:
+    if raw.get("event", stored.kind) != stored.kind:
+        raise EventDecodeError(
+            f"seq {stored.seq}: payload says {raw.get('event')!r}, the header says {stored.kind!r}"
+        )
+    version = int(raw.get("v", 0))
+    if version > 1:
+        raise EventDecodeError(
+            f"seq {stored.seq}: {stored.kind} v{version} was written by a newer infervisor"
+        )
+    while version < 1:
+        step = UPCASTERS.get((stored.kind, version))
+        if step is None:
+            raise EventDecodeError(f"seq {stored.seq}: no upcaster for {stored.kind} v{version}")
+        raw = step(raw)
+        version = int(raw.get("v", version + 1))
+    raw["event"] = stored.kind
+    result: Event = msgspec.convert(raw, Event)
+    return result

@@ -1,0 +1,84 @@
+"""The instance lifecycle state machine: one enum and one transition table.
+
+Source: ``reference/host_supervise.rs.txt`` (states Running, Unhealthy,
+Restarting, Stopped, Failed, Finished) and ``reference/infer_lifecycle.rs.txt``
+(Loaded, Exited). The graph, drawn in ``docs/lifecycle.md``::
+
+    loaded ──start──▶ starting ──ready──▶ running ──misses──▶ unhealthy
+                         │  ▲                │  ▲                 │
+                      exit  └──respawn── restarting ◀──backoff─────┘
+                         ▼                   ▲
+                       exited ──backoff──────┘── budget spent ──▶ failed
+
+    any live state ──stop──▶ stopping ──exit──▶ stopped ──start──▶ starting
+
+A stop is accepted in every state: one with a server process goes through
+``stopping``, one without goes straight to ``stopped``. ``restarting -> restarting``
+is a restart decided again (the previous attempt was refused).
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "LIVE_STATES",
+    "TRANSITIONS",
+    "IllegalTransition",
+    "LifecycleState",
+    "check_transition",
+]
+
+
+class LifecycleState(enum.StrEnum):
+    """Where an instance is in its life. ``live`` states may have a process."""
+
+    LOADED = "loaded"
+    STARTING = "starting"
+    RUNNING = "running"
+    UNHEALTHY = "unhealthy"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    EXITED = "exited"
+    FAILED = "failed"
+    FINISHED = "finished"
+
+
+S = LifecycleState
+
+#: States in which a server process may exist and a stop must go through ``stopping``.
+LIVE_STATES: frozenset[LifecycleState] = frozenset(
+    {S.STARTING, S.RUNNING, S.UNHEALTHY, S.RESTARTING, S.STOPPING}
+)
+
+#: Every legal transition. Anything else is refused with both states named.
+TRANSITIONS: dict[LifecycleState, frozenset[LifecycleState]] = {
+    S.LOADED: frozenset({S.STARTING, S.STOPPED}),
+    S.STARTING: frozenset({S.RUNNING, S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED, S.FINISHED}),
+    S.RUNNING: frozenset({S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED, S.FINISHED}),
+    S.UNHEALTHY: frozenset({S.RUNNING, S.RESTARTING, S.FAILED, S.EXITED, S.STOPPING, S.STOPPED}),
+    S.RESTARTING: frozenset({S.STARTING, S.RESTARTING, S.FAILED, S.STOPPING, S.STOPPED}),
+    S.STOPPING: frozenset({S.STOPPED}),
+    S.STOPPED: frozenset({S.STARTING}),
+    S.EXITED: frozenset({S.RESTARTING, S.FAILED, S.STARTING, S.STOPPED, S.FINISHED}),
+    S.FAILED: frozenset({S.STARTING, S.STOPPED}),
+    S.FINISHED: frozenset({S.STARTING, S.STOPPED}),
+}
+
+
+class IllegalTransition(Exception):
+    """A transition the table does not allow; names both states and the legal targets."""
+
+    def __init__(self, frm: LifecycleState, to: LifecycleState, instance_id: str = "") -> None:
+        allowed = ", ".join(sorted(TRANSITIONS[frm])) or "nothing"
+        who = f"{instance_id}: " if instance_id else ""
+        super().__init__(f"{who}cannot go from {frm} to {to}; from {frm} only: {allowed}")
+        self.frm = frm
+        self.to = to
+
+
+def check_transition(frm: LifecycleState, to: LifecycleState, instance_id: str = "") -> None:
+    """Raise :class:`IllegalTransition` unless ``frm -> to`` is in :data:`TRANSITIONS`."""
+    if to not in TRANSITIONS[frm]:
+        raise IllegalTransition(frm, to, instance_id)

@@ -1,0 +1,92 @@
+"""The restart policy: exponential backoff, a budget in a window, a stability reset.
+
+Pure arithmetic over sourced state, so a restart decision replays the same
+way it was made. Source: ``reference/infer_config.rs.txt`` (``RestartPolicy``:
+5 restarts, 2 s base doubling, 60 s cap, 60 s stability) and
+``reference/host_supervise.rs.txt`` (budget inside a window, ``Failed`` when spent).
+"""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+
+from .state import InstanceState
+
+__all__ = ["Exhausted", "Restart", "RestartDecision", "RestartPolicy", "decide_restart"]
+
+_NS = 1_000_000_000
+
+
+class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Bounds on automatic restarts. All durations in seconds.
+
+    Attributes:
+        max_restarts: restarts allowed inside ``window_s`` before the instance is Failed.
+        base_s: delay before the first restart; doubles each time.
+        cap_s: longest delay.
+        stable_after_s: uptime (answering health) after which the count clears.
+        window_s: sliding window the budget counts in; ``None`` counts since the
+            last clear, as the reference does.
+        jitter: fraction (0..1) of the delay added at random, to spread restarts.
+    """
+
+    max_restarts: int = 5
+    base_s: float = 2.0
+    cap_s: float = 60.0
+    stable_after_s: float = 60.0
+    window_s: float | None = None
+    jitter: float = 0.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field when a bound is out of range."""
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts {self.max_restarts}: allowed 0 or more")
+        if not 0 < self.base_s <= self.cap_s:
+            raise ValueError(f"base_s {self.base_s} / cap_s {self.cap_s}: need 0 < base_s <= cap_s")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"jitter {self.jitter}: allowed 0 to 1")
+        if self.window_s is not None and self.window_s <= 0:
+            raise ValueError(f"window_s {self.window_s}: allowed a positive number or none")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds before restart number ``attempt`` (0-based): ``min(base * 2**attempt, cap)``."""
+        d = min(self.base_s * (1 << min(attempt, 16)), self.cap_s)
+        if self.jitter and rng is not None:
+            d += d * self.jitter * rng.random()
+        return d
+
+
+class Restart(msgspec.Struct, frozen=True):
+    """Restart after ``delay_s``; ``attempt`` counts this one (1-based)."""
+
+    attempt: int
+    delay_s: float
+
+
+class Exhausted(msgspec.Struct, frozen=True):
+    """The budget is spent: ``attempts`` restarts inside the window."""
+
+    attempts: int
+
+
+RestartDecision = Restart | Exhausted
+
+
+def restarts_in_window(inst: InstanceState, policy: RestartPolicy, now_ns: int) -> int:
+    """Restarts that count against the budget at ``now_ns``."""
+    if policy.window_s is None:
+        return inst.restarts
+    horizon = now_ns - int(policy.window_s * _NS)
+    return sum(1 for t in inst.restart_times_ns if t > horizon)
+
+
+def decide_restart(
+    inst: InstanceState, policy: RestartPolicy, now_ns: int, rng: random.Random | None = None
+) -> RestartDecision:
+    """Restart (with its backoff) or give up, from the instance's sourced restart history."""
+    used = restarts_in_window(inst, policy, now_ns)
+    if used >= policy.max_restarts:
+        return Exhausted(attempts=used)
+    return Restart(attempt=used + 1, delay_s=policy.delay(used, rng))

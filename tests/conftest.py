@@ -1,0 +1,107 @@
+"""Shared fixtures: tiny models, registries, launchers and nodes.
+
+Every node a test opens is shut down in teardown, and every test checks that
+no process it started is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from support import PROGRAMS, make_launcher
+
+from infervisor.actors.clock import Clock, ManualClock
+from infervisor.actors.node import Node
+from infervisor.actors.settings import NodeSettings
+from infervisor.replay import RestartPolicy
+
+
+@pytest.fixture
+def fake_llama(tmp_path: Path) -> str:
+    """A launcher running tests/programs/fake_llama.py with llama-server's flags."""
+    return make_launcher(tmp_path, PROGRAMS / "fake_llama.py")
+
+
+@pytest.fixture
+def fake_model(tmp_path: Path) -> Path:
+    """A registry folder with one small GGUF-named file (the fake server never reads it)."""
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "tiny.gguf").write_bytes(b"GGUF" + bytes(60))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_children() -> Iterator[None]:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+
+    def leftovers() -> list[int]:
+        now = psutil.Process().children(recursive=True)
+        return [p.pid for p in now if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+
+    deadline = time.monotonic() + 10
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not leftovers(), f"processes left behind: {leftovers()}"
+
+
+class NodeFactory:
+    """Opens nodes for a test and shuts every one down afterwards."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.nodes: list[Node] = []
+
+    def settings(self, program: str, registry: Path, **overrides: Any) -> NodeSettings:
+        fields: dict[str, Any] = {
+            "node_id": "n1",
+            "data_dir": str(self.tmp_path / "data"),
+            "registry_dir": str(registry),
+            "llamacpp_program": program,
+            "health_interval_s": 0.1,
+            "reconcile_interval_s": 0.5,
+            "stop_grace_s": 5.0,
+            "health_kill_grace_s": 2.0,
+            "restart": RestartPolicy(base_s=0.2, cap_s=1.0, stable_after_s=60.0),
+        }
+        fields.update(overrides)
+        return NodeSettings(**fields)
+
+    def open(self, settings: NodeSettings, clock: Clock | None = None) -> Node:
+        node = Node.open(settings, clock)
+        self.nodes.append(node)
+        return node
+
+    def close_all(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):  # already shut down by the test
+                node.shutdown()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
+    factory = NodeFactory(tmp_path)
+    yield factory
+    factory.close_all()
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's tiny random-weight GGUF, generated once per session."""
+    from infervisor.tools.tinymodel import generate_tiny_gguf
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    generate_tiny_gguf(path, seed=0)
+    return path

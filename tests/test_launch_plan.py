@@ -1,0 +1,92 @@
+"""adapters.launch: the llama.cpp argv and environment built from a spec and the registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infervisor.adapters.errors import AdmissionRefused, SpecError
+from infervisor.adapters.launch import build_llamacpp_launch
+from infervisor.adapters.registry import ModelFormat, ModelRegistry, ResolvedModel
+from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
+
+
+@pytest.fixture
+def reg(tmp_path: Path) -> ModelRegistry:
+    (tmp_path / "w").mkdir()
+    for name in ("tiny", "draft"):
+        (tmp_path / "w" / f"{name}.gguf").write_bytes(b"GGUF" + name.encode() * 10)
+    registry = ModelRegistry(tmp_path)
+    registry.adopt("tiny", tmp_path / "w" / "tiny.gguf")
+    registry.adopt("draft", tmp_path / "w" / "draft.gguf")
+    registry.adopt("llama3", format=ModelFormat.OLLAMA)
+    return registry
+
+
+def spec(**kw: object) -> InstanceSpec:
+    fields: dict[str, object] = {
+        "role": "chat",
+        "flavor": Flavor.LLAMACPP,
+        "port": 18080,
+        "model": "tiny",
+    }
+    return InstanceSpec(**(fields | kw))  # type: ignore[arg-type]
+
+
+def test_plan_argv_env_and_cwd(
+    reg: ModelRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", "/home/op")
+    monkeypatch.setenv("SECRET_TOKEN", "x")
+    s = spec(draft_model="draft", ctx_size=2048, env={"LLAMA_ARG_THREADS": "2", "NODE": "spec"})
+    plan = build_llamacpp_launch(
+        s,
+        reg.resolve("tiny"),
+        reg.resolve("draft"),
+        program="infervisor-llama-server",
+        workdir=tmp_path / "inst",
+        passthrough=("HOME",),
+        extra_env={"NODE": "node", "HF_HOME": "/hf"},
+    )
+    weights = (tmp_path / "w").resolve()
+    assert plan.program == "infervisor-llama-server"
+    assert plan.args == [
+        "-m", str(weights / "tiny.gguf"),
+        "--host", "127.0.0.1",
+        "--port", "18080",
+        "-c", "2048",
+        "--alias", "tiny",
+        "-md", str(weights / "draft.gguf"),
+    ]  # fmt: skip
+    assert plan.env == {
+        "HOME": "/home/op",
+        "HF_HOME": "/hf",
+        "NODE": "spec",
+        "LLAMA_ARG_THREADS": "2",
+    }
+    assert plan.cwd == str(tmp_path / "inst")
+
+
+def test_plan_without_draft(reg: ModelRegistry, tmp_path: Path) -> None:
+    plan = build_llamacpp_launch(spec(), reg.resolve("tiny"), None, program="p", workdir=tmp_path)
+    assert "-md" not in plan.args
+    assert plan.args[-2:] == ["--alias", "tiny"]
+
+
+def test_refusals(reg: ModelRegistry, tmp_path: Path) -> None:
+    tiny, draft = reg.resolve("tiny"), reg.resolve("draft")
+    with pytest.raises(AdmissionRefused, match="cannot run model llama3"):
+        build_llamacpp_launch(
+            spec(model="llama3"), reg.resolve("llama3"), None, program="p", workdir=tmp_path
+        )
+    with pytest.raises(AdmissionRefused, match="spec asks for model draft"):
+        build_llamacpp_launch(spec(model="draft"), tiny, None, program="p", workdir=tmp_path)
+    with pytest.raises(AdmissionRefused, match="draft model None"):
+        build_llamacpp_launch(spec(), tiny, draft, program="p", workdir=tmp_path)
+    with pytest.raises(AdmissionRefused, match="cannot run a spec for ollama"):
+        build_llamacpp_launch(spec(flavor=Flavor.OLLAMA), tiny, None, program="p", workdir=tmp_path)
+    with pytest.raises(SpecError, match="loopback"):
+        build_llamacpp_launch(spec(host="0.0.0.0"), tiny, None, program="p", workdir=tmp_path)
+    assert isinstance(tiny, ResolvedModel)
+    assert spec().mode is Mode.MANAGED

@@ -1,0 +1,209 @@
+"""``infervisor demo``: the main job end to end, offline, on a real llama.cpp server.
+
+Steps: generate the tiny model, register it, open a node, place and start
+one managed llama.cpp instance on a free loopback port (progress shown while
+it loads), send one real completion, SIGKILL the server and watch the exit
+recorded and the restart after the backoff, stop the instance and check its
+process group is gone, verify the chain, print the instance's timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import msgspec
+
+from infervisor.actors.messages import InstanceView
+from infervisor.actors.node import Node
+from infervisor.actors.settings import NodeSettings
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.probe import ServerClient
+from infervisor.adapters.process import group_members
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.chain import verify_chain
+from infervisor.replay import RestartPolicy, TimelineEntry, timeline
+
+__all__ = ["DemoReport", "StepResult", "run_demo"]
+
+MODEL = "tiny-llama"
+LOAD_TIMEOUT_S = 60.0
+
+
+class StepResult(msgspec.Struct, kw_only=True):
+    """One demo step: ``seconds`` is wall time spent in it."""
+
+    name: str
+    ok: bool
+    seconds: float
+    detail: str = ""
+
+
+class DemoReport(msgspec.Struct, kw_only=True):
+    """The demo's JSON report."""
+
+    ok: bool
+    dir: str
+    instance_id: str = ""
+    completion: str = ""
+    steps: list[StepResult] = msgspec.field(default_factory=list)
+    timeline: list[TimelineEntry] = msgspec.field(default_factory=list)
+
+
+class StepFailed(Exception):
+    """A demo step did not hold; the message says what was seen."""
+
+
+class _Demo:
+    def __init__(self, workdir: Path, say: Callable[[str], None], progress: Callable[[str], None]):
+        self.dir = workdir
+        self.say = say
+        self.progress = progress
+        self.report = DemoReport(ok=False, dir=str(workdir))
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[StepResult]:
+        result = StepResult(name=name, ok=False, seconds=0.0)
+        self.report.steps.append(result)
+        t0 = time.monotonic()
+        try:
+            yield result
+            result.ok = True
+        finally:
+            result.seconds = round(time.monotonic() - t0, 3)
+            mark = "ok " if result.ok else "FAIL"
+            detail = f": {result.detail}" if result.detail else ""
+            self.say(f"[{mark}] {name} ({result.seconds:.2f} s){detail}")
+
+
+def run_demo(
+    workdir: Path, say: Callable[[str], None], progress: Callable[[str], None]
+) -> DemoReport:
+    """Run every step; the report's ``ok`` is True only if each held."""
+    demo = _Demo(workdir, say, progress)
+    try:
+        _run(demo)
+        demo.report.ok = all(s.ok for s in demo.report.steps)
+    except Exception as e:  # noqa: BLE001 - the demo reports any failure as a failed step
+        demo.say(f"demo failed: {type(e).__name__}: {e}")
+        chain = workdir / "chain.db"
+        if demo.report.instance_id and chain.exists():
+            demo.report.timeline = timeline(chain, demo.report.instance_id)
+    return demo.report
+
+
+def _run(demo: _Demo) -> None:
+    settings = NodeSettings(
+        node_id="demo",
+        data_dir=str(demo.dir),
+        health_interval_s=0.25,
+        miss_limit=3,
+        stop_grace_s=10.0,
+        restart=RestartPolicy(base_s=2.0),
+    )
+    model_file = settings.registry_path / "tiny.gguf"
+    with demo.step("generate the tiny model") as s:
+        from .tinymodel import generate_tiny_gguf  # noqa: PLC0415 - needs the llamacpp extra
+
+        settings.registry_path.mkdir(parents=True, exist_ok=True)
+        generate_tiny_gguf(model_file, seed=0)
+        s.detail = f"{model_file} ({model_file.stat().st_size} bytes)"
+    node = Node.open(settings)
+    try:
+        _with_node(demo, node, model_file)
+    finally:
+        node.shutdown(reason="demo finished")
+    with demo.step("verify the chain") as s:
+        verdict = verify_chain(settings.chain_path)
+        s.detail = f"{verdict.events} events, head {(verdict.head_hash or '')[:16]}"
+        _require(verdict.ok, f"chain invalid: {verdict.problem}")
+    demo.report.timeline = timeline(settings.chain_path, demo.report.instance_id)
+
+
+def _with_node(demo: _Demo, node: Node, model_file: Path) -> None:
+    with demo.step("register the model") as s:
+        entry = node.registry.adopt(MODEL, model_file)
+        s.detail = f"{entry.name}: blake3 {entry.blake3[:16]}"
+    spec = InstanceSpec(role="chat", flavor=Flavor.LLAMACPP, model=MODEL, port=free_port())
+    with demo.step("place and start a managed llama.cpp instance") as s:
+        iid = node.place(spec)
+        demo.report.instance_id = iid
+        view = node.start(iid)
+        s.detail = f"{iid} pid {view.pid} on {spec.base_url}"
+    with demo.step("wait until it serves") as s:
+        view = _wait_running(demo, node, iid)
+        s.detail = f"running: {view.reason}"
+    with demo.step("one real completion") as s:
+        demo.report.completion = _complete(spec.base_url)
+        s.detail = repr(demo.report.completion)
+    _kill_and_watch(demo, node, iid)
+    with demo.step("stop the instance") as s:
+        pgid = node.status(iid).pid or 0
+        view = node.stop(iid)
+        _require(view.lifecycle == "stopped", f"lifecycle is {view.lifecycle}")
+        left = group_members(pgid)
+        _require(not left, f"processes of the group left: {left}")
+        s.detail = f"stopped; nothing of process group {pgid} left"
+
+
+def _wait_running(demo: _Demo, node: Node, iid: str) -> InstanceView:
+    t0 = time.monotonic()
+
+    def running(v: InstanceView) -> bool:
+        demo.progress(
+            f"  {v.lifecycle:<10} health {v.health or 'not probed yet':<12} "
+            f"{time.monotonic() - t0:5.1f} s"
+        )
+        return v.lifecycle == "running"
+
+    view = node.wait_for(iid, running, LOAD_TIMEOUT_S, poll_s=0.1)
+    demo.progress("")
+    return view
+
+
+def _complete(base_url: str) -> str:
+    client = ServerClient(base_url, timeout=60.0)
+    try:
+        return client.complete(MODEL, "Once upon a time", max_tokens=16)
+    finally:
+        client.close()
+
+
+def _kill_and_watch(demo: _Demo, node: Node, iid: str) -> None:
+    with demo.step("SIGKILL the server; the exit is recorded") as s:
+        before = node.status(iid)
+        assert before.pid is not None
+        os.kill(before.pid, signal.SIGKILL)
+        view = node.wait_for(
+            iid,
+            lambda v: (
+                v.lifecycle in ("exited", "restarting", "failed", "starting")
+                and v.pid != before.pid
+            ),
+            30,
+        )
+        exit_ = view.last_exit
+        _require(exit_ is not None and exit_.signal == 9, f"recorded exit: {exit_}")
+        s.detail = f"pid {before.pid}: {exit_.reason if exit_ else ''}; now {view.lifecycle}"
+    with demo.step("restarted after the backoff") as s:
+        t0 = time.monotonic()
+        view = _wait_running(demo, node, iid)
+        _require(view.pid not in (None, before.pid), f"pid {view.pid}")
+        waited = time.monotonic() - t0
+        s.detail = f"new pid {view.pid}, restart {view.restarts}, serving after {waited:.1f} s"
+
+
+def _require(cond: bool, why: str) -> None:
+    if not cond:
+        raise StepFailed(why)
+
+
+def data_dir_default() -> Path:
+    """A fresh temporary folder for a demo run."""
+    import tempfile  # noqa: PLC0415
+
+    return Path(tempfile.mkdtemp(prefix="infervisor-demo-"))
