@@ -103,6 +103,8 @@ class InstanceActor(pykka.ThreadingActor):
         match message:
             case m.GetStatus():
                 return build_view(self.state, self._report, self._proc)
+            case m.IsSettled():
+                return not (self._probing or self._terminating)
             case m.Start(by=by):
                 return self._start_verb(by)
             case m.Stop():

@@ -24,6 +24,7 @@ __all__ = [
     "GetStatus",
     "HealthTick",
     "InstanceView",
+    "IsSettled",
     "ListInstances",
     "Lookup",
     "Place",
@@ -77,6 +78,10 @@ class Unload(_Msg, frozen=True):
 
 class GetStatus(_Msg, frozen=True):
     """Answer an :class:`InstanceView` from what the actor already knows (never probes)."""
+
+
+class IsSettled(_Msg, frozen=True):
+    """Answer True when no probe or termination of this instance is in flight."""
 
 
 # Ticks and boot

@@ -206,6 +206,11 @@ class Node:
                 )
             time.sleep(poll_s)
 
+    def settled(self, instance_id: str) -> bool:
+        """True when no probe or termination of the instance is in flight."""
+        answer: bool = self._ask(self._ref(instance_id), m.IsSettled())
+        return answer
+
     def rebuild(self) -> NodeState:
         """The node state replayed from the chain file alone."""
         return _rebuild(self.settings.chain_path)

@@ -66,6 +66,8 @@ BEGIN
     SELECT RAISE(ABORT, 'chain: prev_hash must be the hash of the head (zeros for genesis)')
     WHERE NEW.prev_hash IS NOT
         coalesce((SELECT hash FROM events WHERE seq = NEW.seq - 1), zeroblob(32));
+    SELECT RAISE(ABORT, 'chain: hash already stored; INSERT OR REPLACE cannot delete events')
+    WHERE EXISTS (SELECT 1 FROM events WHERE hash = NEW.hash);
 END
 """,
     "events_append_only_update": """

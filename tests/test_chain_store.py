@@ -302,6 +302,23 @@ def test_the_database_refuses_a_gap_or_a_fork(db: Path) -> None:
     assert verify_chain(db).head_seq == head.seq
 
 
+def test_insert_or_replace_cannot_delete_an_event(db: Path) -> None:
+    with SqliteChain.open_readonly(db) as reader:
+        head = reader.head()
+        victim = next(reader.events(after=0))
+    forged = seal(draft(9), seq=head.seq + 1, node="node-a", prev_hash=head.hash)
+    conn = sqlite3.connect(db)
+    try:
+        with pytest.raises(sqlite3.IntegrityError, match="hash already stored"):
+            conn.execute(
+                "INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*msgspec.structs.astuple(forged)[:9], victim.hash),
+            )
+    finally:
+        conn.close()
+    assert verify_chain(db).ok
+
+
 @pytest.mark.parametrize(
     "statement", ["UPDATE events SET kind = 'x' WHERE seq = 1", "DELETE FROM events WHERE seq = 3"]
 )
