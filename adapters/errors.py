@@ -38,7 +38,7 @@ class RegistryError(AdapterError):
     """A model could not be resolved from the model registry."""
 
 
-class AdmissionRefused(AdapterError):  # noqa: N818 -- a refusal, not a fault; public name
+class AdmissionRefused(AdapterError):
     """The instance is refused; the message says why and what would fix it."""
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+
 from infervisor.tools.tinymodel import generate_tiny_gguf
 
 LAUNCHER = Path(sys.executable).with_name("infervisor-llama-server")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import PROGRAMS, make_launcher, wait_until
 
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.errors import VerbRefused
@@ -25,7 +26,6 @@ from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain
 from infervisor.replay import RestartPolicy
-from support import PROGRAMS, make_launcher, wait_until
 
 OPS = ["start", "stop", "restart", "kill", "fail", "heal", "tick", "tick", "backoff"]
 

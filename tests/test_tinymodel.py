@@ -8,6 +8,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+
 from infervisor.tools.tinymodel import TinyDims, generate_tiny_gguf
 
 N_VOCAB = 3 + 256 + 1 + 94  # control, bytes, SentencePiece space, printable ASCII
