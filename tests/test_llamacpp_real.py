@@ -1,0 +1,122 @@
+"""The node against the real llama.cpp server (embedded in xllamacpp, or
+``llama-server`` when it is on PATH), on models the project generates.
+
+Marked slow: run alone with ``pytest -m slow``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from infervisor.actors.node import Node
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.probe import HealthKind, ServerClient
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.chain import verify_chain
+from infervisor.replay import RestartPolicy, timeline
+from infervisor.tools.tinymodel import TinyDims, generate_tiny_gguf
+from support import pids_of_group
+
+pytestmark = pytest.mark.slow
+
+# Large enough (~340 MB of random f32 weights) that llama.cpp answers
+# "Loading model" for a few hundred milliseconds after it binds its port.
+SLOW_LOADING = TinyDims(n_embd=1024, n_layer=8, n_head=8, n_ff=2048)
+
+
+@pytest.fixture(scope="module")
+def big_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("big") / "big.gguf"
+    generate_tiny_gguf(path, seed=1, dims=SLOW_LOADING)
+    return path
+
+
+@pytest.fixture
+def node(nodes, tmp_path: Path) -> Node:
+    registry = tmp_path / "models"
+    registry.mkdir()
+    settings = nodes.settings(
+        "infervisor-llama-server",
+        registry,
+        health_interval_s=0.05,
+        restart=RestartPolicy(base_s=1.0, cap_s=4.0),
+    )
+    return nodes.open(settings)
+
+
+def watch_health_until_up(base_url: str) -> list[HealthKind]:
+    """Probe as fast as possible until the server is up; the verdicts seen, in order."""
+    seen: list[HealthKind] = []
+    with ServerClient(base_url, timeout=5.0) as client:
+        for _ in range(20000):
+            kind = client.probe(Flavor.LLAMACPP).health.kind
+            if not seen or seen[-1] is not kind:
+                seen.append(kind)
+            if kind is HealthKind.UP:
+                return seen
+    pytest.fail(f"the server never came up; saw {seen}")
+
+
+def test_load_loading_up_complete_sigkill_restart_stop(node: Node, big_gguf: Path) -> None:
+    shutil.copy(big_gguf, node.registry.root / "big.gguf")
+    node.registry.adopt("big", node.registry.root / "big.gguf")
+    spec = InstanceSpec(role="chat", flavor=Flavor.LLAMACPP, model="big", port=free_port())
+    iid = node.place(spec)
+    node.start(iid)
+    seen = watch_health_until_up(spec.base_url)
+    assert HealthKind.LOADING in seen, f"never saw 'Loading model' before up: {seen}"
+    assert seen.index(HealthKind.LOADING) < seen.index(HealthKind.UP)
+    first = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
+
+    with ServerClient(spec.base_url, timeout=60.0) as client:
+        text = client.complete("big", "Hello", max_tokens=4)
+    assert isinstance(text, str) and text
+
+    os.kill(first.pid, signal.SIGKILL)
+    again = node.wait_for(iid, lambda v: v.lifecycle == "running" and v.pid != first.pid, 60)
+    assert again.last_exit is not None
+    assert again.last_exit.signal == 9
+    assert again.restarts == 1
+
+    entries = timeline(node.settings.chain_path, iid)
+    moves = [(e.frm, e.to) for e in entries if e.frm != e.to]
+    assert moves == [
+        ("-", "loaded"),
+        ("loaded", "starting"),
+        ("starting", "running"),
+        ("running", "exited"),
+        ("exited", "restarting"),
+        ("restarting", "starting"),
+        ("starting", "running"),
+    ]
+    restart = next(e for e in entries if e.kind == "instance.restart_scheduled")
+    starting = next(e for e in entries if e.seq > restart.seq and e.kind == "instance.starting")
+    # The restart waited its backoff (1 s) on the real clock: recorded timestamps, not a sleep.
+    assert starting.ts_ns - restart.ts_ns >= 1_000_000_000 * 0.95
+
+    stopped = node.stop(iid)
+    assert stopped.lifecycle == "stopped"
+    assert pids_of_group(again.pid) == []
+    assert verify_chain(node.settings.chain_path).ok
+
+
+def test_tiny_model_serves_through_the_node(node: Node, tiny_gguf: Path) -> None:
+    shutil.copy(tiny_gguf, node.registry.root / "tiny.gguf")
+    node.registry.adopt("tiny", node.registry.root / "tiny.gguf")
+    spec = InstanceSpec(role="chat", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    iid = node.place(spec)
+    node.start(iid)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
+    assert view.status == "running"
+    assert view.rss_bytes and view.rss_bytes > 1_000_000
+    with ServerClient(spec.base_url, timeout=60.0) as client:
+        report = client.probe(Flavor.LLAMACPP)
+        assert report.lists("tiny")
+        assert client.tiny_completion("tiny")
+    node.stop(iid)
+    assert pids_of_group(view.pid) == []
