@@ -1,0 +1,105 @@
+"""Supervision on an injected clock: backoff times, stability reset, and an
+operator stop that no tick undoes. Real processes (the fake llama-protocol
+server); time moves only when the test advances it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from infervisor.actors.clock import ManualClock
+from infervisor.actors.node import Node
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.replay import RestartPolicy, timeline
+from support import wait_until
+
+BASE = 2.0
+POLICY = RestartPolicy(max_restarts=3, base_s=BASE, cap_s=60.0, stable_after_s=30.0)
+
+
+@pytest.fixture
+def clocked(nodes, fake_llama: str, fake_model: Path, manual_clock: ManualClock):
+    settings = nodes.settings(fake_llama, fake_model, health_interval_s=1.0, restart=POLICY)
+    node = nodes.open(settings, manual_clock)
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    iid = node.place(InstanceSpec(role="c", flavor=Flavor.LLAMACPP, model="tiny", port=free_port()))
+    return node, manual_clock, iid
+
+
+def tick_until(node: Node, clock: ManualClock, iid: str, lifecycle: str) -> None:
+    def reached() -> bool:
+        if node.settled(iid):
+            if node.status(iid).lifecycle == lifecycle:
+                return True
+            clock.advance(node.settings.health_interval_s)
+        return False
+
+    wait_until(reached, 20, f"{iid} {lifecycle}")
+
+
+def kill_and_wait_restarting(node: Node, iid: str) -> int:
+    pid = node.status(iid).pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: node.status(iid).lifecycle == "restarting", 20, "restarting")
+    return pid
+
+
+def test_restarts_follow_the_backoff(clocked) -> None:
+    node, clock, iid = clocked
+    node.start(iid)
+    tick_until(node, clock, iid, "running")
+    for attempt in (1, 2):
+        kill_and_wait_restarting(node, iid)
+        delay = POLICY.delay(attempt - 1)
+        assert delay == BASE * 2 ** (attempt - 1)
+        clock.advance(delay - 0.01)
+        assert node.status(iid).lifecycle == "restarting"  # not before its time
+        clock.advance(0.01)
+        wait_until(lambda: node.status(iid).pid is not None, 20, "respawned")
+        tick_until(node, clock, iid, "running")
+        assert node.status(iid).restarts == attempt
+    delays = [e.reason for e in timeline(node.settings.chain_path, iid) if e.kind.endswith("scheduled")]
+    assert [d.split(":")[0] for d in delays] == ["restart 1 in 2 s", "restart 2 in 4 s"]
+    node.stop(iid)
+
+
+def test_operator_stop_during_backoff_is_not_undone(clocked) -> None:
+    node, clock, iid = clocked
+    node.start(iid)
+    tick_until(node, clock, iid, "running")
+    kill_and_wait_restarting(node, iid)
+    assert node.stop(iid).lifecycle == "stopped"
+    clock.advance(POLICY.cap_s * 4)  # every timer and tick that could restart it
+    wait_until(lambda: node.settled(iid), 20, "settled")
+    view = node.status(iid)
+    assert view.lifecycle == "stopped"
+    assert view.desired == "stopped"
+    assert view.pid is None
+
+
+def test_stable_run_clears_the_budget(clocked) -> None:
+    node, clock, iid = clocked
+    node.start(iid)
+    tick_until(node, clock, iid, "running")
+    kill_and_wait_restarting(node, iid)
+    clock.advance(BASE)
+    wait_until(lambda: node.status(iid).pid is not None, 20, "respawned")
+    tick_until(node, clock, iid, "running")
+    assert node.status(iid).restarts == 1
+
+    def cleared() -> bool:
+        if node.settled(iid) and node.status(iid).restarts:
+            clock.advance(node.settings.health_interval_s * 5)
+        return node.status(iid).restarts == 0
+
+    wait_until(cleared, 20, "restart budget cleared after the stability period")
+    # The next failure restarts at the base delay again.
+    kill_and_wait_restarting(node, iid)
+    scheduled = [e for e in timeline(node.settings.chain_path, iid) if e.kind.endswith("scheduled")]
+    assert scheduled[-1].reason.startswith(f"restart 1 in {BASE:g} s")
+    node.stop(iid)
