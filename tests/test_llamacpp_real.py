@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from support import pids_of_group
 
 from infervisor.actors.node import Node
 from infervisor.adapters.ports import free_port
@@ -20,7 +21,6 @@ from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain
 from infervisor.replay import RestartPolicy, timeline
 from infervisor.tools.tinymodel import TinyDims, generate_tiny_gguf
-from support import pids_of_group
 
 pytestmark = pytest.mark.slow
 

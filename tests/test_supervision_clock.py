@@ -9,13 +9,13 @@ import signal
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.node import Node
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import RestartPolicy, timeline
-from support import wait_until
 
 BASE = 2.0
 POLICY = RestartPolicy(max_restarts=3, base_s=BASE, cap_s=60.0, stable_after_s=30.0)
@@ -63,7 +63,9 @@ def test_restarts_follow_the_backoff(clocked) -> None:
         wait_until(lambda: node.status(iid).pid is not None, 20, "respawned")
         tick_until(node, clock, iid, "running")
         assert node.status(iid).restarts == attempt
-    delays = [e.reason for e in timeline(node.settings.chain_path, iid) if e.kind.endswith("scheduled")]
+    delays = [
+        e.reason for e in timeline(node.settings.chain_path, iid) if e.kind.endswith("scheduled")
+    ]
     assert [d.split(":")[0] for d in delays] == ["restart 1 in 2 s", "restart 2 in 4 s"]
     node.stop(iid)
 

@@ -1,0 +1,278 @@
+"""A tiny llama model directory with random weights that ``mlx_lm`` loads offline.
+
+``mlx_lm.server --model DIR`` loads it in about a second on a CPU and
+generates text from it, with ``HF_HUB_OFFLINE=1`` and nothing from the hub.
+The weights are random, but one residual dimension (``_BIAS_DIM``) is held at
+a constant positive value so that the output projection can push every token
+that is not printable ASCII far down: a completion is printable ASCII, never
+ends early on an end-of-sequence token and is always valid UTF-8.
+
+Files written::
+
+    config.json              model_type "llama", tiny dimensions, untied lm_head
+    model.safetensors        float32 weights, mlx_lm (Hugging Face) tensor names
+    tokenizer.json           byte-level BPE (``tokenizers``), no merges
+    tokenizer_config.json    PreTrainedTokenizerFast, ChatML-style chat template
+    special_tokens_map.json  the same special tokens, for older transformers
+
+Vocabulary (GPT-2 byte-to-unicode alphabet, one token per byte)::
+
+    0..255   the bytes 0x00..0xFF (token id == byte value)
+    256      <|endoftext|>   (eos)
+    257      <|im_start|>
+    258      <|im_end|>      (also eos: ends a chat turn)
+
+Usage: ``python -m infervisor.tools.tinymlx OUTDIR [--seed N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from safetensors.numpy import save_file
+
+__all__ = ["SPECIAL_TOKENS", "TinyMlxDims", "byte_alphabet", "generate_tiny_mlx", "main"]
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_EOS_IDS = (256, 258)
+_PRINTABLE = slice(0x20, 0x7F)  # space .. '~': the only tokens the model emits
+_BIAS_DIM = 0
+_BIAS_VALUE = 1.0
+_SUPPRESS = -64.0
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+F32 = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class TinyMlxDims:
+    """Model dimensions (counts, not bytes). The defaults are what tests use."""
+
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    ffn: int = 128
+    context: int = 512
+
+    @property
+    def vocab(self) -> int:
+        """256 byte tokens plus the special tokens (259)."""
+        return 256 + len(SPECIAL_TOKENS)
+
+
+def byte_alphabet() -> list[str]:
+    """The 256 printable characters standing for bytes 0..255 (GPT-2 ``bytes_to_unicode``).
+
+    Bytes that are printable Latin-1 stand for themselves; the others (control
+    characters, space, 0x7F..0xA0, 0xAD) are shifted to U+0100 onwards in order.
+    """
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars: list[str] = []
+    shifted = 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(0x100 + shifted))
+            shifted += 1
+    return chars
+
+
+def _config(dims: TinyMlxDims) -> dict[str, Any]:
+    """``config.json``: what ``mlx_lm.models.llama.ModelArgs`` reads."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": dims.hidden,
+        "num_hidden_layers": dims.layers,
+        "intermediate_size": dims.ffn,
+        "num_attention_heads": dims.heads,
+        "num_key_value_heads": dims.heads,
+        "head_dim": dims.hidden // dims.heads,
+        "max_position_embeddings": dims.context,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": dims.vocab,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": list(_EOS_IDS),
+        "torch_dtype": "float32",
+    }
+
+
+def _added_token(token_id: int, content: str) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+
+
+def _tokenizer() -> dict[str, Any]:
+    """``tokenizer.json``: a ByteLevel BPE with one token per byte and no merges."""
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": True,
+    }
+    vocab = {char: i for i, char in enumerate(byte_alphabet())}
+    vocab.update({tok: 256 + i for i, tok in enumerate(SPECIAL_TOKENS)})
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [_added_token(256 + i, t) for i, t in enumerate(SPECIAL_TOKENS)],
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
+        },
+    }
+
+
+def _tokenizer_config(dims: TinyMlxDims) -> dict[str, Any]:
+    """``tokenizer_config.json``: a fast tokenizer, no BOS, ChatML-style template."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": SPECIAL_TOKENS[0],
+        "pad_token": SPECIAL_TOKENS[0],
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": dims.context,
+        "chat_template": _CHAT_TEMPLATE,
+    }
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...]) -> F32:
+    """Small random weights (standard deviation 0.02), as float32."""
+    return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+
+def _layer(rng: np.random.Generator, dims: TinyMlxDims) -> dict[str, F32]:
+    """One decoder block (shape (out, in)), keyed by its name under ``layers.N``.
+
+    The rows of ``o_proj`` and ``down_proj`` that write ``_BIAS_DIM`` are zero,
+    so the residual stream keeps that dimension constant.
+    """
+    e, f = dims.hidden, dims.ffn
+    t = {
+        "input_layernorm.weight": np.ones(e, dtype=np.float32),
+        "self_attn.q_proj.weight": _normal(rng, (e, e)),
+        "self_attn.k_proj.weight": _normal(rng, (e, e)),
+        "self_attn.v_proj.weight": _normal(rng, (e, e)),
+        "self_attn.o_proj.weight": _normal(rng, (e, e)),
+        "post_attention_layernorm.weight": np.ones(e, dtype=np.float32),
+        "mlp.gate_proj.weight": _normal(rng, (f, e)),
+        "mlp.up_proj.weight": _normal(rng, (f, e)),
+        "mlp.down_proj.weight": _normal(rng, (e, f)),
+    }
+    t["self_attn.o_proj.weight"][_BIAS_DIM, :] = 0.0
+    t["mlp.down_proj.weight"][_BIAS_DIM, :] = 0.0
+    return t
+
+
+def _tensors(seed: int, dims: TinyMlxDims) -> dict[str, F32]:
+    """All weights, drawn in a fixed order from ``default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    embed = _normal(rng, (dims.vocab, dims.hidden))
+    embed[:, _BIAS_DIM] = _BIAS_VALUE
+    tensors = {"model.embed_tokens.weight": embed}
+    for i in range(dims.layers):
+        for name, value in _layer(rng, dims).items():
+            tensors[f"model.layers.{i}.{name}"] = value
+    tensors["model.norm.weight"] = np.ones(dims.hidden, dtype=np.float32)
+    head = _normal(rng, (dims.vocab, dims.hidden))
+    head[:, _BIAS_DIM] = _SUPPRESS
+    head[_PRINTABLE, _BIAS_DIM] = 0.0
+    tensors["lm_head.weight"] = head
+    return tensors
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def generate_tiny_mlx(
+    dir: Path,  # noqa: A002 - the public name the callers use
+    *,
+    seed: int = 0,
+    dims: TinyMlxDims | None = None,
+) -> Path:
+    """Write a tiny llama model directory that ``mlx_lm.load`` reads offline.
+
+    Default dimensions: 259 tokens, hidden 64, 2 layers, 4 heads of 16, feed
+    forward 128, context 512; ``model.safetensors`` is 462,720 bytes. The
+    output is a pure function of ``seed`` and ``dims``: the same arguments
+    give byte-identical files (the safetensors header holds one metadata key,
+    ``format``, and sorts tensors by name; no timestamp is written).
+
+    Args:
+        dir: directory to fill; created (with parents) if missing. Files of
+            the same names are overwritten, others are left alone.
+        seed: seed for ``numpy.random.default_rng``.
+        dims: model dimensions; ``TinyMlxDims()`` when omitted.
+
+    Returns:
+        ``dir``.
+
+    Raises:
+        ValueError: ``hidden`` is not a multiple of ``heads``.
+        OSError: the directory or a file cannot be written.
+    """
+    dims = dims or TinyMlxDims()
+    if dims.hidden % dims.heads:
+        raise ValueError(f"hidden {dims.hidden} must be a multiple of heads {dims.heads}")
+    dir.mkdir(parents=True, exist_ok=True)
+    _write_json(dir / "config.json", _config(dims))
+    save_file(_tensors(seed, dims), dir / "model.safetensors", metadata={"format": "mlx"})
+    _write_json(dir / "tokenizer.json", _tokenizer())
+    _write_json(dir / "tokenizer_config.json", _tokenizer_config(dims))
+    special = {"eos_token": SPECIAL_TOKENS[0], "pad_token": SPECIAL_TOKENS[0]}
+    _write_json(dir / "special_tokens_map.json", special)
+    return dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m infervisor.tools.tinymlx OUTDIR [--seed N]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m infervisor.tools.tinymlx",
+        description="Write a tiny random-weight llama model directory for mlx_lm.",
+    )
+    parser.add_argument("out", type=Path, help="output directory (created if missing)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    args = parser.parse_args(argv)
+    print(generate_tiny_mlx(args.out, seed=args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
