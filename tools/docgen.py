@@ -58,7 +58,8 @@ def refresh(docs: Path, *, check: bool = False) -> list[str]:
         pattern = _section(name)
         if not pattern.search(text):
             raise ValueError(f"{path}: no generated section named {name!r}")
-        new = pattern.sub(lambda m: m.group(1) + render() + "\n" + m.group(2), text)
+        table = render()
+        new = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
         if new != text:
             stale.append(name)
             if not check:
