@@ -49,6 +49,10 @@ def _section(name: str) -> re.Pattern[str]:
     )
 
 
+def _escape(replacement: str) -> str:
+    return replacement.replace("\\", "\\\\")
+
+
 def refresh(docs: Path, *, check: bool = False) -> list[str]:
     """Rewrite (or with ``check``, only compare) each generated section; the stale names."""
     stale = []
@@ -58,8 +62,7 @@ def refresh(docs: Path, *, check: bool = False) -> list[str]:
         pattern = _section(name)
         if not pattern.search(text):
             raise ValueError(f"{path}: no generated section named {name!r}")
-        table = render()
-        new = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
+        new = pattern.sub(rf"\g<1>{_escape(render())}\n\g<2>", text)
         if new != text:
             stale.append(name)
             if not check:
