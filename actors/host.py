@@ -15,9 +15,10 @@ from typing import Any
 import msgspec
 import pykka
 
-from infervisor.adapters.errors import AdapterError, AdmissionRefused
+from infervisor.adapters.errors import AdapterError, AddressTaken, AdmissionRefused
+from infervisor.adapters.planning import build_adapter, plan
 from infervisor.adapters.registry import ModelRegistry
-from infervisor.adapters.server import ServerAdapter, make_adapter
+from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
 from infervisor.chain import EventDraft, StoredEvent
 from infervisor.replay import InstanceState, NodeState, apply_instance, kind_of
@@ -49,6 +50,8 @@ class HostActor(pykka.ThreadingActor):
         match message:
             case m.Place():
                 return self._place(message)
+            case m.Admit(spec=spec):
+                return self._plan(spec, instance_id(spec, self.ctx.node_id))[1]
             case m.Lookup(instance_id=iid):
                 return self._lookup(iid)
             case m.ListInstances():
@@ -76,7 +79,13 @@ class HostActor(pykka.ThreadingActor):
         if iid in self._refs:
             raise InvalidState(f"{iid} is already loaded")
         self._refuse_shared_address(spec)
-        adapter = make_adapter(spec, iid, self.registry, self.ctx.settings.adapter_settings())
+        try:
+            adapter, _ = self._plan(spec, iid)
+        except AddressTaken as e:
+            # The node's own condition, not the caller's mistake: recorded for the audit.
+            refused = ev.AdmissionRefused(reason=str(e), spec=msgspec.to_builtins(spec))
+            self._append(iid, refused, msg.source)
+            raise
         event = ev.Placed(
             spec=msgspec.to_builtins(spec), placed_by=msg.placed_by, generation=msg.generation
         )
@@ -94,7 +103,11 @@ class HostActor(pykka.ThreadingActor):
                     f"{spec.bind_host}:{spec.port} is already used by another instance ({other_id})"
                 )
 
-    def _append(self, iid: str, event: ev.Placed, source: str) -> StoredEvent:
+    def _plan(self, spec: InstanceSpec, iid: str) -> tuple[ServerAdapter, Admission]:
+        settings = self.ctx.settings
+        return plan(spec, iid, self.registry, settings.adapter_settings(), settings.adapters)
+
+    def _append(self, iid: str, event: ev.Event, source: str) -> StoredEvent:
         draft = EventDraft(
             ts_ns=self.ctx.clock.wall_ns(),
             source=source,
@@ -126,7 +139,7 @@ class HostActor(pykka.ThreadingActor):
         for iid, inst in state.instances.items():
             spec = msgspec.convert(inst.spec, InstanceSpec)
             try:
-                adapter = make_adapter(
+                adapter = build_adapter(
                     spec, iid, self.registry, self.ctx.settings.adapter_settings()
                 )
             except AdapterError as e:

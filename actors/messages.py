@@ -17,9 +17,11 @@ from infervisor.chain import EventDraft
 from infervisor.replay import ExitRecord, NodeState
 
 __all__ = [
+    "Admit",
     "Append",
     "Boot",
     "BootAll",
+    "DeepHealth",
     "Deregister",
     "GetStatus",
     "HealthTick",
@@ -76,6 +78,10 @@ class Unload(_Msg, frozen=True):
     by: str = "operator"
 
 
+class DeepHealth(_Msg, frozen=True):
+    """Probe plus one real token (costs compute; separate from status). Answers a Future."""
+
+
 class GetStatus(_Msg, frozen=True):
     """Answer an :class:`InstanceView` from what the actor already knows (never probes)."""
 
@@ -105,6 +111,12 @@ class Place(_Msg, frozen=True):
     placed_by: str
     generation: int = 0
     source: str = "operator"
+
+
+class Admit(_Msg, frozen=True):
+    """Run admission only (nothing is placed or recorded); answers an Admission."""
+
+    spec: InstanceSpec
 
 
 class Lookup(_Msg, frozen=True):
@@ -154,10 +166,14 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
             ``unreachable``) or ``""`` before the first probe.
         status: the adapter's status (``map_report``): state and detail.
         since_ns: when the lifecycle state was entered (ns since epoch).
-        rss_bytes: resident memory of the server's process tree, bytes.
+        reserved_bytes: memory the residency ledger holds for it, bytes.
+        rss_bytes: observed resident memory of the server's process tree, bytes.
+        exposure: who can reach the server (loopback when managed; adopted
+            servers are reported as LAN-reachable).
     """
 
     instance_id: str
+    adapter: str
     role: str
     flavor: str
     mode: str
@@ -173,6 +189,8 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     health_reason: str
     status: str
     status_detail: str | None
+    reserved_bytes: int
     rss_bytes: int | None
+    exposure: str
     last_exit: ExitRecord | None
     last_seq: int

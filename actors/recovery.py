@@ -17,44 +17,46 @@ from infervisor.adapters.process import ProcessIdentity, find_process, terminate
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 
-if TYPE_CHECKING:
-    from .instance import InstanceActor
+from .errors import InvalidState
 
-__all__ = ["recover"]
+if TYPE_CHECKING:
+    from .process_driver import ProcessDriver
+
+__all__ = ["recover_process"]
 
 log = logging.getLogger(__name__)
 S = LifecycleState
 _RESUMABLE = (S.LOADED, S.STOPPED, S.EXITED, S.RESTARTING)
 
 
-def recover(actor: InstanceActor) -> None:
+def recover_process(driver: ProcessDriver) -> None:
     """Make the instance's sourced state true again after the node (re)started."""
-    _account_for_process(actor)
-    state = actor.state
+    _account_for_process(driver)
+    state = driver.state
     if state.desired is not Desired.RUNNING or state.lifecycle not in _RESUMABLE:
         return
     try:
-        actor.launch("boot")
-    except (AdmissionRefused, SpawnError) as e:
+        driver.launch("boot")
+    except (AdmissionRefused, SpawnError, InvalidState) as e:
         log.warning("%s: could not resume at boot: %s", state.instance_id, e)
 
 
-def _account_for_process(actor: InstanceActor) -> None:
-    state = actor.state
+def _account_for_process(driver: ProcessDriver) -> None:
+    state = driver.state
     rec = state.process
     if rec is None:
         if state.lifecycle in (S.STARTING, S.RUNNING, S.UNHEALTHY, S.STOPPING):
             why = "no server process was recorded when the node stopped"
-            actor.commit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why), "node")
+            driver.commit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why), "node")
         return
     identity = ProcessIdentity(
         pid=rec.pid, pgid=rec.pgid, start_time=rec.start_time, boot_id=rec.boot_id
     )
     if find_process(identity) is None:
         why = f"pid {rec.pid} was gone when the node started again"
-        actor.commit(ev.Exited(pid=rec.pid, exit_code=None, signal=None, reason=why), "node")
+        driver.commit(ev.Exited(pid=rec.pid, exit_code=None, signal=None, reason=why), "node")
         return
-    grace = actor.ctx.settings.health_kill_grace_s
+    grace = driver.actor.ctx.settings.health_kill_grace_s
     terminate_identity(identity, grace)
     why = f"pid {rec.pid} was left running by the previous node process; stopped it"
-    actor.commit(ev.Exited(pid=rec.pid, exit_code=None, signal=None, reason=why), "node")
+    driver.commit(ev.Exited(pid=rec.pid, exit_code=None, signal=None, reason=why), "node")

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import msgspec
 
+from infervisor.adapters.ollama import parse_keep_alive
+from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.server import AdapterSettings
 from infervisor.replay import RestartPolicy
 
@@ -20,6 +22,15 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         data_dir: the chain (``chain.db``), the model registry (``models/``
             unless ``registry_dir``) and per-instance working directories.
         llamacpp_program: the llama.cpp launcher program.
+        mlx_program: the mlx-lm server program.
+        adapters: adapter ids enabled on this node (``infer.llamacpp``,
+            ``infer.ollama.adopted``, ...); placements on others are refused.
+        allowed_ports: inclusive port range instances may use.
+        memory_budget_bytes: the residency ledger's budget; None: no budget check.
+        reserve_overhead_bytes: added to each model's size when reserving.
+        ollama_keep_alive: how long Ollama keeps a model we load (seconds or ``30m``).
+        run_as: ``[uid, gid]`` managed servers run as when the node runs as root.
+        deep_timeout_s: timeout of a deep health check (one real token).
         health_interval_s: time between health probes of one instance.
         miss_limit: consecutive failed probes that make a running instance unhealthy.
         reconcile_interval_s: time between reconcile ticks.
@@ -35,6 +46,14 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     data_dir: str
     registry_dir: str | None = None
     llamacpp_program: str = "infervisor-llama-server"
+    mlx_program: str = "mlx_lm.server"
+    adapters: tuple[str, ...] = ALL_ADAPTERS
+    allowed_ports: tuple[int, int] | None = None
+    memory_budget_bytes: int | None = None
+    reserve_overhead_bytes: int = 0
+    ollama_keep_alive: str = "30m"
+    run_as: tuple[int, int] | None = None
+    deep_timeout_s: float = 300.0
     health_interval_s: float = 1.0
     miss_limit: int = 3
     reconcile_interval_s: float = 5.0
@@ -54,6 +73,16 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         for name in ("startup_timeout_s", "stop_grace_s", "health_kill_grace_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)}: allowed 0 or more")
+        unknown = sorted(set(self.adapters) - set(ALL_ADAPTERS))
+        if unknown:
+            raise ValueError(f"adapters {unknown}: allowed {', '.join(ALL_ADAPTERS)}")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
+            raise ValueError(f"memory_budget_bytes {self.memory_budget_bytes}: allowed > 0 or none")
+        if self.allowed_ports and not 1 <= self.allowed_ports[0] <= self.allowed_ports[1] <= 65535:
+            raise ValueError(
+                f"allowed_ports {list(self.allowed_ports)}: need [low, high] in 1-65535"
+            )
+        parse_keep_alive(self.ollama_keep_alive)
         if self.miss_limit < 1:
             raise ValueError(f"miss_limit {self.miss_limit}: allowed 1 or more")
         self.restart.validate()
@@ -72,8 +101,13 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         """What the adapters need of these settings."""
         return AdapterSettings(
             llamacpp_program=self.llamacpp_program,
+            mlx_program=self.mlx_program,
             data_root=self.data_dir,
             env_passthrough=self.env_passthrough,
             extra_env=dict(self.env),
             probe_timeout_s=self.probe_timeout_s,
+            deep_timeout_s=self.deep_timeout_s,
+            allowed_ports=self.allowed_ports,
+            ollama_keep_alive=self.ollama_keep_alive,
+            run_as=self.run_as,
         )

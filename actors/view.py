@@ -2,49 +2,60 @@
 
 from __future__ import annotations
 
-from infervisor.adapters.probe import ServerReport
-from infervisor.adapters.process import ManagedProcess, tree_rss_bytes
-from infervisor.adapters.spec import Flavor, Mode
+from typing import TYPE_CHECKING
+
+from infervisor.adapters.adopted import AdoptedServer
+from infervisor.adapters.process import tree_rss_bytes
 from infervisor.adapters.status import map_report
-from infervisor.replay import InstanceState
 
 from .messages import InstanceView
+from .ollama_driver import OllamaDriver
+
+if TYPE_CHECKING:
+    from .instance import InstanceActor
 
 __all__ = ["build_view"]
 
 
-def build_view(
-    state: InstanceState, report: ServerReport | None, proc: ManagedProcess | None
-) -> InstanceView:
-    """Combine sourced state, the last probe and the live process into one view."""
-    spec = state.spec
-    flavor = Flavor(spec["flavor"])
-    model = spec.get("model")
+def build_view(actor: InstanceActor) -> InstanceView:
+    """Combine sourced state, the last probe and the live server into one view."""
+    state, adapter, driver, report = actor.state, actor.adapter, actor.driver, actor.report
+    spec = adapter.spec
+    pid = driver.pid()
+    observed = report is not None and actor.driver.wants_probe() is not None
     status, detail = "", None
-    if report is not None and proc is not None:
-        mapped = map_report(flavor, model, report, alive=True, adopted=False, load=None)
+    if observed and report is not None:
+        load = driver.load_state() if isinstance(driver, OllamaDriver) else None
+        adopted = adapter.kind == "adopted"
+        alive = pid is not None or adapter.kind != "process"
+        mapped = map_report(
+            spec.flavor, adapter.served_model, report, alive=alive, adopted=adopted, load=load
+        )
         status, detail = mapped.state.value, mapped.detail
-    pid = proc.identity.pid if proc is not None else None
-    host = spec.get("host", "127.0.0.1")
-    host = f"[{host}]" if ":" in host else host
+    exposure = adapter.exposure() if isinstance(adapter, AdoptedServer) else "loopback (managed)"
+    if state.exposed:
+        exposure = f"stopped: listened beyond loopback on {', '.join(state.exposed)}"
     return InstanceView(
         instance_id=state.instance_id,
-        role=spec["role"],
-        flavor=flavor.value,
-        mode=spec.get("mode", Mode.MANAGED.value),
-        model=model,
-        endpoint=f"http://{host}:{spec['port']}",
+        adapter=adapter.adapter_id,
+        role=spec.role,
+        flavor=spec.flavor.value,
+        mode=spec.mode.value,
+        model=adapter.served_model,
+        endpoint=spec.base_url,
         lifecycle=state.lifecycle.value,
         desired=state.desired.value,
         reason=state.reason,
         since_ns=state.since_ns,
         pid=pid,
         restarts=state.restarts,
-        health=report.health.kind.value if report is not None and proc is not None else "",
-        health_reason=report.health.reason if report is not None and proc is not None else "",
+        health=report.health.kind.value if observed and report is not None else "",
+        health_reason=report.health.reason if observed and report is not None else "",
         status=status,
         status_detail=detail,
+        reserved_bytes=driver.reserved_bytes(),
         rss_bytes=tree_rss_bytes(pid) if pid is not None else None,
+        exposure=exposure,
         last_exit=state.last_exit,
         last_seq=state.last_seq,
     )

@@ -6,8 +6,9 @@ an adapter; they are translated here, at the edge)::
     AdapterError
      +-- SpecError          a spec field is invalid (names the field and what is allowed)
      +-- RegistryError      a model is missing, malformed, or fails its digest
-     +-- AdmissionRefused   the instance cannot be placed or started here (port taken,
-     |                      flavor mismatch, budget, ...); nothing was changed
+     +-- AdmissionRefused   the instance cannot be placed or started here (flavor
+     |    |                 mismatch, budget, ...); nothing was changed
+     |    +-- AddressTaken  something else already listens on the instance's address
      +-- SpawnError         the server process could not be launched
      +-- ProcessControlError  a process group could not be signalled, or outlived SIGKILL
      +-- ProbeError         a server could not be asked (only where a caller needs the reason)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 __all__ = [
     "AdapterError",
+    "AddressTaken",
     "AdmissionRefused",
     "ProbeError",
     "ProcessControlError",
@@ -40,6 +42,10 @@ class RegistryError(AdapterError):
 
 class AdmissionRefused(AdapterError):
     """The instance is refused; the message says why and what would fix it."""
+
+
+class AddressTaken(AdmissionRefused):
+    """Something already listens on the instance's address; nothing is started over it."""
 
 
 class SpawnError(AdapterError):

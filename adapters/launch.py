@@ -22,7 +22,7 @@ from .process import LaunchPlan, launch_env
 from .registry import ResolvedModel, check_format
 from .spec import Flavor, InstanceSpec
 
-__all__ = ["build_llamacpp_launch", "check_format", "resolve_program"]
+__all__ = ["build_llamacpp_launch", "build_mlx_launch", "check_format", "resolve_program"]
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -80,6 +80,39 @@ def build_llamacpp_launch(
         args=args,
         env=launch_env(passthrough, {**extra_env, **spec.env}),
         cwd=str(workdir),
+    )
+
+
+def build_mlx_launch(
+    spec: InstanceSpec,
+    model: ResolvedModel,
+    *,
+    program: str,
+    workdir: Path,
+    passthrough: Sequence[str] = ("HOME", "PATH"),
+    extra_env: Mapping[str, str] = _EMPTY,
+) -> LaunchPlan:
+    """The plan for a managed mlx-lm server::
+
+        program --model <model dir> --host <host> --port <port>
+
+    with ``HF_HUB_OFFLINE=1`` so it never reaches for a hub (weights come only
+    from the registry).
+
+    Raises:
+        AdmissionRefused: not an mlx-lm spec, or the model is not an MLX directory.
+    """
+    spec.validate()
+    if spec.flavor is not Flavor.MLX_LM:
+        raise AdmissionRefused(f"an mlx-lm launch cannot run a spec for {spec.flavor.value}")
+    check_format(spec.flavor, model)
+    _check_names(spec, model, None)
+    if model.path is None:
+        raise AdmissionRefused(f"model {model.entry.name} has no directory for mlx-lm")
+    args = ["--model", str(model.path), "--host", spec.host, "--port", str(spec.port)]
+    env = {"HF_HUB_OFFLINE": "1", **extra_env, **spec.env}
+    return LaunchPlan(
+        program=program, args=args, env=launch_env(passthrough, env), cwd=str(workdir)
     )
 
 

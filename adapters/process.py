@@ -26,6 +26,7 @@ from typing import IO
 import msgspec
 
 from .errors import ProcessControlError, SpawnError
+from .limits import ProcLimits, wrap_argv
 from .pgroup import (
     KILL_CONFIRM,
     ProcessIdentity,
@@ -73,6 +74,16 @@ class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
     env: dict[str, str]
     cwd: str
     output_limit: int = 1024 * 1024
+    limits: ProcLimits | None = None
+    run_as: tuple[int, int] | None = None
+
+    def argv(self) -> list[str]:
+        """What is executed: the program and its arguments, through the limits
+        trampoline when limits or a user are set."""
+        argv = [self.program, *self.args]
+        if self.limits is None and self.run_as is None:
+            return argv
+        return wrap_argv(argv, self.limits or ProcLimits(), self.run_as)
 
 
 def launch_env(
@@ -147,7 +158,7 @@ def _popen(plan: LaunchPlan) -> subprocess.Popen[bytes]:
         raise SpawnError(f"cannot start {plan.program}: working directory {plan.cwd} is missing")
     try:
         return subprocess.Popen(
-            [plan.program, *plan.args],
+            plan.argv(),
             env=plan.env,
             cwd=plan.cwd,
             stdin=subprocess.DEVNULL,

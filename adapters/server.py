@@ -1,28 +1,30 @@
 """One interface over every model server an instance can run on.
 
-The instance actor talks only to a :class:`ServerAdapter`: spawn (managed
-only), probe, and the address check that guards every start. Source:
-``reference/infer_runtime.rs.txt`` (``InferRuntime``: adopted vs managed) and
-``reference/infer_lifecycle.rs.txt`` (start, status).
+Three shapes behind :class:`ServerAdapter` (``kind``):
+
+- ``process``: managed llama.cpp and mlx-lm, launched through a launcher
+  program under supervision (:mod:`.launched`);
+- ``ollama``: managed Ollama, driven through its HTTP API, never started by us
+  (:mod:`.managed_ollama`);
+- ``adopted``: any flavor somebody else started: observed, never signalled
+  (:mod:`.adopted`).
+
+:func:`plan` admits a spec in the reference order and builds the adapter.
+Source: ``reference/infer_runtime.rs.txt`` (``plan``, ``load``, ``admit``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
-from .errors import AdmissionRefused
-from .launch import build_llamacpp_launch, resolve_program
-from .ports import port_in_use
-from .probe import ServerClient, ServerReport
-from .process import ExitInfo, LaunchPlan, ManagedProcess
-from .registry import ModelRegistry, check_format
-from .spec import Flavor, InstanceSpec, Mode
+from .probe import ServerReport
+from .spec import InstanceSpec
 
-__all__ = ["AdapterSettings", "LaunchedServer", "ServerAdapter", "make_adapter"]
+__all__ = ["AdapterKind", "AdapterSettings", "Admission", "ServerAdapter"]
+
+AdapterKind = Literal["process", "ollama", "adopted"]
 
 
 class AdapterSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,31 +32,62 @@ class AdapterSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         llamacpp_program: the llama.cpp launcher (``infervisor-llama-server`` or a path).
-        data_root: per-instance working directories are made under it.
+        mlx_program: the mlx-lm server program (``mlx_lm.server`` or a path).
+        data_root: per-instance working directories are made under ``instances/``.
         env_passthrough: parent environment names forwarded to servers.
         extra_env: environment entries added for every server.
         probe_timeout_s: per-request timeout of health probes, seconds.
+        deep_timeout_s: timeout of a deep health check (one real token), seconds.
+        allowed_ports: inclusive port range instances may use, checked before
+            any connection is made; None allows every port.
+        ollama_keep_alive: ``keep_alive`` sent when loading an Ollama model
+            (seconds as a number, or a duration string such as ``30m``).
+        run_as: ``(uid, gid)`` managed servers drop to when the node runs as root.
     """
 
-    llamacpp_program: str
+    llamacpp_program: str = "infervisor-llama-server"
+    mlx_program: str = "mlx_lm.server"
     data_root: str
     env_passthrough: tuple[str, ...] = ("HOME", "PATH")
     extra_env: dict[str, str] = msgspec.field(default_factory=dict)
     probe_timeout_s: float = 2.0
+    deep_timeout_s: float = 300.0
+    allowed_ports: tuple[int, int] | None = None
+    ollama_keep_alive: str = "30m"
+    run_as: tuple[int, int] | None = None
+
+
+class Admission(msgspec.Struct, frozen=True):
+    """What admission found: the adapter id and the reference's notes."""
+
+    adapter_id: str
+    notes: list[str]
 
 
 class ServerAdapter(Protocol):
-    """What the instance actor needs of a server, whatever its flavor and mode."""
+    """What the instance actor needs of a server, whatever its flavor and mode.
+
+    Attributes:
+        spec: the instance spec.
+        kind: ``process``, ``ollama`` or ``adopted``.
+        adapter_id: ``infer.<flavor>`` or ``infer.<flavor>.adopted``.
+        served_model: the model id the server knows the instance by (Ollama
+            tag, registry name, or the spec's model when adopted).
+        model_bytes: bytes the model needs in memory (0 when unknown or adopted).
+    """
 
     spec: InstanceSpec
-    managed: bool
-
-    def spawn(self, on_exit: Callable[[ExitInfo], None]) -> ManagedProcess:
-        """Launch the server (managed only). Raises SpawnError or AdmissionRefused."""
-        ...
+    kind: AdapterKind
+    adapter_id: str
+    served_model: str | None
+    model_bytes: int
 
     def probe(self) -> ServerReport:
         """Ask the server how it is (never raises: unreachable is a report)."""
+        ...
+
+    def deep_health(self) -> str:
+        """The normal probe plus one real token; the token. Raises ProbeError."""
         ...
 
     def address_taken(self) -> str | None:
@@ -64,63 +97,3 @@ class ServerAdapter(Protocol):
     def close(self) -> None:
         """Release the HTTP client."""
         ...
-
-
-class LaunchedServer:
-    """A managed llama.cpp server: launched through the launcher program."""
-
-    managed = True
-
-    def __init__(self, spec: InstanceSpec, plan: LaunchPlan, probe_timeout_s: float) -> None:
-        self.spec = spec
-        self.plan = plan
-        self._client = ServerClient(spec.base_url, probe_timeout_s)
-
-    def spawn(self, on_exit: Callable[[ExitInfo], None]) -> ManagedProcess:
-        Path(self.plan.cwd).mkdir(parents=True, exist_ok=True)
-        return ManagedProcess.spawn(self.plan, on_exit)
-
-    def probe(self) -> ServerReport:
-        return self._client.probe(self.spec.flavor)
-
-    def address_taken(self) -> str | None:
-        host, port = self.spec.bind_host, self.spec.port
-        return f"{host}:{port}" if port_in_use(host, port) else None
-
-    def close(self) -> None:
-        self._client.close()
-
-
-def make_adapter(
-    spec: InstanceSpec,
-    instance_id: str,
-    registry: ModelRegistry,
-    settings: AdapterSettings,
-) -> ServerAdapter:
-    """Build the adapter for a placed instance, resolving its model in the registry.
-
-    Raises:
-        SpecError: the spec is invalid.
-        RegistryError: the model (or draft model) is not in the registry or fails its digest.
-        AdmissionRefused: the flavor/mode is not supported here, or the format does not fit.
-    """
-    spec.validate()
-    if spec.mode is not Mode.MANAGED or spec.flavor is not Flavor.LLAMACPP:
-        raise AdmissionRefused(
-            f"{spec.flavor.adapter_id(spec.mode)} is not available on this node yet; "
-            "supported: infer.llamacpp"
-        )
-    assert spec.model is not None  # validate() guarantees it for managed specs
-    model = registry.resolve(spec.model)
-    check_format(spec.flavor, model)
-    draft = registry.resolve(spec.draft_model) if spec.draft_model else None
-    plan = build_llamacpp_launch(
-        spec,
-        model,
-        draft,
-        program=resolve_program(settings.llamacpp_program),
-        workdir=Path(settings.data_root) / "instances" / instance_id,
-        passthrough=settings.env_passthrough,
-        extra_env=settings.extra_env,
-    )
-    return LaunchedServer(spec, plan, settings.probe_timeout_s)

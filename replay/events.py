@@ -22,9 +22,11 @@ from infervisor.chain import StoredEvent, encode_payload
 __all__ = [
     "EVENT_TYPES",
     "UPCASTERS",
+    "AdmissionRefused",
     "Event",
     "EventDecodeError",
     "Exited",
+    "Exposed",
     "Failed",
     "InstanceEvent",
     "NodeStarted",
@@ -73,15 +75,17 @@ class Placed(_Event, frozen=True, tag="instance.placed"):
 
 
 class Starting(_Event, frozen=True, tag="instance.starting"):
-    """A start was decided (before anything is spawned).
+    """A start was decided (before anything is spawned or loaded).
 
     ``by`` is ``operator``, ``controller``, ``boot`` or ``supervisor``; an
     explicit operator start resets the restart budget (``reset_budget``).
+    ``reserved_bytes`` is what the residency ledger set aside for it.
     """
 
     by: str
     reset_budget: bool = False
     attempt: int = 0
+    reserved_bytes: int = 0
 
 
 class Spawned(_Event, frozen=True, tag="instance.spawned"):
@@ -163,6 +167,20 @@ class StopRequested(_Event, frozen=True, tag="instance.stop_requested"):
     reason: str = ""
 
 
+class Exposed(_Event, frozen=True, tag="instance.exposed"):
+    """A managed server was found listening beyond loopback: it is stopped and
+    will not start again until the instance is reloaded."""
+
+    addresses: list[str]
+
+
+class AdmissionRefused(_Event, frozen=True, tag="node.admission_refused"):
+    """A placement was refused because of the node's own condition (a taken port)."""
+
+    reason: str
+    spec: dict[str, Any]
+
+
 class Unloaded(_Event, frozen=True, tag="instance.unloaded"):
     """The instance is forgotten."""
 
@@ -182,9 +200,10 @@ InstanceEvent = (
     | Failed
     | StableAgain
     | StopRequested
+    | Exposed
     | Unloaded
 )
-Event = NodeStarted | NodeStopped | InstanceEvent
+Event = NodeStarted | NodeStopped | AdmissionRefused | InstanceEvent
 
 EVENT_TYPES: dict[str, type[Any]] = {
     t.__struct_config__.tag: t  # type: ignore[misc]
@@ -203,6 +222,8 @@ EVENT_TYPES: dict[str, type[Any]] = {
         Failed,
         StableAgain,
         StopRequested,
+        Exposed,
+        AdmissionRefused,
         Unloaded,
     )
 }

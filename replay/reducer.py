@@ -113,12 +113,12 @@ def _target(inst: InstanceState, event: ev.InstanceEvent) -> LifecycleState | No
         case ev.Recovered():
             return S.RUNNING
         case ev.Exited():
-            return {S.STOPPING: S.STOPPED, S.RESTARTING: S.RESTARTING}.get(inst.lifecycle, S.EXITED)
+            return S.STOPPED if inst.lifecycle is S.STOPPING else S.EXITED
         case ev.RestartScheduled():
             return S.RESTARTING
         case ev.Failed():
             return S.FAILED
-        case ev.StopRequested():
+        case ev.StopRequested() | ev.Exposed():
             if inst.lifecycle is S.STOPPING:
                 return None  # a second stop escalates; the state is already right
             has_process = inst.process is not None and inst.lifecycle in LIVE_STATES
@@ -162,6 +162,8 @@ def _update(inst: InstanceState, stored: StoredEvent, event: ev.InstanceEvent) -
             return r(inst, desired=Desired.STOPPED)
         case ev.StableAgain():
             return r(inst, restarts=0, restart_times_ns=())
+        case ev.Exposed():
+            return r(inst, desired=Desired.STOPPED, exposed=tuple(event.addresses))
         case ev.StopRequested(by="shutdown"):
             return inst
         case ev.StopRequested():
@@ -213,6 +215,8 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.StableAgain: lambda e: f"up {e.uptime_s:.0f} s: restart budget cleared",
     ev.StopRequested: _stop,
     ev.Unloaded: lambda e: f"unloaded by {e.by}",
+    ev.Exposed: lambda e: f"listening beyond loopback on {', '.join(e.addresses)}: stopped",
+    ev.AdmissionRefused: lambda e: f"placement refused: {e.reason}",
     ev.NodeStarted: lambda e: f"node started (pid {e.pid})",
     ev.NodeStopped: lambda e: f"node stopped: {e.reason}",
 }

@@ -50,6 +50,8 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True):
         restarts: automatic restarts since the budget last cleared.
         restart_times_ns: when each of those restarts was decided (ns since epoch).
         since_ns: timestamp of the last lifecycle transition.
+        exposed: addresses beyond loopback the server was found on; while set,
+            the instance does not start until it is reloaded.
         last_seq: sequence number of the last event applied to this instance.
     """
 
@@ -66,6 +68,7 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True):
     restarts: int = 0
     restart_times_ns: tuple[int, ...] = ()
     last_exit: ExitRecord | None = None
+    exposed: tuple[str, ...] = ()
 
 
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):

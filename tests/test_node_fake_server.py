@@ -16,10 +16,10 @@ from conftest import NodeFactory
 from support import PROGRAMS, make_launcher, pids_of_group
 
 from infervisor.actors.errors import InvalidState, UnknownInstance
-from infervisor.adapters.errors import AdmissionRefused, RegistryError, SpecError
+from infervisor.adapters.errors import AddressTaken, AdmissionRefused, RegistryError, SpecError
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.chain import verify_chain
+from infervisor.chain import SqliteChain, verify_chain
 from infervisor.replay import timeline
 
 
@@ -87,22 +87,43 @@ def test_sigkill_is_recorded_and_restarted_after_backoff(node):
     node.stop(iid)
 
 
-def test_port_taken_is_refused_recorded_and_other_process_untouched(node):
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen()
+def listening_socket(port: int = 0) -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def still_listening(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
+
+
+def test_place_over_taken_port_is_refused_and_recorded(node):
+    with listening_socket() as other:
         port = other.getsockname()[1]
-        iid = node.place(spec(port))
+        with pytest.raises(AddressTaken, match=f"127.0.0.1:{port}"):
+            node.place(spec(port))
+        still_listening(port)
+    with SqliteChain.open_readonly(node.settings.chain_path) as chain:
+        refused = [e for e in chain.events(kinds=["node.admission_refused"])]
+    assert len(refused) == 1
+    assert f"127.0.0.1:{port}" in refused[0].payload.decode()
+    assert node.list() == []
+
+
+def test_start_over_taken_port_is_refused_recorded_and_other_process_untouched(node):
+    port = free_port()
+    iid = node.place(spec(port))
+    with listening_socket(port):
         with pytest.raises(AdmissionRefused, match=f"127.0.0.1:{port} is already taken"):
             node.start(iid)
         assert node.status(iid).lifecycle == "loaded"
-        refused = [
-            e for e in timeline(node.settings.chain_path, iid) if e.kind == "instance.start_refused"
-        ]
-        assert len(refused) == 1 and f"127.0.0.1:{port}" in refused[0].reason
-        other.settimeout(2)
-        with socket.create_connection(("127.0.0.1", port)):
-            pass  # still listening: untouched
+        entries = timeline(node.settings.chain_path, iid)
+        refused = [e for e in entries if e.kind == "instance.start_refused"]
+        assert len(refused) == 1
+        assert f"127.0.0.1:{port}" in refused[0].reason
+        still_listening(port)
 
 
 def test_refused_verbs_leave_chain_untouched(node):

@@ -1,0 +1,96 @@
+"""The residency ledger: the node's memory budget, shared by every managed instance.
+
+One actor serialises reservations, so two concurrent starts can never both
+pass a check that only one of them fits. A start reserves the model's size
+plus the configured overhead before anything is spawned or loaded; the
+reservation is released once the server is confirmed gone. Source: the
+residency ledger the reference's managed adapters share (``ManagedConfig.ledger``
+in ``reference/infer_config.rs.txt``, ``reserve``/``release`` in
+``reference/infer_lifecycle.rs.txt``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pykka
+
+from infervisor.adapters.errors import AdmissionRefused
+
+__all__ = ["BudgetExceeded", "LedgerActor", "LedgerView", "release", "reserve"]
+
+
+class BudgetExceeded(AdmissionRefused):
+    """The reservation does not fit the node's memory budget."""
+
+
+class _Reserve(msgspec.Struct, frozen=True):
+    instance_id: str
+    model_bytes: int
+
+
+class _Release(msgspec.Struct, frozen=True):
+    instance_id: str
+
+
+class _Snapshot(msgspec.Struct, frozen=True):
+    pass
+
+
+class LedgerView(msgspec.Struct, frozen=True):
+    """The budget and what each instance holds, in bytes."""
+
+    budget_bytes: int
+    in_use_bytes: int
+    reservations: dict[str, int]
+
+
+class LedgerActor(pykka.ThreadingActor):
+    """Holds ``{instance_id: bytes}``; refuses a reservation that would exceed the budget."""
+
+    def __init__(self, budget_bytes: int, overhead_bytes: int = 0) -> None:
+        super().__init__()
+        self.budget = budget_bytes
+        self.overhead = overhead_bytes
+        self.held: dict[str, int] = {}
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case _Reserve(instance_id=iid, model_bytes=size):
+                return self._reserve(iid, size)
+            case _Release(instance_id=iid):
+                return self.held.pop(iid, 0)
+            case _Snapshot():
+                return LedgerView(self.budget, sum(self.held.values()), dict(self.held))
+        raise TypeError(f"LedgerActor does not take {type(message).__name__}")
+
+    def _reserve(self, iid: str, size: int) -> int:
+        if iid in self.held:
+            return self.held[iid]  # already holds its memory (a retried start)
+        needed = size + self.overhead
+        in_use = sum(self.held.values())
+        if in_use + needed > self.budget:
+            raise BudgetExceeded(
+                f"memory budget {self.budget} bytes, {in_use} in use, {needed} needed "
+                f"({size} model + {self.overhead} overhead): does not fit"
+            )
+        self.held[iid] = needed
+        return needed
+
+
+def reserve(ledger: pykka.ActorRef[Any], instance_id: str, model_bytes: int) -> int:
+    """Reserve for an instance; the bytes held. Raises BudgetExceeded with the numbers."""
+    held: int = ledger.ask(_Reserve(instance_id, model_bytes), block=True)
+    return held
+
+
+def release(ledger: pykka.ActorRef[Any], instance_id: str) -> None:
+    """Give an instance's reservation back (no-op when it holds none)."""
+    ledger.ask(_Release(instance_id), block=True)
+
+
+def snapshot(ledger: pykka.ActorRef[Any]) -> LedgerView:
+    """The budget, the bytes in use and every reservation."""
+    view: LedgerView = ledger.ask(_Snapshot(), block=True)
+    return view

@@ -1,0 +1,411 @@
+"""Managed llama.cpp and mlx-lm: a server process under supervision.
+
+Sources: ``reference/infer_lifecycle.rs.txt`` (start over a free address only,
+stop by SIGTERM then SIGKILL of the group, reconcile with backoff and budget,
+exposure) and ``reference/host_supervise.rs.txt`` (misses make it unhealthy;
+a spent budget leaves it Failed, held for the operator).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from infervisor.adapters.errors import AdmissionRefused, ProbeError, SpawnError
+from infervisor.adapters.launched import LaunchedServer
+from infervisor.adapters.ports import listeners_beyond_loopback
+from infervisor.adapters.probe import HealthKind, ServerReport
+from infervisor.adapters.process import ExitInfo, ManagedProcess, kill_group
+from infervisor.replay import Desired, LifecycleState
+from infervisor.replay import events as ev
+from infervisor.replay.policy import Exhausted, decide_restart
+
+from . import messages as m
+from .clock import Timer
+from .errors import InvalidState
+from .ledger import release, reserve
+from .recovery import recover_process
+
+if TYPE_CHECKING:
+    from .instance import InstanceActor
+
+__all__ = ["ProcessDriver", "describe_exit"]
+
+S = LifecycleState
+UNLOAD_GRACE_S = 5.0
+EXPOSURE_GRACE_S = 3.0
+
+
+class _Exited(msgspec.Struct, frozen=True):
+    info: ExitInfo
+
+
+class _Terminated(msgspec.Struct, frozen=True):
+    pid: int
+    info: ExitInfo
+    cause: str
+
+
+class _RestartDue(msgspec.Struct, frozen=True):
+    token: int
+
+
+class ProcessDriver:
+    """Launches, watches, restarts and stops one server process."""
+
+    def __init__(self, actor: InstanceActor) -> None:
+        self.actor = actor
+        adapter = actor.adapter
+        assert isinstance(adapter, LaunchedServer)
+        self.adapter = adapter
+        self.proc: ManagedProcess | None = None
+        self._started_at = 0.0
+        self._misses = 0
+        self._terminating = False
+        self._restart_timer: Timer | None = None
+        self._restart_token = 0
+        self._stop_waiters: list[Future[m.InstanceView]] = []
+        self._reserved = 0
+        self._rng = random.Random()  # noqa: S311 - backoff jitter, not secrets
+
+    @property
+    def state(self) -> Any:
+        return self.actor.state
+
+    def commit(self, event: ev.InstanceEvent, source: str = "supervisor") -> None:
+        self.actor.commit(event, source)
+
+    # ------------------------------------------------------------------ verbs
+    def start(self, by: str) -> None:
+        if self.state.lifecycle in (S.STARTING, S.RUNNING, S.UNHEALTHY, S.STOPPING):
+            raise InvalidState(
+                f"{self.state.instance_id} is {self.state.lifecycle}: start needs it loaded, "
+                "stopped, exited, failed, finished or restarting"
+            )
+        self._cancel_restart()
+        self.launch(by, reset_budget=by == "operator")
+
+    def stop(self, msg: m.Stop) -> Future[m.InstanceView]:
+        done: Future[m.InstanceView] = Future()
+        grace = self.actor.ctx.settings.stop_grace_s if msg.grace_s is None else msg.grace_s
+        if self.state.lifecycle is S.STOPPED and self.proc is None:
+            done.set_result(self.actor.view())
+            return done
+        self._cancel_restart()
+        escalate = self.state.lifecycle is S.STOPPING
+        self.commit(ev.StopRequested(by=msg.by, grace_s=grace, reason=msg.reason), msg.by)
+        if self.proc is None:
+            done.set_result(self.actor.view())
+            return done
+        self._stop_waiters.append(done)
+        if escalate:
+            kill_group(self.proc.identity.pgid, signal.SIGKILL)
+        else:
+            self.terminate(grace, cause=f"stopped by {msg.by}")
+        return done
+
+    def unload(self, by: str) -> None:
+        self._cancel_restart()
+        if self.proc is not None:
+            if self.state.lifecycle is not S.STOPPING:
+                self.commit(ev.StopRequested(by=by, grace_s=UNLOAD_GRACE_S, reason="unload"), by)
+            proc, self.proc = self.proc, None
+            info = proc.terminate(UNLOAD_GRACE_S)
+            self.commit(_exited_event(info, "stopped for unload"), by)
+        self._release()
+        self.commit(ev.Unloaded(by=by), by)
+        shutil.rmtree(self.adapter.plan.cwd, ignore_errors=True)
+
+    # ------------------------------------------------------------------ launching
+    def launch(self, by: str, *, reset_budget: bool = False, attempt: int = 0) -> None:
+        """Start the server: refuse over a taken address or an exhausted budget
+        (both recorded), reserve memory, record, spawn, record.
+
+        Raises:
+            InvalidState: stopped for exposure; reload the instance.
+            AdmissionRefused: the address is taken or the memory does not fit.
+            SpawnError: the program could not be launched (recorded as an exit).
+        """
+        if self.state.exposed:
+            raise InvalidState(
+                f"the server was stopped for listening beyond loopback "
+                f"({', '.join(self.state.exposed)}); reload the instance"
+            )
+        self._refuse_if_taken(by)
+        reserved = self._reserve(by)
+        event = ev.Starting(
+            by=by, reset_budget=reset_budget, attempt=attempt, reserved_bytes=reserved
+        )
+        self.commit(event, by)
+        try:
+            proc = self.adapter.spawn(self._exit_callback())
+        except SpawnError as e:
+            self._release()
+            self.commit(ev.Exited(pid=None, exit_code=None, signal=None, reason=str(e)), by)
+            self.after_exit()
+            raise
+        self.attach(proc)
+        i = proc.identity
+        argv = [self.adapter.plan.program, *self.adapter.plan.args]
+        spawned = ev.Spawned(
+            pid=i.pid, pgid=i.pgid, start_time=i.start_time, boot_id=i.boot_id, argv=argv
+        )
+        self.commit(spawned, by)
+
+    def _refuse_if_taken(self, by: str) -> None:
+        taken = self.adapter.address_taken()
+        if taken is not None:
+            why = f"{taken} is already taken by something else; not starting over it"
+            self.commit(ev.StartRefused(by=by, reason=why), by)
+            raise AdmissionRefused(why)
+
+    def _reserve(self, by: str) -> int:
+        ledger = self.actor.ctx.ledger
+        if ledger is None:
+            return 0
+        try:
+            self._reserved = reserve(ledger, self.state.instance_id, self.adapter.model_bytes)
+        except AdmissionRefused as e:
+            self.commit(ev.StartRefused(by=by, reason=str(e)), by)
+            raise
+        return self._reserved
+
+    def _release(self) -> None:
+        ledger = self.actor.ctx.ledger
+        if ledger is not None and self._reserved:
+            release(ledger, self.state.instance_id)
+        self._reserved = 0
+
+    def attach(self, proc: ManagedProcess) -> None:
+        """Own ``proc`` from now on."""
+        self.proc = proc
+        self._started_at = self.actor.ctx.clock.monotonic()
+        self._misses = 0
+        self.actor.report = None
+
+    def _exit_callback(self) -> Any:
+        actor = self.actor
+
+        def on_exit(info: ExitInfo) -> None:
+            actor.tell_self(_Exited(info))
+
+        return on_exit
+
+    # ------------------------------------------------------------------ exits
+    def terminate(self, grace: float, cause: str) -> None:
+        """End the process group on a helper thread; :class:`_Terminated` reports back."""
+        proc = self.proc
+        if proc is None or self._terminating:
+            return
+        self._terminating = True
+        actor = self.actor
+
+        def run() -> None:
+            info = proc.terminate(grace)
+            actor.tell_self(_Terminated(pid=proc.identity.pid, info=info, cause=cause))
+
+        threading.Thread(target=run, name=f"terminate-{proc.identity.pid}", daemon=True).start()
+
+    def handle(self, message: Any) -> None:
+        match message:
+            case _Exited(info=info):
+                self._on_exit(info)
+            case _Terminated():
+                self._on_terminated(message)
+            case _RestartDue(token=token):
+                self._on_restart_due(token)
+
+    def _on_exit(self, info: ExitInfo) -> None:
+        if self.proc is None or info.pid != self.proc.identity.pid or self._terminating:
+            return  # stale, or our own terminate will report
+        # Make sure nothing of the group is left before the exit is recorded.
+        self.terminate(0.0, cause="exited on its own")
+
+    def _on_terminated(self, msg: _Terminated) -> None:
+        if self.proc is None or msg.pid != self.proc.identity.pid:
+            return
+        self.proc = None
+        self._terminating = False
+        self._release()
+        self.commit(_exited_event(msg.info, msg.cause))
+        if self.state.lifecycle is S.STOPPED:
+            self._resolve_stops()
+        else:
+            self.after_exit()
+
+    def _resolve_stops(self) -> None:
+        view = self.actor.view()
+        for waiter in self._stop_waiters:
+            waiter.set_result(view)
+        self._stop_waiters.clear()
+
+    def after_exit(self) -> None:
+        """The process is gone while wanted: restart after the backoff, or give up."""
+        if self.state.desired is not Desired.RUNNING or self.state.lifecycle is not S.EXITED:
+            return
+        self._decide_restart(self.state.reason)
+
+    def _decide_restart(self, reason: str) -> None:
+        ctx = self.actor.ctx
+        decision = decide_restart(self.state, ctx.settings.restart, ctx.clock.wall_ns(), self._rng)
+        if isinstance(decision, Exhausted):
+            why = f"restart budget spent ({decision.attempts} restarts): {reason}"
+            self.commit(ev.Failed(attempts=decision.attempts, reason=why))
+            return
+        event = ev.RestartScheduled(
+            attempt=decision.attempt, delay_s=decision.delay_s, reason=reason
+        )
+        self.commit(event)
+        self._arm_restart(decision.delay_s)
+
+    # ------------------------------------------------------------------ restarts
+    def _arm_restart(self, delay: float) -> None:
+        self._cancel_restart()
+        self._restart_token += 1
+        token, actor = self._restart_token, self.actor
+        timer = actor.ctx.clock.call_later(delay, lambda: actor.tell_self(_RestartDue(token)))
+        self._restart_timer = timer
+
+    def _cancel_restart(self) -> None:
+        if self._restart_timer is not None:
+            self._restart_timer.cancel()
+            self._restart_timer = None
+        self._restart_token += 1
+
+    def _on_restart_due(self, token: int) -> None:
+        if token != self._restart_token or self.state.lifecycle is not S.RESTARTING:
+            return
+        self._restart_timer = None
+        if self.state.desired is not Desired.RUNNING or self.proc is not None:
+            return
+        try:
+            self.launch("supervisor", attempt=self.state.restarts)
+        except AdmissionRefused as e:
+            self._decide_restart(str(e))
+        except SpawnError:
+            pass  # recorded as an exit; after_exit already decided
+
+    # ------------------------------------------------------------------ health
+    def wants_probe(self) -> int | None:
+        if self.proc is None or self._terminating:
+            return None
+        if self.state.lifecycle not in (S.STARTING, S.RUNNING):
+            return None
+        return self.proc.identity.pid
+
+    def on_probe(self, token: int, report: ServerReport) -> None:
+        if self.proc is None or token != self.proc.identity.pid or self._terminating:
+            return
+        health = report.health
+        if self.state.lifecycle is S.STARTING:
+            self._judge_starting(health.kind, health.reason)
+        elif self.state.lifecycle is S.RUNNING:
+            self._judge_running(health.kind, health.reason)
+
+    def _judge_starting(self, kind: HealthKind, reason: str) -> None:
+        assert self.proc is not None
+        failure = self.adapter.failure_in_output(_joined(self.proc.output()))
+        if failure is not None:
+            self._miss(f"the server reported: {failure}", at_once=True)
+            return
+        if kind is HealthKind.UP:
+            self.commit(ev.Ready(detail=_models_note(self.actor.report)))
+            return
+        waited = self.actor.ctx.clock.monotonic() - self._started_at
+        if kind is HealthKind.UNHEALTHY:
+            self._miss(reason)
+        elif waited > self.actor.ctx.settings.startup_timeout_s:
+            why = f"not ready after {waited:.0f} s (startup timeout): {kind}: {reason}"
+            self._miss(why, at_once=True)
+
+    def _judge_running(self, kind: HealthKind, reason: str) -> None:
+        if kind is not HealthKind.UP:
+            self._miss(f"{kind}: {reason}" if reason else str(kind))
+            return
+        self._misses = 0
+        uptime = self.actor.ctx.clock.monotonic() - self._started_at
+        if self.state.restarts and uptime >= self.actor.ctx.settings.restart.stable_after_s:
+            self.commit(ev.StableAgain(uptime_s=uptime))
+
+    def _miss(self, reason: str, *, at_once: bool = False) -> None:
+        self._misses += 1
+        if not at_once and self._misses < self.actor.ctx.settings.miss_limit:
+            return
+        self.commit(ev.Unhealthy(misses=self._misses, reason=reason))
+        if self.state.desired is Desired.RUNNING:
+            grace = self.actor.ctx.settings.health_kill_grace_s
+            self.terminate(grace, cause=f"killed: {reason}")
+
+    # ------------------------------------------------------------------ reconcile
+    def reconcile(self) -> None:
+        if self.proc is not None and not self._terminating:
+            self._enforce_loopback()
+            return
+        idle = self._restart_timer is None
+        if idle and self.state.desired is Desired.RUNNING and self.state.lifecycle is S.EXITED:
+            self.after_exit()
+
+    def _enforce_loopback(self) -> None:
+        """A server we started must not answer beyond loopback: stop it, hold it."""
+        try:
+            beyond = listeners_beyond_loopback(self.adapter.spec.port)
+        except ProbeError:
+            return
+        if not beyond:
+            return
+        self._cancel_restart()
+        self.commit(ev.Exposed(addresses=beyond))
+        self.terminate(EXPOSURE_GRACE_S, cause="stopped: listening beyond loopback")
+
+    def boot(self) -> None:
+        recover_process(self)
+
+    # ------------------------------------------------------------------ view
+    def settled(self) -> bool:
+        return not self._terminating
+
+    def pid(self) -> int | None:
+        return self.proc.identity.pid if self.proc is not None else None
+
+    def reserved_bytes(self) -> int:
+        return self._reserved
+
+    def close(self) -> None:
+        self._cancel_restart()
+
+
+def _joined(output: tuple[str, str]) -> str:
+    return output[0][-8192:] + "\n" + output[1][-8192:]
+
+
+def _exited_event(info: ExitInfo, cause: str) -> ev.Exited:
+    return ev.Exited(
+        pid=info.pid,
+        exit_code=info.exit_code,
+        signal=info.signal,
+        reason=f"{cause}: {describe_exit(info)}",
+        output_tail=info.output_tail[-2048:],
+    )
+
+
+def describe_exit(info: ExitInfo) -> str:
+    """``exit code 1`` or ``signal 9 (SIGKILL)``."""
+    if info.signal is not None:
+        try:
+            name = signal.Signals(info.signal).name
+        except ValueError:
+            name = "?"
+        return f"signal {info.signal} ({name})"
+    return f"exit code {info.exit_code}"
+
+
+def _models_note(report: ServerReport | None) -> str:
+    if report is None or not report.models:
+        return ""
+    return "models: " + ", ".join(report.models[:4])

@@ -1,0 +1,73 @@
+"""An adopted server: somebody else started it; infervisor observes and never signals it.
+
+Source: ``reference/infer_runtime.rs.txt`` (adopted mode) and
+``reference/infer_lifecycle.rs.txt`` (``start_instance``: an adopted start
+only confirms the server answers; ``stop_instance`` refuses).
+"""
+
+from __future__ import annotations
+
+from .errors import ProbeError
+from .ports import listeners_beyond_loopback
+from .probe import HealthKind, ServerClient, ServerReport
+from .server import AdapterKind
+from .spec import InstanceSpec
+
+__all__ = ["STOP_REFUSAL", "AdoptedServer"]
+
+STOP_REFUSAL = (
+    "{iid} is adopted: infervisor observes it and never stops it; unload forgets the registration"
+)
+
+
+class AdoptedServer:
+    """Health-checks a server that is not ours."""
+
+    kind: AdapterKind = "adopted"
+    model_bytes = 0
+
+    def __init__(self, spec: InstanceSpec, probe_timeout_s: float, deep_timeout_s: float) -> None:
+        self.spec = spec
+        self.adapter_id = spec.flavor.adapter_id(spec.mode)
+        self.served_model = spec.model
+        self._client = ServerClient(spec.base_url, probe_timeout_s)
+        self._deep_timeout = deep_timeout_s
+
+    def probe(self) -> ServerReport:
+        return self._client.probe(self.spec.flavor)
+
+    def deep_health(self) -> str:
+        with ServerClient(self.spec.base_url, self._deep_timeout) as client:
+            report = client.probe(self.spec.flavor)
+            if report.health.kind is not HealthKind.UP:
+                raise ProbeError(f"deep health: {report.health.kind}: {report.health.reason}")
+            return client.tiny_completion(self.served_model or _first(report))
+
+    def confirm_answers(self) -> str | None:
+        """None when the server answers; else why not (an adopted start needs it up)."""
+        health = self.probe().health
+        if health.kind is not HealthKind.UNREACHABLE:
+            return None
+        return health.reason or str(health.kind)
+
+    def address_taken(self) -> str | None:
+        return None  # the address is the adopted server's own
+
+    def exposure(self) -> str:
+        """How reachable the server is: its binding is not ours to enforce."""
+        try:
+            wide = listeners_beyond_loopback(self.spec.port)
+        except ProbeError:
+            wide = []
+        if wide:
+            return (
+                f"lan: listening on {', '.join(wide)} (adopted: its binding is not ours to enforce)"
+            )
+        return "lan (adopted: its binding cannot be enforced, so it is assumed reachable)"
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _first(report: ServerReport) -> str | None:
+    return report.models[0] if report.models else None

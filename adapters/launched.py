@@ -1,0 +1,103 @@
+"""A managed server launched as a process under supervision: llama.cpp or mlx-lm.
+
+Source: ``reference/infer_lifecycle.rs.txt`` (``spawn``: cleared environment,
+output cap, ``unlimited`` limits, ``run_as``) and ``reference/infer_runtime.rs.txt``
+(``plan``). mlx-lm's server answers ``/health`` 200 before its model is usable
+(and even when loading failed), so its readiness is a one-token completion,
+and failures are read from its output (see ``docs/mlx-lm-notes.md``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import ProbeError
+from .ports import port_in_use
+from .probe import Health, HealthKind, ServerClient, ServerReport
+from .process import ExitInfo, LaunchPlan, ManagedProcess
+from .server import AdapterKind
+from .spec import Flavor, InstanceSpec
+
+__all__ = ["MLX_FAILURE_PATTERNS", "LaunchedServer"]
+
+#: Lines in mlx_lm.server's output that mean it will never serve (it keeps running).
+MLX_FAILURE_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"Address already in use"),
+    re.compile(r"(?m)^\w*(Error|Exception): .+$"),
+)
+
+
+class LaunchedServer:
+    """A server process this node launches; readiness per flavor."""
+
+    kind: AdapterKind = "process"
+
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        plan: LaunchPlan,
+        *,
+        served_model: str,
+        model_bytes: int,
+        probe_timeout_s: float,
+        deep_timeout_s: float,
+    ) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.adapter_id = spec.flavor.adapter_id(spec.mode)
+        self.served_model: str | None = served_model
+        self.model_bytes = model_bytes
+        self._client = ServerClient(spec.base_url, probe_timeout_s)
+        self._deep_timeout = deep_timeout_s
+        self._confirmed = False
+
+    def spawn(self, on_exit: Callable[[ExitInfo], None]) -> ManagedProcess:
+        """Launch the server in its own process group. Raises SpawnError."""
+        Path(self.plan.cwd).mkdir(parents=True, exist_ok=True)
+        self._confirmed = False
+        return ManagedProcess.spawn(self.plan, on_exit)
+
+    def probe(self) -> ServerReport:
+        report = self._client.probe(self.spec.flavor)
+        if self.spec.flavor is not Flavor.MLX_LM or report.health.kind is not HealthKind.UP:
+            return report
+        return self._confirm_mlx(report)
+
+    def _confirm_mlx(self, report: ServerReport) -> ServerReport:
+        """mlx-lm: 200 on /health proves nothing; one token does (once per process)."""
+        if self._confirmed:
+            return report
+        try:
+            self._client.tiny_completion(None)
+        except ProbeError as e:
+            why = f"/health answers but no token yet: {e}"
+            return ServerReport(health=Health(kind=HealthKind.LOADING, reason=why))
+        self._confirmed = True
+        return report
+
+    def failure_in_output(self, output: str) -> str | None:
+        """A line of the server's output saying it will never serve, if any."""
+        if self.spec.flavor is not Flavor.MLX_LM:
+            return None
+        for pattern in MLX_FAILURE_PATTERNS:
+            found = pattern.search(output)
+            if found:
+                return found.group(0).strip()[:300]
+        return None
+
+    def deep_health(self) -> str:
+        with ServerClient(self.spec.base_url, self._deep_timeout) as client:
+            report = client.probe(self.spec.flavor)
+            if report.health.kind is not HealthKind.UP:
+                raise ProbeError(f"deep health: {report.health.kind}: {report.health.reason}")
+            model = None if self.spec.flavor is Flavor.MLX_LM else self.served_model
+            return client.tiny_completion(model)
+
+    def address_taken(self) -> str | None:
+        host, port = self.spec.bind_host, self.spec.port
+        return f"{host}:{port}" if port_in_use(host, port) else None
+
+    def close(self) -> None:
+        self._client.close()
