@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import pykka
 
 from infervisor.adapters.process import boot_id
 from infervisor.adapters.registry import ModelRegistry
+from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft, SqliteChain
 from infervisor.replay import NodeState, fold, kind_of
@@ -33,31 +35,36 @@ from .clock import Clock, RealClock
 from .errors import VerbTimeout
 from .host import HostActor
 from .instance import InstanceContext
+from .ledger import LedgerActor, LedgerView, snapshot
 from .settings import NodeSettings
 from .supervisor import SupervisorActor
 
-__all__ = ["Node"]
+__all__ = ["Node", "NodeActors"]
 
 VERSION = "0.1.0"
 ASK_TIMEOUT_S = 60.0
 
 
+@dataclass(frozen=True)
+class NodeActors:
+    """The node-wide actors (the ledger only when the node has a memory budget)."""
+
+    writer: pykka.ActorRef[Any]
+    supervisor: pykka.ActorRef[Any]
+    host: pykka.ActorRef[Any]
+    ledger: pykka.ActorRef[Any] | None = None
+
+
 class Node:
     """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``)."""
 
-    def __init__(
-        self,
-        settings: NodeSettings,
-        clock: Clock,
-        writer: pykka.ActorRef[Any],
-        supervisor: pykka.ActorRef[Any],
-        host: pykka.ActorRef[Any],
-    ) -> None:
+    def __init__(self, settings: NodeSettings, clock: Clock, actors: NodeActors) -> None:
         self.settings = settings
         self.clock = clock
-        self._writer = writer
-        self._supervisor = supervisor
-        self._host = host
+        self._writer = actors.writer
+        self._supervisor = actors.supervisor
+        self._host = actors.host
+        self._ledger = actors.ledger
         self.registry = ModelRegistry(settings.registry_path)
 
     # ------------------------------------------------------------------ lifecycle
@@ -73,25 +80,18 @@ class Node:
         clock = clock or RealClock()
         Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
         settings.registry_path.mkdir(parents=True, exist_ok=True)
-        writer = ChainWriter.start(settings.chain_path, settings.node_id)
+        # Open (and create) the chain here first, so its errors reach the caller as raised.
+        SqliteChain.open(settings.chain_path, settings.node_id).close()
+        state = _rebuild(settings.chain_path)
+        actors = _start_actors(settings, clock)
         try:
-            writer.ask(m.Append(drafts=()))  # surfaces open errors here
-            state = _rebuild(settings.chain_path)
-            _append(
-                writer, clock, ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
-            )
-            ctx = InstanceContext(settings.node_id, writer, clock, settings)
-            supervisor = SupervisorActor.start(
-                clock, settings.health_interval_s, settings.reconcile_interval_s
-            )
-            registry = ModelRegistry(settings.registry_path)
-            host = HostActor.start(ctx, registry, supervisor)
+            event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
+            _append(actors.writer, clock, event)
+            actors.host.ask(m.BootAll(state=state), block=True)
         except BaseException:
-            pykka.ActorRegistry.stop_all()
+            _stop_actors(actors)
             raise
-        node = cls(settings, clock, writer, supervisor, host)
-        host.ask(m.BootAll(state=state))
-        return node
+        return cls(settings, clock, actors)
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
         """Stop managed servers gracefully (recorded; they stay wanted running for
@@ -101,9 +101,7 @@ class Node:
             for fut in futures:
                 _wait(fut, self.settings.stop_grace_s + 30)
         _append(self._writer, self.clock, ev.NodeStopped(reason=reason))
-        self._supervisor.stop()
-        self._host.stop()
-        self._writer.stop()
+        _stop_actors(NodeActors(self._writer, self._supervisor, self._host, self._ledger))
 
     def __enter__(self) -> Node:
         return self
@@ -125,6 +123,33 @@ class Node:
         )
         iid: str = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         return iid
+
+    def admit(self, spec: InstanceSpec) -> Admission:
+        """Run admission only, in the reference order: nothing is placed or recorded.
+
+        Raises:
+            SpecError, RegistryError, AdmissionRefused: what placing it would raise.
+        """
+        admission: Admission = self._host.ask(m.Admit(spec=spec), block=True, timeout=ASK_TIMEOUT_S)
+        return admission
+
+    def deep_health(self, instance_id: str) -> str:
+        """The normal probe plus one real token (the token), within ``deep_timeout_s``.
+
+        Raises:
+            ProbeError: the server did not produce a token, with the reason.
+        """
+        fut: Future[str] = self._ask(self._ref(instance_id), m.DeepHealth())
+        try:
+            return fut.result(timeout=self.settings.deep_timeout_s + 5)
+        except FutureTimeout as e:
+            raise VerbTimeout(
+                f"{instance_id}: no token in {self.settings.deep_timeout_s:g} s"
+            ) from e
+
+    def ledger(self) -> LedgerView | None:
+        """The memory budget and each instance's reservation (None without a budget)."""
+        return snapshot(self._ledger) if self._ledger is not None else None
 
     def start(self, instance_id: str, *, by: str = "operator") -> m.InstanceView:
         """Start the server; an operator start resets the restart budget.
@@ -232,6 +257,28 @@ class Node:
     @staticmethod
     def _ask(ref: pykka.ActorRef[Any], msg: Any) -> Any:
         return ref.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
+
+
+def _start_actors(settings: NodeSettings, clock: Clock) -> NodeActors:
+    writer = ChainWriter.start(settings.chain_path, settings.node_id)
+    ledger = None
+    if settings.memory_budget_bytes is not None:
+        ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
+    ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger)
+    supervisor = SupervisorActor.start(
+        clock, settings.health_interval_s, settings.reconcile_interval_s
+    )
+    host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor)
+    return NodeActors(writer, supervisor, host, ledger)
+
+
+def _stop_actors(actors: NodeActors) -> None:
+    """Stop in dependency order: ticks first, the writer last."""
+    actors.supervisor.stop()
+    actors.host.stop()
+    if actors.ledger is not None:
+        actors.ledger.stop()
+    actors.writer.stop()
 
 
 def _rebuild(path: Path) -> NodeState:
