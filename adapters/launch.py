@@ -97,7 +97,7 @@ def build_mlx_launch(
         program --model <model dir> --host <host> --port <port>
 
     with ``HF_HUB_OFFLINE=1`` so it never reaches for a hub (weights come only
-    from the registry).
+    from the registry) and ``HF_HUB_CACHE`` set to an empty folder of its own.
 
     Raises:
         AdmissionRefused: not an mlx-lm spec, or the model is not an MLX directory.
@@ -110,7 +110,10 @@ def build_mlx_launch(
     if model.path is None:
         raise AdmissionRefused(f"model {model.entry.name} has no directory for mlx-lm")
     args = ["--model", str(model.path), "--host", spec.host, "--port", str(spec.port)]
-    env = {"HF_HUB_OFFLINE": "1", **extra_env, **spec.env}
+    # Offline, with an empty cache of its own: /v1/models then lists only this model
+    # (without a cache directory it answers an empty body; docs/mlx-lm-notes.md).
+    cache = str(workdir / "hf-cache")
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache, **extra_env, **spec.env}
     return LaunchPlan(
         program=program, args=args, env=launch_env(passthrough, env), cwd=str(workdir)
     )

@@ -24,8 +24,8 @@ __all__ = ["MLX_FAILURE_PATTERNS", "LaunchedServer"]
 
 #: Lines in mlx_lm.server's output that mean it will never serve (it keeps running).
 MLX_FAILURE_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"Address already in use"),
-    re.compile(r"(?m)^\w*(Error|Exception): .+$"),
+    re.compile(r"generation thread died: .+"),
+    re.compile(r"OSError: \[Errno 98\] Address already in use"),
 )
 
 
@@ -56,6 +56,9 @@ class LaunchedServer:
     def spawn(self, on_exit: Callable[[ExitInfo], None]) -> ManagedProcess:
         """Launch the server in its own process group. Raises SpawnError."""
         Path(self.plan.cwd).mkdir(parents=True, exist_ok=True)
+        cache = self.plan.env.get("HF_HUB_CACHE")
+        if cache:
+            Path(cache).mkdir(parents=True, exist_ok=True)
         self._confirmed = False
         return ManagedProcess.spawn(self.plan, on_exit)
 

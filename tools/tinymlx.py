@@ -13,7 +13,6 @@ Files written::
     model.safetensors        float32 weights, mlx_lm (Hugging Face) tensor names
     tokenizer.json           byte-level BPE (``tokenizers``), no merges
     tokenizer_config.json    PreTrainedTokenizerFast, ChatML-style chat template
-    special_tokens_map.json  the same special tokens, for older transformers
 
 Vocabulary (GPT-2 byte-to-unicode alphabet, one token per byte)::
 
@@ -29,15 +28,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from safetensors.numpy import save_file
 
-__all__ = ["SPECIAL_TOKENS", "TinyMlxDims", "byte_alphabet", "generate_tiny_mlx", "main"]
+__all__ = [
+    "SPECIAL_TOKENS",
+    "TinyMlxDims",
+    "byte_alphabet",
+    "generate_tiny_mlx",
+    "main",
+    "safetensors_bytes",
+]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _EOS_IDS = (256, 258)
@@ -75,7 +81,7 @@ def byte_alphabet() -> list[str]:
     Bytes that are printable Latin-1 stand for themselves; the others (control
     characters, space, 0x7F..0xA0, 0xAD) are shifted to U+0100 onwards in order.
     """
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
     chars: list[str] = []
     shifted = 0
     for b in range(256):
@@ -105,7 +111,6 @@ def _config(dims: TinyMlxDims) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "bos_token_id": None,
         "eos_token_id": list(_EOS_IDS),
-        "torch_dtype": "float32",
     }
 
 
@@ -163,8 +168,6 @@ def _tokenizer_config(dims: TinyMlxDims) -> dict[str, Any]:
         "eos_token": SPECIAL_TOKENS[0],
         "pad_token": SPECIAL_TOKENS[0],
         "unk_token": None,
-        "add_bos_token": False,
-        "add_eos_token": False,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": dims.context,
@@ -217,12 +220,37 @@ def _tensors(seed: int, dims: TinyMlxDims) -> dict[str, F32]:
     return tensors
 
 
+def safetensors_bytes(tensors: dict[str, F32], metadata: dict[str, str]) -> bytes:
+    """Encode float32 tensors in the safetensors format, deterministically.
+
+    The layout is the one ``safetensors.numpy.save`` writes, byte for byte:
+    a little-endian u64 header length, a compact JSON header (``__metadata__``
+    first, then tensors sorted by name, each ``dtype``, ``shape``,
+    ``data_offsets``) padded with spaces to a multiple of 8 bytes, then the
+    little-endian data in the same order with no gaps.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name in sorted(tensors):
+        size = tensors[name].nbytes
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(tensors[name].shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    data = b"".join(tensors[name].astype("<f4").tobytes() for name in sorted(tensors))
+    return struct.pack("<Q", len(text)) + text + data
+
+
 def _write_json(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def generate_tiny_mlx(
-    dir: Path,  # noqa: A002 - the public name the callers use
+    dir: Path,
     *,
     seed: int = 0,
     dims: TinyMlxDims | None = None,
@@ -230,10 +258,11 @@ def generate_tiny_mlx(
     """Write a tiny llama model directory that ``mlx_lm.load`` reads offline.
 
     Default dimensions: 259 tokens, hidden 64, 2 layers, 4 heads of 16, feed
-    forward 128, context 512; ``model.safetensors`` is 462,720 bytes. The
+    forward 128, context 512; ``model.safetensors`` is 463,720 bytes. The
     output is a pure function of ``seed`` and ``dims``: the same arguments
-    give byte-identical files (the safetensors header holds one metadata key,
-    ``format``, and sorts tensors by name; no timestamp is written).
+    give byte-identical files (JSON keys in a fixed order, tensors sorted by
+    name, no timestamp). Only numpy is needed to write it; ``mlx_lm`` is
+    needed only to load it.
 
     Args:
         dir: directory to fill; created (with parents) if missing. Files of
@@ -253,11 +282,10 @@ def generate_tiny_mlx(
         raise ValueError(f"hidden {dims.hidden} must be a multiple of heads {dims.heads}")
     dir.mkdir(parents=True, exist_ok=True)
     _write_json(dir / "config.json", _config(dims))
-    save_file(_tensors(seed, dims), dir / "model.safetensors", metadata={"format": "mlx"})
+    weights = safetensors_bytes(_tensors(seed, dims), {"format": "mlx"})
+    (dir / "model.safetensors").write_bytes(weights)
     _write_json(dir / "tokenizer.json", _tokenizer())
     _write_json(dir / "tokenizer_config.json", _tokenizer_config(dims))
-    special = {"eos_token": SPECIAL_TOKENS[0], "pad_token": SPECIAL_TOKENS[0]}
-    _write_json(dir / "special_tokens_map.json", special)
     return dir
 
 
