@@ -78,7 +78,7 @@ class AdoptedDriver:
                 self.actor.commit(ev.Recovered(detail="adopted server answers again"), "supervisor")
             return
         self._misses += 1
-        limit = self.actor.ctx.settings.miss_limit
+        limit = self.actor.supervision.miss_limit
         if lifecycle is S.RUNNING and self._misses >= limit:
             why = f"{health.kind}: {health.reason}; adopted servers are not restarted"
             self.actor.commit(ev.Unhealthy(misses=self._misses, reason=why), "supervisor")

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pykka
 
-from infervisor.adapters.errors import AdapterError, AddressTaken, AdmissionRefused
+from infervisor.adapters.errors import AdapterError, AddressTaken, AdmissionRefused, SpecError
 from infervisor.adapters.planning import build_adapter, plan
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
@@ -75,6 +75,10 @@ class HostActor(pykka.ThreadingActor):
     def _place(self, msg: m.Place) -> str:
         spec = msg.spec
         spec.validate()
+        try:
+            self.ctx.settings.supervision(spec.kind, spec.restart)
+        except ValueError as e:
+            raise SpecError(str(e)) from e
         iid = instance_id(spec, self.ctx.node_id)
         if iid in self._refs:
             raise InvalidState(f"{iid} is already loaded")

@@ -93,6 +93,9 @@ class InstanceActor(pykka.ThreadingActor):
         self.adapter = adapter
         self.ctx = ctx
         self.report: ServerReport | None = None
+        spec = adapter.spec
+        self.supervision = ctx.settings.supervision(spec.kind, spec.restart)
+        self._last_probe_at: float | None = None
         self._probing = False
         self._probes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
         self.driver: Driver = _make_driver(self)
@@ -192,6 +195,12 @@ class InstanceActor(pykka.ThreadingActor):
         token = self.driver.wants_probe()
         if token is None or self._probing:
             return
+        now = self.ctx.clock.monotonic()
+        last = self._last_probe_at
+        # The supervisor ticks at the shortest interval of any kind; this kind's may be longer.
+        if last is not None and now - last < self.supervision.interval_s - 1e-9:
+            return
+        self._last_probe_at = now
         self._probing = True
         adapter = self.adapter
         self._probes.submit(lambda: self.tell_self(_Probed(token=token, report=adapter.probe())))

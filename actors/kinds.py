@@ -13,6 +13,8 @@ loading keeps the deadline extended, up to a hard cap.
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import msgspec
 
 from infervisor.adapters.status import InstanceStatus, StatusState
@@ -20,6 +22,7 @@ from infervisor.replay import RestartPolicy
 
 __all__ = [
     "DEFAULT_KINDS",
+    "Supervision",
     "Finished",
     "Healthy",
     "HealthSample",
@@ -34,25 +37,30 @@ class KindSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """One workload kind's health spec (seconds) and optional restart policy.
 
     Attributes:
-        interval_s: time between health probes of one instance.
-        miss_limit: consecutive misses that make an instance unhealthy.
+        interval_s: time between health probes of one instance (None: the node's).
+        miss_limit: consecutive misses that make an instance unhealthy (None: the node's).
         startup_deadline_s: while starting, loading or not listening yet is
             healthy for this long (0: no allowance, the process judge).
         startup_cap_s: a server still reporting loading is given until this
             long, however often the deadline was extended.
         restart: this kind's restart policy (None: the node's).
+        probe: ``http`` asks the server's health endpoint; ``process`` counts a
+            live process as healthy (for workloads that serve nothing).
     """
 
-    interval_s: float = 1.0
-    miss_limit: int = 3
+    interval_s: float | None = None
+    miss_limit: int | None = None
     startup_deadline_s: float = 0.0
     startup_cap_s: float = 0.0
     restart: RestartPolicy | None = None
+    probe: Literal["http", "process"] = "http"
 
     def validate(self, name: str) -> None:
         """Raise ValueError naming the kind and field when a value is out of range."""
-        if self.interval_s <= 0 or self.miss_limit < 1:
-            raise ValueError(f"kinds.{name}: interval_s must be > 0 and miss_limit >= 1")
+        if self.interval_s is not None and self.interval_s <= 0:
+            raise ValueError(f"kinds.{name}.interval_s {self.interval_s}: allowed > 0")
+        if self.miss_limit is not None and self.miss_limit < 1:
+            raise ValueError(f"kinds.{name}.miss_limit {self.miss_limit}: allowed 1 or more")
         if self.startup_cap_s < self.startup_deadline_s:
             raise ValueError(f"kinds.{name}: startup_cap_s must be >= startup_deadline_s")
         if self.restart is not None:
@@ -60,7 +68,7 @@ class KindSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 DEFAULT_KINDS: dict[str, KindSettings] = {
-    "process": KindSettings(),
+    "process": KindSettings(probe="process"),
     "inference": KindSettings(startup_deadline_s=120.0, startup_cap_s=900.0),
 }
 
@@ -93,7 +101,7 @@ class Finished(msgspec.Struct, frozen=True):
 Verdict = Healthy | Unhealthy | Finished
 
 
-def judge(kind: KindSettings, sample: HealthSample) -> Verdict:
+def judge(kind: Supervision, sample: HealthSample) -> Verdict:
     """The kind's verdict on one sample (the process judge when no startup allowance)."""
     st = sample.status
     if st.state is StatusState.EXITED:
@@ -105,7 +113,7 @@ def judge(kind: KindSettings, sample: HealthSample) -> Verdict:
     return _degraded(kind, sample)
 
 
-def _degraded(kind: KindSettings, sample: HealthSample) -> Verdict:
+def _degraded(kind: Supervision, sample: HealthSample) -> Verdict:
     detail = sample.status.detail or "degraded"
     loading = detail == "loading model"
     not_yet = detail.startswith("starting:")
@@ -117,3 +125,56 @@ def _degraded(kind: KindSettings, sample: HealthSample) -> Verdict:
         limit = kind.startup_cap_s if loading else kind.startup_deadline_s
         return Unhealthy(f"{detail} after {sample.elapsed_s:.0f} s (startup allowance {limit:g} s)")
     return Unhealthy(detail)
+
+
+class Supervision(msgspec.Struct, frozen=True, kw_only=True):
+    """One instance's effective supervision: its kind's spec over the node's defaults,
+    and the restart policy (instance override, else kind, else node)."""
+
+    kind: str
+    interval_s: float
+    miss_limit: int
+    startup_deadline_s: float
+    startup_cap_s: float
+    restart: RestartPolicy
+    probe: str
+
+
+def supervision_for(
+    kind: str,
+    kinds: dict[str, KindSettings],
+    node_interval_s: float,
+    node_miss_limit: int,
+    node_restart: RestartPolicy,
+    restart_override: dict[str, Any] | None = None,
+) -> Supervision:
+    """Resolve an instance's supervision. Unknown kinds get the process judge.
+
+    Raises:
+        ValueError: the restart override names an unknown field or a value out of
+            range (the field is named).
+    """
+    spec = kinds.get(kind) or DEFAULT_KINDS.get(kind) or DEFAULT_KINDS["process"]
+    restart = spec.restart or node_restart
+    if restart_override:
+        restart = _overridden(restart, restart_override)
+    return Supervision(
+        kind=kind,
+        interval_s=spec.interval_s or node_interval_s,
+        miss_limit=spec.miss_limit or node_miss_limit,
+        startup_deadline_s=spec.startup_deadline_s,
+        startup_cap_s=spec.startup_cap_s,
+        restart=restart,
+        probe=spec.probe,
+    )
+
+
+def _overridden(policy: RestartPolicy, override: dict[str, Any]) -> RestartPolicy:
+    try:
+        merged = msgspec.convert({**msgspec.to_builtins(policy), **override}, RestartPolicy)
+    except msgspec.ValidationError as e:
+        raise ValueError(
+            f"restart: {str(e).replace('Object contains unknown field', 'unknown key')}"
+        ) from e
+    merged.validate()
+    return merged

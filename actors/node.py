@@ -265,9 +265,7 @@ def _start_actors(settings: NodeSettings, clock: Clock) -> NodeActors:
     if settings.memory_budget_bytes is not None:
         ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
     ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger)
-    supervisor = SupervisorActor.start(
-        clock, settings.health_interval_s, settings.reconcile_interval_s
-    )
+    supervisor = SupervisorActor.start(clock, settings.tick_s, settings.reconcile_interval_s)
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor)
     return NodeActors(writer, supervisor, host, ledger)
 

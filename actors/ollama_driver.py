@@ -178,7 +178,7 @@ class OllamaDriver:
                 self.actor.commit(ev.Recovered(detail="ollama answers again"), "supervisor")
             return
         self._misses += 1
-        if lifecycle is S.RUNNING and self._misses >= self.actor.ctx.settings.miss_limit:
+        if lifecycle is S.RUNNING and self._misses >= self.actor.supervision.miss_limit:
             why = f"{report.health.kind}: {report.health.reason}; infervisor does not start ollama"
             self.actor.commit(ev.Unhealthy(misses=self._misses, reason=why), "supervisor")
 

@@ -20,7 +20,8 @@ import msgspec
 from infervisor.adapters.errors import AdmissionRefused, ProbeError, SpawnError
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.ports import listeners_beyond_loopback
-from infervisor.adapters.probe import HealthKind, ServerReport
+from infervisor.adapters.probe import ServerReport
+from infervisor.adapters.status import map_report
 from infervisor.adapters.process import ExitInfo, ManagedProcess, kill_group
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
@@ -29,6 +30,7 @@ from infervisor.replay.policy import Exhausted, decide_restart
 from . import messages as m
 from .clock import Timer
 from .errors import InvalidState
+from .kinds import Healthy, HealthSample, Unhealthy, judge
 from .ledger import release, reserve
 from .recovery import recover_process
 
@@ -157,6 +159,8 @@ class ProcessDriver:
             pid=i.pid, pgid=i.pgid, start_time=i.start_time, boot_id=i.boot_id, argv=argv
         )
         self.commit(spawned, by)
+        if self.actor.supervision.probe == "process":
+            self.commit(ev.Ready(detail="alive (process kind: a live process is healthy)"), by)
 
     def _refuse_if_taken(self, by: str) -> None:
         taken = self.adapter.address_taken()
@@ -237,7 +241,7 @@ class ProcessDriver:
         if self.state.lifecycle is S.STOPPED:
             self._resolve_stops()
         else:
-            self.after_exit()
+            self.after_exit(msg.info.exit_code)
 
     def _resolve_stops(self) -> None:
         view = self.actor.view()
@@ -245,15 +249,19 @@ class ProcessDriver:
             waiter.set_result(view)
         self._stop_waiters.clear()
 
-    def after_exit(self) -> None:
-        """The process is gone while wanted: restart after the backoff, or give up."""
+    def after_exit(self, exit_code: int | None = None) -> None:
+        """The process is gone while wanted: a one-shot that exited 0 is finished;
+        otherwise restart after the backoff, or give up."""
         if self.state.desired is not Desired.RUNNING or self.state.lifecycle is not S.EXITED:
+            return
+        if exit_code == 0 and not self.adapter.spec.continuous:
+            self.commit(ev.Finished(exit_code=0))
             return
         self._decide_restart(self.state.reason)
 
     def _decide_restart(self, reason: str) -> None:
-        ctx = self.actor.ctx
-        decision = decide_restart(self.state, ctx.settings.restart, ctx.clock.wall_ns(), self._rng)
+        policy = self.actor.supervision.restart
+        decision = decide_restart(self.state, policy, self.actor.ctx.clock.wall_ns(), self._rng)
         if isinstance(decision, Exhausted):
             why = f"restart budget spent ({decision.attempts} restarts): {reason}"
             self.commit(ev.Failed(attempts=decision.attempts, reason=why))
@@ -293,7 +301,7 @@ class ProcessDriver:
 
     # ------------------------------------------------------------------ health
     def wants_probe(self) -> int | None:
-        if self.proc is None or self._terminating:
+        if self.proc is None or self._terminating or self.actor.supervision.probe != "http":
             return None
         if self.state.lifecycle not in (S.STARTING, S.RUNNING):
             return None
@@ -302,40 +310,42 @@ class ProcessDriver:
     def on_probe(self, token: int, report: ServerReport) -> None:
         if self.proc is None or token != self.proc.identity.pid or self._terminating:
             return
-        health = report.health
-        if self.state.lifecycle is S.STARTING:
-            self._judge_starting(health.kind, health.reason)
-        elif self.state.lifecycle is S.RUNNING:
-            self._judge_running(health.kind, health.reason)
-
-    def _judge_starting(self, kind: HealthKind, reason: str) -> None:
-        assert self.proc is not None
         failure = self.adapter.failure_in_output(_joined(self.proc.output()))
-        if failure is not None:
+        if failure is not None and self.state.lifecycle is S.STARTING:
             self._miss(f"the server reported: {failure}", at_once=True)
             return
-        if kind is HealthKind.UP:
+        verdict = judge(self.actor.supervision, self._sample(report))
+        if isinstance(verdict, Unhealthy):
+            self._miss(verdict.reason)
+        elif isinstance(verdict, Healthy):
+            self._healthy(verdict.serving)
+
+    def _sample(self, report: ServerReport) -> HealthSample:
+        spec = self.adapter.spec
+        status = map_report(
+            spec.flavor, self.adapter.served_model, report, alive=True, adopted=False, load=None
+        )
+        return HealthSample(
+            status=status,
+            continuous=spec.continuous,
+            starting=self.state.lifecycle is S.STARTING,
+            elapsed_s=self.actor.ctx.clock.monotonic() - self._started_at,
+        )
+
+    def _healthy(self, serving: bool) -> None:
+        self._misses = 0
+        if not serving:
+            return
+        if self.state.lifecycle is S.STARTING:
             self.commit(ev.Ready(detail=_models_note(self.actor.report)))
             return
-        waited = self.actor.ctx.clock.monotonic() - self._started_at
-        if kind is HealthKind.UNHEALTHY:
-            self._miss(reason)
-        elif waited > self.actor.ctx.settings.startup_timeout_s:
-            why = f"not ready after {waited:.0f} s (startup timeout): {kind}: {reason}"
-            self._miss(why, at_once=True)
-
-    def _judge_running(self, kind: HealthKind, reason: str) -> None:
-        if kind is not HealthKind.UP:
-            self._miss(f"{kind}: {reason}" if reason else str(kind))
-            return
-        self._misses = 0
         uptime = self.actor.ctx.clock.monotonic() - self._started_at
-        if self.state.restarts and uptime >= self.actor.ctx.settings.restart.stable_after_s:
+        if self.state.restarts and uptime >= self.actor.supervision.restart.stable_after_s:
             self.commit(ev.StableAgain(uptime_s=uptime))
 
     def _miss(self, reason: str, *, at_once: bool = False) -> None:
         self._misses += 1
-        if not at_once and self._misses < self.actor.ctx.settings.miss_limit:
+        if not at_once and self._misses < self.actor.supervision.miss_limit:
             return
         self.commit(ev.Unhealthy(misses=self._misses, reason=reason))
         if self.state.desired is Desired.RUNNING:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -10,6 +11,8 @@ from infervisor.adapters.ollama import parse_keep_alive
 from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.server import AdapterSettings
 from infervisor.replay import RestartPolicy
+
+from .kinds import KindSettings, Supervision, supervision_for
 
 __all__ = ["NodeSettings"]
 
@@ -34,8 +37,9 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         health_interval_s: time between health probes of one instance.
         miss_limit: consecutive failed probes that make a running instance unhealthy.
         reconcile_interval_s: time between reconcile ticks.
-        startup_timeout_s: how long a starting server may stay loading or
-            unreachable before it counts as unhealthy.
+        kinds: per workload kind, its health spec and restart policy over these
+            defaults (built in: ``inference``, whose loading counts as healthy
+            for a startup allowance, and ``process``).
         stop_grace_s: operator stop: SIGTERM, then SIGKILL after this long.
         health_kill_grace_s: grace when the supervisor kills an unhealthy server.
         probe_timeout_s: per-request timeout of a health probe.
@@ -57,7 +61,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     health_interval_s: float = 1.0
     miss_limit: int = 3
     reconcile_interval_s: float = 5.0
-    startup_timeout_s: float = 120.0
+    kinds: dict[str, KindSettings] = msgspec.field(default_factory=dict)
     stop_grace_s: float = 30.0
     health_kill_grace_s: float = 10.0
     probe_timeout_s: float = 2.0
@@ -70,7 +74,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         for name in ("health_interval_s", "reconcile_interval_s", "probe_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} {getattr(self, name)}: allowed a positive number")
-        for name in ("startup_timeout_s", "stop_grace_s", "health_kill_grace_s"):
+        for name in ("stop_grace_s", "health_kill_grace_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} {getattr(self, name)}: allowed 0 or more")
         unknown = sorted(set(self.adapters) - set(ALL_ADAPTERS))
@@ -83,6 +87,8 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 f"allowed_ports {list(self.allowed_ports)}: need [low, high] in 1-65535"
             )
         parse_keep_alive(self.ollama_keep_alive)
+        for kind_name, kind in self.kinds.items():
+            kind.validate(kind_name)
         if self.miss_limit < 1:
             raise ValueError(f"miss_limit {self.miss_limit}: allowed 1 or more")
         self.restart.validate()
@@ -96,6 +102,24 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def registry_path(self) -> Path:
         """The model registry directory."""
         return Path(self.registry_dir) if self.registry_dir else Path(self.data_dir) / "models"
+
+    @property
+    def tick_s(self) -> float:
+        """The supervisor's tick: the shortest health interval of any kind."""
+        return min(
+            [self.health_interval_s] + [k.interval_s for k in self.kinds.values() if k.interval_s]
+        )
+
+    def supervision(self, kind: str, restart_override: dict[str, Any] | None = None) -> Supervision:
+        """An instance's effective supervision (raises ValueError for a bad override)."""
+        return supervision_for(
+            kind,
+            self.kinds,
+            self.health_interval_s,
+            self.miss_limit,
+            self.restart,
+            restart_override,
+        )
 
     def adapter_settings(self) -> AdapterSettings:
         """What the adapters need of these settings."""

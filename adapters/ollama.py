@@ -113,19 +113,19 @@ def parse_keep_alive(value: str | int | float) -> str | int:
         SpecError: anything else (booleans, NaN, ``"5 m"``, ``"10x"``, a
             duration Go cannot hold), naming the value and the allowed forms.
     """
+    invalid = SpecError(f"keep_alive {value!r} is not valid: use {_FORMS}")
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise SpecError(f"keep_alive {value!r} is not valid: use {_FORMS}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            raise SpecError(f"keep_alive {value!r} is not valid: use {_FORMS}")
-        return int(value)
-    if isinstance(value, int):
+        raise invalid
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise invalid
+    if isinstance(value, str) and not _INTEGER.fullmatch(value):
+        if _duration_ns(value) is None:
+            raise invalid
         return value
-    if _INTEGER.fullmatch(value):
-        return int(value)
-    if _duration_ns(value) is None:
-        raise SpecError(f"keep_alive {value!r} is not valid: use {_FORMS}")
-    return value
+    seconds = int(value)
+    if seconds > _FOREVER_NS // 10**9:  # Go cannot hold it as a duration
+        raise invalid
+    return seconds
 
 
 def _duration_ns(text: str) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
+from typing import Any
 
 import blake3
 import msgspec
@@ -86,6 +87,9 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         env: extra environment entries for the launched server.
         kind: workload kind, which defines health interval and judgement.
         continuous: False for a one-shot run that finishes on exit 0.
+        restart: overrides of the restart policy's fields for this instance
+            (``max_restarts``, ``base_s``, ``cap_s``, ``stable_after_s``,
+            ``window_s``, ``jitter``); checked when the instance is placed.
     """
 
     role: str
@@ -99,6 +103,7 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     env: dict[str, str] = msgspec.field(default_factory=dict)
     kind: str = "inference"
     continuous: bool = True
+    restart: dict[str, Any] | None = None
 
     def validate(self) -> None:
         """Check every field an operator can get wrong.

@@ -28,6 +28,7 @@ __all__ = [
     "Exited",
     "Exposed",
     "Failed",
+    "Finished",
     "InstanceEvent",
     "NodeStarted",
     "NodeStopped",
@@ -153,6 +154,12 @@ class Failed(_Event, frozen=True, tag="instance.failed"):
     reason: str
 
 
+class Finished(_Event, frozen=True, tag="instance.finished"):
+    """A one-shot run ended cleanly (exit 0): never restarted, also after a node restart."""
+
+    exit_code: int = 0
+
+
 class StableAgain(_Event, frozen=True, tag="instance.stable"):
     """Up for the stability period: the restart count clears."""
 
@@ -198,6 +205,7 @@ InstanceEvent = (
     | Exited
     | RestartScheduled
     | Failed
+    | Finished
     | StableAgain
     | StopRequested
     | Exposed
@@ -220,6 +228,7 @@ EVENT_TYPES: dict[str, type[Any]] = {
         Exited,
         RestartScheduled,
         Failed,
+        Finished,
         StableAgain,
         StopRequested,
         Exposed,

@@ -118,6 +118,8 @@ def _target(inst: InstanceState, event: ev.InstanceEvent) -> LifecycleState | No
             return S.RESTARTING
         case ev.Failed():
             return S.FAILED
+        case ev.Finished():
+            return S.FINISHED
         case ev.StopRequested() | ev.Exposed():
             if inst.lifecycle is S.STOPPING:
                 return None  # a second stop escalates; the state is already right
@@ -158,7 +160,7 @@ def _update(inst: InstanceState, stored: StoredEvent, event: ev.InstanceEvent) -
         case ev.RestartScheduled():
             times = (*inst.restart_times_ns, stored.ts_ns)
             return r(inst, restarts=inst.restarts + 1, restart_times_ns=times)
-        case ev.Failed():
+        case ev.Failed() | ev.Finished():
             return r(inst, desired=Desired.STOPPED)
         case ev.StableAgain():
             return r(inst, restarts=0, restart_times_ns=())
@@ -212,6 +214,7 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.Exited: lambda e: e.reason,
     ev.RestartScheduled: lambda e: f"restart {e.attempt} in {e.delay_s:g} s: {e.reason}",
     ev.Failed: lambda e: e.reason,
+    ev.Finished: lambda e: "one-shot run ended cleanly (exit code 0); not restarted",
     ev.StableAgain: lambda e: f"up {e.uptime_s:.0f} s: restart budget cleared",
     ev.StopRequested: _stop,
     ev.Unloaded: lambda e: f"unloaded by {e.by}",
