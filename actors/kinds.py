@@ -22,11 +22,11 @@ from infervisor.replay import RestartPolicy
 
 __all__ = [
     "DEFAULT_KINDS",
-    "Supervision",
     "Finished",
-    "Healthy",
     "HealthSample",
+    "Healthy",
     "KindSettings",
+    "Supervision",
     "Unhealthy",
     "Verdict",
     "judge",
@@ -143,6 +143,7 @@ class Supervision(msgspec.Struct, frozen=True, kw_only=True):
 def supervision_for(
     kind: str,
     kinds: dict[str, KindSettings],
+    *,
     node_interval_s: float,
     node_miss_limit: int,
     node_restart: RestartPolicy,

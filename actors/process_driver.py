@@ -21,8 +21,8 @@ from infervisor.adapters.errors import AdmissionRefused, ProbeError, SpawnError
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.ports import listeners_beyond_loopback
 from infervisor.adapters.probe import ServerReport
-from infervisor.adapters.status import map_report
 from infervisor.adapters.process import ExitInfo, ManagedProcess, kill_group
+from infervisor.adapters.status import map_report
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.policy import Exhausted, decide_restart
@@ -30,7 +30,7 @@ from infervisor.replay.policy import Exhausted, decide_restart
 from . import messages as m
 from .clock import Timer
 from .errors import InvalidState
-from .kinds import Healthy, HealthSample, Unhealthy, judge
+from .kinds import HealthSample, Healthy, Unhealthy, judge
 from .ledger import release, reserve
 from .recovery import recover_process
 

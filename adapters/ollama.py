@@ -207,7 +207,7 @@ def _listed(base_url: str, path: str, timeout: float) -> list[str]:
         raise ProbeError(f"{base_url}{path}: not an Ollama model list: {_excerpt(body)}")
     names: list[str] = []
     for item in models:
-        name = item.get("name", item.get("model")) if isinstance(item, dict) else None
+        name = (item.get("name") or item.get("model")) if isinstance(item, dict) else None
         if isinstance(name, str):
             names.append(name)
     return names

@@ -1,7 +1,8 @@
 """The ``infervisor`` command line: a thin layer over the library.
 
-Exit status: 0 success; 1 the thing checked is bad (an invalid chain, a failed
-demo step); 2 usage or I/O errors (click's own convention for usage).
+Exit status: 0 success; 1 the thing checked is bad (an invalid chain, a chain
+that cannot be replayed, a failed demo step); 2 usage or I/O errors (click's
+own convention for usage). Bad input is reported in one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,14 +10,22 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import click
 import msgspec
 
 from infervisor.chain import ChainError, verify_chain
-from infervisor.replay import NodeState, TimelineEntry, rebuild, timeline
+from infervisor.replay import (
+    EventDecodeError,
+    NodeState,
+    ReplayError,
+    TimelineEntry,
+    rebuild,
+    timeline,
+)
 
 __all__ = ["main"]
 
@@ -25,15 +34,34 @@ def _json(obj: Any) -> None:
     click.echo(msgspec.json.format(msgspec.json.encode(obj), indent=2))
 
 
-def _fail_io(e: Exception) -> None:
-    click.echo(f"error: {e}", err=True)
-    sys.exit(2)
+T = TypeVar("T")
+
+
+def _fail(message: str, status: int = 2) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(status)
+
+
+def _fail_io(e: Exception) -> NoReturn:
+    _fail(str(e))
 
 
 def _existing_db(path: Path) -> Path:
+    if path.is_dir():
+        _fail(f"{path} is a folder; give the chain file (DATA_DIR/chain.db)")
     if not path.is_file():
-        _fail_io(FileNotFoundError(f"{path}: no such chain file"))
+        _fail(f"{path}: no such chain file")
     return path
+
+
+def _read_chain(db: Path, query: Callable[[Path], T]) -> T:
+    """Run a replay query on DB: exit 2 when unreadable, 1 when it cannot be replayed."""
+    try:
+        return query(_existing_db(db))
+    except ChainError as e:
+        _fail_io(e)
+    except (EventDecodeError, ReplayError) as e:
+        _fail(f"{db} cannot be replayed: {e} (check it with: infervisor chain verify {db})", 1)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -113,7 +141,6 @@ def run(config: Path) -> None:
         cfg = load_config(config)
     except ConfigError as e:
         _fail_io(e)
-        return
     sys.exit(run_node(cfg, lambda m: click.echo(m, err=True)))
 
 
@@ -135,7 +162,6 @@ def chain_verify(db: Path, as_json: bool) -> None:
         report = verify_chain(_existing_db(db))
     except ChainError as e:
         _fail_io(e)
-        return
     if as_json:
         _json(report)
     elif report.ok:
@@ -154,8 +180,15 @@ def chain_verify(db: Path, as_json: bool) -> None:
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
 def replay(db: Path, as_json: bool) -> None:
-    """Rebuild and print the node state from the chain in DB alone."""
-    state = _rebuild(db)
+    """Rebuild and print the node state from the chain in DB alone.
+
+    One line per instance: id, lifecycle state, wanted state, pid, restarts,
+    reason. Replay does not check hashes: a chain that does not verify is
+    replayed as stored, with a warning on stderr. Exit 1 when an event does
+    not fit (unknown kind, impossible transition), 2 when DB cannot be read.
+    """
+    state = _read_chain(db, rebuild)
+    _warn_unverified(db)
     if as_json:
         _json(state)
         return
@@ -171,12 +204,15 @@ def replay(db: Path, as_json: bool) -> None:
         )
 
 
-def _rebuild(db: Path) -> NodeState:
-    try:
-        return rebuild(_existing_db(db))
-    except ChainError as e:
-        _fail_io(e)
-        raise
+def _warn_unverified(db: Path) -> None:
+    report = verify_chain(db)
+    if report.problem is not None:
+        p = report.problem
+        click.echo(
+            f"warning: {db} does not verify (seq {p.seq}: {p.reason}); "
+            "replayed as stored: see infervisor chain verify",
+            err=True,
+        )
 
 
 @cli.command("timeline")
@@ -184,19 +220,16 @@ def _rebuild(db: Path) -> NodeState:
 @click.argument("instance")
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
 def timeline_cmd(db: Path, instance: str, as_json: bool) -> None:
-    """Print INSTANCE's transitions from the chain in DB: time, from, to, reason."""
-    try:
-        entries = timeline(_existing_db(db), instance)
-    except ChainError as e:
-        _fail_io(e)
-        return
+    """Print INSTANCE's events from the chain in DB, one line each.
+
+    Columns: seq, time (UTC), lifecycle state before -> after, reason. Exit 2
+    naming the chain's instances when INSTANCE has no events.
+    """
+    entries = _read_chain(db, lambda path: timeline(path, instance))
     if not entries:
-        known = sorted(_rebuild(db).instances)
-        click.echo(
-            f"error: no events for instance {instance!r}; instances: {', '.join(known) or 'none'}",
-            err=True,
-        )
-        sys.exit(2)
+        state: NodeState = _read_chain(db, rebuild)
+        known = ", ".join(sorted(state.instances)) or "none"
+        _fail(f"no events for instance {instance!r} in {db}; its instances: {known}")
     if as_json:
         _json(entries)
     else:
@@ -205,7 +238,8 @@ def timeline_cmd(db: Path, instance: str, as_json: bool) -> None:
 
 def _print_timeline(entries: list[TimelineEntry]) -> None:
     for e in entries:
-        when = dt.datetime.fromtimestamp(e.ts_ns / 1e9, tz=dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+        when = dt.datetime.fromtimestamp(e.ts_ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+        when = when[:-3] + "Z"
         click.echo(f"  {e.seq:>5} {when} {e.frm:>10} -> {e.to:<10} {e.reason}")
 
 

@@ -11,14 +11,20 @@ Relative paths are resolved against the config file's folder.
 
 from __future__ import annotations
 
+import difflib
+import enum
+import os
+import re
 import tomllib
+import typing
 from pathlib import Path
 
 import msgspec
 
 from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.registry import ModelFormat
-from infervisor.adapters.spec import InstanceSpec
+from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
+from infervisor.replay import RestartPolicy
 
 __all__ = ["ConfigError", "InstanceEntry", "ModelEntryConfig", "NodeConfig", "load_config"]
 
@@ -28,14 +34,14 @@ class ConfigError(Exception):
 
 
 class ModelEntryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A model to register. ``path`` is relative to the registry folder.
+    """A model to register. ``path`` is relative to the registry folder (none for Ollama).
 
     ``generate_tiny`` creates the project's tiny random-weight GGUF there when
     the file is missing (for examples and tests; it produces no useful text).
     """
 
     name: str
-    path: str
+    path: str = ""
     format: ModelFormat = ModelFormat.GGUF
     generate_tiny: bool = False
     ollama_tag: str | None = None
@@ -67,46 +73,161 @@ def load_config(path: Path) -> NodeConfig:
 
     Raises:
         ConfigError: unreadable, not TOML, an unknown or mistyped key (named
-            with its location), or a value out of range.
+            with its TOML section), or a value out of range.
     """
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file: {e}") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from e
     try:
         config = msgspec.convert(raw, NodeConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{path}: {_explain(str(e))}") from e
-    config = _resolve_paths(config, path.parent)
     _check(config, path)
-    return config
+    return _resolve_paths(config, path.parent)
+
+
+# ---------------------------------------------------------------- error messages
+# msgspec says "Object contains unknown field `x` - at `$.instances[1]`"; operators
+# read TOML, so the message is rewritten to name the key and its section.
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
+_PART = re.compile(r"^(?P<name>[^\[]+)(?:\[(?P<index>\d+)\])?$")
+_TOP = "the top level"
 
 
 def _explain(message: str) -> str:
-    # msgspec says "Object contains unknown field `x` - at `$.node`"; operators read TOML keys.
-    return message.replace("Object contains unknown field", "unknown key").replace("$.", "")
+    """Rewrite a msgspec validation message of a :class:`NodeConfig` in TOML terms."""
+    match = _AT.match(message)
+    if match is None:  # pragma: no cover - the pattern matches any string
+        return message
+    what, path = match["what"], match["path"] or ""
+    section, cls, key = _locate(path)
+    place = "at the top level" if section == _TOP else f"in {section}"
+    if unknown := _UNKNOWN.match(what):
+        return f"unknown key `{unknown['key']}` {place}; {_allowed(cls, unknown['key'])}"
+    if missing := _MISSING.match(what):
+        return f"missing key `{missing['key']}` {place}"
+    where = f"{section}, key `{key}`" if key else section
+    hint = _enum_hint(cls, key) if what.startswith("Invalid enum value") else ""
+    return f"{where}: {what[:1].lower()}{what[1:]}{hint}"
 
 
+def _locate(path: str) -> tuple[str, type[msgspec.Struct], str | None]:
+    """(TOML section, its struct, the key below it) of a msgspec path like ``.node.restart``."""
+    cls: type[msgspec.Struct] = NodeConfig
+    names: list[str] = []
+    section = _TOP
+    parts = [p for p in path.replace("[...]", "").split(".") if p]
+    for i, part in enumerate(parts):
+        m = _PART.match(part)
+        child = _struct_field(cls, m["name"]) if m else None
+        if m is None or child is None:
+            return section, cls, ".".join(parts[i:])
+        names.append(m["name"])
+        dotted = ".".join(names)
+        index = m["index"]
+        section = f"[[{dotted}]] #{int(index) + 1}" if index else f"[{dotted}]"
+        cls = child
+    return section, cls, None
+
+
+def _struct_field(cls: type[msgspec.Struct], name: str) -> type[msgspec.Struct] | None:
+    """The struct type of field ``name`` (or of its list items), if it is one."""
+    types = {f.name: f.type for f in msgspec.structs.fields(cls)}
+    t = types.get(name)
+    if typing.get_origin(t) is list:
+        t = typing.get_args(t)[0]
+    return t if isinstance(t, type) and issubclass(t, msgspec.Struct) else None
+
+
+def _allowed(cls: type[msgspec.Struct], key: str) -> str:
+    if cls is NodeConfig and key in NodeSettings.__struct_fields__:
+        return f"`{key}` belongs in the [node] section"
+    names = [f.name for f in msgspec.structs.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1)
+    if close:
+        return f"did you mean `{close[0]}`?"
+    return f"allowed keys: {', '.join(names)}"
+
+
+def _enum_hint(cls: type[msgspec.Struct], key: str | None) -> str:
+    types = {f.name: f.type for f in msgspec.structs.fields(cls)}
+    t = types.get(key or "")
+    if isinstance(t, type) and issubclass(t, enum.Enum):
+        return f"; allowed: {', '.join(str(v.value) for v in t)}"
+    return ""
+
+
+# ---------------------------------------------------------------- paths and checks
 def _resolve_paths(config: NodeConfig, base: Path) -> NodeConfig:
+    def resolve(value: str) -> str:
+        return str((base / Path(value).expanduser()).resolve())
+
     node = config.node
-    data_dir = str((base / node.data_dir).resolve())
-    registry = str((base / node.registry_dir).resolve()) if node.registry_dir else None
-    node = msgspec.structs.replace(node, data_dir=data_dir, registry_dir=registry)
+    program = node.llamacpp_program
+    if os.sep in program:  # a path, not a name looked up on PATH
+        program = resolve(program)
+    node = msgspec.structs.replace(
+        node,
+        data_dir=resolve(node.data_dir),
+        registry_dir=resolve(node.registry_dir) if node.registry_dir else None,
+        llamacpp_program=program,
+    )
     return msgspec.structs.replace(config, node=node)
 
 
 def _check(config: NodeConfig, path: Path) -> None:
+    if not valid_token(config.node.node_id):
+        raise ConfigError(
+            f"{path}: [node] node_id {config.node.node_id!r} must be a plain token "
+            "(letters, digits, '.', '_', '-'; at most 64 characters)"
+        )
     try:
         config.node.validate()
-        for entry in config.instances:
-            entry.spec().validate()
     except ValueError as e:
-        raise ConfigError(f"{path}: {e}") from e
+        section = "[node.restart]" if _is_restart_error(config.node.restart) else "[node]"
+        raise ConfigError(f"{path}: {section} {e}") from e
+    for n, entry in enumerate(config.instances, 1):
+        try:
+            entry.spec().validate()
+        except ValueError as e:
+            raise ConfigError(f"{path}: [[instances]] #{n}: {e}") from e
+    _check_unique(config, path)
+
+
+def _is_restart_error(policy: RestartPolicy) -> bool:
+    try:
+        policy.validate()
+    except ValueError:
+        return True
+    return False
+
+
+def _check_unique(config: NodeConfig, path: Path) -> None:
+    for model in config.models:
+        if not model.path and model.format is not ModelFormat.OLLAMA:
+            raise ConfigError(
+                f"{path}: [[models]] {model.name}: a {model.format.value} model needs `path` "
+                "(its file or folder, relative to the registry folder)"
+            )
     names = [m.name for m in config.models]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise ConfigError(
             f"{path}: model names must be unique; repeated: {', '.join(sorted(dupes))}"
         )
+    seen: dict[tuple[str, int], int] = {}
+    for n, entry in enumerate(config.instances, 1):
+        address = (entry.bind_host, entry.port)
+        first = seen.setdefault(address, n)
+        if first != n and Mode.MANAGED in (entry.mode, config.instances[first - 1].mode):
+            raise ConfigError(
+                f"{path}: [[instances]] #{n} uses {entry.bind_host}:{entry.port}, as "
+                f"[[instances]] #{first} does; a managed server needs an address of its own"
+            )

@@ -4,91 +4,297 @@ On start the node rebuilds itself from its chain (instances wanted running
 are started again, stopped ones stay stopped); instances in the config that
 the chain does not know yet are placed, and started when ``start = true``.
 On SIGINT/SIGTERM, managed servers are stopped gracefully (recorded, and
-still wanted running for the next start) and the process exits 0.
+still wanted running for the next start) and the process exits 0; a second
+signal during that stop kills them at once.
+
+Exit status: 0 after a clean stop; 1 when a server could not be stopped; 2
+when the node cannot run as configured (the data_dir cannot be created or is
+used by another run, the chain belongs to another node, a model is missing,
+an instance is refused). The last is reported in one line, before anything
+is recorded when it can be.
+
+Signals are only queued by the handler (``SimpleQueue.put`` is safe there);
+the main thread reads the queue and does the work.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import errno
+import fcntl
+import os
+import queue
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import msgspec
+import pykka
+
+from infervisor.actors.errors import NodeError
 from infervisor.actors.node import Node
-from infervisor.adapters.errors import AdapterError
-from infervisor.adapters.registry import ModelRegistry
+from infervisor.actors.settings import NodeSettings
+from infervisor.adapters.errors import AdapterError, RegistryError
+from infervisor.adapters.registry import ModelFormat, ModelRegistry
 from infervisor.adapters.spec import instance_id
+from infervisor.chain import ChainError, SqliteChain
 
 from .config import ModelEntryConfig, NodeConfig
 
-__all__ = ["register_models", "run_node"]
+__all__ = ["LOCK_FILE", "RunError", "register_models", "run_node"]
 
-log = logging.getLogger(__name__)
+#: Held (``flock``) in the data_dir while a node runs there: one node per data_dir.
+LOCK_FILE = "run.lock"
+
+Say = Callable[[str], None]
+_DONE = ""  # queued by the shutdown thread; signal names are never empty
+
+
+class RunError(Exception):
+    """The node cannot run as configured; the message says what, where and how to fix it."""
+
+
+def run_node(config: NodeConfig, say: Say) -> int:
+    """Run until SIGINT or SIGTERM; returns the exit status (see the module docstring)."""
+    inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
+    with _signals_into(inbox), contextlib.ExitStack() as held:
+        try:
+            held.enter_context(claim_data_dir(config.node))
+            node = open_node(config)
+        except RunError as e:
+            say(f"error: {e}")
+            return 2
+        try:
+            report_resumed(node, config, say)
+            place_new(node, config, say, stop_requested=lambda: not inbox.empty())
+        except RunError as e:
+            say(f"error: {e}")
+            _shutdown(node, inbox, f"refused configuration: {e}", say)
+            return 2
+        say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
+        say("Ctrl-C or SIGTERM stops it")
+        name = inbox.get()
+        say(f"received {name}: stopping managed servers (send it again to kill them at once)")
+        return _shutdown(node, inbox, f"infervisor run received {name}", say)
+
+
+# ---------------------------------------------------------------- before the node opens
+@contextlib.contextmanager
+def claim_data_dir(settings: NodeSettings) -> Iterator[None]:
+    """Create the data and registry folders and hold the data_dir's run lock.
+
+    Raises:
+        RunError: a folder cannot be created or written, or another run holds the lock.
+    """
+    data_dir = Path(settings.data_dir)
+    for folder, key in ((data_dir, "data_dir"), (settings.registry_path, "registry_dir")):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"{key} {folder}: cannot create it: {e.strerror or e}") from e
+    lock = data_dir / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise RunError(f"data_dir {data_dir}: cannot write there: {e.strerror or e}") from e
+    try:
+        _lock(fd, data_dir)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock(fd: int, data_dir: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+            raise RunError(f"data_dir {data_dir}: cannot lock it: {e.strerror or e}") from e
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        raise RunError(
+            f"data_dir {data_dir} is in use by another infervisor run (pid {holder}); "
+            "one node runs per data_dir: stop that one or give this config its own data_dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def open_node(config: NodeConfig) -> Node:
+    """Check the chain is this node's, register the models, open the node.
+
+    Raises:
+        RunError: naming the chain, the model or the setting at fault.
+    """
+    settings = config.node
+    check_chain_owner(settings)
+    register_models(ModelRegistry(settings.registry_path), config.models)
+    try:
+        return Node.open(settings)
+    except (ChainError, NodeError, AdapterError, OSError, ValueError, pykka.ActorDeadError) as e:
+        raise RunError(f"cannot open the node on {settings.data_dir}: {e}") from e
+
+
+def check_chain_owner(settings: NodeSettings) -> None:
+    """Refuse a chain file that is unreadable or was written by another node id.
+
+    Raises:
+        RunError: naming the file and the node id it belongs to.
+    """
+    path = settings.chain_path
+    if not path.exists():
+        return
+    try:
+        with SqliteChain.open_readonly(path) as chain:
+            owner = chain.node_id
+    except ChainError as e:
+        raise RunError(f"{e}; move it away or use another data_dir") from e
+    if owner != settings.node_id:
+        raise RunError(
+            f"{path} is the chain of node {owner!r}, but [node] node_id is "
+            f"{settings.node_id!r}: set node_id = {owner!r}, or use another data_dir"
+        )
 
 
 def register_models(registry: ModelRegistry, models: list[ModelEntryConfig]) -> None:
     """Make sure every configured model is in the registry (generating tiny ones if asked).
 
     Raises:
-        RegistryError: a file is missing or fails its digest.
+        RunError: a file is missing or not a model, or the tiny model cannot be generated.
     """
     for model in models:
-        file = registry.root / model.path
-        if model.generate_tiny and not file.exists():
-            from .tinymodel import generate_tiny_gguf  # noqa: PLC0415 - needs the llamacpp extra
+        try:
+            _register(registry, model)
+        except RegistryError as e:
+            raise RunError(f"[[models]] {model.name}: {e}") from e
+        except ImportError as e:
+            raise RunError(
+                f"[[models]] {model.name}: generate_tiny needs the llamacpp extra "
+                f"(pip install 'infervisor[llamacpp]'): {e}"
+            ) from e
+        except OSError as e:
+            raise RunError(f"[[models]] {model.name}: {e}") from e
 
-            file.parent.mkdir(parents=True, exist_ok=True)
-            generate_tiny_gguf(file)
-        if model.name not in registry.names():
-            registry.adopt(
-                model.name,
-                file,
-                format=model.format,
-                ollama_tag=model.ollama_tag,
-                draft=model.draft,
+
+def _register(registry: ModelRegistry, model: ModelEntryConfig) -> None:
+    file = registry.root / model.path
+    if model.generate_tiny and not file.exists():
+        from .tinymodel import generate_tiny_gguf  # noqa: PLC0415 - needs the llamacpp extra
+
+        file.parent.mkdir(parents=True, exist_ok=True)
+        generate_tiny_gguf(file)
+    if model.name not in registry.names():
+        registry.adopt(
+            model.name,
+            None if model.format is ModelFormat.OLLAMA else file,
+            format=model.format,
+            ollama_tag=model.ollama_tag,
+            draft=model.draft,
+        )
+
+
+# ---------------------------------------------------------------- once the node is open
+def report_resumed(node: Node, config: NodeConfig, say: Say) -> None:
+    """Say what the chain brought back, and where it and the config disagree."""
+    recorded = node.rebuild().instances
+    supervised = {view.instance_id: view for view in node.list()}
+    configured = {instance_id(e.spec(), config.node.node_id): e for e in config.instances}
+    for iid, inst in sorted(recorded.items()):
+        view = supervised.get(iid)
+        if view is None:
+            say(f"warning: {iid} is in the chain but not supervised: see the error above")
+            continue
+        say(f"resumed {iid}: {view.lifecycle} (wanted {view.desired})")
+        entry = configured.get(iid)
+        if entry is None:
+            say(f"note: {iid} is not in the config; it stays as the chain says")
+            continue
+        wanted = msgspec.to_builtins(entry.spec())
+        changed = sorted(k for k, v in wanted.items() if inst.spec.get(k) != v)
+        if changed:
+            say(
+                f"warning: {iid}: the config changed {', '.join(changed)} since the instance "
+                "was placed; the recorded spec is used"
             )
 
 
-def place_new(node: Node, config: NodeConfig, say: Callable[[str], None]) -> None:
-    """Place (and start when asked) the configured instances the chain does not know."""
-    known = {view.instance_id for view in node.list()}
-    for entry in config.instances:
+def place_new(
+    node: Node,
+    config: NodeConfig,
+    say: Say,
+    *,
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> None:
+    """Place (and start when asked) the configured instances the chain does not know.
+
+    Raises:
+        RunError: the node refused to place an instance (nothing recorded for it).
+    """
+    known = set(node.rebuild().instances)
+    for n, entry in enumerate(config.instances, 1):
+        if stop_requested():
+            return
         spec = entry.spec()
         iid = instance_id(spec, config.node.node_id)
         if iid in known:
             continue
-        node.place(spec)
+        try:
+            node.place(spec)
+        except (AdapterError, NodeError) as e:
+            raise RunError(f"[[instances]] #{n} ({spec.role} on port {spec.port}): {e}") from e
         say(f"placed {iid}")
         if entry.start:
             try:
-                node.start(iid)
-                say(f"started {iid}")
-            except AdapterError as e:
+                view = node.start(iid)
+            except (AdapterError, NodeError) as e:
                 say(f"could not start {iid}: {e}")
+                continue
+            say(f"started {iid}: pid {view.pid}, {view.endpoint}")
 
 
-def run_node(config: NodeConfig, say: Callable[[str], None]) -> int:
-    """Run until SIGINT or SIGTERM; returns the exit status (0 after a clean stop)."""
-    done = threading.Event()
+def _shutdown(node: Node, inbox: queue.SimpleQueue[str], reason: str, say: Say) -> int:
+    """Stop the node on a helper thread; a signal meanwhile kills what is still stopping."""
+    failed: list[Exception] = []
 
-    def on_signal(signum: int, _frame: object) -> None:
-        say(f"received {signal.Signals(signum).name}: stopping managed servers")
-        done.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        register_models(ModelRegistry(config.node.registry_path), config.models)
-        node = Node.open(config.node)
+    def work() -> None:
         try:
-            for view in node.list():
-                say(f"resumed {view.instance_id}: {view.lifecycle} (wanted {view.desired})")
-            place_new(node, config, say)
-            say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
-            done.wait()
+            node.shutdown(reason=reason)
+        except (NodeError, ChainError, pykka.ActorDeadError) as e:
+            failed.append(e)
         finally:
-            node.shutdown(reason="signal")
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+            inbox.put(_DONE)
+
+    worker = threading.Thread(target=work, name="infervisor-shutdown")
+    worker.start()
+    while (name := inbox.get()) != _DONE:
+        say(f"received {name} again: killing managed servers now")
+        _kill_stopping(node)
+    worker.join()
+    if failed:
+        say(f"error: the shutdown did not complete: {failed[0]}")
+        with contextlib.suppress(NodeError, ChainError, pykka.ActorDeadError):
+            node.shutdown(stop_servers=False, reason=f"{reason}; stop incomplete")
+        return 1
     say("stopped")
     return 0
+
+
+def _kill_stopping(node: Node) -> None:
+    """A second stop of a stopping instance SIGKILLs its group at once."""
+    with contextlib.suppress(NodeError, pykka.ActorDeadError):
+        for view in node.list():
+            if view.lifecycle == "stopping":
+                node.stop(view.instance_id, grace_s=0, wait=False, by="shutdown")
+
+
+@contextlib.contextmanager
+def _signals_into(inbox: queue.SimpleQueue[str]) -> Iterator[None]:
+    def handler(signum: int, _frame: object) -> None:
+        inbox.put(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
