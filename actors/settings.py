@@ -115,10 +115,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return supervision_for(
             kind,
             self.kinds,
-            self.health_interval_s,
-            self.miss_limit,
-            self.restart,
-            restart_override,
+            node_interval_s=self.health_interval_s,
+            node_miss_limit=self.miss_limit,
+            node_restart=self.restart,
+            restart_override=restart_override,
         )
 
     def adapter_settings(self) -> AdapterSettings:
