@@ -81,7 +81,7 @@ class HostActor(pykka.ThreadingActor):
             raise SpecError(str(e)) from e
         iid = instance_id(spec, self.ctx.node_id)
         if iid in self._refs:
-            raise InvalidState(f"{iid} is already loaded")
+            return self._place_again(iid, msg)
         self._refuse_shared_address(spec)
         try:
             adapter, _ = self._plan(spec, iid)
@@ -97,6 +97,16 @@ class HostActor(pykka.ThreadingActor):
         state = apply_instance(None, stored, event)
         assert state is not None
         self._adopt_actor(state, spec, adapter)
+        return iid
+
+    def _place_again(self, iid: str, msg: m.Place) -> str:
+        """A placement of an instance already here: a newer generation is applied,
+        an older one ignored (both recorded); the same one is refused."""
+        ref = self._refs[iid]
+        view: m.InstanceView = ref.ask(m.GetStatus(), block=True)
+        if msg.generation == view.generation:
+            raise InvalidState(f"{iid} is already loaded (generation {view.generation})")
+        ref.ask(m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation), block=True)
         return iid
 
     def _refuse_shared_address(self, spec: InstanceSpec) -> None:

@@ -28,7 +28,7 @@ import pykka
 from infervisor.adapters.probe import ServerReport
 from infervisor.adapters.server import ServerAdapter
 from infervisor.chain import EventDraft, StoredEvent
-from infervisor.replay import InstanceState, apply_instance, kind_of
+from infervisor.replay import LIVE_STATES, Desired, InstanceState, apply_instance, kind_of
 from infervisor.replay import events as ev
 from infervisor.replay.events import encode_event
 
@@ -118,6 +118,8 @@ class InstanceActor(pykka.ThreadingActor):
                 return self.driver.unload(by)
             case m.DeepHealth():
                 return self.in_thread(self.adapter.deep_health)
+            case m.NewPlacement():
+                return self._new_placement(message)
         try:
             self._observe(message)
         except Exception:
@@ -137,6 +139,8 @@ class InstanceActor(pykka.ThreadingActor):
                 self.driver.reconcile()
             case m.Boot():
                 self.driver.boot()
+            case m.LeaseExpired(silent_s=silent):
+                self._lease_expired(silent)
             case _:
                 self.driver.handle(message)
 
@@ -204,6 +208,29 @@ class InstanceActor(pykka.ThreadingActor):
         self._probing = True
         adapter = self.adapter
         self._probes.submit(lambda: self.tell_self(_Probed(token=token, report=adapter.probe())))
+
+    def _new_placement(self, msg: m.NewPlacement) -> bool:
+        current = self.state.generation
+        if msg.generation > current:
+            self.commit(
+                ev.Replaced(placed_by=msg.placed_by, generation=msg.generation), "controller"
+            )
+            return True
+        ignored = ev.PlacementIgnored(
+            placed_by=msg.placed_by, generation=msg.generation, current=current
+        )
+        self.commit(ignored, "controller")
+        return False
+
+    def _lease_expired(self, silent_s: float) -> None:
+        """Stop a continuous instance another node placed; it stays stopped."""
+        state, spec = self.state, self.adapter.spec
+        if not spec.continuous or state.placed_by == self.ctx.node_id:
+            return
+        if state.desired is not Desired.RUNNING or state.lifecycle not in LIVE_STATES:
+            return
+        why = f"controller lease expired: no controller heard for {silent_s:.1f} s"
+        self.driver.stop(m.Stop(by="lease", reason=why))
 
     def _restart(self, by: str) -> Future[m.InstanceView]:
         """Stop (when anything is running), then start, on a helper thread."""

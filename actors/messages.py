@@ -25,10 +25,13 @@ __all__ = [
     "Deregister",
     "GetStatus",
     "HealthTick",
+    "Heard",
     "InstanceView",
     "IsSettled",
+    "LeaseExpired",
     "ListInstances",
     "Lookup",
+    "NewPlacement",
     "Place",
     "ReconcileTick",
     "Register",
@@ -90,6 +93,20 @@ class IsSettled(_Msg, frozen=True):
     """Answer True when no probe or termination of this instance is in flight."""
 
 
+class NewPlacement(_Msg, frozen=True):
+    """The instance was placed again: a newer generation is applied, an older
+    one is ignored; both are recorded. Answers True when applied."""
+
+    placed_by: str
+    generation: int
+
+
+class LeaseExpired(_Msg, frozen=True):
+    """No controller has been heard for ``silent_s`` seconds (longer than the lease)."""
+
+    silent_s: float
+
+
 # Ticks and boot
 class HealthTick(_Msg, frozen=True):
     """Probe the server (in the background) and judge the answer."""
@@ -143,6 +160,12 @@ class BootAll(_Msg, frozen=True):
 
 
 # Supervisor
+class Heard(_Msg, frozen=True):
+    """A controller other than this node was heard from (a heartbeat or a verb)."""
+
+    controller: str
+
+
 class Register(_Msg, frozen=True):
     """Send this instance ticks."""
 
@@ -174,6 +197,8 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
 
     instance_id: str
     adapter: str
+    placed_by: str
+    generation: int
     role: str
     flavor: str
     mode: str

@@ -116,13 +116,24 @@ class Node:
         """Admit an instance (state ``loaded``); answers its id once recorded.
 
         Raises:
-            SpecError, RegistryError, AdmissionRefused, InvalidState: refused; nothing recorded.
+            SpecError, RegistryError, AdmissionRefused, InvalidState: refused; nothing
+                recorded (except a taken address, which is recorded for the audit).
+
+        A placement of an instance already placed is applied when its
+        ``generation`` is newer (recorded), ignored when older (recorded), and
+        refused when equal.
         """
-        msg = m.Place(
-            spec=spec, placed_by=placed_by or self.settings.node_id, generation=generation
-        )
+        placer = placed_by or self.settings.node_id
+        self.heartbeat(placer)
+        msg = m.Place(spec=spec, placed_by=placer, generation=generation)
         iid: str = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         return iid
+
+    def heartbeat(self, controller: str) -> None:
+        """Record that ``controller`` was heard from (renews the controller lease).
+        The node's own id does not count."""
+        if controller != self.settings.node_id:
+            self._supervisor.tell(m.Heard(controller=controller))
 
     def admit(self, spec: InstanceSpec) -> Admission:
         """Run admission only, in the reference order: nothing is placed or recorded.
@@ -265,7 +276,9 @@ def _start_actors(settings: NodeSettings, clock: Clock) -> NodeActors:
     if settings.memory_budget_bytes is not None:
         ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
     ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger)
-    supervisor = SupervisorActor.start(clock, settings.tick_s, settings.reconcile_interval_s)
+    supervisor = SupervisorActor.start(
+        clock, settings.tick_s, settings.reconcile_interval_s, settings.lease_s
+    )
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor)
     return NodeActors(writer, supervisor, host, ledger)
 

@@ -109,7 +109,8 @@ class ProcessDriver:
         if escalate:
             kill_group(self.proc.identity.pgid, signal.SIGKILL)
         else:
-            self.terminate(grace, cause=f"stopped by {msg.by}")
+            why = f" ({msg.reason})" if msg.reason else ""
+            self.terminate(grace, cause=f"stopped by {msg.by}{why}")
         return done
 
     def unload(self, by: str) -> None:

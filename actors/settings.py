@@ -44,6 +44,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         health_kill_grace_s: grace when the supervisor kills an unhealthy server.
         probe_timeout_s: per-request timeout of a health probe.
         restart: the restart policy (backoff, budget, stability period).
+        lease_s: the controller lease (opt-in): when no controller other than
+            this node has been heard from for longer, continuous instances that
+            another node placed are stopped and not restarted while it stays
+            expired. At least three supervisor ticks.
     """
 
     node_id: str
@@ -62,6 +66,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     miss_limit: int = 3
     reconcile_interval_s: float = 5.0
     kinds: dict[str, KindSettings] = msgspec.field(default_factory=dict)
+    lease_s: float | None = None
     stop_grace_s: float = 30.0
     health_kill_grace_s: float = 10.0
     probe_timeout_s: float = 2.0
@@ -89,6 +94,11 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         parse_keep_alive(self.ollama_keep_alive)
         for kind_name, kind in self.kinds.items():
             kind.validate(kind_name)
+        if self.lease_s is not None and self.lease_s < 3 * self.tick_s:
+            raise ValueError(
+                f"lease_s {self.lease_s}: shorter than three supervision periods "
+                f"(3 x {self.tick_s:g} s); ordinary jitter would stop work"
+            )
         if self.miss_limit < 1:
             raise ValueError(f"miss_limit {self.miss_limit}: allowed 1 or more")
         self.restart.validate()

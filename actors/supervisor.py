@@ -1,7 +1,12 @@
-"""The supervisor actor: sends every instance its health and reconcile ticks.
+"""The supervisor actor: sends every instance its health and reconcile ticks,
+and keeps the controller lease.
 
 Ticks run on the injected clock, so a test advances time instead of sleeping.
 The instance decides what a tick means; the supervisor never blocks on it.
+The lease (opt-in, ``reference/host_supervise.rs.txt`` ``expire_lease``): the
+supervisor records when it last heard from a controller other than this node;
+once that is longer ago than the lease, each instance is told, and those that
+another node placed stop (phase "lease") and stay stopped.
 """
 
 from __future__ import annotations
@@ -26,12 +31,21 @@ class SupervisorActor(pykka.ThreadingActor):
     """Fans out :class:`HealthTick` every ``health_interval_s`` and
     :class:`ReconcileTick` every ``reconcile_interval_s`` (seconds)."""
 
-    def __init__(self, clock: Clock, health_interval_s: float, reconcile_interval_s: float) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        health_interval_s: float,
+        reconcile_interval_s: float,
+        lease_s: float | None = None,
+    ) -> None:
         super().__init__()
         self._clock = clock
         self._intervals = {"health": health_interval_s, "reconcile": reconcile_interval_s}
         self._instances: dict[str, pykka.ActorRef[Any]] = {}
         self._timers: dict[str, Timer] = {}
+        self._lease = lease_s
+        self._last_contact = clock.monotonic()
+        self._expired_told = False
 
     def on_start(self) -> None:
         for what in self._intervals:
@@ -56,10 +70,25 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._instances[iid] = ref
             case m.Deregister(instance_id=iid):
                 self._instances.pop(iid, None)
+            case m.Heard():
+                self._last_contact = self._clock.monotonic()
+                self._expired_told = False
+            case _Tick(what="health"):
+                self._check_lease()
+                self._fan_out(m.HealthTick())
+                self._schedule("health")
             case _Tick(what=what):
-                self._fan_out(m.HealthTick() if what == "health" else m.ReconcileTick())
+                self._fan_out(m.ReconcileTick())
                 self._schedule(what)
         return None
+
+    def _check_lease(self) -> None:
+        if self._lease is None or self._expired_told:
+            return
+        silent = self._clock.monotonic() - self._last_contact
+        if silent > self._lease:
+            self._expired_told = True
+            self._fan_out(m.LeaseExpired(silent_s=silent))
 
     def _fan_out(self, tick: Any) -> None:
         for ref in list(self._instances.values()):

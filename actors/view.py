@@ -38,6 +38,8 @@ def build_view(actor: InstanceActor) -> InstanceView:
     return InstanceView(
         instance_id=state.instance_id,
         adapter=adapter.adapter_id,
+        placed_by=state.placed_by,
+        generation=state.generation,
         role=spec.role,
         flavor=spec.flavor.value,
         mode=spec.mode.value,

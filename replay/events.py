@@ -33,8 +33,10 @@ __all__ = [
     "NodeStarted",
     "NodeStopped",
     "Placed",
+    "PlacementIgnored",
     "Ready",
     "Recovered",
+    "Replaced",
     "RestartScheduled",
     "Spawned",
     "StableAgain",
@@ -73,6 +75,21 @@ class Placed(_Event, frozen=True, tag="instance.placed"):
     spec: dict[str, Any]
     placed_by: str
     generation: int = 0
+
+
+class Replaced(_Event, frozen=True, tag="instance.replaced"):
+    """A newer placement (higher generation) of an instance already placed."""
+
+    placed_by: str
+    generation: int
+
+
+class PlacementIgnored(_Event, frozen=True, tag="instance.placement_ignored"):
+    """A stale placement (generation older than the one applied) was ignored."""
+
+    placed_by: str
+    generation: int
+    current: int
 
 
 class Starting(_Event, frozen=True, tag="instance.starting"):
@@ -196,6 +213,8 @@ class Unloaded(_Event, frozen=True, tag="instance.unloaded"):
 
 InstanceEvent = (
     Placed
+    | Replaced
+    | PlacementIgnored
     | Starting
     | Spawned
     | StartRefused
@@ -219,6 +238,8 @@ EVENT_TYPES: dict[str, type[Any]] = {
         NodeStarted,
         NodeStopped,
         Placed,
+        Replaced,
+        PlacementIgnored,
         Starting,
         Spawned,
         StartRefused,

@@ -166,6 +166,8 @@ def _update(inst: InstanceState, stored: StoredEvent, event: ev.InstanceEvent) -
             return r(inst, restarts=0, restart_times_ns=())
         case ev.Exposed():
             return r(inst, desired=Desired.STOPPED, exposed=tuple(event.addresses))
+        case ev.Replaced():
+            return r(inst, placed_by=event.placed_by, generation=event.generation)
         case ev.StopRequested(by="shutdown"):
             return inst
         case ev.StopRequested():
@@ -205,6 +207,11 @@ def _ready(e: ev.Ready) -> str:
 
 _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.Placed: lambda e: f"placed by {e.placed_by} (generation {e.generation})",
+    ev.Replaced: lambda e: f"placed again by {e.placed_by} (generation {e.generation})",
+    ev.PlacementIgnored: lambda e: (
+        f"stale placement by {e.placed_by} ignored: generation {e.generation} "
+        f"is older than {e.current}"
+    ),
     ev.Starting: _starting,
     ev.Spawned: lambda e: f"spawned pid {e.pid} (group {e.pgid})",
     ev.StartRefused: lambda e: f"start by {e.by} refused: {e.reason}",

@@ -105,3 +105,51 @@ def test_stable_run_clears_the_budget(clocked) -> None:
     scheduled = [e for e in timeline(node.settings.chain_path, iid) if e.kind.endswith("scheduled")]
     assert scheduled[-1].reason.startswith(f"restart 1 in {BASE:g} s")
     node.stop(iid)
+
+
+def test_lease_expiry_stops_only_other_placements(nodes, fake_llama, fake_model, manual_clock):
+    settings = nodes.settings(fake_llama, fake_model, health_interval_s=1.0, lease_s=10.0)
+    node = nodes.open(settings, manual_clock)
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    theirs_spec = InstanceSpec(role="a", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    mine_spec = InstanceSpec(role="b", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    theirs = node.place(theirs_spec, placed_by="ctl", generation=1)
+    mine = node.place(mine_spec)
+    for iid in (theirs, mine):
+        node.start(iid, by="controller")
+        tick_until(node, manual_clock, iid, "running")
+
+    manual_clock.advance(11.0)  # past the lease with no controller heard
+    stopped = wait_until(
+        lambda: node.status(theirs).lifecycle == "stopped" and node.status(theirs), 20, "lease stop"
+    )
+    assert stopped.desired == "stopped"
+    assert "controller lease expired" in stopped.reason
+    assert node.status(mine).lifecycle == "running"
+    manual_clock.advance(30.0)  # nothing restarts it while the lease stays expired
+    wait_until(lambda: node.settled(theirs) and node.settled(mine), 20, "settled")
+    assert node.status(theirs).lifecycle == "stopped"
+    assert node.status(mine).lifecycle == "running"
+    lease_stop = [
+        e for e in timeline(settings.chain_path, theirs) if e.kind.endswith("stop_requested")
+    ]
+    assert lease_stop[-1].source == "lease"
+
+    # A stale placement is ignored and recorded; a new one runs normally.
+    assert node.place(theirs_spec, placed_by="ctl", generation=0) == theirs
+    assert node.status(theirs).generation == 1
+    node.place(theirs_spec, placed_by="ctl", generation=2)
+    assert node.status(theirs).generation == 2
+    node.start(theirs, by="controller")
+    tick_until(node, manual_clock, theirs, "running")
+    kinds = [e.kind for e in timeline(settings.chain_path, theirs)]
+    assert "instance.placement_ignored" in kinds
+    assert "instance.replaced" in kinds
+    for iid in (theirs, mine):
+        node.stop(iid)
+
+
+def test_lease_shorter_than_three_ticks_is_refused(nodes, fake_llama, fake_model):
+    settings = nodes.settings(fake_llama, fake_model, health_interval_s=1.0, lease_s=2.0)
+    with pytest.raises(ValueError, match="lease_s 2.0: shorter than three supervision periods"):
+        nodes.open(settings)
