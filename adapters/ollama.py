@@ -297,10 +297,13 @@ def _check_done(base_url: str, tag: str, verb: str, status: int, body: bytes) ->
 def unload(base_url: str, tag: str, timeout: float = 30.0) -> None:
     """Ask Ollama to drop ``tag`` from memory (``POST /api/generate``, ``keep_alive`` 0).
 
-    Ollama answers at once for a model that is not loaded, and after the end
-    of a load in progress. A model Ollama does not know (404 "model 'x' not
-    found") is not in its memory, so that counts as done. The memory is freed shortly
-    after the answer: see :func:`wait_unloaded`.
+    Ollama has no per-client ownership of a loaded model, so call this only
+    for a model this node loaded (:attr:`OllamaLoad.ours`), as the reference's
+    stop does. Ollama answers at once for a model that is not loaded, and
+    after the end of a load in progress; the memory is freed shortly after
+    (see :func:`wait_unloaded`). A model Ollama does not know (404 "model 'x'
+    not found") is not in its memory, so that counts as done. ``timeout`` in
+    seconds.
 
     Raises:
         OllamaError: Ollama refused, with its own error text.

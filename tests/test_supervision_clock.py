@@ -151,5 +151,5 @@ def test_lease_expiry_stops_only_other_placements(nodes, fake_llama, fake_model,
 
 def test_lease_shorter_than_three_ticks_is_refused(nodes, fake_llama, fake_model):
     settings = nodes.settings(fake_llama, fake_model, health_interval_s=1.0, lease_s=2.0)
-    with pytest.raises(ValueError, match="lease_s 2.0: shorter than three supervision periods"):
+    with pytest.raises(ValueError, match=r"lease_s 2\.0: shorter than three supervision periods"):
         nodes.open(settings)

@@ -16,8 +16,10 @@ import enum
 import os
 import re
 import tomllib
+import types
 import typing
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -97,7 +99,7 @@ def load_config(path: Path) -> NodeConfig:
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
-_PART = re.compile(r"^(?P<name>[^\[]+)(?:\[(?P<index>\d+)\])?$")
+_PART = re.compile(r"\.?(?P<name>[^.\[]+)(?:\[(?P<index>\d+|\.\.\.)\])?")
 _TOP = "the top level"
 
 
@@ -119,31 +121,42 @@ def _explain(message: str) -> str:
 
 
 def _locate(path: str) -> tuple[str, type[msgspec.Struct], str | None]:
-    """(TOML section, its struct, the key below it) of a msgspec path like ``.node.restart``."""
+    """(TOML section, its struct, the key below it) of a msgspec path like ``.node.restart``.
+
+    ``[n]`` indexes an array of tables (shown 1-based); ``[...]`` is a table
+    keyed by any name (``[node.kinds.<name>]``).
+    """
     cls: type[msgspec.Struct] = NodeConfig
     names: list[str] = []
     section = _TOP
-    parts = [p for p in path.replace("[...]", "").split(".") if p]
-    for i, part in enumerate(parts):
-        m = _PART.match(part)
-        child = _struct_field(cls, m["name"]) if m else None
-        if m is None or child is None:
-            return section, cls, ".".join(parts[i:])
-        names.append(m["name"])
+    parts = list(_PART.finditer(path))
+    for i, m in enumerate(parts):
+        child = _struct_field(cls, m["name"])
+        if child is None:
+            return section, cls, ".".join(p["name"] for p in parts[i:])
+        names.append(m["name"] + (".<name>" if m["index"] == "..." else ""))
         dotted = ".".join(names)
         index = m["index"]
-        section = f"[[{dotted}]] #{int(index) + 1}" if index else f"[{dotted}]"
+        section = f"[[{dotted}]] #{int(index) + 1}" if index and index.isdigit() else f"[{dotted}]"
         cls = child
     return section, cls, None
 
 
 def _struct_field(cls: type[msgspec.Struct], name: str) -> type[msgspec.Struct] | None:
-    """The struct type of field ``name`` (or of its list items), if it is one."""
-    types = {f.name: f.type for f in msgspec.structs.fields(cls)}
-    t = types.get(name)
-    if typing.get_origin(t) is list:
+    """The struct type of field ``name`` (or of its list items or table values), if one."""
+    t = _field_types(cls).get(name)
+    origin = typing.get_origin(t)
+    if origin is list:
         t = typing.get_args(t)[0]
+    elif origin is dict:
+        t = typing.get_args(t)[1]
+    elif origin in (typing.Union, types.UnionType):  # optional: `X | None`
+        t = next((a for a in typing.get_args(t) if a is not type(None)), None)
     return t if isinstance(t, type) and issubclass(t, msgspec.Struct) else None
+
+
+def _field_types(cls: type[msgspec.Struct]) -> dict[str, Any]:
+    return {f.name: f.type for f in msgspec.structs.fields(cls)}
 
 
 def _allowed(cls: type[msgspec.Struct], key: str) -> str:
@@ -157,10 +170,11 @@ def _allowed(cls: type[msgspec.Struct], key: str) -> str:
 
 
 def _enum_hint(cls: type[msgspec.Struct], key: str | None) -> str:
-    types = {f.name: f.type for f in msgspec.structs.fields(cls)}
-    t = types.get(key or "")
+    t = _field_types(cls).get(key or "")
     if isinstance(t, type) and issubclass(t, enum.Enum):
         return f"; allowed: {', '.join(str(v.value) for v in t)}"
+    if typing.get_origin(t) is typing.Literal:
+        return f"; allowed: {', '.join(str(v) for v in typing.get_args(t))}"
     return ""
 
 
@@ -169,15 +183,16 @@ def _resolve_paths(config: NodeConfig, base: Path) -> NodeConfig:
     def resolve(value: str) -> str:
         return str((base / Path(value).expanduser()).resolve())
 
+    def program(value: str) -> str:
+        return resolve(value) if os.sep in value else value  # else a name looked up on PATH
+
     node = config.node
-    program = node.llamacpp_program
-    if os.sep in program:  # a path, not a name looked up on PATH
-        program = resolve(program)
     node = msgspec.structs.replace(
         node,
         data_dir=resolve(node.data_dir),
         registry_dir=resolve(node.registry_dir) if node.registry_dir else None,
-        llamacpp_program=program,
+        llamacpp_program=program(node.llamacpp_program),
+        mlx_program=program(node.mlx_program),
     )
     return msgspec.structs.replace(config, node=node)
 
@@ -196,6 +211,7 @@ def _check(config: NodeConfig, path: Path) -> None:
     for n, entry in enumerate(config.instances, 1):
         try:
             entry.spec().validate()
+            config.node.supervision(entry.kind, entry.restart)  # checks the restart override
         except ValueError as e:
             raise ConfigError(f"{path}: [[instances]] #{n}: {e}") from e
     _check_unique(config, path)

@@ -76,7 +76,10 @@ def run_node(config: NodeConfig, say: Say) -> int:
         say("Ctrl-C or SIGTERM stops it")
         name = inbox.get()
         say(f"received {name}: stopping managed servers (send it again to kill them at once)")
-        return _shutdown(node, inbox, f"infervisor run received {name}", say)
+        status = _shutdown(node, inbox, f"infervisor run received {name}", say)
+        if status == 0:
+            say("stopped")
+        return status
 
 
 # ---------------------------------------------------------------- before the node opens
@@ -275,7 +278,6 @@ def _shutdown(node: Node, inbox: queue.SimpleQueue[str], reason: str, say: Say) 
         with contextlib.suppress(NodeError, ChainError, pykka.ActorDeadError):
             node.shutdown(stop_servers=False, reason=f"{reason}; stop incomplete")
         return 1
-    say("stopped")
     return 0
 
 
