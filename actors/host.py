@@ -10,6 +10,7 @@ appended. Only then is the placement recorded and the actor started.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -20,7 +21,7 @@ from infervisor.adapters.planning import build_adapter, plan
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
-from infervisor.chain import EventDraft, StoredEvent
+from infervisor.chain import EventDraft, SqliteChain, StoredEvent
 from infervisor.replay import InstanceState, NodeState, apply_instance, kind_of
 from infervisor.replay import events as ev
 
@@ -60,6 +61,8 @@ class HostActor(pykka.ThreadingActor):
                 return self._unload(iid, by)
             case m.BootAll(state=state):
                 return self._boot(state)
+            case m.Revive(instance_id=iid):
+                return self._revive(iid)
         raise TypeError(f"HostActor does not take {type(message).__name__}")
 
     def on_stop(self) -> None:
@@ -162,3 +165,25 @@ class HostActor(pykka.ThreadingActor):
             self._adopt_actor(inst, spec, adapter).tell(m.Boot())
             booted.append(iid)
         return booted
+
+    def _revive(self, iid: str) -> None:
+        """Recreate a dead instance actor from the chain; its Boot re-attaches the process."""
+        if iid not in self._specs:
+            return  # unloaded meanwhile
+        with SqliteChain.open_readonly(self.ctx.settings.chain_path) as chain:
+            inst = _fold_instance(chain.events(subject=iid))
+        if inst is None:
+            return
+        log.warning("%s: its actor died; recreating it from the chain", iid)
+        spec = self._specs[iid]
+        adapter = build_adapter(spec, iid, self.registry, self.ctx.settings.adapter_settings())
+        self._adopt_actor(inst, spec, adapter).tell(m.Boot())
+
+
+def _fold_instance(stored_events: Iterable[StoredEvent]) -> InstanceState | None:
+    inst: InstanceState | None = None
+    for stored in stored_events:
+        event = ev.decode_event(stored)
+        if isinstance(event, ev.InstanceEvent):
+            inst = apply_instance(inst, stored, event)
+    return inst

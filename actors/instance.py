@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import msgspec
 import pykka
 
-from infervisor.adapters.probe import ServerReport
+from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.server import ServerAdapter
 from infervisor.chain import EventDraft, StoredEvent
 from infervisor.replay import LIVE_STATES, Desired, InstanceState, apply_instance, kind_of
@@ -122,10 +122,19 @@ class InstanceActor(pykka.ThreadingActor):
                 return self._new_placement(message)
         try:
             self._observe(message)
-        except Exception:
+        except Exception as e:
             # A handler that raises must not end the actor: the instance keeps its server.
             log.exception("%s: error handling %r", self.state.instance_id, message)
+            if isinstance(message, _Probed):
+                self._count_as_miss(message.token, e)
         return None
+
+    def _count_as_miss(self, token: int, error: Exception) -> None:
+        """A probe whose handling raised counts as a miss, with the error as its reason."""
+        why = f"handler error: {type(error).__name__}: {error}"
+        report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
+        with contextlib.suppress(Exception):
+            self.driver.on_probe(token, report)
 
     def _observe(self, message: Any) -> None:
         match message:

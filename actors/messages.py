@@ -36,10 +36,12 @@ __all__ = [
     "ReconcileTick",
     "Register",
     "Restart",
+    "Revive",
     "Start",
     "Stop",
     "Unload",
     "UnloadInstance",
+    "WatchedBy",
 ]
 
 
@@ -164,6 +166,18 @@ class Heard(_Msg, frozen=True):
     """A controller other than this node was heard from (a heartbeat or a verb)."""
 
     controller: str
+
+
+class WatchedBy(_Msg, frozen=True):
+    """The host to tell when an instance actor is found dead."""
+
+    host: Any
+
+
+class Revive(_Msg, frozen=True):
+    """An instance actor died: recreate it from the chain and re-attach its process."""
+
+    instance_id: str
 
 
 class Register(_Msg, frozen=True):

@@ -280,6 +280,7 @@ def _start_actors(settings: NodeSettings, clock: Clock) -> NodeActors:
         clock, settings.tick_s, settings.reconcile_interval_s, settings.lease_s
     )
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor)
+    supervisor.tell(m.WatchedBy(host=host))
     return NodeActors(writer, supervisor, host, ledger)
 
 

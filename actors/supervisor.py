@@ -43,6 +43,7 @@ class SupervisorActor(pykka.ThreadingActor):
         self._intervals = {"health": health_interval_s, "reconcile": reconcile_interval_s}
         self._instances: dict[str, pykka.ActorRef[Any]] = {}
         self._timers: dict[str, Timer] = {}
+        self._host: pykka.ActorRef[Any] | None = None
         self._lease = lease_s
         self._last_contact = clock.monotonic()
         self._expired_told = False
@@ -70,10 +71,13 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._instances[iid] = ref
             case m.Deregister(instance_id=iid):
                 self._instances.pop(iid, None)
+            case m.WatchedBy(host=host):
+                self._host = host
             case m.Heard():
                 self._last_contact = self._clock.monotonic()
                 self._expired_told = False
             case _Tick(what="health"):
+                self._revive_dead()
                 self._check_lease()
                 self._fan_out(m.HealthTick())
                 self._schedule("health")
@@ -81,6 +85,15 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._fan_out(m.ReconcileTick())
                 self._schedule(what)
         return None
+
+    def _revive_dead(self) -> None:
+        """An instance actor that died is noticed within one tick and recreated."""
+        dead = [iid for iid, ref in self._instances.items() if not ref.is_alive()]
+        for iid in dead:
+            del self._instances[iid]
+            if self._host is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    self._host.tell(m.Revive(instance_id=iid))
 
     def _check_lease(self) -> None:
         if self._lease is None or self._expired_told:

@@ -164,10 +164,12 @@ def _launched(
     program = resolve_program(settings.llamacpp_program if llama else settings.mlx_program)
     workdir = Path(settings.data_root) / "instances" / instance_id
     launch = _launch_plan(spec, model, draft, program=program, workdir=workdir, settings=settings)
+    # mlx-lm knows its model by the path it was given (its /v1/models lists that).
+    served = model.entry.name if llama else str(model.path)
     return LaunchedServer(
         spec,
         launch,
-        served_model=model.entry.name,
+        served_model=served,
         model_bytes=model.entry.size_bytes,
         probe_timeout_s=settings.probe_timeout_s,
         deep_timeout_s=settings.deep_timeout_s,

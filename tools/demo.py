@@ -24,6 +24,7 @@ from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.probe import ServerClient
 from infervisor.adapters.process import group_members
+from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain
 from infervisor.replay import RestartPolicy, TimelineEntry, timeline
@@ -59,8 +60,15 @@ class StepFailed(Exception):
 
 
 class _Demo:
-    def __init__(self, workdir: Path, say: Callable[[str], None], progress: Callable[[str], None]):
+    def __init__(
+        self,
+        workdir: Path,
+        flavor: Flavor,
+        say: Callable[[str], None],
+        progress: Callable[[str], None],
+    ) -> None:
         self.dir = workdir
+        self.flavor = flavor
         self.say = say
         self.progress = progress
         self.report = DemoReport(ok=False, dir=str(workdir))
@@ -81,10 +89,16 @@ class _Demo:
 
 
 def run_demo(
-    workdir: Path, say: Callable[[str], None], progress: Callable[[str], None]
+    workdir: Path,
+    say: Callable[[str], None],
+    progress: Callable[[str], None],
+    flavor: Flavor = Flavor.LLAMACPP,
 ) -> DemoReport:
-    """Run every step; the report's ``ok`` is True only if each held."""
-    demo = _Demo(workdir, say, progress)
+    """Run every step on ``flavor`` (llama.cpp or mlx-lm); the report's ``ok`` is
+    True only if each held."""
+    if flavor is Flavor.OLLAMA:
+        raise ValueError("the demo runs llama.cpp or mlx-lm (Ollama cannot run offline here)")
+    demo = _Demo(workdir, flavor, say, progress)
     try:
         _run(demo)
         demo.report.ok = all(s.ok for s in demo.report.steps)
@@ -105,13 +119,10 @@ def _run(demo: _Demo) -> None:
         stop_grace_s=10.0,
         restart=RestartPolicy(base_s=2.0),
     )
-    model_file = settings.registry_path / "tiny.gguf"
-    with demo.step("generate the tiny model") as s:
-        from .tinymodel import generate_tiny_gguf  # noqa: PLC0415 - needs the llamacpp extra
-
-        settings.registry_path.mkdir(parents=True, exist_ok=True)
-        generate_tiny_gguf(model_file, seed=0)
-        s.detail = f"{model_file} ({model_file.stat().st_size} bytes)"
+    settings.registry_path.mkdir(parents=True, exist_ok=True)
+    with demo.step(f"generate the tiny {demo.flavor.value} model") as s:
+        model_file = _generate(demo.flavor, settings.registry_path)
+        s.detail = f"{model_file} ({_size(model_file)} bytes)"
     node = Node.open(settings)
     try:
         _with_node(demo, node, model_file)
@@ -124,12 +135,30 @@ def _run(demo: _Demo) -> None:
     demo.report.timeline = timeline(settings.chain_path, demo.report.instance_id)
 
 
+def _generate(flavor: Flavor, registry: Path) -> Path:
+    """The tiny model for the flavor, written into the registry folder."""
+    if flavor is Flavor.MLX_LM:
+        from .tinymlx import generate_tiny_mlx  # noqa: PLC0415 - needs the mlx extra
+
+        return generate_tiny_mlx(registry / "tiny-mlx", seed=0)
+    from .tinymodel import generate_tiny_gguf  # noqa: PLC0415 - needs the llamacpp extra
+
+    return generate_tiny_gguf(registry / "tiny.gguf", seed=0)
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
 def _with_node(demo: _Demo, node: Node, model_file: Path) -> None:
+    fmt = ModelFormat.MLX if demo.flavor is Flavor.MLX_LM else ModelFormat.GGUF
     with demo.step("register the model") as s:
-        entry = node.registry.adopt(MODEL, model_file)
+        entry = node.registry.adopt(MODEL, model_file, format=fmt)
         s.detail = f"{entry.name}: blake3 {entry.blake3[:16]}"
-    spec = InstanceSpec(role="chat", flavor=Flavor.LLAMACPP, model=MODEL, port=free_port())
-    with demo.step("place and start a managed llama.cpp instance") as s:
+    spec = InstanceSpec(role="chat", flavor=demo.flavor, model=MODEL, port=free_port())
+    with demo.step(f"place and start a managed {demo.flavor.value} instance") as s:
         iid = node.place(spec)
         demo.report.instance_id = iid
         view = node.start(iid)
@@ -138,7 +167,9 @@ def _with_node(demo: _Demo, node: Node, model_file: Path) -> None:
         view = _wait_running(demo, node, iid)
         s.detail = f"running: {view.reason}"
     with demo.step("one real completion") as s:
-        demo.report.completion = _complete(spec.base_url)
+        # mlx-lm must not be sent a model name: it would try to load that model instead.
+        model = None if demo.flavor is Flavor.MLX_LM else MODEL
+        demo.report.completion = _complete(spec.base_url, model)
         s.detail = repr(demo.report.completion)
     _kill_and_watch(demo, node, iid)
     with demo.step("stop the instance") as s:
@@ -165,12 +196,9 @@ def _wait_running(demo: _Demo, node: Node, iid: str) -> InstanceView:
     return view
 
 
-def _complete(base_url: str) -> str:
-    client = ServerClient(base_url, timeout=60.0)
-    try:
-        return client.complete(MODEL, "Once upon a time", max_tokens=16)
-    finally:
-        client.close()
+def _complete(base_url: str, model: str | None) -> str:
+    with ServerClient(base_url, timeout=60.0) as client:
+        return client.complete(model, "Once upon a time", max_tokens=16)
 
 
 def _kill_and_watch(demo: _Demo, node: Node, iid: str) -> None:
