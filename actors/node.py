@@ -21,6 +21,7 @@ from typing import Any
 
 import pykka
 
+from infervisor.adapters.capabilities import Capability, probe_capabilities
 from infervisor.adapters.process import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
@@ -66,6 +67,7 @@ class Node:
         self._host = actors.host
         self._ledger = actors.ledger
         self.registry = ModelRegistry(settings.registry_path)
+        self._capabilities: builtins.list[Capability] = []
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -157,6 +159,18 @@ class Node:
             raise VerbTimeout(
                 f"{instance_id}: no token in {self.settings.deep_timeout_s:g} s"
             ) from e
+
+    def probe_capabilities(self) -> builtins.list[Capability]:
+        """Probe each enabled adapter (version commands, Ollama's version) and
+        remember what passed; see :meth:`provides`. Blocks up to 30 s per program."""
+        self._capabilities = probe_capabilities(
+            self.settings.adapter_settings(), self.settings.adapters
+        )
+        return self._capabilities
+
+    def provides(self) -> builtins.list[str]:
+        """Adapter ids whose capability probe passed (empty before the first probe)."""
+        return [c.adapter_id for c in self._capabilities if c.ok]
 
     def ledger(self) -> LedgerView | None:
         """The memory budget and each instance's reservation (None without a budget)."""
