@@ -66,9 +66,13 @@ def _probe(adapter_id: str, settings: AdapterSettings) -> Capability:
     if flavor is Flavor.OLLAMA:
         return _probe_ollama(adapter_id, settings)
     program = settings.llamacpp_program if flavor is Flavor.LLAMACPP else settings.mlx_program
+    # mlx_lm.server has no --version; answering --help shows it runs.
     args = ("--version",) if flavor is Flavor.LLAMACPP else ("--help",)
     try:
-        return Capability(adapter_id, ok=True, version=version_of(program, args))
+        version = version_of(program, args)
+        if version.startswith("usage:"):
+            version = f"{program} (answers --help)"
+        return Capability(adapter_id, ok=True, version=version)
     except AdmissionRefused as e:
         return Capability(adapter_id, ok=False, detail=str(e))
 
