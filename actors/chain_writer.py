@@ -17,8 +17,9 @@ __all__ = ["ChainWriter"]
 class ChainWriter(pykka.ThreadingActor):
     """Appends events and answers once they are durable (WAL, ``synchronous=FULL``).
 
-    Appends that are waiting in the inbox together are written in one
-    transaction (group commit); each asker still gets its own stored events.
+    One message is one transaction: the drafts of an :class:`Append` are
+    written together (``append_many``), and each asker gets its own stored
+    events. Appends from different actors are serialised by this actor's inbox.
     """
 
     def __init__(self, path: str | os.PathLike[str], node_id: str) -> None:

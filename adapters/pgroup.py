@@ -4,6 +4,13 @@ Source of the behaviour: ``reference/infer_lifecycle.rs.txt`` (``terminate``
 of a server's process; a server is only ever one this node spawned). A managed
 server leads its own process group, so these work on the group: every child it
 started is reached. :mod:`.process` re-exports the public names.
+
+A process group id is the leader's pid, and Linux hands out no pid that is
+still some group's id, so a group id names the same group as long as one of
+its members lives. Once the leader has exited, a group is recognised as the
+leader's only through a member created no later than that exit (``born_by``):
+a group that emptied and whose id came back with a new process would have
+none. See ``docs/process-supervision.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ __all__ = [
     "group_members",
     "identity_of",
     "kill_group",
+    "same_process",
+    "signal_group",
     "terminate_group",
     "terminate_identity",
     "tree_rss_bytes",
@@ -72,17 +81,25 @@ def identity_of(pid: int) -> ProcessIdentity:
     return ProcessIdentity(pid, pid, started, boot_id())
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live pids whose process group is ``pgid`` (zombies excluded)."""
-    members = []
+def group_members(pgid: int, born_by: float | None = None) -> list[int]:
+    """Live pids whose process group is ``pgid`` (zombies excluded).
+
+    With ``born_by`` (seconds since the epoch, when the leader was seen to
+    exit), the members are returned only if one of them was created by then,
+    which proves the id still names the leader's group; otherwise ``[]``.
+    """
+    limit = None if born_by is None else born_by + _START_SLACK
+    members, proven = [], limit is None
     for pid in psutil.pids():
         try:
-            if os.getpgid(pid) != pgid or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            proc = psutil.Process(pid)
+            if os.getpgid(pid) != pgid or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
+            proven = proven or (limit is not None and proc.create_time() <= limit)
         except (OSError, psutil.Error):
             continue  # gone (or not ours to see) in the meantime
         members.append(pid)
-    return members
+    return members if proven else []
 
 
 def kill_group(pgid: int, sig: int) -> None:
@@ -103,30 +120,44 @@ def kill_group(pgid: int, sig: int) -> None:
         raise ProcessControlError(f"not permitted to send {name} to group {pgid}: {e}") from e
 
 
-def _wait_group_gone(pgid: int, deadline: float) -> bool:
-    while group_members(pgid):
+def signal_group(pgid: int, sig: int, born_by: float | None = None) -> bool:
+    """Send ``sig`` to group ``pgid`` if it has members (and, with ``born_by``, is
+    proven the leader's group, see :func:`group_members`); returns whether it did.
+
+    Raises:
+        ProcessControlError: as :func:`kill_group`.
+    """
+    if not group_members(pgid, born_by):
+        return False
+    kill_group(pgid, sig)
+    return True
+
+
+def _wait_group_gone(pgid: int, deadline: float, born_by: float | None) -> bool:
+    while group_members(pgid, born_by):
         if time.monotonic() >= deadline:
             return False
         time.sleep(_SCAN_INTERVAL)
     return True
 
 
-def terminate_group(pgid: int, grace: float) -> None:
+def terminate_group(pgid: int, grace: float, born_by: float | None = None) -> None:
     """SIGTERM group ``pgid``, wait up to ``grace`` seconds, then SIGKILL what is left.
 
     Blocks until no live member remains. Works for a group this process did not
-    spawn (a re-attached server), since it only scans the process table.
+    spawn (a re-attached server), since it only scans the process table. Pass
+    ``born_by`` once the leader has exited (see :func:`group_members`): every
+    signal then goes only to a group proven to be the leader's.
 
     Raises:
         ProcessControlError: not permitted, or members outlived SIGKILL for 5 s.
     """
-    if not group_members(pgid):
+    if not signal_group(pgid, signal.SIGTERM, born_by):
         return
-    kill_group(pgid, signal.SIGTERM)
-    if _wait_group_gone(pgid, time.monotonic() + max(grace, 0.0)):
+    if _wait_group_gone(pgid, time.monotonic() + max(grace, 0.0), born_by):
         return
     deadline = time.monotonic() + KILL_CONFIRM
-    while members := group_members(pgid):
+    while members := group_members(pgid, born_by):
         if time.monotonic() >= deadline:
             raise ProcessControlError(f"group {pgid} still has {members} after SIGKILL")
         kill_group(pgid, signal.SIGKILL)
@@ -142,14 +173,25 @@ def find_process(identity: ProcessIdentity) -> psutil.Process | None:
     """
     if identity.boot_id != boot_id():
         return None
+    proc = same_process(identity.pid, identity.start_time)
+    if proc is None:
+        return None
     try:
-        proc = psutil.Process(identity.pid)
-        started, status = proc.create_time(), proc.status()
+        zombie = proc.status() == psutil.STATUS_ZOMBIE
     except psutil.Error:
         return None
-    if status == psutil.STATUS_ZOMBIE or abs(started - identity.start_time) > _START_SLACK:
+    return None if zombie else proc
+
+
+def same_process(pid: int, start_time: float) -> psutil.Process | None:
+    """``pid`` if it is still the process created at ``start_time`` (within 1 s;
+    zombies included), else None. The caller checks the boot."""
+    try:
+        proc = psutil.Process(pid)
+        started = proc.create_time()
+    except psutil.Error:
         return None
-    return proc
+    return proc if abs(started - start_time) <= _START_SLACK else None
 
 
 def terminate_identity(identity: ProcessIdentity, grace: float) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 import msgspec
 
+from infervisor.adapters.spec import Flavor
 from infervisor.chain import ChainError, verify_chain
 from infervisor.replay import (
     EventDecodeError,
@@ -91,7 +92,14 @@ def cli(verbose: bool) -> None:
     help="Work here instead of a new temporary folder (kept afterwards).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of text.")
-def demo(workdir: Path | None, as_json: bool) -> None:
+@click.option(
+    "--flavor",
+    type=click.Choice(["llamacpp", "mlx-lm"]),
+    default="llamacpp",
+    show_default=True,
+    help="Server software: llama.cpp (the llamacpp extra) or mlx-lm (the mlx extra).",
+)
+def demo(workdir: Path | None, as_json: bool, flavor: str) -> None:
     """Run the main job offline on a real llama.cpp server and a tiny generated model.
 
     Generates the model, starts a managed server, sends a completion,
@@ -107,7 +115,7 @@ def demo(workdir: Path | None, as_json: bool) -> None:
     progress = (lambda _m: None) if quiet or not sys.stderr.isatty() else _progress
     if not quiet:
         click.echo(f"infervisor demo in {workdir}")
-    report = run_demo(workdir, say, progress)
+    report = run_demo(workdir, say, progress, Flavor(flavor))
     if as_json:
         _json(report)
     else:
@@ -130,9 +138,16 @@ def _progress(line: str) -> None:
 def run(config: Path) -> None:
     """Run a node in the foreground from a TOML CONFIG until SIGINT or SIGTERM.
 
+    On SIGINT (Ctrl-C) or SIGTERM the managed servers are stopped gracefully
+    and recorded as still wanted running; a second signal kills them at once.
     Started again on the same data directory, the node rebuilds itself from
-    its chain: instances wanted running are started, stopped ones stay stopped.
-    See examples/node.toml.
+    its chain: instances wanted running are started, stopped ones stay
+    stopped, and configured instances it does not know yet are placed. See
+    examples/node.toml for every key.
+
+    Exit 0 after a clean stop; 1 when a server could not be stopped; 2 when
+    the config or its data directory cannot be used (one line names the key,
+    file or folder).
     """
     from .config import ConfigError, load_config  # noqa: PLC0415
     from .run import run_node  # noqa: PLC0415
