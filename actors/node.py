@@ -10,6 +10,7 @@ and state as they were.
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -22,11 +23,12 @@ from typing import Any
 import pykka
 
 from infervisor.adapters.capabilities import Capability, probe_capabilities
+from infervisor.adapters.errors import AdapterError
 from infervisor.adapters.process import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec
-from infervisor.chain import EventDraft, SqliteChain
+from infervisor.chain import EventDraft, SqliteChain, StoredEvent
 from infervisor.replay import NodeState, fold, kind_of
 from infervisor.replay import events as ev
 
@@ -42,6 +44,7 @@ from .supervisor import SupervisorActor
 
 __all__ = ["Node", "NodeActors"]
 
+log = logging.getLogger(__name__)
 VERSION = "0.1.0"
 ASK_TIMEOUT_S = 60.0
 
@@ -71,8 +74,16 @@ class Node:
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def open(cls, settings: NodeSettings, clock: Clock | None = None) -> Node:
+    def open(
+        cls,
+        settings: NodeSettings,
+        clock: Clock | None = None,
+        on_event: Callable[[StoredEvent], None] | None = None,
+    ) -> Node:
         """Start the node on ``settings.data_dir`` and resume what the chain says.
+
+        ``on_event`` is called with every event once it is durable (on the
+        chain writer's thread; keep it quick): live output for an operator.
 
         Raises:
             ValueError: a setting is out of range (the field is named).
@@ -85,7 +96,7 @@ class Node:
         # Open (and create) the chain here first, so its errors reach the caller as raised.
         SqliteChain.open(settings.chain_path, settings.node_id).close()
         state = _rebuild(settings.chain_path)
-        actors = _start_actors(settings, clock)
+        actors = _start_actors(settings, clock, on_event)
         try:
             event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             _append(actors.writer, clock, event)
@@ -101,7 +112,11 @@ class Node:
         if stop_servers:
             futures = [self._ask(ref, m.Stop(by="shutdown", reason=reason)) for ref in self._refs()]
             for fut in futures:
-                _wait(fut, self.settings.stop_grace_s + 30)
+                try:
+                    _wait(fut, self.settings.stop_grace_s + 30)
+                except (VerbTimeout, AdapterError) as e:
+                    # Recorded as stopping; the shutdown itself must still complete.
+                    log.error("shutdown: a server did not stop cleanly: %s", e)  # noqa: TRY400
         _append(self._writer, self.clock, ev.NodeStopped(reason=reason))
         _stop_actors(NodeActors(self._writer, self._supervisor, self._host, self._ledger))
 
@@ -284,8 +299,10 @@ class Node:
         return ref.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
 
 
-def _start_actors(settings: NodeSettings, clock: Clock) -> NodeActors:
-    writer = ChainWriter.start(settings.chain_path, settings.node_id)
+def _start_actors(
+    settings: NodeSettings, clock: Clock, on_event: Callable[[StoredEvent], None] | None
+) -> NodeActors:
+    writer = ChainWriter.start(settings.chain_path, settings.node_id, on_event)
     ledger = None
     if settings.memory_budget_bytes is not None:
         ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)

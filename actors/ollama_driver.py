@@ -122,7 +122,7 @@ class OllamaDriver:
     def stop(self, msg: m.Stop) -> Future[m.InstanceView]:
         state = self.actor.state
         done: Future[m.InstanceView] = Future()
-        if state.lifecycle is S.STOPPED and self.load is None:
+        if (state.lifecycle is S.STOPPED or msg.by == "shutdown") and self.load is None:
             done.set_result(self.actor.view())
             return done
         grace = self.actor.ctx.settings.stop_grace_s if msg.grace_s is None else msg.grace_s

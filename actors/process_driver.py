@@ -8,6 +8,7 @@ a spent budget leaves it Failed, held for the operator).
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 import signal
@@ -21,7 +22,7 @@ from infervisor.adapters.errors import AdmissionRefused, ProbeError, SpawnError
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.ports import listeners_beyond_loopback
 from infervisor.adapters.probe import ServerReport
-from infervisor.adapters.process import ExitInfo, ManagedProcess, kill_group
+from infervisor.adapters.process import ExitInfo, ServerProcess, kill_group
 from infervisor.adapters.status import map_report
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProcessDriver", "describe_exit"]
 
+log = logging.getLogger(__name__)
 S = LifecycleState
 UNLOAD_GRACE_S = 5.0
 EXPOSURE_GRACE_S = 3.0
@@ -66,7 +68,7 @@ class ProcessDriver:
         adapter = actor.adapter
         assert isinstance(adapter, LaunchedServer)
         self.adapter = adapter
-        self.proc: ManagedProcess | None = None
+        self.proc: ServerProcess | None = None
         self._started_at = 0.0
         self._misses = 0
         self._terminating = False
@@ -96,7 +98,10 @@ class ProcessDriver:
     def stop(self, msg: m.Stop) -> Future[m.InstanceView]:
         done: Future[m.InstanceView] = Future()
         grace = self.actor.ctx.settings.stop_grace_s if msg.grace_s is None else msg.grace_s
-        if self.state.lifecycle is S.STOPPED and self.proc is None:
+        nothing_to_stop = self.state.lifecycle is S.STOPPED or msg.by == "shutdown"
+        if nothing_to_stop and self.proc is None:
+            # A node shutdown leaves an instance with no server as the chain says it is.
+            self._cancel_restart()
             done.set_result(self.actor.view())
             return done
         self._cancel_restart()
@@ -147,7 +152,7 @@ class ProcessDriver:
         )
         self.commit(event, by)
         try:
-            proc = self.adapter.spawn(self._exit_callback())
+            proc = self.adapter.spawn(self.exit_callback())
         except SpawnError as e:
             self._release()
             self.commit(ev.Exited(pid=None, exit_code=None, signal=None, reason=str(e)), by)
@@ -187,14 +192,31 @@ class ProcessDriver:
             release(ledger, self.state.instance_id)
         self._reserved = 0
 
-    def attach(self, proc: ManagedProcess) -> None:
-        """Own ``proc`` from now on."""
+    def attach(self, proc: ServerProcess) -> None:
+        """Own ``proc`` from now on (just spawned: its uptime starts now)."""
         self.proc = proc
         self._started_at = self.actor.ctx.clock.monotonic()
         self._misses = 0
         self.actor.report = None
 
-    def _exit_callback(self) -> Any:
+    def reattach(self, proc: ServerProcess) -> None:
+        """Own a process found running after a node restart; it holds its memory again.
+
+        Its uptime is counted from its own start time, so a server that has
+        been up longer than the stability period clears its budget as usual.
+        """
+        self.attach(proc)
+        alive_for = max(0.0, self.actor.ctx.clock.wall_ns() / 1e9 - proc.identity.start_time)
+        self._started_at -= alive_for
+        ledger = self.actor.ctx.ledger
+        if ledger is not None:
+            try:
+                self._reserved = reserve(ledger, self.state.instance_id, self.adapter.model_bytes)
+            except AdmissionRefused as e:
+                log.warning("%s: re-attached over the memory budget: %s", self.state.instance_id, e)
+
+    def exit_callback(self) -> Any:
+        """What the process waiter calls: tell this actor the process exited."""
         actor = self.actor
 
         def on_exit(info: ExitInfo) -> None:
@@ -356,6 +378,9 @@ class ProcessDriver:
     # ------------------------------------------------------------------ reconcile
     def reconcile(self) -> None:
         if self.proc is not None and not self._terminating:
+            # Remember what the server started, so a descendant that escapes its
+            # process group is still found and ended at stop.
+            self.proc.track_descendants()
             self._enforce_loopback()
             return
         idle = self._restart_timer is None

@@ -38,7 +38,8 @@ from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.errors import AdapterError, RegistryError
 from infervisor.adapters.registry import ModelFormat, ModelRegistry
 from infervisor.adapters.spec import instance_id
-from infervisor.chain import ChainError, SqliteChain
+from infervisor.chain import ChainError, SqliteChain, StoredEvent
+from infervisor.replay import EventDecodeError, decode_event, reason_of
 
 from .config import ModelEntryConfig, NodeConfig
 
@@ -61,7 +62,7 @@ def run_node(config: NodeConfig, say: Say) -> int:
     with _signals_into(inbox), contextlib.ExitStack() as held:
         try:
             held.enter_context(claim_data_dir(config.node))
-            node = open_node(config)
+            node = open_node(config, on_event=lambda e: say(event_line(e)))
         except RunError as e:
             say(f"error: {e}")
             return 2
@@ -123,7 +124,17 @@ def _lock(fd: int, data_dir: Path) -> None:
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
 
-def open_node(config: NodeConfig) -> Node:
+def event_line(stored: StoredEvent) -> str:
+    """One line of live output for an event: seq, kind, instance, why."""
+    try:
+        why = reason_of(decode_event(stored))
+    except EventDecodeError as e:
+        why = str(e)
+    subject = f" {stored.subject}" if stored.subject else ""
+    return f"[{stored.seq}] {stored.kind}{subject}: {why}"
+
+
+def open_node(config: NodeConfig, on_event: Callable[[StoredEvent], None] | None = None) -> Node:
     """Check the chain is this node's, register the models, open the node.
 
     Raises:
@@ -133,7 +144,7 @@ def open_node(config: NodeConfig) -> Node:
     check_chain_owner(settings)
     register_models(ModelRegistry(settings.registry_path), config.models)
     try:
-        return Node.open(settings)
+        return Node.open(settings, on_event=on_event)
     except (ChainError, NodeError, AdapterError, OSError, ValueError, pykka.ActorDeadError) as e:
         raise RunError(f"cannot open the node on {settings.data_dir}: {e}") from e
 
