@@ -117,6 +117,8 @@ def _degraded(kind: Supervision, sample: HealthSample) -> Verdict:
     detail = sample.status.detail or "degraded"
     loading = detail == "loading model"
     not_yet = detail.startswith("starting:")
+    if not sample.starting:
+        return Unhealthy(detail)  # the startup allowance is for starting only
     if sample.elapsed_s <= kind.startup_deadline_s and (loading or not_yet):
         return Healthy(serving=False)
     if loading and sample.elapsed_s <= kind.startup_cap_s:

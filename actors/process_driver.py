@@ -333,6 +333,9 @@ class ProcessDriver:
     def on_probe(self, token: int, report: ServerReport) -> None:
         if self.proc is None or token != self.proc.identity.pid or self._terminating:
             return
+        # Remember what the server started, so a descendant that escapes its
+        # process group is still found and ended at stop.
+        self.proc.track_descendants()
         failure = self.adapter.failure_in_output(_joined(self.proc.output()))
         if failure is not None and self.state.lifecycle is S.STARTING:
             self._miss(f"the server reported: {failure}", at_once=True)
@@ -378,9 +381,6 @@ class ProcessDriver:
     # ------------------------------------------------------------------ reconcile
     def reconcile(self) -> None:
         if self.proc is not None and not self._terminating:
-            # Remember what the server started, so a descendant that escapes its
-            # process group is still found and ended at stop.
-            self.proc.track_descendants()
             self._enforce_loopback()
             return
         idle = self._restart_timer is None

@@ -8,9 +8,10 @@ started is reached. :mod:`.process` re-exports the public names.
 A process group id is the leader's pid, and Linux hands out no pid that is
 still some group's id, so a group id names the same group as long as one of
 its members lives. Once the leader has exited, a group is recognised as the
-leader's only through a member created no later than that exit (``born_by``):
-a group that emptied and whose id came back with a new process would have
-none. See ``docs/process-supervision.md``.
+leader's only while it still holds one of the processes (pid and start time)
+that were in it when the exit was seen (``at_exit``): a group that emptied and
+whose id came back with a new process would hold none of them. See
+``docs/process-supervision.md``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping
 
 import msgspec
 import psutil
@@ -31,6 +33,7 @@ __all__ = [
     "group_members",
     "identity_of",
     "kill_group",
+    "members_of",
     "same_process",
     "signal_group",
     "terminate_group",
@@ -81,25 +84,37 @@ def identity_of(pid: int) -> ProcessIdentity:
     return ProcessIdentity(pid, pid, started, boot_id())
 
 
-def group_members(pgid: int, born_by: float | None = None) -> list[int]:
-    """Live pids whose process group is ``pgid`` (zombies excluded).
-
-    With ``born_by`` (seconds since the epoch, when the leader was seen to
-    exit), the members are returned only if one of them was created by then,
-    which proves the id still names the leader's group; otherwise ``[]``.
-    """
-    limit = None if born_by is None else born_by + _START_SLACK
-    members, proven = [], limit is None
+def members_of(pgid: int) -> dict[int, float]:
+    """Live members of process group ``pgid`` (zombies excluded): pid -> start time."""
+    members: dict[int, float] = {}
     for pid in psutil.pids():
         try:
-            proc = psutil.Process(pid)
-            if os.getpgid(pid) != pgid or proc.status() == psutil.STATUS_ZOMBIE:
+            if os.getpgid(pid) != pgid:
                 continue
-            proven = proven or (limit is not None and proc.create_time() <= limit)
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                members[pid] = proc.create_time()
         except (OSError, psutil.Error):
             continue  # gone (or not ours to see) in the meantime
-        members.append(pid)
-    return members if proven else []
+    return members
+
+
+def group_members(pgid: int, at_exit: Mapping[int, float] | None = None) -> list[int]:
+    """Live pids whose process group is ``pgid`` (zombies excluded).
+
+    With ``at_exit`` (the members seen when the leader's exit was observed,
+    pid -> start time) they are returned only while one of those very
+    processes is among them, which proves the id still names the leader's
+    group; otherwise ``[]``.
+    """
+    members = members_of(pgid)
+    if at_exit is None or any(_same_start(members.get(p), t) for p, t in at_exit.items()):
+        return list(members)
+    return []
+
+
+def _same_start(seen: float | None, recorded: float) -> bool:
+    return seen is not None and abs(seen - recorded) <= _START_SLACK
 
 
 def kill_group(pgid: int, sig: int) -> None:
@@ -120,44 +135,44 @@ def kill_group(pgid: int, sig: int) -> None:
         raise ProcessControlError(f"not permitted to send {name} to group {pgid}: {e}") from e
 
 
-def signal_group(pgid: int, sig: int, born_by: float | None = None) -> bool:
-    """Send ``sig`` to group ``pgid`` if it has members (and, with ``born_by``, is
+def signal_group(pgid: int, sig: int, at_exit: Mapping[int, float] | None = None) -> bool:
+    """Send ``sig`` to group ``pgid`` if it has members (and, with ``at_exit``, is
     proven the leader's group, see :func:`group_members`); returns whether it did.
 
     Raises:
         ProcessControlError: as :func:`kill_group`.
     """
-    if not group_members(pgid, born_by):
+    if not group_members(pgid, at_exit):
         return False
     kill_group(pgid, sig)
     return True
 
 
-def _wait_group_gone(pgid: int, deadline: float, born_by: float | None) -> bool:
-    while group_members(pgid, born_by):
+def _wait_group_gone(pgid: int, deadline: float, at_exit: Mapping[int, float] | None) -> bool:
+    while group_members(pgid, at_exit):
         if time.monotonic() >= deadline:
             return False
         time.sleep(_SCAN_INTERVAL)
     return True
 
 
-def terminate_group(pgid: int, grace: float, born_by: float | None = None) -> None:
+def terminate_group(pgid: int, grace: float, at_exit: Mapping[int, float] | None = None) -> None:
     """SIGTERM group ``pgid``, wait up to ``grace`` seconds, then SIGKILL what is left.
 
     Blocks until no live member remains. Works for a group this process did not
     spawn (a re-attached server), since it only scans the process table. Pass
-    ``born_by`` once the leader has exited (see :func:`group_members`): every
+    ``at_exit`` once the leader has exited (see :func:`group_members`): every
     signal then goes only to a group proven to be the leader's.
 
     Raises:
         ProcessControlError: not permitted, or members outlived SIGKILL for 5 s.
     """
-    if not signal_group(pgid, signal.SIGTERM, born_by):
+    if not signal_group(pgid, signal.SIGTERM, at_exit):
         return
-    if _wait_group_gone(pgid, time.monotonic() + max(grace, 0.0), born_by):
+    if _wait_group_gone(pgid, time.monotonic() + max(grace, 0.0), at_exit):
         return
     deadline = time.monotonic() + KILL_CONFIRM
-    while members := group_members(pgid, born_by):
+    while members := group_members(pgid, at_exit):
         if time.monotonic() >= deadline:
             raise ProcessControlError(f"group {pgid} still has {members} after SIGKILL")
         kill_group(pgid, signal.SIGKILL)
@@ -191,7 +206,7 @@ def same_process(pid: int, start_time: float) -> psutil.Process | None:
         started = proc.create_time()
     except psutil.Error:
         return None
-    return proc if abs(started - start_time) <= _START_SLACK else None
+    return proc if _same_start(started, start_time) else None
 
 
 def terminate_identity(identity: ProcessIdentity, grace: float) -> bool:

@@ -34,6 +34,7 @@ __all__ = [
     "NodeStopped",
     "Placed",
     "PlacementIgnored",
+    "Reattached",
     "Ready",
     "Recovered",
     "Replaced",
@@ -114,6 +115,13 @@ class Spawned(_Event, frozen=True, tag="instance.spawned"):
     start_time: float
     boot_id: str
     argv: list[str]
+
+
+class Reattached(_Event, frozen=True, tag="instance.reattached"):
+    """After a node restart, the recorded server process was found still running
+    (same pid, start time and boot id) and is supervised again, without a restart."""
+
+    pid: int
 
 
 class StartRefused(_Event, frozen=True, tag="instance.start_refused"):
@@ -217,6 +225,7 @@ InstanceEvent = (
     | PlacementIgnored
     | Starting
     | Spawned
+    | Reattached
     | StartRefused
     | Ready
     | Unhealthy
@@ -242,6 +251,7 @@ EVENT_TYPES: dict[str, type[Any]] = {
         PlacementIgnored,
         Starting,
         Spawned,
+        Reattached,
         StartRefused,
         Ready,
         Unhealthy,

@@ -214,6 +214,7 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ),
     ev.Starting: _starting,
     ev.Spawned: lambda e: f"spawned pid {e.pid} (group {e.pgid})",
+    ev.Reattached: lambda e: f"re-attached pid {e.pid} after the node restarted",
     ev.StartRefused: lambda e: f"start by {e.by} refused: {e.reason}",
     ev.Ready: _ready,
     ev.Unhealthy: lambda e: f"{e.misses} missed health checks: {e.reason}",

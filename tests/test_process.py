@@ -1,21 +1,27 @@
-"""adapters.process: spawning, output capture, exit reports, group termination."""
+"""adapters.process: spawning, output to log files, exit reports, group termination,
+descendants that escape the group."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from support import wait_until
 
 from infervisor.adapters.errors import ProcessControlError, SpawnError
+from infervisor.adapters.pgroup import same_process
+from infervisor.adapters.pidfd import PidHandle
 from infervisor.adapters.process import (
+    STDERR_LOG,
+    STDOUT_LOG,
     ExitInfo,
     LaunchPlan,
     ManagedProcess,
@@ -30,14 +36,6 @@ from infervisor.adapters.process import (
 
 PROGRAMS = Path(__file__).parent / "programs"
 DEADLINE = 10.0  # seconds any condition below is given to come true
-
-
-def wait_until(pred: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not pred():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def plan(
@@ -125,7 +123,7 @@ def test_output_capped_with_tail_kept(spawned) -> None:
 
 def test_sigkill_from_outside_reports_the_signal(spawned) -> None:
     proc, exits = spawned("ignore_sigterm.py")
-    wait_until(lambda: "ready" in proc.output()[0], "the program to start")
+    wait_until(lambda: "ready" in proc.output()[0], what="the program to start")
     assert proc.exit_info() is None
     assert proc.wait_exit(0.0) is None
     os.kill(proc.identity.pid, signal.SIGKILL)
@@ -135,7 +133,7 @@ def test_sigkill_from_outside_reports_the_signal(spawned) -> None:
 
 def test_terminate_escalates_to_sigkill_after_grace(spawned) -> None:
     proc, exits = spawned("ignore_sigterm.py")
-    wait_until(lambda: "ready" in proc.output()[0], "SIGTERM to be ignored")
+    wait_until(lambda: "ready" in proc.output()[0], what="SIGTERM to be ignored")
     info = proc.terminate(0.3)
     assert info.signal == signal.SIGKILL
     assert group_members(proc.identity.pgid) == []
@@ -144,7 +142,9 @@ def test_terminate_escalates_to_sigkill_after_grace(spawned) -> None:
 
 def test_terminate_kills_a_child_in_the_group(spawned) -> None:
     proc, exits = spawned("spawns_child.py")
-    wait_until(lambda: "child" in proc.output()[0] and "ready" in proc.output()[0], "the child")
+    wait_until(
+        lambda: "child" in proc.output()[0] and "ready" in proc.output()[0], what="the child"
+    )
     child = int(proc.output()[0].split("child ")[1].split()[0])
     assert sorted(group_members(proc.identity.pgid)) == sorted([proc.identity.pid, child])
     info = proc.terminate(0.3)
@@ -187,7 +187,7 @@ def test_find_process_refuses_a_different_start_time_or_boot(spawned) -> None:
 
 def test_terminate_identity_stops_a_recognised_group(spawned) -> None:
     proc, exits = spawned("ignore_sigterm.py")
-    wait_until(lambda: "ready" in proc.output()[0], "the program to start")
+    wait_until(lambda: "ready" in proc.output()[0], what="the program to start")
     assert terminate_identity(proc.identity, 0.2)
     assert exits.wait().signal == signal.SIGKILL
     assert find_process(proc.identity) is None
@@ -216,3 +216,161 @@ def test_kill_group_guards(tmp_path: Path) -> None:
     for pgid in (0, 1, os.getpgrp()):
         with pytest.raises(ProcessControlError, match="refusing"):
             kill_group(pgid, signal.SIGTERM)
+
+
+# ---------------------------------------------------------------- output files
+
+
+def test_output_goes_to_log_files_in_cwd(spawned, tmp_path: Path) -> None:
+    proc, exits = spawned("exit_nonzero.py", "7")
+    exits.wait()
+    assert (tmp_path / STDOUT_LOG).read_text() == "to stdout\n"
+    assert (tmp_path / STDERR_LOG).read_text() == "to stderr: giving up\n"
+    assert proc.output() == ("to stdout\n", "to stderr: giving up\n")
+
+
+def test_log_file_capped_on_disk_with_its_tail_saved(spawned, tmp_path: Path) -> None:
+    proc, exits = spawned("write_bytes.py", "300000", output_limit=1000)
+    exits.wait()
+    live = (tmp_path / STDOUT_LOG).read_bytes()
+    previous = (tmp_path / (STDOUT_LOG + ".1")).read_bytes()
+    assert len(live) <= 1000
+    assert len(previous) <= 1000
+    assert (previous + live).endswith(b"<END>")
+    assert (previous + live)[-1000:].decode() == proc.output()[0]
+
+
+def test_exit_report_ends_with_the_last_lines_printed(spawned) -> None:
+    proc, exits = spawned("crash_after_output.py", "5000")
+    info = exits.wait()
+    assert info.exit_code == 1
+    assert "line 4999\n" in info.output_tail
+    assert info.output_tail.endswith("RuntimeError: model failed to load: tensor blk.0 missing\n")
+    assert proc.output()[1].startswith("Traceback")
+
+
+def test_a_new_spawn_in_the_same_cwd_starts_with_empty_logs(spawned, tmp_path: Path) -> None:
+    _, exits = spawned("exit_nonzero.py", "0")
+    exits.wait()
+    (tmp_path / (STDOUT_LOG + ".1")).write_text("left by an earlier run\n")
+    proc, exits = spawned("exit_nonzero.py", "0")
+    exits.wait()
+    assert proc.output()[0] == "to stdout\n"
+    assert not (tmp_path / (STDOUT_LOG + ".1")).exists()
+
+
+# ---------------------------------------------------------------- descendants
+
+
+def gone(pid: int, started: float) -> bool:
+    """The process (pid and start time) has exited (a zombie counts as exited)."""
+    proc = same_process(pid, started)
+    try:
+        return proc is None or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def printed_pid(proc: ManagedProcess, label: str) -> int | None:
+    found = re.search(rf"^{label} (\d+)$", proc.output()[0], re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+@pytest.fixture
+def strays() -> Iterator[list[tuple[int, float]]]:
+    """Processes that may escape on purpose: SIGKILLed (identity-checked) in teardown."""
+    escaped: list[tuple[int, float]] = []
+    yield escaped
+    for pid, started in escaped:
+        handle = PidHandle.open(pid, started)
+        if handle is not None:
+            handle.send(signal.SIGKILL)
+            handle.close()
+    wait_until(lambda: all(gone(*p) for p in escaped), what="the strays to be gone")
+
+
+def escape(spawned, strays) -> tuple[ManagedProcess, int, tuple[int, float]]:
+    """Start escaping_child.py; returns it, the intermediate pid and the grandchild."""
+    proc, _ = spawned("escaping_child.py")
+    wait_until(lambda: printed_pid(proc, "grandchild"), what="the grandchild to report")
+    grandchild = printed_pid(proc, "grandchild")
+    intermediate = printed_pid(proc, "intermediate")
+    assert grandchild is not None
+    assert intermediate is not None
+    strays.append((grandchild, psutil.Process(grandchild).create_time()))
+    assert os.getsid(grandchild) == grandchild  # out of the server's session and group
+    return proc, intermediate, strays[-1]
+
+
+def release(tmp_path: Path, intermediate: int, grandchild: int) -> None:
+    """Let the intermediate exit and wait until the grandchild is orphaned."""
+    started = psutil.Process(intermediate).create_time()
+    (tmp_path / "release").touch()
+    wait_until(lambda: gone(intermediate, started), what="the intermediate to exit")
+    assert psutil.Process(grandchild).ppid() != intermediate
+
+
+def test_track_descendants_sees_a_child_in_the_group(spawned) -> None:
+    proc, _ = spawned("spawns_child.py")
+    wait_until(lambda: printed_pid(proc, "child"), what="the child")
+    child = printed_pid(proc, "child")
+    proc.track_descendants()
+    assert set(proc.descendants()) == {child}
+    proc.terminate(0.3)
+    assert child is not None
+    assert gone(child, proc.descendants()[child])
+
+
+def test_terminate_reaches_an_escaped_grandchild_once_tracked(
+    spawned, strays, tmp_path: Path
+) -> None:
+    proc, intermediate, (grandchild, started) = escape(spawned, strays)
+    proc.track_descendants()  # a health tick while the intermediate still links it to us
+    assert {intermediate, grandchild} <= set(proc.descendants())
+    release(tmp_path, intermediate, grandchild)
+    assert grandchild not in group_members(proc.identity.pgid)
+    proc.terminate(0.5)
+    assert gone(grandchild, started)
+    assert group_members(proc.identity.pgid) == []
+
+
+def test_an_escape_never_tracked_survives_terminate(spawned, strays, tmp_path: Path) -> None:
+    """The documented limit: a descendant that left the group and was orphaned
+    before any track_descendants() call cannot be found again."""
+    proc, intermediate, (grandchild, started) = escape(spawned, strays)
+    release(tmp_path, intermediate, grandchild)
+    proc.track_descendants()
+    assert grandchild not in proc.descendants()
+    proc.terminate(0.5)
+    assert group_members(proc.identity.pgid) == []
+    assert not gone(grandchild, started)  # left for the strays fixture to kill
+
+
+def test_kill_sends_sigkill_to_the_group_at_once(spawned) -> None:
+    proc, exits = spawned("ignore_sigterm.py")
+    wait_until(lambda: "ready" in proc.output()[0], what="the program to start")
+    proc.kill()
+    assert exits.wait().signal == signal.SIGKILL
+
+
+def test_a_group_is_recognised_after_its_leader_exit_only_by_an_older_member(spawned) -> None:
+    proc, _ = spawned("ignore_sigterm.py")
+    wait_until(lambda: "ready" in proc.output()[0], what="the program to start")
+    ident = proc.identity
+    assert group_members(ident.pgid, at_exit={ident.pid: ident.start_time}) == [ident.pid]
+    # None of the processes seen at the exit is left: the id may name another group.
+    assert group_members(ident.pgid, at_exit={ident.pid: ident.start_time - 60.0}) == []
+    assert group_members(ident.pgid, at_exit={}) == []
+
+
+def test_pid_handle_refuses_another_start_time_and_reports_a_gone_process(spawned) -> None:
+    proc, exits = spawned("ignore_sigterm.py")
+    ident = proc.identity
+    assert PidHandle.open(ident.pid, ident.start_time + 5.0) is None
+    handle = PidHandle.open(ident.pid, ident.start_time)
+    assert handle is not None
+    assert handle.send(signal.SIGKILL)
+    exits.wait()
+    handle.wait()  # a reaped process: returns at once
+    assert not handle.send(signal.SIGKILL)
+    handle.close()

@@ -5,13 +5,23 @@ tested in tests/test_llamacpp_real.py).
 Takes llama-server's flags (-m, --host, --port, -c, --alias, -md). Each
 /health answer is chosen by the file ``health`` in the working directory when
 it exists: ``ok`` (200), ``loading`` (503 "Loading model", nested form),
-``fail`` (500), ``hang`` (never answers). Default: ``ok``.
+``fail`` (500), ``hang`` (never answers). Default: ``ok``. With
+``FAKE_EXIT_AFTER`` (seconds) in its environment it exits by itself then, with
+``FAKE_EXIT_CODE`` (default 0): a one-shot run.
+
+Each completion (any POST) is chosen by the file ``completions`` in the
+working directory the same way: ``ok`` (200, the token ``" fake"``) or
+``fail`` (500, llama-server's error shape). Flags of its own:
+``--really-bind HOST`` listens on HOST whatever ``--host`` says (a server
+that ignores the address it was given, e.g. ``0.0.0.0``); ``--version``
+prints a version line and exits 0, as llama-server does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,8 +29,8 @@ from pathlib import Path
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 
 
-def mode() -> str:
-    path = Path("health")
+def mode(name: str = "health") -> str:
+    path = Path(name)
     return path.read_text().strip() if path.exists() else "ok"
 
 
@@ -57,6 +67,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         self.rfile.read(length)
+        if mode("completions") == "fail":
+            error = {"code": 500, "message": "injected completion failure", "type": "server_error"}
+            self.reply(500, {"error": error})
+            return
         self.reply(200, {"choices": [{"text": " fake", "index": 0}], "model": self.alias})
 
 
@@ -68,9 +82,15 @@ def main() -> None:
     p.add_argument("-c", "--ctx-size", type=int)
     p.add_argument("--alias", default="model")
     p.add_argument("-md", "--model-draft")
+    p.add_argument("--really-bind", metavar="HOST", help="listen here, ignoring --host")
+    p.add_argument("--version", action="version", version="fake_llama 0.0 (llama-server flags)")
     args = p.parse_args()
     Handler.alias = args.alias
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    exit_after = os.environ.get("FAKE_EXIT_AFTER")  # a one-shot run: exit on its own
+    if exit_after is not None:
+        code = int(os.environ.get("FAKE_EXIT_CODE", "0"))
+        threading.Timer(float(exit_after), lambda: os._exit(code)).start()
+    server = ThreadingHTTPServer((args.really_bind or args.host, args.port), Handler)
     server.daemon_threads = True
     server.serve_forever()
 

@@ -1,0 +1,194 @@
+"""A server's output: log files on disk, followed into bounded in-memory tails.
+
+A server writes its stdout and stderr to files in its working directory
+(:data:`STDOUT_LOG`, :data:`STDERR_LOG`, opened with ``O_APPEND``), not to
+pipes: a node that dies takes no pipe with it, so the server never gets
+SIGPIPE and keeps logging for the next node to re-attach.
+
+One :class:`LogReader` thread per stream reads what is appended (polling every
+0.1 s at end of file) into a :class:`Tail` of the last ``limit`` bytes. When the
+file grows past ``limit``, the tail is saved as ``<log>.1`` (replaced
+atomically) and the file is truncated to zero; the server writes with
+``O_APPEND``, so it carries on at the new end. While a node follows a server,
+each stream uses at most about twice ``limit`` on disk. Bytes appended between
+the reader's last read and the truncation are lost (the window is one
+``fstat`` and one ``ftruncate`` long), as with logrotate's ``copytruncate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+
+__all__ = [
+    "STDERR_LOG",
+    "STDOUT_LOG",
+    "LogReader",
+    "Tail",
+    "create_logs",
+    "decode",
+    "exit_tail",
+    "log_paths",
+]
+
+STDOUT_LOG = "server.stdout.log"
+STDERR_LOG = "server.stderr.log"
+PREVIOUS = ".1"  # suffix of the saved tail of a truncated log
+_TAIL_BYTES = 4096  # ExitInfo.output_tail
+_READ_CHUNK = 65536
+_POLL = 0.1  # s between reads at end of file
+
+_log = logging.getLogger(__name__)
+
+
+class Tail:
+    """The last ``limit`` bytes of a stream; ``dropped`` counts the bytes let go."""
+
+    def __init__(self, limit: int) -> None:
+        self._buf = bytearray()
+        self._limit = max(limit, 0)
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        with self._lock:
+            self._buf += chunk
+            excess = len(self._buf) - self._limit
+            if excess > 0:
+                del self._buf[:excess]
+                self.dropped += excess
+
+    def skipped(self, count: int) -> None:
+        """Count ``count`` bytes as let go without having been read."""
+        with self._lock:
+            self.dropped += count
+
+    def data(self) -> bytes:
+        with self._lock:
+            return bytes(self._buf)
+
+    def text(self) -> str:
+        return decode(self.data(), self.dropped > 0)
+
+
+def decode(data: bytes, cut: bool) -> str:
+    """UTF-8 with replacement; a head ``cut`` mid-character loses its continuation bytes."""
+    if cut:
+        start = 0
+        while start < min(3, len(data)) and 0x80 <= data[start] < 0xC0:
+            start += 1
+        data = data[start:]
+    return data.decode("utf-8", errors="replace")
+
+
+def exit_tail(out: Tail, err: Tail) -> str:
+    """The last 4096 bytes of stdout followed by stderr (so an error message survives)."""
+    out_data, err_data = out.data(), err.data()
+    both = out_data + err_data
+    cut = len(both) > _TAIL_BYTES or bool(out.dropped or (not out_data and err.dropped))
+    return decode(both[-_TAIL_BYTES:], cut)
+
+
+def log_paths(cwd: str) -> tuple[str, str]:
+    """Where a server started in ``cwd`` writes (stdout, stderr)."""
+    return os.path.join(cwd, STDOUT_LOG), os.path.join(cwd, STDERR_LOG)
+
+
+def create_logs(cwd: str) -> tuple[int, int]:
+    """Empty log files for a new server in ``cwd``; returns the (stdout, stderr)
+    descriptors to hand to it (``O_APPEND``, close-on-exec). The caller closes them.
+
+    Raises:
+        OSError: a file could not be created.
+    """
+    fds: list[int] = []
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+    try:
+        for path in log_paths(cwd):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path + PREVIOUS)
+            fds.append(os.open(path, flags, 0o640))
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds[0], fds[1]
+
+
+class LogReader:
+    """Follows one log file into a :class:`Tail` until ``stop`` is set, then
+    reads what is left and returns. Run :meth:`run` on a thread of its own.
+
+    ``resume`` (re-attaching): start from the saved ``<log>.1`` and the file's
+    current content (its last ``limit`` bytes); otherwise from the start.
+    """
+
+    def __init__(
+        self, path: str, tail: Tail, limit: int, stop: threading.Event, *, resume: bool
+    ) -> None:
+        self._path = path
+        self._tail = tail
+        self._limit = max(limit, 0)
+        self._stop = stop
+        self._resume = resume
+        self._pos = 0
+
+    def run(self) -> None:
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            _log.warning("not following %s: %s", self._path, e)
+            return
+        try:
+            if self._resume:
+                self._catch_up(fd)
+            self._follow(fd)
+        except OSError as e:
+            _log.warning("stopped following %s: %s", self._path, e)
+        finally:
+            os.close(fd)
+
+    def _follow(self, fd: int) -> None:
+        while True:
+            last = self._stop.is_set()  # output written before the stop is read below
+            self._drain(fd)
+            if last:
+                return
+            self._stop.wait(_POLL)
+
+    def _catch_up(self, fd: int) -> None:
+        with contextlib.suppress(OSError), open(self._path + PREVIOUS, "rb") as f:
+            self._tail.add(f.read())
+        size = os.fstat(fd).st_size
+        if size > self._limit:
+            self._pos = os.lseek(fd, size - self._limit, os.SEEK_SET)
+            self._tail.skipped(self._pos)
+
+    def _drain(self, fd: int) -> None:
+        """Read to the end of the file; truncate it once it holds more than ``limit``."""
+        while True:
+            if os.fstat(fd).st_size < self._pos:  # truncated by someone else
+                self._pos = os.lseek(fd, 0, os.SEEK_SET)
+            while chunk := os.read(fd, _READ_CHUNK):
+                self._tail.add(chunk)
+                self._pos += len(chunk)
+            if self._pos <= self._limit or self._truncate(fd):
+                return
+
+    def _truncate(self, fd: int) -> bool:
+        """Save the tail as ``<log>.1`` and empty the file; False if the server wrote
+        more in the meantime (read it first)."""
+        self._save_previous()
+        if os.fstat(fd).st_size != self._pos:
+            return False
+        os.ftruncate(fd, 0)
+        self._pos = os.lseek(fd, 0, os.SEEK_SET)
+        return True
+
+    def _save_previous(self) -> None:
+        temporary = self._path + PREVIOUS + ".tmp"
+        with open(temporary, "wb") as f:
+            f.write(self._tail.data())
+        os.replace(temporary, self._path + PREVIOUS)

@@ -1,0 +1,177 @@
+"""What a spawned and a re-attached server process share: output tails, the
+exit report, descendant tracking and termination.
+
+Threads per process: two :class:`~.output.LogReader` follow the log files, one
+waiter blocks until the server exits (how is up to the subclass: ``wait()``
+on our own child, a pidfd on an adopted one), lets the readers finish, and
+reports the exit once. :mod:`.process` holds the two concrete classes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from .descendants import Descendants
+from .errors import ProcessControlError
+from .output import LogReader, Tail, exit_tail, log_paths
+from .pgroup import (
+    KILL_CONFIRM,
+    ProcessIdentity,
+    find_process,
+    members_of,
+    signal_group,
+    terminate_group,
+)
+
+__all__ = ["OUTPUT_LIMIT", "ExitInfo", "WatchedProcess"]
+
+OUTPUT_LIMIT = 1024 * 1024  # bytes of each stream kept, in memory and on disk
+_READER_DRAIN = 0.5  # s an exit report waits for the readers to reach end of output
+_FALLBACK_POLL = 0.5  # s between identity checks should waiting itself fail
+
+_log = logging.getLogger(__name__)
+
+
+class ExitInfo(msgspec.Struct, frozen=True):
+    """How a process ended: ``exit_code`` when it exited, ``signal`` when killed by one.
+
+    Both are None when the status cannot be known: a re-attached server is not
+    this process's child, so nobody here can collect it.
+
+    ``output_tail`` holds the last 4096 bytes of its stdout followed by its
+    stderr (stderr last, so an error message survives), decoded as UTF-8 with
+    undecodable bytes replaced.
+    """
+
+    pid: int
+    exit_code: int | None
+    signal: int | None
+    output_tail: str
+
+
+class WatchedProcess:
+    """Base of :class:`~.process.ManagedProcess` and :class:`~.process.AttachedProcess`.
+
+    A subclass sets what its :meth:`_await_exit` needs, then calls
+    ``super().__init__``, which starts the threads.
+    """
+
+    identity: ProcessIdentity
+
+    def __init__(
+        self,
+        identity: ProcessIdentity,
+        cwd: str,
+        on_exit: Callable[[ExitInfo], None],
+        output_limit: int,
+        *,
+        resume: bool,
+    ) -> None:
+        self.identity = identity
+        self._on_exit = on_exit
+        self._out, self._err = Tail(output_limit), Tail(output_limit)
+        self._stop_reading = threading.Event()
+        self._exited = threading.Event()
+        self._info: ExitInfo | None = None
+        self._at_exit: dict[int, float] | None = None  # the group when the exit was seen
+        self._terminating = threading.Lock()
+        self._descendants = Descendants(cwd, resume=resume)
+        self._readers = [
+            self._thread(LogReader(path, tail, output_limit, self._stop_reading, resume=resume).run)
+            for path, tail in zip(log_paths(cwd), (self._out, self._err), strict=True)
+        ]
+        self._thread(self._wait_and_report)
+
+    def _thread(self, target: Callable[[], None]) -> threading.Thread:
+        name = f"{target.__name__.strip('_')}-{self.identity.pid}"
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        return t
+
+    def _await_exit(self) -> tuple[int | None, int | None]:
+        """Block until the server exits; (exit code, signal) as far as known."""
+        raise NotImplementedError
+
+    def _wait_and_report(self) -> None:
+        try:
+            code, sig = self._await_exit()
+        except Exception:  # noqa: BLE001 -- a dead waiter would leave the server unwatched
+            _log.exception("waiting for pid %d failed; polling instead", self.identity.pid)
+            while find_process(self.identity) is not None:
+                time.sleep(_FALLBACK_POLL)
+            code, sig = None, None
+        self._at_exit = members_of(self.identity.pgid)
+        # What the server wrote is read first; a descendant that keeps writing
+        # delays the report by at most _READER_DRAIN seconds.
+        self._stop_reading.set()
+        drained_by = time.monotonic() + _READER_DRAIN
+        for reader in self._readers:
+            reader.join(max(drained_by - time.monotonic(), 0.0))
+        self._info = ExitInfo(self.identity.pid, code, sig, exit_tail(self._out, self._err))
+        self._exited.set()
+        try:
+            self._on_exit(self._info)
+        except Exception:  # noqa: BLE001 -- a caller's bug must not go unseen or kill the waiter
+            _log.exception("on_exit callback of pid %d failed", self.identity.pid)
+
+    def exit_info(self) -> ExitInfo | None:
+        """How the process ended, or None while it runs (or is being reported)."""
+        return self._info
+
+    def wait_exit(self, timeout: float) -> ExitInfo | None:
+        """Block up to ``timeout`` seconds for the exit; None if still running."""
+        self._exited.wait(max(timeout, 0.0))
+        return self._info
+
+    def output(self) -> tuple[str, str]:
+        """The kept tails of (stdout, stderr), decoded with replacement."""
+        return self._out.text(), self._err.text()
+
+    def dropped_bytes(self) -> tuple[int, int]:
+        """Bytes of (stdout, stderr) let go to keep the tails within the limit."""
+        return self._out.dropped, self._err.dropped
+
+    def track_descendants(self) -> None:
+        """Remember the server's live descendants (pid and start time), so that
+        :meth:`terminate` reaches those that leave its process group. Call it on
+        every health tick; it scans the process table (non-blocking otherwise)."""
+        self._descendants.track(self.identity)
+
+    def descendants(self) -> dict[int, float]:
+        """The descendants remembered so far (pid -> start time) and not seen gone."""
+        return self._descendants.known()
+
+    def kill(self) -> None:
+        """SIGKILL the process group now (a second stop escalates); returns at once.
+
+        Raises:
+            ProcessControlError: the group could not be signalled.
+        """
+        signal_group(self.identity.pgid, signal.SIGKILL, self._at_exit)
+
+    def terminate(self, grace: float) -> ExitInfo:
+        """Stop the server and everything it started; return how it ended (blocking).
+
+        Tracks the descendants once more, then SIGTERM to the group, up to
+        ``grace`` seconds for it to go, SIGKILL until no member is left
+        (deadline 5 s); then SIGKILL to every tracked descendant still alive,
+        until none is (deadline 5 s). Idempotent, and safe once the process has
+        exited by itself; concurrent calls are serialised.
+
+        Raises:
+            ProcessControlError: something could not be signalled or outlived SIGKILL.
+        """
+        with self._terminating:
+            self.track_descendants()
+            terminate_group(self.identity.pgid, grace, self._at_exit)
+            self._descendants.kill_all()
+            info = self.wait_exit(KILL_CONFIRM)
+        if info is None:
+            raise ProcessControlError(f"pid {self.identity.pid} did not exit after SIGKILL")
+        return info

@@ -1,0 +1,224 @@
+"""A server outlives the node that spawned it (SIGKILL) and a new node re-attaches.
+
+A stand-in node (tests/programs/spawn_and_report.py) spawns the server with
+ManagedProcess.spawn and is then SIGKILLed, so the server is reparented to
+init: it is no child of the test, and the autouse leftover check cannot see it.
+Every server such a test starts is therefore terminated in teardown by identity.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import psutil
+import pytest
+from support import PROGRAMS, wait_until
+
+from infervisor.adapters import pidfd
+from infervisor.adapters.descendants import RECORD
+from infervisor.adapters.pgroup import same_process
+from infervisor.adapters.pidfd import PidHandle
+from infervisor.adapters.process import (
+    STDOUT_LOG,
+    AttachedProcess,
+    ExitInfo,
+    LaunchPlan,
+    ManagedProcess,
+    ProcessIdentity,
+    find_process,
+    group_members,
+    launch_env,
+    terminate_identity,
+)
+
+DEADLINE = 20.0  # s any condition below is given to come true
+
+
+class Exits:
+    """Collects on_exit calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[ExitInfo] = []
+        self.event = threading.Event()
+
+    def __call__(self, info: ExitInfo) -> None:
+        self.calls.append(info)
+        self.event.set()
+
+    def wait(self) -> ExitInfo:
+        assert self.event.wait(DEADLINE), "on_exit was not called"
+        return self.calls[0]
+
+
+def last_tick(text: str) -> int:
+    ticks = re.findall(r"^tick (\d+)$", text, re.MULTILINE)
+    return int(ticks[-1]) if ticks else -1
+
+
+def gone(pid: int, started: float) -> bool:
+    proc = same_process(pid, started)
+    try:
+        return proc is None or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def orphaned(tmp_path: Path) -> Iterator[Callable[..., ProcessIdentity]]:
+    """Spawn a program from a stand-in node, wait for its first output (and for
+    ``until()`` if given), SIGKILL that node, return the server's identity."""
+    left: list[ProcessIdentity] = []
+
+    def orphan(script: str, until: Callable[[], object] = lambda: True) -> ProcessIdentity:
+        node = subprocess.Popen(
+            [
+                *(sys.executable, str(PROGRAMS / "spawn_and_report.py"), str(tmp_path)),
+                *(sys.executable, str(PROGRAMS / script)),
+            ],
+            stdout=subprocess.PIPE,
+        )
+        assert node.stdout is not None
+        line = node.stdout.readline()
+        node.stdout.close()
+        identity = msgspec.json.decode(line, type=ProcessIdentity)
+        left.append(identity)
+        wait_until(lambda: (tmp_path / STDOUT_LOG).stat().st_size, what="the server's first line")
+        wait_until(until, what="the server to be ready to orphan")
+        node.kill()
+        node.wait()
+        return identity
+
+    yield orphan
+    for identity in left:
+        terminate_identity(identity, 0.0)
+        wait_until(lambda i=identity: find_process(i) is None, what="the orphan to be gone")
+
+
+def test_server_keeps_logging_after_its_node_is_killed_and_is_reattached(
+    orphaned, tmp_path: Path
+) -> None:
+    identity = orphaned("chatty.py")
+    log = tmp_path / STDOUT_LOG
+    seen = last_tick(log.read_text())
+    wait_until(lambda: last_tick(log.read_text()) > seen + 3, what="ticks with no node alive")
+    assert find_process(identity) is not None
+
+    exits = Exits()
+    proc = AttachedProcess.attach(identity, str(tmp_path), exits)
+    assert proc is not None
+    assert proc.identity == identity
+    # What was written before the attach is read too (the readers run on threads).
+    wait_until(lambda: proc.output()[1] == "started\n", what="the earlier output")
+    at_attach = last_tick(proc.output()[0])
+    wait_until(lambda: last_tick(proc.output()[0]) > at_attach + 3, what="the output to grow")
+    assert proc.exit_info() is None
+
+    info = proc.terminate(1.0)
+    assert (info.pid, info.exit_code, info.signal) == (identity.pid, None, None)
+    assert info.output_tail.endswith(f"tick {last_tick(proc.output()[0])}\nstarted\n")
+    assert proc.terminate(1.0) == info
+    assert exits.calls == [info]
+    assert find_process(identity) is None
+    assert group_members(identity.pgid) == []
+
+
+def test_on_exit_fires_once_when_an_attached_server_is_killed_from_outside(
+    orphaned, tmp_path: Path
+) -> None:
+    identity = orphaned("chatty.py")
+    exits = Exits()
+    proc = AttachedProcess.attach(identity, str(tmp_path), exits)
+    assert proc is not None
+    os.kill(identity.pid, signal.SIGKILL)
+    info = exits.wait()
+    assert (info.exit_code, info.signal) == (None, None)
+    assert "tick" in info.output_tail
+    assert proc.wait_exit(0.0) == info
+    assert proc.terminate(0.0) == info
+    assert exits.calls == [info]
+
+
+def test_attach_refuses_a_reused_pid_and_a_gone_one(tmp_path: Path) -> None:
+    plan = LaunchPlan(
+        program=sys.executable,
+        args=[str(PROGRAMS / "ignore_sigterm.py")],
+        env=launch_env(),
+        cwd=str(tmp_path),
+    )
+    exits = Exits()
+    server = ManagedProcess.spawn(plan, exits)
+    try:
+        ident = server.identity
+        reused = ProcessIdentity(ident.pid, ident.pgid, ident.start_time + 5.0, ident.boot_id)
+        assert AttachedProcess.attach(reused, str(tmp_path), print) is None
+        other_boot = ProcessIdentity(ident.pid, ident.pgid, ident.start_time, "another-boot")
+        assert AttachedProcess.attach(other_boot, str(tmp_path), print) is None
+        assert server.exit_info() is None  # nothing was signalled
+    finally:
+        server.terminate(0.0)
+    exits.wait()
+    assert AttachedProcess.attach(server.identity, str(tmp_path), print) is None
+
+
+def test_attach_without_pidfds_waits_through_psutil(
+    orphaned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pidfd, "_pidfd_open", lambda pid: None)  # as on macOS or Linux < 5.3
+    identity = orphaned("chatty.py")
+    exits = Exits()
+    proc = AttachedProcess.attach(identity, str(tmp_path), exits)
+    assert proc is not None
+    info = proc.terminate(1.0)
+    assert exits.calls == [info]
+    assert find_process(identity) is None
+
+
+def printed_pid(log: Path, label: str) -> int | None:
+    found = re.search(rf"^{label} (\d+)$", log.read_text(), re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def recorded(tmp_path: Path) -> dict[int, float]:
+    try:
+        data = msgspec.json.decode((tmp_path / RECORD).read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return {}
+    return {int(pid): started for pid, started in data["known"].items()}
+
+
+def test_descendants_recorded_by_the_dead_node_are_terminated(orphaned, tmp_path: Path) -> None:
+    log = tmp_path / STDOUT_LOG
+
+    def grandchild_recorded() -> bool:
+        pid = printed_pid(log, "grandchild")
+        return pid is not None and pid in recorded(tmp_path)
+
+    # The stand-in node tracks descendants every 50 ms; it dies once it has seen the grandchild.
+    identity = orphaned("escaping_child.py", until=grandchild_recorded)
+    grandchild, intermediate = printed_pid(log, "grandchild"), printed_pid(log, "intermediate")
+    assert grandchild is not None
+    assert intermediate is not None
+    started = recorded(tmp_path)[grandchild]
+    try:
+        (tmp_path / "release").touch()
+        wait_until(lambda: psutil.Process(grandchild).ppid() != intermediate, what="orphaning")
+        exits = Exits()
+        proc = AttachedProcess.attach(identity, str(tmp_path), exits)
+        assert proc is not None
+        assert grandchild in proc.descendants()
+        proc.terminate(0.5)
+        assert gone(grandchild, started)
+        assert exits.calls == [proc.exit_info()]
+    finally:
+        handle = PidHandle.open(grandchild, started)
+        if handle is not None:
+            handle.send(signal.SIGKILL)
+            handle.close()
