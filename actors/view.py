@@ -27,7 +27,7 @@ def build_view(actor: InstanceActor) -> InstanceView:
     if observed and report is not None:
         load = driver.load_state() if isinstance(driver, OllamaDriver) else None
         adopted = adapter.kind == "adopted"
-        alive = pid is not None or adapter.kind != "process"
+        alive = pid is not None
         mapped = map_report(
             spec.flavor, adapter.served_model, report, alive=alive, adopted=adopted, load=load
         )

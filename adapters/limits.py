@@ -37,15 +37,22 @@ if cfg["run_as"]:
     os.setgid(gid)
     os.setuid(uid)
 try:
-    os.execvp(sys.argv[2], sys.argv[2:])
+    os.execvpe(sys.argv[2], sys.argv[2:], cfg["env"])
 except OSError as e:
     sys.stderr.write(f"cannot start {sys.argv[2]}: {e.strerror}\\n")
     sys.exit(127)
 """
 
 
-def wrap_argv(argv: list[str], limits: ProcLimits, run_as: tuple[int, int] | None) -> list[str]:
-    """``argv`` run under ``limits`` (and as ``run_as`` when this node is root).
+def wrap_argv(
+    argv: list[str],
+    limits: ProcLimits,
+    run_as: tuple[int, int] | None,
+    env: dict[str, str],
+) -> list[str]:
+    """``argv`` run under ``limits`` (and as ``run_as`` when this node is root),
+    exec'd with exactly ``env`` (the trampoline's own Python may add to its
+    environment, such as PEP 538's locale coercion; the server must not inherit it).
 
     A limit above the current hard limit is lowered to it (an unprivileged node
     cannot raise its own), so the wrapped program always starts.
@@ -61,5 +68,9 @@ def wrap_argv(argv: list[str], limits: ProcLimits, run_as: tuple[int, int] | Non
     for name, value in wanted.items():
         hard = resource.getrlimit(getattr(resource, name))[1]
         capped[name] = value if hard == resource.RLIM_INFINITY else min(value, hard)
-    cfg = {"limits": capped, "run_as": list(run_as) if run_as and os.geteuid() == 0 else None}
+    cfg = {
+        "limits": capped,
+        "run_as": list(run_as) if run_as and os.geteuid() == 0 else None,
+        "env": env,
+    }
     return [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, json.dumps(cfg), *argv]

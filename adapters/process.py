@@ -87,7 +87,7 @@ class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
         argv = [self.program, *self.args]
         if self.limits is None and self.run_as is None:
             return argv
-        return wrap_argv(argv, self.limits or ProcLimits(), self.run_as)
+        return wrap_argv(argv, self.limits or ProcLimits(), self.run_as, self.env)
 
 
 def launch_env(

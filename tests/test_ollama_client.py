@@ -6,6 +6,7 @@ Ollama's API documentation; tests/test_ollama_server.py checks it on its own.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import wait_until
+from support import ollama_server, wait_until
 
 from infervisor.adapters import ollama
 from infervisor.adapters.errors import ProbeError, SpecError
@@ -29,34 +30,20 @@ from infervisor.adapters.status import (
     map_report,
 )
 
-SERVER = Path(__file__).parent / "servers" / "ollama_server.py"
 LONG_LOAD = 60.0  # a load no test waits for: it is aborted or unloaded first
 
 
 @pytest.fixture
 def server() -> Iterator[Callable[..., str]]:
     """Start the Ollama test server; returns its URL."""
-    procs: list[subprocess.Popen[str]] = []
+    with contextlib.ExitStack() as stack:
 
-    def start(*models: str, load_seconds: float = 0.3, **flags: Any) -> str:
-        port = free_port()
-        argv = [sys.executable, str(SERVER), "--port", str(port), "--models", ",".join(models)]
-        argv += ["--load-seconds", str(load_seconds)]
-        for flag, value in flags.items():
-            argv += [f"--{flag.replace('_', '-')}", str(value)]
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        procs.append(p)
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert line == f"PORT {port}\n", f"ollama_server did not start: {line!r}"
-        return f"http://127.0.0.1:{port}"
+        def start(*models: str, load_seconds: float = 0.3, **flags: Any) -> str:
+            return stack.enter_context(
+                ollama_server(*models, load_seconds=load_seconds, **flags)
+            ).url
 
-    yield start
-    for p in procs:
-        p.kill()
-        p.wait()
-        assert p.stdout is not None
-        p.stdout.close()
+        yield start
 
 
 @pytest.fixture

@@ -10,68 +10,40 @@ that goes away cancels its load).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from support import wait_until
+from support import ollama_server, wait_until
 
-from infervisor.adapters.ports import free_port
-
-SERVER = Path(__file__).parent / "servers" / "ollama_server.py"
 LONG_LOAD = 60.0  # a load no test waits for: it is cancelled or unloaded first
-
-
-def launch(procs: list[subprocess.Popen[str]], *models: str, **flags: Any) -> str:
-    """Start the server with ``--models`` and ``--flag value`` options; returns its URL."""
-    port = free_port()
-    argv = [sys.executable, str(SERVER), "--port", str(port), "--models", ",".join(models)]
-    for flag, values in flags.items():
-        for value in values if isinstance(values, list | tuple) else [values]:
-            argv += [f"--{flag.replace('_', '-')}", str(value)]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    procs.append(p)
-    assert p.stdout is not None
-    line = p.stdout.readline()
-    assert line == f"PORT {port}\n", f"ollama_server did not start: {line!r}"
-    return f"http://127.0.0.1:{port}"
-
-
-def end_all(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        p.kill()
-        p.wait()
-        assert p.stdout is not None
-        p.stdout.close()
 
 
 @pytest.fixture
 def ollama() -> Iterator[Callable[..., str]]:
     """Start a server: ``ollama("tinyllama", load_seconds=0.3, fail_load="x")``; its URL."""
-    procs: list[subprocess.Popen[str]] = []
+    with contextlib.ExitStack() as stack:
 
-    def start(*models: str, load_seconds: float = 0.3, **flags: Any) -> str:
-        return launch(procs, *models, load_seconds=load_seconds, **flags)
+        def start(*models: str, load_seconds: float = 0.3, **flags: Any) -> str:
+            return stack.enter_context(
+                ollama_server(*models, load_seconds=load_seconds, **flags)
+            ).url
 
-    yield start
-    end_all(procs)
+        yield start
 
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[str]:
     """One server for the keep_alive tables; every case leaves ``fresh`` unloaded."""
-    procs: list[subprocess.Popen[str]] = []
-    yield launch(procs, "tinyllama", "fresh", load_seconds=0.1)
-    end_all(procs)
+    with ollama_server("tinyllama", "fresh", load_seconds=0.1) as server:
+        yield server.url
 
 
 @pytest.fixture
