@@ -98,8 +98,5 @@ class AdoptedDriver:
     def pid(self) -> int | None:
         return None
 
-    def reserved_bytes(self) -> int:
-        return 0
-
     def close(self) -> None:
         pass

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import msgspec
 import pykka
 
+from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.server import ServerAdapter
 from infervisor.chain import EventDraft, StoredEvent
@@ -34,6 +35,7 @@ from infervisor.replay.events import encode_event
 
 from . import messages as m
 from .clock import Clock
+from .ledger import Reservation
 from .settings import NodeSettings
 
 __all__ = ["Driver", "InstanceActor", "InstanceContext", "tell"]
@@ -69,7 +71,6 @@ class Driver(Protocol):
     def handle(self, message: Any) -> None: ...
     def settled(self) -> bool: ...
     def pid(self) -> int | None: ...
-    def reserved_bytes(self) -> int: ...
     def close(self) -> None: ...
 
 
@@ -95,6 +96,7 @@ class InstanceActor(pykka.ThreadingActor):
         self.report: ServerReport | None = None
         spec = adapter.spec
         self.supervision = ctx.settings.supervision(spec.kind, spec.restart)
+        self.memory = Reservation(ctx.ledger, state.instance_id, adapter.model_bytes)
         self._last_probe_at: float | None = None
         self._probing = False
         self._probes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
@@ -180,6 +182,18 @@ class InstanceActor(pykka.ThreadingActor):
         return stored
 
     # ------------------------------------------------------------------ helpers for drivers
+    def reserve_memory(self, by: str) -> int:
+        """Reserve the model's memory before anything is spawned or loaded.
+
+        Raises:
+            BudgetExceeded: naming budget, in use and needed (the refusal is recorded).
+        """
+        try:
+            return self.memory.take()
+        except AdmissionRefused as e:
+            self.commit(ev.StartRefused(by=by, reason=str(e)), by)
+            raise
+
     def tell_self(self, message: Any) -> None:
         """Send this actor a message (from any thread)."""
         tell(self.actor_ref, message)

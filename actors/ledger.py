@@ -18,7 +18,7 @@ import pykka
 
 from infervisor.adapters.errors import AdmissionRefused
 
-__all__ = ["BudgetExceeded", "LedgerActor", "LedgerView", "release", "reserve"]
+__all__ = ["BudgetExceeded", "LedgerActor", "LedgerView", "Reservation", "release", "reserve"]
 
 
 class BudgetExceeded(AdmissionRefused):
@@ -94,3 +94,28 @@ def snapshot(ledger: pykka.ActorRef[Any]) -> LedgerView:
     """The budget, the bytes in use and every reservation."""
     view: LedgerView = ledger.ask(_Snapshot(), block=True)
     return view
+
+
+class Reservation:
+    """One instance's hold on the ledger; a no-op when the node has no budget.
+
+    Owned by the instance actor (used from its thread only).
+    """
+
+    def __init__(self, ledger: pykka.ActorRef[Any] | None, instance_id: str, model_bytes: int):
+        self._ledger = ledger
+        self._instance_id = instance_id
+        self._model_bytes = model_bytes
+        self.held = 0
+
+    def take(self) -> int:
+        """Reserve the model's memory (idempotent); the bytes held. Raises BudgetExceeded."""
+        if self._ledger is not None:
+            self.held = reserve(self._ledger, self._instance_id, self._model_bytes)
+        return self.held
+
+    def give_back(self) -> None:
+        """Release what is held (a no-op when nothing is)."""
+        if self._ledger is not None and self.held:
+            release(self._ledger, self._instance_id)
+        self.held = 0

@@ -28,7 +28,6 @@ from infervisor.replay import events as ev
 
 from . import messages as m
 from .errors import InvalidState
-from .ledger import release, reserve
 
 if TYPE_CHECKING:
     from .instance import InstanceActor
@@ -58,7 +57,6 @@ class OllamaDriver:
         self.load: OllamaLoad | None = None
         self._generation = 0
         self._misses = 0
-        self._reserved = 0
         self._unloading = False
 
     def start(self, by: str) -> None:
@@ -67,7 +65,7 @@ class OllamaDriver:
             raise InvalidState(f"{state.instance_id} is already loading")
         if state.lifecycle in (S.STARTING, S.RUNNING, S.UNHEALTHY):
             raise InvalidState(f"{state.instance_id} is {state.lifecycle}: already started")
-        reserved = self._reserve(by)
+        reserved = self.actor.reserve_memory(by)
         event = ev.Starting(by=by, reset_budget=by == "operator", reserved_bytes=reserved)
         self.actor.commit(event, by)
         self._generation += 1
@@ -78,23 +76,6 @@ class OllamaDriver:
             lambda _f: self.actor.tell_self(_LoadEnded(generation))
         )
 
-    def _reserve(self, by: str) -> int:
-        ledger = self.actor.ctx.ledger
-        if ledger is None:
-            return 0
-        try:
-            self._reserved = reserve(ledger, self.actor.state.instance_id, self.adapter.model_bytes)
-        except AdapterError as e:
-            self.actor.commit(ev.StartRefused(by=by, reason=str(e)), by)
-            raise
-        return self._reserved
-
-    def _release(self) -> None:
-        ledger = self.actor.ctx.ledger
-        if ledger is not None and self._reserved:
-            release(ledger, self.actor.state.instance_id)
-        self._reserved = 0
-
     def handle(self, message: Any) -> None:
         match message:
             case _LoadEnded(generation=generation) if generation == self._generation:
@@ -102,7 +83,7 @@ class OllamaDriver:
             case _Unloaded(ok=ok):
                 self._unloading = False
                 if ok:  # memory counts as released only once Ollama no longer lists it
-                    self._release()
+                    self.actor.memory.give_back()
 
     def _on_load_ended(self) -> None:
         load = self.load
@@ -113,7 +94,7 @@ class OllamaDriver:
             owner = "loaded by this node" if load.ours else "already resident: not ours to unload"
             self.actor.commit(ev.Ready(detail=f"model {self.adapter.tag} {owner}"), "supervisor")
             return
-        self._release()  # a failed load holds no memory
+        self.actor.memory.give_back()  # a failed load holds no memory
         why = f"load failed: {outcome.error}"
         self.actor.commit(
             ev.Exited(pid=None, exit_code=None, signal=None, reason=why), "supervisor"
@@ -131,7 +112,7 @@ class OllamaDriver:
         if load is not None:
             load.abort()
         if load is None or not load.ours:
-            self._release()
+            self.actor.memory.give_back()
             done.set_result(self.actor.view())
             return done
         return self._unload_then_release()
@@ -162,7 +143,7 @@ class OllamaDriver:
                     self.adapter.unload_and_wait()
         # Forgotten here, so its memory is released even if the unload failed:
         # nothing is left to release it later.
-        self._release()
+        self.actor.memory.give_back()
         self.actor.commit(ev.Unloaded(by=by), by)
 
     def wants_probe(self) -> int | None:
@@ -206,9 +187,6 @@ class OllamaDriver:
 
     def pid(self) -> int | None:
         return None
-
-    def reserved_bytes(self) -> int:
-        return self._reserved
 
     def close(self) -> None:
         if self.load is not None:

@@ -32,7 +32,6 @@ from . import messages as m
 from .clock import Timer
 from .errors import InvalidState
 from .kinds import HealthSample, Healthy, Unhealthy, judge
-from .ledger import release, reserve
 from .recovery import recover_process
 
 if TYPE_CHECKING:
@@ -75,7 +74,6 @@ class ProcessDriver:
         self._restart_timer: Timer | None = None
         self._restart_token = 0
         self._stop_waiters: list[Future[m.InstanceView]] = []
-        self._reserved = 0
         self._rng = random.Random()  # noqa: S311 - backoff jitter, not secrets
 
     @property
@@ -126,7 +124,7 @@ class ProcessDriver:
             proc, self.proc = self.proc, None
             info = proc.terminate(UNLOAD_GRACE_S)
             self.commit(_exited_event(info, "stopped for unload"), by)
-        self._release()
+        self.actor.memory.give_back()
         self.commit(ev.Unloaded(by=by), by)
         shutil.rmtree(self.adapter.plan.cwd, ignore_errors=True)
 
@@ -146,7 +144,7 @@ class ProcessDriver:
                 f"({', '.join(self.state.exposed)}); reload the instance"
             )
         self._refuse_if_taken(by)
-        reserved = self._reserve(by)
+        reserved = self.actor.reserve_memory(by)
         event = ev.Starting(
             by=by, reset_budget=reset_budget, attempt=attempt, reserved_bytes=reserved
         )
@@ -154,7 +152,7 @@ class ProcessDriver:
         try:
             proc = self.adapter.spawn(self.exit_callback())
         except SpawnError as e:
-            self._release()
+            self.actor.memory.give_back()
             self.commit(ev.Exited(pid=None, exit_code=None, signal=None, reason=str(e)), by)
             self.after_exit()
             raise
@@ -175,23 +173,6 @@ class ProcessDriver:
             self.commit(ev.StartRefused(by=by, reason=why), by)
             raise AdmissionRefused(why)
 
-    def _reserve(self, by: str) -> int:
-        ledger = self.actor.ctx.ledger
-        if ledger is None:
-            return 0
-        try:
-            self._reserved = reserve(ledger, self.state.instance_id, self.adapter.model_bytes)
-        except AdmissionRefused as e:
-            self.commit(ev.StartRefused(by=by, reason=str(e)), by)
-            raise
-        return self._reserved
-
-    def _release(self) -> None:
-        ledger = self.actor.ctx.ledger
-        if ledger is not None and self._reserved:
-            release(ledger, self.state.instance_id)
-        self._reserved = 0
-
     def attach(self, proc: ServerProcess) -> None:
         """Own ``proc`` from now on (just spawned: its uptime starts now)."""
         self.proc = proc
@@ -208,10 +189,9 @@ class ProcessDriver:
         self.attach(proc)
         alive_for = max(0.0, self.actor.ctx.clock.wall_ns() / 1e9 - proc.identity.start_time)
         self._started_at -= alive_for
-        ledger = self.actor.ctx.ledger
-        if ledger is not None:
+        if self.actor.ctx.ledger is not None:
             try:
-                self._reserved = reserve(ledger, self.state.instance_id, self.adapter.model_bytes)
+                self.actor.memory.take()
             except AdmissionRefused as e:
                 log.warning("%s: re-attached over the memory budget: %s", self.state.instance_id, e)
 
@@ -259,7 +239,7 @@ class ProcessDriver:
             return
         self.proc = None
         self._terminating = False
-        self._release()
+        self.actor.memory.give_back()
         self.commit(_exited_event(msg.info, msg.cause))
         if self.state.lifecycle is S.STOPPED:
             self._resolve_stops()
@@ -408,9 +388,6 @@ class ProcessDriver:
 
     def pid(self) -> int | None:
         return self.proc.identity.pid if self.proc is not None else None
-
-    def reserved_bytes(self) -> int:
-        return self._reserved
 
     def close(self) -> None:
         self._cancel_restart()

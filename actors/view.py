@@ -55,7 +55,7 @@ def build_view(actor: InstanceActor) -> InstanceView:
         health_reason=report.health.reason if observed and report is not None else "",
         status=status,
         status_detail=detail,
-        reserved_bytes=driver.reserved_bytes(),
+        reserved_bytes=actor.memory.held,
         rss_bytes=tree_rss_bytes(pid) if pid is not None else None,
         exposure=exposure,
         last_exit=state.last_exit,

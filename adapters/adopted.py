@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import ProbeError
 from .ports import listeners_beyond_loopback
-from .probe import HealthKind, ServerClient, ServerReport
+from .probe import HealthKind, ServerClient, ServerReport, deep_health
 from .server import AdapterKind
 from .spec import InstanceSpec
 
@@ -37,11 +37,12 @@ class AdoptedServer:
         return self._client.probe(self.spec.flavor)
 
     def deep_health(self) -> str:
-        with ServerClient(self.spec.base_url, self._deep_timeout) as client:
-            report = client.probe(self.spec.flavor)
-            if report.health.kind is not HealthKind.UP:
-                raise ProbeError(f"deep health: {report.health.kind}: {report.health.reason}")
-            return client.tiny_completion(self.served_model or _first(report))
+        return deep_health(
+            self.spec.base_url,
+            self.spec.flavor,
+            self._deep_timeout,
+            lambda report: self.served_model or _first(report),
+        )
 
     def confirm_answers(self) -> str | None:
         """None when the server answers; else why not (an adopted start needs it up)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import ProbeError
 from .ports import port_in_use
-from .probe import Health, HealthKind, ServerClient, ServerReport
+from .probe import Health, HealthKind, ServerClient, ServerReport, deep_health
 from .process import ExitInfo, LaunchPlan, ManagedProcess
 from .server import AdapterKind
 from .spec import Flavor, InstanceSpec
@@ -91,12 +91,11 @@ class LaunchedServer:
         return None
 
     def deep_health(self) -> str:
-        with ServerClient(self.spec.base_url, self._deep_timeout) as client:
-            report = client.probe(self.spec.flavor)
-            if report.health.kind is not HealthKind.UP:
-                raise ProbeError(f"deep health: {report.health.kind}: {report.health.reason}")
-            model = None if self.spec.flavor is Flavor.MLX_LM else self.served_model
-            return client.tiny_completion(model)
+        # mlx-lm must not be sent a model name: it would try to load that model instead.
+        model = None if self.spec.flavor is Flavor.MLX_LM else self.served_model
+        return deep_health(
+            self.spec.base_url, self.spec.flavor, self._deep_timeout, lambda _: model
+        )
 
     def address_taken(self) -> str | None:
         host, port = self.spec.bind_host, self.spec.port

@@ -11,8 +11,7 @@ memory counts as released only when ``/api/ps`` no longer lists the model.
 from __future__ import annotations
 
 from . import ollama
-from .errors import ProbeError
-from .probe import HealthKind, ServerClient, ServerReport
+from .probe import ServerClient, ServerReport, deep_health
 from .server import AdapterKind, AdapterSettings
 from .spec import InstanceSpec
 
@@ -54,11 +53,8 @@ class OllamaServer:
         return self._client.probe(self.spec.flavor)
 
     def deep_health(self) -> str:
-        with ServerClient(self.spec.base_url, self._deep_timeout) as client:
-            report = client.probe(self.spec.flavor)
-            if report.health.kind is not HealthKind.UP:
-                raise ProbeError(f"deep health: {report.health.kind}: {report.health.reason}")
-            return client.tiny_completion(self.tag)
+        tag = self.tag
+        return deep_health(self.spec.base_url, self.spec.flavor, self._deep_timeout, lambda _: tag)
 
     def address_taken(self) -> str | None:
         return None  # Ollama's own address: we drive it, we never bind it

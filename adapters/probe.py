@@ -16,6 +16,7 @@ or a :class:`ProbeError` where a caller asked for a completion.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -24,7 +25,7 @@ import msgspec
 from .errors import ProbeError
 from .spec import Flavor
 
-__all__ = ["Health", "HealthKind", "ServerClient", "ServerReport"]
+__all__ = ["Health", "HealthKind", "ServerClient", "ServerReport", "deep_health"]
 
 _EXCERPT = 200  # characters of a body quoted in a reason
 
@@ -272,3 +273,24 @@ class ServerClient:
             ProbeError: with the reason the completion failed.
         """
         return self.complete(model, "Hello", 1)
+
+
+def deep_health(
+    base_url: str, flavor: Flavor, timeout: float, model: Callable[[ServerReport], str | None]
+) -> str:
+    """The normal probe plus one real token (``reference/infer_runtime.rs.txt``
+    ``deep_health``: "a tiny completion succeeds"). ``model`` picks the model to
+    ask from the report (None lets the server choose). ``timeout`` in seconds
+    bounds each request: a cold model can take minutes for its first token.
+
+    Returns:
+        The token.
+
+    Raises:
+        ProbeError: the server is not up, or gave no token; the message says which.
+    """
+    with ServerClient(base_url, timeout) as client:
+        report = client.probe(flavor)
+        if report.health.kind is not HealthKind.UP:
+            raise ProbeError(f"deep health: {report.health.kind}: {report.health.reason}")
+        return client.tiny_completion(model(report))
