@@ -18,11 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from infervisor.adapters.errors import AdmissionRefused, ProbeError, SpawnError
+from infervisor.adapters.errors import (
+    AdmissionRefused,
+    ProbeError,
+    ProcessControlError,
+    SpawnError,
+)
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.ports import listeners_beyond_loopback
 from infervisor.adapters.probe import ServerReport
-from infervisor.adapters.process import ExitInfo, ServerProcess, kill_group
+from infervisor.adapters.process import ExitInfo, ServerProcess
 from infervisor.adapters.status import map_report
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
@@ -110,7 +115,7 @@ class ProcessDriver:
             return done
         self._stop_waiters.append(done)
         if escalate:
-            kill_group(self.proc.identity.pgid, signal.SIGKILL)
+            self.proc.kill()  # a second stop: SIGKILL now (never a reused group)
         else:
             why = f" ({msg.reason})" if msg.reason else ""
             self.terminate(grace, cause=f"stopped by {msg.by}{why}")
@@ -214,8 +219,15 @@ class ProcessDriver:
         actor = self.actor
 
         def run() -> None:
-            info = proc.terminate(grace)
-            actor.tell_self(_Terminated(pid=proc.identity.pid, info=info, cause=cause))
+            why = cause
+            try:
+                info = proc.terminate(grace)
+            except ProcessControlError as e:
+                # Recorded rather than left stopping forever; the reason says what survived.
+                log.error("%s: %s", actor.state.instance_id, e)  # noqa: TRY400
+                info = ExitInfo(proc.identity.pid, None, None, _joined(proc.output())[-4096:])
+                why = f"{cause}; {e}"
+            actor.tell_self(_Terminated(pid=proc.identity.pid, info=info, cause=why))
 
         threading.Thread(target=run, name=f"terminate-{proc.identity.pid}", daemon=True).start()
 
@@ -408,7 +420,9 @@ def _exited_event(info: ExitInfo, cause: str) -> ev.Exited:
 
 
 def describe_exit(info: ExitInfo) -> str:
-    """``exit code 1`` or ``signal 9 (SIGKILL)``."""
+    """``exit code 1``, ``signal 9 (SIGKILL)``, or that the status cannot be known."""
+    if info.signal is None and info.exit_code is None:
+        return "exit status unknown (re-attached after a node restart: not our child)"
     if info.signal is not None:
         try:
             name = signal.Signals(info.signal).name

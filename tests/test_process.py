@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from support import wait_until
+from support import Exits, gone, kill_exact, printed_pid, script_plan, wait_until
 
 from infervisor.adapters.errors import ProcessControlError, SpawnError
-from infervisor.adapters.pgroup import same_process
 from infervisor.adapters.pidfd import PidHandle
 from infervisor.adapters.process import (
     STDERR_LOG,
     STDOUT_LOG,
-    ExitInfo,
     LaunchPlan,
     ManagedProcess,
     ProcessIdentity,
@@ -34,36 +30,7 @@ from infervisor.adapters.process import (
     tree_rss_bytes,
 )
 
-PROGRAMS = Path(__file__).parent / "programs"
 DEADLINE = 10.0  # seconds any condition below is given to come true
-
-
-def plan(
-    script: str, *args: str, cwd: Path, env: dict[str, str] | None = None, **kw: int
-) -> LaunchPlan:
-    return LaunchPlan(
-        program=sys.executable,
-        args=[str(PROGRAMS / script), *args],
-        env=env if env is not None else launch_env(),
-        cwd=str(cwd),
-        **kw,
-    )
-
-
-class Exits:
-    """Collects on_exit calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[ExitInfo] = []
-        self.event = threading.Event()
-
-    def __call__(self, info: ExitInfo) -> None:
-        self.calls.append(info)
-        self.event.set()
-
-    def wait(self) -> ExitInfo:
-        assert self.event.wait(DEADLINE), "on_exit was not called"
-        return self.calls[0]
 
 
 @pytest.fixture
@@ -71,8 +38,8 @@ def spawned(tmp_path: Path) -> Iterator[Callable[..., tuple[ManagedProcess, Exit
     started: list[ManagedProcess] = []
 
     def spawn(script: str, *args: str, **kw: object) -> tuple[ManagedProcess, Exits]:
-        exits = Exits()
-        proc = ManagedProcess.spawn(plan(script, *args, cwd=tmp_path, **kw), exits)  # type: ignore[arg-type]
+        exits = Exits(DEADLINE)
+        proc = ManagedProcess.spawn(script_plan(script, *args, cwd=tmp_path, **kw), exits)  # type: ignore[arg-type]
         started.append(proc)
         return proc, exits
 
@@ -262,39 +229,22 @@ def test_a_new_spawn_in_the_same_cwd_starts_with_empty_logs(spawned, tmp_path: P
 # ---------------------------------------------------------------- descendants
 
 
-def gone(pid: int, started: float) -> bool:
-    """The process (pid and start time) has exited (a zombie counts as exited)."""
-    proc = same_process(pid, started)
-    try:
-        return proc is None or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def printed_pid(proc: ManagedProcess, label: str) -> int | None:
-    found = re.search(rf"^{label} (\d+)$", proc.output()[0], re.MULTILINE)
-    return int(found.group(1)) if found else None
-
-
 @pytest.fixture
 def strays() -> Iterator[list[tuple[int, float]]]:
     """Processes that may escape on purpose: SIGKILLed (identity-checked) in teardown."""
     escaped: list[tuple[int, float]] = []
     yield escaped
     for pid, started in escaped:
-        handle = PidHandle.open(pid, started)
-        if handle is not None:
-            handle.send(signal.SIGKILL)
-            handle.close()
+        kill_exact(pid, started)
     wait_until(lambda: all(gone(*p) for p in escaped), what="the strays to be gone")
 
 
 def escape(spawned, strays) -> tuple[ManagedProcess, int, tuple[int, float]]:
     """Start escaping_child.py; returns it, the intermediate pid and the grandchild."""
     proc, _ = spawned("escaping_child.py")
-    wait_until(lambda: printed_pid(proc, "grandchild"), what="the grandchild to report")
-    grandchild = printed_pid(proc, "grandchild")
-    intermediate = printed_pid(proc, "intermediate")
+    wait_until(lambda: printed_pid(proc.output()[0], "grandchild"), what="the grandchild to report")
+    grandchild = printed_pid(proc.output()[0], "grandchild")
+    intermediate = printed_pid(proc.output()[0], "intermediate")
     assert grandchild is not None
     assert intermediate is not None
     strays.append((grandchild, psutil.Process(grandchild).create_time()))
@@ -312,8 +262,8 @@ def release(tmp_path: Path, intermediate: int, grandchild: int) -> None:
 
 def test_track_descendants_sees_a_child_in_the_group(spawned) -> None:
     proc, _ = spawned("spawns_child.py")
-    wait_until(lambda: printed_pid(proc, "child"), what="the child")
-    child = printed_pid(proc, "child")
+    wait_until(lambda: printed_pid(proc.output()[0], "child"), what="the child")
+    child = printed_pid(proc.output()[0], "child")
     proc.track_descendants()
     assert set(proc.descendants()) == {child}
     proc.terminate(0.3)

@@ -13,62 +13,32 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
 import psutil
 import pytest
-from support import PROGRAMS, wait_until
+from support import PROGRAMS, Exits, gone, kill_exact, printed_pid, script_plan, wait_until
 
 from infervisor.adapters import pidfd
 from infervisor.adapters.descendants import RECORD
-from infervisor.adapters.pgroup import same_process
-from infervisor.adapters.pidfd import PidHandle
 from infervisor.adapters.process import (
     STDOUT_LOG,
     AttachedProcess,
-    ExitInfo,
-    LaunchPlan,
     ManagedProcess,
     ProcessIdentity,
     find_process,
     group_members,
-    launch_env,
     terminate_identity,
 )
 
 DEADLINE = 20.0  # s any condition below is given to come true
 
 
-class Exits:
-    """Collects on_exit calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[ExitInfo] = []
-        self.event = threading.Event()
-
-    def __call__(self, info: ExitInfo) -> None:
-        self.calls.append(info)
-        self.event.set()
-
-    def wait(self) -> ExitInfo:
-        assert self.event.wait(DEADLINE), "on_exit was not called"
-        return self.calls[0]
-
-
 def last_tick(text: str) -> int:
     ticks = re.findall(r"^tick (\d+)$", text, re.MULTILINE)
     return int(ticks[-1]) if ticks else -1
-
-
-def gone(pid: int, started: float) -> bool:
-    proc = same_process(pid, started)
-    try:
-        return proc is None or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.fixture
@@ -111,7 +81,7 @@ def test_server_keeps_logging_after_its_node_is_killed_and_is_reattached(
     wait_until(lambda: last_tick(log.read_text()) > seen + 3, what="ticks with no node alive")
     assert find_process(identity) is not None
 
-    exits = Exits()
+    exits = Exits(DEADLINE)
     proc = AttachedProcess.attach(identity, str(tmp_path), exits)
     assert proc is not None
     assert proc.identity == identity
@@ -134,7 +104,7 @@ def test_on_exit_fires_once_when_an_attached_server_is_killed_from_outside(
     orphaned, tmp_path: Path
 ) -> None:
     identity = orphaned("chatty.py")
-    exits = Exits()
+    exits = Exits(DEADLINE)
     proc = AttachedProcess.attach(identity, str(tmp_path), exits)
     assert proc is not None
     os.kill(identity.pid, signal.SIGKILL)
@@ -147,14 +117,8 @@ def test_on_exit_fires_once_when_an_attached_server_is_killed_from_outside(
 
 
 def test_attach_refuses_a_reused_pid_and_a_gone_one(tmp_path: Path) -> None:
-    plan = LaunchPlan(
-        program=sys.executable,
-        args=[str(PROGRAMS / "ignore_sigterm.py")],
-        env=launch_env(),
-        cwd=str(tmp_path),
-    )
-    exits = Exits()
-    server = ManagedProcess.spawn(plan, exits)
+    exits = Exits(DEADLINE)
+    server = ManagedProcess.spawn(script_plan("ignore_sigterm.py", cwd=tmp_path), exits)
     try:
         ident = server.identity
         reused = ProcessIdentity(ident.pid, ident.pgid, ident.start_time + 5.0, ident.boot_id)
@@ -173,17 +137,12 @@ def test_attach_without_pidfds_waits_through_psutil(
 ) -> None:
     monkeypatch.setattr(pidfd, "_pidfd_open", lambda pid: None)  # as on macOS or Linux < 5.3
     identity = orphaned("chatty.py")
-    exits = Exits()
+    exits = Exits(DEADLINE)
     proc = AttachedProcess.attach(identity, str(tmp_path), exits)
     assert proc is not None
     info = proc.terminate(1.0)
     assert exits.calls == [info]
     assert find_process(identity) is None
-
-
-def printed_pid(log: Path, label: str) -> int | None:
-    found = re.search(rf"^{label} (\d+)$", log.read_text(), re.MULTILINE)
-    return int(found.group(1)) if found else None
 
 
 def recorded(tmp_path: Path) -> dict[int, float]:
@@ -198,19 +157,22 @@ def test_descendants_recorded_by_the_dead_node_are_terminated(orphaned, tmp_path
     log = tmp_path / STDOUT_LOG
 
     def grandchild_recorded() -> bool:
-        pid = printed_pid(log, "grandchild")
+        pid = printed_pid(log.read_text(), "grandchild")
         return pid is not None and pid in recorded(tmp_path)
 
     # The stand-in node tracks descendants every 50 ms; it dies once it has seen the grandchild.
     identity = orphaned("escaping_child.py", until=grandchild_recorded)
-    grandchild, intermediate = printed_pid(log, "grandchild"), printed_pid(log, "intermediate")
+    grandchild, intermediate = (
+        printed_pid(log.read_text(), "grandchild"),
+        printed_pid(log.read_text(), "intermediate"),
+    )
     assert grandchild is not None
     assert intermediate is not None
     started = recorded(tmp_path)[grandchild]
     try:
         (tmp_path / "release").touch()
         wait_until(lambda: psutil.Process(grandchild).ppid() != intermediate, what="orphaning")
-        exits = Exits()
+        exits = Exits(DEADLINE)
         proc = AttachedProcess.attach(identity, str(tmp_path), exits)
         assert proc is not None
         assert grandchild in proc.descendants()
@@ -218,7 +180,4 @@ def test_descendants_recorded_by_the_dead_node_are_terminated(orphaned, tmp_path
         assert gone(grandchild, started)
         assert exits.calls == [proc.exit_info()]
     finally:
-        handle = PidHandle.open(grandchild, started)
-        if handle is not None:
-            handle.send(signal.SIGKILL)
-            handle.close()
+        kill_exact(grandchild, started)

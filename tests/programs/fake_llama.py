@@ -20,79 +20,36 @@ prints a version line and exits 0, as llama-server does.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+from fault_common import Handler, mode, parse_args, serve
 
 
-def mode(name: str = "health") -> str:
-    path = Path(name)
-    return path.read_text().strip() if path.exists() else "ok"
+class FakeLlama(Handler):
+    """The shared llama-protocol handler; completions fail when ``completions`` says so."""
 
-
-class Handler(BaseHTTPRequestHandler):
-    alias = "model"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def reply(self, status: int, body: object) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        if self.path == "/health":
-            m = mode()
-            if m == "hang":
-                threading.Event().wait()
-            elif m == "loading":
-                self.reply(503, LOADING)
-            elif m == "fail":
-                self.reply(500, {"error": {"code": 500, "message": "injected failure"}})
-            else:
-                self.reply(200, {"status": "ok"})
-        elif self.path == "/v1/models":
-            self.reply(200, {"object": "list", "data": [{"id": self.alias, "object": "model"}]})
-        else:
-            self.reply(404, {"error": {"code": 404, "message": "File Not Found"}})
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length", 0))
-        self.rfile.read(length)
-        if mode("completions") == "fail":
-            error = {"code": 500, "message": "injected completion failure", "type": "server_error"}
-            self.reply(500, {"error": error})
+    def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+        if mode("completions") != "fail":
+            super().do_POST()
             return
-        self.reply(200, {"choices": [{"text": " fake", "index": 0}], "model": self.alias})
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        error = {"code": 500, "message": "injected completion failure", "type": "server_error"}
+        self.reply(500, {"error": error})
+
+
+def own_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--really-bind", metavar="HOST", help="listen here, ignoring --host")
+    p.add_argument("--version", action="version", version="fake_llama 0.0 (llama-server flags)")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("-m", "--model")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("-c", "--ctx-size", type=int)
-    p.add_argument("--alias", default="model")
-    p.add_argument("-md", "--model-draft")
-    p.add_argument("--really-bind", metavar="HOST", help="listen here, ignoring --host")
-    p.add_argument("--version", action="version", version="fake_llama 0.0 (llama-server flags)")
-    args = p.parse_args()
-    Handler.alias = args.alias
+    args = parse_args(own_flags)
     exit_after = os.environ.get("FAKE_EXIT_AFTER")  # a one-shot run: exit on its own
     if exit_after is not None:
         code = int(os.environ.get("FAKE_EXIT_CODE", "0"))
         threading.Timer(float(exit_after), lambda: os._exit(code)).start()
-    server = ThreadingHTTPServer((args.really_bind or args.host, args.port), Handler)
-    server.daemon_threads = True
-    server.serve_forever()
+    serve(args, FakeLlama, host=args.really_bind or "")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""What the fault_* servers share: llama-server's flags and a llama-protocol handler.
+"""What the test servers share: llama-server's flags and a llama-protocol handler.
 
-Each fault program imports this module (it sits beside them, so it is on
-``sys.path`` when one runs as a script). The handler answers ``/health`` as
-the file ``health`` in the working directory says: ``ok`` (200, the default),
-``fail`` (500), ``loading`` (503 "Loading model"), ``hang`` (never answers);
-``/v1/models`` lists the alias, and a completion returns one token.
+fake_llama.py, http_fault.py and each fault_* program import this module (it
+sits beside them, so it is on ``sys.path`` when one runs as a script). The
+handler answers ``/health`` as the file ``health`` in the working directory
+says: ``ok`` (200, the default), ``fail`` (500), ``loading`` (503 "Loading
+model"), ``hang`` (never answers); ``/v1/models`` lists the alias, and a
+completion returns one token.
 """
 
 from __future__ import annotations
@@ -36,16 +37,20 @@ def parse_args(
     return p.parse_args()
 
 
+def mode(name: str = "health") -> str:
+    """The behaviour the file ``name`` in the working directory selects; ``ok`` without it."""
+    path = Path(name)
+    return path.read_text().strip() if path.exists() else "ok"
+
+
 def write_pid(name: str, pid: int) -> None:
     """Record a pid in the working directory (atomically: the test polls for it)."""
     Path(f"{name}.tmp").write_text(str(pid))
     Path(f"{name}.tmp").rename(name)
 
 
-class Handler(BaseHTTPRequestHandler):
-    """llama-server's health, models and completion endpoints; override to inject faults."""
-
-    alias = "model"
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet handler that replies with JSON (or given bytes) and a Content-Length."""
 
     def log_message(self, *args: object) -> None:
         pass
@@ -58,14 +63,19 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+
+class Handler(JsonHandler):
+    """llama-server's health, models and completion endpoints; override to inject faults."""
+
+    alias = "model"
+
     def health(self) -> None:
-        path = Path("health")
-        mode = path.read_text().strip() if path.exists() else "ok"
-        if mode == "hang":
+        health = mode()
+        if health == "hang":
             NEVER.wait()
-        elif mode == "loading":
+        elif health == "loading":
             self.reply(503, LOADING)
-        elif mode == "fail":
+        elif health == "fail":
             self.reply(500, {"error": {"code": 500, "message": "injected failure"}})
         else:
             self.reply(200, {"status": "ok"})
@@ -83,9 +93,14 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(200, {"choices": [{"text": " fake", "index": 0}], "model": self.alias})
 
 
-def serve(args: argparse.Namespace, handler: type[Handler] = Handler) -> None:
-    """Listen on --host/--port and serve forever."""
-    handler.alias = args.alias
-    server = ThreadingHTTPServer((args.host, args.port), handler)
+def listen(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A server on ``host:port`` (0: the kernel picks); its request threads are daemons."""
+    server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
-    server.serve_forever()
+    return server
+
+
+def serve(args: argparse.Namespace, handler: type[Handler] = Handler, host: str = "") -> None:
+    """Listen on ``host`` (default --host) and --port and serve forever."""
+    handler.alias = args.alias
+    listen(host or args.host, args.port, handler).serve_forever()

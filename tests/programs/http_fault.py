@@ -17,27 +17,15 @@ Modes:
 
 import argparse
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from fault_common import NEVER, JsonHandler, listen
 
 HUGE = 32 * 1024 * 1024
 STATS = {"sent": 0, "done": False}
-NEVER = threading.Event()
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     mode = "ok"
-
-    def log_message(self, *args):
-        pass
-
-    def reply(self, status, body, ctype="application/json"):
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def huge(self):
         self.send_response(200)
@@ -53,7 +41,7 @@ class Handler(BaseHTTPRequestHandler):
             pass
         STATS["done"] = True
 
-    def do_GET(self):
+    def do_GET(self):  # noqa: N802 - the name http.server calls
         mode, path = self.mode, self.path
         if path == "/stats":
             return self.reply(200, STATS)
@@ -98,7 +86,7 @@ class Handler(BaseHTTPRequestHandler):
             )
         return self.reply(404, {"error": "not found"})
 
-    def do_POST(self):
+    def do_POST(self):  # noqa: N802 - the name http.server calls
         if self.mode == "hang":
             NEVER.wait()
         if self.path != "/v1/completions":
@@ -116,8 +104,7 @@ def main():
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
     Handler.mode = args.mode
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    server.daemon_threads = True
+    server = listen("127.0.0.1", args.port, Handler)
     print(f"PORT {server.server_address[1]}", flush=True)
     server.serve_forever()
 
