@@ -19,6 +19,7 @@ from support import PROGRAMS, make_launcher
 from infervisor.actors.clock import Clock, ManualClock
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
+from infervisor.adapters.ports import free_port
 from infervisor.replay import RestartPolicy
 
 
@@ -95,6 +96,12 @@ def nodes(tmp_path: Path) -> Iterator[NodeFactory]:
 @pytest.fixture
 def manual_clock() -> ManualClock:
     return ManualClock()
+
+
+@pytest.fixture
+def port() -> int:
+    """A loopback port the kernel reports free now (bind it promptly)."""
+    return free_port()
 
 
 @pytest.fixture(scope="session")

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import re
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psutil
 import pytest
 
+from infervisor.adapters.pgroup import same_process
+from infervisor.adapters.pidfd import PidHandle
+from infervisor.adapters.process import ExitInfo, LaunchPlan, launch_env
+
 PROGRAMS = Path(__file__).parent / "programs"
 OLLAMA_SERVER = Path(__file__).parent / "servers" / "ollama_server.py"
+VERIFIER = Path(__file__).with_name("independent_verifier.py")
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -49,9 +58,84 @@ def pids_of_group(pgid: int) -> list[int]:
         try:
             if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(p.pid)
-        except (ProcessLookupError, PermissionError):
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
             continue
     return found
+
+
+def gone(pid: int, started: float) -> bool:
+    """The process (pid and start time) has exited (a zombie counts as exited)."""
+    proc = same_process(pid, started)
+    try:
+        return proc is None or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_exact(pid: int, started: float) -> None:
+    """SIGKILL the process (pid and start time) if it is still that process."""
+    handle = PidHandle.open(pid, started)
+    if handle is not None:
+        handle.send(signal.SIGKILL)
+        handle.close()
+
+
+def printed_pid(text: str, label: str) -> int | None:
+    """The pid a test program printed as a line ``LABEL PID``, or None before it has."""
+    found = re.search(rf"^{label} (\d+)$", text, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def script_plan(
+    script: str, *args: str, cwd: Path, env: dict[str, str] | None = None, **kw: int
+) -> LaunchPlan:
+    """A plan running ``tests/programs/SCRIPT args`` with this Python in ``cwd``."""
+    return LaunchPlan(
+        program=sys.executable,
+        args=[str(PROGRAMS / script), *args],
+        env=env if env is not None else launch_env(),
+        cwd=str(cwd),
+        **kw,
+    )
+
+
+class Exits:
+    """Collects on_exit calls; :meth:`wait` gives the first within ``deadline`` seconds."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.calls: list[ExitInfo] = []
+        self.event = threading.Event()
+
+    def __call__(self, info: ExitInfo) -> None:
+        self.calls.append(info)
+        self.event.set()
+
+    def wait(self) -> ExitInfo:
+        assert self.event.wait(self.deadline), "on_exit was not called"
+        return self.calls[0]
+
+
+def run_tool(module: str, *args: str) -> str:
+    """Run ``python -m infervisor.tools.MODULE ARGS``, which must succeed; its stdout, stripped."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"infervisor.tools.{module}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def load_independent_verifier() -> ModuleType:
+    """Import tests/independent_verifier.py in-process (it is a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("independent_verifier", VERIFIER)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass

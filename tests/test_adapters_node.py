@@ -275,9 +275,10 @@ def direct_launcher(directory: Path) -> str:
     """fake_llama behind a Python shebang, so no shell adds variables (dash adds PWD)."""
     path = directory / "direct-fake-llama"
     script = PROGRAMS / "fake_llama.py"
-    path.write_text(
+    path.write_text(  # sys.argv[0] and sys.path[0] as `python script` sets them
         f"#!{sys.executable}\nimport runpy, sys\n"
-        f"sys.argv[0] = {str(script)!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+        f"sys.argv[0] = {str(script)!r}\nsys.path[0] = {str(script.parent)!r}\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
     path.chmod(0o755)
     return str(path)

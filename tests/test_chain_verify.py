@@ -7,15 +7,14 @@ rebuilds the table without constraints) with plain sqlite3, then edits rows.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support import load_independent_verifier
 
 from infervisor.chain import (
     ChainFormatError,
@@ -31,7 +30,6 @@ from infervisor.chain.checks import Row, check_row
 from infervisor.chain.hashing import event_hash, header_bytes, payload_hash
 
 NOW = 1_793_491_200_000_000_000
-VERIFIER = Path(__file__).with_name("independent_verifier.py")
 DOC = Path(__file__).parents[1] / "docs" / "chain-format.md"
 Raw = tuple[object, ...]
 
@@ -100,16 +98,6 @@ def forge(
         prev_hash=prev_hash,
     )
     return (seq, NOW, *texts, payload, digest, prev_hash, event_hash(header))
-
-
-def load_independent_verifier() -> ModuleType:
-    """Import the independent verifier in-process; test_independent_verifier runs it as a script."""
-    spec = importlib.util.spec_from_file_location("independent_verifier", VERIFIER)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 INDEPENDENT = load_independent_verifier()

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import sqlite3
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import VERIFIER, load_independent_verifier
 
 from infervisor.chain import EventDraft, SqliteChain, encode_payload, verify_chain
 
 NOW = 1_793_491_200_000_000_000
-VERIFIER = Path(__file__).with_name("independent_verifier.py")
 COLUMNS = (
     "seq",
     "ts_ns",
@@ -38,16 +36,6 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(VERIFIER), *args], capture_output=True, text=True, check=False
     )
-
-
-def load_verifier() -> ModuleType:
-    """Import the script as a module, for checks too many to run as subprocesses."""
-    spec = importlib.util.spec_from_file_location("independent_verifier", VERIFIER)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_chain(path: Path, length: int) -> None:
@@ -72,7 +60,7 @@ def verdict(path: Path) -> tuple[str, int, str] | tuple[str, int, int | str]:
     return ("bad", report.problem.seq, report.problem.reason)
 
 
-INDEPENDENT = load_verifier()
+INDEPENDENT = load_independent_verifier()
 
 
 def test_the_verifier_imports_only_what_an_auditor_has() -> None:

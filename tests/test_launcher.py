@@ -37,13 +37,6 @@ def model(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
 def no_llama_server_env(tmp_path: Path) -> dict[str, str]:
     """An environment whose PATH holds no llama-server: embedded mode, always."""
     empty = tmp_path / "empty-bin"

@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from support import pids_of_group, run_tool
 
 from infervisor.tools.tinymlx import (
     SPECIAL_TOKENS,
@@ -126,7 +127,7 @@ class Server:
         os.killpg(self.proc.pid, signal.SIGTERM)
         rc = self.proc.wait(EXIT_DEADLINE_S)
         assert time.monotonic() - started < 2.0
-        assert _group(self.proc.pid) == []
+        assert pids_of_group(self.proc.pid) == []
         return rc
 
 
@@ -134,27 +135,9 @@ def _status(response: httpx.Response | None) -> int | None:
     return None if response is None else response.status_code
 
 
-def _group(pgid: int) -> list[int]:
-    found = []
-    for p in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(p.pid)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return found
-
-
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     return generate_tiny_mlx(tmp_path / "tiny", seed=0)
-
-
-@pytest.fixture
-def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -225,14 +208,7 @@ def test_heads_must_divide_hidden(tmp_path: Path) -> None:
 
 def test_command_line_writes_the_directory(tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    done = subprocess.run(
-        [sys.executable, "-m", "infervisor.tools.tinymlx", str(out), "--seed", "3"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert done.stdout.strip() == str(out)
+    assert run_tool("tinymlx", str(out), "--seed", "3") == str(out)
     api = generate_tiny_mlx(tmp_path / "api", seed=3)
     assert (out / "model.safetensors").read_bytes() == (api / "model.safetensors").read_bytes()
 

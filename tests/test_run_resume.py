@@ -80,16 +80,21 @@ flavor = "llamacpp"
 model = "tiny"
 port = {chat_port}
 {instance_extra}
+{embed_instance(embed_port)}"""
+    )
+    return path
 
+
+def embed_instance(port: int) -> str:
+    """The [[instances]] entry of role "embed": model "tiny" on ``port``, not started."""
+    return f"""
 [[instances]]
 role = "embed"
 flavor = "llamacpp"
 model = "tiny"
-port = {embed_port}
+port = {port}
 start = false
 """
-    )
-    return path
 
 
 def distinct_ports() -> tuple[int, int]:
@@ -111,6 +116,12 @@ def cli(*args: object, timeout: float = EXIT_DEADLINE_S) -> subprocess.Completed
         timeout=timeout,
         check=False,
     )
+
+
+def assert_verifies(db: Path) -> None:
+    """``infervisor chain verify DB`` exits 0."""
+    verified = cli("chain", "verify", db)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def read_state(db: Path) -> NodeState | None:
@@ -247,8 +258,7 @@ def stop_resume_scenario(
     first_pid = chat.process.pid
     assert first.stop() == 0, first.output()
     assert "Traceback" not in first.output()
-    verified = cli("chain", "verify", db)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert_verifies(db)
 
     replayed = cli("replay", db, "--json")
     assert replayed.returncode == 0, replayed.stderr
@@ -281,8 +291,7 @@ def stop_resume_scenario(
     assert not [line for line in out.splitlines() if line.startswith("placed ")]
     assert "Traceback" not in out
 
-    verified = cli("chain", "verify", db)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert_verifies(db)
     after = json.loads(cli("replay", db, "--json").stdout)["instances"]
     assert by_role(after, "embed")[1] == embed_json  # untouched by the second run
     assert by_role(after, "chat")[1]["desired"] == "running"
@@ -316,14 +325,7 @@ def test_stop_and_resume_the_example_with_the_real_server(
     ):
         assert old in text, f"examples/node.toml no longer has {old!r}"
         text = text.replace(old, new)
-    text += f"""
-[[instances]]
-role = "embed"
-flavor = "llamacpp"
-model = "tiny"
-port = {embed_port}
-start = false
-"""
+    text += embed_instance(embed_port)
     config = tmp_path / "node.toml"
     config.write_text(text)
     stop_resume_scenario(runs, config, tmp_path / "data" / "chain.db", 90.0)
@@ -466,8 +468,7 @@ def test_an_instance_the_node_refuses_ends_the_run(tmp_path: Path, fake_llama: s
     config.write_text(config.read_text().replace('model = "tiny"', 'model = "huge"', 1))
     result = cli("run", config)
     assert_refused(result, "[[instances]] #1", "unknown model 'huge'")
-    verified = cli("chain", "verify", tmp_path / "data" / "chain.db")
-    assert verified.returncode == 0
+    assert_verifies(tmp_path / "data" / "chain.db")
     kinds = [e.kind for e in events_of(tmp_path / "data" / "chain.db")]
     assert "instance.placed" not in kinds
     assert kinds[-1] == "node.stopped"

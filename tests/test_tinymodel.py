@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
 import pytest
+from support import run_tool
 
 from infervisor.tools.tinymodel import TinyDims, generate_tiny_gguf
 
@@ -52,12 +51,5 @@ def test_heads_must_divide_embedding(tmp_path: Path) -> None:
 
 def test_command_line_writes_the_file(tmp_path: Path) -> None:
     out = tmp_path / "cli.gguf"
-    done = subprocess.run(
-        [sys.executable, "-m", "infervisor.tools.tinymodel", str(out), "--seed", "3"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert done.stdout.strip() == str(out)
+    assert run_tool("tinymodel", str(out), "--seed", "3") == str(out)
     assert out.read_bytes() == generate_tiny_gguf(tmp_path / "api.gguf", seed=3).read_bytes()

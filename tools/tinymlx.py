@@ -2,10 +2,11 @@
 
 ``mlx_lm.server --model DIR`` loads it in about a second on a CPU and
 generates text from it, with ``HF_HUB_OFFLINE=1`` and nothing from the hub.
-The weights are random, but one residual dimension (``_BIAS_DIM``) is held at
-a constant positive value so that the output projection can push every token
-that is not printable ASCII far down: a completion is printable ASCII, never
-ends early on an end-of-sequence token and is always valid UTF-8.
+The weights are random, but one residual dimension is held at a constant
+positive value so that the output projection can push every token that is not
+printable ASCII far down (:mod:`infervisor.tools.tinyweights`): a completion
+is printable ASCII, never ends early on an end-of-sequence token and is
+always valid UTF-8.
 
 Files written::
 
@@ -33,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+from .tinyweights import CHAT_TEMPLATE, F32, BlockNames, TensorNames, llama_tensors
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -47,16 +47,24 @@ __all__ = [
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _EOS_IDS = (256, 258)
-_PRINTABLE = slice(0x20, 0x7F)  # space .. '~': the only tokens the model emits
-_BIAS_DIM = 0
-_BIAS_VALUE = 1.0
-_SUPPRESS = -64.0
-_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+_PRINTABLE = range(0x20, 0x7F)  # space .. '~': the only tokens the model emits
+_MLX_NAMES = TensorNames(
+    embed="model.embed_tokens.weight",
+    block_prefix="model.layers.{i}.",
+    block=BlockNames(
+        attn_norm="input_layernorm.weight",
+        q="self_attn.q_proj.weight",
+        k="self_attn.k_proj.weight",
+        v="self_attn.v_proj.weight",
+        o="self_attn.o_proj.weight",
+        ffn_norm="post_attention_layernorm.weight",
+        gate="mlp.gate_proj.weight",
+        up="mlp.up_proj.weight",
+        down="mlp.down_proj.weight",
+    ),
+    norm="model.norm.weight",
+    head="lm_head.weight",
 )
-
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)
@@ -171,53 +179,20 @@ def _tokenizer_config(dims: TinyMlxDims) -> dict[str, Any]:
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": dims.context,
-        "chat_template": _CHAT_TEMPLATE,
+        "chat_template": CHAT_TEMPLATE,
     }
-
-
-def _normal(rng: np.random.Generator, shape: tuple[int, ...]) -> F32:
-    """Small random weights (standard deviation 0.02), as float32."""
-    return (rng.standard_normal(shape) * 0.02).astype(np.float32)
-
-
-def _layer(rng: np.random.Generator, dims: TinyMlxDims) -> dict[str, F32]:
-    """One decoder block (shape (out, in)), keyed by its name under ``layers.N``.
-
-    The rows of ``o_proj`` and ``down_proj`` that write ``_BIAS_DIM`` are zero,
-    so the residual stream keeps that dimension constant.
-    """
-    e, f = dims.hidden, dims.ffn
-    t = {
-        "input_layernorm.weight": np.ones(e, dtype=np.float32),
-        "self_attn.q_proj.weight": _normal(rng, (e, e)),
-        "self_attn.k_proj.weight": _normal(rng, (e, e)),
-        "self_attn.v_proj.weight": _normal(rng, (e, e)),
-        "self_attn.o_proj.weight": _normal(rng, (e, e)),
-        "post_attention_layernorm.weight": np.ones(e, dtype=np.float32),
-        "mlp.gate_proj.weight": _normal(rng, (f, e)),
-        "mlp.up_proj.weight": _normal(rng, (f, e)),
-        "mlp.down_proj.weight": _normal(rng, (e, f)),
-    }
-    t["self_attn.o_proj.weight"][_BIAS_DIM, :] = 0.0
-    t["mlp.down_proj.weight"][_BIAS_DIM, :] = 0.0
-    return t
 
 
 def _tensors(seed: int, dims: TinyMlxDims) -> dict[str, F32]:
-    """All weights, drawn in a fixed order from ``default_rng(seed)``."""
-    rng = np.random.default_rng(seed)
-    embed = _normal(rng, (dims.vocab, dims.hidden))
-    embed[:, _BIAS_DIM] = _BIAS_VALUE
-    tensors = {"model.embed_tokens.weight": embed}
-    for i in range(dims.layers):
-        for name, value in _layer(rng, dims).items():
-            tensors[f"model.layers.{i}.{name}"] = value
-    tensors["model.norm.weight"] = np.ones(dims.hidden, dtype=np.float32)
-    head = _normal(rng, (dims.vocab, dims.hidden))
-    head[:, _BIAS_DIM] = _SUPPRESS
-    head[_PRINTABLE, _BIAS_DIM] = 0.0
-    tensors["lm_head.weight"] = head
-    return tensors
+    """All weights, drawn in a fixed order; only printable ASCII may be emitted."""
+    return llama_tensors(
+        seed,
+        _MLX_NAMES,
+        hidden=dims.hidden,
+        ffn=dims.ffn,
+        layers=dims.layers,
+        emitted=[i in _PRINTABLE for i in range(dims.vocab)],
+    )
 
 
 def safetensors_bytes(tensors: dict[str, F32], metadata: dict[str, str]) -> bytes:

@@ -2,10 +2,10 @@
 
 llama.cpp loads it in well under a second and generates text from it. The
 text is random printable ASCII: the weights are random, but one residual
-dimension (``_BIAS_DIM``) is held at a constant positive value so that the
-output projection can push every token that is not printable ASCII or a
-space (control tokens, ``<unk>``, raw bytes) far down. A completion therefore
-never ends early on ``</s>`` and is always valid UTF-8.
+dimension is held at a constant positive value so that the output projection
+can push every token that is not printable ASCII or a space (control tokens,
+``<unk>``, raw bytes) far down (:mod:`infervisor.tools.tinyweights`). A
+completion therefore never ends early on ``</s>`` and is always valid UTF-8.
 
 Vocabulary (SentencePiece-style, ``tokenizer.ggml.model = "llama"``)::
 
@@ -24,22 +24,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-import numpy as np
-import numpy.typing as npt
+
+from .tinyweights import CHAT_TEMPLATE, F32, BlockNames, TensorNames, llama_tensors
 
 __all__ = ["TinyDims", "generate_tiny_gguf", "main"]
 
 _SPACE = "\u2581"
 _PRINTABLE = [chr(c) for c in range(0x21, 0x7F)]
-_BIAS_DIM = 0
-_BIAS_VALUE = 1.0
-_SUPPRESS = -64.0
-_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+_GGUF_NAMES = TensorNames(
+    embed="token_embd.weight",
+    block_prefix="blk.{i}.",
+    block=BlockNames(
+        attn_norm="attn_norm.weight",
+        q="attn_q.weight",
+        k="attn_k.weight",
+        v="attn_v.weight",
+        o="attn_output.weight",
+        ffn_norm="ffn_norm.weight",
+        gate="ffn_gate.weight",
+        up="ffn_up.weight",
+        down="ffn_down.weight",
+    ),
+    norm="output_norm.weight",
+    head="output.weight",
 )
-
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)
@@ -97,64 +105,19 @@ def _add_tokenizer(w: gguf.GGUFWriter, tokens: list[str], types: list[int]) -> N
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(_CHAT_TEMPLATE)
-
-
-def _normal(rng: np.random.Generator, shape: tuple[int, ...]) -> F32:
-    """Small random weights (standard deviation 0.02), as float32."""
-    return (rng.standard_normal(shape) * 0.02).astype(np.float32)
-
-
-def _embeddings(rng: np.random.Generator, n_vocab: int, dims: TinyDims) -> F32:
-    """Token embeddings (n_vocab, n_embd) with ``_BIAS_DIM`` held constant."""
-    emb = _normal(rng, (n_vocab, dims.n_embd))
-    emb[:, _BIAS_DIM] = _BIAS_VALUE
-    return emb
-
-
-def _output(rng: np.random.Generator, types: list[int], dims: TinyDims) -> F32:
-    """Output projection (n_vocab, n_embd); non-NORMAL tokens are suppressed."""
-    out = _normal(rng, (len(types), dims.n_embd))
-    out[:, _BIAS_DIM] = 0.0
-    for i, kind in enumerate(types):
-        if kind != gguf.TokenType.NORMAL:
-            out[i, _BIAS_DIM] = _SUPPRESS
-    return out
-
-
-def _layer(rng: np.random.Generator, dims: TinyDims) -> dict[str, F32]:
-    """One block's tensors (numpy shape is (out, in)), keyed by GGUF suffix.
-
-    The rows of ``attn_output`` and ``ffn_down`` that write ``_BIAS_DIM`` are
-    zero, so the residual stream keeps that dimension constant.
-    """
-    e, f = dims.n_embd, dims.n_ff
-    t = {
-        "attn_norm": np.ones(e, dtype=np.float32),
-        "attn_q": _normal(rng, (e, e)),
-        "attn_k": _normal(rng, (e, e)),
-        "attn_v": _normal(rng, (e, e)),
-        "attn_output": _normal(rng, (e, e)),
-        "ffn_norm": np.ones(e, dtype=np.float32),
-        "ffn_gate": _normal(rng, (f, e)),
-        "ffn_up": _normal(rng, (f, e)),
-        "ffn_down": _normal(rng, (e, f)),
-    }
-    t["attn_output"][_BIAS_DIM, :] = 0.0
-    t["ffn_down"][_BIAS_DIM, :] = 0.0
-    return t
+    w.add_chat_template(CHAT_TEMPLATE)
 
 
 def _tensors(seed: int, types: list[int], dims: TinyDims) -> dict[str, F32]:
-    """All tensors in GGUF naming order, drawn from ``default_rng(seed)``."""
-    rng = np.random.default_rng(seed)
-    tensors = {"token_embd.weight": _embeddings(rng, len(types), dims)}
-    for i in range(dims.n_layer):
-        for suffix, value in _layer(rng, dims).items():
-            tensors[f"blk.{i}.{suffix}.weight"] = value
-    tensors["output_norm.weight"] = np.ones(dims.n_embd, dtype=np.float32)
-    tensors["output.weight"] = _output(rng, types, dims)
-    return tensors
+    """All tensors in GGUF naming order; only NORMAL tokens may be emitted."""
+    return llama_tensors(
+        seed,
+        _GGUF_NAMES,
+        hidden=dims.n_embd,
+        ffn=dims.n_ff,
+        layers=dims.n_layer,
+        emitted=[kind == gguf.TokenType.NORMAL for kind in types],
+    )
 
 
 def generate_tiny_gguf(path: Path, *, seed: int = 0, dims: TinyDims | None = None) -> Path:
