@@ -13,6 +13,12 @@ used by another run, the chain belongs to another node, a model is missing,
 an instance is refused). The last is reported in one line, before anything
 is recorded when it can be.
 
+While it runs, operators reach it through ``<data_dir>/control.sock``
+(``infervisor status|start|stop|restart|unload``; see :mod:`.control`): the
+socket is open from the moment the run lock is held (verbs are answered
+"starting" until the node is open) until the node is shut down, and verbs
+that change state are refused once the shutdown begins.
+
 Signals are only queued by the handler (``SimpleQueue.put`` is safe there);
 the main thread reads the queue and does the work.
 """
@@ -42,6 +48,8 @@ from infervisor.chain import ChainError, SqliteChain, StoredEvent
 from infervisor.replay import EventDecodeError, decode_event, reason_of
 
 from .config import ModelEntryConfig, NodeConfig
+from .control import ControlError
+from .control_server import ControlServer
 
 __all__ = ["LOCK_FILE", "RunError", "register_models", "run_node"]
 
@@ -62,22 +70,25 @@ def run_node(config: NodeConfig, say: Say) -> int:
     with _signals_into(inbox), contextlib.ExitStack() as held:
         try:
             held.enter_context(claim_data_dir(config.node))
+            control = held.enter_context(listen_for_operators(config.node))
             node = open_node(config, on_event=lambda e: say(event_line(e)))
         except RunError as e:
             say(f"error: {e}")
             return 2
+        control.serve(node)
         try:
             report_resumed(node, config, say)
             place_new(node, config, say, stop_requested=lambda: not inbox.empty())
         except RunError as e:
             say(f"error: {e}")
-            _shutdown(node, inbox, f"refused configuration: {e}", say)
+            _shutdown(node, control, inbox, f"refused configuration: {e}", say)
             return 2
         say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
+        say(f"operator verbs: infervisor status|start|stop|restart|unload {control.path.parent}")
         say("Ctrl-C or SIGTERM stops it")
         name = inbox.get()
         say(f"received {name}: stopping managed servers (send it again to kill them at once)")
-        status = _shutdown(node, inbox, f"infervisor run received {name}", say)
+        status = _shutdown(node, control, inbox, f"infervisor run received {name}", say)
         if status == 0:
             say("stopped")
         return status
@@ -122,6 +133,18 @@ def _lock(fd: int, data_dir: Path) -> None:
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def listen_for_operators(settings: NodeSettings) -> ControlServer:
+    """Open the data_dir's control socket; it answers "starting" until the node is open.
+
+    Raises:
+        RunError: the socket cannot be created there (path too long, in the way, denied).
+    """
+    try:
+        return ControlServer.listen(settings.data_dir)
+    except ControlError as e:
+        raise RunError(f"data_dir {settings.data_dir}: {e}") from e
 
 
 def event_line(stored: StoredEvent) -> str:
@@ -266,12 +289,19 @@ def place_new(
             say(f"started {iid}: pid {view.pid}, {view.endpoint}")
 
 
-def _shutdown(node: Node, inbox: queue.SimpleQueue[str], reason: str, say: Say) -> int:
-    """Stop the node on a helper thread; a signal meanwhile kills what is still stopping."""
+def _shutdown(
+    node: Node, control: ControlServer, inbox: queue.SimpleQueue[str], reason: str, say: Say
+) -> int:
+    """Stop the node on a helper thread; a signal meanwhile kills what is still stopping.
+
+    Operator verbs that change state are refused from now on; the ones still
+    running finish first (a signal meanwhile kills a server they stop).
+    """
     failed: list[Exception] = []
 
     def work() -> None:
         try:
+            control.stopping()
             node.shutdown(reason=reason)
         except (NodeError, ChainError, pykka.ActorDeadError) as e:
             failed.append(e)
