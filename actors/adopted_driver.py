@@ -9,11 +9,13 @@ and ``reference/infer_runtime.rs.txt`` (adopted mode).
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from infervisor.adapters.adopted import STOP_REFUSAL, AdoptedServer
-from infervisor.adapters.errors import AdmissionRefused
+from infervisor.adapters.errors import AdmissionRefused, ProbeError
+from infervisor.adapters.ports import wide_listeners
 from infervisor.adapters.probe import HealthKind, ServerReport
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
@@ -52,6 +54,8 @@ class AdoptedDriver:
                 f"adopted server is not answering ({why}); "
                 "infervisor does not start adopted servers"
             )
+        with contextlib.suppress(ProbeError):  # for status' exposure until the next reconcile
+            self.actor.listeners = wide_listeners()
         self.actor.commit(ev.Starting(by=by, reset_budget=by == "operator"), by)
         self.actor.commit(ev.Ready(detail="adopted server answers"), by)
 
@@ -83,7 +87,7 @@ class AdoptedDriver:
             why = f"{health.kind}: {health.reason}; adopted servers are not restarted"
             self.actor.commit(ev.Unhealthy(misses=self._misses, reason=why), "supervisor")
 
-    def reconcile(self) -> None:
+    def reconcile(self, listeners: dict[int, list[str]] | None) -> None:
         pass  # nothing to enforce: the binding and the process are not ours
 
     def boot(self) -> None:

@@ -18,8 +18,8 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -48,7 +48,8 @@ class InstanceContext:
     """What every instance actor of a node shares (read-only).
 
     ``ledger`` is the residency ledger actor, or None when the node has no
-    memory budget.
+    memory budget. ``probes`` runs health probes for every instance (each has
+    its own timeout, so a hung server holds one worker for that long at most).
     """
 
     node_id: str
@@ -56,6 +57,7 @@ class InstanceContext:
     clock: Clock
     settings: NodeSettings
     ledger: pykka.ActorRef[Any] | None = None
+    probes: Executor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
 
 
 class Driver(Protocol):
@@ -66,7 +68,7 @@ class Driver(Protocol):
     def unload(self, by: str) -> None: ...
     def wants_probe(self) -> int | None: ...
     def on_probe(self, token: int, report: ServerReport) -> None: ...
-    def reconcile(self) -> None: ...
+    def reconcile(self, listeners: dict[int, list[str]] | None) -> None: ...
     def boot(self) -> None: ...
     def handle(self, message: Any) -> None: ...
     def settled(self) -> bool: ...
@@ -98,8 +100,10 @@ class InstanceActor(pykka.ThreadingActor):
         self.supervision = ctx.settings.supervision(spec.kind, spec.restart)
         self.memory = Reservation(ctx.ledger, state.instance_id, adapter.model_bytes)
         self._last_probe_at: float | None = None
+        #: The last socket-table snapshot (ports listening beyond loopback).
+        self.listeners: dict[int, list[str]] | None = None
         self._probing = False
-        self._probes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
+        self._probes = ctx.probes
         self.driver: Driver = _make_driver(self)
 
     # ------------------------------------------------------------------ dispatch
@@ -146,8 +150,10 @@ class InstanceActor(pykka.ThreadingActor):
                 self._probing = False
                 self.report = report
                 self.driver.on_probe(token, report)
-            case m.ReconcileTick():
-                self.driver.reconcile()
+            case m.ReconcileTick(listeners=listeners):
+                if listeners is not None:
+                    self.listeners = listeners
+                self.driver.reconcile(listeners)
             case m.Boot():
                 self.driver.boot()
             case m.LeaseExpired(silent_s=silent):
@@ -157,7 +163,6 @@ class InstanceActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self.driver.close()
-        self._probes.shutdown(wait=False, cancel_futures=True)
         self.adapter.close()
 
     # ------------------------------------------------------------------ the one rule
@@ -224,8 +229,11 @@ class InstanceActor(pykka.ThreadingActor):
             return
         now = self.ctx.clock.monotonic()
         last = self._last_probe_at
-        # The supervisor ticks at the shortest interval of any kind; this kind's may be longer.
-        if last is not None and now - last < self.supervision.interval_s - 1e-9:
+        # The supervisor ticks at the shortest interval of any kind; this kind's may be
+        # longer. Half a tick of slack: ticks are handled with jitter, and a probe due
+        # a hair after this tick must not wait a whole extra tick.
+        slack = self.ctx.settings.tick_s / 2
+        if last is not None and now - last < self.supervision.interval_s - slack:
             return
         self._last_probe_at = now
         self._probing = True

@@ -115,7 +115,14 @@ class HealthTick(_Msg, frozen=True):
 
 
 class ReconcileTick(_Msg, frozen=True):
-    """Compare desired and actual state and act toward desired."""
+    """Compare desired and actual state and act toward desired.
+
+    ``listeners``: ports listening beyond loopback on this machine, with their
+    addresses, read once for every instance (None when the socket table could
+    not be read).
+    """
+
+    listeners: dict[int, list[str]] | None = None
 
 
 class Boot(_Msg, frozen=True):

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +46,9 @@ __all__ = ["Node", "NodeActors"]
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
+#: Health probes of all instances share these threads (one per instance cost twice
+#: the CPU per probe at 300 instances: bench/supervision_cost.py).
+PROBE_WORKERS = 8
 ASK_TIMEOUT_S = 60.0
 
 
@@ -57,6 +60,7 @@ class NodeActors:
     supervisor: pykka.ActorRef[Any]
     host: pykka.ActorRef[Any]
     ledger: pykka.ActorRef[Any] | None = None
+    probes: ThreadPoolExecutor | None = None
 
 
 class Node:
@@ -69,6 +73,7 @@ class Node:
         self._supervisor = actors.supervisor
         self._host = actors.host
         self._ledger = actors.ledger
+        self._actors = actors
         self.registry = ModelRegistry(settings.registry_path)
         self._capabilities: builtins.list[Capability] = []
 
@@ -118,7 +123,7 @@ class Node:
                     # Recorded as stopping; the shutdown itself must still complete.
                     log.error("shutdown: a server did not stop cleanly: %s", e)  # noqa: TRY400
         _append(self._writer, self.clock, ev.NodeStopped(reason=reason))
-        _stop_actors(NodeActors(self._writer, self._supervisor, self._host, self._ledger))
+        _stop_actors(self._actors)
 
     def __enter__(self) -> Node:
         return self
@@ -306,13 +311,14 @@ def _start_actors(
     ledger = None
     if settings.memory_budget_bytes is not None:
         ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
-    ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger)
+    probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
+    ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger, probes)
     supervisor = SupervisorActor.start(
         clock, settings.tick_s, settings.reconcile_interval_s, settings.lease_s
     )
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor)
     supervisor.tell(m.WatchedBy(host=host))
-    return NodeActors(writer, supervisor, host, ledger)
+    return NodeActors(writer, supervisor, host, ledger, probes)
 
 
 def _stop_actors(actors: NodeActors) -> None:
@@ -322,6 +328,8 @@ def _stop_actors(actors: NodeActors) -> None:
     if actors.ledger is not None:
         actors.ledger.stop()
     actors.writer.stop()
+    if actors.probes is not None:
+        actors.probes.shutdown(wait=False, cancel_futures=True)
 
 
 def _rebuild(path: Path) -> NodeState:

@@ -167,7 +167,7 @@ class OllamaDriver:
         """The background load's state, for status."""
         return self.load.state if self.load is not None else None
 
-    def reconcile(self) -> None:
+    def reconcile(self, listeners: dict[int, list[str]] | None) -> None:
         pass
 
     def boot(self) -> None:

@@ -20,12 +20,10 @@ import msgspec
 
 from infervisor.adapters.errors import (
     AdmissionRefused,
-    ProbeError,
     ProcessControlError,
     SpawnError,
 )
 from infervisor.adapters.launched import LaunchedServer
-from infervisor.adapters.ports import listeners_beyond_loopback
 from infervisor.adapters.probe import ServerReport
 from infervisor.adapters.process import ExitInfo, ServerProcess
 from infervisor.adapters.status import map_report
@@ -371,20 +369,17 @@ class ProcessDriver:
             self.terminate(grace, cause=f"killed: {reason}")
 
     # ------------------------------------------------------------------ reconcile
-    def reconcile(self) -> None:
+    def reconcile(self, listeners: dict[int, list[str]] | None) -> None:
         if self.proc is not None and not self._terminating:
-            self._enforce_loopback()
+            if listeners is not None:
+                self._enforce_loopback(listeners.get(self.adapter.spec.port, []))
             return
         idle = self._restart_timer is None
         if idle and self.state.desired is Desired.RUNNING and self.state.lifecycle is S.EXITED:
             self.after_exit()
 
-    def _enforce_loopback(self) -> None:
+    def _enforce_loopback(self, beyond: list[str]) -> None:
         """A server we started must not answer beyond loopback: stop it, hold it."""
-        try:
-            beyond = listeners_beyond_loopback(self.adapter.spec.port)
-        except ProbeError:
-            return
         if not beyond:
             return
         self._cancel_restart()

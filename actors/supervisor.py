@@ -12,15 +12,21 @@ another node placed stop (phase "lease") and stay stopped.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import msgspec
 import pykka
 
+from infervisor.adapters.errors import ProbeError
+from infervisor.adapters.ports import wide_listeners
+
 from . import messages as m
 from .clock import Clock, Timer
 
 __all__ = ["SupervisorActor"]
+
+log = logging.getLogger(__name__)
 
 
 class _Tick(msgspec.Struct, frozen=True):
@@ -82,7 +88,7 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._fan_out(m.HealthTick())
                 self._schedule("health")
             case _Tick(what=what):
-                self._fan_out(m.ReconcileTick())
+                self._fan_out(m.ReconcileTick(listeners=_wide_listeners()))
                 self._schedule(what)
         return None
 
@@ -109,3 +115,11 @@ class SupervisorActor(pykka.ThreadingActor):
                 ref.tell(tick)
             except pykka.ActorDeadError:
                 continue
+
+
+def _wide_listeners() -> dict[int, list[str]] | None:
+    try:
+        return wide_listeners()
+    except ProbeError as e:
+        log.warning("exposure checks skipped this tick: %s", e)
+        return None

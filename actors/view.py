@@ -32,7 +32,11 @@ def build_view(actor: InstanceActor) -> InstanceView:
             spec.flavor, adapter.served_model, report, alive=alive, adopted=adopted, load=load
         )
         status, detail = mapped.state.value, mapped.detail
-    exposure = adapter.exposure() if isinstance(adapter, AdoptedServer) else "loopback (managed)"
+    exposure = (
+        adapter.exposure(actor.listeners)
+        if isinstance(adapter, AdoptedServer)
+        else "loopback (managed)"
+    )
     if state.exposed:
         exposure = f"stopped: listened beyond loopback on {', '.join(state.exposed)}"
     return InstanceView(

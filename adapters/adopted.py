@@ -7,8 +7,6 @@ only confirms the server answers; ``stop_instance`` refuses).
 
 from __future__ import annotations
 
-from .errors import ProbeError
-from .ports import listeners_beyond_loopback
 from .probe import HealthKind, ServerClient, ServerReport, deep_health
 from .server import AdapterKind
 from .spec import InstanceSpec
@@ -54,15 +52,16 @@ class AdoptedServer:
     def address_taken(self) -> str | None:
         return None  # the address is the adopted server's own
 
-    def exposure(self) -> str:
-        """How reachable the server is: its binding is not ours to enforce."""
-        try:
-            wide = listeners_beyond_loopback(self.spec.port)
-        except ProbeError:
-            wide = []
-        if wide:
+    def exposure(self, wide: dict[int, list[str]] | None) -> str:
+        """How reachable the server is, from a socket-table snapshot
+        (:func:`~.ports.wide_listeners`; None before the first): its binding
+        is not ours to enforce."""
+        wide_here = (wide or {}).get(self.spec.port, [])
+        if wide_here:
+            wide = {self.spec.port: wide_here}
             return (
-                f"lan: listening on {', '.join(wide)} (adopted: its binding is not ours to enforce)"
+                f"lan: listening on {', '.join(wide_here)} "
+                "(adopted: its binding is not ours to enforce)"
             )
         return "lan (adopted: its binding cannot be enforced, so it is assumed reachable)"
 

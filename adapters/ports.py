@@ -16,7 +16,7 @@ import psutil
 
 from .errors import ProbeError, SpecError
 
-__all__ = ["free_port", "listeners_beyond_loopback", "port_in_use"]
+__all__ = ["free_port", "listeners_beyond_loopback", "port_in_use", "wide_listeners"]
 
 
 def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
@@ -106,3 +106,24 @@ def listeners_beyond_loopback(port: int) -> list[str]:
         and not _is_loopback(c.laddr.ip)
     }
     return sorted(found)
+
+
+def wide_listeners() -> dict[int, list[str]]:
+    """Every TCP port LISTENing beyond loopback on this machine, with its addresses.
+
+    One read of the socket table for all instances (it costs tens of
+    milliseconds on a busy machine, so it is taken once per reconcile tick,
+    not per instance).
+
+    Raises:
+        ProbeError: the socket table cannot be read (not permitted).
+    """
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError) as e:
+        raise ProbeError(f"cannot read the socket table: {e}") from e
+    found: dict[int, set[str]] = {}
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and not _is_loopback(c.laddr.ip):
+            found.setdefault(c.laddr.port, set()).add(c.laddr.ip)
+    return {port: sorted(ips) for port, ips in found.items()}
