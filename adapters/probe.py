@@ -25,7 +25,10 @@ import msgspec
 from .errors import ProbeError
 from .spec import Flavor
 
-__all__ = ["Health", "HealthKind", "ServerClient", "ServerReport", "deep_health"]
+__all__ = ["MODELS_EVERY", "Health", "HealthKind", "ServerClient", "ServerReport", "deep_health"]
+
+#: A healthy server's model list is asked on every this many probes.
+MODELS_EVERY = 10
 
 _EXCERPT = 200  # characters of a body quoted in a reason
 
@@ -159,6 +162,10 @@ class ServerClient:
             raise ProbeError(f"invalid server URL {base_url!r}: expected http://host:port")
         self.base_url, self._timeout, self._max_body = base_url, timeout, max_body
         self._http = httpx.Client(base_url=url, timeout=timeout, trust_env=False)
+        # /v1/models changes only when the server restarts; while /health stays up it is
+        # asked every MODELS_EVERY probes, not on each (half the cost of a probe).
+        self._models: list[str] | None = None
+        self._since_models = 0
 
     def close(self) -> None:
         """Release the connection pool."""
@@ -216,10 +223,17 @@ class ServerClient:
             return ServerReport(Health(HealthKind.UNREACHABLE, str(e)), flavor=flavor)
         health = _judge_health(reply, self._max_body)
         if health.kind is not HealthKind.UP:
+            self._models = None  # ask again once it is back: it may be another server
             return ServerReport(health, flavor=flavor)
-        doc = self._fetch_json("/v1/models")
-        models = _names(doc, "data", ("id",)) or _names(doc, "models", ("name", "model"))
-        return ServerReport(health, models=models, flavor=flavor)
+        return ServerReport(health, models=self._listed_models(), flavor=flavor)
+
+    def _listed_models(self) -> list[str]:
+        self._since_models += 1
+        if self._models is None or self._since_models >= MODELS_EVERY:
+            doc = self._fetch_json("/v1/models")
+            self._models = _names(doc, "data", ("id",)) or _names(doc, "models", ("name", "model"))
+            self._since_models = 0
+        return list(self._models)
 
     def _probe_ollama(self) -> ServerReport:
         try:
