@@ -7,12 +7,20 @@ The tree (adapter errors, such as ``AdmissionRefused``, ``SpecError`` and
      +-- VerbRefused       the verb was refused; state and chain are as they were
      |    +-- UnknownInstance
      |    +-- InvalidState  (names the current state and what the verb needs)
+     |    +-- BadArgument   a verb's argument is out of range (names it and the range)
      +-- VerbTimeout       the verb was accepted but did not complete in time
 """
 
 from __future__ import annotations
 
-__all__ = ["InvalidState", "NodeError", "UnknownInstance", "VerbRefused", "VerbTimeout"]
+__all__ = [
+    "BadArgument",
+    "InvalidState",
+    "NodeError",
+    "UnknownInstance",
+    "VerbRefused",
+    "VerbTimeout",
+]
 
 
 class NodeError(Exception):
@@ -34,6 +42,10 @@ class UnknownInstance(VerbRefused):
 
 class InvalidState(VerbRefused):
     """The instance's lifecycle state does not allow the verb."""
+
+
+class BadArgument(VerbRefused, ValueError):
+    """A verb's argument is out of range; the message names it and the allowed range."""
 
 
 class VerbTimeout(NodeError):

@@ -19,6 +19,7 @@ import msgspec
 
 from infervisor.adapters.status import InstanceStatus, StatusState
 from infervisor.replay import RestartPolicy
+from infervisor.replay.policy import check_duration
 
 __all__ = [
     "DEFAULT_KINDS",
@@ -57,8 +58,10 @@ class KindSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     def validate(self, name: str) -> None:
         """Raise ValueError naming the kind and field when a value is out of range."""
-        if self.interval_s is not None and self.interval_s <= 0:
-            raise ValueError(f"kinds.{name}.interval_s {self.interval_s}: allowed > 0")
+        if self.interval_s is not None:
+            check_duration(f"kinds.{name}.interval_s", self.interval_s)
+        for field in ("startup_deadline_s", "startup_cap_s"):
+            check_duration(f"kinds.{name}.{field}", getattr(self, field), allow_zero=True)
         if self.miss_limit is not None and self.miss_limit < 1:
             raise ValueError(f"kinds.{name}.miss_limit {self.miss_limit}: allowed 1 or more")
         if self.startup_cap_s < self.startup_deadline_s:

@@ -31,11 +31,12 @@ from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft, SqliteChain, StoredEvent
 from infervisor.replay import NodeState, fold, kind_of
 from infervisor.replay import events as ev
+from infervisor.replay.policy import check_duration
 
 from . import messages as m
 from .chain_writer import ChainWriter
 from .clock import Clock, RealClock
-from .errors import VerbTimeout
+from .errors import BadArgument, VerbTimeout
 from .host import HostActor
 from .instance import InstanceContext
 from .ledger import LedgerActor, LedgerView, snapshot
@@ -224,6 +225,11 @@ class Node:
             UnknownInstance: no such instance.
             VerbTimeout: the stop is recorded but the group outlived the wait.
         """
+        if grace_s is not None:
+            try:
+                check_duration("grace_s", grace_s, allow_zero=True)
+            except ValueError as e:
+                raise BadArgument(str(e)) from e
         fut: Future[m.InstanceView] = self._ask(
             self._ref(instance_id), m.Stop(by=by, grace_s=grace_s)
         )

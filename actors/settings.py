@@ -11,6 +11,7 @@ from infervisor.adapters.ollama import parse_keep_alive
 from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.server import AdapterSettings
 from infervisor.replay import RestartPolicy
+from infervisor.replay.policy import check_duration
 
 from .kinds import KindSettings, Supervision, supervision_for
 
@@ -77,11 +78,11 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""
         for name in ("health_interval_s", "reconcile_interval_s", "probe_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} {getattr(self, name)}: allowed a positive number")
-        for name in ("stop_grace_s", "health_kill_grace_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} {getattr(self, name)}: allowed 0 or more")
+            check_duration(name, getattr(self, name))
+        for name in ("stop_grace_s", "health_kill_grace_s", "deep_timeout_s"):
+            check_duration(name, getattr(self, name), allow_zero=name != "deep_timeout_s")
+        if self.lease_s is not None:
+            check_duration("lease_s", self.lease_s)
         unknown = sorted(set(self.adapters) - set(ALL_ADAPTERS))
         if unknown:
             raise ValueError(f"adapters {unknown}: allowed {', '.join(ALL_ADAPTERS)}")

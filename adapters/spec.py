@@ -26,6 +26,8 @@ __all__ = [
     "valid_token",
 ]
 
+#: llama.cpp's own ceiling on the context length (tokens).
+MAX_CTX = 1 << 24
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -126,8 +128,8 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
                 )
             if not self.model:
                 raise SpecError("model: managed mode needs a model name from the registry")
-        if self.ctx_size < 8:
-            raise SpecError(f"ctx_size {self.ctx_size} is too small: allowed 8 or more tokens")
+        if not 8 <= self.ctx_size <= MAX_CTX:
+            raise SpecError(f"ctx_size {self.ctx_size}: allowed 8 to {MAX_CTX} tokens")
         for key in self.env:
             if not key or "=" in key:
                 raise SpecError(f"env key {key!r} is not a valid environment variable name")

@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from infervisor.chain.errors import ChainIntegrityError, ChainIOError
+from infervisor.chain.errors import ChainFormatError, ChainIntegrityError, ChainIOError
 
 BUSY_TIMEOUT_S = 10.0
 """How long a writer waits for another process's write transaction, in seconds."""
@@ -34,6 +34,11 @@ def translated(path: str, action: str) -> Iterator[None]:
         raise ChainIOError(f"cannot {action} chain {path}: {exc}{hint}") from exc
     except sqlite3.Error as exc:
         raise ChainIOError(f"cannot {action} chain {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ChainFormatError(
+            f"cannot {action} chain {path}: a text column is not UTF-8 ({exc}); "
+            "`infervisor chain verify` names the row"
+        ) from exc
 
 
 def connect_writer(path: str) -> sqlite3.Connection:

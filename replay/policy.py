@@ -8,15 +8,38 @@ way it was made. Source: ``reference/infer_config.rs.txt`` (``RestartPolicy``:
 
 from __future__ import annotations
 
+import math
 import random
 
 import msgspec
 
 from .state import InstanceState
 
-__all__ = ["Exhausted", "Restart", "RestartDecision", "RestartPolicy", "decide_restart"]
+__all__ = [
+    "MAX_DURATION_S",
+    "Exhausted",
+    "Restart",
+    "RestartDecision",
+    "RestartPolicy",
+    "check_duration",
+    "decide_restart",
+]
 
 _NS = 1_000_000_000
+
+
+#: The longest duration any setting or verb accepts (seconds): a week. Longer
+#: values overflow timers, and non-finite ones cannot be recorded in the chain.
+MAX_DURATION_S = 7 * 24 * 3600.0
+
+
+def check_duration(name: str, value: float, *, allow_zero: bool = False) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is a finite number of seconds
+    in ``(0, MAX_DURATION_S]`` (``[0, ...]`` with ``allow_zero``)."""
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (math.isfinite(value) and low_ok and value <= MAX_DURATION_S):
+        low = "0" if allow_zero else "more than 0"
+        raise ValueError(f"{name} {value}: allowed {low} to {MAX_DURATION_S:g} seconds")
 
 
 class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -43,9 +66,13 @@ class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         """Raise ValueError naming the field when a bound is out of range."""
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts {self.max_restarts}: allowed 0 or more")
+        for name in ("base_s", "cap_s", "stable_after_s"):
+            check_duration(f"restart.{name}", getattr(self, name), allow_zero=name != "base_s")
+        if self.window_s is not None:
+            check_duration("restart.window_s", self.window_s)
         if not 0 < self.base_s <= self.cap_s:
             raise ValueError(f"base_s {self.base_s} / cap_s {self.cap_s}: need 0 < base_s <= cap_s")
-        if not 0 <= self.jitter <= 1:
+        if not (math.isfinite(self.jitter) and 0 <= self.jitter <= 1):
             raise ValueError(f"jitter {self.jitter}: allowed 0 to 1")
         if self.window_s is not None and self.window_s <= 0:
             raise ValueError(f"window_s {self.window_s}: allowed a positive number or none")

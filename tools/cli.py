@@ -103,7 +103,8 @@ def cli(verbose: bool) -> None:
     "--dir",
     "workdir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Work here instead of a new temporary folder (kept afterwards).",
+    help="Work in this new or empty folder instead of a new temporary one. Either way "
+    "the folder is kept afterwards, so its chain can be audited.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of text.")
 @click.option(
@@ -122,8 +123,15 @@ def demo(workdir: Path | None, as_json: bool, flavor: str) -> None:
     """
     from .demo import data_dir_default, run_demo  # noqa: PLC0415 - keeps --help fast
 
+    if workdir is not None and workdir.exists() and any(workdir.iterdir()):
+        _fail_io(
+            FileExistsError(f"--dir {workdir} is not empty: the demo needs a new or empty folder")
+        )
     workdir = workdir or data_dir_default()
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _fail_io(OSError(f"--dir {workdir}: cannot create it: {e.strerror or e}"))
     quiet = as_json
     say = (lambda _m: None) if quiet else click.echo
     progress = (lambda _m: None) if quiet or not sys.stderr.isatty() else _progress

@@ -215,6 +215,11 @@ def register_models(registry: ModelRegistry, models: list[ModelEntryConfig]) -> 
 
 def _register(registry: ModelRegistry, model: ModelEntryConfig) -> None:
     file = registry.root / model.path
+    root = registry.root.resolve()
+    if model.generate_tiny and not file.resolve().is_relative_to(root):
+        raise RegistryError(
+            f"path {model.path!r} is outside the registry root {root}: refused before writing"
+        )
     if model.generate_tiny and not file.exists():
         from .tinymodel import generate_tiny_gguf  # noqa: PLC0415 - needs the llamacpp extra
 

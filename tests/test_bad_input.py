@@ -1,0 +1,73 @@
+"""Bad input a newcomer tried: refused with the field named, nothing recorded or lost."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infervisor.actors.errors import BadArgument
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.replay import RestartPolicy
+
+INFERVISOR = str(Path(sys.executable).parent / "infervisor")
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, 1e308])
+@pytest.mark.parametrize(
+    "field", ["stop_grace_s", "health_interval_s", "reconcile_interval_s", "probe_timeout_s"]
+)
+def test_non_finite_or_huge_durations_are_refused(nodes, fake_llama, fake_model, field, value):
+    settings = nodes.settings(fake_llama, fake_model, **{field: value})
+    with pytest.raises(ValueError, match=field):
+        nodes.open(settings)
+    assert not Path(settings.chain_path).exists()
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, 0.0])
+def test_restart_policy_durations_must_be_finite(value):
+    with pytest.raises(ValueError, match="base_s"):
+        RestartPolicy(base_s=value).validate()
+
+
+@pytest.mark.parametrize("grace", [math.nan, math.inf, -1.0, 1e308])
+def test_a_stop_with_a_bad_grace_is_refused_and_not_recorded(nodes, fake_llama, fake_model, grace):
+    node = nodes.open(nodes.settings(fake_llama, fake_model))
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    iid = node.place(InstanceSpec(role="c", flavor=Flavor.LLAMACPP, model="tiny", port=free_port()))
+    node.start(iid)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    head = node.rebuild().head_seq
+    with pytest.raises(BadArgument, match="grace_s"):
+        node.stop(iid, grace_s=grace)
+    assert node.rebuild().head_seq == head
+    assert node.status(iid).lifecycle == "running"
+    node.stop(iid)
+
+
+def test_demo_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    keep = tmp_path / "models" / "tiny.gguf"
+    keep.write_bytes(b"mine")
+    done = subprocess.run(
+        [INFERVISOR, "demo", "--dir", str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2
+    assert "is not empty" in done.stderr
+    assert keep.read_bytes() == b"mine"
+
+
+def test_demo_names_a_folder_it_cannot_create() -> None:
+    done = subprocess.run(
+        [INFERVISOR, "demo", "--dir", "/proc/nonexistent/x"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "cannot create it" in done.stderr
+    assert "Traceback" not in done.stderr
