@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from support import PROGRAMS, make_launcher
+from support import PROGRAMS, make_launcher, ollama_server
 
 from infervisor.actors.clock import Clock, ManualClock
 from infervisor.actors.node import Node
@@ -112,3 +112,17 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
     generate_tiny_gguf(path, seed=0)
     return path
+
+
+@pytest.fixture
+def ollama_url() -> Iterator[Callable[..., str]]:
+    """``ollama_url(*models, load_seconds=0.3, **flags)`` starts an Ollama test server
+    (tests/servers/ollama_server.py) and returns its URL; all are killed in teardown."""
+    with contextlib.ExitStack() as stack:
+
+        def start(*models: str, load_seconds: float = 0.3, **flags: Any) -> str:
+            return stack.enter_context(
+                ollama_server(*models, load_seconds=load_seconds, **flags)
+            ).url
+
+        yield start

@@ -6,7 +6,6 @@ Ollama's API documentation; tests/test_ollama_server.py checks it on its own.
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ollama_server, wait_until
+from support import wait_until
 
 from infervisor.adapters import ollama
 from infervisor.adapters.errors import ProbeError, SpecError
@@ -31,19 +30,6 @@ from infervisor.adapters.status import (
 )
 
 LONG_LOAD = 60.0  # a load no test waits for: it is aborted or unloaded first
-
-
-@pytest.fixture
-def server() -> Iterator[Callable[..., str]]:
-    """Start the Ollama test server; returns its URL."""
-    with contextlib.ExitStack() as stack:
-
-        def start(*models: str, load_seconds: float = 0.3, **flags: Any) -> str:
-            return stack.enter_context(
-                ollama_server(*models, load_seconds=load_seconds, **flags)
-            ).url
-
-        yield start
 
 
 @pytest.fixture
@@ -129,8 +115,8 @@ def test_load_refuses_keep_alive_zero_before_asking(zero) -> None:
 # --- pulled, resident, load, unload ------------------------------------------------------
 
 
-def test_pulled_and_resident(server) -> None:
-    url = server("tinyllama", "qwen:0.5b", resident="qwen:0.5b")
+def test_pulled_and_resident(ollama_url) -> None:
+    url = ollama_url("tinyllama", "qwen:0.5b", resident="qwen:0.5b")
     assert ollama.pulled(url, "tinyllama")
     assert ollama.pulled(url, "tinyllama:latest")
     assert ollama.pulled(url, "qwen:0.5b")
@@ -139,8 +125,8 @@ def test_pulled_and_resident(server) -> None:
     assert not ollama.resident(url, "tinyllama")
 
 
-def test_load_then_unload(server) -> None:
-    url = server("tinyllama")
+def test_load_then_unload(ollama_url) -> None:
+    url = ollama_url("tinyllama")
     ollama.load(url, "tinyllama", "10m")
     assert ollama.resident(url, "tinyllama:latest")
     ollama.unload(url, "tinyllama")
@@ -148,24 +134,24 @@ def test_load_then_unload(server) -> None:
     assert not ollama.resident(url, "tinyllama")
 
 
-def test_load_not_pulled_says_pull_it_first(server) -> None:
-    url = server("tinyllama")
+def test_load_not_pulled_says_pull_it_first(ollama_url) -> None:
+    url = ollama_url("tinyllama")
     with pytest.raises(OllamaError, match=r"HTTP 404.*pull it first \(ollama pull ghost\)") as err:
         ollama.load(url, "ghost")
     assert err.value.status == 404
     assert err.value.error == "model 'ghost' not found, try pulling it first"
 
 
-def test_load_failure_carries_ollamas_error(server) -> None:
-    url = server("tinyllama", fail_load="broken")
+def test_load_failure_carries_ollamas_error(ollama_url) -> None:
+    url = ollama_url("tinyllama", fail_load="broken")
     with pytest.raises(OllamaError, match="llama runner process has terminated") as err:
         ollama.load(url, "broken")
     assert err.value.status == 500
     assert not ollama.resident(url, "broken")
 
 
-def test_unload_of_a_model_ollama_does_not_know_is_done(server) -> None:
-    ollama.unload(server("tinyllama"), "ghost")
+def test_unload_of_a_model_ollama_does_not_know_is_done(ollama_url) -> None:
+    ollama.unload(ollama_url("tinyllama"), "ghost")
 
 
 def test_unreachable_is_a_probe_error_never_httpx() -> None:
@@ -197,8 +183,8 @@ def test_a_server_that_is_not_ollama_is_a_probe_error() -> None:
             p.kill()
 
 
-def test_wait_unloaded_is_false_while_resident_and_when_unreachable(server) -> None:
-    url = server("tinyllama", resident="tinyllama")
+def test_wait_unloaded_is_false_while_resident_and_when_unreachable(ollama_url) -> None:
+    url = ollama_url("tinyllama", resident="tinyllama")
     assert not ollama.wait_unloaded(url, "tinyllama", timeout=0.3, poll=0.05)
     assert not ollama.wait_unloaded(closed_url(), "tinyllama", timeout=0.3, poll=0.05)
 
@@ -206,8 +192,8 @@ def test_wait_unloaded_is_false_while_resident_and_when_unreachable(server) -> N
 # --- OllamaLoad --------------------------------------------------------------------------
 
 
-def test_background_load_is_loading_then_done_and_ours(server, loads) -> None:
-    url = server("tinyllama", load_seconds=0.5)
+def test_background_load_is_loading_then_done_and_ours(ollama_url, loads) -> None:
+    url = ollama_url("tinyllama", load_seconds=0.5)
     load = loads(url, "tinyllama", "5m")
     assert finished(load) == LoadState(LoadKind.DONE)
     assert load.ours
@@ -215,23 +201,23 @@ def test_background_load_is_loading_then_done_and_ours(server, loads) -> None:
     assert ollama.resident(url, "tinyllama")
 
 
-def test_background_load_reports_loading_while_ollama_loads(server, loads) -> None:
-    url = server("tinyllama", load_seconds=LONG_LOAD)
+def test_background_load_reports_loading_while_ollama_loads(ollama_url, loads) -> None:
+    url = ollama_url("tinyllama", load_seconds=LONG_LOAD)
     load = loads(url, "tinyllama")
     wait_until(lambda: ollama.resident(url, "tinyllama"), what="Ollama to start loading")
     assert load.state == LoadState(LoadKind.LOADING)
     assert load.ours
 
 
-def test_model_already_resident_is_not_ours(server, loads) -> None:
-    url = server("tinyllama", resident="tinyllama")
+def test_model_already_resident_is_not_ours(ollama_url, loads) -> None:
+    url = ollama_url("tinyllama", resident="tinyllama")
     load = loads(url, "tinyllama")
     assert finished(load) == LoadState(LoadKind.DONE)
     assert not load.ours  # somebody else loaded it: stop must not unload it
 
 
-def test_failed_background_load_is_failed_and_not_ours(server, loads) -> None:
-    url = server("tinyllama", fail_load="broken")
+def test_failed_background_load_is_failed_and_not_ours(ollama_url, loads) -> None:
+    url = ollama_url("tinyllama", fail_load="broken")
     load = loads(url, "broken")
     state = finished(load)
     assert state.kind is LoadKind.FAILED
@@ -247,8 +233,8 @@ def test_background_load_of_unreachable_ollama_fails(loads) -> None:
     assert not load.ours
 
 
-def test_abort_before_asking_loads_nothing_and_is_not_ours(server) -> None:
-    url = server("tinyllama")
+def test_abort_before_asking_loads_nothing_and_is_not_ours(ollama_url) -> None:
+    url = ollama_url("tinyllama")
     load = OllamaLoad(url, "tinyllama")
     load.abort()
     state = finished(load.start())
@@ -257,8 +243,8 @@ def test_abort_before_asking_loads_nothing_and_is_not_ours(server) -> None:
     assert not ollama.resident(url, "tinyllama")
 
 
-def test_abort_mid_load_stays_ours_and_unload_frees_the_memory(server, loads) -> None:
-    url = server("tinyllama", load_seconds=LONG_LOAD)
+def test_abort_mid_load_stays_ours_and_unload_frees_the_memory(ollama_url, loads) -> None:
+    url = ollama_url("tinyllama", load_seconds=LONG_LOAD)
     load = loads(url, "tinyllama", "-1")
     wait_until(lambda: ollama.resident(url, "tinyllama"), what="Ollama to start loading")
     load.abort()
@@ -283,8 +269,8 @@ def status(url: str, model: str, *, adopted: bool = False, load: LoadState | Non
     return map_report(Flavor.OLLAMA, model, probe(url), alive=False, adopted=adopted, load=load)
 
 
-def test_probe_reads_version_tags_and_ps(server) -> None:
-    url = server("tinyllama", "qwen:0.5b", resident="qwen:0.5b", version="0.6.8")
+def test_probe_reads_version_tags_and_ps(ollama_url) -> None:
+    url = ollama_url("tinyllama", "qwen:0.5b", resident="qwen:0.5b", version="0.6.8")
     report = probe(url)
     assert report.health.kind is HealthKind.UP
     assert report.version == "0.6.8"
@@ -295,22 +281,22 @@ def test_probe_reads_version_tags_and_ps(server) -> None:
     assert not report.is_resident("tinyllama")
 
 
-def test_status_not_pulled(server) -> None:
-    assert status(server("tinyllama"), "ghost") == InstanceStatus(
+def test_status_not_pulled(ollama_url) -> None:
+    assert status(ollama_url("tinyllama"), "ghost") == InstanceStatus(
         StatusState.DEGRADED, detail="model ghost is not pulled"
     )
 
 
-def test_status_resident(server) -> None:
-    url = server("tinyllama", resident="tinyllama")
+def test_status_resident(ollama_url) -> None:
+    url = ollama_url("tinyllama", resident="tinyllama")
     for adopted in (False, True):
         assert status(url, "tinyllama", adopted=adopted) == InstanceStatus(
             StatusState.RUNNING, detail="model resident"
         )
 
 
-def test_status_load_failed(server, loads) -> None:
-    url = server("tinyllama", fail_load="broken")
+def test_status_load_failed(ollama_url, loads) -> None:
+    url = ollama_url("tinyllama", fail_load="broken")
     load = loads(url, "broken")
     finished(load)
     got = status(url, "broken", load=load.state)
@@ -320,11 +306,11 @@ def test_status_load_failed(server, loads) -> None:
     assert "llama runner process has terminated" in got.detail
 
 
-def test_status_loading(server, loads) -> None:
+def test_status_loading(ollama_url, loads) -> None:
     """A load under way that Ollama does not list yet (the probe was taken before
     Ollama registered its runner). Once it does, /api/ps lists the model and the
     status says resident: see test_background_load_reports_loading_while_ollama_loads."""
-    url = server("tinyllama", load_seconds=LONG_LOAD)
+    url = ollama_url("tinyllama", load_seconds=LONG_LOAD)
     before = probe(url)
     load = loads(url, "tinyllama")
     assert load.state.kind is LoadKind.LOADING
@@ -334,14 +320,14 @@ def test_status_loading(server, loads) -> None:
     assert got == InstanceStatus(StatusState.DEGRADED, detail="loading model")
 
 
-def test_status_adopted_up_but_not_resident(server) -> None:
-    assert status(server("tinyllama"), "tinyllama", adopted=True) == InstanceStatus(
+def test_status_adopted_up_but_not_resident(ollama_url) -> None:
+    assert status(ollama_url("tinyllama"), "tinyllama", adopted=True) == InstanceStatus(
         StatusState.RUNNING, detail="server up; model not resident"
     )
 
 
-def test_status_managed_not_resident_is_loaded(server, loads) -> None:
-    url = server("tinyllama")
+def test_status_managed_not_resident_is_loaded(ollama_url, loads) -> None:
+    url = ollama_url("tinyllama")
     assert status(url, "tinyllama") == InstanceStatus(StatusState.LOADED)
     load = loads(url, "tinyllama")
     finished(load)

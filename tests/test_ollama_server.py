@@ -10,7 +10,6 @@ that goes away cancels its load).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import select
 import socket
@@ -24,19 +23,6 @@ import pytest
 from support import ollama_server, wait_until
 
 LONG_LOAD = 60.0  # a load no test waits for: it is cancelled or unloaded first
-
-
-@pytest.fixture
-def ollama() -> Iterator[Callable[..., str]]:
-    """Start a server: ``ollama("tinyllama", load_seconds=0.3, fail_load="x")``; its URL."""
-    with contextlib.ExitStack() as stack:
-
-        def start(*models: str, load_seconds: float = 0.3, **flags: Any) -> str:
-            return stack.enter_context(
-                ollama_server(*models, load_seconds=load_seconds, **flags)
-            ).url
-
-        yield start
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +69,16 @@ def in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, An
 # --- the read-only endpoints ---------------------------------------------------------
 
 
-def test_root_and_version(ollama, http) -> None:
-    url = ollama("tinyllama", version="0.6.8")
+def test_root_and_version(ollama_url, http) -> None:
+    url = ollama_url("tinyllama", version="0.6.8")
     r = http.get(f"{url}/")
     assert (r.status_code, r.text) == (200, "Ollama is running")
     assert http.get(f"{url}/api/version").json() == {"version": "0.6.8"}
     assert http.get(f"{url}/api/nope").status_code == 404
 
 
-def test_tags_lists_pulled_models_with_latest_tag(ollama, http) -> None:
-    url = ollama("tinyllama", "qwen:0.5b", model_size=1234)
+def test_tags_lists_pulled_models_with_latest_tag(ollama_url, http) -> None:
+    url = ollama_url("tinyllama", "qwen:0.5b", model_size=1234)
     models = http.get(f"{url}/api/tags").json()["models"]
     assert [m["name"] for m in models] == ["tinyllama:latest", "qwen:0.5b"]
     for m in models:
@@ -106,12 +92,12 @@ def test_tags_lists_pulled_models_with_latest_tag(ollama, http) -> None:
         )
 
 
-def test_ps_is_empty_until_something_loads(ollama, http) -> None:
-    assert ps(http, ollama("tinyllama")) == {}
+def test_ps_is_empty_until_something_loads(ollama_url, http) -> None:
+    assert ps(http, ollama_url("tinyllama")) == {}
 
 
-def test_resident_model_is_listed_at_start_with_no_expiry(ollama, http) -> None:
-    url = ollama("tinyllama", resident="other", model_size=4321)
+def test_resident_model_is_listed_at_start_with_no_expiry(ollama_url, http) -> None:
+    url = ollama_url("tinyllama", resident="other", model_size=4321)
     entry = ps(http, url)["other:latest"]
     assert entry["model"] == "other:latest"
     assert entry["size"] == entry["size_vram"] == 4321
@@ -123,8 +109,8 @@ def test_resident_model_is_listed_at_start_with_no_expiry(ollama, http) -> None:
 # --- load ----------------------------------------------------------------------------
 
 
-def test_load_answers_done_load_and_ps_lists_the_model(ollama, http) -> None:
-    url = ollama("tinyllama")
+def test_load_answers_done_load_and_ps_lists_the_model(ollama_url, http) -> None:
+    url = ollama_url("tinyllama")
     r = generate(http, url, model="tinyllama", keep_alive="1h")
     assert r.status_code == 200
     doc = r.json()
@@ -137,9 +123,9 @@ def test_load_answers_done_load_and_ps_lists_the_model(ollama, http) -> None:
     assert now + timedelta(minutes=55) < when(entry["expires_at"]) < now + timedelta(minutes=65)
 
 
-def test_load_blocks_until_loaded_and_ps_lists_it_meanwhile(ollama) -> None:
+def test_load_blocks_until_loaded_and_ps_lists_it_meanwhile(ollama_url) -> None:
     """The answer comes only once the load is over; Ollama lists a loading runner."""
-    url = ollama("tinyllama", load_seconds=LONG_LOAD)
+    url = ollama_url("tinyllama", load_seconds=LONG_LOAD)
     port = int(url.rsplit(":", 1)[1])
     with httpx.Client(timeout=20.0, trust_env=False) as http:
         body = json.dumps({"model": "tinyllama", "keep_alive": "5m"}).encode()
@@ -156,8 +142,8 @@ def test_load_blocks_until_loaded_and_ps_lists_it_meanwhile(ollama) -> None:
         wait_until(lambda: ps(http, url) == {}, what="the cancelled load to leave ps")
 
 
-def test_two_loads_of_one_model_share_the_load(ollama, http) -> None:
-    url = ollama("tinyllama", load_seconds=0.5)
+def test_two_loads_of_one_model_share_the_load(ollama_url, http) -> None:
+    url = ollama_url("tinyllama", load_seconds=0.5)
     threads = [in_background(lambda: generate(http, url, model="tinyllama")) for _ in range(2)]
     for t, out in threads:
         t.join(20)
@@ -165,23 +151,23 @@ def test_two_loads_of_one_model_share_the_load(ollama, http) -> None:
     assert list(ps(http, url)) == ["tinyllama:latest"]
 
 
-def test_model_without_tag_is_latest(ollama, http) -> None:
-    url = ollama("tinyllama:latest")
+def test_model_without_tag_is_latest(ollama_url, http) -> None:
+    url = ollama_url("tinyllama:latest")
     assert generate(http, url, model="tinyllama").status_code == 200
     assert generate(http, url, model="tinyllama:latest", keep_alive=0).status_code == 200
     assert ps(http, url) == {}
 
 
-def test_not_pulled_is_404_for_load_and_unload(ollama, http) -> None:
-    url = ollama("tinyllama")
+def test_not_pulled_is_404_for_load_and_unload(ollama_url, http) -> None:
+    url = ollama_url("tinyllama")
     for keep in ("5m", 0):
         r = generate(http, url, model="ghost", keep_alive=keep)
         assert r.status_code == 404
         assert r.json() == {"error": "model 'ghost' not found, try pulling it first"}
 
 
-def test_failed_load_is_500_with_the_error_and_not_resident(ollama, http) -> None:
-    url = ollama("tinyllama", fail_load="broken")
+def test_failed_load_is_500_with_the_error_and_not_resident(ollama_url, http) -> None:
+    url = ollama_url("tinyllama", fail_load="broken")
     r = generate(http, url, model="broken")
     assert r.status_code == 500
     assert "llama runner process has terminated" in r.json()["error"]
@@ -190,14 +176,14 @@ def test_failed_load_is_500_with_the_error_and_not_resident(ollama, http) -> Non
 
 
 @pytest.mark.parametrize("body", [{}, {"model": ""}])
-def test_model_is_required(ollama, http, body) -> None:
-    r = generate(http, ollama("tinyllama"), **body)
+def test_model_is_required(ollama_url, http, body) -> None:
+    r = generate(http, ollama_url("tinyllama"), **body)
     assert r.status_code == 400
     assert r.json() == {"error": "model is required"}
 
 
-def test_bad_json_and_missing_body_are_400(ollama, http) -> None:
-    url = ollama("tinyllama")
+def test_bad_json_and_missing_body_are_400(ollama_url, http) -> None:
+    url = ollama_url("tinyllama")
     r = http.post(f"{url}/api/generate", content=b"{not json")
     assert r.status_code == 400
     assert "error" in r.json()
@@ -258,8 +244,8 @@ def test_invalid_keep_alive_is_400_and_loads_nothing(shared, http, keep_alive, e
     assert "fresh:latest" not in ps(http, shared)
 
 
-def test_short_keep_alive_expires(ollama, http) -> None:
-    url = ollama("tinyllama")
+def test_short_keep_alive_expires(ollama_url, http) -> None:
+    url = ollama_url("tinyllama")
     assert generate(http, url, model="tinyllama", keep_alive="1s").status_code == 200
     wait_until(lambda: ps(http, url) == {}, what="the model to expire after keep_alive 1s")
 
@@ -278,13 +264,13 @@ def test_keep_alive_zero_unloads(shared, http, zero) -> None:
     assert "fresh:latest" not in ps(http, shared)
 
 
-def test_unload_of_a_model_not_in_memory_still_answers_unload(ollama, http) -> None:
-    r = generate(http, ollama("tinyllama"), model="tinyllama", keep_alive=0)
+def test_unload_of_a_model_not_in_memory_still_answers_unload(ollama_url, http) -> None:
+    r = generate(http, ollama_url("tinyllama"), model="tinyllama", keep_alive=0)
     assert (r.status_code, r.json()["done_reason"]) == (200, "unload")
 
 
-def test_unload_during_a_load_waits_for_it_then_drops_the_model(ollama, http) -> None:
-    url = ollama("tinyllama", load_seconds=1.0)
+def test_unload_during_a_load_waits_for_it_then_drops_the_model(ollama_url, http) -> None:
+    url = ollama_url("tinyllama", load_seconds=1.0)
     loader, loaded = in_background(lambda: generate(http, url, model="tinyllama"))
     wait_until(lambda: "tinyllama:latest" in ps(http, url), what="the load to start")
     r = generate(http, url, model="tinyllama", keep_alive=0)
@@ -297,8 +283,8 @@ def test_unload_during_a_load_waits_for_it_then_drops_the_model(ollama, http) ->
 # --- completions ---------------------------------------------------------------------
 
 
-def test_prompt_loads_and_streams_ndjson(ollama, http) -> None:
-    url = ollama("tinyllama")
+def test_prompt_loads_and_streams_ndjson(ollama_url, http) -> None:
+    url = ollama_url("tinyllama")
     r = generate(http, url, model="tinyllama", prompt="Hi")
     assert r.status_code == 200
     assert r.headers["content-type"] == "application/x-ndjson"
@@ -311,8 +297,8 @@ def test_prompt_loads_and_streams_ndjson(ollama, http) -> None:
     assert "tinyllama:latest" in ps(http, url)
 
 
-def test_prompt_without_streaming_and_keep_alive_zero_unloads_after(ollama, http) -> None:
-    url = ollama("tinyllama")
+def test_prompt_without_streaming_and_keep_alive_zero_unloads_after(ollama_url, http) -> None:
+    url = ollama_url("tinyllama")
     r = generate(http, url, model="tinyllama", prompt="Hi", stream=False, keep_alive=0)
     doc = r.json()
     assert doc["done"] is True
@@ -320,8 +306,8 @@ def test_prompt_without_streaming_and_keep_alive_zero_unloads_after(ollama, http
     assert ps(http, url) == {}
 
 
-def test_chat_loads_unloads_and_answers(ollama, http) -> None:
-    url = ollama("tinyllama")
+def test_chat_loads_unloads_and_answers(ollama_url, http) -> None:
+    url = ollama_url("tinyllama")
     r = http.post(f"{url}/api/chat", json={"model": "tinyllama", "messages": []})
     doc = r.json()
     assert (doc["done_reason"], doc["message"]) == ("load", {"role": "assistant", "content": ""})
