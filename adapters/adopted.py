@@ -58,7 +58,6 @@ class AdoptedServer:
         is not ours to enforce."""
         wide_here = (wide or {}).get(self.spec.port, [])
         if wide_here:
-            wide = {self.spec.port: wide_here}
             return (
                 f"lan: listening on {', '.join(wide_here)} "
                 "(adopted: its binding is not ours to enforce)"

@@ -113,7 +113,8 @@ def build_mlx_launch(
     # Offline, with an empty cache of its own: /v1/models then lists only this model
     # (without a cache directory it answers an empty body; docs/mlx-lm-notes.md).
     cache = str(workdir / "hf-cache")
-    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache, **extra_env, **spec.env}
+    # Applied last: no spec or node setting can turn the hub back on.
+    env = {**extra_env, **spec.env, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache}
     return LaunchPlan(
         program=program, args=args, env=launch_env(passthrough, env), cwd=str(workdir)
     )

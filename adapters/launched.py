@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import ProbeError
+from .errors import ProbeError, SpawnError
 from .ports import port_in_use
 from .probe import Health, HealthKind, ServerClient, ServerReport, deep_health
 from .process import ExitInfo, LaunchPlan, ManagedProcess
@@ -55,10 +55,13 @@ class LaunchedServer:
 
     def spawn(self, on_exit: Callable[[ExitInfo], None]) -> ManagedProcess:
         """Launch the server in its own process group. Raises SpawnError."""
-        Path(self.plan.cwd).mkdir(parents=True, exist_ok=True)
         cache = self.plan.env.get("HF_HUB_CACHE")
-        if cache:
-            Path(cache).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(self.plan.cwd).mkdir(parents=True, exist_ok=True)
+            if cache:
+                Path(cache).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpawnError(f"cannot create {self.plan.cwd}: {e.strerror or e}") from e
         self._confirmed = False
         return ManagedProcess.spawn(self.plan, on_exit)
 

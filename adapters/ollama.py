@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from .errors import AdapterError, ProbeError, SpecError
+from .errors import ProbeError, SpecError
 from .status import LoadKind, LoadState
 
 __all__ = [
@@ -436,17 +436,21 @@ class OllamaLoad:
                     return
                 self._ours = True  # ours from the moment we ask
             _load(self.base_url, self.tag, self._keep, self._timeout, self._trace)
-        except AdapterError as e:
-            self._end(LoadState(LoadKind.FAILED, str(e)), failed=True)
+        except OllamaError as e:  # Ollama refused the load: it holds nothing of ours
+            self._end(LoadState(LoadKind.FAILED, str(e)), failed=True, refused=True)
+            return
+        except Exception as e:  # noqa: BLE001 - the thread must always end the load
+            # Cut off or unreadable answer: it may well be loaded, so it stays ours.
+            self._end(LoadState(LoadKind.FAILED, f"{type(e).__name__}: {e}"), failed=True)
             return
         self._end(LoadState(LoadKind.DONE))
 
-    def _end(self, state: LoadState, *, failed: bool = False) -> None:
+    def _end(self, state: LoadState, *, failed: bool = False, refused: bool = False) -> None:
         with self._lock:
             if failed and self._aborted:
                 state = LoadState(LoadKind.FAILED, f"aborted ({state.error})")
-            elif failed:
-                self._ours = False  # a failed load holds no memory
+            elif refused:
+                self._ours = False  # a load Ollama refused holds no memory
             self._state, self._sock = state, None
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:

@@ -144,6 +144,8 @@ def _popen(plan: LaunchPlan) -> subprocess.Popen[bytes]:
         raise SpawnError(f"cannot start {plan.program}: not executable ({e.strerror})") from e
     except OSError as e:
         raise SpawnError(f"cannot start {plan.program}: {e}") from e
+    except ValueError as e:  # a NUL byte in argv or the environment
+        raise SpawnError(f"cannot start {plan.program}: {e}") from e
     finally:
         os.close(out)
         os.close(err)

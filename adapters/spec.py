@@ -26,6 +26,9 @@ __all__ = [
     "valid_token",
 ]
 
+#: Environment a placed spec may not set: it would change what code the server runs
+#: (loader and interpreter hooks) or where its weights come from (the hub).
+_REFUSED_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON", "HF_HUB_")
 #: llama.cpp's own ceiling on the context length (tokens).
 MAX_CTX = 1 << 24
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -130,9 +133,15 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
                 raise SpecError("model: managed mode needs a model name from the registry")
         if not 8 <= self.ctx_size <= MAX_CTX:
             raise SpecError(f"ctx_size {self.ctx_size}: allowed 8 to {MAX_CTX} tokens")
-        for key in self.env:
-            if not key or "=" in key:
-                raise SpecError(f"env key {key!r} is not a valid environment variable name")
+        for key, value in self.env.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise SpecError(f"env key {key!r}: not a valid environment variable")
+            if key.startswith(_REFUSED_ENV_PREFIXES):
+                raise SpecError(
+                    f"env key {key!r}: a spec may not set loader, interpreter or hub "
+                    f"variables ({', '.join(p + '*' for p in _REFUSED_ENV_PREFIXES)}); "
+                    "the node's own env setting may"
+                )
 
     @property
     def base_url(self) -> str:

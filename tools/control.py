@@ -303,7 +303,10 @@ class ControlClient:
     # ------------------------------------------------------------ typed verbs
     def list(self) -> builtins.list[InstanceView]:
         """Every instance's view, ordered by id."""
-        return msgspec.json.decode(self.call(ListVerb()), type=builtins.list[InstanceView])
+        views: builtins.list[InstanceView] = _decode(
+            self.call(ListVerb()), builtins.list[InstanceView]
+        )
+        return views
 
     def status(self, instance: str) -> InstanceView:
         """One instance's view."""
@@ -327,11 +330,13 @@ class ControlClient:
 
     def deep_health(self, instance: str) -> str:
         """The one token the server produced."""
-        return msgspec.json.decode(self.call(DeepHealthVerb(instance=instance)), type=str)
+        token: str = _decode(self.call(DeepHealthVerb(instance=instance)), str)
+        return token
 
     def ledger(self) -> LedgerView | None:
         """The memory budget and reservations (None when the node has no budget)."""
-        return msgspec.json.decode(self.call(LedgerVerb()), type=LedgerView | None)
+        ledger: LedgerView | None = _decode(self.call(LedgerVerb()), LedgerView | None)
+        return ledger
 
 
 _UNAVAILABLE: dict[str, type[NodeUnavailable]] = {
@@ -341,4 +346,14 @@ _UNAVAILABLE: dict[str, type[NodeUnavailable]] = {
 
 
 def _view(raw: msgspec.Raw) -> InstanceView:
-    return msgspec.json.decode(raw, type=InstanceView)
+    view: InstanceView = _decode(raw, InstanceView)
+    return view
+
+
+def _decode(raw: bytes | msgspec.Raw, type_: Any) -> Any:
+    """A result of the node's, typed; an answer this client does not understand (a
+    node of another version) is a ControlError, not a traceback."""
+    try:
+        return msgspec.json.decode(raw, type=type_)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ControlError(f"the node's answer is not understood (another version?): {e}") from e

@@ -288,4 +288,7 @@ def _remove_stale(path: Path) -> None:
         raise ControlError(f"cannot check {path}: {e.strerror or e}") from e
     if not stat.S_ISSOCK(mode):
         raise ControlError(f"{path} exists and is not a socket; move it away")
-    path.unlink()
+    try:
+        path.unlink()
+    except OSError as e:
+        raise ControlError(f"cannot remove the stale {path}: {e.strerror or e}") from e
