@@ -21,8 +21,15 @@ from infervisor.adapters.planning import build_adapter, plan
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
-from infervisor.chain import EventDraft, SqliteChain, StoredEvent
-from infervisor.replay import InstanceState, NodeState, apply_instance, kind_of
+from infervisor.chain import ChainError, EventDraft, SqliteChain, StoredEvent
+from infervisor.replay import (
+    EventDecodeError,
+    InstanceState,
+    NodeState,
+    ReplayError,
+    apply_instance,
+    kind_of,
+)
 from infervisor.replay import events as ev
 
 from . import messages as m
@@ -46,6 +53,8 @@ class HostActor(pykka.ThreadingActor):
         self.supervisor = supervisor
         self._refs: dict[str, pykka.ActorRef[Any]] = {}
         self._specs: dict[str, InstanceSpec] = {}
+        #: Instances the chain has whose adapter could not be rebuilt at boot: why.
+        self._unbuilt: dict[str, str] = {}
 
     def on_receive(self, message: Any) -> Any:
         match message:
@@ -83,6 +92,11 @@ class HostActor(pykka.ThreadingActor):
         except ValueError as e:
             raise SpecError(str(e)) from e
         iid = instance_id(spec, self.ctx.node_id)
+        if iid in self._unbuilt:
+            raise InvalidState(
+                f"{iid} is in the chain but was not rebuilt at boot ({self._unbuilt[iid]}); "
+                "fix that and restart the node"
+            )
         if iid in self._refs:
             return self._place_again(iid, msg)
         self._refuse_shared_address(spec)
@@ -161,6 +175,7 @@ class HostActor(pykka.ThreadingActor):
                 )
             except AdapterError as e:
                 log.error("%s: cannot rebuild its adapter (%s); not supervised", iid, e)  # noqa: TRY400 - the reason is the message; a traceback adds nothing
+                self._unbuilt[iid] = str(e)
                 continue
             self._adopt_actor(inst, spec, adapter).tell(m.Boot())
             booted.append(iid)
@@ -170,13 +185,23 @@ class HostActor(pykka.ThreadingActor):
         """Recreate a dead instance actor from the chain; its Boot re-attaches the process."""
         if iid not in self._specs:
             return  # unloaded meanwhile
-        with SqliteChain.open_readonly(self.ctx.settings.chain_path) as chain:
-            inst = _fold_instance(chain.events(subject=iid))
+        try:
+            with SqliteChain.open_readonly(self.ctx.settings.chain_path) as chain:
+                inst = _fold_instance(chain.events(subject=iid))
+        except (ChainError, ReplayError, EventDecodeError) as e:
+            log.error("%s: cannot replay it to recreate its actor: %s", iid, e)  # noqa: TRY400
+            return
         if inst is None:
             return
         log.warning("%s: its actor died; recreating it from the chain", iid)
         spec = self._specs[iid]
-        adapter = build_adapter(spec, iid, self.registry, self.ctx.settings.adapter_settings())
+        try:
+            adapter = build_adapter(spec, iid, self.registry, self.ctx.settings.adapter_settings())
+        except AdapterError as e:
+            # A tell that raises would end the host, and with it the node's API.
+            log.error("%s: cannot recreate it (%s); not supervised", iid, e)  # noqa: TRY400
+            self._unbuilt[iid] = str(e)
+            return
         self._adopt_actor(inst, spec, adapter).tell(m.Boot())
 
 

@@ -35,12 +35,17 @@ from infervisor.replay.events import encode_event
 
 from . import messages as m
 from .clock import Clock
+from .errors import InvalidState
 from .ledger import Reservation
 from .settings import NodeSettings
 
 __all__ = ["Driver", "InstanceActor", "InstanceContext", "tell"]
 
 log = logging.getLogger(__name__)
+
+
+#: Probe workers for contexts built without a node (tests); a node passes its own pool.
+_SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class InstanceContext:
     clock: Clock
     settings: NodeSettings
     ledger: pykka.ActorRef[Any] | None = None
-    probes: Executor = field(default_factory=lambda: ThreadPoolExecutor(max_workers=1))
+    probes: Executor = field(default_factory=lambda: _SHARED_FALLBACK)
 
 
 class Driver(Protocol):
@@ -96,6 +101,7 @@ class InstanceActor(pykka.ThreadingActor):
         self.adapter = adapter
         self.ctx = ctx
         self.report: ServerReport | None = None
+        self._gone = False
         spec = adapter.spec
         self.supervision = ctx.settings.supervision(spec.kind, spec.restart)
         self.memory = Reservation(ctx.ledger, state.instance_id, adapter.model_bytes)
@@ -179,10 +185,14 @@ class InstanceActor(pykka.ThreadingActor):
             subject=self.state.instance_id,
             payload=encode_event(event),
         )
+        if self._gone:
+            raise InvalidState(f"{self.state.instance_id} is unloaded")
         apply_instance(self.state, _provisional(draft, self.state.last_seq + 1), event)
         stored: StoredEvent = self.ctx.writer.ask(m.Append(drafts=(draft,)), block=True)[0]
         new = apply_instance(self.state, stored, event)
-        if new is not None:
+        if new is None:
+            self._gone = True  # unloaded: messages still queued must not record anything
+        else:
             self.state = new
         return stored
 
@@ -237,8 +247,17 @@ class InstanceActor(pykka.ThreadingActor):
             return
         self._last_probe_at = now
         self._probing = True
-        adapter = self.adapter
-        self._probes.submit(lambda: self.tell_self(_Probed(token=token, report=adapter.probe())))
+        self._probes.submit(self._probe_job, token)
+
+    def _probe_job(self, token: int) -> None:
+        """On a probe worker: always answer, so a probe that raises is a miss, never a
+        probe that never ends."""
+        try:
+            report = self.adapter.probe()
+        except Exception as e:  # noqa: BLE001 - reported as the probe's verdict
+            why = f"probe error: {type(e).__name__}: {e}"
+            report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
+        self.tell_self(_Probed(token=token, report=report))
 
     def _new_placement(self, msg: m.NewPlacement) -> bool:
         current = self.state.generation

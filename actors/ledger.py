@@ -116,6 +116,6 @@ class Reservation:
 
     def give_back(self) -> None:
         """Release what is held (a no-op when nothing is)."""
-        if self._ledger is not None and self.held:
+        if self._ledger is not None:  # also what a dead predecessor of this actor held
             release(self._ledger, self._instance_id)
         self.held = 0

@@ -124,9 +124,11 @@ class ProcessDriver:
         if self.proc is not None:
             if self.state.lifecycle is not S.STOPPING:
                 self.commit(ev.StopRequested(by=by, grace_s=UNLOAD_GRACE_S, reason="unload"), by)
-            proc, self.proc = self.proc, None
-            info = proc.terminate(UNLOAD_GRACE_S)
+            info = self.proc.terminate(UNLOAD_GRACE_S)  # raises with the handle still held
+            self.proc = None
+            self._terminating = False
             self.commit(_exited_event(info, "stopped for unload"), by)
+            self._resolve_stops()
         self.actor.memory.give_back()
         self.commit(ev.Unloaded(by=by), by)
         shutil.rmtree(self.adapter.plan.cwd, ignore_errors=True)

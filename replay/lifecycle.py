@@ -5,12 +5,12 @@ Restarting, Stopped, Failed, Finished) and ``reference/infer_lifecycle.rs.txt``
 (Loaded, Exited). The graph, drawn in ``docs/lifecycle.md``::
 
     loaded ──start──▶ starting ──ready──▶ running ──misses──▶ unhealthy
-                         │  ▲                │  ▲                 │
-                      exit  └──respawn── restarting ◀──backoff─────┘
-                         ▼                   ▲
-                       exited ──backoff──────┘── budget spent ──▶ failed
+                         ▲  │                │                    │ killed
+                         │  └─────exit───────┴────────────────────▼
+                     restarting ◀──backoff── exited ──budget spent──▶ failed
+                                               └──one-shot exit 0──▶ finished
 
-    any live state ──stop──▶ stopping ──exit──▶ stopped ──start──▶ starting
+    a state with a process ──stop──▶ stopping ──exit──▶ stopped ──start──▶ starting
 
 A stop is accepted in every state: one with a server process goes through
 ``stopping``, one without goes straight to ``stopped``. ``restarting -> restarting``
@@ -55,9 +55,10 @@ LIVE_STATES: frozenset[LifecycleState] = frozenset(
 #: Every legal transition. Anything else is refused with both states named.
 TRANSITIONS: dict[LifecycleState, frozenset[LifecycleState]] = {
     S.LOADED: frozenset({S.STARTING, S.STOPPED}),
-    S.STARTING: frozenset({S.RUNNING, S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED, S.FINISHED}),
-    S.RUNNING: frozenset({S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED, S.FINISHED}),
-    S.UNHEALTHY: frozenset({S.RUNNING, S.RESTARTING, S.FAILED, S.EXITED, S.STOPPING, S.STOPPED}),
+    S.STARTING: frozenset({S.RUNNING, S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED}),
+    S.RUNNING: frozenset({S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED}),
+    # An unhealthy server is killed first; the restart or the failure follows its exit.
+    S.UNHEALTHY: frozenset({S.RUNNING, S.EXITED, S.STOPPING, S.STOPPED}),
     S.RESTARTING: frozenset({S.STARTING, S.RESTARTING, S.FAILED, S.STOPPING, S.STOPPED}),
     S.STOPPING: frozenset({S.STOPPED}),
     S.STOPPED: frozenset({S.STARTING}),
