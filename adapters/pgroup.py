@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 import psutil
@@ -148,31 +148,41 @@ def signal_group(pgid: int, sig: int, at_exit: Mapping[int, float] | None = None
     return True
 
 
-def _wait_group_gone(pgid: int, deadline: float, at_exit: Mapping[int, float] | None) -> bool:
-    while group_members(pgid, at_exit):
+AtExit = Mapping[int, float] | None | Callable[[], Mapping[int, float] | None]
+
+
+def _now(at_exit: AtExit) -> Mapping[int, float] | None:
+    """The leader's exit snapshot as known right now (a callable is asked each time)."""
+    return at_exit() if callable(at_exit) else at_exit
+
+
+def _wait_group_gone(pgid: int, deadline: float, at_exit: AtExit) -> bool:
+    while group_members(pgid, _now(at_exit)):
         if time.monotonic() >= deadline:
             return False
         time.sleep(_SCAN_INTERVAL)
     return True
 
 
-def terminate_group(pgid: int, grace: float, at_exit: Mapping[int, float] | None = None) -> None:
+def terminate_group(pgid: int, grace: float, at_exit: AtExit = None) -> None:
     """SIGTERM group ``pgid``, wait up to ``grace`` seconds, then SIGKILL what is left.
 
     Blocks until no live member remains. Works for a group this process did not
     spawn (a re-attached server), since it only scans the process table. Pass
     ``at_exit`` once the leader has exited (see :func:`group_members`): every
-    signal then goes only to a group proven to be the leader's.
+    signal then goes only to a group proven to be the leader's. Pass a callable
+    to have it asked before every signal, so an exit seen during the grace
+    period protects the rest of the termination (the group id may be reused).
 
     Raises:
         ProcessControlError: not permitted, or members outlived SIGKILL for 5 s.
     """
-    if not signal_group(pgid, signal.SIGTERM, at_exit):
+    if not signal_group(pgid, signal.SIGTERM, _now(at_exit)):
         return
     if _wait_group_gone(pgid, time.monotonic() + max(grace, 0.0), at_exit):
         return
     deadline = time.monotonic() + KILL_CONFIRM
-    while members := group_members(pgid, at_exit):
+    while members := group_members(pgid, _now(at_exit)):
         if time.monotonic() >= deadline:
             raise ProcessControlError(f"group {pgid} still has {members} after SIGKILL")
         kill_group(pgid, signal.SIGKILL)

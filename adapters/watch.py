@@ -169,7 +169,8 @@ class WatchedProcess:
         """
         with self._terminating:
             self.track_descendants()
-            terminate_group(self.identity.pgid, grace, self._at_exit)
+            # Asked before every signal: the exit may be seen during the grace period.
+            terminate_group(self.identity.pgid, grace, lambda: self._at_exit)
             self._descendants.kill_all()
             info = self.wait_exit(KILL_CONFIRM)
         if info is None:
