@@ -39,6 +39,8 @@ from .instance import InstanceActor, InstanceContext
 __all__ = ["HostActor"]
 
 log = logging.getLogger(__name__)
+#: How long the host waits for an instance actor (an unload may terminate for seconds).
+ASK_TIMEOUT_S = 60.0
 
 
 class HostActor(pykka.ThreadingActor):
@@ -120,10 +122,11 @@ class HostActor(pykka.ThreadingActor):
         """A placement of an instance already here: a newer generation is applied,
         an older one ignored (both recorded); the same one is refused."""
         ref = self._refs[iid]
-        view: m.InstanceView = ref.ask(m.GetStatus(), block=True)
+        view: m.InstanceView = ref.ask(m.GetStatus(), block=True, timeout=ASK_TIMEOUT_S)
         if msg.generation == view.generation:
             raise InvalidState(f"{iid} is already loaded (generation {view.generation})")
-        ref.ask(m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation), block=True)
+        placement = m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation)
+        ref.ask(placement, block=True, timeout=ASK_TIMEOUT_S)
         return iid
 
     def _refuse_shared_address(self, spec: InstanceSpec) -> None:
@@ -160,7 +163,7 @@ class HostActor(pykka.ThreadingActor):
 
     def _unload(self, iid: str, by: str) -> None:
         ref = self._lookup(iid)
-        ref.ask(m.Unload(by=by))
+        ref.ask(m.Unload(by=by), block=True, timeout=ASK_TIMEOUT_S)
         self.supervisor.tell(m.Deregister(instance_id=iid))
         del self._refs[iid], self._specs[iid]
         ref.stop()

@@ -3,8 +3,10 @@
 ``Node.open`` starts the chain writer, rebuilds the node's state from the
 chain, records the boot and starts the supervisor and host actors; every
 instance wanted running is resumed. Verbs go to the instance's own actor and
-answer once their event is durable; a refused verb raises and leaves chain
-and state as they were.
+answer once their event is durable. A refused verb raises and leaves state
+as it was; the chain is left as it was too, except for refusals the node
+records for the audit: a taken address (at placement or start), a memory
+budget that does not fit, and a launch that failed (recorded as an exit).
 """
 
 from __future__ import annotations
@@ -298,7 +300,9 @@ class Node:
 
     # ------------------------------------------------------------------ plumbing
     def _ref(self, instance_id: str) -> pykka.ActorRef[Any]:
-        ref: pykka.ActorRef[Any] = self._host.ask(m.Lookup(instance_id=instance_id), block=True)
+        ref: pykka.ActorRef[Any] = self._host.ask(
+            m.Lookup(instance_id=instance_id), block=True, timeout=ASK_TIMEOUT_S
+        )
         return ref
 
     def _refs(self) -> builtins.list[pykka.ActorRef[Any]]:

@@ -172,10 +172,16 @@ class OllamaDriver:
 
     def boot(self) -> None:
         state = self.actor.state
+        if state.lifecycle in (S.RUNNING, S.UNHEALTHY):
+            # Loaded before the node restarted: it still holds its memory. (Whether we
+            # loaded it is not in the chain, so a later stop leaves it loaded.)
+            with contextlib.suppress(AdapterError):
+                self.actor.memory.take()
+            return
         if state.lifecycle is S.STARTING:
             why = "the node restarted while the model was loading"
             self.actor.commit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why), "node")
-        if state.desired is Desired.RUNNING and state.lifecycle is not S.RUNNING:
+        if state.desired is Desired.RUNNING:
             try:
                 self.start("boot")
             except AdapterError as e:
