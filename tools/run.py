@@ -86,7 +86,7 @@ def run_node(config: NodeConfig, say: Say) -> int:
         say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
         say(f"operator verbs: infervisor status|start|stop|restart|unload {control.path.parent}")
         say("Ctrl-C or SIGTERM stops it")
-        name = inbox.get()
+        name = _next_signal(inbox)
         say(f"received {name}: stopping managed servers (send it again to kill them at once)")
         status = _shutdown(node, control, inbox, f"infervisor run received {name}", say)
         if status == 0:
@@ -315,7 +315,7 @@ def _shutdown(
 
     worker = threading.Thread(target=work, name="infervisor-shutdown")
     worker.start()
-    while (name := inbox.get()) != _DONE:
+    while (name := _next_signal(inbox)) != _DONE:
         say(f"received {name} again: killing managed servers now")
         _kill_stopping(node)
     worker.join()
@@ -333,6 +333,20 @@ def _kill_stopping(node: Node) -> None:
         for view in node.list():
             if view.lifecycle == "stopping":
                 node.stop(view.instance_id, grace_s=0, wait=False, by="shutdown")
+
+
+def _next_signal(inbox: queue.SimpleQueue[str]) -> str:
+    """Wait for the next entry, waking twice a second.
+
+    The kernel may deliver SIGTERM to any of the node's threads; Python runs its
+    handler only on the main thread, and only once that thread is back in the
+    interpreter. A wait with no timeout could sleep through the signal for good.
+    """
+    while True:
+        try:
+            return inbox.get(timeout=0.5)
+        except queue.Empty:
+            continue
 
 
 @contextlib.contextmanager
