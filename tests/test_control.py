@@ -11,7 +11,6 @@ Synchronisation is by condition and deadline, never by sleeping.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import stat
@@ -25,17 +24,17 @@ from typing import Any
 
 import msgspec
 import pytest
-from support import PROGRAMS, make_launcher, pids_of_group, wait_until
+from support import PROGRAMS, make_launcher, wait_until
 from test_run_resume import (
     DEADLINE_S,
     EXIT_DEADLINE_S,
     INFERVISOR,
     NodeRun,
     cli,
+    end_runs,
     ignores_sigterm,
     put_model,
     read_state,
-    server_groups,
     write_config,
 )
 
@@ -145,18 +144,7 @@ def start_node(tmp_path: Path, fake_llama: str) -> Iterator[Callable[..., Starte
         return Started(run, config, data, views)
 
     yield start
-    for run in runs:
-        if run.proc.poll() is None:
-            run.proc.send_signal(signal.SIGTERM)
-            try:
-                run.proc.wait(timeout=EXIT_DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                run.proc.kill()
-                run.proc.wait()
-    if (data / "chain.db").exists():
-        for pgid in server_groups(data / "chain.db"):
-            if pids_of_group(pgid):
-                os.killpg(pgid, signal.SIGKILL)
+    end_runs(runs, data / "chain.db")
 
 
 # ---------------------------------------------------------------- the operator's verbs

@@ -221,6 +221,11 @@ def runs(tmp_path: Path) -> Iterator[Callable[[Path], NodeRun]]:
         return run
 
     yield start
+    end_runs(started, tmp_path / "data" / "chain.db")
+
+
+def end_runs(started: list[NodeRun], db: Path) -> None:
+    """Teardown: end the runs a failed test left going, then any server group they left."""
     for run in started:
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGTERM)
@@ -229,7 +234,6 @@ def runs(tmp_path: Path) -> Iterator[Callable[[Path], NodeRun]]:
             except subprocess.TimeoutExpired:
                 run.proc.kill()
                 run.proc.wait()
-    db = tmp_path / "data" / "chain.db"
     if db.exists():
         for pgid in server_groups(db):
             if pids_of_group(pgid):
