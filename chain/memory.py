@@ -5,8 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from types import TracebackType
-from typing import Self
 
 from infervisor.chain.errors import ChainIOError
 from infervisor.chain.hashing import seal_after, seal_genesis
@@ -16,10 +14,10 @@ from infervisor.chain.records import (
     check_drafts,
     check_node_id,
 )
-from infervisor.chain.store import kinds_filter
+from infervisor.chain.store import Closing, kinds_filter
 
 
-class MemoryChain:
+class MemoryChain(Closing):
     """An in-memory chain with the same contract as `SqliteChain`.
 
     Nothing is durable. Thread-safe: appends are serialised by a lock;
@@ -89,17 +87,6 @@ class MemoryChain:
     def close(self) -> None:
         """Forget nothing, but refuse further use; idempotent."""
         self._closed = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _check_open(self) -> None:
         if self._closed:

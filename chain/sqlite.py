@@ -14,8 +14,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from infervisor.chain import schema
 from infervisor.chain.connect import connect_reader, connect_writer, immediate, translated
@@ -28,10 +27,10 @@ from infervisor.chain.records import (
     check_drafts,
     check_node_id,
 )
-from infervisor.chain.store import kinds_filter
+from infervisor.chain.store import Closing, kinds_filter
 
 
-class SqliteChain:
+class SqliteChain(Closing):
     """A node's chain in a SQLite file. Use `open` (writer) or `open_readonly`.
 
     Thread-safe: calls on one instance are serialised by a lock.
@@ -178,17 +177,6 @@ class SqliteChain:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _stream(self, sql: str, params: list[Any]) -> Iterator[StoredEvent]:
         with translated(self.path, "read"):

@@ -72,6 +72,24 @@ class Chain(Protocol):
     ) -> None: ...
 
 
+class Closing:
+    """``with store:`` closes the store on the way out (both stores use it)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 def kinds_filter(kinds: Collection[str] | None) -> frozenset[str] | None:
     """Return the `kinds` argument of `Chain.events` as a set (None: any kind).
 
