@@ -19,6 +19,8 @@ import msgspec
 
 from infervisor.chain import StoredEvent, encode_payload
 
+from .state import Stamp
+
 __all__ = [
     "EVENT_TYPES",
     "UPCASTERS",
@@ -30,6 +32,9 @@ __all__ = [
     "Failed",
     "Finished",
     "InstanceEvent",
+    "LeaseRenewed",
+    "MemoryReleased",
+    "ModelClaimed",
     "NodeStarted",
     "NodeStopped",
     "Placed",
@@ -44,6 +49,7 @@ __all__ = [
     "StartRefused",
     "Starting",
     "StopRequested",
+    "Terminating",
     "Unhealthy",
     "Unloaded",
     "decode_event",
@@ -105,6 +111,8 @@ class Starting(_Event, frozen=True, tag="instance.starting"):
     reset_budget: bool = False
     attempt: int = 0
     reserved_bytes: int = 0
+    launch_token: str = ""
+    at: Stamp | None = None
 
 
 class Spawned(_Event, frozen=True, tag="instance.spawned"):
@@ -115,13 +123,16 @@ class Spawned(_Event, frozen=True, tag="instance.spawned"):
     start_time: float
     boot_id: str
     argv: list[str]
+    at: Stamp | None = None
 
 
 class Reattached(_Event, frozen=True, tag="instance.reattached"):
     """After a node restart, the recorded server process was found still running
-    (same pid, start time and boot id) and is supervised again, without a restart."""
+    (same pid, start time and boot id) and is supervised again, without a restart.
+    ``up_since``: when that process started (for the stability period)."""
 
     pid: int
+    up_since: Stamp | None = None
 
 
 class StartRefused(_Event, frozen=True, tag="instance.start_refused"):
@@ -132,9 +143,10 @@ class StartRefused(_Event, frozen=True, tag="instance.start_refused"):
 
 
 class Ready(_Event, frozen=True, tag="instance.ready"):
-    """The server answered its health probe: it is serving."""
+    """The server answered its health probe: it is serving (since ``at``)."""
 
     detail: str = ""
+    at: Stamp | None = None
 
 
 class Unhealthy(_Event, frozen=True, tag="instance.unhealthy"):
@@ -165,11 +177,17 @@ class Exited(_Event, frozen=True, tag="instance.exited"):
 
 
 class RestartScheduled(_Event, frozen=True, tag="instance.restart_scheduled"):
-    """A restart was decided; it runs after ``delay_s`` seconds of backoff."""
+    """A restart was decided; it runs after ``delay_s`` seconds of backoff.
+
+    ``at`` is when it was decided and ``due`` when it falls due: a node that
+    boots during the backoff waits out what is left of it.
+    """
 
     attempt: int
     delay_s: float
     reason: str
+    at: Stamp | None = None
+    due: Stamp | None = None
 
 
 class Failed(_Event, frozen=True, tag="instance.failed"):
@@ -192,11 +210,51 @@ class StableAgain(_Event, frozen=True, tag="instance.stable"):
 
 
 class StopRequested(_Event, frozen=True, tag="instance.stop_requested"):
-    """A stop was decided. ``by="shutdown"`` keeps the instance wanted running."""
+    """A stop was decided. ``by="shutdown"`` keeps the instance wanted running.
+
+    ``then`` says what follows once the server is gone: ``restart`` (an
+    operator restart: it stays wanted running), ``unload``, or nothing. ``at``
+    is when SIGTERM was sent; SIGKILL is due ``grace_s`` later.
+    """
 
     by: str
     grace_s: float
     reason: str = ""
+    then: str = ""
+    at: Stamp | None = None
+
+
+class Terminating(_Event, frozen=True, tag="instance.terminating"):
+    """The supervisor is ending the server (a health kill): SIGTERM sent at
+    ``at``, SIGKILL due ``grace_s`` later. The instance stays wanted running;
+    the exit that follows goes through the restart policy."""
+
+    cause: str
+    grace_s: float
+    at: Stamp
+
+
+class ModelClaimed(_Event, frozen=True, tag="instance.model_claimed"):
+    """Ollama: whether this node loads the model (``ours``: only then may it
+    unload it). Recorded before the load request is sent."""
+
+    ours: bool
+
+
+class MemoryReleased(_Event, frozen=True, tag="instance.memory_released"):
+    """The residency ledger gave back the instance's reservation (the model is
+    confirmed gone from memory)."""
+
+    bytes: int
+
+
+class LeaseRenewed(_Event, frozen=True, tag="node.lease_renewed"):
+    """A controller other than this node was heard from. Recorded at most once
+    per a fraction of the lease, so the lease survives a node restart without
+    a chain row per heartbeat."""
+
+    controller: str
+    at: Stamp
 
 
 class Exposed(_Event, frozen=True, tag="instance.exposed"):
@@ -236,10 +294,13 @@ InstanceEvent = (
     | Finished
     | StableAgain
     | StopRequested
+    | Terminating
+    | ModelClaimed
+    | MemoryReleased
     | Exposed
     | Unloaded
 )
-Event = NodeStarted | NodeStopped | AdmissionRefused | InstanceEvent
+Event = NodeStarted | NodeStopped | AdmissionRefused | LeaseRenewed | InstanceEvent
 
 EVENT_TYPES: dict[str, type[Any]] = {
     t.__struct_config__.tag: t  # type: ignore[misc]
@@ -262,8 +323,12 @@ EVENT_TYPES: dict[str, type[Any]] = {
         Finished,
         StableAgain,
         StopRequested,
+        Terminating,
+        ModelClaimed,
+        MemoryReleased,
         Exposed,
         AdmissionRefused,
+        LeaseRenewed,
         Unloaded,
     )
 }

@@ -9,11 +9,11 @@ way it was made. Source: ``reference/infer_config.rs.txt`` (``RestartPolicy``:
 from __future__ import annotations
 
 import math
-import random
 
+import blake3
 import msgspec
 
-from .state import InstanceState
+from .state import InstanceState, Stamp, elapsed_s
 
 __all__ = [
     "MAX_DURATION_S",
@@ -23,6 +23,8 @@ __all__ = [
     "RestartPolicy",
     "check_duration",
     "decide_restart",
+    "jitter_unit",
+    "restarts_in_window",
 ]
 
 _NS = 1_000_000_000
@@ -52,7 +54,14 @@ class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         stable_after_s: uptime (answering health) after which the count clears.
         window_s: sliding window the budget counts in; ``None`` counts since the
             last clear, as the reference does.
-        jitter: fraction (0..1) of the delay added at random, to spread restarts.
+        jitter: fraction (0..1) of the delay added, to spread restarts. The
+            random part is a hash of the instance and the attempt (see
+            :func:`jitter_unit`), so a rebooted node decides the same delay;
+            with it the delay still never exceeds ``cap_s``.
+
+    Which verbs reset the budget: only an explicit operator start (or an
+    operator restart), as in the reference; boot, controller and supervisor
+    starts keep counting.
     """
 
     max_restarts: int = 5
@@ -67,7 +76,7 @@ class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts {self.max_restarts}: allowed 0 or more")
         for name in ("base_s", "cap_s", "stable_after_s"):
-            check_duration(f"restart.{name}", getattr(self, name), allow_zero=name != "base_s")
+            check_duration(f"restart.{name}", getattr(self, name))
         if self.window_s is not None:
             check_duration("restart.window_s", self.window_s)
         if not 0 < self.base_s <= self.cap_s:
@@ -77,12 +86,14 @@ class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if self.window_s is not None and self.window_s <= 0:
             raise ValueError(f"window_s {self.window_s}: allowed a positive number or none")
 
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds before restart number ``attempt`` (0-based): ``min(base * 2**attempt, cap)``."""
-        d = min(self.base_s * (1 << min(attempt, 16)), self.cap_s)
-        if self.jitter and rng is not None:
-            d += d * self.jitter * rng.random()
-        return d
+    def delay(self, attempt: int, unit: float = 0.0) -> float:
+        """Seconds before restart number ``attempt`` (0-based).
+
+        ``min(base * 2**attempt * (1 + jitter * unit), cap)``: ``unit`` in
+        [0, 1) is the jitter's random part; jitter never takes it past the cap.
+        """
+        d = self.base_s * (1 << min(attempt, 16))
+        return min(d * (1 + self.jitter * unit), self.cap_s)
 
 
 class Restart(msgspec.Struct, frozen=True):
@@ -101,19 +112,37 @@ class Exhausted(msgspec.Struct, frozen=True):
 RestartDecision = Restart | Exhausted
 
 
-def restarts_in_window(inst: InstanceState, policy: RestartPolicy, now_ns: int) -> int:
-    """Restarts that count against the budget at ``now_ns``."""
-    if policy.window_s is None:
+def jitter_unit(instance_id: str, attempt: int, seq: int) -> float:
+    """A number in [0, 1) fixed by the instance, the attempt and the chain position:
+    the jitter's random part, the same wherever the decision is made again."""
+    digest = blake3.blake3(f"{instance_id}:{attempt}:{seq}".encode()).digest(8)
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def restarts_in_window(inst: InstanceState, policy: RestartPolicy, now: Stamp) -> int:
+    """Restarts that count against the budget at ``now``.
+
+    This is what status shows as "restarts". Within one boot the window is
+    measured on the monotonic clock, so a wall-clock step neither spends nor
+    refunds budget; restarts recorded before stamps existed count by wall time.
+    """
+    if policy.window_s is None or inst.restarts == 0:
         return inst.restarts
-    horizon = now_ns - int(policy.window_s * _NS)
-    return sum(1 for t in inst.restart_times_ns if t > horizon)
+    window = policy.window_s
+    if len(inst.restart_stamps) == inst.restarts:
+        return sum(1 for t in inst.restart_stamps if elapsed_s(t, now) < window)
+    horizon = now.wall_ns - int(window * _NS)
+    return sum(1 for t in inst.restart_times_ns[-inst.restarts :] if t > horizon)
 
 
 def decide_restart(
-    inst: InstanceState, policy: RestartPolicy, now_ns: int, rng: random.Random | None = None
+    inst: InstanceState, policy: RestartPolicy, now: Stamp, unit: float = 0.0
 ) -> RestartDecision:
-    """Restart (with its backoff) or give up, from the instance's sourced restart history."""
-    used = restarts_in_window(inst, policy, now_ns)
+    """Restart (with its backoff) or give up, from the instance's sourced restart history.
+
+    ``unit`` is the jitter's random part (:func:`jitter_unit`).
+    """
+    used = restarts_in_window(inst, policy, now)
     if used >= policy.max_restarts:
         return Exhausted(attempts=used)
-    return Restart(attempt=used + 1, delay_s=policy.delay(used, rng))
+    return Restart(attempt=used + 1, delay_s=policy.delay(used, unit))

@@ -16,7 +16,15 @@ from infervisor.chain import GENESIS_KIND, StoredEvent
 
 from . import events as ev
 from .lifecycle import LIVE_STATES, IllegalTransition, LifecycleState, check_transition
-from .state import Desired, ExitRecord, InstanceState, NodeState, ProcessRecord
+from .state import (
+    Desired,
+    ExitRecord,
+    InstanceState,
+    LeaseRecord,
+    NodeState,
+    ProcessRecord,
+    Termination,
+)
 
 __all__ = ["ReplayError", "apply", "apply_instance", "fold", "reason_of"]
 
@@ -42,6 +50,9 @@ def apply(state: NodeState, stored: StoredEvent) -> NodeState:
     event = ev.decode_event(stored)
     if isinstance(event, ev.NodeStarted):
         return msgspec.structs.replace(base, boots=state.boots + 1)
+    if isinstance(event, ev.LeaseRenewed):
+        lease = LeaseRecord(controller=event.controller, at=event.at)
+        return msgspec.structs.replace(base, lease=lease)
     if not isinstance(event, ev.InstanceEvent):
         return base
     current = state.instances.get(stored.subject)
@@ -147,32 +158,140 @@ def _enter(
 
 def _update(inst: InstanceState, stored: StoredEvent, event: ev.InstanceEvent) -> InstanceState:
     """The data an event carries besides the transition."""
-    r = msgspec.structs.replace
-    match event:
-        case ev.Starting(reset_budget=True):
-            return r(inst, desired=Desired.RUNNING, restarts=0, restart_times_ns=(), process=None)
-        case ev.Starting():
-            return r(inst, desired=Desired.RUNNING, process=None)
-        case ev.Spawned():
-            return r(inst, process=_process(event))
-        case ev.Exited():
-            return r(inst, process=None, last_exit=_exit(event, stored.ts_ns))
-        case ev.RestartScheduled():
-            times = (*inst.restart_times_ns, stored.ts_ns)
-            return r(inst, restarts=inst.restarts + 1, restart_times_ns=times)
-        case ev.Failed() | ev.Finished():
-            return r(inst, desired=Desired.STOPPED)
-        case ev.StableAgain():
-            return r(inst, restarts=0, restart_times_ns=())
-        case ev.Exposed():
-            return r(inst, desired=Desired.STOPPED, exposed=tuple(event.addresses))
-        case ev.Replaced():
-            return r(inst, placed_by=event.placed_by, generation=event.generation)
-        case ev.StopRequested(by="shutdown"):
-            return inst
-        case ev.StopRequested():
-            return r(inst, desired=Desired.STOPPED)
-    return inst
+    handler = _UPDATES.get(type(event))
+    return handler(inst, stored, event) if handler is not None else inst
+
+
+def _on_starting(inst: InstanceState, stored: StoredEvent, e: ev.Starting) -> InstanceState:
+    budget: dict[str, Any] = {}
+    if e.reset_budget:
+        budget = {"restarts": 0, "restart_times_ns": (), "restart_stamps": ()}
+    return msgspec.structs.replace(
+        inst,
+        desired=Desired.RUNNING,
+        process=None,
+        launch_token=e.launch_token,
+        restart_due=None,
+        terminating=None,
+        then="",
+        then_by="",
+        refusal="",
+        up_since=None,
+        reserved_bytes=e.reserved_bytes,
+        **budget,
+    )
+
+
+def _on_spawned(inst: InstanceState, stored: StoredEvent, e: ev.Spawned) -> InstanceState:
+    return msgspec.structs.replace(inst, process=_process(e), up_since=e.at)
+
+
+def _on_reattached(inst: InstanceState, stored: StoredEvent, e: ev.Reattached) -> InstanceState:
+    return msgspec.structs.replace(inst, up_since=e.up_since or inst.up_since)
+
+
+def _on_exited(inst: InstanceState, stored: StoredEvent, e: ev.Exited) -> InstanceState:
+    return msgspec.structs.replace(
+        inst,
+        process=None,
+        last_exit=_exit(e, stored.ts_ns),
+        terminating=None,
+        up_since=None,
+        reserved_bytes=0,
+    )
+
+
+def _on_restart(inst: InstanceState, stored: StoredEvent, e: ev.RestartScheduled) -> InstanceState:
+    times = (*inst.restart_times_ns, stored.ts_ns)
+    stamps = (*inst.restart_stamps, e.at) if e.at is not None else inst.restart_stamps
+    return msgspec.structs.replace(
+        inst,
+        restarts=inst.restarts + 1,
+        restart_times_ns=times,
+        restart_stamps=stamps,
+        restart_due=e.due,
+    )
+
+
+def _on_held(inst: InstanceState, stored: StoredEvent, e: ev.InstanceEvent) -> InstanceState:
+    return msgspec.structs.replace(inst, desired=Desired.STOPPED, restart_due=None, then="")
+
+
+def _on_stable(inst: InstanceState, stored: StoredEvent, e: ev.StableAgain) -> InstanceState:
+    return msgspec.structs.replace(inst, restarts=0, restart_times_ns=(), restart_stamps=())
+
+
+def _on_exposed(inst: InstanceState, stored: StoredEvent, e: ev.Exposed) -> InstanceState:
+    return msgspec.structs.replace(
+        inst, desired=Desired.STOPPED, exposed=tuple(e.addresses), restart_due=None, then=""
+    )
+
+
+def _on_replaced(inst: InstanceState, stored: StoredEvent, e: ev.Replaced) -> InstanceState:
+    return msgspec.structs.replace(inst, placed_by=e.placed_by, generation=e.generation)
+
+
+def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> InstanceState:
+    keeps_wanted = e.by == "shutdown" or e.then == "restart"
+    desired = inst.desired if keeps_wanted else Desired.STOPPED
+    terminating = inst.terminating
+    if inst.process is not None and e.at is not None:
+        why = f" ({e.reason})" if e.reason else ""
+        terminating = Termination(
+            cause=f"stopped by {e.by}{why}", grace_s=e.grace_s, by=e.by, at=e.at
+        )
+    then, then_by = e.then, e.by
+    if e.by == "shutdown" and not e.then:
+        then, then_by = inst.then, inst.then_by  # a shutdown leaves a pending restart pending
+    return msgspec.structs.replace(
+        inst,
+        desired=desired,
+        restart_due=None,
+        then=then,
+        then_by=then_by if then else "",
+        terminating=terminating,
+    )
+
+
+def _on_terminating(inst: InstanceState, stored: StoredEvent, e: ev.Terminating) -> InstanceState:
+    record = Termination(cause=e.cause, grace_s=e.grace_s, by="supervisor", at=e.at)
+    return msgspec.structs.replace(inst, terminating=record)
+
+
+def _on_ready(inst: InstanceState, stored: StoredEvent, e: ev.Ready) -> InstanceState:
+    return msgspec.structs.replace(inst, up_since=inst.up_since or e.at)
+
+
+def _on_refused(inst: InstanceState, stored: StoredEvent, e: ev.StartRefused) -> InstanceState:
+    return msgspec.structs.replace(inst, refusal=e.reason)
+
+
+def _on_claimed(inst: InstanceState, stored: StoredEvent, e: ev.ModelClaimed) -> InstanceState:
+    return msgspec.structs.replace(inst, ollama_owned=e.ours)
+
+
+def _on_released(inst: InstanceState, stored: StoredEvent, e: ev.MemoryReleased) -> InstanceState:
+    return msgspec.structs.replace(inst, reserved_bytes=0)
+
+
+_UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], InstanceState]] = {
+    ev.Starting: _on_starting,
+    ev.Spawned: _on_spawned,
+    ev.Reattached: _on_reattached,
+    ev.Exited: _on_exited,
+    ev.RestartScheduled: _on_restart,
+    ev.Failed: _on_held,
+    ev.Finished: _on_held,
+    ev.StableAgain: _on_stable,
+    ev.Exposed: _on_exposed,
+    ev.Replaced: _on_replaced,
+    ev.StopRequested: _on_stop,
+    ev.Terminating: _on_terminating,
+    ev.StartRefused: _on_refused,
+    ev.Ready: _on_ready,
+    ev.ModelClaimed: _on_claimed,
+    ev.MemoryReleased: _on_released,
+}
 
 
 def _process(event: ev.Spawned) -> ProcessRecord:
@@ -227,6 +346,12 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.StopRequested: _stop,
     ev.Unloaded: lambda e: f"unloaded by {e.by}",
     ev.Exposed: lambda e: f"listening beyond loopback on {', '.join(e.addresses)}: stopped",
+    ev.Terminating: lambda e: f"{e.cause} (SIGKILL after {e.grace_s:g} s)",
+    ev.ModelClaimed: lambda e: (
+        "model loaded by this node" if e.ours else "model already resident: not ours to unload"
+    ),
+    ev.MemoryReleased: lambda e: f"memory released ({e.bytes} bytes)",
+    ev.LeaseRenewed: lambda e: f"controller {e.controller} heard",
     ev.AdmissionRefused: lambda e: f"placement refused: {e.reason}",
     ev.NodeStarted: lambda e: f"node started (pid {e.pid})",
     ev.NodeStopped: lambda e: f"node stopped: {e.reason}",

@@ -14,7 +14,18 @@ import msgspec
 
 from .lifecycle import LifecycleState
 
-__all__ = ["Desired", "ExitRecord", "InstanceState", "NodeState", "ProcessRecord"]
+__all__ = [
+    "Desired",
+    "ExitRecord",
+    "InstanceState",
+    "LeaseRecord",
+    "NodeState",
+    "ProcessRecord",
+    "Stamp",
+    "Termination",
+    "elapsed_s",
+    "later",
+]
 
 
 class Desired(enum.StrEnum):
@@ -22,6 +33,58 @@ class Desired(enum.StrEnum):
 
     RUNNING = "running"
     STOPPED = "stopped"
+
+
+class Stamp(msgspec.Struct, frozen=True, kw_only=True):
+    """A moment as the node saw it: wall time (ns since the epoch, UTC), the
+    monotonic clock (seconds) and the kernel boot id it belongs to.
+
+    Durations between two stamps of the same boot use the monotonic clock, so
+    a wall-clock step neither shortens a backoff nor spends restart budget;
+    across boots only wall time is comparable (see :func:`elapsed_s`).
+    """
+
+    wall_ns: int
+    mono_s: float
+    boot_id: str
+
+
+def elapsed_s(since: Stamp, now: Stamp) -> float:
+    """Seconds from ``since`` to ``now`` (never negative).
+
+    Same boot: the monotonic clocks' difference. Another boot: the wall
+    clocks' difference, the only measure the two share.
+    """
+    if since.boot_id and since.boot_id == now.boot_id:
+        return max(0.0, now.mono_s - since.mono_s)
+    return max(0.0, (now.wall_ns - since.wall_ns) / 1e9)
+
+
+def later(at: Stamp, seconds: float) -> Stamp:
+    """The stamp ``seconds`` after ``at`` (on both of its clocks)."""
+    return Stamp(
+        wall_ns=at.wall_ns + int(seconds * 1e9), mono_s=at.mono_s + seconds, boot_id=at.boot_id
+    )
+
+
+class Termination(msgspec.Struct, frozen=True, kw_only=True):
+    """A termination in flight: SIGTERM sent at ``at``, SIGKILL due ``grace_s`` later.
+
+    ``cause`` becomes the exit's reason; ``by`` is who asked (supervisor for a
+    health kill or an exposure, else the stop's caller).
+    """
+
+    cause: str
+    grace_s: float
+    by: str
+    at: Stamp
+
+
+class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """When a controller other than this node was last recorded as heard."""
+
+    controller: str
+    at: Stamp
 
 
 class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,6 +116,20 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True):
         exposed: addresses beyond loopback the server was found on; while set,
             the instance does not start until it is reloaded.
         last_seq: sequence number of the last event applied to this instance.
+        launch_token: the token of the last launch decided (``instance.starting``);
+            the exit-status shim names its files after it.
+        restart_stamps: when each counted restart was decided.
+        restart_due: when the scheduled restart falls due (set while restarting).
+        up_since: when the current server process started.
+        terminating: a termination in flight (SIGTERM sent, SIGKILL due).
+        then: what follows the stop in flight: ``restart``, ``unload`` or ``""``.
+        then_by: who asked for what follows.
+        ollama_owned: True when this node asked Ollama to load the model (so
+            only it may unload it), False when it was somebody else's, None
+            before a load was decided.
+        reserved_bytes: what the residency ledger holds for it, bytes.
+        refusal: the cause of the last refused start, until a start succeeds
+            (a refusal is recorded once per cause).
     """
 
     instance_id: str
@@ -69,6 +146,16 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True):
     restart_times_ns: tuple[int, ...] = ()
     last_exit: ExitRecord | None = None
     exposed: tuple[str, ...] = ()
+    launch_token: str = ""
+    restart_stamps: tuple[Stamp, ...] = ()
+    restart_due: Stamp | None = None
+    up_since: Stamp | None = None
+    terminating: Termination | None = None
+    then: str = ""
+    then_by: str = ""
+    ollama_owned: bool | None = None
+    reserved_bytes: int = 0
+    refusal: str = ""
 
 
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,3 +166,8 @@ class NodeState(msgspec.Struct, frozen=True, kw_only=True):
     head_hash: str
     instances: dict[str, InstanceState] = msgspec.field(default_factory=dict)
     boots: int = 0
+    lease: LeaseRecord | None = None
+
+    def reserved_bytes(self) -> int:
+        """Memory every instance holds in the residency ledger, bytes."""
+        return sum(i.reserved_bytes for i in self.instances.values())
