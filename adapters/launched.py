@@ -53,8 +53,22 @@ class LaunchedServer:
         self._deep_timeout = deep_timeout_s
         self._confirmed = False
 
-    def spawn(self, on_exit: Callable[[ExitInfo], None]) -> ManagedProcess:
-        """Launch the server in its own process group. Raises SpawnError."""
+    def spawn(
+        self, on_exit: Callable[[ExitInfo], None], token: str | None = None
+    ) -> ManagedProcess:
+        """Launch the server in its own process group, through the exit-status shim.
+
+        Args:
+            on_exit: called once with the exit report (see
+                :meth:`ManagedProcess.spawn`).
+            token: the launch token the caller recorded before launching (see
+                :func:`~.process.recover_launch`); None: a fresh one, not put
+                in the server's environment.
+
+        Raises:
+            SpawnError: the server could not be launched.
+            ValueError: a malformed token.
+        """
         cache = self.plan.env.get("HF_HUB_CACHE")
         try:
             Path(self.plan.cwd).mkdir(parents=True, exist_ok=True)
@@ -63,7 +77,7 @@ class LaunchedServer:
         except OSError as e:
             raise SpawnError(f"cannot create {self.plan.cwd}: {e.strerror or e}") from e
         self._confirmed = False
-        return ManagedProcess.spawn(self.plan, on_exit)
+        return ManagedProcess.spawn(self.plan, on_exit, token)
 
     def probe(self) -> ServerReport:
         report = self._client.probe(self.spec.flavor)

@@ -35,6 +35,7 @@ class OllamaServer:
         self.model_bytes = model_bytes
         self.keep_alive = ollama.parse_keep_alive(settings.ollama_keep_alive)
         self._probe_timeout = settings.probe_timeout_s
+        self.probe_timeout_s = settings.probe_timeout_s
         self._deep_timeout = settings.deep_timeout_s
         self._client = ServerClient(spec.base_url, settings.probe_timeout_s)
 

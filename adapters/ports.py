@@ -4,19 +4,82 @@ Source of the behaviour: ``reference/infer_lifecycle.rs.txt`` (``port_in_use``
 guards every start and restart: nothing starts over a port already listening;
 ``reachable_beyond_loopback`` finds a managed server listening on a
 non-loopback address so it can be stopped).
+
+Exposure is judged by the owner of the socket, not by the port number: Linux
+lets ``127.0.0.1:P`` and ``0.0.0.0:P`` (with SO_REUSEPORT) or ``127.0.0.1:P``
+and ``192.168.1.5:P`` belong to different processes, so a wide listener on a
+managed server's port is the server's only when its pid is in the server's
+process group or among its descendants (:func:`owned_listeners`, over a
+:func:`listener_snapshot`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import socket
+from collections.abc import Collection, Iterable
 
+import msgspec
 import psutil
 
 from .errors import ProbeError, SpecError
 
-__all__ = ["free_port", "listeners_beyond_loopback", "port_in_use", "wide_listeners"]
+__all__ = [
+    "Listener",
+    "ListenerSnapshot",
+    "free_port",
+    "listener_snapshot",
+    "listeners_beyond_loopback",
+    "owned_listeners",
+    "port_in_use",
+    "wide_listeners",
+]
+
+
+class Listener(msgspec.Struct, frozen=True):
+    """One TCP socket LISTENing beyond loopback, and the process that holds it.
+
+    Attributes:
+        address: the local address as :func:`wide_listeners` reports it: the
+            bare IP, without the port (``"0.0.0.0"``, ``"::"``,
+            ``"192.168.1.5"``, ``"fe80::1%eth0"``).
+        port: the local TCP port.
+        pid: the process holding the socket; None when the kernel does not
+            tell us (an unprivileged reader cannot see other users' file
+            descriptors). A socket shared by several processes (inherited
+            across fork, passed over a Unix socket) is reported under one of
+            them only, whichever the socket table read found first.
+    """
+
+    address: str
+    port: int
+    pid: int | None
+
+
+class ListenerSnapshot(msgspec.Struct, frozen=True):
+    """Every TCP socket LISTENing beyond loopback on this machine at one moment.
+
+    Attributes:
+        by_port: port -> its listeners, without duplicates (two sockets of one
+            process on one address are one :class:`Listener`), ordered by
+            address then pid (None first). Ports with no wide listener are absent.
+    """
+
+    by_port: dict[int, tuple[Listener, ...]]
+
+    def beyond_loopback(self, port: int) -> tuple[Listener, ...]:
+        """The listeners beyond loopback on ``port``; empty when there are none."""
+        return self.by_port.get(port, ())
+
+    def ports(self) -> dict[int, list[str]]:
+        """Port -> its addresses beyond loopback, sorted, without duplicates,
+        whoever holds them: the shape :func:`wide_listeners` returns."""
+        return {
+            port: sorted({listener.address for listener in listeners})
+            for port, listeners in self.by_port.items()
+        }
 
 
 def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
@@ -83,6 +146,24 @@ def _is_loopback(ip: str) -> bool:
     return addr.is_loopback
 
 
+def _wide_sockets(purpose: str) -> list[Listener]:
+    """One read of the socket table: every LISTEN socket not on loopback, duplicates kept.
+
+    Raises:
+        ProbeError: the socket table cannot be read (not permitted); the
+            message names ``purpose``.
+    """
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError) as e:
+        raise ProbeError(f"cannot read the socket table{purpose}: {e}") from e
+    return [
+        Listener(c.laddr.ip, c.laddr.port, c.pid)
+        for c in conns
+        if c.status == psutil.CONN_LISTEN and c.laddr and not _is_loopback(c.laddr.ip)
+    ]
+
+
 def listeners_beyond_loopback(port: int) -> list[str]:
     """Local addresses with a TCP socket LISTENing on ``port`` that are not loopback.
 
@@ -93,19 +174,84 @@ def listeners_beyond_loopback(port: int) -> list[str]:
     Raises:
         ProbeError: the socket table cannot be read (not permitted).
     """
-    try:
-        conns = psutil.net_connections(kind="inet")
-    except (psutil.Error, OSError) as e:
-        raise ProbeError(f"cannot read the socket table to check port {port}: {e}") from e
-    found = {
-        c.laddr.ip
-        for c in conns
-        if c.status == psutil.CONN_LISTEN
-        and c.laddr
-        and c.laddr.port == port
-        and not _is_loopback(c.laddr.ip)
-    }
+    found = {s.address for s in _wide_sockets(f" to check port {port}") if s.port == port}
     return sorted(found)
+
+
+def listener_snapshot() -> ListenerSnapshot:
+    """Every TCP socket LISTENing beyond loopback on this machine, with its owner's pid.
+
+    One read of the socket table for the whole node (it costs tens of
+    milliseconds on a busy machine, so take it once per reconcile tick and
+    hand it to every instance, not once per instance). IPv4 and IPv6; a
+    wildcard (``0.0.0.0``, ``::``) counts, as it answers on every interface.
+    Owners are reported as :attr:`Listener.pid`; judge them with
+    :func:`owned_listeners`.
+
+    Returns:
+        A :class:`ListenerSnapshot`: port -> tuple of :class:`Listener`
+        (address, port, pid), deduplicated and ordered by address then pid.
+
+    Raises:
+        ProbeError: the socket table cannot be read (not permitted).
+    """
+    found: dict[int, set[Listener]] = {}
+    for listener in _wide_sockets(""):
+        found.setdefault(listener.port, set()).add(listener)
+    return ListenerSnapshot(
+        by_port={
+            port: tuple(sorted(ls, key=lambda x: (x.address, -1 if x.pid is None else x.pid)))
+            for port, ls in found.items()
+        }
+    )
+
+
+def owned_listeners(
+    listeners: Iterable[Listener], pgid: int, descendants: Collection[int]
+) -> list[str]:
+    """The addresses among ``listeners`` that belong to one managed server.
+
+    A listener is the server's when its pid is in ``descendants`` (pids the
+    server spawned that may have left its group, e.g. with ``setsid``) or
+    when ``os.getpgid(pid) == pgid``. Everything else is somebody else's,
+    even on the same port. At most one ``getpgid`` per listener; the process
+    table is not scanned.
+
+    Listeners that count as not ours:
+
+    - pid None (the kernel did not say who holds the socket). Only an
+      unprivileged reader sees that for sockets of other users; the node runs
+      as root in production and in the tests, where every pid is known, so
+      this does not hide a server of ours. A node run unprivileged must run
+      its servers as its own user for them to be seen.
+    - a pid that has exited (or whose group cannot be read) by the time it
+      is asked: a socket of a vanished process is gone with it.
+
+    Args:
+        listeners: e.g. ``snapshot.beyond_loopback(port)`` for the server's port.
+        pgid: the server's process group (the server is its leader).
+        descendants: pids known to descend from the server (a
+            ``dict[pid, start_time]`` works as well as a set).
+
+    Returns:
+        The owned listeners' addresses, sorted, without duplicates; empty when
+        none is the server's.
+    """
+    ours: set[str] = set()
+    for listener in listeners:
+        pid = listener.pid
+        if pid is None:
+            continue
+        if pid in descendants:
+            ours.add(listener.address)
+            continue
+        try:
+            group = os.getpgid(pid)
+        except OSError:  # gone (ProcessLookupError), or not ours to see
+            continue
+        if group == pgid:
+            ours.add(listener.address)
+    return sorted(ours)
 
 
 def wide_listeners() -> dict[int, list[str]]:
@@ -113,17 +259,14 @@ def wide_listeners() -> dict[int, list[str]]:
 
     One read of the socket table for all instances (it costs tens of
     milliseconds on a busy machine, so it is taken once per reconcile tick,
-    not per instance).
+    not per instance). Whoever owns the sockets: use :func:`listener_snapshot`
+    and :func:`owned_listeners` to tell a server's own from another program's.
+
+    Returns:
+        Port -> addresses (bare IPs), sorted, without duplicates; equal to
+        ``listener_snapshot().ports()``.
 
     Raises:
         ProbeError: the socket table cannot be read (not permitted).
     """
-    try:
-        conns = psutil.net_connections(kind="inet")
-    except (psutil.Error, OSError) as e:
-        raise ProbeError(f"cannot read the socket table: {e}") from e
-    found: dict[int, set[str]] = {}
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and not _is_loopback(c.laddr.ip):
-            found.setdefault(c.laddr.port, set()).add(c.laddr.ip)
-    return {port: sorted(ips) for port, ips in found.items()}
+    return listener_snapshot().ports()

@@ -1,0 +1,350 @@
+"""The exit-status shim: the parent of one managed server, outliving the node.
+
+:meth:`infervisor.adapters.process.ManagedProcess.spawn` does not start a
+model server itself: it starts this file (``python -I -S shim.py``, in a
+session of its own), which starts the server as its child, records the launch
+and, once the server has ended, its exit status. The shim is the server's
+parent for the server's whole life, so the status can always be collected
+(``waitpid``), whether or not a node is alive to hear it; conmon and
+containerd-shim do the same for containers. See ``docs/process-supervision.md``.
+
+This file is executed by path and must stay standard-library only: it never
+imports ``infervisor`` (nor anything outside the standard library), and keeps
+its start-up short.
+
+What the node hands over:
+
+- environment: ``INFERVISOR_LAUNCH_TOKEN=<token>`` (the shim's only variable;
+  the token names the launch's records and marks its processes);
+- working directory: the server's (the plan's ``cwd``); records go to
+  ``./launch/``;
+- fd 0: the launch configuration, one JSON object read to end of file:
+  ``{"argv": [str, ...], "env": {str: str}, "stdout_fd": int}``;
+- fd 1: the report pipe: the shim writes one byte, ``L`` once
+  ``launch/<token>.json`` is durable, ``E`` once ``launch/<token>.exit.json``
+  holds an error (the server could not be started), then closes it;
+- fd 2: the server's stderr log (``O_APPEND``), inherited by the server, and
+  where a traceback of the shim itself would land;
+- fd ``stdout_fd``: the server's stdout log (``O_APPEND``).
+
+What the shim writes (each atomically: a temporary file, ``fsync``, rename,
+``fsync`` of the directory):
+
+- ``launch/<token>.json`` right after the server exists and before anything
+  else: ``{"token", "pid", "pgid", "start_time", "boot_id", "shim_pid",
+  "shim_start_time"}``. ``start_time`` is psutil's ``create_time`` (seconds
+  since the epoch: ``starttime`` of ``/proc/<pid>/stat`` in clock ticks plus
+  ``btime`` of ``/proc/stat``), null where there is no ``/proc``;
+- ``launch/<token>.exit.json`` once the server has been reaped:
+  ``{"token", "pid", "exit_code", "signal", "ended_ns", "error"}``;
+  ``exit_code`` when it exited, ``signal`` when a signal killed it, the other
+  null; ``ended_ns`` is nanoseconds since the Unix epoch; ``error`` is null,
+  or says why the server could not be started (then ``pid``, ``exit_code``
+  and ``signal`` are null and there is no launch file).
+
+Signals: SIGHUP, SIGINT and SIGTERM are caught by a handler that does
+nothing, and SIGPIPE is ignored, so the shim outlives its node and anything
+sent to it but SIGKILL. A handler rather than ``SIG_IGN``: an ignored signal
+stays ignored across ``exec``, so the server would ignore SIGTERM too; a
+caught one is reset to its default there. The server runs in a new session
+and process group of its own, so a signal to the server's group never reaches
+the shim.
+
+Where Linux offers it, the shim makes itself a child subreaper
+(``PR_SET_CHILD_SUBREAPER``): a descendant of the server orphaned while the
+shim lives (one that escaped the server's group with ``setsid()`` and whose
+parent exited) is re-parented to the shim instead of init, and the shim reaps
+it when it exits. Once the server has been reaped and its status recorded,
+the shim reaps whichever of those are already dead and exits at once: one
+still alive is then re-parented to init, as without a shim, and never delays
+the exit report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+TOKEN_VAR = "INFERVISOR_LAUNCH_TOKEN"  # noqa: S105 -- a variable name, not a secret
+LAUNCH_DIR = "launch"
+REPORT_LAUNCHED = b"L"
+REPORT_FAILED = b"E"
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+_TOKEN_MAX = 64
+_PR_SET_CHILD_SUBREAPER = 36
+_REPORT_FD = 1
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def _noop(signum: int, frame: object) -> None:
+    """Catch a signal and carry on (see the module docstring: not SIG_IGN)."""
+
+
+def _ignore_signals() -> None:
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _noop)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # subprocess restores it in the server
+
+
+def _become_subreaper() -> bool:
+    """Ask Linux to re-parent orphaned descendants to this process (best effort).
+
+    Returns:
+        Whether the kernel agreed; False on other systems or older kernels.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes  # noqa: PLC0415 -- only where it can be used
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def valid_token(token: str | None) -> bool:
+    """A token is 1 to 64 ASCII letters, digits, ``-`` or ``_`` (it names files)."""
+    return bool(token) and len(token or "") <= _TOKEN_MAX and set(token or "") <= _TOKEN_CHARS
+
+
+def _boot_id() -> str:
+    try:
+        with open(_BOOT_ID, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def start_time(pid: int) -> float | None:
+    """``pid``'s start in seconds since the epoch, computed as psutil's ``create_time``.
+
+    ``starttime`` (field 22 of ``/proc/<pid>/stat``, clock ticks since boot)
+    divided by ``SC_CLK_TCK``, plus ``btime`` of ``/proc/stat``. A zombie
+    still has it.
+
+    Returns:
+        The start time, or None where it cannot be read (no ``/proc``).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # The command name (field 2) is in parentheses and may hold anything.
+        ticks = float(stat[stat.rindex(b")") + 2 :].split()[19])
+        with open("/proc/stat", "rb") as f:
+            btime = next(float(line.split()[1]) for line in f if line.startswith(b"btime"))
+        return ticks / os.sysconf("SC_CLK_TCK") + btime
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def write_atomically(directory: str, name: str, record: dict[str, Any]) -> None:
+    """Write ``record`` as JSON to ``directory/name``: temporary file, fsync,
+    rename, fsync of the directory. A reader sees the whole record or none.
+
+    Raises:
+        OSError: the record could not be written.
+    """
+    path = os.path.join(directory, name)
+    temporary = path + ".tmp"
+    data = json.dumps(record, separators=(",", ":")).encode()
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    except OSError as e:  # some file systems cannot sync a directory
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+def _report(byte: bytes) -> None:
+    """Tell the node (if it still listens) and let go of the pipe."""
+    with contextlib.suppress(OSError):  # the node is gone: the records say it all
+        os.write(_REPORT_FD, byte)
+    _to_devnull(_REPORT_FD, os.O_WRONLY)
+
+
+def _to_devnull(fd: int, flags: int) -> None:
+    null = os.open(os.devnull, flags | os.O_CLOEXEC)
+    os.dup2(null, fd)  # dup2 leaves the copy inheritable; fine for 0-2
+    os.close(null)
+
+
+def _read_config() -> dict[str, Any]:
+    """The launch configuration from fd 0 (see the module docstring).
+
+    Raises:
+        ValueError: it is missing, truncated or malformed.
+    """
+    chunks = []
+    while chunk := os.read(0, 65536):
+        chunks.append(chunk)
+    _to_devnull(0, os.O_RDONLY)
+    cfg = json.loads(b"".join(chunks) or b"null")
+    problem = _config_problem(cfg)
+    if problem is not None:
+        raise ValueError(problem)
+    return dict(cfg)
+
+
+def _config_problem(cfg: object) -> str | None:
+    if not isinstance(cfg, dict):
+        return "no launch configuration was received (the node ended first?)"
+    argv, env, fd = cfg.get("argv"), cfg.get("env"), cfg.get("stdout_fd")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return "the launch configuration has no argv"
+    if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        return "the launch configuration has no env"
+    if not isinstance(fd, int):
+        return "the launch configuration has no stdout_fd"
+    return None
+
+
+def _failed(directory: str, token: str, error: str) -> int:
+    """Record that the server could not be started, report it; the shim's exit code."""
+    record = {
+        "token": token,
+        "pid": None,
+        "exit_code": None,
+        "signal": None,
+        "ended_ns": time.time_ns(),
+        "error": error,
+    }
+    write_atomically(directory, f"{token}.exit.json", record)
+    _report(REPORT_FAILED)
+    return 0
+
+
+def _start(cfg: dict[str, Any]) -> subprocess.Popen[bytes] | str:
+    """The server, started in a new session; or why it could not be (the
+    same words as the node's own messages: ``no such program (...)``)."""
+    try:
+        return subprocess.Popen(
+            cfg["argv"],
+            env=cfg["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=cfg["stdout_fd"],
+            stderr=None,  # fd 2: the stderr log
+            start_new_session=True,
+        )
+    except FileNotFoundError as e:
+        return f"no such program ({e.strerror})"
+    except PermissionError as e:
+        return f"not executable ({e.strerror})"
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return str(e)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(cfg["stdout_fd"])
+
+
+def _record_launch(directory: str, token: str, server: subprocess.Popen[bytes]) -> None:
+    try:
+        pgid = os.getpgid(server.pid)
+    except OSError:
+        pgid = server.pid  # it leads the session it was started in
+    record = {
+        "token": token,
+        "pid": server.pid,
+        "pgid": pgid,
+        "start_time": start_time(server.pid),
+        "boot_id": _boot_id(),
+        "shim_pid": os.getpid(),
+        "shim_start_time": start_time(os.getpid()),
+    }
+    write_atomically(directory, f"{token}.json", record)
+
+
+def _wait_for(pid: int) -> int:
+    """Reap children (orphans re-parented here included) until ``pid`` is among
+    them; its wait status."""
+    while True:
+        reaped, status = os.waitpid(-1, 0)
+        if reaped == pid:
+            return status
+
+
+def _reap_dead() -> None:
+    """Reap every child that has already exited; wait for none."""
+    while True:
+        try:
+            reaped, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if reaped == 0:
+            return
+
+
+def main() -> int:
+    """Run one server to its end; the shim's exit code (0 once all is recorded).
+
+    Returns:
+        0 when the launch (or why it failed) and the exit are recorded; 2 when
+        there is no usable token; 1 when a record could not be written.
+    """
+    _ignore_signals()
+    _become_subreaper()
+    token = os.environ.get(TOKEN_VAR)
+    if token is None or not valid_token(token):
+        sys.stderr.write(f"infervisor shim: no valid {TOKEN_VAR} in its environment\n")
+        return 2
+    directory = os.path.join(os.getcwd(), LAUNCH_DIR)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        try:
+            cfg = _read_config()
+        except (OSError, ValueError) as e:
+            return _failed(directory, token, f"launch shim: {e}")
+        server = _start(cfg)
+        if isinstance(server, str):
+            return _failed(directory, token, server)
+        try:
+            _record_launch(directory, token, server)
+        except OSError as e:
+            # An unrecorded server must not run: no node could ever find it.
+            with contextlib.suppress(OSError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+            return _failed(directory, token, f"cannot record the launch in {directory}: {e}")
+        _report(REPORT_LAUNCHED)
+        status = _wait_for(server.pid)
+        ended = time.time_ns()
+        server.returncode = code = os.waitstatus_to_exitcode(status)
+        write_atomically(
+            directory,
+            f"{token}.exit.json",
+            {
+                "token": token,
+                "pid": server.pid,
+                "exit_code": code if code >= 0 else None,
+                "signal": -code if code < 0 else None,
+                "ended_ns": ended,
+                "error": None,
+            },
+        )
+    except OSError as e:
+        sys.stderr.write(f"infervisor shim: {e}\n")
+        return 1
+    _reap_dead()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
