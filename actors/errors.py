@@ -9,6 +9,8 @@ The tree (adapter errors, such as ``AdmissionRefused``, ``SpecError`` and
      |    +-- InvalidState  (names the current state and what the verb needs)
      |    +-- BadArgument   a verb's argument is out of range (names it and the range)
      +-- VerbTimeout       the verb was accepted but did not complete in time
+     +-- VerbFailed        the verb was accepted but its work failed (an unload Ollama refused)
+     +-- RecordFailed      the chain could not record the decision: nothing was done
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ __all__ = [
     "BadArgument",
     "InvalidState",
     "NodeError",
+    "RecordFailed",
     "UnknownInstance",
+    "VerbFailed",
     "VerbRefused",
     "VerbTimeout",
 ]
@@ -50,3 +54,12 @@ class BadArgument(VerbRefused, ValueError):
 
 class VerbTimeout(NodeError):
     """A verb was accepted (and recorded) but its effect was not seen in time."""
+
+
+class VerbFailed(NodeError):
+    """A verb was accepted and recorded, but the work it asked for failed."""
+
+
+class RecordFailed(NodeError):
+    """The chain could not record a decision (database busy, disk full): no
+    effect of it ran, and state is what the chain says."""

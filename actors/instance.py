@@ -1,15 +1,15 @@
-"""The instance actor: one per instance, sole owner of its server and state.
+"""The instance actor: one per instance, sole owner of its server and state,
+and the executor of the decision core.
 
-Every lifecycle change follows the one rule: decide, build the event, check
-it against the same reducer replay uses, append it (durable), then apply it.
-Slow work never runs on the actor's thread: probes run on a one-worker pool,
-terminations and Ollama loads on their own threads, and each reports back as
-a message, so a hung server never holds up ``status``.
-
-What a verb means depends on the adapter's kind, so the actor hands verbs and
-observations to a driver: :class:`~.process_driver.ProcessDriver` (managed
-llama.cpp, mlx-lm), :class:`~.ollama_driver.OllamaDriver` (managed Ollama),
-:class:`~.adopted_driver.AdoptedDriver` (observe only).
+Every message becomes an observation for :func:`~.core.decide.decide`; the
+decision's events are appended in one transaction (durable) and applied with
+the same reducer replay uses, and only then are its effects run. A failed
+append runs no effect: the state stays what the chain says, waiters get the
+error, status shows the fault, and an observation from the world (an exit, a
+probe) is decided again later, a bounded number of times. Slow work never
+runs on the actor's thread (probes on the node's probe pool; reaping, Ollama
+loads and unloads on threads of their own), so a hung server never holds up
+``status``.
 """
 
 from __future__ import annotations
@@ -17,35 +17,49 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import pykka
 
-from infervisor.adapters.errors import AdmissionRefused
+from infervisor.adapters.errors import AdmissionRefused, SpawnError
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.server import ServerAdapter
 from infervisor.chain import EventDraft, StoredEvent
-from infervisor.replay import LIVE_STATES, Desired, InstanceState, apply_instance, kind_of
+from infervisor.replay import InstanceState, LifecycleState, apply_instance, kind_of
 from infervisor.replay import events as ev
-from infervisor.replay.events import encode_event
+from infervisor.replay.state import Stamp
 
 from . import messages as m
+from .boot_facts import gather, owned_beyond
 from .clock import Clock
-from .errors import InvalidState
+from .core import observations as o
+from .core.decide import decide
+from .core.decision import Decision, Refusal, RefusalKind, Situation
+from .core.health import probe_token, wants_probe
+from .core.rules import Mode, Rules, Tracking
+from .effects_runner import EffectRunner, TimerFired
+from .errors import InvalidState, RecordFailed, VerbFailed, VerbRefused
 from .ledger import Reservation
 from .settings import NodeSettings
+from .stamps import now_stamp
+from .view import build_view
 
-__all__ = ["Driver", "InstanceActor", "InstanceContext", "tell"]
+__all__ = ["InstanceActor", "InstanceContext", "TimerFired", "tell"]
 
 log = logging.getLogger(__name__)
-
+S = LifecycleState
 
 #: Probe workers for contexts built without a node (tests); a node passes its own pool.
 _SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
+#: A decision whose events could not be appended is tried again this many times.
+RETRY_LIMIT = 30
+RETRY_CAP_S = 30.0
+UNLOAD_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -65,25 +79,23 @@ class InstanceContext:
     probes: Executor = field(default_factory=lambda: _SHARED_FALLBACK)
 
 
-class Driver(Protocol):
-    """What an instance's verbs and observations mean for one kind of adapter."""
-
-    def start(self, by: str) -> None: ...
-    def stop(self, msg: m.Stop) -> Future[m.InstanceView]: ...
-    def unload(self, by: str) -> None: ...
-    def wants_probe(self) -> int | None: ...
-    def on_probe(self, token: int, report: ServerReport) -> None: ...
-    def reconcile(self, listeners: dict[int, list[str]] | None) -> None: ...
-    def boot(self) -> None: ...
-    def handle(self, message: Any) -> None: ...
-    def settled(self) -> bool: ...
-    def pid(self) -> int | None: ...
-    def close(self) -> None: ...
-
-
 class _Probed(msgspec.Struct, frozen=True):
     token: int
     report: ServerReport
+
+
+class _Retry(msgspec.Struct, frozen=True):
+    observation: Any
+    attempt: int
+
+
+@dataclass
+class _Waiter:
+    """A verb answered once ``done(state)`` holds (state None: unloaded)."""
+
+    done: Callable[[InstanceState | None], bool]
+    future: Future[Any]
+    answer: Callable[[], Any]
 
 
 def tell(ref: pykka.ActorRef[Any], message: Any) -> None:
@@ -97,56 +109,72 @@ class InstanceActor(pykka.ThreadingActor):
 
     def __init__(self, state: InstanceState, adapter: ServerAdapter, ctx: InstanceContext) -> None:
         super().__init__()
-        self.state = state
+        self.state: InstanceState = state
         self.adapter = adapter
         self.ctx = ctx
-        self.report: ServerReport | None = None
-        self._gone = False
+        self.iid = state.instance_id
         spec = adapter.spec
         self.supervision = ctx.settings.supervision(spec.kind, spec.restart)
+        self.rules = _rules(adapter, ctx, self.supervision)
+        self.tracking = Tracking()
         self.memory = Reservation(ctx.ledger, state.instance_id, adapter.model_bytes)
-        self._last_probe_at: float | None = None
-        #: The last socket-table snapshot (ports listening beyond loopback).
+        self.effects = EffectRunner(self)
+        self.report: ServerReport | None = None
+        #: The last socket-table snapshot (for status' exposure of adopted servers).
         self.listeners: dict[int, list[str]] | None = None
+        self.fault = ""
+        self._gone = False
+        self._closing = False
         self._probing = False
-        self._probes = ctx.probes
-        self.driver: Driver = _make_driver(self)
+        self._last_probe_at: float | None = None
+        self._waiters: list[_Waiter] = []
 
     # ------------------------------------------------------------------ dispatch
     def on_receive(self, message: Any) -> Any:
-        match message:
-            case m.GetStatus():
-                return self.view()
-            case m.IsSettled():
-                return not self._probing and self.driver.settled()
-            case m.Start(by=by):
-                self.driver.start(by)
-                return self.view()
-            case m.Stop():
-                return self.driver.stop(message)
-            case m.Restart(by=by):
-                return self._restart(by)
-            case m.Unload(by=by):
-                return self.driver.unload(by)
-            case m.DeepHealth():
-                return self.in_thread(self.adapter.deep_health)
-            case m.NewPlacement():
-                return self._new_placement(message)
+        if isinstance(message, m.GetStatus):
+            return self.view()
+        if isinstance(message, m.IsSettled):
+            return self._settled()
+        if self._gone:
+            if isinstance(message, (m.Start, m.Stop, m.Restart, m.Unload)):
+                raise InvalidState(f"{self.iid} is unloaded")
+            return None
+        verb = self._verb(message)
+        if verb is not None:
+            return verb
         try:
             self._observe(message)
         except Exception as e:
             # A handler that raises must not end the actor: the instance keeps its server.
-            log.exception("%s: error handling %r", self.state.instance_id, message)
+            log.exception("%s: error handling %r", self.iid, message)
             if isinstance(message, _Probed):
                 self._count_as_miss(message.token, e)
         return None
 
-    def _count_as_miss(self, token: int, error: Exception) -> None:
-        """A probe whose handling raised counts as a miss, with the error as its reason."""
-        why = f"handler error: {type(error).__name__}: {error}"
-        report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
-        with contextlib.suppress(Exception):
-            self.driver.on_probe(token, report)
+    def _verb(self, message: Any) -> Any:
+        s = self.ctx.settings
+        match message:
+            case m.Start(by=by):
+                self._decide_verb(o.StartVerb(by=by))
+                return self.view()
+            case m.Stop(by=by, grace_s=grace, reason=reason):
+                if by == "shutdown":
+                    self._closing = True
+                grace = s.stop_grace_s if grace is None else grace
+                return self._await(o.StopVerb(by=by, grace_s=grace, reason=reason), _stopped)
+            case m.Restart(by=by):
+                return self._await(o.RestartVerb(by=by, grace_s=s.stop_grace_s), _restarted)
+            case m.Unload(by=by):
+                verb = o.UnloadVerb(by=by, grace_s=UNLOAD_GRACE_S)
+                return self._await(verb, lambda st, _r: st is None)
+            case m.NewPlacement(placed_by=placed_by, generation=generation):
+                decision = self._decide_verb(
+                    o.PlacementVerb(placed_by=placed_by, generation=generation)
+                )
+                return any(isinstance(e, ev.Replaced) for e in decision.events)
+            case m.DeepHealth():
+                return self._in_thread(self.adapter.deep_health)
+        return None
 
     def _observe(self, message: Any) -> None:
         match message:
@@ -155,87 +183,165 @@ class InstanceActor(pykka.ThreadingActor):
             case _Probed(token=token, report=report):
                 self._probing = False
                 self.report = report
-                self.driver.on_probe(token, report)
+                self.run(o.ProbeResult(token=token, report=report, failure=self._failure()))
             case m.ReconcileTick(listeners=listeners):
-                if listeners is not None:
-                    self.listeners = listeners
-                self.driver.reconcile(listeners)
+                self._reconcile(listeners)
             case m.Boot():
-                self.driver.boot()
+                facts = gather(self.adapter, self.state, self.effects)
+                self.run(o.BootSeen(process=facts))
             case m.LeaseExpired(silent_s=silent):
-                self._lease_expired(silent)
-            case _:
-                self.driver.handle(message)
+                self.run(o.LeaseLapsed(silent_s=silent))
+            case TimerFired(name=name, gen=gen):
+                # A node shutting down starts nothing again, but still ends what it stops.
+                current = self.effects.timer_current(name, gen)
+                if current and (name == "kill" or not self._closing):
+                    self.run(o.TimerDue(name=name))
+            case _Retry(observation=obs, attempt=attempt):
+                self.run(obs, attempt=attempt)
+            case o.ProcessExited() | o.GroupGone() | o.OllamaResidency() | o.OllamaLoadEnded():
+                self.run(message)
+            case o.OllamaUnloadEnded():
+                self.run(message)
 
     def on_stop(self) -> None:
-        self.driver.close()
+        self.effects.close()
         self.adapter.close()
 
-    # ------------------------------------------------------------------ the one rule
-    def commit(self, event: ev.InstanceEvent, source: str) -> StoredEvent:
-        """Check, append (durable), then apply one event to this instance.
+    # ------------------------------------------------------------------ deciding
+    def now(self) -> Stamp:
+        """Now, on both clocks."""
+        return now_stamp(self.ctx.clock)
 
-        Raises:
-            ReplayError: the event does not fit the current state; nothing is appended.
-        """
-        draft = EventDraft(
-            ts_ns=self.ctx.clock.wall_ns(),
-            source=source,
-            kind=kind_of(event),
-            subject=self.state.instance_id,
-            payload=encode_event(event),
-        )
+    def run(self, observation: o.Observation, *, attempt: int = 0) -> Decision | None:
+        """Decide on one observation and execute it, then on every observation
+        its effects produce at once. Returns the first decision (None when it
+        could not be recorded: it is retried later)."""
+        queue: deque[o.Observation] = deque([observation])
+        first: Decision | None = None
+        while queue:
+            obs = queue.popleft()
+            decision = self._decide_and_record(obs, attempt if obs is observation else 0)
+            if decision is None:
+                break
+            first = first or decision
+            if decision.refusal is not None and first.refusal is None:
+                first = msgspec.structs.replace(first, refusal=decision.refusal)
+            for effect in decision.effects:
+                follow = self.effects.run(effect)
+                if follow is not None:
+                    queue.append(follow)
+        self._after_run()
+        return first
+
+    def _decide_and_record(self, obs: o.Observation, attempt: int) -> Decision | None:
         if self._gone:
-            raise InvalidState(f"{self.state.instance_id} is unloaded")
-        apply_instance(self.state, _provisional(draft, self.state.last_seq + 1), event)
-        stored: StoredEvent = self.ctx.writer.ask(m.Append(drafts=(draft,)), block=True)[0]
-        new = apply_instance(self.state, stored, event)
-        if new is None:
-            self._gone = True  # unloaded: messages still queued must not record anything
-        else:
-            self.state = new
-        return stored
-
-    # ------------------------------------------------------------------ helpers for drivers
-    def reserve_memory(self, by: str) -> int:
-        """Reserve the model's memory before anything is spawned or loaded.
-
-        Raises:
-            BudgetExceeded: naming budget, in use and needed (the refusal is recorded).
-        """
-        try:
-            return self.memory.take()
-        except AdmissionRefused as e:
-            self.commit(ev.StartRefused(by=by, reason=str(e)), by)
-            raise
-
-    def tell_self(self, message: Any) -> None:
-        """Send this actor a message (from any thread)."""
-        tell(self.actor_ref, message)
-
-    def in_thread(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run ``fn`` on its own daemon thread; its result or error lands in the Future."""
-        done: Future[Any] = Future()
-
-        def run() -> None:
+            return None
+        sit = Situation(state=self.state, tracking=self.tracking, rules=self.rules, now=self.now())
+        decision = decide(sit, obs)
+        if decision.tracking is not None:
+            self.tracking = decision.tracking
+        if decision.events:
             try:
-                done.set_result(fn())
-            except Exception as e:  # noqa: BLE001 - handed to whoever waits on the Future
-                done.set_exception(e)
+                self._record(decision, sit.now)
+            except Exception as e:  # noqa: BLE001 - any append failure: nothing is acted on
+                self._append_failed(obs, attempt, e)
+                return None
+        self._fail_waiters_on(decision.refusal, verb=_is_verb(obs))
+        return decision
 
-        threading.Thread(target=run, name=f"{self.state.instance_id}-work", daemon=True).start()
-        return done
+    def _record(self, decision: Decision, now: Stamp) -> None:
+        """Append the decision's events in one transaction, then apply them."""
+        drafts = tuple(
+            EventDraft(
+                ts_ns=now.wall_ns,
+                source=decision.source,
+                kind=kind_of(event),
+                subject=self.iid,
+                payload=ev.encode_event(event),
+            )
+            for event in decision.events
+        )
+        stored: list[StoredEvent] = self.ctx.writer.ask(
+            m.Append(drafts=drafts), block=True, timeout=60
+        )
+        state: InstanceState | None = self.state
+        for record, event in zip(stored, decision.events, strict=True):
+            state = apply_instance(state, record, event)
+        self.fault = ""
+        if state is None:
+            self._gone = True
+            self.memory.give_back()
+        else:
+            self.state = state
 
-    def view(self) -> m.InstanceView:
-        """This instance's status view (never probes)."""
-        from .view import build_view  # noqa: PLC0415 - view imports drivers' types
+    def _append_failed(self, obs: o.Observation, attempt: int, error: Exception) -> None:
+        why = f"the chain could not record a decision ({type(error).__name__}: {error})"
+        log.error("%s: %s", self.iid, why)
+        self.fault = why
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(RecordFailed(f"{self.iid}: {why}; nothing was done"))
+        self._waiters.clear()
+        if _is_verb(obs):
+            raise RecordFailed(f"{self.iid}: {why}; nothing was done")
+        if attempt < RETRY_LIMIT:
+            delay = min(RETRY_CAP_S, 0.5 * 2**attempt)
+            retry = _Retry(observation=obs, attempt=attempt + 1)
+            self.ctx.clock.call_later(delay, lambda: self.tell_self(retry))
 
-        return build_view(self)
+    def _after_run(self) -> None:
+        if self._gone:
+            self.effects.close()
+        else:
+            self.memory.sync(self.state.reserved_bytes)
+        self._resolve_waiters()
 
-    # ------------------------------------------------------------------ shared verbs
+    # ------------------------------------------------------------------ verbs
+    def _decide_verb(self, verb: o.Observation) -> Decision:
+        decision = self.run(verb)
+        if decision is None:
+            raise RecordFailed(f"{self.iid}: {self.fault}; nothing was done")
+        if decision.refusal is not None:
+            raise _exception(decision.refusal)
+        return decision
+
+    def _await(
+        self, verb: o.Observation, done: Callable[[InstanceState | None, Rules], bool]
+    ) -> Future[Any]:
+        """Decide on a verb; answer a Future resolved once ``done`` holds."""
+        future: Future[Any] = Future()
+        try:
+            self._decide_verb(verb)
+        except Exception as e:  # noqa: BLE001 - the refusal is the verb's answer
+            future.set_exception(e)
+            return future
+        self._waiters.append(_Waiter(lambda st: done(st, self.rules), future, self._answer))
+        self._resolve_waiters()
+        return future
+
+    def _answer(self) -> Any:
+        return None if self._gone else self.view()
+
+    def _resolve_waiters(self) -> None:
+        state = None if self._gone else self.state
+        for waiter in list(self._waiters):
+            if waiter.future.done():
+                self._waiters.remove(waiter)
+            elif waiter.done(state):
+                self._waiters.remove(waiter)
+                waiter.future.set_result(waiter.answer())
+
+    def _fail_waiters_on(self, refusal: Refusal | None, *, verb: bool) -> None:
+        if refusal is None or verb or refusal.kind is not RefusalKind.FAILED:
+            return
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(VerbFailed(f"{self.iid}: {refusal.message}"))
+        self._waiters.clear()
+
+    # ------------------------------------------------------------------ ticks
     def _health_tick(self) -> None:
-        token = self.driver.wants_probe()
-        if token is None or self._probing:
+        if self._probing or not wants_probe(self.state, self.rules):
             return
         now = self.ctx.clock.monotonic()
         last = self._last_probe_at
@@ -247,7 +353,10 @@ class InstanceActor(pykka.ThreadingActor):
             return
         self._last_probe_at = now
         self._probing = True
-        self._probes.submit(self._probe_job, token)
+        proc = self.effects.proc
+        if proc is not None:
+            proc.track_descendants()
+        self.ctx.probes.submit(self._probe_job, probe_token(self.state))
 
     def _probe_job(self, token: int) -> None:
         """On a probe worker: always answer, so a probe that raises is a miss, never a
@@ -259,66 +368,108 @@ class InstanceActor(pykka.ThreadingActor):
             report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
         self.tell_self(_Probed(token=token, report=report))
 
-    def _new_placement(self, msg: m.NewPlacement) -> bool:
-        current = self.state.generation
-        if msg.generation > current:
-            self.commit(
-                ev.Replaced(placed_by=msg.placed_by, generation=msg.generation), "controller"
-            )
-            return True
-        ignored = ev.PlacementIgnored(
-            placed_by=msg.placed_by, generation=msg.generation, current=current
-        )
-        self.commit(ignored, "controller")
-        return False
+    def _count_as_miss(self, token: int, error: Exception) -> None:
+        """A probe whose handling raised counts as a miss, with the error as its reason."""
+        why = f"handler error: {type(error).__name__}: {error}"
+        report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
+        with contextlib.suppress(Exception):
+            self.run(o.ProbeResult(token=token, report=report))
 
-    def _lease_expired(self, silent_s: float) -> None:
-        """Stop a continuous instance another node placed; it stays stopped."""
-        state, spec = self.state, self.adapter.spec
-        if not spec.continuous or state.placed_by == self.ctx.node_id:
+    def _failure(self) -> str | None:
+        """A line of the server's output saying it will never serve."""
+        proc, adapter = self.effects.proc, self.adapter
+        find = getattr(adapter, "failure_in_output", None)
+        if proc is None or find is None:
+            return None
+        out, err = proc.output()
+        found: str | None = find(out[-8192:] + "\n" + err[-8192:])
+        return found
+
+    def _reconcile(self, listeners: Any) -> None:
+        if self._closing:
             return
-        if state.desired is not Desired.RUNNING or state.lifecycle not in LIVE_STATES:
-            return
-        why = f"controller lease expired: no controller heard for {silent_s:.1f} s"
-        self.driver.stop(m.Stop(by="lease", reason=why))
+        if listeners is not None:
+            self.listeners = listeners.ports() if hasattr(listeners, "ports") else listeners
+            owned = owned_beyond(self.adapter, self.state, self.effects, listeners)
+            if owned:
+                self.run(o.ListenersSeen(owned_beyond=owned))
+        self.run(o.Tick())
 
-    def _restart(self, by: str) -> Future[m.InstanceView]:
-        """Stop (when anything is running), then start, on a helper thread."""
-        stopped = self.driver.stop(m.Stop(by=by, reason="restart"))
-        ref = self.actor_ref
+    # ------------------------------------------------------------------ helpers
+    def tell_self(self, message: Any) -> None:
+        """Send this actor a message (from any thread)."""
+        tell(self.actor_ref, message)
 
-        def then_start() -> m.InstanceView:
-            stopped.result()
-            view: m.InstanceView = ref.ask(m.Start(by=by), block=True)
-            return view
+    def _in_thread(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run ``fn`` on its own daemon thread; its result or error lands in the Future."""
+        done: Future[Any] = Future()
 
-        return self.in_thread(then_start)
+        def run() -> None:
+            try:
+                done.set_result(fn())
+            except Exception as e:  # noqa: BLE001 - handed to whoever waits on the Future
+                done.set_exception(e)
+
+        threading.Thread(target=run, name=f"{self.iid[:12]}-work", daemon=True).start()
+        return done
+
+    def _settled(self) -> bool:
+        state = self.state
+        busy = state.terminating is not None or state.lifecycle is S.STOPPING
+        return not self._probing and self.effects.inflight == 0 and not (busy and not self._gone)
+
+    def view(self) -> m.InstanceView:
+        """This instance's status view (never probes)."""
+        return build_view(self)
 
 
-def _make_driver(actor: InstanceActor) -> Driver:
-    from .adopted_driver import AdoptedDriver  # noqa: PLC0415 - drivers import this module
-    from .ollama_driver import OllamaDriver  # noqa: PLC0415
-    from .process_driver import ProcessDriver  # noqa: PLC0415
-
-    kinds: dict[str, Callable[[InstanceActor], Driver]] = {
-        "process": ProcessDriver,
-        "ollama": OllamaDriver,
-        "adopted": AdoptedDriver,
-    }
-    return kinds[actor.adapter.kind](actor)
-
-
-def _provisional(draft: EventDraft, seq: int) -> StoredEvent:
-    """A stored-event stand-in used to check an event before it is appended."""
-    return StoredEvent(
-        seq=seq,
-        ts_ns=draft.ts_ns,
-        node="",
-        source=draft.source,
-        kind=draft.kind,
-        subject=draft.subject,
-        payload=draft.payload,
-        payload_hash=b"\0" * 32,
-        prev_hash=b"\0" * 32,
-        hash=b"\0" * 32,
+def _rules(adapter: ServerAdapter, ctx: InstanceContext, supervision: Any) -> Rules:
+    s = ctx.settings
+    return Rules(
+        mode=Mode(adapter.kind),
+        flavor=adapter.spec.flavor,
+        served_model=adapter.served_model,
+        continuous=adapter.spec.continuous,
+        supervision=supervision,
+        node_id=ctx.node_id,
+        stop_grace_s=s.stop_grace_s,
+        health_kill_grace_s=s.health_kill_grace_s,
+        unload_grace_s=UNLOAD_GRACE_S,
+        retry_s=s.reconcile_interval_s,
     )
+
+
+def _stopped(state: InstanceState | None, rules: Rules) -> bool:
+    """A stop is answered once nothing of the server is left (or an unload ended)."""
+    if state is None:
+        return True
+    if rules.mode is Mode.PROCESS:
+        return state.process is None and state.lifecycle is not S.STOPPING
+    unloading = state.ollama_owned is True and state.reserved_bytes > 0
+    return not (state.lifecycle is S.STOPPED and unloading)
+
+
+def _restarted(state: InstanceState | None, rules: Rules) -> bool:
+    """A restart is answered once its start is recorded (or it was dropped)."""
+    return state is None or state.then != "restart"
+
+
+def _is_verb(obs: o.Observation) -> bool:
+    return isinstance(obs, (o.StartVerb, o.StopVerb, o.RestartVerb, o.UnloadVerb, o.PlacementVerb))
+
+
+def _exception(refusal: Refusal) -> Exception:
+    match refusal.kind:
+        case RefusalKind.INVALID_STATE:
+            return InvalidState(refusal.message)
+        case RefusalKind.REFUSED:
+            return VerbRefused(refusal.message)
+        case RefusalKind.ADMISSION:
+            from .ledger import BudgetExceeded  # noqa: PLC0415
+
+            if refusal.message.startswith("memory budget"):
+                return BudgetExceeded(refusal.message)
+            return AdmissionRefused(refusal.message)
+        case RefusalKind.SPAWN:
+            return SpawnError(refusal.message)
+    return VerbFailed(refusal.message)

@@ -18,7 +18,17 @@ import pykka
 
 from infervisor.adapters.errors import AdmissionRefused
 
-__all__ = ["BudgetExceeded", "LedgerActor", "LedgerView", "Reservation", "release", "reserve"]
+__all__ = [
+    "BudgetExceeded",
+    "LedgerActor",
+    "LedgerView",
+    "Reservation",
+    "hold",
+    "release",
+    "reserve",
+]
+
+_ASK_TIMEOUT_S = 30.0
 
 
 class BudgetExceeded(AdmissionRefused):
@@ -36,6 +46,11 @@ class _Release(msgspec.Struct, frozen=True):
 
 class _Snapshot(msgspec.Struct, frozen=True):
     pass
+
+
+class _Hold(msgspec.Struct, frozen=True):
+    instance_id: str
+    held_bytes: int
 
 
 class LedgerView(msgspec.Struct, frozen=True):
@@ -61,6 +76,12 @@ class LedgerActor(pykka.ThreadingActor):
                 return self._reserve(iid, size)
             case _Release(instance_id=iid):
                 return self.held.pop(iid, 0)
+            case _Hold(instance_id=iid, held_bytes=held):
+                if held:
+                    self.held[iid] = held
+                else:
+                    self.held.pop(iid, None)
+                return held
             case _Snapshot():
                 return LedgerView(self.budget, sum(self.held.values()), dict(self.held))
         raise TypeError(f"LedgerActor does not take {type(message).__name__}")
@@ -81,25 +102,37 @@ class LedgerActor(pykka.ThreadingActor):
 
 def reserve(ledger: pykka.ActorRef[Any], instance_id: str, model_bytes: int) -> int:
     """Reserve for an instance; the bytes held. Raises BudgetExceeded with the numbers."""
-    held: int = ledger.ask(_Reserve(instance_id, model_bytes), block=True)
+    held: int = ledger.ask(_Reserve(instance_id, model_bytes), block=True, timeout=_ASK_TIMEOUT_S)
     return held
 
 
 def release(ledger: pykka.ActorRef[Any], instance_id: str) -> None:
     """Give an instance's reservation back (no-op when it holds none)."""
-    ledger.ask(_Release(instance_id), block=True)
+    ledger.ask(_Release(instance_id), block=True, timeout=_ASK_TIMEOUT_S)
 
 
 def snapshot(ledger: pykka.ActorRef[Any]) -> LedgerView:
     """The budget, the bytes in use and every reservation."""
-    view: LedgerView = ledger.ask(_Snapshot(), block=True)
+    view: LedgerView = ledger.ask(_Snapshot(), block=True, timeout=_ASK_TIMEOUT_S)
     return view
+
+
+def hold(ledger: pykka.ActorRef[Any], instance_id: str, held_bytes: int) -> None:
+    """Set what an instance holds to what its chain says (0 releases it)."""
+    ledger.ask(_Hold(instance_id, held_bytes), block=True, timeout=_ASK_TIMEOUT_S)
 
 
 class Reservation:
     """One instance's hold on the ledger; a no-op when the node has no budget.
 
-    Owned by the instance actor (used from its thread only).
+    The ledger is a fold of the chain: what an instance holds is the
+    ``reserved_bytes`` its sourced state says (``instance.starting`` sets it,
+    an exit, a confirmed unload or the unload of the instance clear it). A
+    start reserves tentatively (:meth:`reserve`) before its event is appended,
+    so two concurrent starts cannot both pass; after every decision the actor
+    calls :meth:`sync` with the sourced figure, which also drops a tentative
+    hold whose start was refused or never recorded. Owned by the instance
+    actor (used from its thread only).
     """
 
     def __init__(self, ledger: pykka.ActorRef[Any] | None, instance_id: str, model_bytes: int):
@@ -108,14 +141,22 @@ class Reservation:
         self._model_bytes = model_bytes
         self.held = 0
 
-    def take(self) -> int:
-        """Reserve the model's memory (idempotent); the bytes held. Raises BudgetExceeded."""
-        if self._ledger is not None:
-            self.held = reserve(self._ledger, self._instance_id, self._model_bytes)
+    def reserve(self) -> int:
+        """Reserve the model's memory tentatively; the bytes held (0 without a
+        budget). Raises BudgetExceeded naming budget, in use and needed."""
+        if self._ledger is None:
+            return 0
+        self.held = reserve(self._ledger, self._instance_id, self._model_bytes)
         return self.held
 
+    def sync(self, sourced_bytes: int) -> None:
+        """Make the ledger hold what the chain says this instance holds."""
+        if self._ledger is not None and sourced_bytes != self.held:
+            hold(self._ledger, self._instance_id, sourced_bytes)
+        self.held = sourced_bytes if self._ledger is not None else 0
+
     def give_back(self) -> None:
-        """Release what is held (a no-op when nothing is)."""
-        if self._ledger is not None:  # also what a dead predecessor of this actor held
+        """Release whatever is held (the instance was unloaded)."""
+        if self._ledger is not None:
             release(self._ledger, self._instance_id)
         self.held = 0

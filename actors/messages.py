@@ -4,6 +4,9 @@ Verbs (asked, answered once their event is durable): :class:`Start`,
 :class:`Stop`, :class:`Restart`, :class:`Unload`, :class:`GetStatus`.
 Ticks and observations (told): :class:`HealthTick`, :class:`ReconcileTick`,
 :class:`Boot` and the private ones the instance actor sends itself.
+Host messages (asked; the host never waits): :class:`Place`, :class:`Admit`,
+:class:`UnloadInstance` and :class:`BootAll` answer a
+``concurrent.futures.Future`` at once, resolved when the work is done.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft
 from infervisor.replay import ExitRecord, NodeState
@@ -117,12 +121,13 @@ class HealthTick(_Msg, frozen=True):
 class ReconcileTick(_Msg, frozen=True):
     """Compare desired and actual state and act toward desired.
 
-    ``listeners``: ports listening beyond loopback on this machine, with their
-    addresses, read once for every instance (None when the socket table could
-    not be read).
+    ``listeners``: one snapshot of the sockets listening beyond loopback on
+    this machine, with their owning pids, read once for every instance
+    (:func:`~infervisor.adapters.ports.listener_snapshot`; None when the socket
+    table could not be read).
     """
 
-    listeners: dict[int, list[str]] | None = None
+    listeners: ListenerSnapshot | dict[int, list[str]] | None = None
 
 
 class Boot(_Msg, frozen=True):
@@ -131,7 +136,11 @@ class Boot(_Msg, frozen=True):
 
 # Host
 class Place(_Msg, frozen=True):
-    """Admit an instance; answers its id once the placement is durable."""
+    """Admit an instance. Answers a ``concurrent.futures.Future[str]`` at once (or
+    raises a refusal found at once); it resolves to the instance id once the
+    placement is durable and the instance routed, or to the refusal. A second
+    placement of an id whose placement is still in flight is refused
+    (``InvalidState``)."""
 
     spec: InstanceSpec
     placed_by: str
@@ -140,30 +149,38 @@ class Place(_Msg, frozen=True):
 
 
 class Admit(_Msg, frozen=True):
-    """Run admission only (nothing is placed or recorded); answers an Admission."""
+    """Run admission only (nothing is placed or recorded). Answers a
+    ``concurrent.futures.Future[Admission]`` at once."""
 
     spec: InstanceSpec
 
 
 class Lookup(_Msg, frozen=True):
-    """Answer the instance actor's ref (raises UnknownInstance)."""
+    """Answer the instance actor's ref from the published routes (raises
+    UnknownInstance, or InvalidState while it is being unloaded). The node reads
+    the routes itself; this is for other askers."""
 
     instance_id: str
 
 
 class ListInstances(_Msg, frozen=True):
-    """Answer ``{instance_id: ref}`` of every instance."""
+    """Answer ``{instance_id: ref}`` of every routed instance (not those being unloaded)."""
 
 
 class UnloadInstance(_Msg, frozen=True):
-    """Unload and end the instance's actor."""
+    """Unload and end the instance's actor. Answers a ``concurrent.futures.Future[None]``
+    at once (raises UnknownInstance at once); it resolves once ``instance.unloaded``
+    is durable and the actor is ended, or to the unload's error (the instance is
+    then routed again). From the ask on, no verb is routed to the instance; a
+    second unload while one is in flight answers the same Future."""
 
     instance_id: str
     by: str = "operator"
 
 
 class BootAll(_Msg, frozen=True):
-    """Create an actor per instance of the rebuilt state and boot each."""
+    """Create an actor per instance of the rebuilt state and boot each. Answers a
+    ``concurrent.futures.Future[list[str]]`` at once: the ids booted, once all are."""
 
     state: NodeState
 
@@ -182,7 +199,9 @@ class WatchedBy(_Msg, frozen=True):
 
 
 class Revive(_Msg, frozen=True):
-    """An instance actor died: recreate it from the chain and re-attach its process."""
+    """An instance actor died: recreate it from the chain (replayed off the host's
+    thread) and re-attach its process. Ignored for an instance unloaded or being
+    unloaded meanwhile, or whose actor is alive again."""
 
     instance_id: str
 

@@ -12,6 +12,7 @@ import pytest
 from support import pids_of_group, wait_until
 
 from infervisor.actors.clock import ManualClock
+from infervisor.actors.instance import InstanceActor
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import timeline
@@ -40,18 +41,17 @@ def tick_until(node, clock: ManualClock, iid: str, lifecycle: str) -> Any:
     return wait_until(reached, 20, f"{iid} {lifecycle}")
 
 
-def test_a_probe_handler_that_raises_counts_as_a_miss(clocked) -> None:
+def test_a_probe_handler_that_raises_counts_as_a_miss(clocked, monkeypatch) -> None:
     node, clock, iid = clocked
     tick_until(node, clock, iid, "running")
-    driver = node._ref(iid).proxy().driver.get(timeout=10)
-    original = driver.on_probe
+    original = InstanceActor._failure
 
-    def broken(token: int, report: Any) -> None:
-        if report.health.kind == "up":
+    def broken(self: InstanceActor) -> str | None:
+        if self.report is not None and self.report.health.kind == "up":
             raise RuntimeError("injected handler failure")
-        original(token, report)
+        return original(self)
 
-    driver.on_probe = broken
+    monkeypatch.setattr(InstanceActor, "_failure", broken)
     clock.advance(1.0)
     wait_until(
         lambda: any(
@@ -62,7 +62,7 @@ def test_a_probe_handler_that_raises_counts_as_a_miss(clocked) -> None:
     )
     unhealthy = next(e for e in timeline(node.settings.chain_path, iid) if e.to == "unhealthy")
     assert "handler error: RuntimeError: injected handler failure" in unhealthy.reason
-    driver.on_probe = original
+    monkeypatch.setattr(InstanceActor, "_failure", original)
     node.stop(iid)
 
 

@@ -297,6 +297,8 @@ def test_managed_environment_is_exactly_passthrough_node_and_spec_env(
     env = proc_environ(view.pid)
     node.stop(iid)
     expected = {n: os.environ[n] for n in ("HOME", "PATH") if n in os.environ}
+    # The launch token the exit-status shim recognises its server by (docs/process-supervision.md).
+    assert env.pop("INFERVISOR_LAUNCH_TOKEN", "").startswith(iid[:12])
     assert env == {**expected, "NODE_VAR": "node", "SPEC_VAR": "spec"}
 
 

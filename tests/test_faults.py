@@ -77,6 +77,8 @@ START = [("starting", "loaded", "starting"), ("spawned", "starting", "starting")
 RESTART = [("starting", "restarting", "starting"), ("spawned", "starting", "starting")]
 READY = ("ready", "starting", "running")
 STOP = [("stop_requested", "running", "stopping"), ("exited", "stopping", "stopped")]
+#: A health kill: recorded (SIGTERM sent, SIGKILL due after the grace) before the exit.
+KILLED = [("terminating", "unhealthy", "unhealthy"), ("exited", "unhealthy", "exited")]
 
 
 def scheduled_then_started(steps: list[Step]) -> list[tuple[float, float]]:
@@ -432,7 +434,7 @@ def test_hung_server_is_killed_and_restarted_while_others_answer(
         *START,
         READY,
         ("unhealthy", "running", "unhealthy"),
-        ("exited", "unhealthy", "exited"),
+        *KILLED,
         ("restart_scheduled", "exited", "restarting"),
         *RESTART,
         READY,
@@ -503,7 +505,7 @@ def test_loading_forever_is_unhealthy_after_the_cap(nodes, tmp_path, fake_model,
         PLACED,
         *START,
         ("unhealthy", "starting", "unhealthy"),
-        ("exited", "unhealthy", "exited"),
+        *KILLED,
         ("restart_scheduled", "exited", "restarting"),
         *RESTART,
         READY,
@@ -589,7 +591,7 @@ def test_health_kill_of_a_sigterm_ignorer_uses_the_health_grace(
         *START,
         READY,
         ("unhealthy", "running", "unhealthy"),
-        ("exited", "unhealthy", "exited"),
+        *KILLED,
         ("restart_scheduled", "exited", "restarting"),
         ("stop_requested", "restarting", "stopped"),
     ]
@@ -618,7 +620,8 @@ def test_second_stop_while_stopping_escalates_at_once(nodes, tmp_path, fake_mode
         ("stop_requested", "stopping", "stopping"),
         ("exited", "stopping", "stopped"),
     ]
-    assert [s.event.grace_s for s in of_kind(steps, "stop_requested")] == [60.0, 60.0]
+    # The escalation is recorded as what it does (grace 0), so a boot meanwhile kills at once.
+    assert [s.event.grace_s for s in of_kind(steps, "stop_requested")] == [60.0, 0.0]
     assert of_kind(steps, "exited")[0].event.signal == signal.SIGKILL
     nothing_left(r.node)
 
@@ -698,7 +701,7 @@ BAD_BODY_PATH = [
     PLACED,
     *START,
     ("unhealthy", "starting", "unhealthy"),
-    ("exited", "unhealthy", "exited"),
+    *KILLED,
     ("failed", "exited", "failed"),
 ]
 

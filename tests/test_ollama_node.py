@@ -147,13 +147,16 @@ def test_stop_during_the_load_aborts_it_and_still_unloads(node: Node, server: An
     assert "instance.ready" not in kinds(node, iid)
 
 
-def test_failed_load_ends_exited_and_releases(node: Node, server: Any) -> None:
+def test_failed_load_is_an_exit_under_the_restart_policy(node: Node, server: Any) -> None:
     srv = server(fail_load=TAG, load_seconds=0.2)
     iid = node.place(managed(srv))
     node.start(iid)
-    view = node.wait_for(iid, lambda v: v.lifecycle == "exited", 20)
-    assert view.reason.startswith("load failed: ")
+    view = node.wait_for(iid, lambda v: v.lifecycle in ("restarting", "failed"), 20)
+    assert "load failed: " in view.reason
     assert "HTTP 500" in view.reason
+    assert "instance.restart_scheduled" in kinds(node, iid)
+    assert view.reserved_bytes == 0  # a failed load holds no memory
+    node.stop(iid)
     released(node, iid)
     assert not resident(srv)
     assert "instance.ready" not in kinds(node, iid)

@@ -13,10 +13,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from infervisor.actors.core.decide import RULES
 from infervisor.adapters.status import MAP_REPORT_CASES
 from infervisor.replay.lifecycle import LIVE_STATES, TRANSITIONS
 
-__all__ = ["GENERATORS", "refresh", "render_status_table", "render_transition_table"]
+__all__ = [
+    "GENERATORS",
+    "refresh",
+    "render_rule_table",
+    "render_status_table",
+    "render_transition_table",
+]
 
 
 def render_transition_table() -> str:
@@ -37,15 +44,28 @@ def render_status_table() -> str:
     return "\n".join(rows)
 
 
+def render_rule_table() -> str:
+    """Markdown: every observation the decision core takes and the rule that decides it."""
+    rows = ["| observation | rule | what it decides |", "|---|---|---|"]
+    for obs, rule in RULES.items():
+        doc = (obs.__doc__ or "").strip().splitlines()[0]
+        what = (rule.__doc__ or "").strip().splitlines()[0]
+        where = f"`{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}`"
+        rows.append(f"| `{obs.__name__}`: {doc} | {where} | {what} |")
+    return "\n".join(rows)
+
+
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "transitions": ("lifecycle.md", render_transition_table),
+    "rules": ("lifecycle.md", render_rule_table),
     "status-map": ("status-map.md", render_status_table),
 }
 
 
 def _section(name: str) -> re.Pattern[str]:
+    # Lazy up to the first end marker, so an empty section never swallows the next one.
     return re.compile(
-        rf"(<!-- generated: {re.escape(name)} -->\n)(?:.*?\n)?(<!-- end generated -->)", re.DOTALL
+        rf"(<!-- generated: {re.escape(name)} -->\n).*?(<!-- end generated -->)", re.DOTALL
     )
 
 

@@ -1,0 +1,1 @@
+"""The decision core: pure rules from sourced state and one observation."""

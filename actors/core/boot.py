@@ -1,0 +1,132 @@
+"""Boot: one more observation. Account for what the chain says was running,
+then resume what the live node would have done.
+
+A recorded process still running is re-attached (and a termination in
+flight resumed with what is left of its grace); one that ended while no node
+ran is recorded with the status its shim kept, and the restart policy (or a
+one-shot's clean finish) follows; a launch interrupted before its spawn was
+recorded is recognised by its launch token.
+"""
+
+from __future__ import annotations
+
+from infervisor.replay import Desired, LifecycleState
+from infervisor.replay import events as ev
+from infervisor.replay.state import Stamp, later
+
+from .common import STARTABLE, after_exit, describe_exit, try_start
+from .decision import Draft
+from .effects import ArmTimer, CheckResident, Terminate, UnloadModel
+from .observations import BootSeen, ProcessAlive, ProcessGone
+from .process import restart_due
+from .rules import Mode
+
+__all__ = ["boot"]
+
+S = LifecycleState
+_HAD_PROCESS = frozenset({S.STARTING, S.RUNNING, S.UNHEALTHY, S.STOPPING})
+
+
+def boot(d: Draft, b: BootSeen) -> None:
+    """Decide, from the recorded state and what became of its process, what follows."""
+    mode = d.rules.mode
+    if mode is Mode.ADOPTED:
+        return  # re-adopted as it is; health ticks say whether it still answers
+    if mode is Mode.OLLAMA:
+        _boot_ollama(d)
+        return
+    before = len(d.events)
+    match b.process:
+        case ProcessAlive():
+            _reattach(d, b.process)
+            return
+        case ProcessGone():
+            _gone(d, b.process)
+        case _:
+            if d.inst.lifecycle is S.STARTING and d.inst.process is None:
+                _relaunch(d)
+            elif d.inst.lifecycle in _HAD_PROCESS:
+                why = "no server process was recorded when the node stopped"
+                d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why))
+                after_exit(d)
+    if len(d.events) == before:
+        _resume(d)
+
+
+def _relaunch(d: Draft) -> None:
+    """A start was recorded but its launch never ran (the node died between the
+    two): start again, as the live node would have been running it. Not a
+    restart, so it spends no budget."""
+    why = "the launch was interrupted before it ran (the node stopped): starting it again"
+    d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why))
+    try_start(d, "boot")
+
+
+def _reattach(d: Draft, p: ProcessAlive) -> None:
+    inst = d.inst
+    # The uptime recorded at spawn is on the monotonic clock; the process's own
+    # start time is wall time, which a clock step moves. Only a launch that was
+    # never recorded as spawned has nothing better.
+    started = inst.up_since if inst.up_since is not None else _stamp_of(p.start_time, d.now)
+    if p.recovered:
+        d.emit(
+            ev.Spawned(
+                pid=p.pid,
+                pgid=p.pgid,
+                start_time=p.start_time,
+                boot_id=p.boot_id,
+                argv=[],
+                at=started,
+            )
+        )
+    d.emit(ev.Reattached(pid=p.pid, up_since=started))
+    term = inst.terminating
+    if term is not None:
+        d.do(Terminate(), ArmTimer(name="kill", due=later(term.at, term.grace_s)))
+    elif inst.lifecycle is S.STOPPING:
+        d.do(Terminate(), ArmTimer(name="kill", due=later(d.now, d.rules.stop_grace_s)))
+
+
+def _gone(d: Draft, p: ProcessGone) -> None:
+    inst = d.inst
+    if inst.process is None and inst.lifecycle not in _HAD_PROCESS:
+        return
+    cause = inst.terminating.cause if inst.terminating is not None else p.reason
+    reason = f"{cause}: {describe_exit(p.exit_code, p.signal)}"
+    d.emit(ev.Exited(pid=p.pid, exit_code=p.exit_code, signal=p.signal, reason=reason))
+    after_exit(d)
+
+
+def _resume(d: Draft) -> None:
+    """Nothing was running: go on toward the desired state."""
+    inst = d.inst
+    if inst.lifecycle is S.STOPPED and inst.then:
+        after_exit(d)  # what the stop was for: unload, or start again
+        return
+    if inst.desired is not Desired.RUNNING or inst.exposed:
+        return
+    if inst.lifecycle is S.EXITED:
+        after_exit(d)  # gone while the node was down, or its follow-up was lost
+    elif inst.lifecycle is S.RESTARTING:
+        restart_due(d)
+    elif inst.lifecycle in STARTABLE:
+        try_start(d, "boot")
+
+
+def _boot_ollama(d: Draft) -> None:
+    inst = d.inst
+    if inst.lifecycle in (S.RUNNING, S.UNHEALTHY):
+        return  # still loaded: its reservation comes back with the fold
+    if inst.lifecycle is S.STARTING:
+        d.do(CheckResident())  # go on with the start
+        return
+    if inst.lifecycle is S.STOPPED and inst.ollama_owned and inst.reserved_bytes:
+        d.do(UnloadModel())  # an unload was in flight
+        return
+    _resume(d)
+
+
+def _stamp_of(start_time_s: float, now: Stamp) -> Stamp:
+    """A process's start time as a stamp (monotonic reckoned back from now)."""
+    ago = max(0.0, now.wall_ns / 1e9 - start_time_s)
+    return Stamp(wall_ns=int(start_time_s * 1e9), mono_s=now.mono_s - ago, boot_id=now.boot_id)

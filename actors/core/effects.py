@@ -1,0 +1,117 @@
+"""What the decision core asks the executor to do, as data.
+
+The executor runs them only once the decision's events are durable; some
+(:class:`CheckStart`, :class:`Spawn`, :class:`CheckAnswers`) produce an
+observation at once, the others report back later as messages.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from infervisor.replay.state import Stamp
+
+__all__ = [
+    "AbortLoad",
+    "ArmTimer",
+    "CancelTimer",
+    "CheckAnswers",
+    "CheckResident",
+    "CheckStart",
+    "Effect",
+    "Kill",
+    "LoadModel",
+    "Reap",
+    "RemoveWorkdir",
+    "Spawn",
+    "Terminate",
+    "UnloadModel",
+]
+
+
+class _Effect(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class CheckStart(_Effect, frozen=True):
+    """Check the address and reserve the memory; feed back :class:`StartChecked`."""
+
+    by: str
+    reset_budget: bool
+    attempt: int
+    verb: bool
+
+
+class CheckAnswers(_Effect, frozen=True):
+    """Adopted start: ask the server once; feed back :class:`AnswersChecked`."""
+
+    by: str
+
+
+class Spawn(_Effect, frozen=True):
+    """Launch the server through the shim with this launch token."""
+
+    token: str
+
+
+class Terminate(_Effect, frozen=True):
+    """SIGTERM the server's process group now (SIGKILL follows by a ``kill`` timer)."""
+
+
+class Kill(_Effect, frozen=True):
+    """SIGKILL the process group and every tracked descendant now."""
+
+
+class Reap(_Effect, frozen=True):
+    """The leader exited: make sure nothing of the group is left, then report
+    :class:`GroupGone`."""
+
+
+class ArmTimer(_Effect, frozen=True):
+    """Feed back :class:`TimerDue` named ``name`` at ``due`` (replaces one armed)."""
+
+    name: str
+    due: Stamp
+
+
+class CancelTimer(_Effect, frozen=True):
+    """Forget the timer ``name`` (a no-op when none is armed)."""
+
+    name: str
+
+
+class CheckResident(_Effect, frozen=True):
+    """Ollama: ask whether the model is resident; feed back :class:`OllamaResidency`."""
+
+
+class LoadModel(_Effect, frozen=True):
+    """Ollama: load the model in the background; feed back :class:`OllamaLoadEnded`."""
+
+
+class AbortLoad(_Effect, frozen=True):
+    """Ollama: give up on a load in flight."""
+
+
+class UnloadModel(_Effect, frozen=True):
+    """Ollama: unload and wait until it is no longer listed; :class:`OllamaUnloadEnded`."""
+
+
+class RemoveWorkdir(_Effect, frozen=True):
+    """Delete the instance's working directory (after unload)."""
+
+
+Effect = (
+    CheckStart
+    | CheckAnswers
+    | Spawn
+    | Terminate
+    | Kill
+    | Reap
+    | ArmTimer
+    | CancelTimer
+    | CheckResident
+    | LoadModel
+    | AbortLoad
+    | UnloadModel
+    | RemoveWorkdir
+)

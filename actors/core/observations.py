@@ -1,0 +1,258 @@
+"""What the decision core is told: verbs, probe results, exits, timers, snapshots, boot.
+
+Every observation is a frozen record; the executor (the instance actor)
+gathers whatever I/O an observation needs (a probe, a port check, a ledger
+reservation, the process table at boot) before it hands it to the core, so
+the core itself never does any.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from infervisor.adapters.probe import ServerReport
+
+__all__ = [
+    "AnswersChecked",
+    "BootSeen",
+    "GroupGone",
+    "LeaseLapsed",
+    "ListenersSeen",
+    "Observation",
+    "OllamaLoadEnded",
+    "OllamaResidency",
+    "OllamaUnloadEnded",
+    "PlacementVerb",
+    "ProbeResult",
+    "ProcessAlive",
+    "ProcessExited",
+    "ProcessGone",
+    "ProcessNone",
+    "RestartVerb",
+    "SpawnFailed",
+    "SpawnSucceeded",
+    "StartChecked",
+    "StartVerb",
+    "StopVerb",
+    "Tick",
+    "TimerDue",
+    "UnloadVerb",
+]
+
+
+class _Obs(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+# ---------------------------------------------------------------- verbs
+class StartVerb(_Obs, frozen=True):
+    """Start the server; ``by="operator"`` resets the restart budget."""
+
+    by: str
+
+
+class StopVerb(_Obs, frozen=True):
+    """Stop the server: SIGTERM, SIGKILL after ``grace_s`` seconds."""
+
+    by: str
+    grace_s: float
+    reason: str = ""
+
+
+class RestartVerb(_Obs, frozen=True):
+    """Stop, then start again, as one decision (concurrent restarts coalesce)."""
+
+    by: str
+    grace_s: float
+
+
+class UnloadVerb(_Obs, frozen=True):
+    """Stop the server (``grace_s``) and forget the instance."""
+
+    by: str
+    grace_s: float
+
+
+class PlacementVerb(_Obs, frozen=True):
+    """The instance was placed again with this generation."""
+
+    placed_by: str
+    generation: int
+
+
+# ---------------------------------------------------------------- start checks
+class StartChecked(_Obs, frozen=True):
+    """What the executor found before a start: the address and the memory.
+
+    Attributes:
+        by: who asked for the start.
+        reset_budget: an operator start clears the restart budget.
+        attempt: the restart attempt this start is (0: not a restart).
+        verb: a caller waits for the answer (a refusal is raised to it).
+        taken: ``host:port`` when something else already listens there.
+        reserved_bytes: what the ledger set aside (tentatively) for it.
+        memory_refusal: why the memory does not fit (with the numbers).
+    """
+
+    by: str
+    reset_budget: bool
+    attempt: int
+    verb: bool
+    taken: str | None = None
+    reserved_bytes: int = 0
+    memory_refusal: str | None = None
+
+
+class AnswersChecked(_Obs, frozen=True):
+    """Adopted start: None when the server answers, else why it does not."""
+
+    by: str
+    why_not: str | None
+
+
+class SpawnSucceeded(_Obs, frozen=True):
+    """The launch produced a server process (identity as recorded in ``spawned``)."""
+
+    token: str
+    pid: int
+    pgid: int
+    start_time: float
+    boot_id: str
+    argv: list[str]
+
+
+class SpawnFailed(_Obs, frozen=True):
+    """The launch could not run the program (names it and why)."""
+
+    token: str
+    reason: str
+
+
+# ---------------------------------------------------------------- the process
+class ProcessExited(_Obs, frozen=True):
+    """The server's leader exited (seen by its waiter); its group may linger."""
+
+    pid: int
+
+
+class GroupGone(_Obs, frozen=True):
+    """Nothing of the server's process group is left. ``note``: what had to be
+    forced (or could not be), empty when nothing."""
+
+    pid: int
+    exit_code: int | None
+    signal: int | None
+    output_tail: str = ""
+    note: str = ""
+
+
+class ProbeResult(_Obs, frozen=True):
+    """A health probe's report. ``token`` names the process it was for (its pid;
+    0 when there is none); ``failure`` is a line of the server's output that
+    says it will never serve."""
+
+    token: int
+    report: ServerReport
+    failure: str | None = None
+
+
+class ListenersSeen(_Obs, frozen=True):
+    """Addresses beyond loopback on the instance's port that belong to its own
+    process group or tracked descendants (one socket-table snapshot per tick)."""
+
+    owned_beyond: tuple[str, ...]
+
+
+class TimerDue(_Obs, frozen=True):
+    """A timer the core armed fell due: ``restart`` or ``kill``."""
+
+    name: str
+
+
+class Tick(_Obs, frozen=True):
+    """The reconcile tick: compare desired and actual state."""
+
+
+class LeaseLapsed(_Obs, frozen=True):
+    """No controller has been heard for ``silent_s`` seconds (longer than the lease)."""
+
+    silent_s: float
+
+
+# ---------------------------------------------------------------- Ollama
+class OllamaResidency(_Obs, frozen=True):
+    """Whether Ollama already lists the model (asked before loading it)."""
+
+    resident: bool
+    error: str = ""
+
+
+class OllamaLoadEnded(_Obs, frozen=True):
+    """The load request ended: ``ok``, or the error; ``refused`` when Ollama
+    answered with an error (it holds nothing of ours)."""
+
+    ok: bool
+    error: str = ""
+    refused: bool = False
+
+
+class OllamaUnloadEnded(_Obs, frozen=True):
+    """The unload ended: ``ok`` once Ollama no longer lists the model."""
+
+    ok: bool
+    error: str = ""
+
+
+# ---------------------------------------------------------------- boot
+class ProcessAlive(msgspec.Struct, frozen=True, kw_only=True, tag="alive"):
+    """The recorded (or launched) process still runs and is watched again.
+    ``recovered``: it was found from its launch token, never recorded spawned."""
+
+    pid: int
+    pgid: int
+    start_time: float
+    boot_id: str
+    recovered: bool = False
+
+
+class ProcessGone(msgspec.Struct, frozen=True, kw_only=True, tag="gone"):
+    """The process is gone. Its status when the shim recorded one."""
+
+    pid: int | None
+    exit_code: int | None
+    signal: int | None
+    reason: str
+
+
+class ProcessNone(msgspec.Struct, frozen=True, kw_only=True, tag="none"):
+    """No process was recorded and no launch was in flight."""
+
+
+class BootSeen(_Obs, frozen=True):
+    """The node (re)started: what became of the instance's process."""
+
+    process: ProcessAlive | ProcessGone | ProcessNone
+
+
+Observation = (
+    StartVerb
+    | StopVerb
+    | RestartVerb
+    | UnloadVerb
+    | PlacementVerb
+    | StartChecked
+    | AnswersChecked
+    | SpawnSucceeded
+    | SpawnFailed
+    | ProcessExited
+    | GroupGone
+    | ProbeResult
+    | ListenersSeen
+    | TimerDue
+    | Tick
+    | LeaseLapsed
+    | OllamaResidency
+    | OllamaLoadEnded
+    | OllamaUnloadEnded
+    | BootSeen
+)

@@ -1,0 +1,61 @@
+"""What the core knows of an instance besides its sourced state: its kind's
+rules (data, not classes) and the few unsourced facts of its actor.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from infervisor.adapters.spec import Flavor
+
+from ..kinds import Supervision
+
+__all__ = ["Mode", "Rules", "Tracking"]
+
+
+class Mode(enum.StrEnum):
+    """How the node drives the server: the adapter's kind."""
+
+    PROCESS = "process"  # managed llama.cpp, mlx-lm: a process of ours
+    OLLAMA = "ollama"  # managed Ollama: a model we load through its API
+    ADOPTED = "adopted"  # somebody else's server: observed, never signalled
+
+
+class Rules(msgspec.Struct, frozen=True, kw_only=True):
+    """An instance's rules. Durations in seconds.
+
+    Attributes:
+        mode: process, ollama or adopted.
+        flavor: the server flavor (for reading its probe reports).
+        served_model: the model id the server knows it by.
+        continuous: a server (restarted when it exits) rather than a one-shot.
+        supervision: its kind's health spec and restart policy.
+        node_id: this node (the lease spares what it placed itself).
+        stop_grace_s: default grace of a stop.
+        health_kill_grace_s: grace of a health kill.
+        unload_grace_s: grace of the stop an unload makes.
+        exposure_grace_s: grace of a stop for listening beyond loopback.
+        retry_s: how soon a refused start is tried again.
+    """
+
+    mode: Mode
+    flavor: Flavor
+    served_model: str | None
+    continuous: bool
+    supervision: Supervision
+    node_id: str
+    stop_grace_s: float
+    health_kill_grace_s: float
+    unload_grace_s: float = 5.0
+    exposure_grace_s: float = 3.0
+    retry_s: float = 5.0
+
+
+class Tracking(msgspec.Struct, frozen=True, kw_only=True):
+    """The instance's unsourced facts: consecutive health misses. A node that
+    restarts counts them from zero again (like a kubelet), so they are not
+    worth a chain row per probe."""
+
+    misses: int = 0

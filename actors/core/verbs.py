@@ -1,0 +1,206 @@
+"""Operator and controller verbs: start, stop, restart, unload, placement, lease.
+
+Source: ``reference/infer_lifecycle.rs.txt`` (``start_instance``,
+``stop_instance``, ``unload_instance``: adopted servers are never stopped)
+and ``reference/host_supervise.rs.txt`` (``expire_lease``).
+"""
+
+from __future__ import annotations
+
+from infervisor.adapters.adopted import STOP_REFUSAL
+from infervisor.replay import LIVE_STATES, Desired, LifecycleState
+from infervisor.replay import events as ev
+
+from .common import STARTABLE, after_exit, begin_termination, try_start
+from .decision import Draft, RefusalKind
+from .effects import AbortLoad, CancelTimer, CheckAnswers, Kill, RemoveWorkdir, UnloadModel
+from .observations import (
+    AnswersChecked,
+    LeaseLapsed,
+    PlacementVerb,
+    RestartVerb,
+    StartVerb,
+    StopVerb,
+    UnloadVerb,
+)
+from .rules import Mode
+
+__all__ = [
+    "answers_checked",
+    "lease_lapsed",
+    "placement",
+    "restart_verb",
+    "start_verb",
+    "stop_verb",
+    "unload_verb",
+]
+
+S = LifecycleState
+_OLLAMA_LIVE = frozenset({S.STARTING, S.RUNNING, S.UNHEALTHY})
+
+
+def start_verb(d: Draft, v: StartVerb) -> None:
+    """Refuse a start the state does not allow; otherwise check, then start."""
+    inst, mode = d.inst, d.rules.mode
+    if mode is Mode.ADOPTED:
+        if inst.lifecycle in (S.RUNNING, S.UNHEALTHY):
+            d.refuse(
+                RefusalKind.INVALID_STATE,
+                f"{inst.instance_id} is {inst.lifecycle}: already adopted and watched",
+            )
+            return
+        d.do(CheckAnswers(by=v.by))
+        return
+    if inst.lifecycle not in STARTABLE:
+        d.refuse(
+            RefusalKind.INVALID_STATE,
+            f"{inst.instance_id} is {inst.lifecycle}: start needs it loaded, "
+            "stopped, exited, failed, finished or restarting",
+        )
+        return
+    if inst.exposed:
+        d.refuse(
+            RefusalKind.INVALID_STATE,
+            "the server was stopped for listening beyond loopback "
+            f"({', '.join(inst.exposed)}); reload the instance",
+        )
+        return
+    if mode is Mode.OLLAMA and inst.ollama_owned is True and inst.reserved_bytes > 0:
+        d.refuse(
+            RefusalKind.INVALID_STATE,
+            f"{inst.instance_id} is unloading its model: start it once the unload has ended",
+        )
+        return
+    d.do(CancelTimer(name="restart"))
+    try_start(d, v.by, verb=True)
+
+
+def answers_checked(d: Draft, a: AnswersChecked) -> None:
+    """Adopted: an answering server is watched from now on."""
+    if a.why_not is not None:
+        d.refuse(
+            RefusalKind.ADMISSION,
+            f"adopted server is not answering ({a.why_not}); "
+            "infervisor does not start adopted servers",
+        )
+        return
+    if d.inst.lifecycle in (S.RUNNING, S.UNHEALTHY):
+        return
+    d.emit(ev.Starting(by=a.by, reset_budget=a.by == "operator", at=d.now))
+    d.emit(ev.Ready(detail="adopted server answers", at=d.now))
+
+
+def stop_verb(d: Draft, v: StopVerb) -> None:
+    """Stop: SIGTERM, SIGKILL after the grace; a second stop escalates at once."""
+    if d.rules.mode is Mode.ADOPTED:
+        if v.by != "shutdown":
+            d.refuse(RefusalKind.REFUSED, STOP_REFUSAL.format(iid=d.inst.instance_id))
+        return
+    _stop(d, v.by, v.grace_s, v.reason, then="")
+
+
+def restart_verb(d: Draft, v: RestartVerb) -> None:
+    """Stop (when anything runs), then start: one decision; restarts coalesce."""
+    inst = d.inst
+    if d.rules.mode is Mode.ADOPTED:
+        d.refuse(RefusalKind.REFUSED, STOP_REFUSAL.format(iid=inst.instance_id))
+        return
+    if inst.then == "restart":
+        return  # a restart is already under way: this one joins it
+    if inst.lifecycle is S.STOPPING:
+        d.refuse(
+            RefusalKind.INVALID_STATE,
+            f"{inst.instance_id} is stopping: start it once it has stopped",
+        )
+        return
+    if _has_something(d):
+        _stop(d, v.by, v.grace_s, "restart", then="restart")
+        return
+    if inst.exposed:
+        start_verb(d, StartVerb(by=v.by))  # refused with the reason
+        return
+    d.do(CancelTimer(name="restart"))
+    try_start(d, v.by, verb=True)
+
+
+def unload_verb(d: Draft, v: UnloadVerb) -> None:
+    """Stop what runs (the unload grace), then forget the instance."""
+    inst, mode = d.inst, d.rules.mode
+    if mode is Mode.ADOPTED or not _has_something(d):
+        d.do(CancelTimer(name="restart"), CancelTimer(name="kill"))
+        if inst.lifecycle is S.STARTING and mode is Mode.OLLAMA:
+            d.do(AbortLoad())
+        d.emit(ev.Unloaded(by=v.by))
+        if mode is Mode.PROCESS:
+            d.do(RemoveWorkdir())
+        return
+    if mode is Mode.PROCESS and inst.lifecycle is S.STOPPING:
+        d.emit(
+            ev.StopRequested(by=v.by, grace_s=v.grace_s, reason="unload", then="unload", at=d.now)
+        )
+        begin_termination(d, v.grace_s)
+        return
+    _stop(d, v.by, v.grace_s, "unload", then="unload")
+
+
+def placement(d: Draft, p: PlacementVerb) -> None:
+    """A newer generation is applied, an older one ignored; both recorded."""
+    current = d.inst.generation
+    if p.generation > current:
+        d.emit(ev.Replaced(placed_by=p.placed_by, generation=p.generation))
+        return
+    d.emit(ev.PlacementIgnored(placed_by=p.placed_by, generation=p.generation, current=current))
+
+
+def lease_lapsed(d: Draft, lease: LeaseLapsed) -> None:
+    """Stop a continuous instance another node placed; it stays stopped."""
+    inst, rules = d.inst, d.rules
+    if rules.mode is Mode.ADOPTED or not rules.continuous or inst.placed_by == rules.node_id:
+        return
+    if inst.desired is not Desired.RUNNING or inst.lifecycle not in LIVE_STATES:
+        return
+    why = f"controller lease expired: no controller heard for {lease.silent_s:.1f} s"
+    _stop(d, "lease", rules.stop_grace_s, why, then="")
+
+
+def _has_something(d: Draft) -> bool:
+    """A server process of ours, or a model Ollama holds for us."""
+    inst = d.inst
+    if d.rules.mode is Mode.PROCESS:
+        return inst.process is not None
+    return inst.lifecycle in _OLLAMA_LIVE or (inst.ollama_owned is True and inst.reserved_bytes > 0)
+
+
+def _stop(d: Draft, by: str, grace_s: float, reason: str, *, then: str) -> None:
+    inst = d.inst
+    if not _has_something(d) and (by == "shutdown" or inst.lifecycle is S.STOPPED):
+        d.do(CancelTimer(name="restart"))
+        return  # nothing to stop; a shutdown leaves the state as the chain says
+    escalate = d.rules.mode is Mode.PROCESS and inst.lifecycle is S.STOPPING
+    was_starting = inst.lifecycle is S.STARTING
+    if escalate:
+        grace_s = 0.0  # recorded as it is done, so a boot kills at once too
+    d.emit(ev.StopRequested(by=by, grace_s=grace_s, reason=reason, then=then, at=d.now))
+    d.do(CancelTimer(name="restart"))
+    if d.rules.mode is Mode.PROCESS:
+        if escalate:
+            d.do(Kill())
+        elif d.inst.process is not None:
+            begin_termination(d, grace_s)
+        else:
+            after_exit(d)
+        return
+    _stop_ollama(d, was_starting=was_starting)
+
+
+def _stop_ollama(d: Draft, *, was_starting: bool) -> None:
+    """Abort a load in flight; unload only what this node loaded."""
+    if was_starting:
+        d.do(AbortLoad())
+    inst = d.inst
+    if inst.ollama_owned is True:
+        d.do(UnloadModel())  # memory is released once Ollama no longer lists it
+        return
+    if inst.reserved_bytes:
+        d.emit(ev.MemoryReleased(bytes=inst.reserved_bytes))
+    after_exit(d)

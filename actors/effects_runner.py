@@ -1,0 +1,301 @@
+"""The executor's hands: what each effect the core asks for does to the world.
+
+Effects run on the instance actor's thread; the slow ones (reaping a process
+group, Ollama loads and unloads, residency questions) run on their own
+threads and report back as observations told to the actor. Nothing here
+changes sourced state: only appended events do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from infervisor.adapters import ollama
+from infervisor.adapters.adopted import AdoptedServer
+from infervisor.adapters.errors import AdapterError, ProcessControlError, SpawnError
+from infervisor.adapters.launched import LaunchedServer
+from infervisor.adapters.managed_ollama import OllamaServer
+from infervisor.adapters.ollama import OllamaLoad
+from infervisor.adapters.pgroup import signal_group
+from infervisor.adapters.ports import wide_listeners
+from infervisor.adapters.process import ExitInfo, ServerProcess
+from infervisor.adapters.server import ServerAdapter
+from infervisor.adapters.status import LoadKind
+from infervisor.replay.state import Stamp
+
+from .clock import RealClock
+from .core import effects as fx
+from .core import observations as o
+from .core.common import remaining_s
+from .ledger import BudgetExceeded, Reservation
+
+__all__ = ["EffectRunner", "Owner", "TimerFired"]
+
+log = logging.getLogger(__name__)
+_PHYSICAL = RealClock()
+
+
+class TimerFired(msgspec.Struct, frozen=True):
+    """A timer armed by the core fired (``gen`` tells a stale one from the current)."""
+
+    name: str
+    gen: int
+
+
+class Owner(Protocol):
+    """What the runner needs of the instance actor that owns it."""
+
+    iid: str
+    adapter: ServerAdapter
+    memory: Reservation
+    listeners: dict[int, list[str]] | None
+
+    @property
+    def ctx(self) -> Any: ...
+
+    def tell_self(self, message: Any) -> None: ...
+
+    def now(self) -> Stamp: ...
+
+
+class EffectRunner:
+    """Runs one instance's effects; owns its process handle, timers and Ollama load."""
+
+    def __init__(self, actor: Owner) -> None:
+        self.actor = actor
+        self.proc: ServerProcess | None = None
+        self.load: OllamaLoad | None = None
+        self.timers: dict[str, Any] = {}
+        self._timer_gen = 0
+        self.inflight = 0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ dispatch
+    def run(self, effect: fx.Effect) -> o.Observation | None:
+        """Perform one effect; an observation to decide on at once, or None."""
+        handler = _HANDLERS[type(effect)]
+        result: o.Observation | None = handler(self, effect)
+        return result
+
+    # ------------------------------------------------------------------ starts
+    def check_start(self, e: fx.CheckStart) -> o.Observation:
+        adapter = self.actor.adapter
+        taken = adapter.address_taken()
+        if taken is not None:
+            return o.StartChecked(
+                by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb, taken=taken
+            )
+        try:
+            reserved = self.actor.memory.reserve()
+        except BudgetExceeded as err:
+            return o.StartChecked(
+                by=e.by,
+                reset_budget=e.reset_budget,
+                attempt=e.attempt,
+                verb=e.verb,
+                memory_refusal=str(err),
+            )
+        return o.StartChecked(
+            by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb,
+            reserved_bytes=reserved,
+        )  # fmt: skip
+
+    def check_answers(self, e: fx.CheckAnswers) -> o.Observation:
+        adapter = self.actor.adapter
+        assert isinstance(adapter, AdoptedServer)
+        why_not = adapter.confirm_answers()
+        with contextlib.suppress(AdapterError):  # for status' exposure until the next reconcile
+            self.actor.listeners = wide_listeners()
+        return o.AnswersChecked(by=e.by, why_not=why_not)
+
+    def spawn(self, e: fx.Spawn) -> o.Observation:
+        adapter = self.actor.adapter
+        assert isinstance(adapter, LaunchedServer)
+        try:
+            proc = adapter.spawn(self.on_exit, e.token)
+        except SpawnError as err:
+            return o.SpawnFailed(token=e.token, reason=str(err))
+        self.proc = proc
+        i = proc.identity
+        argv = [adapter.plan.program, *adapter.plan.args]
+        return o.SpawnSucceeded(
+            token=e.token, pid=i.pid, pgid=i.pgid, start_time=i.start_time, boot_id=i.boot_id,
+            argv=argv,
+        )  # fmt: skip
+
+    def on_exit(self, info: ExitInfo) -> None:
+        """From the process waiter's thread: tell the actor the leader exited."""
+        self.actor.tell_self(o.ProcessExited(pid=info.pid))
+
+    # ------------------------------------------------------------------ termination
+    def terminate(self, _: fx.Terminate) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            proc.track_descendants()
+            signal_group(proc.identity.pgid, signal.SIGTERM)
+        except (ProcessControlError, AdapterError) as err:
+            log.error("%s: SIGTERM failed: %s", self.actor.iid, err)  # noqa: TRY400
+
+    def kill(self, _: fx.Kill) -> None:
+        proc = self.proc
+        if proc is not None:
+            self._thread("kill", lambda: _quietly(self.actor.iid, proc.terminate, 0.0))
+
+    def reap(self, _: fx.Reap) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+
+        def run() -> o.Observation:
+            note = ""
+            try:
+                info = proc.terminate(0.0)
+            except ProcessControlError as err:
+                note = str(err)
+                info = proc.exit_info() or ExitInfo(proc.identity.pid, None, None, "")
+            return o.GroupGone(
+                pid=info.pid, exit_code=info.exit_code, signal=info.signal,
+                output_tail=info.output_tail, note=note,
+            )  # fmt: skip
+
+        self._report("reap", run)
+
+    # ------------------------------------------------------------------ timers
+    def arm_timer(self, e: fx.ArmTimer) -> None:
+        self.cancel_timer(fx.CancelTimer(name=e.name))
+        self._timer_gen += 1
+        gen, actor = self._timer_gen, self.actor
+        delay = max(0.0, remaining_s(e.due, actor.now()))
+        fire = lambda: actor.tell_self(TimerFired(name=e.name, gen=gen))  # noqa: E731
+        # A grace period is physical: a process takes the time it takes to exit,
+        # whatever clock the node was given, so kill timers run in real time.
+        clock = _PHYSICAL if e.name == "kill" else actor.ctx.clock
+        self.timers[e.name] = (gen, clock.call_later(delay, fire))
+
+    def cancel_timer(self, e: fx.CancelTimer) -> None:
+        armed = self.timers.pop(e.name, None)
+        if armed is not None:
+            armed[1].cancel()
+
+    def timer_current(self, name: str, gen: int) -> bool:
+        """True when a fired timer is the one armed last under that name."""
+        armed = self.timers.get(name)
+        if armed is None or armed[0] != gen:
+            return False
+        del self.timers[name]
+        return True
+
+    # ------------------------------------------------------------------ Ollama
+    def check_resident(self, _: fx.CheckResident) -> None:
+        adapter = self._ollama()
+
+        def run() -> o.Observation:
+            try:
+                found = ollama.resident(adapter.spec.base_url, adapter.tag, adapter.probe_timeout_s)
+            except AdapterError as err:
+                return o.OllamaResidency(resident=False, error=str(err))
+            return o.OllamaResidency(resident=found)
+
+        self._report("resident", run)
+
+    def load_model(self, _: fx.LoadModel) -> None:
+        load = self._ollama().begin_load()
+        self.load = load
+
+        def run() -> o.Observation:
+            load.wait()
+            state = load.state
+            if state.kind is LoadKind.DONE:
+                return o.OllamaLoadEnded(ok=True)
+            return o.OllamaLoadEnded(ok=False, error=state.error or "", refused=not load.ours)
+
+        self._report("load", run)
+
+    def abort_load(self, _: fx.AbortLoad) -> None:
+        if self.load is not None:
+            self.load.abort()
+
+    def unload_model(self, _: fx.UnloadModel) -> None:
+        adapter = self._ollama()
+        if self.load is not None:
+            self.load.abort()
+
+        def run() -> o.Observation:
+            try:
+                ok = adapter.unload_and_wait()
+            except AdapterError as err:
+                return o.OllamaUnloadEnded(ok=False, error=str(err))
+            return o.OllamaUnloadEnded(ok=ok, error="" if ok else "still listed by ollama")
+
+        self._report("unload", run)
+
+    def remove_workdir(self, _: fx.RemoveWorkdir) -> None:
+        adapter = self.actor.adapter
+        if isinstance(adapter, LaunchedServer):
+            shutil.rmtree(adapter.plan.cwd, ignore_errors=True)
+
+    def _ollama(self) -> OllamaServer:
+        adapter = self.actor.adapter
+        assert isinstance(adapter, OllamaServer)
+        return adapter
+
+    # ------------------------------------------------------------------ threads
+    def _report(self, what: str, fn: Callable[[], o.Observation]) -> None:
+        """Run ``fn`` on its own thread and tell the actor the observation it returns."""
+        actor = self.actor
+        self._thread(what, lambda: actor.tell_self(fn()))
+
+    def _thread(self, what: str, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on a daemon thread, counted in :attr:`inflight` until it ends."""
+        with self._lock:
+            self.inflight += 1
+
+        def run() -> None:
+            try:
+                fn()
+            except Exception:
+                log.exception("%s: %s failed", self.actor.iid, what)
+            finally:
+                with self._lock:
+                    self.inflight -= 1
+
+        threading.Thread(target=run, name=f"{self.actor.iid[:12]}-{what}", daemon=True).start()
+
+    def close(self) -> None:
+        """Cancel every timer and give up on a load in flight."""
+        for name in list(self.timers):
+            self.cancel_timer(fx.CancelTimer(name=name))
+        if self.load is not None:
+            self.load.abort()
+
+
+def _quietly(iid: str, fn: Callable[[float], Any], arg: float) -> None:
+    with contextlib.suppress(ProcessControlError):
+        fn(arg)
+
+
+_HANDLERS: dict[type[Any], Callable[[EffectRunner, Any], o.Observation | None]] = {
+    fx.CheckStart: EffectRunner.check_start,
+    fx.CheckAnswers: EffectRunner.check_answers,
+    fx.Spawn: EffectRunner.spawn,
+    fx.Terminate: EffectRunner.terminate,
+    fx.Kill: EffectRunner.kill,
+    fx.Reap: EffectRunner.reap,
+    fx.ArmTimer: EffectRunner.arm_timer,
+    fx.CancelTimer: EffectRunner.cancel_timer,
+    fx.CheckResident: EffectRunner.check_resident,
+    fx.LoadModel: EffectRunner.load_model,
+    fx.AbortLoad: EffectRunner.abort_load,
+    fx.UnloadModel: EffectRunner.unload_model,
+    fx.RemoveWorkdir: EffectRunner.remove_workdir,
+}

@@ -1,0 +1,996 @@
+"""Unit tests of the pure decision core (``actors/core``): no threads, no processes.
+
+Each test drives one instance through ``decide`` with a hand-advanced clock
+and applies the decisions' events with the replay reducer, as the executor
+does (see ``tests/core_support.py``). The last test checks that every
+lifecycle state and every instance event kind was reached somewhere here.
+"""
+
+from __future__ import annotations
+
+import pytest
+from core_support import (
+    NS,
+    SEEN_KINDS,
+    SEEN_STATES,
+    Clock,
+    Health,
+    HealthKind,
+    ServerReport,
+    Sim,
+    effect_types,
+    make_rules,
+    placed,
+    policy,
+    replace,
+    sick,
+    step,
+    stored_for,
+    up,
+)
+from hypothesis import given
+from hypothesis import strategies as st
+
+from infervisor.actors.core import effects as fx
+from infervisor.actors.core import observations as o
+from infervisor.actors.core.decision import RefusalKind
+from infervisor.actors.core.rules import Mode, Tracking
+from infervisor.replay import Desired, LifecycleState, RestartPolicy, apply_instance
+from infervisor.replay import events as ev
+from infervisor.replay.policy import jitter_unit, restarts_in_window
+from infervisor.replay.state import later
+
+S = LifecycleState
+TAKEN = "127.0.0.1:8080"
+
+
+def process_sim(**kw: object) -> Sim:
+    return Sim(rules=make_rules(Mode.PROCESS, **kw))  # type: ignore[arg-type]
+
+
+def http_sim(**kw: object) -> Sim:
+    return Sim(rules=make_rules(Mode.PROCESS, kind="web", **kw))  # type: ignore[arg-type]
+
+
+def running(sim: Sim) -> Sim:
+    sim.start()
+    if sim.rules.supervision.probe == "http":
+        sim.probe(up())
+    assert sim.inst.lifecycle is S.RUNNING
+    return sim
+
+
+# ====================================================================== 1. lifecycle
+def test_harness_starts_loaded() -> None:
+    sim = process_sim()
+    assert sim.inst.lifecycle is S.LOADED
+    assert sim.inst.desired is Desired.STOPPED
+
+
+def test_process_start_checks_before_starting() -> None:
+    sim = process_sim()
+    d = sim.feed(o.StartVerb(by="operator"))
+    assert d.events == ()
+    assert sim.effect(fx.CheckStart) == fx.CheckStart(
+        by="operator", reset_budget=True, attempt=0, verb=True
+    )
+    d = sim.checked(reserved_bytes=123)
+    assert sim.kinds_of_last() == ["instance.starting"]
+    assert sim.inst.lifecycle is S.STARTING
+    assert sim.inst.desired is Desired.RUNNING
+    assert sim.inst.reserved_bytes == 123
+    token = sim.effect(fx.Spawn).token
+    assert token and sim.inst.launch_token == token
+    # the process kind is healthy once alive
+    sim.spawn_ok()
+    assert sim.kinds_of_last() == ["instance.spawned", "instance.ready"]
+    assert sim.inst.lifecycle is S.RUNNING
+    assert sim.inst.process is not None and sim.inst.up_since == sim.clock.now
+
+
+def test_spawn_with_a_stale_token_is_ignored() -> None:
+    sim = process_sim()
+    sim.feed(o.StartVerb(by="operator"))
+    sim.checked()
+    d = sim.feed(
+        o.SpawnSucceeded(token="other", pid=1, pgid=1, start_time=1.0, boot_id="b", argv=[])
+    )
+    assert d.events == () and sim.inst.process is None
+
+
+def test_http_kind_ready_on_first_answer() -> None:
+    sim = http_sim()
+    sim.start()
+    assert sim.kinds_of_last() == ["instance.spawned"]
+    assert sim.inst.lifecycle is S.STARTING
+    sim.probe(up())
+    assert sim.kinds_of_last() == ["instance.ready"]
+    assert sim.inst.lifecycle is S.RUNNING
+
+
+def test_probe_for_another_process_is_ignored() -> None:
+    sim = running(http_sim())
+    d = sim.feed(o.ProbeResult(token=1, report=sick()))
+    assert d.events == () and d.tracking == Tracking()
+
+
+def test_misses_unhealthy_terminate_kill_exit_restart_cycle() -> None:
+    sim = running(http_sim())
+    limit = sim.rules.supervision.miss_limit
+    for i in range(1, limit):
+        d = sim.probe(sick())
+        assert d.events == () and sim.tracking.misses == i
+    t_kill = sim.clock.now
+    sim.probe(sick())
+    assert sim.kinds_of_last() == ["instance.unhealthy", "instance.terminating"]
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    assert sim.inst.terminating is not None
+    assert sim.effect(fx.Terminate) == fx.Terminate()
+    assert sim.effect(fx.ArmTimer) == fx.ArmTimer(
+        name="kill", due=later(t_kill, sim.rules.health_kill_grace_s)
+    )
+    # no probe while terminating
+    assert sim.probe(up()).events == ()
+    # the grace runs out: SIGKILL
+    sim.clock.advance(sim.rules.health_kill_grace_s)
+    sim.feed(o.TimerDue(name="kill"))
+    assert effect_types(sim.last) == ["Kill"]  # type: ignore[arg-type]
+    # the leader exits: reap the group first
+    d = sim.feed(o.ProcessExited(pid=sim.inst.process.pid))  # type: ignore[union-attr]
+    assert d.events == () and effect_types(d) == ["Reap"]
+    t_exit = sim.clock.now
+    sim.gone(signal=9)
+    assert sim.kinds_of_last() == ["instance.exited", "instance.restart_scheduled"]
+    assert sim.inst.lifecycle is S.RESTARTING
+    assert sim.inst.last_exit is not None and sim.inst.last_exit.signal == 9
+    assert sim.inst.restarts == 1
+    due = later(t_exit, 2.0)
+    assert sim.inst.restart_due == due
+    assert fx.ArmTimer(name="restart", due=due) in sim.last.effects  # type: ignore[union-attr]
+    assert fx.CancelTimer(name="kill") in sim.last.effects  # type: ignore[union-attr]
+    # a timer that fires early is armed again at the recorded due
+    sim.clock.advance(1.0)
+    d = sim.feed(o.TimerDue(name="restart"))
+    assert d.effects == (fx.ArmTimer(name="restart", due=due),)
+    sim.clock.advance(1.0)
+    sim.feed(o.TimerDue(name="restart"))
+    check = sim.effect(fx.CheckStart)
+    assert check == fx.CheckStart(by="supervisor", reset_budget=False, attempt=1, verb=False)
+    sim.checked()
+    assert sim.kinds_of_last() == ["instance.starting"]
+    assert sim.inst.lifecycle is S.STARTING
+    assert sim.inst.restarts == 1  # a supervisor start keeps the budget
+    assert sim.tracking.misses == limit  # reset by the next answer
+    sim.spawn_ok()
+    sim.probe(up())
+    assert sim.inst.lifecycle is S.RUNNING and sim.tracking.misses == 0
+
+
+def test_budget_spent_fails_and_holds() -> None:
+    sim = running(process_sim())
+    for attempt in (1, 2):
+        sim.gone(exit_code=1)
+        assert sim.kinds_of_last() == ["instance.exited", "instance.restart_scheduled"]
+        assert sim.last.events[1].attempt == attempt  # type: ignore[union-attr]
+        assert sim.last.events[1].delay_s == 2.0 * 2 ** (attempt - 1)  # type: ignore[union-attr]
+        sim.clock.advance(100)
+        sim.feed(o.TimerDue(name="restart"))
+        sim.checked()
+        sim.spawn_ok()
+    sim.gone(exit_code=1)
+    assert sim.kinds_of_last() == ["instance.exited", "instance.failed"]
+    assert sim.inst.lifecycle is S.FAILED and sim.inst.desired is Desired.STOPPED
+    # held: ticks do not start it
+    sim.clock.advance(1000)
+    assert sim.feed(o.Tick()).effects == ()
+    # an operator start resets the budget
+    sim.start(by="operator")
+    assert sim.inst.restarts == 0 and sim.inst.lifecycle is S.RUNNING
+
+
+def test_one_shot_exit_zero_finishes() -> None:
+    sim = running(process_sim(continuous=False))
+    sim.gone(exit_code=0)
+    assert sim.kinds_of_last() == ["instance.exited", "instance.finished"]
+    assert sim.inst.lifecycle is S.FINISHED and sim.inst.desired is Desired.STOPPED
+    assert not [e for e in sim.last.effects if isinstance(e, fx.ArmTimer)]  # type: ignore[union-attr]
+
+
+def test_one_shot_nonzero_exit_restarts() -> None:
+    sim = running(process_sim(continuous=False))
+    sim.gone(exit_code=3)
+    assert sim.kinds_of_last() == ["instance.exited", "instance.restart_scheduled"]
+
+
+def test_continuous_exit_zero_restarts() -> None:
+    sim = running(process_sim())
+    sim.gone(exit_code=0)
+    assert sim.inst.lifecycle is S.RESTARTING
+
+
+def test_spawn_failed_is_an_exit_and_refuses_the_verb() -> None:
+    sim = process_sim()
+    sim.feed(o.StartVerb(by="operator"))
+    sim.checked()
+    token = sim.effect(fx.Spawn).token
+    d = sim.feed(o.SpawnFailed(token=token, reason="no such program"))
+    assert sim.kinds_of_last() == ["instance.exited", "instance.restart_scheduled"]
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.SPAWN
+
+
+# ---------------------------------------------------------------- stop in every state
+def _in_state(state: S) -> Sim:
+    """A process-mode instance brought to ``state`` by the core itself."""
+    sim = process_sim(continuous=state is not S.FINISHED)
+    if state is S.LOADED:
+        return sim
+    running(sim)
+    if state is S.RUNNING:
+        return sim
+    if state is S.STOPPING:
+        sim.feed(o.StopVerb(by="operator", grace_s=10))
+        return sim
+    if state is S.STOPPED:
+        sim.feed(o.StopVerb(by="operator", grace_s=10))
+        sim.gone(signal=15)
+        return sim
+    if state is S.FINISHED:
+        sim.gone(exit_code=0)
+        return sim
+    if state is S.RESTARTING:
+        sim.gone(exit_code=1)
+        return sim
+    if state is S.FAILED:
+        sim.state = replace(sim.inst, restarts=2, restart_stamps=(sim.clock.now,) * 2)
+        sim.gone(exit_code=1)
+        return sim
+    if state is S.EXITED:
+        # the exit recorded, its follow-up lost (a crash between the two)
+        event = ev.Exited(pid=sim.inst.process.pid, exit_code=1, signal=None, reason="x")  # type: ignore[union-attr]
+
+        sim.state = apply_instance(sim.inst, stored_for(sim.inst, event, sim.clock.now, "t"), event)
+        SEEN_STATES.add(S.EXITED)
+        return sim
+    raise AssertionError(state)
+
+
+def _starting(*, spawned: bool) -> Sim:
+    sim = http_sim()
+    sim.feed(o.StartVerb(by="operator"))
+    sim.checked()
+    if spawned:
+        sim.spawn_ok()
+    assert sim.inst.lifecycle is S.STARTING
+    return sim
+
+
+def _unhealthy() -> Sim:
+    sim = running(http_sim())
+    for _ in range(sim.rules.supervision.miss_limit):
+        sim.probe(sick())
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    return sim
+
+
+STATES_WITHOUT_PROCESS = [S.LOADED, S.RESTARTING, S.EXITED, S.FAILED, S.FINISHED]
+
+
+@pytest.mark.parametrize("state", STATES_WITHOUT_PROCESS)
+def test_stop_without_a_process_is_stopped_at_once(state: S) -> None:
+    sim = _in_state(state)
+    assert sim.inst.lifecycle is state
+    d = sim.feed(o.StopVerb(by="operator", grace_s=10))
+    assert sim.kinds_of_last() == ["instance.stop_requested"]
+    assert sim.inst.lifecycle is S.STOPPED and sim.inst.desired is Desired.STOPPED
+    assert fx.CancelTimer(name="restart") in d.effects
+    assert not [e for e in d.effects if isinstance(e, fx.Terminate | fx.Kill)]
+    # nothing undoes it: ticks and a late restart timer do nothing
+    sim.clock.advance(1000)
+    assert sim.feed(o.Tick()).effects == ()
+    assert sim.feed(o.TimerDue(name="restart")).effects == ()
+
+
+def test_stop_while_starting_before_spawn() -> None:
+    sim = _starting(spawned=False)
+    sim.feed(o.StopVerb(by="operator", grace_s=10))
+    assert sim.inst.lifecycle is S.STOPPED
+    assert not [e for e in sim.last.effects if isinstance(e, fx.Terminate)]  # type: ignore[union-attr]
+
+
+def test_stop_when_stopped_records_nothing() -> None:
+    sim = _in_state(S.STOPPED)
+    d = sim.feed(o.StopVerb(by="operator", grace_s=10))
+    assert d.events == () and d.refusal is None
+
+
+@pytest.mark.parametrize("which", ["starting", "running", "unhealthy"])
+def test_stop_with_a_process_terminates_then_escalates(which: str) -> None:
+    sim = {
+        "starting": lambda: _starting(spawned=True),
+        "running": lambda: running(process_sim()),
+        "unhealthy": _unhealthy,
+    }[which]()
+    t0 = sim.clock.now
+    sim.feed(o.StopVerb(by="operator", grace_s=7))
+    assert sim.kinds_of_last() == ["instance.stop_requested"]
+    assert sim.inst.lifecycle is S.STOPPING and sim.inst.desired is Desired.STOPPED
+    assert sim.inst.terminating is not None and sim.inst.terminating.by == "operator"
+    assert fx.Terminate() in sim.last.effects  # type: ignore[union-attr]
+    assert fx.ArmTimer(name="kill", due=later(t0, 7)) in sim.last.effects  # type: ignore[union-attr]
+    # a second stop escalates at once
+    d = sim.feed(o.StopVerb(by="operator", grace_s=7))
+    assert fx.Kill() in d.effects and sim.inst.lifecycle is S.STOPPING
+    # the group is gone: stopped, not restarted
+    sim.gone(signal=9)
+    assert sim.kinds_of_last() == ["instance.exited"]
+    assert sim.inst.lifecycle is S.STOPPED
+    assert sim.feed(o.Tick()).effects == ()
+
+
+def test_shutdown_stop_keeps_it_wanted_running() -> None:
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="shutdown", grace_s=5))
+    assert sim.inst.lifecycle is S.STOPPING and sim.inst.desired is Desired.RUNNING
+
+
+# ---------------------------------------------------------------- restart verb
+def test_restart_is_one_decision_and_coalesces() -> None:
+    sim = running(process_sim())
+    sim.state = replace(sim.inst, restarts=1, restart_stamps=(sim.clock.now,))
+    sim.feed(o.RestartVerb(by="operator", grace_s=5))
+    assert sim.kinds_of_last() == ["instance.stop_requested"]
+    assert sim.last.events[0].then == "restart"  # type: ignore[union-attr]
+    assert sim.inst.lifecycle is S.STOPPING and sim.inst.desired is Desired.RUNNING
+    assert fx.Terminate() in sim.last.effects  # type: ignore[union-attr]
+    d = sim.feed(o.RestartVerb(by="operator", grace_s=5))
+    assert d.events == () and d.effects == () and d.refusal is None
+    sim.gone(signal=15)
+    assert sim.kinds_of_last() == ["instance.exited"]
+    assert sim.inst.lifecycle is S.STOPPED
+    check = sim.effect(fx.CheckStart)
+    assert check == fx.CheckStart(by="operator", reset_budget=True, attempt=0, verb=False)
+    sim.checked()
+    assert sim.inst.lifecycle is S.STARTING and sim.inst.restarts == 0
+    assert sim.inst.then == ""
+
+
+def test_restart_of_an_adopted_server_is_refused() -> None:
+    sim = Sim(rules=make_rules(Mode.ADOPTED))
+    sim.start()
+    d = sim.feed(o.RestartVerb(by="operator", grace_s=5))
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.REFUSED and d.events == ()
+
+
+# ---------------------------------------------------------------- unload
+def test_unload_without_a_process_forgets() -> None:
+    sim = process_sim()
+    d = sim.feed(o.UnloadVerb(by="operator", grace_s=5))
+    assert [type(e) for e in d.events] == [ev.Unloaded]
+    assert sim.state is None
+    assert fx.RemoveWorkdir() in d.effects
+
+
+def test_unload_with_a_process_stops_then_forgets() -> None:
+    sim = running(process_sim())
+    t0 = sim.clock.now
+    sim.feed(o.UnloadVerb(by="operator", grace_s=5))
+    assert sim.kinds_of_last() == ["instance.stop_requested"]
+    assert sim.inst.then == "unload"
+    assert fx.ArmTimer(name="kill", due=later(t0, 5)) in sim.last.effects  # type: ignore[union-attr]
+    sim.gone(signal=15)
+    assert sim.kinds_of_last() == ["instance.exited", "instance.unloaded"]
+    assert sim.state is None
+    assert fx.RemoveWorkdir() in sim.last.effects  # type: ignore[union-attr]
+
+
+def test_placement_generations() -> None:
+    sim = process_sim()
+    sim.feed(o.PlacementVerb(placed_by="ctl", generation=5))
+    assert sim.kinds_of_last() == ["instance.replaced"] and sim.inst.generation == 5
+    sim.feed(o.PlacementVerb(placed_by="ctl", generation=3))
+    assert sim.kinds_of_last() == ["instance.placement_ignored"] and sim.inst.generation == 5
+
+
+def test_listening_beyond_loopback_is_stopped_and_held() -> None:
+    sim = running(process_sim())
+    sim.feed(o.ListenersSeen(owned_beyond=("0.0.0.0:8080",)))
+    assert sim.kinds_of_last() == ["instance.exposed", "instance.terminating"]
+    assert sim.inst.desired is Desired.STOPPED
+    sim.gone(signal=15)
+    assert sim.inst.lifecycle is S.STOPPED
+    d = sim.feed(o.StartVerb(by="operator"))
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.INVALID_STATE
+
+
+# ---------------------------------------------------------------- adopted
+def test_adopted_start_only_after_answers() -> None:
+    sim = Sim(rules=make_rules(Mode.ADOPTED))
+    d = sim.feed(o.StartVerb(by="operator"))
+    assert d.events == () and d.effects == (fx.CheckAnswers(by="operator"),)
+    d = sim.feed(o.AnswersChecked(by="operator", why_not="connection refused"))
+    assert d.events == () and d.refusal is not None
+    assert d.refusal.kind is RefusalKind.ADMISSION and sim.inst.lifecycle is S.LOADED
+    sim.feed(o.AnswersChecked(by="operator", why_not=None))
+    assert sim.kinds_of_last() == ["instance.starting", "instance.ready"]
+    assert sim.inst.lifecycle is S.RUNNING
+    d = sim.feed(o.StartVerb(by="operator"))
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.INVALID_STATE
+
+
+def test_adopted_stop_refused_misses_recover_never_signalled() -> None:
+    sim = Sim(rules=make_rules(Mode.ADOPTED))
+    sim.start()
+    d = sim.feed(o.StopVerb(by="operator", grace_s=5))
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.REFUSED and d.events == ()
+    assert sim.feed(o.StopVerb(by="shutdown", grace_s=5)).refusal is None
+    effects: list[object] = []
+    down = o.ProbeResult(token=0, report=sick())
+    for _ in range(sim.rules.supervision.miss_limit):
+        effects += sim.feed(down).effects
+    assert sim.kinds_of_last() == ["instance.unhealthy"]
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    sim.feed(down)
+    effects += sim.last.effects  # type: ignore[union-attr]
+    assert sim.last.events == ()  # type: ignore[union-attr]
+    sim.probe(up())
+    assert sim.kinds_of_last() == ["instance.recovered"] and sim.inst.lifecycle is S.RUNNING
+    effects += sim.feed(o.Tick()).effects
+    effects += sim.feed(o.LeaseLapsed(silent_s=999)).effects
+    assert not [e for e in effects if isinstance(e, fx.Terminate | fx.Kill)]
+    d = sim.feed(o.UnloadVerb(by="operator", grace_s=5))
+    assert [type(e) for e in d.events] == [ev.Unloaded] and sim.state is None
+    assert fx.RemoveWorkdir() not in d.effects
+
+
+# ---------------------------------------------------------------- ollama
+def _ollama_started(*, resident: bool) -> Sim:
+    sim = Sim(rules=make_rules(Mode.OLLAMA))
+    sim.feed(o.StartVerb(by="operator"))
+    sim.checked(reserved_bytes=1000)
+    assert sim.kinds_of_last() == ["instance.starting"]
+    assert sim.effect(fx.CheckResident) == fx.CheckResident()
+    assert not [e for e in sim.last.effects if isinstance(e, fx.Spawn)]  # type: ignore[union-attr]
+    sim.feed(o.OllamaResidency(resident=resident))
+    return sim
+
+
+def test_ollama_claims_before_loading() -> None:
+    sim = _ollama_started(resident=False)
+    assert [type(e) for e in sim.last.events] == [ev.ModelClaimed]  # type: ignore[union-attr]
+    assert sim.last.events[0].ours is True  # type: ignore[union-attr]
+    assert sim.last.effects == (fx.LoadModel(),)  # type: ignore[union-attr]
+    assert sim.inst.ollama_owned is True
+    sim.feed(o.OllamaLoadEnded(ok=True))
+    assert sim.kinds_of_last() == ["instance.ready"] and sim.inst.lifecycle is S.RUNNING
+
+
+def test_ollama_resident_already_is_not_ours() -> None:
+    sim = _ollama_started(resident=True)
+    assert sim.kinds_of_last() == ["instance.model_claimed", "instance.ready"]
+    assert sim.inst.ollama_owned is False and sim.inst.lifecycle is S.RUNNING
+    # stop does not unload what is not ours; the reservation is released
+    d = sim.feed(o.StopVerb(by="operator", grace_s=5))
+    assert sim.kinds_of_last() == ["instance.stop_requested", "instance.memory_released"]
+    assert fx.UnloadModel() not in d.effects
+    assert sim.inst.lifecycle is S.STOPPED and sim.inst.reserved_bytes == 0
+
+
+def test_ollama_stop_unloads_ours_and_releases_once_gone() -> None:
+    sim = _ollama_started(resident=False)
+    sim.feed(o.OllamaLoadEnded(ok=True))
+    d = sim.feed(o.StopVerb(by="operator", grace_s=5))
+    assert sim.kinds_of_last() == ["instance.stop_requested"]
+    assert fx.UnloadModel() in d.effects
+    assert sim.inst.reserved_bytes == 1000  # held until Ollama no longer lists it
+    assert not [e for e in d.effects if isinstance(e, fx.Terminate | fx.Kill)]
+    d = sim.feed(o.OllamaUnloadEnded(ok=False, error="timeout"))
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.FAILED and d.events == ()
+    sim.feed(o.OllamaUnloadEnded(ok=True))
+    assert sim.kinds_of_last() == ["instance.memory_released", "instance.model_claimed"]
+    assert sim.inst.reserved_bytes == 0 and sim.inst.ollama_owned is False
+
+
+def test_ollama_misses_unhealthy_recovered_no_kill() -> None:
+    sim = _ollama_started(resident=True)
+    for _ in range(sim.rules.supervision.miss_limit):
+        sim.probe(sick())
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    assert not [e for e in sim.last.effects if isinstance(e, fx.Terminate)]  # type: ignore[union-attr]
+    sim.probe(up())
+    assert sim.kinds_of_last() == ["instance.recovered"]
+
+
+def test_ollama_load_refused_is_an_exit() -> None:
+    sim = _ollama_started(resident=False)
+    sim.feed(o.OllamaLoadEnded(ok=False, error="model not found", refused=True))
+    assert sim.kinds_of_last() == [
+        "instance.model_claimed",
+        "instance.exited",
+        "instance.restart_scheduled",
+    ]
+    assert sim.inst.ollama_owned is False
+
+
+def test_ollama_unload_while_running_ours() -> None:
+    sim = _ollama_started(resident=False)
+    sim.feed(o.OllamaLoadEnded(ok=True))
+    d = sim.feed(o.UnloadVerb(by="operator", grace_s=5))
+    assert fx.UnloadModel() in d.effects and sim.inst.then == "unload"
+    sim.feed(o.OllamaUnloadEnded(ok=True))
+    assert sim.kinds_of_last()[-1] == "instance.unloaded" and sim.state is None
+
+
+# ====================================================================== 2. policy edges
+@given(
+    attempt=st.integers(min_value=0, max_value=200),
+    jitter=st.floats(min_value=0, max_value=1),
+    unit=st.floats(min_value=0, max_value=1, exclude_max=True),
+    base=st.floats(min_value=0.001, max_value=100),
+    extra=st.floats(min_value=0, max_value=1000),
+)
+def test_jitter_never_exceeds_the_cap(
+    attempt: int, jitter: float, unit: float, base: float, extra: float
+) -> None:
+    p = RestartPolicy(base_s=base, cap_s=base + extra, jitter=jitter)
+    p.validate()
+    d = p.delay(attempt, unit)
+    assert d <= p.cap_s
+    assert d >= min(base * 2 ** min(attempt, 16), p.cap_s) - 1e-9
+
+
+@given(
+    iid=st.text(min_size=1, max_size=40),
+    attempt=st.integers(min_value=0, max_value=100),
+    seq=st.integers(min_value=0, max_value=10**9),
+)
+def test_jitter_unit_is_a_fixed_fraction(iid: str, attempt: int, seq: int) -> None:
+    u = jitter_unit(iid, attempt, seq)
+    assert 0 <= u < 1 and u == jitter_unit(iid, attempt, seq)
+
+
+def test_same_decision_gives_same_delay() -> None:
+    rules = make_rules(Mode.PROCESS, restart=policy(jitter=1.0, max_restarts=5))
+    sim = running(Sim(rules=rules))
+    twin = sim.copy()
+    sim.gone(exit_code=1)
+    twin.gone(exit_code=1)
+    a, b = sim.last.events[1], twin.last.events[1]  # type: ignore[union-attr]
+    assert isinstance(a, ev.RestartScheduled) and a == b
+    assert sim.inst.restart_due == twin.inst.restart_due
+    assert 2.0 <= a.delay_s <= 4.0
+    unit = jitter_unit(sim.inst.instance_id, 0, sim.inst.last_seq - 1)
+    assert a.delay_s == pytest.approx(rules.supervision.restart.delay(0, unit))
+
+
+def _two_restarts(window: float = 100.0) -> Sim:
+    rules = make_rules(Mode.PROCESS, restart=policy(max_restarts=2, window_s=window))
+    sim = running(Sim(rules=rules))
+    for _ in range(2):
+        sim.gone(exit_code=1)
+        sim.clock.advance(10)
+        sim.feed(o.TimerDue(name="restart"))
+        sim.checked()
+        sim.spawn_ok()
+    assert sim.inst.restarts == 2 and len(sim.inst.restart_stamps) == 2
+    return sim
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_wall_step_within_one_boot_does_not_refund_budget(step_s: float) -> None:
+    sim = _two_restarts()
+    sim.clock.step_wall(step_s)
+    sim.clock.advance(5)
+    p = sim.rules.supervision.restart
+    assert restarts_in_window(sim.inst, p, sim.clock.now) == 2
+    sim.gone(exit_code=1)
+    assert sim.kinds_of_last() == ["instance.exited", "instance.failed"]
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_wall_step_within_one_boot_does_not_spend_budget(step_s: float) -> None:
+    sim = _two_restarts()
+    sim.clock.step_wall(step_s)
+    sim.clock.advance(200)  # past the window on the monotonic clock
+    p = sim.rules.supervision.restart
+    assert restarts_in_window(sim.inst, p, sim.clock.now) == 0
+    sim.gone(exit_code=1)
+    assert sim.kinds_of_last() == ["instance.exited", "instance.restart_scheduled"]
+    assert sim.last.events[1].attempt == 1  # type: ignore[union-attr]
+
+
+def test_across_boots_the_wall_clock_counts() -> None:
+    sim = _two_restarts()
+    p = sim.rules.supervision.restart
+    soon = Clock(sim.clock.wall_ns / NS, sim.clock.mono_s, sim.clock.boot)
+    soon.reboot("boot-b", down_s=20)
+    assert restarts_in_window(sim.inst, p, soon.now) == 2
+    late = Clock(sim.clock.wall_ns / NS, sim.clock.mono_s, sim.clock.boot)
+    late.reboot("boot-b", down_s=500)
+    assert restarts_in_window(sim.inst, p, late.now) == 0
+
+
+def test_stable_after_zero_is_refused() -> None:
+    with pytest.raises(ValueError, match="stable_after_s"):
+        RestartPolicy(stable_after_s=0).validate()
+
+
+def test_stability_reset_process_kind_on_tick() -> None:
+    sim = running(process_sim())
+    sim.gone(exit_code=1)
+    sim.clock.advance(10)
+    sim.feed(o.TimerDue(name="restart"))
+    sim.checked()
+    sim.spawn_ok()
+    assert sim.inst.restarts == 1 and sim.inst.lifecycle is S.RUNNING
+    stable = sim.rules.supervision.restart.stable_after_s
+    sim.clock.advance(stable - 1)
+    assert sim.feed(o.Tick()).events == ()
+    sim.clock.advance(1)
+    sim.feed(o.Tick())
+    assert sim.kinds_of_last() == ["instance.stable"] and sim.inst.restarts == 0
+    assert sim.feed(o.Tick()).events == ()  # once
+
+
+def test_stability_reset_http_kind_on_healthy_probe() -> None:
+    sim = running(http_sim())
+    sim.gone(exit_code=1)
+    sim.clock.advance(10)
+    sim.feed(o.TimerDue(name="restart"))
+    sim.checked()
+    sim.spawn_ok()
+    sim.probe(up())
+    assert sim.inst.restarts == 1 and sim.inst.lifecycle is S.RUNNING
+    sim.clock.advance(sim.rules.supervision.restart.stable_after_s - 1)
+    assert sim.probe(up()).events == ()
+    sim.clock.advance(1)
+    sim.probe(up())
+    assert sim.kinds_of_last() == ["instance.stable"] and sim.inst.restarts == 0
+
+
+def test_wall_step_does_not_shorten_a_backoff() -> None:
+    sim = running(process_sim())
+    sim.gone(exit_code=1)
+    due = sim.inst.restart_due
+    sim.clock.step_wall(3600)
+    d = sim.feed(o.TimerDue(name="restart"))
+    assert d.effects == (fx.ArmTimer(name="restart", due=due),)  # type: ignore[arg-type]
+    sim.clock.advance(2)
+    assert sim.feed(o.TimerDue(name="restart")).effects[0] == fx.CheckStart(
+        by="supervisor", reset_budget=False, attempt=1, verb=False
+    )
+
+
+def test_failure_line_while_starting_is_unhealthy_at_once() -> None:
+    sim = _starting(spawned=True)
+    pid = sim.inst.process.pid  # type: ignore[union-attr]
+    sim.feed(o.ProbeResult(token=pid, report=up(), failure="error loading model"))
+    assert sim.kinds_of_last() == ["instance.unhealthy", "instance.terminating"]
+    assert fx.Terminate() in sim.last.effects  # type: ignore[union-attr]
+
+
+def test_inference_kind_loading_allowance() -> None:
+    sim = Sim(rules=make_rules(Mode.PROCESS, kind="inference"))
+    sim.start()
+    loading = ServerReport(health=Health(HealthKind.LOADING))
+    sim.clock.advance(100)
+    d = sim.probe(loading)
+    assert d.events == () and sim.tracking.misses == 0
+    sim.clock.advance(sim.rules.supervision.startup_cap_s)
+    for _ in range(sim.rules.supervision.miss_limit):
+        sim.probe(loading)
+    assert sim.kinds_of_last() == ["instance.unhealthy", "instance.terminating"]
+
+
+def test_lease_lapse_stops_what_a_controller_placed() -> None:
+    sim = running(process_sim())
+    sim.feed(o.LeaseLapsed(silent_s=120))
+    assert sim.kinds_of_last() == ["instance.stop_requested"]
+    assert sim.inst.desired is Desired.STOPPED and sim.last.source == "lease"  # type: ignore[union-attr]
+    own = running(process_sim())
+    own.state = replace(own.inst, placed_by=own.rules.node_id)
+    assert own.feed(o.LeaseLapsed(silent_s=120)).events == ()
+
+
+# ====================================================================== 3. refused starts
+def test_refused_verb_start_recorded_once_per_cause() -> None:
+    sim = process_sim()
+    sim.feed(o.StartVerb(by="operator"))
+    d = sim.checked(taken=TAKEN)
+    assert sim.kinds_of_last() == ["instance.start_refused"]
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.ADMISSION
+    assert TAKEN in d.refusal.message
+    assert sim.inst.lifecycle is S.LOADED and sim.inst.restarts == 0
+    assert not [e for e in d.effects if isinstance(e, fx.Spawn)]
+    sim.feed(o.StartVerb(by="operator"))
+    d = sim.checked(taken=TAKEN)
+    assert d.events == () and d.refusal is not None
+    # another cause is recorded
+    sim.feed(o.StartVerb(by="operator"))
+    d = sim.checked(memory_refusal="needs 9 GB, 2 GB free")
+    assert sim.kinds_of_last() == ["instance.start_refused"]
+    # a successful start clears the cause
+    sim.start()
+    assert sim.inst.refusal == ""
+
+
+def test_refused_restart_keeps_attempt_and_tick_retries() -> None:
+    sim = running(process_sim())
+    sim.gone(exit_code=1)
+    assert sim.inst.restarts == 1
+    sim.clock.advance(10)
+    sim.feed(o.TimerDue(name="restart"))
+    check = sim.effect(fx.CheckStart)
+    d = sim.checked(check, taken=TAKEN)
+    assert sim.kinds_of_last() == ["instance.start_refused"] and d.refusal is None
+    assert sim.inst.lifecycle is S.RESTARTING and sim.inst.restarts == 1
+    sim.clock.advance(5)
+    d = sim.feed(o.Tick())
+    assert d.events == ()
+    assert sim.effect(fx.CheckStart) == fx.CheckStart(
+        by="supervisor", reset_budget=False, attempt=1, verb=False
+    )
+    sim.checked(taken=TAKEN)
+    assert sim.last.events == ()  # type: ignore[union-attr]
+    sim.feed(o.Tick())
+    sim.checked()
+    assert sim.kinds_of_last() == ["instance.starting"] and sim.inst.restarts == 1
+
+
+def test_start_checked_after_a_stop_is_dropped() -> None:
+    sim = running(process_sim())
+    sim.gone(exit_code=1)
+    sim.clock.advance(10)
+    sim.feed(o.TimerDue(name="restart"))
+    check = sim.effect(fx.CheckStart)
+    sim.feed(o.StopVerb(by="operator", grace_s=1))
+    d = sim.checked(check)
+    assert d.events == () and sim.inst.lifecycle is S.STOPPED
+
+
+# ====================================================================== 4. boot
+def _boot(sim: Sim, process: o.ProcessAlive | o.ProcessGone | o.ProcessNone) -> None:
+    sim.clock.advance(1)
+    sim.feed(o.BootSeen(process=process))
+
+
+def _alive(sim: Sim, *, recovered: bool = False) -> o.ProcessAlive:
+    p = sim.inst.process
+    if p is None:
+        return o.ProcessAlive(
+            pid=9999,
+            pgid=9999,
+            start_time=sim.clock.wall_ns / NS,
+            boot_id="boot-a",
+            recovered=recovered,
+        )
+    return o.ProcessAlive(pid=p.pid, pgid=p.pgid, start_time=p.start_time, boot_id=p.boot_id)
+
+
+def _gone(sim: Sim, code: int | None = 1) -> o.ProcessGone:
+    pid = sim.inst.process.pid if sim.inst.process is not None else None
+    return o.ProcessGone(
+        pid=pid, exit_code=code, signal=None, reason="ended while the node was down"
+    )
+
+
+def _boot_states() -> dict[str, Sim]:
+    stopped = _in_state(S.STOPPED)
+    return {
+        "loaded": _in_state(S.LOADED),
+        "starting-unspawned": _starting(spawned=False),
+        "starting-spawned": _starting(spawned=True),
+        "running": running(process_sim()),
+        "unhealthy-terminating": _unhealthy(),
+        "restarting": _in_state(S.RESTARTING),
+        "stopping": _in_state(S.STOPPING),
+        "stopped": stopped,
+        "exited": _in_state(S.EXITED),
+        "failed": _in_state(S.FAILED),
+        "finished": _in_state(S.FINISHED),
+    }
+
+
+BOOT_STATES = list(_boot_states())
+
+
+#: What the executor can report (``actors/boot_facts.gather``): a live process only
+#: where one is recorded, or a launch of ``starting`` recovered by its token.
+_ALIVE_POSSIBLE = {
+    "starting-unspawned",
+    "starting-spawned",
+    "running",
+    "unhealthy-terminating",
+    "stopping",
+}
+BOOT_MATRIX = [
+    (name, fact)
+    for name in BOOT_STATES
+    for fact in ("alive", "gone", "none")
+    if fact != "alive" or name in _ALIVE_POSSIBLE
+]
+
+
+@pytest.mark.parametrize(("name", "fact"), BOOT_MATRIX)
+def test_boot_matrix(name: str, fact: str) -> None:
+    """Every recorded state and process fact decides events the reducer accepts, and
+    accounts for the process: re-attached when alive, an exit when gone."""
+    sim = _boot_states()[name]
+    had = sim.inst.process is not None
+    process = {
+        "alive": lambda: _alive(sim, recovered=not had),
+        "gone": lambda: _gone(sim),
+        "none": o.ProcessNone,
+    }[fact]()
+    before = sim.inst.lifecycle
+    _boot(sim, process)
+    kinds = sim.kinds_of_last()
+    starts = [e for e in sim.last.effects if isinstance(e, fx.CheckStart | fx.Spawn)]  # type: ignore[union-attr]
+    if fact == "alive":
+        assert kinds[-1] == "instance.reattached" and sim.inst.process is not None
+        assert sim.inst.lifecycle is before and not starts
+    elif had or name == "starting-unspawned":
+        assert kinds[0] == "instance.exited" and sim.inst.process is None
+        if before is S.STOPPING:
+            assert sim.inst.lifecycle is S.STOPPED and not starts
+        elif name == "starting-unspawned" and fact == "none":
+            # The launch never ran: started again, no restart counted.
+            assert kinds[1:] == [] and starts and sim.inst.restarts == 0
+        else:
+            assert kinds[1:] == ["instance.restart_scheduled"]
+    elif before in (S.FAILED, S.FINISHED, S.STOPPED, S.LOADED):
+        assert kinds == [] and not starts  # held, or never wanted running
+    elif before is S.EXITED:
+        assert kinds == ["instance.restart_scheduled"]  # the lost follow-up is decided
+    elif before is S.RESTARTING:
+        assert kinds == [] and sim.last.effects == (  # type: ignore[union-attr]
+            fx.ArmTimer(name="restart", due=sim.inst.restart_due),  # type: ignore[arg-type]
+        )
+    else:
+        raise AssertionError(f"unexpected combination {name}/{fact}: {kinds}")
+
+
+def test_boot_restarting_due_in_future_arms_timer() -> None:
+    sim = _in_state(S.RESTARTING)
+    due = sim.inst.restart_due
+    assert due is not None
+    sim.clock.advance(0.5)
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert sim.last.events == ()  # type: ignore[union-attr]
+    assert sim.last.effects == (fx.ArmTimer(name="restart", due=due),)  # type: ignore[union-attr]
+
+
+def test_boot_restarting_due_in_future_across_reboot_arms_timer() -> None:
+    sim = _in_state(S.RESTARTING)
+    due = sim.inst.restart_due
+    sim.clock.reboot("boot-b", down_s=0.5)
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert sim.last.effects == (fx.ArmTimer(name="restart", due=due),)  # type: ignore[union-attr,arg-type]
+
+
+def test_boot_restarting_due_passed_checks_start() -> None:
+    sim = _in_state(S.RESTARTING)
+    sim.clock.reboot("boot-b", down_s=60)
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert sim.last.events == ()  # type: ignore[union-attr]
+    assert sim.effect(fx.CheckStart) == fx.CheckStart(
+        by="supervisor", reset_budget=False, attempt=1, verb=False
+    )
+
+
+def test_boot_exited_one_shot_zero_finishes() -> None:
+    sim = running(process_sim(continuous=False))
+    event = ev.Exited(pid=sim.inst.process.pid, exit_code=0, signal=None, reason="done")  # type: ignore[union-attr]
+
+    sim.state = apply_instance(sim.inst, stored_for(sim.inst, event, sim.clock.now, "t"), event)
+    assert sim.inst.lifecycle is S.EXITED
+    _boot(sim, o.ProcessNone())
+    assert sim.kinds_of_last() == ["instance.finished"]
+    assert not [e for e in sim.last.effects if isinstance(e, fx.CheckStart | fx.ArmTimer)]  # type: ignore[union-attr]
+
+
+def test_boot_unhealthy_terminating_alive_resumes_kill() -> None:
+    sim = _unhealthy()
+    term = sim.inst.terminating
+    assert term is not None
+    sim.clock.advance(1)
+    sim.feed(o.BootSeen(process=_alive(sim)))
+    assert sim.kinds_of_last() == ["instance.reattached"]
+    assert fx.Terminate() in sim.last.effects  # type: ignore[union-attr]
+    assert fx.ArmTimer(name="kill", due=later(term.at, term.grace_s)) in sim.last.effects  # type: ignore[union-attr]
+    assert sim.inst.lifecycle is S.UNHEALTHY
+
+
+def test_boot_stopping_alive_resumes_stop_kill() -> None:
+    sim = _in_state(S.STOPPING)
+    term = sim.inst.terminating
+    assert term is not None
+    sim.feed(o.BootSeen(process=_alive(sim)))
+    assert fx.ArmTimer(name="kill", due=later(term.at, term.grace_s)) in sim.last.effects  # type: ignore[union-attr]
+
+
+def test_boot_after_an_escalated_stop_kills_at_once() -> None:
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="operator", grace_s=10))
+    sim.clock.advance(3)
+    assert fx.Kill() in sim.feed(o.StopVerb(by="operator", grace_s=10)).effects
+    sim.clock.advance(1)
+    sim.feed(o.BootSeen(process=_alive(sim)))
+    now = sim.clock.now
+    kills = [e for e in sim.last.effects if isinstance(e, fx.ArmTimer) and e.name == "kill"]  # type: ignore[union-attr]
+    assert fx.Kill() in sim.last.effects or any(e.due.mono_s <= now.mono_s for e in kills)  # type: ignore[union-attr]
+
+
+def test_boot_starting_recovered_launch_spawned_and_reattached() -> None:
+    sim = _starting(spawned=False)
+    sim.feed(o.BootSeen(process=_alive(sim, recovered=True)))
+    assert sim.kinds_of_last() == ["instance.spawned", "instance.reattached"]
+    assert sim.inst.process is not None and sim.inst.process.pid == 9999
+    assert sim.inst.lifecycle is S.STARTING
+
+
+def test_boot_gone_with_exit_code_then_policy() -> None:
+    sim = running(process_sim())
+    sim.feed(o.BootSeen(process=_gone(sim, code=7)))
+    assert sim.kinds_of_last() == ["instance.exited", "instance.restart_scheduled"]
+    assert sim.inst.last_exit is not None and sim.inst.last_exit.exit_code == 7
+    assert fx.ArmTimer(name="restart", due=sim.inst.restart_due) in sim.last.effects  # type: ignore[union-attr,arg-type]
+
+
+def test_boot_gone_one_shot_exit_zero_finishes() -> None:
+    sim = running(process_sim(continuous=False))
+    sim.feed(o.BootSeen(process=_gone(sim, code=0)))
+    assert sim.kinds_of_last() == ["instance.exited", "instance.finished"]
+
+
+def test_boot_stopped_for_restart_starts_again() -> None:
+    sim = running(process_sim())
+    sim.feed(o.RestartVerb(by="operator", grace_s=5))
+    sim.feed(o.BootSeen(process=_gone(sim, code=None)))
+    assert sim.kinds_of_last() == ["instance.exited"] and sim.inst.lifecycle is S.STOPPED
+    assert sim.effect(fx.CheckStart).reset_budget is True
+
+
+def test_boot_ollama_starting_asks_residency_and_unload_in_flight_resumes() -> None:
+    sim = Sim(rules=make_rules(Mode.OLLAMA))
+    sim.feed(o.StartVerb(by="operator"))
+    sim.checked(reserved_bytes=10)
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert sim.last.effects == (fx.CheckResident(),)  # type: ignore[union-attr]
+    sim.feed(o.OllamaResidency(resident=False))
+    sim.feed(o.OllamaLoadEnded(ok=True))
+    sim.feed(o.StopVerb(by="operator", grace_s=1))
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert sim.last.effects == (fx.UnloadModel(),)  # type: ignore[union-attr]
+
+
+def test_boot_placed_checks_start_only_when_wanted() -> None:
+    sim = process_sim()
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert sim.last.effects == ()  # type: ignore[union-attr]
+
+
+def test_step_function_signature() -> None:
+    """``step`` is usable without the Sim wrapper."""
+    clock = Clock()
+    rules = make_rules(Mode.PROCESS)
+    state = placed(clock.now)
+    state2, tracking, d = step(state, Tracking(), o.StartVerb(by="operator"), clock.now, rules)
+    assert state2 == state and tracking == Tracking() and d.events == ()
+
+
+# ====================================================================== 5. coverage
+NODE_KINDS = {"node.started", "node.stopped", "node.admission_refused", "node.lease_renewed"}
+
+
+def test_zz_every_state_and_event_kind_reached(request: pytest.FixtureRequest) -> None:
+    """Runs last; meaningful only when every other test of this module ran before it."""
+    items = request.session.items
+    mine = [i for i in items if i.module is request.module]
+    names = {getattr(i, "originalname", i.name) for i in mine}
+    every = {n for n in vars(request.module) if n.startswith("test_")}
+    if names != every or mine[-1] is not request.node:
+        pytest.skip("only a part of this module ran (or not in order): coverage not judged")
+    missing_states = set(LifecycleState) - SEEN_STATES
+    missing_kinds = set(ev.EVENT_TYPES) - NODE_KINDS - SEEN_KINDS
+    assert not missing_states, f"lifecycle states never reached: {sorted(missing_states)}"
+    assert not missing_kinds, f"event kinds never emitted: {sorted(missing_kinds)}"
