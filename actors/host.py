@@ -5,19 +5,54 @@ Placement follows the reference order (``reference/infer_runtime.rs.txt``
 of the same instance and a second managed instance on one address are
 refused, and the model is resolved in the registry, all before anything is
 appended. Only then is the placement recorded and the actor started.
+
+The host never waits. Its thread decides and keeps the books; whatever may
+take time runs elsewhere and reports back as a :class:`_Finished` message,
+which the host then acts on:
+
+- on the host's pool (:data:`WORKERS` threads): admission (``plan``: registry
+  look-up, weight hashing, port checks) and the append of the placement or of
+  a recorded refusal; the asks of a placement of an instance already here;
+  boot's adapter rebuilds; a revive's replay of the chain;
+- on a thread of its own per unload (so a server ignoring SIGTERM holds no
+  pool worker): waiting for the instance actor's answer to ``Unload``, and
+  when that answer is a ``concurrent.futures.Future``, chaining on it.
+
+``Place``, ``Admit``, ``UnloadInstance`` and ``BootAll`` answer a
+``concurrent.futures.Future`` at once (or raise a refusal found at once);
+the Future resolves when the work is done. Routing is published in a
+:class:`~.routes.Routes` whenever it changes, for the node to read without
+asking. What is in flight, by instance id:
+
+- a placement: a second placement of the same id is refused
+  (``InvalidState``, nothing recorded); its address counts as used;
+- an unload: the instance is no longer routed; a placement of it is refused;
+  a second unload joins the first (the same Future). Once the instance
+  actor's unload is done (``instance.unloaded`` durable) the host
+  deregisters the actor from the supervisor, stops it and forgets it. An
+  unload that fails is checked against the chain: recorded unloaded, it is
+  done all the same (the failure is logged); otherwise the instance is
+  routed again and the error answered.
+
+Unanswered Futures fail with ``pykka.ActorDeadError`` when the host stops.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
 
 import msgspec
 import pykka
 
+from infervisor.adapters import planning
 from infervisor.adapters.errors import AdapterError, AddressTaken, AdmissionRefused, SpecError
-from infervisor.adapters.planning import build_adapter, plan
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
@@ -35,58 +70,120 @@ from infervisor.replay import events as ev
 from . import messages as m
 from .errors import InvalidState, UnknownInstance
 from .instance import InstanceActor, InstanceContext
+from .routes import Routes, RouteTable
 
-__all__ = ["HostActor"]
+__all__ = ["ASK_TIMEOUT_S", "WORKERS", "HostActor"]
 
 log = logging.getLogger(__name__)
-#: How long the host waits for an instance actor (an unload may terminate for seconds).
+#: The longest the host's helpers wait for one answer of another actor (seconds).
 ASK_TIMEOUT_S = 60.0
+#: Threads for admissions, re-placements, boot and revives (unloads have their own).
+WORKERS = 4
+
+T = TypeVar("T")
+#: What boot rebuilds per instance: its state, spec and adapter, or why not.
+_Rebuilt = tuple[InstanceState, InstanceSpec, ServerAdapter | str]
+
+
+class _Finished(msgspec.Struct, frozen=True):
+    """Work done off the host's thread: ``then(done)`` runs on the host's thread."""
+
+    then: Callable[[Future[Any]], None]
+    done: Future[Any]
+
+
+@dataclass(frozen=True)
+class _Placing:
+    """A placement in flight: its spec (its address counts as used) and its answer."""
+
+    spec: InstanceSpec
+    answer: Future[str]
 
 
 class HostActor(pykka.ThreadingActor):
-    """Owns the set of instance actors. Never asks an actor that may ask it back."""
+    """Owns the set of instance actors. Never waits; never asks an actor that may
+    ask it back (instance actors and the chain writer never ask the host)."""
 
     def __init__(
-        self, ctx: InstanceContext, registry: ModelRegistry, supervisor: pykka.ActorRef[Any]
+        self,
+        ctx: InstanceContext,
+        registry: ModelRegistry,
+        supervisor: pykka.ActorRef[Any],
+        routes: Routes | None = None,
     ) -> None:
         super().__init__()
         self.ctx = ctx
         self.registry = registry
         self.supervisor = supervisor
+        self.routes = routes if routes is not None else Routes()
         self._refs: dict[str, pykka.ActorRef[Any]] = {}
         self._specs: dict[str, InstanceSpec] = {}
         #: Instances the chain has whose adapter could not be rebuilt at boot: why.
         self._unbuilt: dict[str, str] = {}
+        self._placing: dict[str, _Placing] = {}
+        self._unloading: dict[str, Future[None]] = {}
+        self._reviving: set[str] = set()
+        self._booting = False
+        #: Every Future answered to a caller and not yet resolved.
+        self._answers: set[Future[Any]] = set()
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="host")
 
     def on_receive(self, message: Any) -> Any:
         match message:
+            case _Finished(then=then, done=done):
+                self._finish(then, done)
+                return None
             case m.Place():
                 return self._place(message)
             case m.Admit(spec=spec):
-                return self._plan(spec, instance_id(spec, self.ctx.node_id))[1]
+                return self._admit(spec)
             case m.Lookup(instance_id=iid):
-                return self._lookup(iid)
+                return self.routes.current.lookup(iid)
             case m.ListInstances():
-                return dict(self._refs)
+                return dict(self.routes.current.refs)
             case m.UnloadInstance(instance_id=iid, by=by):
                 return self._unload(iid, by)
             case m.BootAll(state=state):
                 return self._boot(state)
             case m.Revive(instance_id=iid):
-                return self._revive(iid)
+                self._revive(iid)
+                return None
         raise TypeError(f"HostActor does not take {type(message).__name__}")
 
     def on_stop(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for answer in list(self._answers):
+            _settle(answer, error=pykka.ActorDeadError("the node stopped before answering"))
         for ref in self._refs.values():
             ref.stop(block=False)
 
-    def _lookup(self, iid: str) -> pykka.ActorRef[Any]:
-        ref = self._refs.get(iid)
-        if ref is None:
-            raise UnknownInstance(iid, list(self._refs))
-        return ref
+    # ------------------------------------------------------------------ off the thread
+    def _finish(self, then: Callable[[Future[Any]], None], done: Future[Any]) -> None:
+        try:
+            then(done)
+        except Exception:
+            # A tell that raises would end the host, and with it the node's API.
+            log.exception("host: error acting on finished work")
 
-    def _place(self, msg: m.Place) -> str:
+    def _offload(self, fn: Callable[[], T], then: Callable[[Future[T]], None]) -> None:
+        """Run ``fn`` on the pool; ``then`` gets its done Future on the host's thread."""
+        self._report(self._pool.submit(fn), then)
+
+    def _report(self, job: Future[T], then: Callable[[Future[T]], None]) -> None:
+        host = self.actor_ref
+        job.add_done_callback(lambda done: _tell(host, _Finished(then=then, done=done)))
+
+    def _answer(self) -> Future[Any]:
+        answer: Future[Any] = Future()
+        self._answers.add(answer)
+        answer.add_done_callback(self._answers.discard)
+        return answer
+
+    def _publish(self) -> None:
+        self.routes.publish(RouteTable.of(self._refs, self._unloading))
+
+    # ------------------------------------------------------------------ placement
+    def _place(self, msg: m.Place) -> Future[str]:
         spec = msg.spec
         spec.validate()
         try:
@@ -94,63 +191,64 @@ class HostActor(pykka.ThreadingActor):
         except ValueError as e:
             raise SpecError(str(e)) from e
         iid = instance_id(spec, self.ctx.node_id)
+        self._refuse_busy(iid)
+        answer: Future[str] = self._answer()
+        ref = self._refs.get(iid)
+        if ref is not None:
+            self._placing[iid] = _Placing(spec, answer)
+            self._offload(partial(_place_again, ref, iid, msg), partial(self._placed, iid))
+            return answer
+        self._refuse_shared_address(spec)
+        self._placing[iid] = _Placing(spec, answer)
+        record = partial(_admit_and_record, self.ctx, self.registry, iid, msg)
+        self._offload(record, partial(self._admitted, iid))
+        return answer
+
+    def _refuse_busy(self, iid: str) -> None:
+        if self._booting:
+            raise InvalidState("the node is still rebuilding its instances from the chain")
         if iid in self._unbuilt:
             raise InvalidState(
                 f"{iid} is in the chain but was not rebuilt at boot ({self._unbuilt[iid]}); "
                 "fix that and restart the node"
             )
-        if iid in self._refs:
-            return self._place_again(iid, msg)
-        self._refuse_shared_address(spec)
-        try:
-            adapter, _ = self._plan(spec, iid)
-        except AddressTaken as e:
-            # The node's own condition, not the caller's mistake: recorded for the audit.
-            refused = ev.AdmissionRefused(reason=str(e), spec=msgspec.to_builtins(spec))
-            self._append(iid, refused, msg.source)
-            raise
-        event = ev.Placed(
-            spec=msgspec.to_builtins(spec), placed_by=msg.placed_by, generation=msg.generation
-        )
-        stored = self._append(iid, event, msg.source)
-        state = apply_instance(None, stored, event)
-        assert state is not None
-        self._adopt_actor(state, spec, adapter)
-        return iid
-
-    def _place_again(self, iid: str, msg: m.Place) -> str:
-        """A placement of an instance already here: a newer generation is applied,
-        an older one ignored (both recorded); the same one is refused."""
-        ref = self._refs[iid]
-        view: m.InstanceView = ref.ask(m.GetStatus(), block=True, timeout=ASK_TIMEOUT_S)
-        if msg.generation == view.generation:
-            raise InvalidState(f"{iid} is already loaded (generation {view.generation})")
-        placement = m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation)
-        ref.ask(placement, block=True, timeout=ASK_TIMEOUT_S)
-        return iid
+        if iid in self._unloading:
+            raise InvalidState(f"{iid} is being unloaded; place it again once that is answered")
+        if iid in self._placing:
+            raise InvalidState(
+                f"a placement of {iid} is already in progress; this one is refused "
+                "(nothing recorded): place it again once that one is answered"
+            )
 
     def _refuse_shared_address(self, spec: InstanceSpec) -> None:
-        for other_id, other in self._specs.items():
+        placing = ((iid, p.spec) for iid, p in self._placing.items())
+        for other_id, other in [*self._specs.items(), *placing]:
             same = (other.bind_host, other.port) == (spec.bind_host, spec.port)
             if same and "managed" in (spec.mode.value, other.mode.value):
                 raise AdmissionRefused(
                     f"{spec.bind_host}:{spec.port} is already used by another instance ({other_id})"
                 )
 
-    def _plan(self, spec: InstanceSpec, iid: str) -> tuple[ServerAdapter, Admission]:
-        settings = self.ctx.settings
-        return plan(spec, iid, self.registry, settings.adapter_settings(), settings.adapters)
+    def _admitted(self, iid: str, job: Future[tuple[InstanceState, ServerAdapter]]) -> None:
+        pending = self._placing.pop(iid)
+        try:
+            state, adapter = job.result()
+        except Exception as e:  # noqa: BLE001 - the refusal is the caller's answer
+            _settle(pending.answer, error=e)
+            return
+        self._adopt_actor(state, pending.spec, adapter)
+        self._publish()
+        _settle(pending.answer, iid)
 
-    def _append(self, iid: str, event: ev.Event, source: str) -> StoredEvent:
-        draft = EventDraft(
-            ts_ns=self.ctx.clock.wall_ns(),
-            source=source,
-            kind=kind_of(event),
-            subject=iid,
-            payload=ev.encode_event(event),
+    def _placed(self, iid: str, job: Future[str]) -> None:
+        _copy(job, self._placing.pop(iid).answer)
+
+    def _admit(self, spec: InstanceSpec) -> Future[Admission]:
+        answer: Future[Admission] = self._answer()
+        self._offload(
+            partial(_admission, self.ctx, self.registry, spec), partial(_copy, dst=answer)
         )
-        stored: StoredEvent = self.ctx.writer.ask(m.Append(drafts=(draft,)), block=True)[0]
-        return stored
+        return answer
 
     def _adopt_actor(
         self, state: InstanceState, spec: InstanceSpec, adapter: ServerAdapter
@@ -161,51 +259,226 @@ class HostActor(pykka.ThreadingActor):
         self.supervisor.tell(m.Register(instance_id=state.instance_id, ref=ref))
         return ref
 
-    def _unload(self, iid: str, by: str) -> None:
-        ref = self._lookup(iid)
-        ref.ask(m.Unload(by=by), block=True, timeout=ASK_TIMEOUT_S)
-        self.supervisor.tell(m.Deregister(instance_id=iid))
-        del self._refs[iid], self._specs[iid]
-        ref.stop()
+    # ------------------------------------------------------------------ unload
+    def _unload(self, iid: str, by: str) -> Future[None]:
+        joined = self._unloading.get(iid)
+        if joined is not None:
+            return joined
+        if self._booting:
+            raise InvalidState("the node is still rebuilding its instances from the chain")
+        ref = self._refs.get(iid)
+        if ref is None:
+            raise UnknownInstance(iid, list(self.routes.current.refs))
+        answer: Future[None] = self._answer()
+        self._unloading[iid] = answer
+        self._publish()  # no verb is routed to it from now on
+        self._report(_ask_unload(ref, iid, by), partial(self._unloaded, iid, ref))
+        return answer
 
-    def _boot(self, state: NodeState) -> list[str]:
+    def _unloaded(self, iid: str, ref: pykka.ActorRef[Any], outcome: Future[None]) -> None:
+        error = outcome.exception()
+        if error is None:
+            answer = self._unloading.pop(iid)
+            self._forget(iid, ref)
+            self._publish()
+            _settle(answer)
+            return
+        # A failed unload may still have recorded the instance unloaded: the chain decides
+        # (an unloaded actor must never be routed to again).
+        check = partial(_recorded_unloaded, self.ctx, iid)
+        self._offload(check, partial(self._unload_failed, iid, ref, error))
+
+    def _unload_failed(
+        self, iid: str, ref: pykka.ActorRef[Any], error: BaseException, check: Future[bool]
+    ) -> None:
+        answer = self._unloading.pop(iid)
+        unloaded = check.exception() is None and check.result()
+        if unloaded:
+            # Durable, so the unload is done; what failed beside it is only logged.
+            log.warning("%s: unloaded (recorded), though its unload reported: %s", iid, error)
+            self._forget(iid, ref)
+        else:
+            log.warning("%s: the unload failed, so it stays placed: %s", iid, error)
+            if not ref.is_alive():
+                self._revive(iid)  # a revive asked meanwhile was skipped: it was unloading
+        self._publish()
+        _settle(answer, error=None if unloaded else error)
+
+    def _forget(self, iid: str, ref: pykka.ActorRef[Any]) -> None:
+        """The instance is unloaded: no more ticks, its actor ended, its id free again."""
+        self.supervisor.tell(m.Deregister(instance_id=iid))
+        ref.stop(block=False)
+        self._refs.pop(iid, None)
+        self._specs.pop(iid, None)
+
+    # ------------------------------------------------------------------ boot and revive
+    def _boot(self, state: NodeState) -> Future[list[str]]:
+        answer: Future[list[str]] = self._answer()
+        self._booting = True
+        rebuild = partial(_rebuild_all, self.ctx, self.registry, state)
+        self._offload(rebuild, partial(self._booted, answer))
+        return answer
+
+    def _booted(self, answer: Future[list[str]], job: Future[list[_Rebuilt]]) -> None:
+        self._booting = False
+        try:
+            rebuilt = job.result()
+        except Exception as e:  # noqa: BLE001 - the node's open raises it
+            _settle(answer, error=e)
+            return
         booted = []
-        for iid, inst in state.instances.items():
-            spec = msgspec.convert(inst.spec, InstanceSpec)
-            try:
-                adapter = build_adapter(
-                    spec, iid, self.registry, self.ctx.settings.adapter_settings()
-                )
-            except AdapterError as e:
-                log.error("%s: cannot rebuild its adapter (%s); not supervised", iid, e)  # noqa: TRY400 - the reason is the message; a traceback adds nothing
-                self._unbuilt[iid] = str(e)
+        for inst, spec, adapter in rebuilt:
+            iid = inst.instance_id
+            if isinstance(adapter, str):
+                log.error("%s: cannot rebuild its adapter (%s); not supervised", iid, adapter)
+                self._unbuilt[iid] = adapter
                 continue
             self._adopt_actor(inst, spec, adapter).tell(m.Boot())
             booted.append(iid)
-        return booted
+        self._publish()
+        _settle(answer, booted)
 
     def _revive(self, iid: str) -> None:
         """Recreate a dead instance actor from the chain; its Boot re-attaches the process."""
-        if iid not in self._specs:
-            return  # unloaded meanwhile
+        spec = self._specs.get(iid)
+        if spec is None or iid in self._unloading or iid in self._reviving:
+            return  # unloaded (or being unloaded) meanwhile, or already being recreated
+        self._reviving.add(iid)
+        replay = partial(_replay, self.ctx, self.registry, iid, spec)
+        self._offload(replay, partial(self._revived, iid))
+
+    def _revived(self, iid: str, job: Future[tuple[InstanceState, ServerAdapter] | None]) -> None:
+        self._reviving.discard(iid)
         try:
-            with SqliteChain.open_readonly(self.ctx.settings.chain_path) as chain:
-                inst = _fold_instance(chain.events(subject=iid))
+            replayed = job.result()
         except (ChainError, ReplayError, EventDecodeError) as e:
             log.error("%s: cannot replay it to recreate its actor: %s", iid, e)  # noqa: TRY400
             return
-        if inst is None:
-            return
-        log.warning("%s: its actor died; recreating it from the chain", iid)
-        spec = self._specs[iid]
-        try:
-            adapter = build_adapter(spec, iid, self.registry, self.ctx.settings.adapter_settings())
         except AdapterError as e:
-            # A tell that raises would end the host, and with it the node's API.
             log.error("%s: cannot recreate it (%s); not supervised", iid, e)  # noqa: TRY400
             self._unbuilt[iid] = str(e)
             return
+        current = self._refs.get(iid)
+        spec = self._specs.get(iid)
+        alive = current is not None and current.is_alive()
+        if spec is None or iid in self._unloading or alive:
+            if replayed is not None:
+                replayed[1].close()  # unloaded meanwhile, or alive after all
+            return
+        if replayed is None:
+            if current is not None:
+                self._forget(iid, current)  # the chain says it is unloaded
+                self._publish()
+            return
+        inst, adapter = replayed
+        log.warning("%s: its actor died; recreating it from the chain", iid)
         self._adopt_actor(inst, spec, adapter).tell(m.Boot())
+        self._publish()
+
+
+# ---------------------------------------------------------------------- on the pool
+def _admit_and_record(
+    ctx: InstanceContext, registry: ModelRegistry, iid: str, msg: m.Place
+) -> tuple[InstanceState, ServerAdapter]:
+    """Admission, then the placement appended (durable): the new instance's state."""
+    spec = msg.spec
+    try:
+        adapter, _ = _plan(ctx, registry, spec, iid)
+    except AddressTaken as e:
+        # The node's own condition, not the caller's mistake: recorded for the audit.
+        refused = ev.AdmissionRefused(reason=str(e), spec=msgspec.to_builtins(spec))
+        _append(ctx, iid, refused, msg.source)
+        raise
+    event = ev.Placed(
+        spec=msgspec.to_builtins(spec), placed_by=msg.placed_by, generation=msg.generation
+    )
+    try:
+        stored = _append(ctx, iid, event, msg.source)
+    except BaseException:
+        adapter.close()
+        raise
+    state = apply_instance(None, stored, event)
+    assert state is not None
+    return state, adapter
+
+
+def _admission(ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec) -> Admission:
+    adapter, admission = _plan(ctx, registry, spec, instance_id(spec, ctx.node_id))
+    adapter.close()
+    return admission
+
+
+def _plan(
+    ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec, iid: str
+) -> tuple[ServerAdapter, Admission]:
+    settings = ctx.settings
+    return planning.plan(spec, iid, registry, settings.adapter_settings(), settings.adapters)
+
+
+def _place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place) -> str:
+    """A placement of an instance already here: a newer generation is applied, an older
+    one ignored (both recorded by the instance actor); the same one is refused."""
+    view: m.InstanceView = ref.ask(m.GetStatus(), block=True, timeout=ASK_TIMEOUT_S)
+    if msg.generation == view.generation:
+        raise InvalidState(f"{iid} is already loaded (generation {view.generation})")
+    placement = m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation)
+    ref.ask(placement, block=True, timeout=ASK_TIMEOUT_S)
+    return iid
+
+
+def _append(ctx: InstanceContext, iid: str, event: ev.Event, source: str) -> StoredEvent:
+    draft = EventDraft(
+        ts_ns=ctx.clock.wall_ns(),
+        source=source,
+        kind=kind_of(event),
+        subject=iid,
+        payload=ev.encode_event(event),
+    )
+    stored: StoredEvent = ctx.writer.ask(
+        m.Append(drafts=(draft,)), block=True, timeout=ASK_TIMEOUT_S
+    )[0]
+    return stored
+
+
+def _rebuild_all(ctx: InstanceContext, registry: ModelRegistry, state: NodeState) -> list[_Rebuilt]:
+    """Each instance of the rebuilt state with its adapter (or why it has none), in order."""
+    rebuilt: list[_Rebuilt] = []
+    for iid, inst in state.instances.items():
+        spec = msgspec.convert(inst.spec, InstanceSpec)
+        try:
+            adapter: ServerAdapter | str = planning.build_adapter(
+                spec, iid, registry, ctx.settings.adapter_settings()
+            )
+        except AdapterError as e:
+            adapter = str(e)
+        rebuilt.append((inst, spec, adapter))
+    return rebuilt
+
+
+def _replay(
+    ctx: InstanceContext, registry: ModelRegistry, iid: str, spec: InstanceSpec
+) -> tuple[InstanceState, ServerAdapter] | None:
+    """The instance replayed from the chain and a new adapter; None when the chain
+    has it unloaded.
+
+    Raises:
+        ChainError, ReplayError, EventDecodeError: the chain cannot be replayed.
+        AdapterError: its adapter cannot be rebuilt.
+    """
+    inst = _replay_one(ctx, iid)
+    if inst is None:
+        return None
+    return inst, planning.build_adapter(spec, iid, registry, ctx.settings.adapter_settings())
+
+
+def _recorded_unloaded(ctx: InstanceContext, iid: str) -> bool:
+    """True when the chain has the instance unloaded (or never placed)."""
+    return _replay_one(ctx, iid) is None
+
+
+def _replay_one(ctx: InstanceContext, iid: str) -> InstanceState | None:
+    with SqliteChain.open_readonly(ctx.settings.chain_path) as chain:
+        return _fold_instance(chain.events(subject=iid))
 
 
 def _fold_instance(stored_events: Iterable[StoredEvent]) -> InstanceState | None:
@@ -215,3 +488,68 @@ def _fold_instance(stored_events: Iterable[StoredEvent]) -> InstanceState | None
         if isinstance(event, ev.InstanceEvent):
             inst = apply_instance(inst, stored, event)
     return inst
+
+
+# ---------------------------------------------------------------------- unload waiting
+def _ask_unload(ref: pykka.ActorRef[Any], iid: str, by: str) -> Future[None]:
+    """Ask the instance actor to unload without waiting; the Future resolves once it has.
+
+    The actor answers when it is done (None), or at once with a Future that
+    resolves once ``instance.unloaded`` is durable: either is waited for on a
+    thread of this unload's own, never on the host's.
+    """
+    outcome: Future[None] = Future()
+    reply = ref.ask(m.Unload(by=by), block=False)
+
+    def wait() -> None:
+        try:
+            answer = _reply_of(reply, ref, iid)
+        except Exception as e:  # noqa: BLE001 - the unload's outcome
+            _settle(outcome, error=e)
+            return
+        if isinstance(answer, Future):
+            answer.add_done_callback(partial(_copy, dst=outcome))
+        else:
+            _settle(outcome, None)
+
+    threading.Thread(target=wait, name=f"unload-{iid}", daemon=True).start()
+    return outcome
+
+
+def _reply_of(reply: pykka.Future[Any], ref: pykka.ActorRef[Any], iid: str) -> Any:
+    """The actor's reply, asked again every ASK_TIMEOUT_S while the actor lives: an
+    unload that outlasts one wait stays in progress (and not routed), never abandoned."""
+    while True:
+        try:
+            return reply.get(timeout=ASK_TIMEOUT_S)
+        except pykka.Timeout:
+            if not ref.is_alive():
+                raise pykka.ActorDeadError(f"{iid}: its actor ended during the unload") from None
+            log.warning("%s: still unloading after another %g s", iid, ASK_TIMEOUT_S)
+
+
+# ---------------------------------------------------------------------- futures
+def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+    """Tell, ignoring an actor that has already stopped (work finishing after shutdown)."""
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(message)
+
+
+def _settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve ``fut`` unless it already is (a stop may have failed it first)."""
+    if fut.done():
+        return
+    with contextlib.suppress(Exception):  # InvalidStateError: resolved meanwhile
+        if error is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(error)
+
+
+def _copy(src: Future[Any], dst: Future[Any]) -> None:
+    """Give ``dst`` the outcome of the done ``src``."""
+    if src.cancelled():
+        _settle(dst, error=pykka.ActorDeadError("the node stopped before answering"))
+        return
+    error = src.exception()
+    _settle(dst, None if error is not None else src.result(), error)

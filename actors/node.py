@@ -3,10 +3,14 @@
 ``Node.open`` starts the chain writer, rebuilds the node's state from the
 chain, records the boot and starts the supervisor and host actors; every
 instance wanted running is resumed. Verbs go to the instance's own actor and
-answer once their event is durable. A refused verb raises and leaves state
-as it was; the chain is left as it was too, except for refusals the node
-records for the audit: a taken address (at placement or start), a memory
-budget that does not fit, and a launch that failed (recorded as an exit).
+answer once their event is durable. The node finds that actor in the routes
+the host publishes (:mod:`.routes`), without asking the host, so a host busy
+with an admission or an unload never delays a verb to another instance.
+
+A refused verb raises and leaves state as it was; the chain is left as it was
+too, except for refusals the node records for the audit: a taken address (at
+placement or start), a memory budget that does not fit, and a launch that
+failed (recorded as an exit).
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pykka
 
@@ -34,6 +38,7 @@ from infervisor.chain import EventDraft, SqliteChain, StoredEvent
 from infervisor.replay import NodeState, fold, kind_of
 from infervisor.replay import events as ev
 from infervisor.replay.policy import check_duration
+from infervisor.replay.state import LeaseRecord
 
 from . import messages as m
 from .chain_writer import ChainWriter
@@ -42,8 +47,10 @@ from .errors import BadArgument, VerbTimeout
 from .host import HostActor
 from .instance import InstanceContext
 from .ledger import LedgerActor, LedgerView, snapshot
+from .routes import Routes
 from .settings import NodeSettings
 from .supervisor import SupervisorActor
+from .watchdog import NodeFailure, Watchdog, stall_after
 
 __all__ = ["Node", "NodeActors"]
 
@@ -53,21 +60,38 @@ VERSION = "0.1.0"
 #: the CPU per probe at 300 instances: bench/supervision_cost.py).
 PROBE_WORKERS = 8
 ASK_TIMEOUT_S = 60.0
+#: How long ``place`` and ``admit`` wait for admission, seconds (a model's first
+#: admission reads all of its weights to check their digest).
+PLACE_WAIT_S = 300.0
+#: How long ``unload`` waits, seconds (a managed server: 5 s grace, then SIGKILL;
+#: Ollama: up to 30 s for the model to leave memory).
+UNLOAD_WAIT_S = 60.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class NodeActors:
-    """The node-wide actors (the ledger only when the node has a memory budget)."""
+    """The node-wide actors (the ledger only when the node has a memory budget)
+    and the routes the host publishes."""
 
     writer: pykka.ActorRef[Any]
     supervisor: pykka.ActorRef[Any]
     host: pykka.ActorRef[Any]
     ledger: pykka.ActorRef[Any] | None = None
     probes: ThreadPoolExecutor | None = None
+    routes: Routes = field(default_factory=Routes)
+    watchdog: Watchdog | None = None
 
 
 class Node:
-    """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``)."""
+    """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``).
+
+    Every verb naming an instance raises ``UnknownInstance`` when there is no
+    such instance, and ``InvalidState`` while it is being unloaded (from the
+    moment :meth:`unload` is asked until it is answered: it is no longer routed
+    to; once unloaded it is unknown, and if the unload fails it is routed again).
+    """
 
     def __init__(self, settings: NodeSettings, clock: Clock, actors: NodeActors) -> None:
         self.settings = settings
@@ -76,6 +100,7 @@ class Node:
         self._supervisor = actors.supervisor
         self._host = actors.host
         self._ledger = actors.ledger
+        self._routes = actors.routes
         self._actors = actors
         self.registry = ModelRegistry(settings.registry_path)
         self._capabilities: builtins.list[Capability] = []
@@ -92,6 +117,8 @@ class Node:
 
         ``on_event`` is called with every event once it is durable (on the
         chain writer's thread; keep it quick): live output for an operator.
+        Blocks until every instance the chain has is rebuilt (a model's weights
+        missing from the digest cache are read in full).
 
         Raises:
             ValueError: a setting is out of range (the field is named).
@@ -104,11 +131,14 @@ class Node:
         # Open (and create) the chain here first, so its errors reach the caller as raised.
         SqliteChain.open(settings.chain_path, settings.node_id).close()
         state = _rebuild(settings.chain_path)
-        actors = _start_actors(settings, clock, on_event)
+        actors = _start_actors(settings, clock, on_event, state.lease)
         try:
             event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             _append(actors.writer, clock, event)
-            actors.host.ask(m.BootAll(state=state), block=True)
+            booted: Future[list[str]] = actors.host.ask(
+                m.BootAll(state=state), block=True, timeout=ASK_TIMEOUT_S
+            )
+            booted.result()
         except BaseException:
             _stop_actors(actors)
             raise
@@ -116,7 +146,14 @@ class Node:
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
         """Stop managed servers gracefully (recorded; they stay wanted running for
-        the next start), record the shutdown and end every actor."""
+        the next start), record the shutdown and end every actor (even when a
+        failed node cannot stop or record: then it raises after)."""
+        try:
+            self._stop_and_record(stop_servers, reason)
+        finally:
+            _stop_actors(self._actors)
+
+    def _stop_and_record(self, stop_servers: bool, reason: str) -> None:
         if stop_servers:
             futures = [self._ask(ref, m.Stop(by="shutdown", reason=reason)) for ref in self._refs()]
             for fut in futures:
@@ -126,7 +163,18 @@ class Node:
                     # Recorded as stopping; the shutdown itself must still complete.
                     log.error("shutdown: a server did not stop cleanly: %s", e)  # noqa: TRY400
         _append(self._writer, self.clock, ev.NodeStopped(reason=reason))
-        _stop_actors(self._actors)
+
+    @property
+    def failure(self) -> NodeFailure | None:
+        """Why the node stopped working (a node-wide actor died, or the supervisor's
+        ticks stopped), or None while it works. A failed node stays failed."""
+        return None if self._actors.watchdog is None else self._actors.watchdog.failure
+
+    def wait_failed(self, timeout_s: float | None = None) -> NodeFailure | None:
+        """Block until the node fails (its failure) or ``timeout_s`` seconds pass (None)."""
+        if self._actors.watchdog is None:
+            return None
+        return self._actors.watchdog.wait_failed(timeout_s)
 
     def __enter__(self) -> Node:
         return self
@@ -138,11 +186,18 @@ class Node:
     def place(
         self, spec: InstanceSpec, *, placed_by: str | None = None, generation: int = 0
     ) -> str:
-        """Admit an instance (state ``loaded``); answers its id once recorded.
+        """Admit an instance (state ``loaded``); answers its id once recorded and routed.
+
+        Admission runs off the host's thread: other verbs, and placements of
+        other instances, go on meanwhile.
 
         Raises:
             SpecError, RegistryError, AdmissionRefused, InvalidState: refused; nothing
                 recorded (except a taken address, which is recorded for the audit).
+                InvalidState also when a placement of the same instance is still in
+                progress, or the instance is being unloaded.
+            VerbTimeout: admission took longer than ``PLACE_WAIT_S``; it goes on, and
+                its outcome is recorded (or not) as for any placement.
 
         A placement of an instance already placed is applied when its
         ``generation`` is newer (recorded), ignored when older (recorded), and
@@ -151,8 +206,8 @@ class Node:
         placer = placed_by or self.settings.node_id
         self.heartbeat(placer)
         msg = m.Place(spec=spec, placed_by=placer, generation=generation)
-        iid: str = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
-        return iid
+        answer: Future[str] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
+        return _answer(answer, PLACE_WAIT_S, "the placement")
 
     def heartbeat(self, controller: str) -> None:
         """Record that ``controller`` was heard from (renews the controller lease).
@@ -165,15 +220,20 @@ class Node:
 
         Raises:
             SpecError, RegistryError, AdmissionRefused: what placing it would raise.
+            VerbTimeout: admission took longer than ``PLACE_WAIT_S``.
         """
-        admission: Admission = self._host.ask(m.Admit(spec=spec), block=True, timeout=ASK_TIMEOUT_S)
-        return admission
+        answer: Future[Admission] = self._host.ask(
+            m.Admit(spec=spec), block=True, timeout=ASK_TIMEOUT_S
+        )
+        return _answer(answer, PLACE_WAIT_S, "admission")
 
     def deep_health(self, instance_id: str) -> str:
         """The normal probe plus one real token (the token), within ``deep_timeout_s``.
 
         Raises:
+            UnknownInstance, InvalidState: no such instance, or it is being unloaded.
             ProbeError: the server did not produce a token, with the reason.
+            VerbTimeout: no token within ``deep_timeout_s`` (plus 5 s).
         """
         fut: Future[str] = self._ask(self._ref(instance_id), m.DeepHealth())
         try:
@@ -224,7 +284,8 @@ class Node:
         this returns once nothing of the group is left.
 
         Raises:
-            UnknownInstance: no such instance.
+            UnknownInstance, InvalidState: no such instance, or it is being unloaded.
+            BadArgument: ``grace_s`` is out of range.
             VerbTimeout: the stop is recorded but the group outlived the wait.
         """
         if grace_s is not None:
@@ -241,23 +302,62 @@ class Node:
         return _wait(fut, grace + 30)
 
     def restart(self, instance_id: str, *, by: str = "operator") -> m.InstanceView:
-        """Stop (when running), then start."""
+        """Stop (when running), then start.
+
+        Raises:
+            UnknownInstance, InvalidState: refused (as :meth:`start`); or being unloaded.
+            VerbTimeout: not done within the stop grace plus 60 s; still in progress.
+        """
         fut: Future[m.InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
         return _wait(fut, self.settings.stop_grace_s + 60)
 
     def unload(self, instance_id: str, *, by: str = "operator") -> None:
-        """Stop the server (5 s grace) and forget the instance."""
-        self._host.ask(m.UnloadInstance(instance_id=instance_id, by=by), timeout=ASK_TIMEOUT_S)
+        """Stop the server (5 s grace) and forget the instance; answers once
+        ``instance.unloaded`` is durable and the instance's actor is ended.
+
+        From the moment the host takes the unload, no verb is routed to the
+        instance (they raise ``InvalidState``); the host itself does not wait
+        for it, so every other instance's verbs go on. A second unload while
+        one is in progress waits for the same outcome.
+
+        Raises:
+            UnknownInstance: no such instance.
+            InvalidState: the node is still rebuilding its instances.
+            VerbTimeout: not done within ``UNLOAD_WAIT_S``; the unload goes on and
+                the instance stays unrouted until it is done.
+            VerbFailed, AdapterError: the unload failed (e.g. the server could not be
+                ended) and the chain does not have it unloaded; the instance stays
+                placed and is routed again. (Recorded unloaded, it is done whatever
+                failed beside it: that is only logged.)
+        """
+        msg = m.UnloadInstance(instance_id=instance_id, by=by)
+        answer: Future[None] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
+        _answer(answer, UNLOAD_WAIT_S, f"the unload of {instance_id}")
 
     def status(self, instance_id: str) -> m.InstanceView:
-        """The instance's view (never waits for a probe)."""
+        """The instance's view (never waits for a probe, nor for the host).
+
+        Raises:
+            UnknownInstance, InvalidState: no such instance, or it is being unloaded.
+        """
         view: m.InstanceView = self._ask(self._ref(instance_id), m.GetStatus())
         return view
 
     def list(self) -> builtins.list[m.InstanceView]:
-        """Every instance's view, ordered by id."""
-        refs: dict[str, pykka.ActorRef[Any]] = self._host.ask(m.ListInstances(), block=True)
-        return [self._ask(refs[i], m.GetStatus()) for i in sorted(refs)]
+        """Every routed instance's view, ordered by id (asked of all at once).
+
+        Instances being unloaded are not listed, nor one whose actor ended
+        between the snapshot of the routes and its answer (unloaded meanwhile).
+        """
+        refs = self._routes.current.refs
+        asked = [(iid, refs[iid].ask(m.GetStatus(), block=False)) for iid in sorted(refs)]
+        views = []
+        for _, reply in asked:
+            try:
+                views.append(reply.get(timeout=ASK_TIMEOUT_S))
+            except pykka.ActorDeadError:
+                continue
+        return views
 
     def wait_for(
         self,
@@ -285,7 +385,11 @@ class Node:
             time.sleep(poll_s)
 
     def settled(self, instance_id: str) -> bool:
-        """True when no probe or termination of the instance is in flight."""
+        """True when no probe or termination of the instance is in flight.
+
+        Raises:
+            UnknownInstance, InvalidState: no such instance, or it is being unloaded.
+        """
         answer: bool = self._ask(self._ref(instance_id), m.IsSettled())
         return answer
 
@@ -294,20 +398,17 @@ class Node:
         return _rebuild(self.settings.chain_path)
 
     def live_states(self) -> dict[str, Any]:
-        """Each instance actor's sourced state (for comparing with :meth:`rebuild`)."""
-        refs: dict[str, pykka.ActorRef[Any]] = self._host.ask(m.ListInstances(), block=True)
+        """Each routed instance actor's sourced state (for comparing with :meth:`rebuild`)."""
+        refs = self._routes.current.refs
         return {iid: ref.proxy().state.get(timeout=ASK_TIMEOUT_S) for iid, ref in refs.items()}
 
     # ------------------------------------------------------------------ plumbing
     def _ref(self, instance_id: str) -> pykka.ActorRef[Any]:
-        ref: pykka.ActorRef[Any] = self._host.ask(
-            m.Lookup(instance_id=instance_id), block=True, timeout=ASK_TIMEOUT_S
-        )
-        return ref
+        """The instance's actor, from the routes the host published (never asks it)."""
+        return self._routes.current.lookup(instance_id)
 
     def _refs(self) -> builtins.list[pykka.ActorRef[Any]]:
-        refs: dict[str, pykka.ActorRef[Any]] = self._host.ask(m.ListInstances(), block=True)
-        return list(refs.values())
+        return list(self._routes.current.refs.values())
 
     @staticmethod
     def _ask(ref: pykka.ActorRef[Any], msg: Any) -> Any:
@@ -315,7 +416,10 @@ class Node:
 
 
 def _start_actors(
-    settings: NodeSettings, clock: Clock, on_event: Callable[[StoredEvent], None] | None
+    settings: NodeSettings,
+    clock: Clock,
+    on_event: Callable[[StoredEvent], None] | None,
+    lease: LeaseRecord | None = None,
 ) -> NodeActors:
     writer = ChainWriter.start(settings.chain_path, settings.node_id, on_event)
     ledger = None
@@ -323,16 +427,28 @@ def _start_actors(
         ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
     ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger, probes)
+    watchdog = Watchdog(clock, stall_after(settings.tick_s))
+    clock.on_error = watchdog.clock_error
     supervisor = SupervisorActor.start(
-        clock, settings.tick_s, settings.reconcile_interval_s, settings.lease_s
+        clock,
+        settings.tick_s,
+        settings.reconcile_interval_s,
+        settings.lease_s,
+        writer=writer,
+        lease=lease,
+        watchdog=watchdog,
     )
-    host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor)
+    routes = Routes()
+    host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor, routes)
     supervisor.tell(m.WatchedBy(host=host))
-    return NodeActors(writer, supervisor, host, ledger, probes)
+    watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
+    return NodeActors(writer, supervisor, host, ledger, probes, routes, watchdog)
 
 
 def _stop_actors(actors: NodeActors) -> None:
-    """Stop in dependency order: ticks first, the writer last."""
+    """Stop in dependency order: the watchdog and ticks first, the writer last."""
+    if actors.watchdog is not None:
+        actors.watchdog.stop()
     actors.supervisor.stop()
     actors.host.stop()
     if actors.ledger is not None:
@@ -355,7 +471,7 @@ def _append(writer: pykka.ActorRef[Any], clock: Clock, event: ev.Event) -> None:
         subject="",
         payload=ev.encode_event(event),
     )
-    writer.ask(m.Append(drafts=(draft,)))
+    writer.ask(m.Append(drafts=(draft,)), block=True, timeout=ASK_TIMEOUT_S)
 
 
 def _wait(fut: Future[m.InstanceView], timeout: float) -> m.InstanceView:
@@ -364,4 +480,19 @@ def _wait(fut: Future[m.InstanceView], timeout: float) -> m.InstanceView:
     except FutureTimeout as e:
         raise VerbTimeout(
             f"not done after {timeout:g} s; it is recorded and still in progress"
+        ) from e
+
+
+def _answer(fut: Future[T], timeout: float, what: str) -> T:
+    """The host's answer (its refusal raised), waiting up to ``timeout`` seconds.
+
+    Raises:
+        VerbTimeout: not answered in time; the work goes on.
+    """
+    try:
+        return fut.result(timeout=timeout)
+    except FutureTimeout as e:
+        raise VerbTimeout(
+            f"{what} is not answered after {timeout:g} s; it is still in progress "
+            "and whatever it does is recorded"
         ) from e
