@@ -3,37 +3,64 @@
 Durations use the monotonic clock; wall time (ns since the epoch, UTC) is for
 event timestamps only. :class:`ManualClock` lets a test advance time and fire
 timers deterministically; :class:`RealClock` runs timers on one scheduler thread.
+
+A callback that raises is logged with its timer and handed to the clock's
+``on_error`` hook (when set); it never stops the other timers: not the
+scheduler thread, nor a :meth:`ManualClock.advance` in progress.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "RealClock", "Timer"]
+__all__ = ["Clock", "ErrorHook", "ManualClock", "RealClock", "Timer"]
+
+log = logging.getLogger(__name__)
 
 
 class Timer:
-    """A scheduled callback; :meth:`cancel` keeps it from running (idempotent)."""
+    """A scheduled callback; :meth:`cancel` keeps it from running (idempotent).
 
-    __slots__ = ("cancelled", "due", "fn")
+    ``fired`` turns true just before the clock calls ``fn`` (a watchdog reads it
+    to tell a timer that is late from one whose callback is slow).
+    """
+
+    __slots__ = ("cancelled", "due", "fired", "fn")
 
     def __init__(self, due: float, fn: Callable[[], None]) -> None:
         self.due = due
         self.fn = fn
         self.cancelled = False
+        self.fired = False
 
     def cancel(self) -> None:
         """Do not run (a no-op once it has run)."""
         self.cancelled = True
 
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        return f"<Timer {name} due {self.due:.3f}>"
+
+
+#: Told of a callback that raised: the timer and the exception (on the clock's
+#: thread, after it is logged). It must be quick and must not raise.
+ErrorHook = Callable[[Timer, Exception], None]
+
 
 class Clock(Protocol):
-    """What actors need of time."""
+    """What actors need of time.
+
+    Attributes:
+        on_error: told of every timer callback that raised (None: only logged).
+    """
+
+    on_error: ErrorHook | None
 
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back (for durations)."""
@@ -67,10 +94,32 @@ class _Schedule:
         return None
 
 
+def _fire(timer: Timer) -> Exception | None:
+    """Run one timer's callback; what it raises is logged and returned."""
+    timer.fired = True
+    try:
+        timer.fn()
+    except Exception as e:
+        log.exception("clock: timer callback %r raised; the other timers go on", timer)
+        return e
+    return None
+
+
+def _tell(on_error: ErrorHook | None, timer: Timer, error: Exception) -> None:
+    """Hand a callback's error to the hook; the hook's own errors are only logged."""
+    if on_error is None:
+        return
+    try:
+        on_error(timer, error)
+    except Exception:
+        log.exception("clock: the on_error hook raised on %r", timer)
+
+
 class RealClock:
     """The system clocks, with timers run on one daemon scheduler thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: ErrorHook | None = None) -> None:
+        self.on_error = on_error
         self._schedule = _Schedule()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -99,18 +148,24 @@ class RealClock:
                     due = self._schedule.next_due()
                     self._cond.wait(None if due is None else max(due - time.monotonic(), 0))
                     continue
-            if not timer.cancelled:
-                timer.fn()
+            if not timer.cancelled and (error := _fire(timer)) is not None:
+                _tell(self.on_error, timer, error)
 
 
 class ManualClock:
     """A clock that moves only when the test calls :meth:`advance`.
 
     Timers fire in due order, on the caller's thread, with the clock set to
-    each timer's due time as it fires.
+    each timer's due time as it fires. A callback that raises is logged,
+    told to ``on_error`` and kept in :attr:`errors`; the others still fire.
     """
 
-    def __init__(self, start_wall_ns: int = 1_800_000_000 * 10**9) -> None:
+    def __init__(
+        self, start_wall_ns: int = 1_800_000_000 * 10**9, on_error: ErrorHook | None = None
+    ) -> None:
+        self.on_error = on_error
+        #: Every callback that raised, with its timer, in the order they fired.
+        self.errors: list[tuple[Timer, Exception]] = []
         self._now = 0.0
         self._wall0 = start_wall_ns
         self._schedule = _Schedule()
@@ -141,8 +196,10 @@ class ManualClock:
                     self._now = end
                     return
                 self._now = max(self._now, timer.due)
-            if not timer.cancelled:
-                timer.fn()
+            if not timer.cancelled and (error := _fire(timer)) is not None:
+                with self._lock:
+                    self.errors.append((timer, error))
+                _tell(self.on_error, timer, error)
 
     def pending(self) -> list[float]:
         """Due times (monotonic seconds) of timers not yet fired, cancelled ones included."""

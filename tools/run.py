@@ -11,7 +11,12 @@ Exit status: 0 after a clean stop; 1 when a server could not be stopped; 2
 when the node cannot run as configured (the data_dir cannot be created or is
 used by another run, the chain belongs to another node, a model is missing,
 an instance is refused). The last is reported in one line, before anything
-is recorded when it can be.
+is recorded when it can be. 3 when the node failed while running (one of its
+node-wide actors died, or the supervisor stopped ticking: see
+:mod:`infervisor.actors.watchdog`): the cause is named in one line, the node
+is shut down as far as it still can be, and the next run resumes from the
+chain (a managed server it could not stop is re-attached then). A node never
+runs on without its ticks.
 
 While it runs, operators reach it through ``<data_dir>/control.sock``
 (``infervisor status|start|stop|restart|unload``; see :mod:`.control`): the
@@ -20,7 +25,8 @@ socket is open from the moment the run lock is held (verbs are answered
 that change state are refused once the shutdown begins.
 
 Signals are only queued by the handler (``SimpleQueue.put`` is safe there);
-the main thread reads the queue and does the work.
+the main thread reads the queue, and looks at the node's failure, and does
+the work.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import pykka
 from infervisor.actors.errors import NodeError
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
+from infervisor.actors.watchdog import NodeFailure
 from infervisor.adapters.errors import AdapterError, RegistryError
 from infervisor.adapters.registry import ModelFormat, ModelRegistry
 from infervisor.adapters.spec import instance_id
@@ -51,10 +58,13 @@ from .config import ModelEntryConfig, NodeConfig
 from .control import ControlError
 from .control_server import ControlServer
 
-__all__ = ["LOCK_FILE", "RunError", "register_models", "run_node"]
+__all__ = ["EXIT_FAILED", "LOCK_FILE", "RunError", "register_models", "run_node", "serve"]
 
 #: Held (``flock``) in the data_dir while a node runs there: one node per data_dir.
 LOCK_FILE = "run.lock"
+
+#: The exit status of a run whose node failed while running.
+EXIT_FAILED = 3
 
 Say = Callable[[str], None]
 _DONE = ""  # queued by the shutdown thread; signal names are never empty
@@ -86,12 +96,22 @@ def run_node(config: NodeConfig, say: Say) -> int:
         say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
         say(f"operator verbs: infervisor status|start|stop|restart|unload {control.path.parent}")
         say("Ctrl-C or SIGTERM stops it")
-        name = _next_signal(inbox)
-        say(f"received {name}: stopping managed servers (send it again to kill them at once)")
-        status = _shutdown(node, control, inbox, f"infervisor run received {name}", say)
-        if status == 0:
-            say("stopped")
-        return status
+        return serve(node, control, inbox, say)
+
+
+def serve(node: Node, control: ControlServer, inbox: queue.SimpleQueue[str], say: Say) -> int:
+    """Run until a signal arrives or the node fails, then shut it down; the exit status."""
+    stopped_by = _next_signal_or_failure(inbox, node)
+    if isinstance(stopped_by, NodeFailure):
+        say(f"error: the node failed: {stopped_by}")
+        say("shutting it down; a run started again resumes from the chain")
+        _shutdown(node, control, inbox, f"node failed: {stopped_by}", say)
+        return EXIT_FAILED
+    say(f"received {stopped_by}: stopping managed servers (send it again to kill them at once)")
+    status = _shutdown(node, control, inbox, f"infervisor run received {stopped_by}", say)
+    if status == 0:
+        say("stopped")
+    return status
 
 
 # ---------------------------------------------------------------- before the node opens
@@ -325,6 +345,17 @@ def _shutdown(
             node.shutdown(stop_servers=False, reason=f"{reason}; stop incomplete")
         return 1
     return 0
+
+
+def _next_signal_or_failure(inbox: queue.SimpleQueue[str], node: Node) -> str | NodeFailure:
+    """The next signal's name, or the node's failure if that comes first
+    (looked at as often as the signal queue: twice a second)."""
+    while (failure := node.failure) is None:
+        try:
+            return inbox.get(timeout=0.5)
+        except queue.Empty:
+            continue
+    return failure
 
 
 def _kill_stopping(node: Node) -> None:

@@ -1,0 +1,214 @@
+"""The controller lease survives a node restart.
+
+A controller heard is recorded (``node.lease_renewed``) at most once per a
+quarter of the lease; a node reopened on the same chain runs the lease from
+the last renewal recorded, so a controller that went silent before the
+restart stays silent. Time is a ManualClock shared by both openings of the
+node (one boot: the monotonic clock carries on); real processes are the fake
+llama-protocol server.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import wait_until
+
+from infervisor.actors import messages as m
+from infervisor.actors.clock import ManualClock
+from infervisor.actors.node import Node
+from infervisor.actors.supervisor import RENEW_FRACTION, LeaseKeeper
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.chain import SqliteChain
+from infervisor.replay import decode_event, timeline
+from infervisor.replay import events as ev
+from infervisor.replay.state import LeaseRecord, Stamp
+
+LEASE_S = 10.0
+TICK_S = 1.0
+DEADLINE_S = 20.0
+
+
+def renewals(node: Node) -> list[tuple[Any, ev.LeaseRenewed]]:
+    """The chain's ``node.lease_renewed`` rows, with their decoded events."""
+    with SqliteChain.open_readonly(node.settings.chain_path) as chain:
+        rows = [s for s in chain.events() if s.kind == "node.lease_renewed"]
+    found = []
+    for stored in rows:
+        event = decode_event(stored)
+        assert isinstance(event, ev.LeaseRenewed)
+        found.append((stored, event))
+    return found
+
+
+def flush_supervisor(node: Node) -> None:
+    """Every message told to the supervisor so far has been handled."""
+    node._actors.supervisor.ask(m.Deregister(instance_id="-"), timeout=DEADLINE_S)
+
+
+# ---------------------------------------------------------------- the arithmetic
+def stamp(mono_s: float, boot: str = "b1", wall_s: float = 1_000.0) -> Stamp:
+    return Stamp(wall_ns=int(wall_s * 1e9), mono_s=mono_s, boot_id=boot)
+
+
+def test_keeper_runs_the_lease_from_the_recorded_renewal() -> None:
+    keeper = LeaseKeeper(LEASE_S, stamp(100.0), LeaseRecord(controller="ctl", at=stamp(95.0)))
+    assert keeper.expired(104.9) is None
+    assert keeper.expired(105.5) == pytest.approx(10.5)
+    assert keeper.expired(106.0) is None  # told once
+    assert keeper.silence(106.0) == pytest.approx(11.0)
+
+
+def test_keeper_across_boots_uses_wall_time() -> None:
+    since = LeaseRecord(controller="ctl", at=stamp(5_000.0, boot="old", wall_s=1_000.0))
+    keeper = LeaseKeeper(LEASE_S, stamp(3.0, boot="new", wall_s=1_030.0), since)
+    assert keeper.silence(3.0) == pytest.approx(30.0)
+
+
+def test_keeper_without_a_record_runs_from_boot_and_records_the_first() -> None:
+    keeper = LeaseKeeper(LEASE_S, stamp(50.0), None)
+    assert keeper.silence(60.0) is None
+    assert keeper.heard(60.0)
+    assert not keeper.heard(60.0 + LEASE_S * RENEW_FRACTION - 0.1)
+    assert keeper.heard(60.0 + LEASE_S * RENEW_FRACTION)
+    keeper.not_recorded()
+    assert keeper.heard(60.1 + LEASE_S * RENEW_FRACTION)
+
+
+# ---------------------------------------------------------------- a node
+def test_heartbeats_are_recorded_at_most_once_per_quarter_lease(
+    nodes, fake_llama: str, fake_model: Path, manual_clock: ManualClock
+) -> None:
+    settings = nodes.settings(fake_llama, fake_model, health_interval_s=TICK_S, lease_s=LEASE_S)
+    node = nodes.open(settings, manual_clock)
+    step = 0.5
+    for _ in range(40):  # 20 s of heartbeats, two a second
+        node.heartbeat("ctl")
+        node.heartbeat(settings.node_id)  # the node itself never counts
+        flush_supervisor(node)
+        manual_clock.advance(step)
+    node.shutdown()  # the writer has answered every append asked before
+    found = renewals(node)
+    at = [e.at.mono_s for _, e in found]
+    quarter = LEASE_S * RENEW_FRACTION
+    assert len(found) == int(40 * step / quarter)
+    assert all(b - a >= quarter for a, b in itertools.pairwise(at))
+    for stored, event in found:
+        assert stored.source == "controller"
+        assert stored.subject == ""
+        assert event.controller == "ctl"
+    assert node.rebuild().lease == LeaseRecord(controller="ctl", at=found[-1][1].at)
+
+
+def test_without_a_lease_nothing_is_recorded(
+    nodes, fake_llama: str, fake_model: Path, manual_clock: ManualClock
+) -> None:
+    node = nodes.open(
+        nodes.settings(fake_llama, fake_model, health_interval_s=TICK_S), manual_clock
+    )
+    for _ in range(10):
+        node.heartbeat("ctl")
+        flush_supervisor(node)
+        manual_clock.advance(LEASE_S)
+    node.shutdown()
+    assert renewals(node) == []
+
+
+def tick_heard(node: Node, clock: ManualClock, iid: str, lifecycle: str) -> None:
+    """Tick until ``iid`` is ``lifecycle``, the controller heard at every tick."""
+
+    def reached() -> bool:
+        if node.settled(iid):
+            if node.status(iid).lifecycle == lifecycle:
+                return True
+            node.heartbeat("ctl")
+            clock.advance(TICK_S)
+        return False
+
+    wait_until(reached, DEADLINE_S, f"{iid} {lifecycle}")
+
+
+def test_a_lease_lapsed_before_a_restart_expires_at_once_after_it(
+    nodes, fake_llama: str, fake_model: Path, manual_clock: ManualClock
+) -> None:
+    settings = nodes.settings(fake_llama, fake_model, health_interval_s=TICK_S, lease_s=LEASE_S)
+    first = nodes.open(settings, manual_clock)
+    first.registry.adopt("tiny", fake_model / "tiny.gguf")
+    theirs_spec = InstanceSpec(role="a", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    mine_spec = InstanceSpec(role="b", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    theirs = first.place(theirs_spec, placed_by="ctl", generation=1)
+    mine = first.place(mine_spec)
+    for iid in (theirs, mine):
+        first.start(iid, by="controller")
+        tick_heard(first, manual_clock, iid, "running")
+    first.heartbeat("ctl")
+    flush_supervisor(first)
+    first.shutdown()  # servers stopped, still wanted running
+    assert renewals(first), "the controller's heartbeats were not recorded"
+
+    manual_clock.advance(3 * LEASE_S)  # the controller stays silent across the restart
+    second = nodes.open(settings, manual_clock)
+    ticks = 0
+
+    def stopped_by_the_lease() -> Any:
+        nonlocal ticks
+        view = second.status(theirs)
+        if view.lifecycle == "stopped" and view.desired == "stopped":
+            return view
+        if second.settled(theirs) and ticks < 3:  # well inside a fresh lease
+            ticks += 1
+            manual_clock.advance(TICK_S)
+        return None
+
+    view = wait_until(stopped_by_the_lease, DEADLINE_S, "the lease stop after the restart")
+    assert "controller lease expired" in view.reason
+    stops = [e for e in timeline(settings.chain_path, theirs) if e.kind.endswith("stop_requested")]
+    assert stops[-1].source == "lease"
+    assert second.status(mine).desired == "running"  # its own placement is spared
+
+
+def stop_decided_at(node: Node, iid: str) -> float:
+    """The monotonic time of the instance's last ``stop_requested`` (by the lease)."""
+    with SqliteChain.open_readonly(node.settings.chain_path) as chain:
+        stops = [s for s in chain.events(subject=iid) if s.kind == "instance.stop_requested"]
+    event = decode_event(stops[-1])
+    assert isinstance(event, ev.StopRequested)
+    assert stops[-1].source == "lease"
+    assert event.at is not None
+    return event.at.mono_s
+
+
+def test_after_a_restart_the_lease_runs_from_the_last_renewal(
+    nodes, fake_llama: str, fake_model: Path, manual_clock: ManualClock
+) -> None:
+    settings = nodes.settings(fake_llama, fake_model, health_interval_s=TICK_S, lease_s=LEASE_S)
+    first = nodes.open(settings, manual_clock)
+    first.registry.adopt("tiny", fake_model / "tiny.gguf")
+    spec = InstanceSpec(role="a", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    theirs = first.place(spec, placed_by="ctl", generation=1)  # the controller is heard
+    first.start(theirs, by="controller")
+    flush_supervisor(first)
+    first.shutdown()
+    renewed = renewals(first)[-1][1].at.mono_s
+
+    manual_clock.advance(LEASE_S * 0.4)  # the restart comes inside the lease
+    second = nodes.open(settings, manual_clock)
+    booted = manual_clock.monotonic()
+
+    def stopped() -> bool:
+        if second.status(theirs).desired == "stopped":
+            return True
+        assert manual_clock.monotonic() < booted + 3 * LEASE_S, "the lease never expired"
+        manual_clock.advance(TICK_S)
+        flush_supervisor(second)  # the tick is fanned out: the instance has it queued
+        return False
+
+    wait_until(stopped, DEADLINE_S, "the lease stop")
+    decided = stop_decided_at(second, theirs)
+    assert renewed + LEASE_S < decided <= renewed + LEASE_S + TICK_S  # not before, at once after
+    assert decided < booted + LEASE_S  # not a fresh lease from the boot
+    wait_until(lambda: second.status(theirs).lifecycle == "stopped", DEADLINE_S, "stopped")
