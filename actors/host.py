@@ -39,10 +39,8 @@ Unanswered Futures fail with ``pykka.ActorDeadError`` when the host stops.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -51,38 +49,32 @@ from typing import Any, TypeVar
 import msgspec
 import pykka
 
-from infervisor.adapters import planning
-from infervisor.adapters.errors import AdapterError, AddressTaken, AdmissionRefused, SpecError
+from infervisor.adapters.errors import AdapterError, AdmissionRefused, SpecError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
-from infervisor.chain import ChainError, EventDraft, SqliteChain, StoredEvent
+from infervisor.chain import ChainError
 from infervisor.replay import (
     EventDecodeError,
     InstanceState,
     NodeState,
     ReplayError,
-    apply_instance,
-    kind_of,
 )
-from infervisor.replay import events as ev
 
+from . import host_work as work
 from . import messages as m
 from .errors import InvalidState, UnknownInstance
+from .host_work import ASK_TIMEOUT_S, Rebuilt
 from .instance import InstanceActor, InstanceContext
 from .routes import Routes, RouteTable
 
 __all__ = ["ASK_TIMEOUT_S", "WORKERS", "HostActor"]
 
 log = logging.getLogger(__name__)
-#: The longest the host's helpers wait for one answer of another actor (seconds).
-ASK_TIMEOUT_S = 60.0
 #: Threads for admissions, re-placements, boot and revives (unloads have their own).
 WORKERS = 4
 
 T = TypeVar("T")
-#: What boot rebuilds per instance: its state, spec and adapter, or why not.
-_Rebuilt = tuple[InstanceState, InstanceSpec, ServerAdapter | str]
 
 
 class _Finished(msgspec.Struct, frozen=True):
@@ -153,7 +145,7 @@ class HostActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for answer in list(self._answers):
-            _settle(answer, error=pykka.ActorDeadError("the node stopped before answering"))
+            work.settle(answer, error=pykka.ActorDeadError("the node stopped before answering"))
         for ref in self._refs.values():
             ref.stop(block=False)
 
@@ -171,7 +163,7 @@ class HostActor(pykka.ThreadingActor):
 
     def _report(self, job: Future[T], then: Callable[[Future[T]], None]) -> None:
         host = self.actor_ref
-        job.add_done_callback(lambda done: _tell(host, _Finished(then=then, done=done)))
+        job.add_done_callback(lambda done: work.tell(host, _Finished(then=then, done=done)))
 
     def _answer(self) -> Future[Any]:
         answer: Future[Any] = Future()
@@ -196,11 +188,11 @@ class HostActor(pykka.ThreadingActor):
         ref = self._refs.get(iid)
         if ref is not None:
             self._placing[iid] = _Placing(spec, answer)
-            self._offload(partial(_place_again, ref, iid, msg), partial(self._placed, iid))
+            self._offload(partial(work.place_again, ref, iid, msg), partial(self._placed, iid))
             return answer
         self._refuse_shared_address(spec)
         self._placing[iid] = _Placing(spec, answer)
-        record = partial(_admit_and_record, self.ctx, self.registry, iid, msg)
+        record = partial(work.admit_and_record, self.ctx, self.registry, iid, msg)
         self._offload(record, partial(self._admitted, iid))
         return answer
 
@@ -234,19 +226,19 @@ class HostActor(pykka.ThreadingActor):
         try:
             state, adapter = job.result()
         except Exception as e:  # noqa: BLE001 - the refusal is the caller's answer
-            _settle(pending.answer, error=e)
+            work.settle(pending.answer, error=e)
             return
         self._adopt_actor(state, pending.spec, adapter)
         self._publish()
-        _settle(pending.answer, iid)
+        work.settle(pending.answer, iid)
 
     def _placed(self, iid: str, job: Future[str]) -> None:
-        _copy(job, self._placing.pop(iid).answer)
+        work.copy(job, self._placing.pop(iid).answer)
 
     def _admit(self, spec: InstanceSpec) -> Future[Admission]:
         answer: Future[Admission] = self._answer()
         self._offload(
-            partial(_admission, self.ctx, self.registry, spec), partial(_copy, dst=answer)
+            partial(work.admission, self.ctx, self.registry, spec), partial(work.copy, dst=answer)
         )
         return answer
 
@@ -272,7 +264,7 @@ class HostActor(pykka.ThreadingActor):
         answer: Future[None] = self._answer()
         self._unloading[iid] = answer
         self._publish()  # no verb is routed to it from now on
-        self._report(_ask_unload(ref, iid, by), partial(self._unloaded, iid, ref))
+        self._report(work.ask_unload(ref, iid, by), partial(self._unloaded, iid, ref))
         return answer
 
     def _unloaded(self, iid: str, ref: pykka.ActorRef[Any], outcome: Future[None]) -> None:
@@ -281,11 +273,11 @@ class HostActor(pykka.ThreadingActor):
             answer = self._unloading.pop(iid)
             self._forget(iid, ref)
             self._publish()
-            _settle(answer)
+            work.settle(answer)
             return
         # A failed unload may still have recorded the instance unloaded: the chain decides
         # (an unloaded actor must never be routed to again).
-        check = partial(_recorded_unloaded, self.ctx, iid)
+        check = partial(work.recorded_unloaded, self.ctx, iid)
         self._offload(check, partial(self._unload_failed, iid, ref, error))
 
     def _unload_failed(
@@ -302,7 +294,7 @@ class HostActor(pykka.ThreadingActor):
             if not ref.is_alive():
                 self._revive(iid)  # a revive asked meanwhile was skipped: it was unloading
         self._publish()
-        _settle(answer, error=None if unloaded else error)
+        work.settle(answer, error=None if unloaded else error)
 
     def _forget(self, iid: str, ref: pykka.ActorRef[Any]) -> None:
         """The instance is unloaded: no more ticks, its actor ended, its id free again."""
@@ -315,16 +307,16 @@ class HostActor(pykka.ThreadingActor):
     def _boot(self, state: NodeState) -> Future[list[str]]:
         answer: Future[list[str]] = self._answer()
         self._booting = True
-        rebuild = partial(_rebuild_all, self.ctx, self.registry, state)
+        rebuild = partial(work.rebuild_all, self.ctx, self.registry, state)
         self._offload(rebuild, partial(self._booted, answer))
         return answer
 
-    def _booted(self, answer: Future[list[str]], job: Future[list[_Rebuilt]]) -> None:
+    def _booted(self, answer: Future[list[str]], job: Future[list[Rebuilt]]) -> None:
         self._booting = False
         try:
             rebuilt = job.result()
         except Exception as e:  # noqa: BLE001 - the node's open raises it
-            _settle(answer, error=e)
+            work.settle(answer, error=e)
             return
         booted = []
         for inst, spec, adapter in rebuilt:
@@ -336,7 +328,7 @@ class HostActor(pykka.ThreadingActor):
             self._adopt_actor(inst, spec, adapter).tell(m.Boot())
             booted.append(iid)
         self._publish()
-        _settle(answer, booted)
+        work.settle(answer, booted)
 
     def _revive(self, iid: str) -> None:
         """Recreate a dead instance actor from the chain; its Boot re-attaches the process."""
@@ -344,7 +336,7 @@ class HostActor(pykka.ThreadingActor):
         if spec is None or iid in self._unloading or iid in self._reviving:
             return  # unloaded (or being unloaded) meanwhile, or already being recreated
         self._reviving.add(iid)
-        replay = partial(_replay, self.ctx, self.registry, iid, spec)
+        replay = partial(work.replay, self.ctx, self.registry, iid, spec)
         self._offload(replay, partial(self._revived, iid))
 
     def _revived(self, iid: str, job: Future[tuple[InstanceState, ServerAdapter] | None]) -> None:
@@ -374,182 +366,3 @@ class HostActor(pykka.ThreadingActor):
         log.warning("%s: its actor died; recreating it from the chain", iid)
         self._adopt_actor(inst, spec, adapter).tell(m.Boot())
         self._publish()
-
-
-# ---------------------------------------------------------------------- on the pool
-def _admit_and_record(
-    ctx: InstanceContext, registry: ModelRegistry, iid: str, msg: m.Place
-) -> tuple[InstanceState, ServerAdapter]:
-    """Admission, then the placement appended (durable): the new instance's state."""
-    spec = msg.spec
-    try:
-        adapter, _ = _plan(ctx, registry, spec, iid)
-    except AddressTaken as e:
-        # The node's own condition, not the caller's mistake: recorded for the audit.
-        refused = ev.AdmissionRefused(reason=str(e), spec=msgspec.to_builtins(spec))
-        _append(ctx, iid, refused, msg.source)
-        raise
-    event = ev.Placed(
-        spec=msgspec.to_builtins(spec), placed_by=msg.placed_by, generation=msg.generation
-    )
-    try:
-        stored = _append(ctx, iid, event, msg.source)
-    except BaseException:
-        adapter.close()
-        raise
-    state = apply_instance(None, stored, event)
-    assert state is not None
-    return state, adapter
-
-
-def _admission(ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec) -> Admission:
-    adapter, admission = _plan(ctx, registry, spec, instance_id(spec, ctx.node_id))
-    adapter.close()
-    return admission
-
-
-def _plan(
-    ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec, iid: str
-) -> tuple[ServerAdapter, Admission]:
-    settings = ctx.settings
-    return planning.plan(spec, iid, registry, settings.adapter_settings(), settings.adapters)
-
-
-def _place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place) -> str:
-    """A placement of an instance already here: a newer generation is applied, an older
-    one ignored (both recorded by the instance actor); the same one is refused."""
-    view: m.InstanceView = ref.ask(m.GetStatus(), block=True, timeout=ASK_TIMEOUT_S)
-    if msg.generation == view.generation:
-        raise InvalidState(f"{iid} is already loaded (generation {view.generation})")
-    placement = m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation)
-    ref.ask(placement, block=True, timeout=ASK_TIMEOUT_S)
-    return iid
-
-
-def _append(ctx: InstanceContext, iid: str, event: ev.Event, source: str) -> StoredEvent:
-    draft = EventDraft(
-        ts_ns=ctx.clock.wall_ns(),
-        source=source,
-        kind=kind_of(event),
-        subject=iid,
-        payload=ev.encode_event(event),
-    )
-    stored: StoredEvent = ctx.writer.ask(
-        m.Append(drafts=(draft,)), block=True, timeout=ASK_TIMEOUT_S
-    )[0]
-    return stored
-
-
-def _rebuild_all(ctx: InstanceContext, registry: ModelRegistry, state: NodeState) -> list[_Rebuilt]:
-    """Each instance of the rebuilt state with its adapter (or why it has none), in order."""
-    rebuilt: list[_Rebuilt] = []
-    for iid, inst in state.instances.items():
-        spec = msgspec.convert(inst.spec, InstanceSpec)
-        try:
-            adapter: ServerAdapter | str = planning.build_adapter(
-                spec, iid, registry, ctx.settings.adapter_settings()
-            )
-        except AdapterError as e:
-            adapter = str(e)
-        rebuilt.append((inst, spec, adapter))
-    return rebuilt
-
-
-def _replay(
-    ctx: InstanceContext, registry: ModelRegistry, iid: str, spec: InstanceSpec
-) -> tuple[InstanceState, ServerAdapter] | None:
-    """The instance replayed from the chain and a new adapter; None when the chain
-    has it unloaded.
-
-    Raises:
-        ChainError, ReplayError, EventDecodeError: the chain cannot be replayed.
-        AdapterError: its adapter cannot be rebuilt.
-    """
-    inst = _replay_one(ctx, iid)
-    if inst is None:
-        return None
-    return inst, planning.build_adapter(spec, iid, registry, ctx.settings.adapter_settings())
-
-
-def _recorded_unloaded(ctx: InstanceContext, iid: str) -> bool:
-    """True when the chain has the instance unloaded (or never placed)."""
-    return _replay_one(ctx, iid) is None
-
-
-def _replay_one(ctx: InstanceContext, iid: str) -> InstanceState | None:
-    with SqliteChain.open_readonly(ctx.settings.chain_path) as chain:
-        return _fold_instance(chain.events(subject=iid))
-
-
-def _fold_instance(stored_events: Iterable[StoredEvent]) -> InstanceState | None:
-    inst: InstanceState | None = None
-    for stored in stored_events:
-        event = ev.decode_event(stored)
-        if isinstance(event, ev.InstanceEvent):
-            inst = apply_instance(inst, stored, event)
-    return inst
-
-
-# ---------------------------------------------------------------------- unload waiting
-def _ask_unload(ref: pykka.ActorRef[Any], iid: str, by: str) -> Future[None]:
-    """Ask the instance actor to unload without waiting; the Future resolves once it has.
-
-    The actor answers when it is done (None), or at once with a Future that
-    resolves once ``instance.unloaded`` is durable: either is waited for on a
-    thread of this unload's own, never on the host's.
-    """
-    outcome: Future[None] = Future()
-    reply = ref.ask(m.Unload(by=by), block=False)
-
-    def wait() -> None:
-        try:
-            answer = _reply_of(reply, ref, iid)
-        except Exception as e:  # noqa: BLE001 - the unload's outcome
-            _settle(outcome, error=e)
-            return
-        if isinstance(answer, Future):
-            answer.add_done_callback(partial(_copy, dst=outcome))
-        else:
-            _settle(outcome, None)
-
-    threading.Thread(target=wait, name=f"unload-{iid}", daemon=True).start()
-    return outcome
-
-
-def _reply_of(reply: pykka.Future[Any], ref: pykka.ActorRef[Any], iid: str) -> Any:
-    """The actor's reply, asked again every ASK_TIMEOUT_S while the actor lives: an
-    unload that outlasts one wait stays in progress (and not routed), never abandoned."""
-    while True:
-        try:
-            return reply.get(timeout=ASK_TIMEOUT_S)
-        except pykka.Timeout:
-            if not ref.is_alive():
-                raise pykka.ActorDeadError(f"{iid}: its actor ended during the unload") from None
-            log.warning("%s: still unloading after another %g s", iid, ASK_TIMEOUT_S)
-
-
-# ---------------------------------------------------------------------- futures
-def _tell(ref: pykka.ActorRef[Any], message: Any) -> None:
-    """Tell, ignoring an actor that has already stopped (work finishing after shutdown)."""
-    with contextlib.suppress(pykka.ActorDeadError):
-        ref.tell(message)
-
-
-def _settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
-    """Resolve ``fut`` unless it already is (a stop may have failed it first)."""
-    if fut.done():
-        return
-    with contextlib.suppress(Exception):  # InvalidStateError: resolved meanwhile
-        if error is None:
-            fut.set_result(result)
-        else:
-            fut.set_exception(error)
-
-
-def _copy(src: Future[Any], dst: Future[Any]) -> None:
-    """Give ``dst`` the outcome of the done ``src``."""
-    if src.cancelled():
-        _settle(dst, error=pykka.ActorDeadError("the node stopped before answering"))
-        return
-    error = src.exception()
-    _settle(dst, None if error is not None else src.result(), error)

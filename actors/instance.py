@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import pykka
 
-from infervisor.adapters.errors import AdmissionRefused, SpawnError
+from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.server import ServerAdapter
 from infervisor.chain import EventDraft, StoredEvent
@@ -35,6 +35,7 @@ from infervisor.replay import events as ev
 from infervisor.replay.state import Stamp
 
 from . import messages as m
+from . import verb_answers as answers
 from .boot_facts import gather, owned_beyond
 from .clock import Clock
 from .core import observations as o
@@ -43,7 +44,7 @@ from .core.decision import Decision, Refusal, RefusalKind, Situation
 from .core.health import probe_token, wants_probe
 from .core.rules import Mode, Rules, Tracking
 from .effects_runner import EffectRunner, TimerFired
-from .errors import InvalidState, RecordFailed, VerbFailed, VerbRefused
+from .errors import InvalidState, RecordFailed, VerbFailed
 from .ledger import Reservation
 from .settings import NodeSettings
 from .stamps import now_stamp
@@ -89,15 +90,6 @@ class _Retry(msgspec.Struct, frozen=True):
     attempt: int
 
 
-@dataclass
-class _Waiter:
-    """A verb answered once ``done(state)`` holds (state None: unloaded)."""
-
-    done: Callable[[InstanceState | None], bool]
-    future: Future[Any]
-    answer: Callable[[], Any]
-
-
 def tell(ref: pykka.ActorRef[Any], message: Any) -> None:
     """Tell, ignoring an actor that has already stopped (late timers and threads)."""
     with contextlib.suppress(pykka.ActorDeadError):
@@ -127,7 +119,7 @@ class InstanceActor(pykka.ThreadingActor):
         self._closing = False
         self._probing = False
         self._last_probe_at: float | None = None
-        self._waiters: list[_Waiter] = []
+        self._waiters: list[answers.Waiter] = []
 
     # ------------------------------------------------------------------ dispatch
     def on_receive(self, message: Any) -> Any:
@@ -161,9 +153,9 @@ class InstanceActor(pykka.ThreadingActor):
                 if by == "shutdown":
                     self._closing = True
                 grace = s.stop_grace_s if grace is None else grace
-                return self._await(o.StopVerb(by=by, grace_s=grace, reason=reason), _stopped)
+                return self._await(o.StopVerb(by=by, grace_s=grace, reason=reason), answers.stopped)
             case m.Restart(by=by):
-                return self._await(o.RestartVerb(by=by, grace_s=s.stop_grace_s), _restarted)
+                return self._await(o.RestartVerb(by=by, grace_s=s.stop_grace_s), answers.restarted)
             case m.Unload(by=by):
                 verb = o.UnloadVerb(by=by, grace_s=UNLOAD_GRACE_S)
                 return self._await(verb, lambda st, _r: st is None)
@@ -246,7 +238,7 @@ class InstanceActor(pykka.ThreadingActor):
             except Exception as e:  # noqa: BLE001 - any append failure: nothing is acted on
                 self._append_failed(obs, attempt, e)
                 return None
-        self._fail_waiters_on(decision.refusal, verb=_is_verb(obs))
+        self._fail_waiters_on(decision.refusal, verb=answers.is_verb(obs))
         return decision
 
     def _record(self, decision: Decision, now: Stamp) -> None:
@@ -282,7 +274,7 @@ class InstanceActor(pykka.ThreadingActor):
             if not waiter.future.done():
                 waiter.future.set_exception(RecordFailed(f"{self.iid}: {why}; nothing was done"))
         self._waiters.clear()
-        if _is_verb(obs):
+        if answers.is_verb(obs):
             raise RecordFailed(f"{self.iid}: {why}; nothing was done")
         if attempt < RETRY_LIMIT:
             delay = min(RETRY_CAP_S, 0.5 * 2**attempt)
@@ -302,7 +294,7 @@ class InstanceActor(pykka.ThreadingActor):
         if decision is None:
             raise RecordFailed(f"{self.iid}: {self.fault}; nothing was done")
         if decision.refusal is not None:
-            raise _exception(decision.refusal)
+            raise answers.refusal_error(decision.refusal)
         return decision
 
     def _await(
@@ -315,7 +307,7 @@ class InstanceActor(pykka.ThreadingActor):
         except Exception as e:  # noqa: BLE001 - the refusal is the verb's answer
             future.set_exception(e)
             return future
-        self._waiters.append(_Waiter(lambda st: done(st, self.rules), future, self._answer))
+        self._waiters.append(answers.Waiter(lambda st: done(st, self.rules), future, self._answer))
         self._resolve_waiters()
         return future
 
@@ -388,12 +380,18 @@ class InstanceActor(pykka.ThreadingActor):
     def _reconcile(self, listeners: Any) -> None:
         if self._closing:
             return
-        if listeners is not None:
-            self.listeners = listeners.ports() if hasattr(listeners, "ports") else listeners
-            owned = owned_beyond(self.adapter, self.state, self.effects, listeners)
-            if owned:
-                self.run(o.ListenersSeen(owned_beyond=owned))
+        self._check_exposure(listeners)
         self.run(o.Tick())
+
+    def _check_exposure(self, listeners: Any) -> None:
+        """Our own server listening beyond loopback is an observation (the snapshot
+        is the node's one socket-table read of this tick)."""
+        if listeners is None or self._closing:
+            return
+        self.listeners = listeners.ports() if isinstance(listeners, ListenerSnapshot) else listeners
+        owned = owned_beyond(self.adapter, self.state, self.effects, listeners)
+        if owned:
+            self.run(o.ListenersSeen(owned_beyond=owned))
 
     # ------------------------------------------------------------------ helpers
     def tell_self(self, message: Any) -> None:
@@ -437,39 +435,3 @@ def _rules(adapter: ServerAdapter, ctx: InstanceContext, supervision: Any) -> Ru
         unload_grace_s=UNLOAD_GRACE_S,
         retry_s=s.reconcile_interval_s,
     )
-
-
-def _stopped(state: InstanceState | None, rules: Rules) -> bool:
-    """A stop is answered once nothing of the server is left (or an unload ended)."""
-    if state is None:
-        return True
-    if rules.mode is Mode.PROCESS:
-        return state.process is None and state.lifecycle is not S.STOPPING
-    unloading = state.ollama_owned is True and state.reserved_bytes > 0
-    return not (state.lifecycle is S.STOPPED and unloading)
-
-
-def _restarted(state: InstanceState | None, rules: Rules) -> bool:
-    """A restart is answered once its start is recorded (or it was dropped)."""
-    return state is None or state.then != "restart"
-
-
-def _is_verb(obs: o.Observation) -> bool:
-    return isinstance(obs, (o.StartVerb, o.StopVerb, o.RestartVerb, o.UnloadVerb, o.PlacementVerb))
-
-
-def _exception(refusal: Refusal) -> Exception:
-    match refusal.kind:
-        case RefusalKind.INVALID_STATE:
-            return InvalidState(refusal.message)
-        case RefusalKind.REFUSED:
-            return VerbRefused(refusal.message)
-        case RefusalKind.ADMISSION:
-            from .ledger import BudgetExceeded  # noqa: PLC0415
-
-            if refusal.message.startswith("memory budget"):
-                return BudgetExceeded(refusal.message)
-            return AdmissionRefused(refusal.message)
-        case RefusalKind.SPAWN:
-            return SpawnError(refusal.message)
-    return VerbFailed(refusal.message)

@@ -11,9 +11,9 @@ again, takes ``time.time_ns()``, SIGKILLs the server's pid and records:
 - reaped: the node's waiter thread saw the exit (``_await_exit`` returned);
 - decided: the ``ts_ns`` of the ``instance.exited`` event, stamped by the
   instance actor just before it appends the event;
-- durable (<=): the ``ts_ns`` of the instance's next event
-  (``instance.restart_scheduled``), stamped right after the exited append
-  returned: an upper bound of when the exit was durable;
+- durable: when the instance actor's append of the decision holding
+  ``instance.exited`` (and the ``instance.restart_scheduled`` decided with it,
+  in the same transaction) returned;
 - seen: a separate read-only SQLite connection, polling every 1 ms, finds the
   exited row: when an outside reader can see it;
 - ready again: the ``ts_ns`` of the next ``instance.ready`` (the restart).
@@ -57,7 +57,7 @@ from _harness import (
 )
 
 from infervisor.actors import messages as m
-from infervisor.actors import process_driver
+from infervisor.actors import instance
 from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
@@ -75,8 +75,9 @@ class Tracer:
 
     It wraps, from the outside and only in this process, what exists of:
     ``ManagedProcess._await_exit`` (stamp "reaped" when the waiter sees the
-    exit), ``ProcessDriver.handle`` (stamp each message type as the actor
-    takes it), ``WatchedProcess.terminate`` (start and end), and times
+    exit), ``InstanceActor.run`` (stamp each observation type as the actor
+    decides on it), ``InstanceActor._record`` (stamp "recorded" once the
+    decision's append returned), ``WatchedProcess.terminate`` (start and end), and times
     ``Descendants.track``/``kill_all``, ``terminate_group`` and the process
     table scan ``members_of``. A name that is gone is skipped (shown "n/a").
     """
@@ -116,9 +117,9 @@ class Tracer:
         return wrapper
 
     def by_message(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(driver: Any, message: Any) -> Any:
+        def wrapper(actor: Any, message: Any, **kwargs: Any) -> Any:
             self.stamp(type(message).__name__)
-            return fn(driver, message)
+            return fn(actor, message, **kwargs)
 
         return wrapper
 
@@ -126,7 +127,8 @@ class Tracer:
         """Wrap the exit path's steps (see the class docstring)."""
         wraps: list[tuple[object, str, Callable[[Callable[..., Any]], Any]]] = [
             (process.ManagedProcess, "_await_exit", lambda f: self.stamped(None, "reaped", f)),
-            (process_driver.ProcessDriver, "handle", self.by_message),
+            (instance.InstanceActor, "run", self.by_message),
+            (instance.InstanceActor, "_record", lambda f: self.stamped(None, "recorded", f)),
             (
                 watch.WatchedProcess,
                 "terminate",
@@ -216,10 +218,11 @@ def kill_once(
         "dead": (dead - t0) / MS,
         "reaped": float("nan"),
         "decided": (decided - t0) / MS,
-        "appended": (next_ts(reader, iid, seq) - t0) / MS,
+        "appended": float("nan"),
         "seen": (seen - t0) / MS,
     }
     row.update({k: (v - t0) / MS for k, v in tracer.stamps.items()})
+    row["appended"] = row.pop("recorded", float("nan"))
     row.update({f"{k} ms": v for k, v in tracer.spent.items()})
     row.update({f"{k} calls": float(v) for k, v in tracer.calls.items()})
     return row, seq, t0
@@ -308,7 +311,7 @@ def main() -> None:
 
 
 def report(rounds: list[dict[str, float]], bare: list[float], actor: list[float], s: float) -> None:
-    col = {k: [r[k] for r in rounds] for k in rounds[0]}
+    col = {k: [r.get(k, float("nan")) for r in rounds] for k in rounds[0]}
 
     def gap(a: str, b: str) -> list[float]:
         return [r[b] - r[a] for r in rounds]
@@ -317,12 +320,12 @@ def report(rounds: list[dict[str, float]], bare: list[float], actor: list[float]
     heads = ["ms", "median", "p99", "min", "max"]
     rows: list[list[object]] = [
         stats_row("kill -> exited ts_ns (decided)", col["decided"]),
-        stats_row("kill -> exited durable (<=)", col["appended"]),
+        stats_row("kill -> exited durable", col["appended"]),
         stats_row("kill -> seen by a reader", col["seen"]),
         ["split:", "", "", "", ""],
         stats_row("  kill -> gone, seen by the waiter", col["reaped"]),
         stats_row("  gone -> decided (ts_ns)", gap("reaped", "decided")),
-        stats_row("  decided -> durable (<=)", gap("decided", "appended")),
+        stats_row("  decided -> durable", gap("decided", "appended")),
         stats_row("  (kill -> dead, pidfd in bench)", col["dead"]),
         stats_row("bare SqliteChain.append", bare),
         stats_row("ChainWriter ask(Append)", actor),
@@ -341,11 +344,11 @@ def report(rounds: list[dict[str, float]], bare: list[float], actor: list[float]
 def report_trace(rounds: list[dict[str, float]]) -> None:
     """The traced split of reaped -> decided (ms over the kills)."""
     steps = [
-        ("reaped", "_Exited", "waiter: scan, drain readers; actor gets _Exited"),
-        ("_Exited", "terminate.start", "actor -> terminate thread running"),
+        ("reaped", "ProcessExited", "waiter: scan, drain readers; actor gets ProcessExited"),
+        ("ProcessExited", "terminate.start", "actor decides Reap -> reap thread running"),
         ("terminate.start", "terminate.end", "terminate(0.0) pass"),
-        ("terminate.end", "_Terminated", "_Terminated reaches the actor"),
-        ("_Terminated", "decided", "actor: stamps the exited event"),
+        ("terminate.end", "GroupGone", "GroupGone reaches the actor"),
+        ("GroupGone", "decided", "actor: decides and stamps the exited event"),
     ]
     rows: list[list[object]] = []
     for a, b, what in steps:

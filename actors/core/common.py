@@ -120,7 +120,8 @@ def start_checked(d: Draft, c: StartChecked) -> None:
         if inst.refusal != refusal:
             d.emit(ev.StartRefused(by=c.by, reason=refusal))
         if c.verb:
-            d.refuse(RefusalKind.ADMISSION, refusal)
+            kind = RefusalKind.ADMISSION if c.taken is not None else RefusalKind.MEMORY
+            d.refuse(kind, refusal)
         return
     process = d.rules.mode is Mode.PROCESS
     token = f"{inst.instance_id[:12]}-{inst.last_seq + 1}" if process else ""

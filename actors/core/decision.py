@@ -27,7 +27,8 @@ class RefusalKind(enum.StrEnum):
 
     INVALID_STATE = "invalid_state"  # the lifecycle state does not allow it
     REFUSED = "refused"  # never allowed for this kind (stop of an adopted server)
-    ADMISSION = "admission"  # the address is taken or the memory does not fit
+    ADMISSION = "admission"  # the address is taken, or an adopted server does not answer
+    MEMORY = "memory"  # the memory budget does not fit it (with the numbers)
     SPAWN = "spawn"  # the program could not be launched (recorded as an exit)
     FAILED = "failed"  # the verb was accepted but its work failed
 

@@ -1,0 +1,231 @@
+"""What the host's workers do, off the host's thread: admission and the
+append of a placement, re-placement asks, boot's adapter rebuilds, a
+revive's replay of the chain, and waiting for an instance actor's unload.
+Each returns (or raises) into a Future the host acts on when it is done."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future
+from functools import partial
+from typing import Any
+
+import msgspec
+import pykka
+
+from infervisor.adapters import planning
+from infervisor.adapters.errors import AdapterError, AddressTaken
+from infervisor.adapters.registry import ModelRegistry
+from infervisor.adapters.server import Admission, ServerAdapter
+from infervisor.adapters.spec import InstanceSpec, instance_id
+from infervisor.chain import EventDraft, SqliteChain, StoredEvent
+from infervisor.replay import InstanceState, NodeState, apply_instance, kind_of
+from infervisor.replay import events as ev
+
+from . import messages as m
+from .errors import InvalidState
+from .instance import InstanceContext
+
+__all__ = [
+    "ASK_TIMEOUT_S",
+    "Rebuilt",
+    "admission",
+    "admit_and_record",
+    "append",
+    "ask_unload",
+    "copy",
+    "place_again",
+    "rebuild_all",
+    "recorded_unloaded",
+    "replay",
+    "settle",
+    "tell",
+]
+
+log = logging.getLogger(__name__)
+#: The longest the host's helpers wait for one answer of another actor (seconds).
+ASK_TIMEOUT_S = 60.0
+#: What boot rebuilds per instance: its state, spec and adapter, or why not.
+Rebuilt = tuple[InstanceState, InstanceSpec, ServerAdapter | str]
+
+
+# ---------------------------------------------------------------------- on the pool
+def admit_and_record(
+    ctx: InstanceContext, registry: ModelRegistry, iid: str, msg: m.Place
+) -> tuple[InstanceState, ServerAdapter]:
+    """Admission, then the placement appended (durable): the new instance's state."""
+    spec = msg.spec
+    try:
+        adapter, _ = _plan(ctx, registry, spec, iid)
+    except AddressTaken as e:
+        # The node's own condition, not the caller's mistake: recorded for the audit.
+        refused = ev.AdmissionRefused(reason=str(e), spec=msgspec.to_builtins(spec))
+        append(ctx, iid, refused, msg.source)
+        raise
+    event = ev.Placed(
+        spec=msgspec.to_builtins(spec), placed_by=msg.placed_by, generation=msg.generation
+    )
+    try:
+        stored = append(ctx, iid, event, msg.source)
+    except BaseException:
+        adapter.close()
+        raise
+    state = apply_instance(None, stored, event)
+    assert state is not None
+    return state, adapter
+
+
+def admission(ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec) -> Admission:
+    adapter, admission = _plan(ctx, registry, spec, instance_id(spec, ctx.node_id))
+    adapter.close()
+    return admission
+
+
+def _plan(
+    ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec, iid: str
+) -> tuple[ServerAdapter, Admission]:
+    settings = ctx.settings
+    return planning.plan(spec, iid, registry, settings.adapter_settings(), settings.adapters)
+
+
+def place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place) -> str:
+    """A placement of an instance already here: a newer generation is applied, an older
+    one ignored (both recorded by the instance actor); the same one is refused."""
+    view: m.InstanceView = ref.ask(m.GetStatus(), block=True, timeout=ASK_TIMEOUT_S)
+    if msg.generation == view.generation:
+        raise InvalidState(f"{iid} is already loaded (generation {view.generation})")
+    placement = m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation)
+    ref.ask(placement, block=True, timeout=ASK_TIMEOUT_S)
+    return iid
+
+
+def append(ctx: InstanceContext, iid: str, event: ev.Event, source: str) -> StoredEvent:
+    draft = EventDraft(
+        ts_ns=ctx.clock.wall_ns(),
+        source=source,
+        kind=kind_of(event),
+        subject=iid,
+        payload=ev.encode_event(event),
+    )
+    stored: StoredEvent = ctx.writer.ask(
+        m.Append(drafts=(draft,)), block=True, timeout=ASK_TIMEOUT_S
+    )[0]
+    return stored
+
+
+def rebuild_all(ctx: InstanceContext, registry: ModelRegistry, state: NodeState) -> list[Rebuilt]:
+    """Each instance of the rebuilt state with its adapter (or why it has none), in order."""
+    rebuilt: list[Rebuilt] = []
+    for iid, inst in state.instances.items():
+        spec = msgspec.convert(inst.spec, InstanceSpec)
+        try:
+            adapter: ServerAdapter | str = planning.build_adapter(
+                spec, iid, registry, ctx.settings.adapter_settings()
+            )
+        except AdapterError as e:
+            adapter = str(e)
+        rebuilt.append((inst, spec, adapter))
+    return rebuilt
+
+
+def replay(
+    ctx: InstanceContext, registry: ModelRegistry, iid: str, spec: InstanceSpec
+) -> tuple[InstanceState, ServerAdapter] | None:
+    """The instance replayed from the chain and a new adapter; None when the chain
+    has it unloaded.
+
+    Raises:
+        ChainError, ReplayError, EventDecodeError: the chain cannot be replayed.
+        AdapterError: its adapter cannot be rebuilt.
+    """
+    inst = _replay_one(ctx, iid)
+    if inst is None:
+        return None
+    return inst, planning.build_adapter(spec, iid, registry, ctx.settings.adapter_settings())
+
+
+def recorded_unloaded(ctx: InstanceContext, iid: str) -> bool:
+    """True when the chain has the instance unloaded (or never placed)."""
+    return _replay_one(ctx, iid) is None
+
+
+def _replay_one(ctx: InstanceContext, iid: str) -> InstanceState | None:
+    with SqliteChain.open_readonly(ctx.settings.chain_path) as chain:
+        return _fold_instance(chain.events(subject=iid))
+
+
+def _fold_instance(stored_events: Iterable[StoredEvent]) -> InstanceState | None:
+    inst: InstanceState | None = None
+    for stored in stored_events:
+        event = ev.decode_event(stored)
+        if isinstance(event, ev.InstanceEvent):
+            inst = apply_instance(inst, stored, event)
+    return inst
+
+
+# ---------------------------------------------------------------------- unload waiting
+def ask_unload(ref: pykka.ActorRef[Any], iid: str, by: str) -> Future[None]:
+    """Ask the instance actor to unload without waiting; the Future resolves once it has.
+
+    The actor answers when it is done (None), or at once with a Future that
+    resolves once ``instance.unloaded`` is durable: either is waited for on a
+    thread of this unload's own, never on the host's.
+    """
+    outcome: Future[None] = Future()
+    reply = ref.ask(m.Unload(by=by), block=False)
+
+    def wait() -> None:
+        try:
+            answer = _reply_of(reply, ref, iid)
+        except Exception as e:  # noqa: BLE001 - the unload's outcome
+            settle(outcome, error=e)
+            return
+        if isinstance(answer, Future):
+            answer.add_done_callback(partial(copy, dst=outcome))
+        else:
+            settle(outcome, None)
+
+    threading.Thread(target=wait, name=f"unload-{iid}", daemon=True).start()
+    return outcome
+
+
+def _reply_of(reply: pykka.Future[Any], ref: pykka.ActorRef[Any], iid: str) -> Any:
+    """The actor's reply, asked again every ASK_TIMEOUT_S while the actor lives: an
+    unload that outlasts one wait stays in progress (and not routed), never abandoned."""
+    while True:
+        try:
+            return reply.get(timeout=ASK_TIMEOUT_S)
+        except pykka.Timeout:
+            if not ref.is_alive():
+                raise pykka.ActorDeadError(f"{iid}: its actor ended during the unload") from None
+            log.warning("%s: still unloading after another %g s", iid, ASK_TIMEOUT_S)
+
+
+# ---------------------------------------------------------------------- futures
+def tell(ref: pykka.ActorRef[Any], message: Any) -> None:
+    """Tell, ignoring an actor that has already stopped (work finishing after shutdown)."""
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(message)
+
+
+def settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve ``fut`` unless it already is (a stop may have failed it first)."""
+    if fut.done():
+        return
+    with contextlib.suppress(Exception):  # InvalidStateError: resolved meanwhile
+        if error is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(error)
+
+
+def copy(src: Future[Any], dst: Future[Any]) -> None:
+    """Give ``dst`` the outcome of the done ``src``."""
+    if src.cancelled():
+        settle(dst, error=pykka.ActorDeadError("the node stopped before answering"))
+        return
+    error = src.exception()
+    settle(dst, None if error is not None else src.result(), error)

@@ -1,0 +1,67 @@
+"""How the instance actor answers verbs: when a waiting verb is done, and the
+exception a refusal of the decision core becomes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from infervisor.adapters.errors import AdmissionRefused, SpawnError
+from infervisor.replay import InstanceState, LifecycleState
+
+from .core import observations as o
+from .core.decision import Refusal, RefusalKind
+from .core.rules import Mode, Rules
+from .errors import InvalidState, VerbFailed, VerbRefused
+from .ledger import BudgetExceeded
+
+__all__ = ["Waiter", "is_verb", "refusal_error", "restarted", "stopped"]
+
+S = LifecycleState
+
+
+@dataclass
+class Waiter:
+    """A verb answered once ``done(state)`` holds (state None: unloaded)."""
+
+    done: Callable[[InstanceState | None], bool]
+    future: Future[Any]
+    answer: Callable[[], Any]
+
+
+def stopped(state: InstanceState | None, rules: Rules) -> bool:
+    """A stop is answered once nothing of the server is left (or an unload ended)."""
+    if state is None:
+        return True
+    if rules.mode is Mode.PROCESS:
+        return state.process is None and state.lifecycle is not S.STOPPING
+    unloading = state.ollama_owned is True and state.reserved_bytes > 0
+    return not (state.lifecycle is S.STOPPED and unloading)
+
+
+def restarted(state: InstanceState | None, rules: Rules) -> bool:
+    """A restart is answered once its start is recorded (or it was dropped)."""
+    return state is None or state.then != "restart"
+
+
+def is_verb(obs: o.Observation) -> bool:
+    """A verb: somebody waits for its answer (a refusal is raised to them)."""
+    return isinstance(obs, (o.StartVerb, o.StopVerb, o.RestartVerb, o.UnloadVerb, o.PlacementVerb))
+
+
+def refusal_error(refusal: Refusal) -> Exception:
+    """The exception a refusal is raised to the verb's caller as (see actors/errors.py)."""
+    match refusal.kind:
+        case RefusalKind.INVALID_STATE:
+            return InvalidState(refusal.message)
+        case RefusalKind.REFUSED:
+            return VerbRefused(refusal.message)
+        case RefusalKind.ADMISSION:
+            return AdmissionRefused(refusal.message)
+        case RefusalKind.MEMORY:
+            return BudgetExceeded(refusal.message)
+        case RefusalKind.SPAWN:
+            return SpawnError(refusal.message)
+    return VerbFailed(refusal.message)
