@@ -25,8 +25,10 @@ from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.managed_ollama import OllamaServer
 from infervisor.adapters.ollama import OllamaLoad
 from infervisor.adapters.pgroup import signal_group
+from infervisor.adapters.planning import verify_weights
 from infervisor.adapters.ports import wide_listeners
 from infervisor.adapters.process import ExitInfo, ServerProcess
+from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.status import LoadKind
 from infervisor.replay.state import Stamp
@@ -87,12 +89,21 @@ class EffectRunner:
 
     # ------------------------------------------------------------------ starts
     def check_start(self, e: fx.CheckStart) -> o.Observation:
+        """The address, then the weights (blocking this instance only while a
+        changed model is hashed), then the memory; the first refusal wins."""
         adapter = self.actor.adapter
         taken = adapter.address_taken()
         if taken is not None:
             return o.StartChecked(
                 by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb, taken=taken
             )
+        registry = ModelRegistry(self.actor.ctx.settings.registry_path)
+        model_refusal = verify_weights(adapter, registry)
+        if model_refusal is not None:
+            return o.StartChecked(
+                by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb,
+                model_refusal=model_refusal,
+            )  # fmt: skip
         try:
             reserved = self.actor.memory.reserve()
         except BudgetExceeded as err:
@@ -157,11 +168,17 @@ class EffectRunner:
             return
 
         def run() -> o.Observation:
-            note = ""
+            outlived = proc.survivors()
+            note = (
+                f"{len(outlived)} process(es) of its group outlived it and were killed "
+                f"(SIGKILL): pid {', '.join(map(str, outlived[:8]))}"
+                if outlived
+                else ""
+            )
             try:
                 info = proc.terminate(0.0)
             except ProcessControlError as err:
-                note = str(err)
+                note = f"{note}; {err}" if note else str(err)
                 info = proc.exit_info() or ExitInfo(proc.identity.pid, None, None, "")
             return o.GroupGone(
                 pid=info.pid, exit_code=info.exit_code, signal=info.signal,

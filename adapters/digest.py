@@ -20,9 +20,12 @@ directory inside the tree is refused; a symlinked file is followed but must
 stay inside the registry root.
 
 The cache (``<root>/.digests.json``) maps an absolute path to the digest last
-computed for it, keyed by (size, mtime_ns): for a directory the total size and
-the newest mtime in the tree. A change that keeps both the same is not seen;
-that is the price of not reading tens of GiB at every start.
+computed for it, keyed by the file's identity: device, inode, size, mtime_ns
+and ctime_ns (for a directory, every file's, with its relative path). A
+rewrite in place changes ctime_ns, which no unprivileged call can set back
+(``os.utime`` restores mtime only), and a file replaced by another changes
+the inode: a hit therefore means the bytes were not written since they were
+hashed. Anything else is hashed again.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ import msgspec
 
 from .errors import RegistryError
 
-__all__ = ["DigestCache", "digest_file", "digest_tree", "tree_files", "weights_stat"]
+__all__ = ["DigestCache", "WeightsStat", "digest_file", "digest_tree", "tree_files", "weights_stat"]
 
 _TREE_TAG = b"infervisor.mlx-dir.v1\0"
+#: One lock for every cache in this process: instances verify on their own threads.
+_LOCK = threading.Lock()
 
 
 def digest_file(path: Path) -> str:
@@ -81,19 +86,44 @@ def digest_tree(directory: Path, root: Path) -> str:
     return h.hexdigest()
 
 
-def weights_stat(target: Path, root: Path) -> tuple[int, int]:
-    """(size in bytes, mtime_ns) of a weights file, or of a directory's files
-    (total size, newest mtime)."""
+class WeightsStat(msgspec.Struct, frozen=True):
+    """What proves weights unchanged since they were hashed.
+
+    Attributes:
+        size: bytes (a directory: the total of its files).
+        identity: ``dev:ino:size:mtime_ns:ctime_ns`` of the file; for a
+            directory the BLAKE3 of every file's relative path and identity.
+    """
+
+    size: int
+    identity: str
+
+
+def _identity(st: os.stat_result) -> str:
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def weights_stat(target: Path, root: Path) -> WeightsStat:
+    """The :class:`WeightsStat` of a weights file or MLX directory (no content read).
+
+    Raises:
+        OSError: the weights cannot be stat'ed.
+        RegistryError: see :func:`tree_files`.
+    """
     if not target.is_dir():
         st = target.stat()
-        return st.st_size, st.st_mtime_ns
-    stats = [path.stat() for _, path in tree_files(target, root)]
-    return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
+        return WeightsStat(st.st_size, _identity(st))
+    h = blake3.blake3(_TREE_TAG)
+    total = 0
+    for rel, path in tree_files(target, root):
+        st = path.stat()
+        total += st.st_size
+        h.update(rel.encode("utf-8", "surrogateescape") + b"\0" + _identity(st).encode() + b"\0")
+    return WeightsStat(total, h.hexdigest())
 
 
 class _Cached(msgspec.Struct, frozen=True):
-    size: int
-    mtime_ns: int
+    identity: str
     blake3: str
 
 
@@ -101,40 +131,45 @@ _CACHE_TYPE = dict[str, _Cached]
 
 
 class DigestCache:
-    """Digests by (path, size, mtime_ns) in one small JSON file.
+    """Digests by path and :class:`WeightsStat` identity in one small JSON file.
 
-    A missing or unreadable cache is an empty one, and a cache that cannot be
-    written is skipped: it only saves time. Safe to share between threads.
+    A missing or unreadable cache is an empty one (an entry of an older shape
+    is a miss), and a cache that cannot be written is skipped: it only saves
+    time. Safe to share between threads.
     """
 
     def __init__(self, file: Path) -> None:
         self.file = file
-        self._lock = threading.Lock()
+        self._lock = _LOCK
 
     def _load(self) -> dict[str, _Cached]:
         try:
             return msgspec.json.decode(self.file.read_bytes(), type=_CACHE_TYPE)
-        except (OSError, msgspec.DecodeError):
+        except (OSError, msgspec.DecodeError):  # ValidationError too: an older shape
             return {}
 
     def _save(self, entries: dict[str, _Cached]) -> None:
         live = {k: v for k, v in entries.items() if os.path.exists(k)}
-        tmp = self.file.with_name(f"{self.file.name}.{os.getpid()}.tmp")
+        tmp = self.file.with_name(f"{self.file.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         with contextlib.suppress(OSError):
             tmp.write_bytes(msgspec.json.encode(live))
             os.replace(tmp, self.file)
 
-    def digest(self, target: Path, stat: tuple[int, int], compute: Callable[[], str]) -> str:
-        """The cached digest of ``target`` if its (size, mtime_ns) is ``stat``,
-        else ``compute()`` (blocking: reads the whole model), which is then cached."""
+    def digest(self, target: Path, stat: WeightsStat, compute: Callable[[], str]) -> str:
+        """The cached digest of ``target`` if its identity is still ``stat``'s,
+        else ``compute()`` (blocking: reads the whole model), which is then cached.
+
+        ``stat`` must be taken before ``compute`` reads the weights, so that a
+        write during the hashing leaves an identity that no longer matches.
+        """
         key = str(target)
         with self._lock:
             hit = self._load().get(key)
-        if hit is not None and (hit.size, hit.mtime_ns) == stat:
+        if hit is not None and hit.identity == stat.identity:
             return hit.blake3
         found = compute()
         with self._lock:
             entries = self._load()
-            entries[key] = _Cached(stat[0], stat[1], found)
+            entries[key] = _Cached(stat.identity, found)
             self._save(entries)
         return found

@@ -29,7 +29,7 @@ from .registry import ModelRegistry, ResolvedModel, check_format
 from .server import AdapterSettings, Admission, ServerAdapter
 from .spec import Flavor, InstanceSpec, Mode
 
-__all__ = ["ALL_ADAPTERS", "build_adapter", "plan"]
+__all__ = ["ALL_ADAPTERS", "build_adapter", "plan", "verify_weights"]
 
 #: Every adapter id a node can enable.
 ALL_ADAPTERS: tuple[str, ...] = tuple(
@@ -66,6 +66,8 @@ def plan(
     model = _resolve(registry, spec.model, "model")
     check_format(spec.flavor, model)
     notes.append(f"model {model.entry.name} ({model.entry.format.value}) verified")
+    if spec.draft_model:
+        _resolve(registry, spec.draft_model, "draft model")
     if spec.flavor is Flavor.OLLAMA:
         _ollama_has(spec, model, settings)
     else:
@@ -86,13 +88,16 @@ def build_adapter(
     """The adapter of an admitted spec, without admission's probes: used at boot
     to rebuild instances the chain knows (a server it still runs holds its port).
 
+    The weights are located, not read: they are verified before each launch
+    (:func:`verify_weights`), on the instance's own thread.
+
     Raises:
         RegistryError, AdmissionRefused: the model or the serve program is gone.
     """
     if spec.mode is Mode.ADOPTED:
         return AdoptedServer(spec, settings.probe_timeout_s, settings.deep_timeout_s)
     assert spec.model is not None
-    model = _resolve(registry, spec.model, "model")
+    model = _locate(registry, spec.model, "model")
     check_format(spec.flavor, model)
     if spec.flavor is Flavor.OLLAMA:
         tag = model.entry.ollama_tag or model.entry.name
@@ -113,6 +118,43 @@ def _resolve(registry: ModelRegistry, name: str, what: str) -> ResolvedModel:
         return registry.resolve(name)
     except RegistryError as e:
         raise RegistryError(f"{what} {name}: {e}") from e
+
+
+def _locate(registry: ModelRegistry, name: str, what: str) -> ResolvedModel:
+    try:
+        return registry.locate(name)
+    except RegistryError as e:
+        raise RegistryError(f"{what} {name}: {e}") from e
+
+
+def verify_weights(adapter: ServerAdapter, registry: ModelRegistry) -> str | None:
+    """Why ``adapter`` must not launch on its weights now, or None when they check out.
+
+    A launched server's model (and draft) are verified against their registry
+    manifests: present, the size and BLAKE3 digest recorded, a GGUF header
+    that parses, and still the files its launch plan names. Other adapters
+    hold no weights of this node's: None.
+
+    Blocking: hashes the weights unless the digest cache proves them
+    unchanged (see :mod:`.digest`); run it on the instance's own thread.
+    """
+    if not isinstance(adapter, LaunchedServer):
+        return None
+    spec = adapter.spec
+    wanted = [("model", spec.model), ("draft model", spec.draft_model)]
+    for what, name in wanted:
+        if name is None:
+            continue
+        try:
+            model = _resolve(registry, name, what)
+        except RegistryError as e:
+            return str(e)
+        if model.path is not None and str(model.path) not in adapter.plan.args:
+            return (
+                f"{what} {name}: the manifest now names {model.path}, not the weights this "
+                "instance was placed with; place it again"
+            )
+    return None
 
 
 def _adopted_answers(spec: InstanceSpec, settings: AdapterSettings) -> list[str]:
@@ -159,7 +201,7 @@ def _launched(
     registry: ModelRegistry,
     settings: AdapterSettings,
 ) -> LaunchedServer:
-    draft = _resolve(registry, spec.draft_model, "draft model") if spec.draft_model else None
+    draft = _locate(registry, spec.draft_model, "draft model") if spec.draft_model else None
     llama = spec.flavor is Flavor.LLAMACPP
     program = resolve_program(settings.llamacpp_program if llama else settings.mlx_program)
     workdir = Path(settings.data_root) / "instances" / instance_id

@@ -28,8 +28,9 @@ from pathlib import Path, PurePosixPath
 
 import msgspec
 
-from .digest import DigestCache, digest_file, digest_tree, weights_stat
+from .digest import DigestCache, WeightsStat, digest_file, digest_tree, weights_stat
 from .errors import AdmissionRefused, RegistryError
+from .gguf_check import GgufError, check_gguf
 from .manifest import ModelEntry, ModelFormat, check_entry, to_toml
 from .spec import Flavor, valid_token
 
@@ -153,28 +154,29 @@ class ModelRegistry:
             raise RegistryError(f"{where}: path {rel!r} resolves to {target}, outside {root}")
         return target
 
-    def _measure(self, target: Path, fmt: ModelFormat, where: str) -> tuple[int, int]:
-        """(size, mtime_ns) of existing weights of the right kind."""
+    def _measure(self, target: Path, fmt: ModelFormat, where: str) -> WeightsStat:
+        """The size and identity of existing weights of the right kind."""
         is_dir = fmt is ModelFormat.MLX
         if not (target.is_dir() if is_dir else target.is_file()):
             kind = "directory" if is_dir else "file"
             raise RegistryError(f"{where}: the {fmt.value} model {kind} {target} does not exist")
         return weights_stat(target, self.root.resolve())
 
-    def _digest(self, target: Path, fmt: ModelFormat, stat: tuple[int, int]) -> str:
+    def _digest(self, target: Path, fmt: ModelFormat, stat: WeightsStat) -> str:
         root = self.root.resolve()
         if fmt is ModelFormat.MLX:
             return self._cache.digest(target, stat, lambda: digest_tree(target, root))
         return self._cache.digest(target, stat, lambda: digest_file(target))
 
-    def resolve(self, name: str) -> ResolvedModel:
-        """The verified model ``name``: contained, present, right size, right digest.
+    def locate(self, name: str) -> ResolvedModel:
+        """``name``'s manifest and where its weights are, without reading them.
 
-        Blocking: the first resolve of a model (or after it changed) reads all
-        of it; later ones hit the digest cache.
+        For rebuilding an instance the chain knows: its weights are verified
+        before each launch (:meth:`resolve`), not when it is rebuilt.
 
         Raises:
-            RegistryError: what is wrong and with which manifest.
+            RegistryError: unknown model, bad manifest, a path leaving the root,
+                or weights that are not there.
         """
         entry = self.entry(name)
         if entry.format is ModelFormat.OLLAMA:
@@ -182,18 +184,42 @@ class ModelRegistry:
         where = f"model {name}"
         target = self._contained(entry.path, where)
         with _io_errors(where):
-            stat = self._measure(target, entry.format, where)
-            found = self._digest(target, entry.format, stat) if stat[0] == entry.size_bytes else ""
-        if stat[0] != entry.size_bytes:
-            raise RegistryError(
-                f"{where}: size mismatch: manifest says {entry.size_bytes} bytes, "
-                f"{target} has {stat[0]}"
-            )
-        if found != entry.blake3:
-            raise RegistryError(
-                f"{where}: digest mismatch for {target}: expected {entry.blake3}, found {found}"
-            )
+            self._measure(target, entry.format, where)
         return ResolvedModel(entry, target)
+
+    def resolve(self, name: str) -> ResolvedModel:
+        """The verified model ``name``: contained, present, right size, right
+        digest, and (GGUF) a header and metadata that parse.
+
+        Blocking: the first resolve of a model (or after its file changed in
+        any way: see :mod:`.digest`) reads all of it; later ones hit the
+        digest cache.
+
+        Raises:
+            RegistryError: what is wrong and with which manifest; a digest
+                mismatch names the expected and the found digest.
+        """
+        located = self.locate(name)
+        entry, target = located.entry, located.path
+        if target is None:
+            return located
+        where = f"model {name}"
+        with _io_errors(where):
+            stat = self._measure(target, entry.format, where)
+            if stat.size != entry.size_bytes:
+                raise RegistryError(
+                    f"{where}: size mismatch: manifest says {entry.size_bytes} bytes, "
+                    f"{target} has {stat.size}"
+                )
+            found = self._digest(target, entry.format, stat)
+            if found != entry.blake3:
+                raise RegistryError(
+                    f"{where}: digest mismatch for {target}: expected digest {entry.blake3}, "
+                    f"found {found}"
+                )
+            if entry.format is ModelFormat.GGUF:
+                _check_gguf(target, where)
+        return located
 
     def adopt(
         self,
@@ -254,15 +280,21 @@ class ModelRegistry:
             )
         stat = self._measure(target, fmt, f"adopting {name}")
         if fmt is ModelFormat.GGUF:
-            with target.open("rb") as f:
-                if f.read(4) != b"GGUF":
-                    raise RegistryError(f"adopting {name}: {target} is not a GGUF file")
+            _check_gguf(target, f"adopting {name}")
         return ModelEntry(
             name=name,
             format=fmt,
             path=target.relative_to(root).as_posix(),
-            size_bytes=stat[0],
+            size_bytes=stat.size,
             blake3=self._digest(target, fmt, stat),
             ollama_tag=ollama_tag,
             draft=draft,
         )
+
+
+def _check_gguf(target: Path, where: str) -> None:
+    """Refuse a GGUF file whose header or metadata does not parse (OSError passes)."""
+    try:
+        check_gguf(target)
+    except GgufError as e:
+        raise RegistryError(f"{where}: {e}") from e

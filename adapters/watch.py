@@ -24,6 +24,7 @@ from .pgroup import (
     KILL_CONFIRM,
     ProcessIdentity,
     find_process,
+    group_members,
     members_of,
     signal_group,
     terminate_group,
@@ -146,6 +147,16 @@ class WatchedProcess:
     def descendants(self) -> dict[int, float]:
         """The descendants remembered so far (pid -> start time) and not seen gone."""
         return self._descendants.known()
+
+    def survivors(self) -> list[int]:
+        """Live members of the server's process group once its leader has exited
+        (those that outlived it; ``[]`` before the exit is seen). Scans the
+        process table."""
+        if self._at_exit is None:
+            return []
+        return [
+            p for p in group_members(self.identity.pgid, self._at_exit) if p != self.identity.pid
+        ]
 
     def kill(self) -> None:
         """SIGKILL the process group now (a second stop escalates); returns at once.

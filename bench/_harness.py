@@ -14,6 +14,7 @@ import signal
 import socket
 import stat
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -78,7 +79,7 @@ def fake_registry(directory: Path) -> Path:
     """A registry folder holding ``tiny.gguf`` (the fake servers never read it)."""
     root = directory / "models"
     root.mkdir()
-    (root / "tiny.gguf").write_bytes(b"GGUF" + bytes(60))
+    (root / "tiny.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0) + bytes(40))
     return root
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
-from support import PROGRAMS, make_launcher, ollama_server
+from support import FAKE_GGUF, PROGRAMS, make_launcher, ollama_server
 
 from infervisor.actors.clock import Clock, ManualClock
 from infervisor.actors.node import Node
@@ -34,7 +34,7 @@ def fake_model(tmp_path: Path) -> Path:
     """A registry folder with one small GGUF-named file (the fake server never reads it)."""
     root = tmp_path / "models"
     root.mkdir()
-    (root / "tiny.gguf").write_bytes(b"GGUF" + bytes(60))
+    (root / "tiny.gguf").write_bytes(FAKE_GGUF + bytes(40))
     return root
 
 

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -28,6 +29,11 @@ from infervisor.adapters.process import ExitInfo, LaunchPlan, launch_env
 PROGRAMS = Path(__file__).parent / "programs"
 OLLAMA_SERVER = Path(__file__).parent / "servers" / "ollama_server.py"
 VERIFIER = Path(__file__).with_name("independent_verifier.py")
+
+
+#: A valid GGUF header (version 3, no tensors, no metadata): what a fake model
+#: starts with, since the registry checks the header (adapters/gguf_check.py).
+FAKE_GGUF = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import NodeFactory
-from support import PROGRAMS, OwnServer, own_server, pids_of_group, wait_until
+from support import FAKE_GGUF, PROGRAMS, OwnServer, own_server, pids_of_group, wait_until
 
 from infervisor.actors.errors import InvalidState, UnknownInstance, VerbRefused
 from infervisor.actors.node import Node
@@ -240,7 +240,7 @@ def test_managed_llamacpp_draft_environment_limits_and_workdir(
     monkeypatch.setenv("INFERVISOR_TEST_CANARY", "must not reach the server")
     settings = nodes.settings(fake_llama, fake_model, env={"NODE_VAR": "node", "BOTH": "node"})
     node = nodes.open(settings)
-    (fake_model / "draft.gguf").write_bytes(b"GGUF" + bytes(20))
+    (fake_model / "draft.gguf").write_bytes(FAKE_GGUF + bytes(20))
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
     node.registry.adopt("draft", fake_model / "draft.gguf")
     spec = llama_spec(free_port(), draft_model="draft", env={"SPEC_VAR": "spec", "BOTH": "spec"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import FAKE_GGUF
 
 from infervisor.adapters.errors import AdmissionRefused, SpecError
 from infervisor.adapters.launch import build_llamacpp_launch
@@ -16,7 +17,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 def reg(tmp_path: Path) -> ModelRegistry:
     (tmp_path / "w").mkdir()
     for name in ("tiny", "draft"):
-        (tmp_path / "w" / f"{name}.gguf").write_bytes(b"GGUF" + name.encode() * 10)
+        (tmp_path / "w" / f"{name}.gguf").write_bytes(FAKE_GGUF + name.encode() * 10)
     registry = ModelRegistry(tmp_path)
     registry.adopt("tiny", tmp_path / "w" / "tiny.gguf")
     registry.adopt("draft", tmp_path / "w" / "draft.gguf")

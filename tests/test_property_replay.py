@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import PROGRAMS, make_launcher, wait_until
+from support import FAKE_GGUF, PROGRAMS, make_launcher, wait_until
 
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.errors import VerbRefused
@@ -73,7 +73,7 @@ def test_replayed_state_equals_live_state(ops: list[str]) -> None:
         base = Path(tmp)
         registry = base / "models"
         registry.mkdir()
-        (registry / "tiny.gguf").write_bytes(b"GGUF" + bytes(60))
+        (registry / "tiny.gguf").write_bytes(FAKE_GGUF + bytes(40))
         clock = ManualClock()
         cfg = NodeSettings(
             node_id="prop",

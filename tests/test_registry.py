@@ -8,6 +8,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from support import FAKE_GGUF
 
 from infervisor.adapters.digest import digest_tree
 from infervisor.adapters.errors import AdmissionRefused, RegistryError
@@ -20,7 +21,7 @@ from infervisor.adapters.registry import (
 )
 from infervisor.adapters.spec import Flavor
 
-WEIGHTS = b"GGUF" + bytes(range(256)) * 40
+WEIGHTS = FAKE_GGUF + bytes(range(256)) * 40
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def test_unknown_manifest_key_is_named(reg: ModelRegistry, root: Path) -> None:
 def test_digest_mismatch_gives_expected_and_found(reg: ModelRegistry, root: Path) -> None:
     write_manifest(root, "tiny", size_bytes=len(WEIGHTS), blake3="0" * 64)
     found = blake3.blake3(WEIGHTS).hexdigest()
-    with pytest.raises(RegistryError, match=f"expected {'0' * 64}, found {found}"):
+    with pytest.raises(RegistryError, match=f"expected digest {'0' * 64}, found {found}"):
         reg.resolve("tiny")
 
 
@@ -137,15 +138,16 @@ def test_missing_weights_and_bad_manifests(reg: ModelRegistry, root: Path) -> No
         reg.resolve("broken")
 
 
-def test_digest_cache_spares_rehash_until_stat_changes(reg: ModelRegistry, root: Path) -> None:
+def test_digest_cache_is_trusted_only_while_the_file_provably_did_not_change(
+    reg: ModelRegistry, root: Path
+) -> None:
     weights = root / "models" / "tiny.gguf"
     reg.adopt("tiny", weights)
     assert (root / ".digests.json").is_file()
+    assert reg.resolve("tiny").entry.name == "tiny"  # unchanged: the cached digest holds
     st = weights.stat()
     weights.write_bytes(WEIGHTS[:-1] + b"\x00")  # same size, different content
-    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
-    reg.resolve("tiny")  # (path, size, mtime_ns) unchanged: the cached digest is trusted
-    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime set back; ctime cannot be
     with pytest.raises(RegistryError, match="digest mismatch"):
         reg.resolve("tiny")
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import difflib
 import enum
+import grp
 import os
+import pwd
 import re
 import tomllib
 import types
@@ -90,7 +92,9 @@ def load_config(path: Path) -> NodeConfig:
     except msgspec.ValidationError as e:
         raise ConfigError(f"{path}: {_explain(str(e))}") from e
     _check(config, path)
-    return _resolve_paths(config, path.parent)
+    resolved = _resolve_paths(config, path.parent)
+    _check_models_known(resolved, path)
+    return resolved
 
 
 # ---------------------------------------------------------------- error messages
@@ -208,6 +212,7 @@ def _check(config: NodeConfig, path: Path) -> None:
     except ValueError as e:
         section = "[node.restart]" if _is_restart_error(config.node.restart) else "[node]"
         raise ConfigError(f"{path}: {section} {e}") from e
+    _check_run_as(config.node.run_as, path)
     for n, entry in enumerate(config.instances, 1):
         try:
             entry.spec().validate()
@@ -215,6 +220,27 @@ def _check(config: NodeConfig, path: Path) -> None:
         except ValueError as e:
             raise ConfigError(f"{path}: [[instances]] #{n}: {e}") from e
     _check_unique(config, path)
+
+
+def _check_run_as(run_as: tuple[int, int] | None, path: Path) -> None:
+    """``[node] run_as``'s uid and gid must exist on this host (pwd, grp)."""
+    if run_as is None:
+        return
+    uid, gid = run_as
+    try:
+        pwd.getpwuid(uid)
+    except (KeyError, OverflowError):
+        raise ConfigError(
+            f"{path}: [node] run_as uid {uid} is not a user on this host "
+            "(run_as = [uid, gid]; see /etc/passwd or `id -u NAME`)"
+        ) from None
+    try:
+        grp.getgrgid(gid)
+    except (KeyError, OverflowError):
+        raise ConfigError(
+            f"{path}: [node] run_as gid {gid} is not a group on this host "
+            "(run_as = [uid, gid]; see /etc/group or `id -g NAME`)"
+        ) from None
 
 
 def _is_restart_error(policy: RestartPolicy) -> bool:
@@ -247,3 +273,21 @@ def _check_unique(config: NodeConfig, path: Path) -> None:
                 f"{path}: [[instances]] #{n} uses {entry.bind_host}:{entry.port}, as "
                 f"[[instances]] #{first} does; a managed server needs an address of its own"
             )
+
+
+def _check_models_known(config: NodeConfig, path: Path) -> None:
+    """Every model a managed instance names is in [[models]] or already in the
+    registry (a manifest there): read-only, nothing is created."""
+    configured = {m.name for m in config.models}
+    registry = config.node.registry_path
+    for n, entry in enumerate(config.instances, 1):
+        if entry.mode is not Mode.MANAGED:
+            continue
+        name = entry.model
+        if not name or name in configured or (registry / f"{name}.toml").is_file():
+            continue
+        known = ", ".join(sorted(configured)) or "none"
+        raise ConfigError(
+            f"{path}: [[instances]] #{n}: model {name!r} is not a [[models]] name "
+            f"(configured: {known}) nor registered in {registry}"
+        )

@@ -108,8 +108,9 @@ def try_start(d: Draft, by: str, *, attempt: int = 0, verb: bool = False) -> Non
 
 
 def start_checked(d: Draft, c: StartChecked) -> None:
-    """Start over a free address with the memory reserved, or record the refusal
-    once per cause (a refused restart keeps its attempt and is tried again)."""
+    """Start over a free address, on verified weights, with the memory reserved;
+    or record the refusal once per cause (a refused restart keeps its attempt
+    and is tried again)."""
     inst = d.inst
     if inst.lifecycle not in STARTABLE or inst.exposed:
         return
@@ -120,8 +121,10 @@ def start_checked(d: Draft, c: StartChecked) -> None:
         if inst.refusal != refusal:
             d.emit(ev.StartRefused(by=c.by, reason=refusal))
         if c.verb:
-            kind = RefusalKind.ADMISSION if c.taken is not None else RefusalKind.MEMORY
-            d.refuse(kind, refusal)
+            admission = c.taken is not None or c.model_refusal is not None
+            d.refuse(RefusalKind.ADMISSION if admission else RefusalKind.MEMORY, refusal)
+        elif inst.then == "restart":
+            d.refuse(RefusalKind.FAILED, refusal)  # answers a restart verb still waiting
         return
     process = d.rules.mode is Mode.PROCESS
     token = f"{inst.instance_id[:12]}-{inst.last_seq + 1}" if process else ""
@@ -142,4 +145,6 @@ def start_checked(d: Draft, c: StartChecked) -> None:
 def _refusal(c: StartChecked) -> str | None:
     if c.taken is not None:
         return f"{c.taken} is already taken by something else; not starting over it"
+    if c.model_refusal is not None:
+        return f"weights refused before launch: {c.model_refusal}"
     return c.memory_refusal

@@ -82,7 +82,7 @@ class PlacementVerb(_Obs, frozen=True):
 
 # ---------------------------------------------------------------- start checks
 class StartChecked(_Obs, frozen=True):
-    """What the executor found before a start: the address and the memory.
+    """What the executor found before a start: the address, the model and the memory.
 
     Attributes:
         by: who asked for the start.
@@ -92,6 +92,9 @@ class StartChecked(_Obs, frozen=True):
         taken: ``host:port`` when something else already listens there.
         reserved_bytes: what the ledger set aside (tentatively) for it.
         memory_refusal: why the memory does not fit (with the numbers).
+        model_refusal: why the weights must not be launched (a size or
+            digest mismatch with the expected and found values, a GGUF that
+            does not parse, weights gone); checked before every launch.
     """
 
     by: str
@@ -101,6 +104,7 @@ class StartChecked(_Obs, frozen=True):
     taken: str | None = None
     reserved_bytes: int = 0
     memory_refusal: str | None = None
+    model_refusal: str | None = None
 
 
 class AnswersChecked(_Obs, frozen=True):
