@@ -34,6 +34,18 @@ asking. What is in flight, by instance id:
   done all the same (the failure is logged); otherwise the instance is
   routed again and the error answered.
 
+An instance of the chain whose adapter cannot be built (at boot, or when its
+dead actor is recreated: the model is gone or fails its digest check, the
+launcher program is missing) never vanishes: it is routed to an
+:class:`~.unbuilt.UnbuiltActor` that answers its verbs with the problem as
+its reason (recorded as ``instance.start_refused``, once per cause), and that
+hands the instance over (:class:`~.unbuilt.Handover`) to a normal instance
+actor once a start finds the problem fixed.
+
+A placement answers a :class:`~.host_work.Placement` (applied, unchanged or
+ignored as stale); a placement of a placed instance with another spec is
+refused unless its generation is older (see ``Node.place``).
+
 Unanswered Futures fail with ``pykka.ActorDeadError`` when the host stops.
 """
 
@@ -49,7 +61,7 @@ from typing import Any, TypeVar
 import msgspec
 import pykka
 
-from infervisor.adapters.errors import AdapterError, AdmissionRefused, SpecError
+from infervisor.adapters.errors import AdmissionRefused, SpecError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
@@ -64,9 +76,10 @@ from infervisor.replay import (
 from . import host_work as work
 from . import messages as m
 from .errors import InvalidState, UnknownInstance
-from .host_work import ASK_TIMEOUT_S, Rebuilt
+from .host_work import ASK_TIMEOUT_S, Placement, PlacementOutcome, Rebuilt
 from .instance import InstanceActor, InstanceContext
 from .routes import Routes, RouteTable
+from .unbuilt import Handover, UnbuiltActor
 
 __all__ = ["ASK_TIMEOUT_S", "WORKERS", "HostActor"]
 
@@ -89,7 +102,7 @@ class _Placing:
     """A placement in flight: its spec (its address counts as used) and its answer."""
 
     spec: InstanceSpec
-    answer: Future[str]
+    answer: Future[Placement]
 
 
 class HostActor(pykka.ThreadingActor):
@@ -110,7 +123,8 @@ class HostActor(pykka.ThreadingActor):
         self.routes = routes if routes is not None else Routes()
         self._refs: dict[str, pykka.ActorRef[Any]] = {}
         self._specs: dict[str, InstanceSpec] = {}
-        #: Instances the chain has whose adapter could not be rebuilt at boot: why.
+        #: Instances the chain has whose adapter could not be built (routed to an
+        #: :class:`~.unbuilt.UnbuiltActor`): why.
         self._unbuilt: dict[str, str] = {}
         self._placing: dict[str, _Placing] = {}
         self._unloading: dict[str, Future[None]] = {}
@@ -139,6 +153,9 @@ class HostActor(pykka.ThreadingActor):
                 return self._boot(state)
             case m.Revive(instance_id=iid):
                 self._revive(iid)
+                return None
+            case Handover():
+                self._hand_over(message)
                 return None
         raise TypeError(f"HostActor does not take {type(message).__name__}")
 
@@ -175,7 +192,7 @@ class HostActor(pykka.ThreadingActor):
         self.routes.publish(RouteTable.of(self._refs, self._unloading))
 
     # ------------------------------------------------------------------ placement
-    def _place(self, msg: m.Place) -> Future[str]:
+    def _place(self, msg: m.Place) -> Future[Placement]:
         spec = msg.spec
         spec.validate()
         try:
@@ -184,11 +201,12 @@ class HostActor(pykka.ThreadingActor):
             raise SpecError(str(e)) from e
         iid = instance_id(spec, self.ctx.node_id)
         self._refuse_busy(iid)
-        answer: Future[str] = self._answer()
+        answer: Future[Placement] = self._answer()
         ref = self._refs.get(iid)
         if ref is not None:
             self._placing[iid] = _Placing(spec, answer)
-            self._offload(partial(work.place_again, ref, iid, msg), partial(self._placed, iid))
+            again = partial(work.place_again, ref, iid, msg, self._specs[iid])
+            self._offload(again, partial(self._placed, iid))
             return answer
         self._refuse_shared_address(spec)
         self._placing[iid] = _Placing(spec, answer)
@@ -201,8 +219,8 @@ class HostActor(pykka.ThreadingActor):
             raise InvalidState("the node is still rebuilding its instances from the chain")
         if iid in self._unbuilt:
             raise InvalidState(
-                f"{iid} is in the chain but was not rebuilt at boot ({self._unbuilt[iid]}); "
-                "fix that and restart the node"
+                f"{iid} is placed but cannot be started ({self._unbuilt[iid]}); nothing "
+                "recorded: fix that and start it (then place it again), or unload it"
             )
         if iid in self._unloading:
             raise InvalidState(f"{iid} is being unloaded; place it again once that is answered")
@@ -230,9 +248,9 @@ class HostActor(pykka.ThreadingActor):
             return
         self._adopt_actor(state, pending.spec, adapter)
         self._publish()
-        work.settle(pending.answer, iid)
+        work.settle(pending.answer, Placement(iid, PlacementOutcome.APPLIED, state.generation))
 
-    def _placed(self, iid: str, job: Future[str]) -> None:
+    def _placed(self, iid: str, job: Future[Placement]) -> None:
         work.copy(job, self._placing.pop(iid).answer)
 
     def _admit(self, spec: InstanceSpec) -> Future[Admission]:
@@ -250,6 +268,34 @@ class HostActor(pykka.ThreadingActor):
         self._specs[state.instance_id] = spec
         self.supervisor.tell(m.Register(instance_id=state.instance_id, ref=ref))
         return ref
+
+    def _adopt_unbuilt(self, state: InstanceState, spec: InstanceSpec, why: str) -> None:
+        """Route an instance whose adapter cannot be built to a stand-in (no ticks)."""
+        iid = state.instance_id
+        log.error("%s: cannot build its adapter (%s); it answers, but cannot start", iid, why)
+        ref = UnbuiltActor.start(
+            state, spec, why, self.ctx, registry=self.registry, host=self.actor_ref
+        )
+        self._refs[iid] = ref
+        self._specs[iid] = spec
+        self._unbuilt[iid] = why
+
+    def _hand_over(self, msg: Handover) -> None:
+        """An unbuilt instance's adapter could be built: a normal instance actor takes it."""
+        iid = msg.instance_id
+        current = self._refs.get(iid)
+        sender: pykka.ActorRef[Any] = msg.sender
+        stale = current is None or current.actor_urn != sender.actor_urn
+        if stale or iid in self._unloading or iid not in self._unbuilt:
+            msg.adapter.close()
+            work.settle(msg.answer, error=InvalidState(f"{iid} is being unloaded"))
+            return
+        del self._unbuilt[iid]
+        sender.stop(block=False)  # once it has answered the verb it forwards
+        ref = self._adopt_actor(msg.state, msg.spec, msg.adapter)
+        ref.tell(m.Boot())
+        self._publish()
+        work.settle(msg.answer, ref)
 
     # ------------------------------------------------------------------ unload
     def _unload(self, iid: str, by: str) -> Future[None]:
@@ -302,6 +348,7 @@ class HostActor(pykka.ThreadingActor):
         ref.stop(block=False)
         self._refs.pop(iid, None)
         self._specs.pop(iid, None)
+        self._unbuilt.pop(iid, None)
 
     # ------------------------------------------------------------------ boot and revive
     def _boot(self, state: NodeState) -> Future[list[str]]:
@@ -322,10 +369,9 @@ class HostActor(pykka.ThreadingActor):
         for inst, spec, adapter in rebuilt:
             iid = inst.instance_id
             if isinstance(adapter, str):
-                log.error("%s: cannot rebuild its adapter (%s); not supervised", iid, adapter)
-                self._unbuilt[iid] = adapter
-                continue
-            self._adopt_actor(inst, spec, adapter).tell(m.Boot())
+                self._adopt_unbuilt(inst, spec, adapter)
+            else:
+                self._adopt_actor(inst, spec, adapter).tell(m.Boot())
             booted.append(iid)
         self._publish()
         work.settle(answer, booted)
@@ -339,22 +385,20 @@ class HostActor(pykka.ThreadingActor):
         replay = partial(work.replay, self.ctx, self.registry, iid, spec)
         self._offload(replay, partial(self._revived, iid))
 
-    def _revived(self, iid: str, job: Future[tuple[InstanceState, ServerAdapter] | None]) -> None:
+    def _revived(
+        self, iid: str, job: Future[tuple[InstanceState, ServerAdapter | str] | None]
+    ) -> None:
         self._reviving.discard(iid)
         try:
             replayed = job.result()
         except (ChainError, ReplayError, EventDecodeError) as e:
             log.error("%s: cannot replay it to recreate its actor: %s", iid, e)  # noqa: TRY400
             return
-        except AdapterError as e:
-            log.error("%s: cannot recreate it (%s); not supervised", iid, e)  # noqa: TRY400
-            self._unbuilt[iid] = str(e)
-            return
         current = self._refs.get(iid)
         spec = self._specs.get(iid)
         alive = current is not None and current.is_alive()
         if spec is None or iid in self._unloading or alive:
-            if replayed is not None:
+            if replayed is not None and not isinstance(replayed[1], str):
                 replayed[1].close()  # unloaded meanwhile, or alive after all
             return
         if replayed is None:
@@ -364,5 +408,8 @@ class HostActor(pykka.ThreadingActor):
             return
         inst, adapter = replayed
         log.warning("%s: its actor died; recreating it from the chain", iid)
-        self._adopt_actor(inst, spec, adapter).tell(m.Boot())
+        if isinstance(adapter, str):
+            self._adopt_unbuilt(inst, spec, adapter)
+        else:
+            self._adopt_actor(inst, spec, adapter).tell(m.Boot())
         self._publish()

@@ -6,6 +6,7 @@ Each returns (or raises) into a Future the host acts on when it is done."""
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import threading
 from collections.abc import Iterable
@@ -17,7 +18,7 @@ import msgspec
 import pykka
 
 from infervisor.adapters import planning
-from infervisor.adapters.errors import AdapterError, AddressTaken
+from infervisor.adapters.errors import AdapterError, AddressTaken, ProgramMissing
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
@@ -31,14 +32,18 @@ from .instance import InstanceContext
 
 __all__ = [
     "ASK_TIMEOUT_S",
+    "Placement",
+    "PlacementOutcome",
     "Rebuilt",
     "admission",
     "admit_and_record",
     "append",
     "ask_unload",
+    "changed_keys",
     "copy",
     "place_again",
     "rebuild_all",
+    "record_unbuilt",
     "recorded_unloaded",
     "replay",
     "settle",
@@ -60,7 +65,7 @@ def admit_and_record(
     spec = msg.spec
     try:
         adapter, _ = _plan(ctx, registry, spec, iid)
-    except AddressTaken as e:
+    except (AddressTaken, ProgramMissing) as e:
         # The node's own condition, not the caller's mistake: recorded for the audit.
         refused = ev.AdmissionRefused(reason=str(e), spec=msgspec.to_builtins(spec))
         append(ctx, iid, refused, msg.source)
@@ -91,15 +96,55 @@ def _plan(
     return planning.plan(spec, iid, registry, settings.adapter_settings(), settings.adapters)
 
 
-def place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place) -> str:
+class PlacementOutcome(enum.StrEnum):
+    """What a placement did: ``applied`` (recorded: a new instance, or a newer
+    generation of one placed), ``unchanged`` (the same generation and spec as in
+    force: nothing recorded) or ``ignored`` (an older generation: recorded as
+    ignored, nothing changes)."""
+
+    APPLIED = "applied"
+    UNCHANGED = "unchanged"
+    IGNORED = "ignored"
+
+
+class Placement(msgspec.Struct, frozen=True):
+    """The answer to a placement: the instance, what was done, the generation in force."""
+
+    instance_id: str
+    outcome: PlacementOutcome
+    generation: int
+
+
+def changed_keys(old: InstanceSpec, new: InstanceSpec) -> list[str]:
+    """The spec fields whose values differ, sorted."""
+    a, b = msgspec.to_builtins(old), msgspec.to_builtins(new)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place, old: InstanceSpec) -> Placement:
     """A placement of an instance already here: a newer generation is applied, an older
-    one ignored (both recorded by the instance actor); the same one is refused."""
+    one ignored (both recorded by the instance actor); the same one with the same spec
+    is unchanged (nothing recorded).
+
+    Raises:
+        InvalidState: the spec differs from the one in force and the generation is not
+            older: a placement never replaces a spec (unload the instance first).
+    """
     view: m.InstanceView = ref.ask(m.GetStatus(), block=True, timeout=ASK_TIMEOUT_S)
+    changed = changed_keys(old, msg.spec)
+    if changed and msg.generation >= view.generation:
+        raise InvalidState(
+            f"{iid} is placed (generation {view.generation}) with another spec: "
+            f"{', '.join(changed)} differ; a placement does not replace the spec of a placed "
+            "instance (nothing recorded): unload it first, then place the new spec"
+        )
     if msg.generation == view.generation:
-        raise InvalidState(f"{iid} is already loaded (generation {view.generation})")
+        return Placement(iid, PlacementOutcome.UNCHANGED, view.generation)
     placement = m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation)
-    ref.ask(placement, block=True, timeout=ASK_TIMEOUT_S)
-    return iid
+    applied = ref.ask(placement, block=True, timeout=ASK_TIMEOUT_S)
+    if applied:
+        return Placement(iid, PlacementOutcome.APPLIED, msg.generation)
+    return Placement(iid, PlacementOutcome.IGNORED, view.generation)
 
 
 def append(ctx: InstanceContext, iid: str, event: ev.Event, source: str) -> StoredEvent:
@@ -127,24 +172,44 @@ def rebuild_all(ctx: InstanceContext, registry: ModelRegistry, state: NodeState)
             )
         except AdapterError as e:
             adapter = str(e)
-        rebuilt.append((inst, spec, adapter))
+        if isinstance(adapter, str):
+            rebuilt.append((record_unbuilt(ctx, inst, adapter), spec, adapter))
+        else:
+            rebuilt.append((inst, spec, adapter))
     return rebuilt
+
+
+def record_unbuilt(ctx: InstanceContext, inst: InstanceState, why: str) -> InstanceState:
+    """Record why the instance's adapter cannot be built as a refused start (once per
+    cause: not again when it is the refusal last recorded); its state after that."""
+    if inst.refusal == why:
+        return inst
+    event = ev.StartRefused(by="boot", reason=why)
+    try:
+        stored = append(ctx, inst.instance_id, event, "node")
+    except Exception:
+        log.exception("%s: could not record why its adapter cannot be built", inst.instance_id)
+        return inst
+    applied = apply_instance(inst, stored, event)
+    return inst if applied is None else applied
 
 
 def replay(
     ctx: InstanceContext, registry: ModelRegistry, iid: str, spec: InstanceSpec
-) -> tuple[InstanceState, ServerAdapter] | None:
-    """The instance replayed from the chain and a new adapter; None when the chain
-    has it unloaded.
+) -> tuple[InstanceState, ServerAdapter | str] | None:
+    """The instance replayed from the chain and a new adapter (or why it cannot be
+    built, recorded as for boot); None when the chain has it unloaded.
 
     Raises:
         ChainError, ReplayError, EventDecodeError: the chain cannot be replayed.
-        AdapterError: its adapter cannot be rebuilt.
     """
     inst = _replay_one(ctx, iid)
     if inst is None:
         return None
-    return inst, planning.build_adapter(spec, iid, registry, ctx.settings.adapter_settings())
+    try:
+        return inst, planning.build_adapter(spec, iid, registry, ctx.settings.adapter_settings())
+    except AdapterError as e:
+        return record_unbuilt(ctx, inst, str(e)), str(e)
 
 
 def recorded_unloaded(ctx: InstanceContext, iid: str) -> bool:

@@ -43,8 +43,9 @@ from infervisor.replay.state import LeaseRecord
 from . import messages as m
 from .chain_writer import ChainWriter
 from .clock import Clock, RealClock
-from .errors import BadArgument, VerbTimeout
+from .errors import BadArgument, InvalidState, VerbTimeout
 from .host import HostActor
+from .host_work import Placement, PlacementOutcome
 from .instance import InstanceContext
 from .ledger import LedgerActor, LedgerView, snapshot
 from .routes import Routes
@@ -52,7 +53,7 @@ from .settings import NodeSettings
 from .supervisor import SupervisorActor
 from .watchdog import NodeFailure, Watchdog, stall_after
 
-__all__ = ["Node", "NodeActors"]
+__all__ = ["Node", "NodeActors", "Placement", "PlacementOutcome"]
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -118,7 +119,12 @@ class Node:
         ``on_event`` is called with every event once it is durable (on the
         chain writer's thread; keep it quick): live output for an operator.
         Blocks until every instance the chain has is rebuilt (a model's weights
-        missing from the digest cache are read in full).
+        missing from the digest cache are read in full). An instance whose adapter
+        cannot be built (its model gone or changed, its launcher program missing)
+        is still listed and answers verbs: its reason is the problem (recorded as
+        ``instance.start_refused``, once per cause), a start is refused naming it
+        and the fix until it is fixed, then works without a node restart; stop
+        and unload work while nothing of it runs (see :mod:`.unbuilt`).
 
         Raises:
             ValueError: a setting is out of range (the field is named).
@@ -188,25 +194,50 @@ class Node:
     ) -> str:
         """Admit an instance (state ``loaded``); answers its id once recorded and routed.
 
+        As :meth:`place_outcome`, which also says what the placement did, except
+        that a placement ``unchanged`` (the same generation and spec as in force)
+        is refused here: ``InvalidState`` saying it is already loaded.
+        """
+        placed = self.place_outcome(spec, placed_by=placed_by, generation=generation)
+        if placed.outcome is PlacementOutcome.UNCHANGED:
+            raise InvalidState(
+                f"{placed.instance_id} is already loaded (generation {placed.generation})"
+            )
+        return placed.instance_id
+
+    def place_outcome(
+        self, spec: InstanceSpec, *, placed_by: str | None = None, generation: int = 0
+    ) -> Placement:
+        """Place an instance; answers what was done once it is recorded and routed.
+
         Admission runs off the host's thread: other verbs, and placements of
-        other instances, go on meanwhile.
+        other instances, go on meanwhile. The outcome
+        (:class:`~.host_work.PlacementOutcome`) of a placement of an instance:
+
+        - not placed: ``applied`` (``instance.placed`` recorded);
+        - placed, with the same spec: ``applied`` when ``generation`` is newer
+          (``instance.replaced`` recorded), ``unchanged`` when equal (nothing
+          recorded), ``ignored`` when older (``instance.placement_ignored``
+          recorded, nothing changes);
+        - placed, with another spec (say ``ctx_size`` or ``port``): refused
+          (``InvalidState`` naming the changed keys, nothing recorded) unless
+          the generation is older (then ``ignored``, as any stale placement). A
+          placement never replaces the spec of a placed instance: unload it
+          first, then place the new spec.
 
         Raises:
             SpecError, RegistryError, AdmissionRefused, InvalidState: refused; nothing
                 recorded (except a taken address, which is recorded for the audit).
                 InvalidState also when a placement of the same instance is still in
-                progress, or the instance is being unloaded.
+                progress, the instance is being unloaded, or it cannot be started
+                (its adapter cannot be built).
             VerbTimeout: admission took longer than ``PLACE_WAIT_S``; it goes on, and
                 its outcome is recorded (or not) as for any placement.
-
-        A placement of an instance already placed is applied when its
-        ``generation`` is newer (recorded), ignored when older (recorded), and
-        refused when equal.
         """
         placer = placed_by or self.settings.node_id
         self.heartbeat(placer)
         msg = m.Place(spec=spec, placed_by=placer, generation=generation)
-        answer: Future[str] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
+        answer: Future[Placement] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         return _answer(answer, PLACE_WAIT_S, "the placement")
 
     def heartbeat(self, controller: str) -> None:

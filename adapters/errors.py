@@ -9,6 +9,7 @@ an adapter; they are translated here, at the edge)::
      +-- AdmissionRefused   the instance cannot be placed or started here (flavor
      |    |                 mismatch, budget, ...); nothing was changed
      |    +-- AddressTaken  something else already listens on the instance's address
+     |    +-- ProgramMissing  the serve program is not installed or not executable
      +-- SpawnError         the server process could not be launched
      +-- ProcessControlError  a process group could not be signalled, or outlived SIGKILL
      +-- ProbeError         a server could not be asked (only where a caller needs the reason)
@@ -22,6 +23,7 @@ __all__ = [
     "AdmissionRefused",
     "ProbeError",
     "ProcessControlError",
+    "ProgramMissing",
     "RegistryError",
     "SpawnError",
     "SpecError",
@@ -59,3 +61,8 @@ class ProbeError(AdapterError):
 class ProcessControlError(AdapterError):
     """A process group could not be signalled (not permitted, or a protected group),
     or members of it were still alive after SIGKILL and the confirmation deadline."""
+
+
+class ProgramMissing(AdmissionRefused):
+    """The serve program is not installed or not executable: the node's own
+    condition (recorded for the audit), not a mistake of the caller."""

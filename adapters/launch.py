@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-from .errors import AdmissionRefused
+from .errors import AdmissionRefused, ProgramMissing
 from .manifest import ModelFormat
 from .process import LaunchPlan, launch_env
 from .registry import ResolvedModel, check_format
@@ -129,7 +129,7 @@ def resolve_program(name: str) -> str:
     (``plan``: "serve program ... is not executable").
 
     Raises:
-        AdmissionRefused: not found, or not an executable file.
+        ProgramMissing: not found, or not an executable file.
     """
     if os.sep in name:
         path: str | None = name
@@ -137,7 +137,7 @@ def resolve_program(name: str) -> str:
         beside = Path(sys.executable).parent / name
         path = shutil.which(name) or (str(beside) if beside.exists() else None)
     if path is None or not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise AdmissionRefused(
+        raise ProgramMissing(
             f"serve program {name} is not executable (not found on PATH or beside {sys.executable})"
         )
     return str(Path(path).absolute())

@@ -285,7 +285,7 @@ def test_crash_at_start_backs_off_then_fails(nodes, tmp_path, fake_model, manual
     nothing_left(r.node)
 
 
-def test_missing_launcher_is_refused_at_admission_and_nothing_recorded(
+def test_missing_launcher_is_refused_at_admission_and_recorded_for_the_audit(
     nodes, tmp_path, fake_model, manual_clock
 ):
     missing = str(tmp_path / "no-such-llama-server")
@@ -293,7 +293,8 @@ def test_missing_launcher_is_refused_at_admission_and_nothing_recorded(
     head = node.rebuild().head_seq
     with pytest.raises(AdmissionRefused, match=r"serve program .*no-such-llama-server is not exec"):
         place(node)
-    assert node.rebuild().head_seq == head
+    # The node's own condition (issue 11): one node.admission_refused, no instance placed.
+    assert node.rebuild().head_seq == head + 1
     assert node.rebuild().instances == {}
     assert node.list() == []
 
