@@ -20,13 +20,14 @@ __all__ = ["TimelineEntry", "rebuild", "timeline"]
 
 
 class TimelineEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One line of an instance's history. ``frm``/``to`` are equal when no state changed."""
+    """One line of an instance's history. ``frm``/``to`` are equal when no state changed;
+    ``frm`` is encoded as ``from`` (a Python keyword, hence the attribute's name)."""
 
     seq: int
     ts_ns: int
     kind: str
     source: str
-    frm: str
+    frm: str = msgspec.field(name="from")
     to: str
     reason: str
 

@@ -132,9 +132,9 @@ def words(text: str) -> str:
         ([], ["run", "chain", "replay", "timeline", "demo", "infervisor demo"]),
         (["run"], ["CONFIG", "SIGINT or SIGTERM", "examples/node.toml"]),
         (["chain"], ["verify"]),
-        (["chain", "verify"], ["DB", "--json", "Exit 0 when valid", "sequence number"]),
-        (["replay"], ["DB", "--json", "does not check hashes"]),
-        (["timeline"], ["DB", "INSTANCE", "--json", "before -> after"]),
+        (["chain", "verify"], ["WHERE", "--json", "Exit 0 when valid", "sequence number", ".toml"]),
+        (["replay"], ["WHERE", "--json", "does not check hashes", ".toml"]),
+        (["timeline"], ["WHERE", "INSTANCE", "--json", "before -> after", "role"]),
         (["demo"], ["--dir", "--json", "llama.cpp"]),
     ],
 )
@@ -283,16 +283,18 @@ def test_timeline_json_has_the_same_entries(db: Path) -> None:
     result = invoke("timeline", "--json", db, CHAT)
     assert result.exit_code == 0
     entries = json.loads(result.stdout)
-    assert [(e["frm"], e["to"]) for e in entries] == CHAT_PATH
+    path = [(e["from"] or "-", e["to"]) for e in entries]
+    assert path == CHAT_PATH
+    assert entries[0]["from"] is None  # nothing before the placement: null, not "-"
     assert entries[0]["kind"] == "instance.placed"
     assert all(e["reason"] for e in entries)
 
 
 def test_timeline_of_an_unknown_instance_names_the_known_ones(db: Path) -> None:
     result = script("timeline", db, "chat-ffffffff-n1")
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "chat-ffffffff-n1" in result.stderr
-    assert f"{CHAT}, {IDLE}" in result.stderr
+    assert f"{CHAT} (chat), {IDLE} (embed)" in result.stderr
     assert result.stdout == ""
 
 

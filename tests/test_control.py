@@ -192,7 +192,7 @@ def test_status_stop_start_restart_unload_through_the_cli(
 
     assert node.run.stop() == 0, node.run.output()
     assert not (data / SOCKET_FILE).exists()
-    refused(cli("stop", node.config, chat), 2, f"{NO_NODE} {data}", "infervisor run CONFIG")
+    refused(cli("stop", node.config, chat), 3, f"{NO_NODE} {data}", "infervisor run CONFIG")
     fallback = cli("status", data)
     assert FALLBACK in fallback.stderr
     rows = table(ok(fallback))
@@ -266,7 +266,7 @@ def test_the_shutdown_waits_for_an_operator_stop_and_a_second_signal_ends_it(
             node.run.send(signal.SIGTERM)
             # Generous: on a loaded machine the shutdown's first steps can take a while.
             node.run.until("changes refused", lambda: refused_as_stopping(data), timeout=60)
-            refused(cli("start", data, chat), 2, "shutting down")
+            refused(cli("start", data, chat), 3, "shutting down")
             assert table(ok(cli("status", data)))[chat][2] == "stopping"  # reads go on
             assert operator.poll() is None  # the operator's stop holds the shutdown
             node.run.send(signal.SIGTERM)  # kills what is stopping: the operator's stop ends
@@ -321,7 +321,7 @@ def test_the_socket_is_private_serves_connections_at_once_and_answers_bad_reques
     assert not path.exists()
 
 
-def test_a_stale_socket_is_replaced_and_without_a_node_the_verbs_exit_2(
+def test_a_stale_socket_is_replaced_and_without_a_node_the_verbs_exit_3(
     start_node: Callable[..., Started], tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
@@ -331,8 +331,8 @@ def test_a_stale_socket_is_replaced_and_without_a_node_the_verbs_exit_2(
     assert (data / SOCKET_FILE).exists()
     with pytest.raises(NotRunning, match="start one with `infervisor run CONFIG`"):
         ControlClient(data).list()
-    refused(cli("restart", data, "chat"), 2, f"{NO_NODE} {data} (no control socket)")
-    refused(cli("status", data), 2, f"{NO_NODE} {data}", "holds no chain")
+    refused(cli("restart", data, "chat"), 3, f"{NO_NODE} {data} (no control socket)")
+    refused(cli("status", data), 3, f"{NO_NODE} {data}", "holds no chain")
 
     node = start_node()
     assert stat.S_IMODE((data / SOCKET_FILE).lstat().st_mode) == 0o600
@@ -415,7 +415,14 @@ def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
 @pytest.mark.parametrize("verb", ["status", "start", "stop", "restart", "unload"])
 def test_each_verb_teaches_its_arguments_and_exit_statuses(verb: str) -> None:
     text = " ".join(ok(cli(verb, "--help")).split())
-    for needle in ("DATA_DIR", ".toml", "Exit 0", "2 when"):
+    for needle in (
+        "DATA_DIR",
+        ".toml",
+        "Exit 0",
+        "2 when",
+        "3 when",
+        "Exit status (every command)",
+    ):
         assert needle in text, f"{verb} --help lacks {needle!r}: {text}"
     if verb != "unload":
         assert "--json" in text

@@ -413,8 +413,25 @@ def test_adopted_start_only_after_answers() -> None:
     sim.feed(o.AnswersChecked(by="operator", why_not=None))
     assert sim.kinds_of_last() == ["instance.starting", "instance.ready"]
     assert sim.inst.lifecycle is S.RUNNING
+    d = sim.feed(o.StartVerb(by="operator"))  # already adopted: answered as it is
+    assert (d.events, d.effects, d.refusal) == ((), (), None)
+
+
+def test_a_start_of_a_live_instance_is_answered_as_it_is_and_refused_while_stopping() -> None:
+    sim = process_sim()
+    sim.feed(o.StartVerb(by="operator"))
+    sim.checked()
+    assert sim.inst.lifecycle is S.STARTING
+    d = sim.feed(o.StartVerb(by="operator"))
+    assert (d.events, d.effects, d.refusal) == ((), (), None)
+    sim = running(process_sim())
+    d = sim.feed(o.StartVerb(by="operator"))
+    assert (d.events, d.effects, d.refusal) == ((), (), None)
+    sim.feed(o.StopVerb(by="operator", grace_s=5.0))
+    assert sim.inst.lifecycle is S.STOPPING
     d = sim.feed(o.StartVerb(by="operator"))
     assert d.refusal is not None and d.refusal.kind is RefusalKind.INVALID_STATE
+    assert "start it once it has stopped" in d.refusal.message
 
 
 def test_adopted_stop_refused_misses_recover_never_signalled() -> None:
@@ -994,3 +1011,15 @@ def test_zz_every_state_and_event_kind_reached(request: pytest.FixtureRequest) -
     missing_kinds = set(ev.EVENT_TYPES) - NODE_KINDS - SEEN_KINDS
     assert not missing_states, f"lifecycle states never reached: {sorted(missing_states)}"
     assert not missing_kinds, f"event kinds never emitted: {sorted(missing_kinds)}"
+
+
+# ====================================================================== operator-facing reasons
+def test_a_running_server_that_stops_answering_is_not_described_as_starting() -> None:
+    """Issue 11: a server that served and went silent read "starting: not listening yet"."""
+    sim = running(http_sim())
+    silent = ServerReport(health=Health(HealthKind.UNREACHABLE, "no answer within 2.0 s"))
+    for _ in range(sim.rules.supervision.miss_limit):
+        sim.probe(silent)
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    assert sim.inst.reason.endswith("not answering: no answer within 2.0 s")
+    assert "starting" not in sim.inst.reason

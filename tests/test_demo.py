@@ -38,7 +38,7 @@ def test_demo_exits_0_and_leaves_no_process(tmp_path: Path, flavor: str) -> None
     assert report["ok"] is True
     assert all(step["ok"] for step in report["steps"])
     assert report["completion"]
-    moves = [(e["frm"], e["to"]) for e in report["timeline"] if e["frm"] != e["to"]]
+    moves = [(e["from"], e["to"]) for e in report["timeline"] if e["from"] != e["to"]]
     assert ("running", "exited") in moves
     assert ("restarting", "starting") in moves
     assert moves[-1] == ("stopping", "stopped")

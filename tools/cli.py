@@ -1,16 +1,22 @@
 """The ``infervisor`` command line: a thin layer over the library.
 
-Exit status: 0 success; 1 the thing checked is bad (an invalid chain, a chain
-that cannot be replayed, a failed demo step); 2 usage or I/O errors (click's
-own convention for usage). Bad input is reported in one line, never a traceback.
+Every command exits by one table (:mod:`.exit_codes`, docs/cli.md): 0 done or
+already so; 1 refused or invalid; 2 usage; 3 no node takes verbs there. Bad
+input is reported in one line, never a traceback; with ``--json`` the error
+is also printed on stdout as one object (``{"error": {"code", "message",
+"field"}}``). JSON output follows the schemas of :mod:`.schemas`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -18,11 +24,9 @@ import click
 import msgspec
 
 from infervisor.actors.messages import InstanceView
-from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import ChainError, verify_chain
 from infervisor.replay import (
     EventDecodeError,
-    InstanceState,
     NodeState,
     ReplayError,
     TimelineEntry,
@@ -39,45 +43,176 @@ from .control import (
     NotRunning,
     VerbFailed,
 )
+from .exit_codes import EPILOG, cut, exit_for, kind_code
+from .schemas import (
+    ErrorBody,
+    ErrorRecord,
+    InstanceRecord,
+    from_state,
+    from_timeline,
+    from_view,
+)
 
 __all__ = ["main"]
+
+T = TypeVar("T")
 
 
 def _json(obj: Any) -> None:
     click.echo(msgspec.json.format(msgspec.json.encode(obj), indent=2))
 
 
-T = TypeVar("T")
+# ---------------------------------------------------------------- errors
+def _json_mode() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.params.get("as_json"))
 
 
-def _fail(message: str, status: int = 2) -> NoReturn:
+def _fail(message: str, code: str, field: str | None = None) -> NoReturn:
+    """Report an error (stderr; stdout too as JSON under --json) and exit by its code."""
+    message = cut(message)
     click.echo(f"error: {message}", err=True)
-    sys.exit(status)
+    if _json_mode():
+        _json(ErrorRecord(error=ErrorBody(code=code, message=message, field=field)))
+    sys.exit(exit_for(code))
 
 
-def _fail_io(e: Exception) -> NoReturn:
-    _fail(str(e))
+def _usage_field(e: click.UsageError) -> str | None:
+    param = getattr(e, "param", None)
+    if param is None:
+        return None
+    if isinstance(param, click.Option) and param.opts:
+        return max(param.opts, key=len)
+    return str(param.human_readable_name)
 
 
-def _existing_db(path: Path) -> Path:
-    if path.is_dir():
-        _fail(f"{path} is a folder; give the chain file (DATA_DIR/chain.db)")
-    if not path.is_file():
-        _fail(f"{path}: no such chain file")
-    return path
+class _Command(click.Command):
+    """A command whose --help ends with the exit-status table and whose usage
+    errors are also one JSON object on stdout under --json."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EPILOG)
+        super().__init__(*args, **kwargs)
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        as_json = "--json" in args
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:
+            if as_json:
+                code = "bad_value" if isinstance(e, click.BadParameter) else "usage"
+                body = ErrorBody(code=code, message=cut(e.format_message()), field=_usage_field(e))
+                _json(ErrorRecord(error=body))
+            raise
+
+
+class _Group(click.Group):
+    command_class = _Command
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EPILOG)
+        super().__init__(*args, **kwargs)
+
+
+_Group.group_class = _Group
+
+
+class _Seconds(click.ParamType[float]):
+    """A finite, non-negative number of seconds (NaN and infinity refused)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{cut(repr(str(value)))} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{cut(repr(str(value)))} is not a finite number of seconds >= 0", param, ctx)
+        return number
+
+
+SECONDS = _Seconds()
+
+
+# ---------------------------------------------------------------- where the chain and node are
+def _where(arg: Path) -> tuple[Path, Path]:
+    """(data_dir, chain file) named by ARG: a data directory, a config file
+    (.toml, naming its data_dir) or the chain file itself."""
+    from .config import ConfigError, load_config  # noqa: PLC0415 - keeps --help fast
+
+    if not arg.exists():
+        _fail(
+            f"{arg}: no such chain file, data directory or config file (.toml)",
+            "bad_path",
+        )
+    if arg.is_dir():
+        return arg, arg / "chain.db"
+    if arg.suffix == ".toml":
+        try:
+            folder = Path(load_config(arg).node.data_dir)
+        except ConfigError as e:
+            _fail(str(e), "bad_config")
+        return folder, folder / "chain.db"
+    return arg.parent, arg
+
+
+def _chain_of(arg: Path) -> Path:
+    db = _where(arg)[1]
+    if not db.is_file():
+        _fail(f"{db}: no such chain file (a node's data directory holds chain.db)", "no_chain")
+    return db
 
 
 def _read_chain(db: Path, query: Callable[[Path], T]) -> T:
     """Run a replay query on DB: exit 2 when unreadable, 1 when it cannot be replayed."""
     try:
-        return query(_existing_db(db))
+        return query(db)
     except ChainError as e:
-        _fail_io(e)
+        _fail(str(e), "chain_unreadable")
     except (EventDecodeError, ReplayError) as e:
-        _fail(f"{db} cannot be replayed: {e} (check it with: infervisor chain verify {db})", 1)
+        _fail(
+            f"{db} cannot be replayed: {e} (check it with: infervisor chain verify {db})",
+            "chain_unreplayable",
+        )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _resolve(name: str, roles: Mapping[str, str | None], where: str) -> str:
+    """The instance id NAME means: itself, or the one instance whose role it is.
+
+    Refused (exit 1) when NAME is the role of several instances (naming them)
+    or names none (naming the placed ones)."""
+    if name in roles:
+        return name
+    matches = sorted(iid for iid, role in roles.items() if role == name)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        _fail(
+            f"{name!r} is the role of {len(matches)} instances {where}: "
+            f"{', '.join(matches)}; name one by its id",
+            "ambiguous_instance",
+            "INSTANCE",
+        )
+    placed = ", ".join(f"{iid} ({role})" for iid, role in sorted(roles.items())) or "none"
+    _fail(f"no instance {name!r} {where} (placed: {placed})", "unknown_instance", "INSTANCE")
+
+
+def _chain_roles(state: NodeState) -> dict[str, str | None]:
+    return {iid: from_state(inst).role for iid, inst in state.instances.items()}
+
+
+# ---------------------------------------------------------------- the commands
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log what the actors do (to stderr).")
 def cli(verbose: bool) -> None:
     """Supervise local LLM model servers (llama.cpp, mlx-lm, Ollama) with an
@@ -87,10 +222,14 @@ def cli(verbose: bool) -> None:
     Start here:   infervisor demo
     Run a node:   infervisor run examples/node.toml
     Operate it:   infervisor status examples/node.toml
-                  infervisor stop|start|restart|unload DATA_DIR INSTANCE_ID
-    Audit:        infervisor chain verify DATA/chain.db
-                  infervisor replay DATA/chain.db
-                  infervisor timeline DATA/chain.db INSTANCE_ID
+                  infervisor stop|start|restart|unload WHERE INSTANCE
+    Audit:        infervisor chain verify WHERE
+                  infervisor replay WHERE
+                  infervisor timeline WHERE INSTANCE
+
+    WHERE is a node's data directory, its config file (.toml) or its chain
+    file (DATA_DIR/chain.db); INSTANCE an instance id, or a role that names
+    one instance. See docs/cli.md for the JSON schemas and error codes.
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -121,17 +260,17 @@ def demo(workdir: Path | None, as_json: bool, flavor: str) -> None:
     SIGKILLs the server and watches the supervised restart, stops it, verifies
     the chain and prints the instance's timeline. Exit 0 only if every step held.
     """
+    from infervisor.adapters.spec import Flavor  # noqa: PLC0415
+
     from .demo import data_dir_default, run_demo  # noqa: PLC0415 - keeps --help fast
 
     if workdir is not None and workdir.exists() and any(workdir.iterdir()):
-        _fail_io(
-            FileExistsError(f"--dir {workdir} is not empty: the demo needs a new or empty folder")
-        )
+        _fail(f"--dir {workdir} is not empty: the demo needs a new or empty folder", "bad_path")
     workdir = workdir or data_dir_default()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        _fail_io(OSError(f"--dir {workdir}: cannot create it: {e.strerror or e}"))
+        _fail(f"--dir {workdir}: cannot create it: {e.strerror or e}", "bad_path", "--dir")
     quiet = as_json
     say = (lambda _m: None) if quiet else click.echo
     progress = (lambda _m: None) if quiet or not sys.stderr.isatty() else _progress
@@ -181,7 +320,7 @@ def run(config: Path) -> None:
     try:
         cfg = load_config(config)
     except ConfigError as e:
-        _fail_io(e)
+        _fail(str(e), "bad_config")
     sys.exit(run_node(cfg, lambda m: click.echo(m, err=True)))
 
 
@@ -190,19 +329,27 @@ def chain() -> None:
     """Audit the event chain."""
 
 
-@chain.command("verify")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
-def chain_verify(db: Path, as_json: bool) -> None:
-    """Verify every hash and link of the chain in DB.
+_WHERE_HELP = (
+    "WHERE is the chain file, the node's data directory (holding chain.db) or its "
+    "config file (.toml)."
+)
 
-    Exit 0 when valid; 1 when not, naming the first bad sequence number and
-    why; 2 when the file cannot be read.
+
+@chain.command("verify")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def chain_verify(where: Path, as_json: bool) -> None:
+    """Verify every hash and link of the chain in WHERE.
+
+    WHERE is the chain file, the node's data directory (holding chain.db) or
+    its config file (.toml). Exit 0 when valid; 1 when not, naming the first
+    bad sequence number and why; 2 when the file cannot be read.
     """
+    db = _chain_of(where)
     try:
-        report = verify_chain(_existing_db(db))
+        report = verify_chain(db)
     except ChainError as e:
-        _fail_io(e)
+        _fail(str(e), "chain_unreadable")
     if as_json:
         _json(report)
     elif report.ok:
@@ -218,16 +365,19 @@ def chain_verify(db: Path, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("db", type=click.Path(path_type=Path))
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
-def replay(db: Path, as_json: bool) -> None:
-    """Rebuild and print the node state from the chain in DB alone.
+def replay(where: Path, as_json: bool) -> None:
+    """Rebuild and print the node state from the chain in WHERE alone.
 
-    One line per instance: id, lifecycle state, wanted state, pid, restarts,
-    reason. Replay does not check hashes: a chain that does not verify is
+    WHERE is the chain file, the node's data directory or its config file
+    (.toml). One line per instance: id, lifecycle state, wanted state, pid,
+    restarts, reason; --json prints the reducer's whole state (every sourced
+    field). Replay does not check hashes: a chain that does not verify is
     replayed as stored, with a warning on stderr. Exit 1 when an event does
-    not fit (unknown kind, impossible transition), 2 when DB cannot be read.
+    not fit (unknown kind, impossible transition), 2 when WHERE cannot be read.
     """
+    db = _chain_of(where)
     state = _read_chain(db, rebuild)
     _warn_unverified(db)
     if as_json:
@@ -257,22 +407,23 @@ def _warn_unverified(db: Path) -> None:
 
 
 @cli.command("timeline")
-@click.argument("db", type=click.Path(path_type=Path))
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.argument("instance")
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
-def timeline_cmd(db: Path, instance: str, as_json: bool) -> None:
-    """Print INSTANCE's events from the chain in DB, one line each.
+def timeline_cmd(where: Path, instance: str, as_json: bool) -> None:
+    """Print INSTANCE's events from the chain in WHERE, one line each.
 
-    Columns: seq, time (UTC), lifecycle state before -> after, reason. Exit 2
-    naming the chain's instances when INSTANCE has no events.
+    WHERE is the chain file, the node's data directory or its config file
+    (.toml); INSTANCE an instance id, or a role naming one instance. Columns:
+    seq, time (UTC), lifecycle state before -> after, reason. Exit 1 naming
+    the chain's instances when INSTANCE names none of them.
     """
-    entries = _read_chain(db, lambda path: timeline(path, instance))
-    if not entries:
-        state: NodeState = _read_chain(db, rebuild)
-        known = ", ".join(sorted(state.instances)) or "none"
-        _fail(f"no events for instance {instance!r} in {db}; its instances: {known}")
+    db = _chain_of(where)
+    state: NodeState = _read_chain(db, rebuild)
+    iid = _resolve(instance, _chain_roles(state), f"in {db}")
+    entries = _read_chain(db, lambda path: timeline(path, iid))
     if as_json:
-        _json(entries)
+        _json([from_timeline(e) for e in entries])
     else:
         _print_timeline(entries)
 
@@ -299,93 +450,100 @@ _COLUMNS = (
     "REASON",
 )
 _MIB = 1024 * 1024
+_UNAVAILABLE_CODE: dict[type[NodeUnavailable], str] = {
+    NotRunning: "no_node",
+    NodeStarting: "node_starting",
+    NodeStopping: "node_stopping",
+}
 
 
-def _data_dir(arg: Path) -> Path:
-    """The data directory named by ARG: itself, or the data_dir of a config file."""
-    from .config import ConfigError, load_config  # noqa: PLC0415 - keeps --help fast
-
-    if arg.suffix == ".toml" and not arg.is_dir():
-        try:
-            return Path(load_config(arg).node.data_dir)
-        except ConfigError as e:
-            _fail_io(e)
-    if arg.is_file():
-        _fail(f"{arg} is a file; give the node's data directory or its config file (.toml)")
-    return arg
+def _control_failure(e: ControlError) -> NoReturn:
+    """Exit for an error of the control socket, by the table."""
+    if isinstance(e, VerbFailed):
+        message = str(e).replace("grace_s", "--grace")
+        _fail(message, kind_code(e.kind), "--grace" if "--grace" in message else None)
+    if isinstance(e, NodeUnavailable):
+        _fail(str(e), _UNAVAILABLE_CODE.get(type(e), "node_unreachable"))
+    _fail(str(e), "node_error")
 
 
-def _ask(data_dir: Path, verb: Callable[[ControlClient], T]) -> T:
-    """Run VERB on the node: exit 1 with the node's message when refused, 2 when no node runs."""
+@contextmanager
+def _node(where: Path) -> Iterator[ControlClient]:
+    """A client of the node on WHERE; exits by the table on any error of the socket."""
     try:
-        with ControlClient(data_dir) as client:
-            return verb(client)
-    except VerbFailed as e:
-        _fail(str(e), 1)
+        with ControlClient(_where(where)[0]) as client:
+            yield client
     except ControlError as e:
-        _fail(str(e))
+        _control_failure(e)
+
+
+def _view_of(client: ControlClient, instance: str) -> InstanceView:
+    """INSTANCE's view (by id or role); refused naming the placed ones when unknown."""
+    views = client.list()
+    roles: dict[str, str | None] = {v.instance_id: v.role for v in views}
+    iid = _resolve(instance, roles, "on this node")
+    return next(v for v in views if v.instance_id == iid)
 
 
 @cli.command()
 @_DATA_DIR
 @click.argument("instance", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print the instances' views as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the instances as JSON.")
 def status(data_dir: Path, instance: str | None, as_json: bool) -> None:
     """Show the instances of the node running on DATA_DIR (or only INSTANCE).
 
-    DATA_DIR is the node's data directory or its config file (.toml).
+    DATA_DIR is the node's data directory, its config file (.toml) or its
+    chain file; INSTANCE an instance id or a role naming one instance.
     Columns: id, adapter, lifecycle state, wanted state, last health verdict,
     pid, restarts, memory reserved by the budget / resident (MiB), reason.
 
     When no node runs there, the state is replayed from DATA_DIR/chain.db
-    instead, and stderr says so; health and memory are then unknown, and
-    --json prints the chain's instance states (as `infervisor replay --json`).
+    instead, and stderr says so; health and memory are then unknown. --json
+    prints the same objects either way (docs/cli.md, schema "instance"), with
+    "source": "node" or "chain"; what only the node knows is null from the chain.
 
     Exit 0; 1 when INSTANCE is not placed (the message names those that are);
-    2 when DATA_DIR has neither a running node nor a chain.
+    2 when DATA_DIR names nothing; 3 when it has neither a running node nor a chain.
     """
-    folder = _data_dir(data_dir)
+    folder, db = _where(data_dir)
     try:
         with ControlClient(folder) as client:
-            views = [client.status(instance)] if instance else client.list()
-    except VerbFailed as e:
-        _fail(str(e), 1)
+            views = [_view_of(client, instance)] if instance else client.list()
     except NodeUnavailable as e:
-        _status_from_chain(folder, instance, as_json, e)
+        _status_from_chain(folder, db, instance, as_json, e)
         return
     except ControlError as e:
-        _fail(str(e))
+        _control_failure(e)
     if as_json:
-        _json(views[0] if instance else views)
+        records = [from_view(v) for v in views]
+        _json(records[0] if instance else records)
         return
-    _print_table([_view_row(v) for v in views])
+    _print_table([_row(from_view(v)) for v in views])
     if instance:
         _print_details(views[0])
 
 
 def _status_from_chain(
-    folder: Path, instance: str | None, as_json: bool, why: NodeUnavailable
+    folder: Path, db: Path, instance: str | None, as_json: bool, why: NodeUnavailable
 ) -> None:
-    db = folder / "chain.db"
     if not db.is_file():
         if not isinstance(why, NotRunning):
-            _fail(str(why))  # a new node still opening: no chain yet
+            _control_failure(why)  # a new node still opening: no chain yet
         _fail(
             f"no node is running on {folder}, and it holds no chain ({db}): give a node's "
-            "data directory or its config file (.toml)"
+            "data directory, its config file (.toml) or its chain file",
+            "no_node",
         )
     state = _read_chain(db, rebuild)
     click.echo(f"{_unavailable(why)}; state replayed from the chain", err=True)
-    instances = sorted(state.instances.items())
+    records = [from_state(inst) for _, inst in sorted(state.instances.items())]
     if instance:
-        if instance not in state.instances:
-            known = ", ".join(iid for iid, _ in instances) or "none"
-            _fail(f"no instance {instance!r} in {db} (placed: {known})", 1)
-        instances = [(instance, state.instances[instance])]
+        iid = _resolve(instance, _chain_roles(state), f"in {db}")
+        records = [r for r in records if r.instance_id == iid]
     if as_json:
-        _json(instances[0][1] if instance else [inst for _, inst in instances])
+        _json(records[0] if instance else records)
     else:
-        _print_table([_state_row(inst) for _, inst in instances])
+        _print_table([_row(r) for r in records])
 
 
 _UNAVAILABLE: dict[type[NodeUnavailable], str] = {
@@ -399,22 +557,13 @@ def _unavailable(why: NodeUnavailable) -> str:
     return _UNAVAILABLE.get(type(why), str(why))
 
 
-def _view_row(v: InstanceView) -> tuple[str, ...]:
-    memory = f"{_mib(v.reserved_bytes)}/{_mib(v.rss_bytes)}"
-    pid = str(v.pid) if v.pid is not None else "-"
-    cells = (v.instance_id, v.adapter, v.lifecycle, v.desired, v.health or "-", pid)
-    return (*cells, str(v.restarts), memory, v.reason)
-
-
-def _state_row(inst: InstanceState) -> tuple[str, ...]:
-    try:
-        spec = msgspec.convert(inst.spec, InstanceSpec)
-        adapter = spec.flavor.adapter_id(spec.mode)
-    except msgspec.ValidationError:
-        adapter = "?"
-    pid = str(inst.process.pid) if inst.process else "-"
-    cells = (inst.instance_id, adapter, inst.lifecycle, inst.desired, "?", pid)
-    return (*cells, str(inst.restarts), "?/?", inst.reason)
+def _row(r: InstanceRecord) -> tuple[str, ...]:
+    offline = r.source == "chain"
+    unknown = "?" if offline else "-"
+    memory = f"{_mib(r.reserved_bytes)}/{'?' if offline else _mib(r.rss_bytes)}"
+    pid = str(r.pid) if r.pid is not None else "-"
+    cells = (r.instance_id, r.adapter or "?", r.lifecycle, r.desired, r.health or unknown, pid)
+    return (*cells, str(r.restarts), memory, r.reason or "")
 
 
 def _mib(size: int | None) -> str:
@@ -438,34 +587,146 @@ def _print_details(v: InstanceView) -> None:
     if v.last_exit is not None:
         e = v.last_exit
         how = f"signal {e.signal}" if e.signal is not None else f"exit code {e.exit_code}"
-        click.echo(f"  last exit  pid {e.pid}, {how}: {e.reason}")
+        pid = f"pid {e.pid}, " if e.pid is not None else ""
+        click.echo(f"  last exit  {pid}{how}: {e.reason}")
 
 
-def _say_view(view: InstanceView, as_json: bool) -> None:
+def _say_view(view: InstanceView, as_json: bool, *, already: bool = False) -> None:
     if as_json:
-        _json(view)
+        _json(from_view(view))
         return
     pid = f", pid {view.pid}" if view.pid is not None else ""
-    click.echo(f"{view.instance_id}: {view.lifecycle} (wanted {view.desired}){pid}: {view.reason}")
+    state = f"already {view.lifecycle}" if already else view.lifecycle
+    reason = f": {view.reason}" if view.reason else ""
+    click.echo(f"{view.instance_id}: {state} (wanted {view.desired}){pid}{reason}")
+
+
+# ---------------------------------------------------------------- progress on a terminal
+class _Progress:
+    """One line on stderr rewritten in place, only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self.on = sys.stderr.isatty()
+        self._width = 0
+
+    def show(self, line: str) -> None:
+        if self.on:
+            line = cut(line)[:120]
+            click.echo("\r" + line.ljust(self._width), nl=False, err=True)
+            self._width = len(line)
+
+    def clear(self) -> None:
+        if self.on and self._width:
+            click.echo("\r" + " " * self._width + "\r", nl=False, err=True)
+            self._width = 0
+
+
+_LIVE = ("starting", "running", "unhealthy")
+_WAIT_POLL_S = 0.25
+
+
+def _wait_running(
+    client: ControlClient, answer: InstanceView, timeout_s: float, progress: _Progress
+) -> InstanceView:
+    """Poll until the instance runs; exit 1 with the reason when it fails or time runs out."""
+    began = time.monotonic()
+    view = answer
+    while view.lifecycle != "running":
+        recorded = view.last_seq > answer.last_seq
+        halted = view.lifecycle in ("loaded", "stopped") and recorded
+        if (
+            view.lifecycle not in (*_LIVE, "loaded", "stopped")
+            or halted
+            or view.desired != "running"
+        ):
+            progress.clear()
+            why = view.reason or "no reason recorded"
+            _fail(f"{view.instance_id} did not start: {view.lifecycle}: {why}", "start_failed")
+        waited = time.monotonic() - began
+        if waited > timeout_s:
+            progress.clear()
+            _fail(
+                f"{view.instance_id} is still {view.lifecycle} after {timeout_s:g} s "
+                f"(--timeout): {view.reason}",
+                "timeout",
+                "--timeout",
+            )
+        progress.show(f"{view.instance_id}: {view.lifecycle} {waited:.0f} s: {view.reason}")
+        time.sleep(_WAIT_POLL_S)  # polling the node, not synchronising a test
+        view = client.status(view.instance_id)
+    progress.clear()
+    return view
+
+
+@contextmanager
+def _countdown(iid: str, grace_s: float | None, progress: _Progress) -> Iterator[None]:
+    """While a stop blocks: the grace counting down to SIGKILL (elapsed seconds when
+    the grace is the node's default), once a second, on a terminal only."""
+    done = threading.Event()
+
+    def tick() -> None:
+        began = time.monotonic()
+        while True:
+            waited = time.monotonic() - began
+            if grace_s is None:
+                progress.show(f"stopping {iid}: {waited:.0f} s (SIGKILL after the node's grace)")
+            elif waited < grace_s:
+                progress.show(f"stopping {iid}: SIGKILL in {math.ceil(grace_s - waited)} s")
+            else:
+                progress.show(f"stopping {iid}: SIGKILL sent, waiting for it to exit")
+            if done.wait(1.0):
+                return
+
+    thread = threading.Thread(target=tick, daemon=True) if progress.on else None
+    if thread is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if thread is not None:
+            thread.join()
+        progress.clear()
 
 
 @cli.command()
 @_DATA_DIR
 @click.argument("instance")
-@click.option("--json", "as_json", is_flag=True, help="Print the instance's view as JSON.")
-def start(data_dir: Path, instance: str, as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
+@click.option(
+    "--wait", is_flag=True, help="Answer once it runs (progress on a terminal), or its failure."
+)
+@click.option(
+    "--timeout",
+    type=SECONDS,
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long --wait waits for it to run.",
+)
+def start(data_dir: Path, instance: str, as_json: bool, wait: bool, timeout: float) -> None:
     """Start INSTANCE's server on the node running on DATA_DIR.
 
-    Also resets its restart budget, and the instance is wanted running from
-    now on. Answers once the server is spawned (lifecycle `starting`);
-    `infervisor status` shows it become `running`. An adopted server is only
+    The instance is wanted running from now on, and its restart budget is
+    reset. Answers once the server is spawned (lifecycle `starting`); with
+    --wait, once it is `running` (exit 1 with the reason when it fails
+    instead). An instance already starting or running is left as it is (its
+    budget too): exit 0, "already running". An adopted server is only
     checked to answer.
 
+    DATA_DIR is the node's data directory, its config file (.toml) or its
+    chain file; INSTANCE an instance id, or a role naming one instance.
     Exit 0 printing the resulting state; 1 when the node refuses (with its
-    message: an unknown INSTANCE names the placed ones); 2 when no node runs
-    on DATA_DIR (the node's data directory or its .toml config).
+    message: an unknown INSTANCE names the placed ones); 2 when the command
+    line is wrong; 3 when no node runs on DATA_DIR.
     """
-    _say_view(_ask(_data_dir(data_dir), lambda c: c.start(instance)), as_json)
+    with _node(data_dir) as client:
+        before = _view_of(client, instance)
+        view = client.start(before.instance_id)
+        already = before.lifecycle in _LIVE and view.last_seq == before.last_seq
+        if wait:
+            view = _wait_running(client, view, timeout, _Progress())
+    _say_view(view, as_json, already=already)
 
 
 @cli.command()
@@ -473,48 +734,64 @@ def start(data_dir: Path, instance: str, as_json: bool) -> None:
 @click.argument("instance")
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     metavar="SECONDS",
     help="Seconds between SIGTERM and SIGKILL [default: the node's stop_grace_s].",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the instance's view as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
 def stop(data_dir: Path, instance: str, grace: float | None, as_json: bool) -> None:
     """Stop INSTANCE's server on the node running on DATA_DIR.
 
     SIGTERM to its process group, SIGKILL after --grace seconds; answers
-    once nothing of the group is left. The instance stays placed and is
-    wanted stopped (the node will not restart it, nor will the next
-    `infervisor run`): `infervisor start` brings it back. Adopted servers
-    are never stopped; `infervisor unload` forgets them.
+    once nothing of the group is left (on a terminal, the grace counts down
+    on stderr). The instance stays placed and is wanted stopped (the node
+    will not restart it, nor will the next `infervisor run`): `infervisor
+    start` brings it back. A stopped instance is left as it is: exit 0,
+    "already stopped". Adopted servers are never stopped; `infervisor
+    unload` forgets them.
 
+    DATA_DIR is the node's data directory, its config file (.toml) or its
+    chain file; INSTANCE an instance id, or a role naming one instance.
     Exit 0 printing the resulting state; 1 when the node refuses (with its
-    message: an unknown INSTANCE names the placed ones); 2 when no node runs
-    on DATA_DIR (the node's data directory or its .toml config).
+    message: an unknown INSTANCE names the placed ones); 2 when the command
+    line is wrong; 3 when no node runs on DATA_DIR.
     """
-    _say_view(_ask(_data_dir(data_dir), lambda c: c.stop(instance, grace)), as_json)
+    with _node(data_dir) as client:
+        before = _view_of(client, instance)
+        with _countdown(before.instance_id, grace, _Progress()):
+            view = client.stop(before.instance_id, grace)
+    already = (
+        before.pid is None and before.lifecycle not in _LIVE and view.last_seq == before.last_seq
+    )
+    _say_view(view, as_json, already=already)
 
 
 @cli.command()
 @_DATA_DIR
 @click.argument("instance")
-@click.option("--json", "as_json", is_flag=True, help="Print the instance's view as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
 def restart(data_dir: Path, instance: str, as_json: bool) -> None:
     """Restart INSTANCE's server on the node running on DATA_DIR.
 
     Stops it (when running), then starts it again: a new process. Resets its
     restart budget; the instance is wanted running afterwards.
 
+    DATA_DIR is the node's data directory, its config file (.toml) or its
+    chain file; INSTANCE an instance id, or a role naming one instance.
     Exit 0 printing the resulting state; 1 when the node refuses (with its
-    message: an unknown INSTANCE names the placed ones); 2 when no node runs
-    on DATA_DIR (the node's data directory or its .toml config).
+    message: an unknown INSTANCE names the placed ones); 2 when the command
+    line is wrong; 3 when no node runs on DATA_DIR.
     """
-    _say_view(_ask(_data_dir(data_dir), lambda c: c.restart(instance)), as_json)
+    with _node(data_dir) as client:
+        view = client.restart(_view_of(client, instance).instance_id)
+    _say_view(view, as_json)
 
 
 @cli.command()
 @_DATA_DIR
 @click.argument("instance")
-def unload(data_dir: Path, instance: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help='Print {"unloaded": ID} as JSON.')
+def unload(data_dir: Path, instance: str, as_json: bool) -> None:
     """Forget INSTANCE on the node running on DATA_DIR, stopping its server.
 
     The server gets SIGTERM and, 5 s later, SIGKILL. The node no longer
@@ -523,14 +800,21 @@ def unload(data_dir: Path, instance: str) -> None:
     The next `infervisor run` places it again while its config lists it:
     remove it there to keep it gone.
 
+    DATA_DIR is the node's data directory, its config file (.toml) or its
+    chain file; INSTANCE an instance id, or a role naming one instance.
     Exit 0 once it is unloaded; 1 when the node refuses (with its message:
-    an unknown INSTANCE names the placed ones); 2 when no node runs on
-    DATA_DIR (the node's data directory or its .toml config).
+    an unknown INSTANCE names the placed ones); 2 when the command line is
+    wrong; 3 when no node runs on DATA_DIR.
     """
-    _ask(_data_dir(data_dir), lambda c: c.unload(instance))
-    click.echo(f"{instance}: unloaded")
+    with _node(data_dir) as client:
+        iid = _view_of(client, instance).instance_id
+        client.unload(iid)
+    if as_json:
+        _json({"unloaded": iid})
+    else:
+        click.echo(f"{iid}: unloaded")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point."""
-    cli()
+    cli.main(args=argv)

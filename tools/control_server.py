@@ -51,6 +51,7 @@ from .control import (
     check_socket_path,
     socket_path,
 )
+from .exit_codes import cut
 
 __all__ = ["ControlServer"]
 
@@ -244,8 +245,8 @@ class ControlServer:
             return self.refuse(e)
 
     def refuse(self, error: Exception) -> bytes:
-        """The answer line for ``error``: its message and class name."""
-        failed = Failed(error=str(error), kind=type(error).__name__)
+        """The answer line for ``error``: its message (long values cut) and class name."""
+        failed = Failed(error=cut(str(error)), kind=type(error).__name__)
         return self._encoder.encode(failed) + b"\n"
 
     def _dispatch(self, request: Request) -> Any:

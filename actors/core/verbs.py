@@ -36,26 +36,26 @@ __all__ = [
 ]
 
 S = LifecycleState
-_OLLAMA_LIVE = frozenset({S.STARTING, S.RUNNING, S.UNHEALTHY})
+_UP = frozenset({S.STARTING, S.RUNNING, S.UNHEALTHY})
 
 
 def start_verb(d: Draft, v: StartVerb) -> None:
-    """Refuse a start the state does not allow; otherwise check, then start."""
+    """Idempotent: answer a live instance as it is; refuse one stopping; else check, start.
+
+    An instance already starting, running or unhealthy (the supervisor handles
+    that) gets no event and no refusal; one stopping is refused until it has
+    stopped; otherwise the start is checked, then made."""
     inst, mode = d.inst, d.rules.mode
     if mode is Mode.ADOPTED:
-        if inst.lifecycle in (S.RUNNING, S.UNHEALTHY):
-            d.refuse(
-                RefusalKind.INVALID_STATE,
-                f"{inst.instance_id} is {inst.lifecycle}: already adopted and watched",
-            )
-            return
-        d.do(CheckAnswers(by=v.by))
-        return
+        if inst.lifecycle not in (S.RUNNING, S.UNHEALTHY):
+            d.do(CheckAnswers(by=v.by))
+        return  # already adopted and watched
+    if inst.lifecycle in _UP:
+        return  # already starting or running: nothing to do
     if inst.lifecycle not in STARTABLE:
         d.refuse(
             RefusalKind.INVALID_STATE,
-            f"{inst.instance_id} is {inst.lifecycle}: start needs it loaded, "
-            "stopped, exited, failed, finished or restarting",
+            f"{inst.instance_id} is {inst.lifecycle}: start it once it has stopped",
         )
         return
     if inst.exposed:
@@ -168,7 +168,7 @@ def _has_something(d: Draft) -> bool:
     inst = d.inst
     if d.rules.mode is Mode.PROCESS:
         return inst.process is not None
-    return inst.lifecycle in _OLLAMA_LIVE or (inst.ollama_owned is True and inst.reserved_bytes > 0)
+    return inst.lifecycle in _UP or (inst.ollama_owned is True and inst.reserved_bytes > 0)
 
 
 def _stop(d: Draft, by: str, grace_s: float, reason: str, *, then: str) -> None:

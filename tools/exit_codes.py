@@ -1,0 +1,102 @@
+"""The exit statuses of every ``infervisor`` command, and the error codes of ``--json``.
+
+One table for the whole command line (documented in docs/cli.md and in each
+command's ``--help``)::
+
+    0  done, or already so (a start of a running instance, a stop of a stopped one)
+    1  refused or invalid: the node refused the verb, the instance is unknown or
+       ambiguous, the chain does not verify or cannot be replayed, a demo step failed
+    2  usage: the command line is wrong (unknown option, a bad value, a path that
+       names no data directory, config or chain, a config that cannot be used)
+    3  no node takes verbs on that data directory (none runs, or it is still
+       starting, or shutting down): try again once `infervisor run` is up
+
+With ``--json`` an error is also printed on stdout as one object,
+``{"error": {"code": CODE, "message": MESSAGE, "field": FLAG_OR_NULL}}``;
+``CODE`` is one of :data:`CODES` and determines the exit status.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+__all__ = ["CODES", "EPILOG", "Exit", "cut", "exit_for", "kind_code"]
+
+
+class Exit(enum.IntEnum):
+    """Exit statuses."""
+
+    OK = 0
+    REFUSED = 1
+    USAGE = 2
+    NO_NODE = 3
+
+
+#: Every error code and the exit status it gives.
+CODES: dict[str, Exit] = {
+    "usage": Exit.USAGE,
+    "bad_value": Exit.USAGE,
+    "bad_path": Exit.USAGE,
+    "bad_config": Exit.USAGE,
+    "no_chain": Exit.USAGE,
+    "chain_unreadable": Exit.USAGE,
+    "unknown_instance": Exit.REFUSED,
+    "ambiguous_instance": Exit.REFUSED,
+    "invalid_state": Exit.REFUSED,
+    "refused": Exit.REFUSED,
+    "admission_refused": Exit.REFUSED,
+    "memory_budget": Exit.REFUSED,
+    "spawn_failed": Exit.REFUSED,
+    "start_failed": Exit.REFUSED,
+    "timeout": Exit.REFUSED,
+    "chain_invalid": Exit.REFUSED,
+    "chain_unreplayable": Exit.REFUSED,
+    "node_error": Exit.REFUSED,
+    "no_node": Exit.NO_NODE,
+    "node_starting": Exit.NO_NODE,
+    "node_stopping": Exit.NO_NODE,
+    "node_unreachable": Exit.NO_NODE,
+}
+
+#: The node's error classes (``kind`` on the control socket) and their codes;
+#: any other kind becomes ``node_error``.
+_KINDS = {
+    "UnknownInstance": "unknown_instance",
+    "InvalidState": "invalid_state",
+    "VerbRefused": "refused",
+    "AdmissionRefused": "admission_refused",
+    "BudgetExceeded": "memory_budget",
+    "SpawnError": "spawn_failed",
+    "BadArgument": "bad_value",
+    "BadRequest": "usage",
+    "NodeStarting": "node_starting",
+    "NodeStopping": "node_stopping",
+}
+
+#: The table as each command's --help ends with it.
+EPILOG = (
+    "Exit status (every command): 0 done or already so; 1 refused or invalid "
+    "(unknown instance, a refusal of the node, a chain that does not verify); "
+    "2 usage (bad option, value or path); 3 no node takes verbs there (none "
+    "runs, or it is starting or shutting down)."
+)
+
+#: Longest value quoted whole in a message; longer ones are cut with an ellipsis.
+MAX_VALUE = 200
+_LONG = re.compile(rf"\S{{{MAX_VALUE + 1},}}")
+
+
+def exit_for(code: str) -> Exit:
+    """The exit status of an error code (1 for a code not in the table)."""
+    return CODES.get(code, Exit.REFUSED)
+
+
+def kind_code(kind: str) -> str:
+    """The error code of an error class of the node's."""
+    return _KINDS.get(kind, "node_error")
+
+
+def cut(message: str) -> str:
+    """``message`` with every word longer than MAX_VALUE characters cut, ending in ``…``."""
+    return _LONG.sub(lambda m: m[0][:MAX_VALUE] + "…", message)

@@ -1,0 +1,326 @@
+"""The JSON objects the command line prints, as typed records and as JSON Schema.
+
+One shape per object, whether the answer comes from the running node
+(``source: "node"``) or is replayed from the chain (``source: "chain"``): a
+field the chain cannot know (health, resident memory, exposure, the adapter's
+status) is ``null`` there. ``null`` always means unknown or none; no field is
+ever ``""`` for that. The schemas are documented in docs/cli.md and checked
+against real output by tests/test_cli_contract.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from infervisor.actors.messages import InstanceView
+from infervisor.adapters.spec import InstanceSpec
+from infervisor.replay import InstanceState, TimelineEntry
+
+__all__ = [
+    "ERROR_SCHEMA",
+    "EXIT_SCHEMA",
+    "INSTANCE_SCHEMA",
+    "SCHEMAS",
+    "TIMELINE_SCHEMA",
+    "VERIFY_SCHEMA",
+    "ErrorBody",
+    "ErrorRecord",
+    "ExitInfo",
+    "InstanceRecord",
+    "TimelineRecord",
+    "from_state",
+    "from_timeline",
+    "from_view",
+]
+
+Source = Literal["node", "chain"]
+
+
+class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """How the last server process ended."""
+
+    pid: int | None
+    exit_code: int | None
+    signal: int | None
+    reason: str | None
+    ts_ns: int | None
+
+
+class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One instance, as ``status --json`` and the verbs' ``--json`` print it."""
+
+    source: Source
+    instance_id: str
+    role: str | None
+    adapter: str | None
+    flavor: str | None
+    mode: str | None
+    model: str | None
+    endpoint: str | None
+    placed_by: str
+    generation: int
+    lifecycle: str
+    desired: str
+    reason: str | None
+    since_ns: int
+    pid: int | None
+    restarts: int
+    health: str | None
+    health_reason: str | None
+    status: str | None
+    status_detail: str | None
+    reserved_bytes: int | None
+    rss_bytes: int | None
+    exposure: str | None
+    last_exit: ExitInfo | None
+    last_seq: int
+
+
+class TimelineRecord(msgspec.Struct, frozen=True, kw_only=True, rename={"frm": "from"}):
+    """One event of an instance's history; ``from`` is null before its placement."""
+
+    seq: int
+    ts_ns: int
+    kind: str
+    source: str
+    frm: str | None
+    to: str
+    reason: str | None
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    """What went wrong: a stable ``code`` (docs/cli.md), the message, the flag or argument."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``--json``'s error object."""
+
+    error: ErrorBody
+
+
+def _none(text: str | None) -> str | None:
+    return text or None
+
+
+def _exit(e: Any) -> ExitInfo | None:
+    if e is None:
+        return None
+    return ExitInfo(
+        pid=e.pid, exit_code=e.exit_code, signal=e.signal, reason=_none(e.reason), ts_ns=e.ts_ns
+    )
+
+
+def from_view(v: InstanceView) -> InstanceRecord:
+    """The record of a running node's view."""
+    return InstanceRecord(
+        source="node",
+        instance_id=v.instance_id,
+        role=v.role,
+        adapter=v.adapter,
+        flavor=v.flavor,
+        mode=v.mode,
+        model=v.model,
+        endpoint=v.endpoint,
+        placed_by=v.placed_by,
+        generation=v.generation,
+        lifecycle=v.lifecycle,
+        desired=v.desired,
+        reason=_none(v.reason),
+        since_ns=v.since_ns,
+        pid=v.pid,
+        restarts=v.restarts,
+        health=_none(v.health),
+        health_reason=_none(v.health_reason),
+        status=_none(v.status),
+        status_detail=_none(v.status_detail),
+        reserved_bytes=v.reserved_bytes,
+        rss_bytes=v.rss_bytes,
+        exposure=_none(v.exposure),
+        last_exit=_exit(v.last_exit),
+        last_seq=v.last_seq,
+    )
+
+
+def from_state(s: InstanceState) -> InstanceRecord:
+    """The record of an instance replayed from the chain: what only the node knows is null."""
+    try:
+        spec: InstanceSpec | None = msgspec.convert(s.spec, InstanceSpec)
+    except msgspec.ValidationError:
+        spec = None
+    return InstanceRecord(
+        source="chain",
+        instance_id=s.instance_id,
+        role=spec.role if spec else _none(str(s.spec.get("role") or "")),
+        adapter=spec.flavor.adapter_id(spec.mode) if spec else None,
+        flavor=spec.flavor.value if spec else None,
+        mode=spec.mode.value if spec else None,
+        model=spec.model if spec else None,
+        endpoint=spec.base_url if spec else None,
+        placed_by=s.placed_by,
+        generation=s.generation,
+        lifecycle=s.lifecycle.value,
+        desired=s.desired.value,
+        reason=_none(s.reason),
+        since_ns=s.since_ns,
+        pid=s.process.pid if s.process else None,
+        restarts=s.restarts,
+        health=None,
+        health_reason=None,
+        status=None,
+        status_detail=None,
+        reserved_bytes=s.reserved_bytes,
+        rss_bytes=None,
+        exposure=None,
+        last_exit=_exit(s.last_exit),
+        last_seq=s.last_seq,
+    )
+
+
+def from_timeline(e: TimelineEntry) -> TimelineRecord:
+    """The record of one timeline entry (``-``, before the placement, becomes null)."""
+    return TimelineRecord(
+        seq=e.seq,
+        ts_ns=e.ts_ns,
+        kind=e.kind,
+        source=e.source,
+        frm=None if e.frm in ("", "-") else e.frm,
+        to=e.to,
+        reason=_none(e.reason),
+    )
+
+
+# ---------------------------------------------------------------- JSON Schema (2020-12)
+_STR = {"type": "string"}
+_INT = {"type": "integer"}
+_OPT_STR = {"type": ["string", "null"]}
+_OPT_INT = {"type": ["integer", "null"]}
+
+EXIT_SCHEMA: dict[str, Any] = {
+    "type": ["object", "null"],
+    "additionalProperties": False,
+    "required": ["pid", "exit_code", "signal", "reason", "ts_ns"],
+    "properties": {
+        "pid": _OPT_INT,
+        "exit_code": _OPT_INT,
+        "signal": _OPT_INT,
+        "reason": _OPT_STR,
+        "ts_ns": _OPT_INT,
+    },
+}
+
+INSTANCE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "instance",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "source": {"enum": ["node", "chain"]},
+        "instance_id": _STR,
+        "role": _OPT_STR,
+        "adapter": _OPT_STR,
+        "flavor": _OPT_STR,
+        "mode": _OPT_STR,
+        "model": _OPT_STR,
+        "endpoint": _OPT_STR,
+        "placed_by": _STR,
+        "generation": _INT,
+        "lifecycle": {
+            "enum": [
+                "loaded",
+                "starting",
+                "running",
+                "unhealthy",
+                "restarting",
+                "stopping",
+                "stopped",
+                "exited",
+                "failed",
+                "finished",
+            ]
+        },
+        "desired": {"enum": ["running", "stopped"]},
+        "reason": _OPT_STR,
+        "since_ns": _INT,
+        "pid": _OPT_INT,
+        "restarts": _INT,
+        "health": _OPT_STR,
+        "health_reason": _OPT_STR,
+        "status": _OPT_STR,
+        "status_detail": _OPT_STR,
+        "reserved_bytes": _OPT_INT,
+        "rss_bytes": _OPT_INT,
+        "exposure": _OPT_STR,
+        "last_exit": EXIT_SCHEMA,
+        "last_seq": _INT,
+    },
+}
+
+INSTANCE_SCHEMA["required"] = list(INSTANCE_SCHEMA["properties"])
+
+TIMELINE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "timeline entry",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["seq", "ts_ns", "kind", "source", "from", "to", "reason"],
+    "properties": {
+        "seq": _INT,
+        "ts_ns": _INT,
+        "kind": _STR,
+        "source": _STR,
+        "from": _OPT_STR,
+        "to": _STR,
+        "reason": _OPT_STR,
+    },
+}
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "error",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["code", "message", "field"],
+            "properties": {"code": _STR, "message": _STR, "field": _OPT_STR},
+        }
+    },
+}
+
+VERIFY_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "chain verdict",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["ok", "events", "head_seq", "head_hash", "node", "problem"],
+    "properties": {
+        "ok": {"type": "boolean"},
+        "events": _INT,
+        "head_seq": _OPT_INT,
+        "head_hash": _OPT_STR,
+        "node": _OPT_STR,
+        "problem": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "required": ["seq", "reason", "detail"],
+            "properties": {"seq": _INT, "reason": _STR, "detail": _STR},
+        },
+    },
+}
+
+#: Each schema by the object's name (docs/cli.md).
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "instance": INSTANCE_SCHEMA,
+    "timeline entry": TIMELINE_SCHEMA,
+    "error": ERROR_SCHEMA,
+    "chain verdict": VERIFY_SCHEMA,
+}
