@@ -19,7 +19,13 @@ from .effects_runner import EffectRunner
 from .kinds import Supervision
 from .messages import InstanceView
 
-__all__ = ["Viewed", "build_view"]
+__all__ = ["Viewed", "build_view", "describe"]
+
+#: Lifecycle states in which the last exit is what the operator needs to know.
+_AFTER_AN_EXIT = frozenset({"exited", "restarting", "failed"})
+#: How much of a crash's output the reason quotes.
+_TAIL_LINES = 2
+_TAIL_CHARS = 200
 
 
 class Viewed(Protocol):
@@ -62,7 +68,7 @@ def build_view(actor: Viewed) -> InstanceView:
     )
     if state.exposed:
         exposure = f"stopped: listened beyond loopback on {', '.join(state.exposed)}"
-    reason = state.reason if not actor.fault else f"{state.reason} [fault: {actor.fault}]"
+    reason = describe(state, actor.fault)
     return InstanceView(
         instance_id=state.instance_id,
         adapter=adapter.adapter_id,
@@ -89,3 +95,27 @@ def build_view(actor: Viewed) -> InstanceView:
         last_exit=state.last_exit,
         last_seq=state.last_seq,
     )
+
+
+def describe(state: InstanceState, fault: str = "") -> str:
+    """The reason column: the last transition's reason, then what the operator
+    needs to act on: a start refused since (its cause), the last lines of a
+    crashed server's output, and a fault of the actor."""
+    parts = [state.reason] if state.reason else []
+    if state.refusal and state.refusal not in state.reason:
+        parts.append(f"start refused: {state.refusal}")
+    exit_ = state.last_exit
+    if exit_ is not None and state.lifecycle.value in _AFTER_AN_EXIT:
+        output = last_lines(exit_.output_tail)
+        if output:
+            parts.append(f"output: {output}")
+    reason = "; ".join(parts)
+    return f"{reason} [fault: {fault}]" if fault else reason
+
+
+def last_lines(text: str, lines: int = _TAIL_LINES, limit: int = _TAIL_CHARS) -> str:
+    """The last ``lines`` non-empty lines of ``text`` joined by " | ", cut to
+    its last ``limit`` characters ("..." marks a cut)."""
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    joined = " | ".join(kept)
+    return joined if len(joined) <= limit else "..." + joined[-(limit - 3) :]

@@ -62,7 +62,9 @@ class AdoptedServer:
                 f"lan: listening on {', '.join(wide_here)} "
                 "(adopted: its binding is not ours to enforce)"
             )
-        return "lan (adopted: its binding cannot be enforced, so it is assumed reachable)"
+        if wide is None:
+            return "unknown (adopted: its sockets were not read yet; not ours to enforce)"
+        return "loopback (adopted: seen listening on loopback only; not ours to enforce)"
 
     def close(self) -> None:
         self._client.close()

@@ -5,9 +5,13 @@ A server writes its stdout and stderr to files in its working directory
 pipes: a node that dies takes no pipe with it, so the server never gets
 SIGPIPE and keeps logging for the next node to re-attach.
 
+Each spawn starts new files; the previous spawns' logs are kept, rotated as
+``<log>.1`` (the last spawn) to ``<log>.3`` (:data:`KEPT_SPAWNS`), so the
+output of earlier crashes of a crash loop survives the restarts.
+
 One :class:`LogReader` thread per stream reads what is appended (polling every
 0.1 s at end of file) into a :class:`Tail` of the last ``limit`` bytes. When the
-file grows past ``limit``, the tail is saved as ``<log>.1`` (replaced
+file grows past ``limit``, the tail is saved as ``<log>.earlier`` (replaced
 atomically) and the file is truncated to zero; the server writes with
 ``O_APPEND``, so it carries on at the new end. While a node follows a server,
 each stream uses at most about twice ``limit`` on disk. Bytes appended between
@@ -23,6 +27,7 @@ import os
 import threading
 
 __all__ = [
+    "KEPT_SPAWNS",
     "STDERR_LOG",
     "STDOUT_LOG",
     "LogReader",
@@ -31,11 +36,13 @@ __all__ = [
     "decode",
     "exit_tail",
     "log_paths",
+    "rotate",
 ]
 
 STDOUT_LOG = "server.stdout.log"
 STDERR_LOG = "server.stderr.log"
-PREVIOUS = ".1"  # suffix of the saved tail of a truncated log
+PREVIOUS = ".earlier"  # suffix of the saved tail of a truncated log (this spawn's)
+KEPT_SPAWNS = 3  # earlier spawns' logs kept: <log>.1 (the last) .. <log>.3
 _TAIL_BYTES = 4096  # ExitInfo.output_tail
 _READ_CHUNK = 65536
 _POLL = 0.1  # s between reads at end of file
@@ -97,24 +104,56 @@ def log_paths(cwd: str) -> tuple[str, str]:
 
 
 def create_logs(cwd: str) -> tuple[int, int]:
-    """Empty log files for a new server in ``cwd``; returns the (stdout, stderr)
-    descriptors to hand to it (``O_APPEND``, close-on-exec). The caller closes them.
+    """New log files for a new server in ``cwd`` (the previous spawns' rotated,
+    see :func:`rotate`); returns the (stdout, stderr) descriptors to hand to it
+    (``O_APPEND``, close-on-exec). The caller closes them.
 
     Raises:
-        OSError: a file could not be created.
+        OSError: a file could not be rotated or created.
     """
     fds: list[int] = []
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
     try:
         for path in log_paths(cwd):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path + PREVIOUS)
+            rotate(path)
             fds.append(os.open(path, flags, 0o640))
     except OSError:
         for fd in fds:
             os.close(fd)
         raise
     return fds[0], fds[1]
+
+
+def rotate(path: str, keep: int = KEPT_SPAWNS) -> None:
+    """Shift ``path`` to ``path.1``, ``path.1`` to ``path.2`` ... keeping ``keep``.
+
+    A spawn's log is kept whole when it is renamed, with what a reader saved of
+    it when it grew past its limit (``<log>.earlier``) prepended. A missing
+    file is skipped.
+
+    Raises:
+        OSError: a file could not be renamed or written.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(f"{path}.{keep}")
+    for n in range(keep - 1, 0, -1):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(f"{path}.{n}", f"{path}.{n + 1}")
+    earlier = path + PREVIOUS
+    if not os.path.exists(earlier):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(path, f"{path}.1")
+        return
+    with (
+        contextlib.suppress(FileNotFoundError),
+        open(path, "rb") as current,
+        open(earlier, "ab") as joined,
+    ):
+        while chunk := current.read(_READ_CHUNK):
+            joined.write(chunk)
+    os.replace(earlier, f"{path}.1")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 class LogReader:

@@ -307,6 +307,7 @@ def _exit(event: ev.Exited, ts_ns: int) -> ExitRecord:
         signal=event.signal,
         reason=event.reason,
         ts_ns=ts_ns,
+        output_tail=event.output_tail,
     )
 
 
@@ -317,7 +318,7 @@ def _starting(e: ev.Starting) -> str:
 
 
 def _stop(e: ev.StopRequested) -> str:
-    return f"stop by {e.by} (grace {e.grace_s:g} s)" + (f": {e.reason}" if e.reason else "")
+    return f"stop by {e.by} (grace {e.grace_s + 0.0:g} s)" + (f": {e.reason}" if e.reason else "")
 
 
 def _ready(e: ev.Ready) -> str:

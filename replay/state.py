@@ -97,13 +97,15 @@ class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ExitRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """How the last process ended. ``ts_ns``: when the exit was recorded."""
+    """How the last process ended. ``ts_ns``: when the exit was recorded;
+    ``output_tail``: the end of what the server wrote (its stdout, then stderr)."""
 
     pid: int | None
     exit_code: int | None
     signal: int | None
     reason: str
     ts_ns: int
+    output_tail: str = ""
 
 
 class InstanceState(msgspec.Struct, frozen=True, kw_only=True):

@@ -200,7 +200,7 @@ def test_log_file_capped_on_disk_with_its_tail_saved(spawned, tmp_path: Path) ->
     proc, exits = spawned("write_bytes.py", "300000", output_limit=1000)
     exits.wait()
     live = (tmp_path / STDOUT_LOG).read_bytes()
-    previous = (tmp_path / (STDOUT_LOG + ".1")).read_bytes()
+    previous = (tmp_path / (STDOUT_LOG + ".earlier")).read_bytes()
     assert len(live) <= 1000
     assert len(previous) <= 1000
     assert (previous + live).endswith(b"<END>")
@@ -216,14 +216,18 @@ def test_exit_report_ends_with_the_last_lines_printed(spawned) -> None:
     assert proc.output()[1].startswith("Traceback")
 
 
-def test_a_new_spawn_in_the_same_cwd_starts_with_empty_logs(spawned, tmp_path: Path) -> None:
+def test_a_new_spawn_starts_with_empty_logs_and_keeps_the_earlier_ones(
+    spawned, tmp_path: Path
+) -> None:
     _, exits = spawned("exit_nonzero.py", "0")
     exits.wait()
     (tmp_path / (STDOUT_LOG + ".1")).write_text("left by an earlier run\n")
     proc, exits = spawned("exit_nonzero.py", "0")
     exits.wait()
-    assert proc.output()[0] == "to stdout\n"
-    assert not (tmp_path / (STDOUT_LOG + ".1")).exists()
+    assert proc.output()[0] == "to stdout\n"  # this spawn's own output only
+    # The previous spawn's log rotated to .1, what was .1 to .2 (three are kept).
+    assert (tmp_path / (STDOUT_LOG + ".1")).read_text() == "to stdout\n"
+    assert (tmp_path / (STDOUT_LOG + ".2")).read_text() == "left by an earlier run\n"
 
 
 # ---------------------------------------------------------------- descendants

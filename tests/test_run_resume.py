@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tomllib
@@ -38,7 +39,9 @@ INFERVISOR = Path(sys.executable).parent / "infervisor"
 EXAMPLE = Path(__file__).parents[1] / "examples" / "node.toml"
 DEADLINE_S = 20.0
 EXIT_DEADLINE_S = 30.0
-MODEL_BYTES = b"GGUF" + bytes(60)  # the fake server never reads it; the registry checks the magic
+#: A valid GGUF header (version 3, no tensors, no metadata): the fake server never reads
+#: the weights; the registry checks the header parses.
+MODEL_BYTES = b"GGUF" + struct.pack("<IQQ", 3, 0, 0) + bytes(40)
 
 
 # ---------------------------------------------------------------- helpers
@@ -466,16 +469,15 @@ def test_a_data_dir_in_use_is_refused(tmp_path: Path, fake_llama: str) -> None:
         assert_refused(cli("run", config), "in use by another infervisor run", "pid 4242")
 
 
-def test_an_instance_the_node_refuses_ends_the_run(tmp_path: Path, fake_llama: str) -> None:
+def test_an_instance_naming_an_unknown_model_is_refused_before_anything(
+    tmp_path: Path, fake_llama: str
+) -> None:
     put_model(tmp_path / "data")
     config = write_config(tmp_path, fake_llama)
     config.write_text(config.read_text().replace('model = "tiny"', 'model = "huge"', 1))
     result = cli("run", config)
-    assert_refused(result, "[[instances]] #1", "unknown model 'huge'")
-    assert_verifies(tmp_path / "data" / "chain.db")
-    kinds = [e.kind for e in events_of(tmp_path / "data" / "chain.db")]
-    assert "instance.placed" not in kinds
-    assert kinds[-1] == "node.stopped"
+    assert_refused(result, "[[instances]] #1", "model 'huge' is not a [[models]] name")
+    assert not (tmp_path / "data" / "chain.db").exists()
 
 
 def test_the_example_config_is_valid_and_its_data_dir_ignored_by_git() -> None:

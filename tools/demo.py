@@ -29,6 +29,8 @@ from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain
 from infervisor.replay import RestartPolicy, TimelineEntry, timeline
 
+from .extras import EXTRAS, missing_extra
+
 __all__ = ["DemoReport", "StepResult", "run_demo"]
 
 MODEL = "tiny-llama"
@@ -100,14 +102,28 @@ def run_demo(
         raise ValueError("the demo runs llama.cpp or mlx-lm (Ollama cannot run offline here)")
     demo = _Demo(workdir, flavor, say, progress)
     try:
+        _check_extra(demo)
         _run(demo)
         demo.report.ok = all(s.ok for s in demo.report.steps)
+    except StepFailed as e:
+        demo.say(f"demo failed: {e}")
     except Exception as e:  # noqa: BLE001 - the demo reports any failure as a failed step
         demo.say(f"demo failed: {type(e).__name__}: {e}")
         chain = workdir / "chain.db"
         if demo.report.instance_id and chain.exists():
             demo.report.timeline = timeline(chain, demo.report.instance_id)
     return demo.report
+
+
+def _check_extra(demo: _Demo) -> None:
+    """Refuse at once, naming the extra to install, when the flavor's is missing."""
+    defaults = NodeSettings(node_id="demo", data_dir=str(demo.dir))
+    llama = demo.flavor is Flavor.LLAMACPP
+    program = defaults.llamacpp_program if llama else defaults.mlx_program
+    with demo.step(f"check the {EXTRAS[demo.flavor][0]} extra is installed") as s:
+        missing = missing_extra(demo.flavor, program)
+        s.detail = missing or f"{program} found"
+        _require(missing is None, missing or "")
 
 
 def _run(demo: _Demo) -> None:

@@ -1,17 +1,27 @@
-"""``infervisor run``: a node in the foreground until SIGINT or SIGTERM.
+"""``infervisor run``: a node in the foreground until SIGINT, SIGTERM or SIGHUP.
 
 On start the node rebuilds itself from its chain (instances wanted running
 are started again, stopped ones stay stopped); instances in the config that
 the chain does not know yet are placed, and started when ``start = true``.
-On SIGINT/SIGTERM, managed servers are stopped gracefully (recorded, and
-still wanted running for the next start) and the process exits 0; a second
-signal during that stop kills them at once.
+On SIGINT/SIGTERM, and on SIGHUP (the terminal was closed), managed servers
+are stopped gracefully (recorded, and still wanted running for the next
+start) and the process exits 0; a second signal during that stop kills them
+at once.
+
+One bad instance never takes the node down: each configured instance is
+placed (and started) on its own; one the node refuses (a serve program
+missing, its port taken, no memory left) is reported in one line and the
+others run. What the node records about it is the node's.
+
+Output: one line per event and per step, on the ``say`` callback; Python
+logging (the actors' diagnostics, with levels) goes to ``<data_dir>/node.log``
+while the node runs, never between those lines.
 
 Exit status: 0 after a clean stop; 1 when a server could not be stopped; 2
 when the node cannot run as configured (the data_dir cannot be created or is
-used by another run, the chain belongs to another node, a model is missing,
-an instance is refused). The last is reported in one line, before anything
-is recorded when it can be. 3 when the node failed while running (one of its
+used by another run, the chain belongs to another node, a model file is
+missing): reported in one line, and found before anything is created or
+recorded where it can be (:func:`preflight`). 3 when the node failed while running (one of its
 node-wide actors died, or the supervisor stopped ticking: see
 :mod:`infervisor.actors.watchdog`): the cause is named in one line, the node
 is shut down as far as it still can be, and the next run resumes from the
@@ -34,9 +44,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import queue
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,18 +62,35 @@ from infervisor.actors.settings import NodeSettings
 from infervisor.actors.watchdog import NodeFailure
 from infervisor.adapters.errors import AdapterError, RegistryError
 from infervisor.adapters.registry import ModelFormat, ModelRegistry
-from infervisor.adapters.spec import instance_id
+from infervisor.adapters.spec import Flavor, InstanceSpec, Mode, instance_id
 from infervisor.chain import ChainError, SqliteChain, StoredEvent
 from infervisor.replay import EventDecodeError, decode_event, reason_of
 
 from .config import ModelEntryConfig, NodeConfig
 from .control import ControlError
 from .control_server import ControlServer
+from .extras import install_hint, missing_extra, missing_modules
 
-__all__ = ["EXIT_FAILED", "LOCK_FILE", "RunError", "register_models", "run_node", "serve"]
+__all__ = [
+    "EXIT_FAILED",
+    "LOCK_FILE",
+    "LOG_FILE",
+    "STOP_SIGNALS",
+    "RunError",
+    "preflight",
+    "register_models",
+    "run_node",
+    "serve",
+]
 
 #: Held (``flock``) in the data_dir while a node runs there: one node per data_dir.
 LOCK_FILE = "run.lock"
+
+#: Where Python logging goes (appended, with levels) while a node runs there.
+LOG_FILE = "node.log"
+
+#: Each stops the node gracefully; a second one kills what is still stopping.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: The exit status of a run whose node failed while running.
 EXIT_FAILED = 3
@@ -75,27 +104,25 @@ class RunError(Exception):
 
 
 def run_node(config: NodeConfig, say: Say) -> int:
-    """Run until SIGINT or SIGTERM; returns the exit status (see the module docstring)."""
+    """Run until SIGINT, SIGTERM or SIGHUP; returns the exit status (see the module docstring)."""
     inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
     with _signals_into(inbox), contextlib.ExitStack() as held:
         try:
+            preflight(config)
             held.enter_context(claim_data_dir(config.node))
+            log = held.enter_context(diagnostics_to(Path(config.node.data_dir) / LOG_FILE))
             control = held.enter_context(listen_for_operators(config.node))
             node = open_node(config, on_event=lambda e: say(event_line(e)))
         except RunError as e:
             say(f"error: {e}")
             return 2
         control.serve(node)
-        try:
-            report_resumed(node, config, say)
-            place_new(node, config, say, stop_requested=lambda: not inbox.empty())
-        except RunError as e:
-            say(f"error: {e}")
-            _shutdown(node, control, inbox, f"refused configuration: {e}", say)
-            return 2
+        say(f"diagnostics (Python logging): {log}")
+        report_resumed(node, config, say)
+        place_new(node, config, say, stop_requested=lambda: not inbox.empty())
         say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
         say(f"operator verbs: infervisor status|start|stop|restart|unload {control.path.parent}")
-        say("Ctrl-C or SIGTERM stops it")
+        say("Ctrl-C or SIGTERM stops it; so does SIGHUP (closing the terminal)")
         return serve(node, control, inbox, say)
 
 
@@ -115,6 +142,77 @@ def serve(node: Node, control: ControlServer, inbox: queue.SimpleQueue[str], say
 
 
 # ---------------------------------------------------------------- before the node opens
+def preflight(config: NodeConfig) -> None:
+    """What can be checked before anything is created: every model file to
+    register exists, and the extra that generates a tiny model is installed.
+
+    Raises:
+        RunError: naming the model, its file, or the extra to install.
+    """
+    registry = config.node.registry_path
+    for folder, key in ((Path(config.node.data_dir), "data_dir"), (registry, "registry_dir")):
+        _check_creatable(folder, key)
+    for model in config.models:
+        if (registry / f"{model.name}.toml").is_file() or model.format is ModelFormat.OLLAMA:
+            continue  # registered already: checked when an instance is placed or started
+        file = registry / model.path
+        if model.generate_tiny and not file.resolve().is_relative_to(registry.resolve()):
+            raise RunError(
+                f"[[models]] {model.name}: path {model.path!r} is outside the registry root "
+                f"{registry.resolve()}: refused before writing"
+            )
+        if model.generate_tiny:
+            if not file.exists() and (absent := missing_modules(Flavor.LLAMACPP)):
+                raise RunError(
+                    f"[[models]] {model.name}: generate_tiny needs the llamacpp extra: "
+                    f"{install_hint(Flavor.LLAMACPP)} (missing: {', '.join(absent)})"
+                )
+        elif not file.exists():
+            raise RunError(
+                f"[[models]] {model.name}: {file} does not exist: put the model there "
+                "(path is relative to the registry folder), or set generate_tiny = true"
+            )
+
+
+def _check_creatable(folder: Path, key: str) -> None:
+    """Refuse a folder that cannot be created because a file is in its way."""
+    found = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if found is not None and not found.is_dir():
+        raise RunError(f"{key} {folder}: cannot create it: {found} is not a folder")
+
+
+@contextlib.contextmanager
+def diagnostics_to(path: Path) -> Iterator[Path]:
+    """Send Python logging to ``path`` (appended, with levels) instead of the
+    terminal while the block runs; the root logger's level is kept.
+
+    Raises:
+        RunError: the file cannot be opened.
+    """
+    try:
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as e:
+        raise RunError(f"{path}: cannot write the log there: {e.strerror or e}") from e
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    terminal = [h for h in root.handlers if _is_terminal(h)]
+    for h in terminal:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    try:
+        yield path
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for h in terminal:
+            root.addHandler(h)
+
+
+def _is_terminal(handler: logging.Handler) -> bool:
+    stream = getattr(handler, "stream", None)
+    return isinstance(handler, logging.StreamHandler) and stream in (sys.stderr, sys.stdout)
+
+
 @contextlib.contextmanager
 def claim_data_dir(settings: NodeSettings) -> Iterator[None]:
     """Create the data and registry folders and hold the data_dir's run lock.
@@ -286,32 +384,57 @@ def place_new(
     say: Say,
     *,
     stop_requested: Callable[[], bool] = lambda: False,
-) -> None:
-    """Place (and start when asked) the configured instances the chain does not know.
-
-    Raises:
-        RunError: the node refused to place an instance (nothing recorded for it).
-    """
+) -> list[str]:
+    """Place (and start when asked) the configured instances the chain does not
+    know, each on its own: one refused is said in one line and the next is
+    placed. Returns the lines of the refusals."""
     known = set(node.rebuild().instances)
+    refused: list[str] = []
     for n, entry in enumerate(config.instances, 1):
         if stop_requested():
-            return
+            break
         spec = entry.spec()
         iid = instance_id(spec, config.node.node_id)
-        if iid in known:
-            continue
-        try:
-            node.place(spec)
-        except (AdapterError, NodeError) as e:
-            raise RunError(f"[[instances]] #{n} ({spec.role} on port {spec.port}): {e}") from e
-        say(f"placed {iid}")
-        if entry.start:
-            try:
-                view = node.start(iid)
-            except (AdapterError, NodeError) as e:
-                say(f"could not start {iid}: {e}")
-                continue
-            say(f"started {iid}: pid {view.pid}, {view.endpoint}")
+        if iid not in known:
+            problem = _place_one(node, config, spec, iid, start=entry.start, say=say)
+            if problem:
+                line = f"[[instances]] #{n} ({spec.role} on port {spec.port}): {problem}"
+                say(f"refused {line}")
+                refused.append(line)
+    return refused
+
+
+def _place_one(
+    node: Node, config: NodeConfig, spec: InstanceSpec, iid: str, *, start: bool, say: Say
+) -> str:
+    """Place one instance and start it when asked; what went wrong ("" if nothing)."""
+    try:
+        node.place(spec)
+    except (AdapterError, NodeError, pykka.ActorDeadError) as e:
+        return f"not placed: {_with_hint(config, spec, e)}"
+    say(f"placed {iid}")
+    if not start:
+        return ""
+    try:
+        view = node.start(iid, by="config")
+    except (AdapterError, NodeError, pykka.ActorDeadError) as e:
+        return f"placed as {iid} but not started: {_with_hint(config, spec, e)}"
+    pid = f"pid {view.pid}, " if view.pid is not None else ""
+    say(f"started {iid}: {view.lifecycle}, {pid}{view.endpoint}")
+    return ""
+
+
+def _with_hint(config: NodeConfig, spec: InstanceSpec, error: Exception) -> str:
+    """The error, and the extra to install when the flavor's server is missing."""
+    message = str(error) or type(error).__name__
+    if spec.mode is not Mode.MANAGED or spec.flavor is Flavor.OLLAMA:
+        return message
+    llama = spec.flavor is Flavor.LLAMACPP
+    program = config.node.llamacpp_program if llama else config.node.mlx_program
+    hint = install_hint(spec.flavor)
+    if hint in message or missing_extra(spec.flavor, program) is None:
+        return message
+    return f"{message} ({hint} installs it)"
 
 
 def _shutdown(
@@ -385,7 +508,7 @@ def _signals_into(inbox: queue.SimpleQueue[str]) -> Iterator[None]:
     def handler(signum: int, _frame: object) -> None:
         inbox.put(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -75,7 +75,11 @@ def _judge_process(d: Draft, p: ProbeResult) -> None:
     )
     verdict = judge(rules.supervision, sample)
     if isinstance(verdict, Unhealthy):
-        _miss(d, verdict.reason)
+        health = p.report.health
+        unreachable = health.kind is HealthKind.UNREACHABLE
+        # A server that served and stopped answering is not "starting".
+        why = f"not answering: {health.reason}" if unreachable and not starting else verdict.reason
+        _miss(d, why)
     elif isinstance(verdict, Healthy):
         d.track(Tracking(misses=0))
         if not verdict.serving:

@@ -1,0 +1,292 @@
+"""The operator's contract of ``infervisor run`` (issue 11, items 3, 4, 10, 11).
+
+One bad instance never takes the node down; a refused config creates
+nothing; SIGHUP stops the node cleanly; the status reason quotes a crash's
+output; server logs rotate across spawns; a missing extra is named. The runs
+are real processes (see tests/test_run_resume.py), synchronised on the chain.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support import PROGRAMS, make_launcher, pids_of_group
+from test_run_resume import (
+    DEADLINE_S,
+    NodeRun,
+    by_role,
+    cli,
+    distinct_ports,
+    end_runs,
+    events_of,
+    lifecycle,
+    put_model,
+    read_state,
+    server_groups,
+    toml_str,
+    write_config,
+)
+
+from infervisor.actors.view import describe, last_lines
+from infervisor.adapters.output import KEPT_SPAWNS, PREVIOUS, STDERR_LOG, create_logs
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.spec import Flavor, instance_id
+from infervisor.replay import Desired, ExitRecord, InstanceState, LifecycleState, NodeState
+from infervisor.tools import extras
+from infervisor.tools.config import load_config
+from infervisor.tools.demo import run_demo
+from infervisor.tools.run import LOG_FILE
+
+#: A Python logging line (the format the command line configures).
+LOGGING_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR)")
+
+
+@pytest.fixture(name="runs")
+def runs_fixture(tmp_path: Path) -> Iterator[Callable[[Path], NodeRun]]:
+    """Starts ``infervisor run``; teardown ends what a failed test left running."""
+    started: list[NodeRun] = []
+
+    def start(config: Path) -> NodeRun:
+        run = NodeRun(config, tmp_path / f"run-{len(started) + 1}.log")
+        started.append(run)
+        return run
+
+    yield start
+    end_runs(started, tmp_path / "data" / "chain.db")
+
+
+@pytest.fixture(name="fast_config")
+def fast_config_fixture(tmp_path: Path, fake_llama: str) -> Path:
+    put_model(tmp_path / "data")
+    return write_config(tmp_path, fake_llama)
+
+
+def mlx_instance(port: int) -> str:
+    return f"""
+[[instances]]
+role = "mlx-chat"
+flavor = "mlx-lm"
+model = "tiny-mlx"
+port = {port}
+"""
+
+
+def config_with_a_missing_program(tmp_path: Path, fake_llama: str) -> Path:
+    """chat (started), an mlx-lm instance whose server program is missing, embed."""
+    put_model(tmp_path / "data")
+    (tmp_path / "data" / "models" / "tiny-mlx").mkdir()
+    (tmp_path / "data" / "models" / "tiny-mlx" / "config.json").write_text("{}")
+    chat_port, embed_port = distinct_ports()
+    config = write_config(
+        tmp_path,
+        fake_llama,
+        ports=(chat_port, embed_port),
+        node_extra=f"mlx_program = {toml_str(tmp_path / 'no-such-mlx_lm.server')}",
+    )
+    text = config.read_text().replace(
+        '[[instances]]\nrole = "embed"',
+        '[[models]]\nname = "tiny-mlx"\npath = "tiny-mlx"\nformat = "mlx"\n'
+        + mlx_instance(free_port())
+        + '\n[[instances]]\nrole = "embed"',
+    )
+    config.write_text(text)
+    return config
+
+
+# ---------------------------------------------------------------- one bad instance
+def test_an_instance_whose_program_is_missing_leaves_the_others_running(
+    runs: Callable[[Path], NodeRun], tmp_path: Path, fake_llama: str
+) -> None:
+    config = config_with_a_missing_program(tmp_path, fake_llama)
+    db = tmp_path / "data" / "chain.db"
+    run = runs(config)
+
+    def others_placed(s: NodeState) -> bool:
+        return lifecycle(s, "chat") == "running" and lifecycle(s, "embed") is not None
+
+    run.until_state(db, "chat running and embed (after the bad one) placed", others_placed, 20)
+    run.until("the node running", lambda: "SIGTERM stops it" in run.output())
+    assert run.stop() == 0, run.output()
+    out = run.output()
+    refused = [line for line in out.splitlines() if line.startswith("refused [[instances]] #2")]
+    assert len(refused) == 1, out
+    assert "no-such-mlx_lm.server" in refused[0]
+    assert "pip install 'infervisor[mlx]'" in refused[0]
+    assert "Traceback" not in out
+    assert [e.kind for e in events_of(db)][-1] == "node.stopped"
+
+
+def test_an_instance_whose_program_is_missing_is_recorded(
+    runs: Callable[[Path], NodeRun], tmp_path: Path, fake_llama: str
+) -> None:
+    config = config_with_a_missing_program(tmp_path, fake_llama)
+    db = tmp_path / "data" / "chain.db"
+    loaded = load_config(config)
+    bad = instance_id(loaded.instances[1].spec(), loaded.node.node_id)
+    run = runs(config)
+    run.until_state(db, "embed placed", lambda s: lifecycle(s, "embed") is not None, DEADLINE_S)
+    assert run.stop() == 0, run.output()
+    assert bad in {e.subject for e in events_of(db)}, "nothing recorded for the bad instance"
+
+
+# ---------------------------------------------------------------- a refused config
+def test_a_config_naming_an_unknown_model_creates_nothing(tmp_path: Path, fake_llama: str) -> None:
+    config = write_config(tmp_path, fake_llama)
+    config.write_text(config.read_text().replace('model = "tiny"', 'model = "huge"', 1))
+    result = cli("run", config)
+    assert result.returncode == 2, result.stderr
+    assert str(config) in result.stderr
+    assert "[[instances]] #1: model 'huge' is not a [[models]] name" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_missing_model_file_creates_nothing(tmp_path: Path, fake_llama: str) -> None:
+    result = cli("run", write_config(tmp_path, fake_llama))
+    assert result.returncode == 2, result.stderr
+    assert "[[models]] tiny" in result.stderr and "tiny.gguf does not exist" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+# ---------------------------------------------------------------- SIGHUP, clean output
+def test_sighup_stops_the_node_cleanly(
+    runs: Callable[[Path], NodeRun], fast_config: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "data" / "chain.db"
+    run = runs(fast_config)
+    run.until_state(db, "chat running", lambda s: lifecycle(s, "chat") == "running", DEADLINE_S)
+    run.until("the node running", lambda: "SIGTERM stops it" in run.output())
+    assert run.stop(signal.SIGHUP) == 0, run.output()
+    assert "received SIGHUP" in run.output()
+    kinds = [e.kind for e in events_of(db)]
+    assert kinds[-1] == "node.stopped"
+    state = read_state(db)
+    assert state is not None
+    assert by_role(state.instances, "chat")[1].lifecycle == "stopped"
+    assert not (tmp_path / "data" / "control.sock").exists()
+    for pgid in server_groups(db):
+        assert pids_of_group(pgid) == []
+
+
+def test_run_prints_clean_event_lines_and_logs_to_a_file(
+    runs: Callable[[Path], NodeRun], fast_config: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "data" / "chain.db"
+    run = runs(fast_config)
+    run.until_state(db, "chat running", lambda s: lifecycle(s, "chat") == "running", DEADLINE_S)
+    assert run.stop() == 0, run.output()
+    out = run.output()
+    assert not [line for line in out.splitlines() if LOGGING_LINE.match(line)], out
+    assert "pid None" not in out
+    assert f"diagnostics (Python logging): {tmp_path / 'data' / LOG_FILE}" in out
+    assert (tmp_path / "data" / LOG_FILE).exists()
+
+
+# ---------------------------------------------------------------- status tells the truth
+def test_status_reason_quotes_the_crash_output(
+    runs: Callable[[Path], NodeRun], tmp_path: Path
+) -> None:
+    crasher = make_launcher(tmp_path, PROGRAMS / "exit_nonzero.py", "1")
+    put_model(tmp_path / "data")
+    config = write_config(tmp_path, crasher, node_extra="[node.restart]\nmax_restarts = 0")
+    db = tmp_path / "data" / "chain.db"
+    run = runs(config)
+    state = run.until_state(
+        db, "chat failed", lambda s: lifecycle(s, "chat") == "failed", DEADLINE_S
+    )
+    chat_id, chat = by_role(state.instances, "chat")
+    assert chat.last_exit is not None and "giving up" in chat.last_exit.output_tail
+    shown = cli("status", config, chat_id)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "output: to stdout | to stderr: giving up" in shown.stdout
+    assert run.stop() == 0, run.output()
+
+
+def instance(lifecycle: str, **fields: object) -> InstanceState:
+    return InstanceState(
+        instance_id="i1",
+        spec={},
+        placed_by="n1",
+        generation=0,
+        lifecycle=LifecycleState(lifecycle),
+        desired=Desired.RUNNING,
+        since_ns=0,
+        last_seq=1,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def crash(tail: str) -> ExitRecord:
+    return ExitRecord(
+        pid=1, exit_code=1, signal=None, reason="exit code 1", ts_ns=0, output_tail=tail
+    )
+
+
+def test_the_reason_shows_a_refusal_and_a_crash_tail() -> None:
+    refused = instance("loaded", reason="placed by bad (generation 0)", refusal="over budget")
+    assert describe(refused) == "placed by bad (generation 0); start refused: over budget"
+    crashed = instance("failed", reason="exit code 1", last_exit=crash("a\n\nb\nerror: no\n\n"))
+    assert describe(crashed) == "exit code 1; output: b | error: no"
+    running = instance("running", reason="ready", last_exit=crash("old crash\n"))
+    assert describe(running) == "ready"
+    assert describe(running, "probe stuck") == "ready [fault: probe stuck]"
+    long = last_lines("x" * 500)
+    assert len(long) == 200 and long.startswith("...")
+
+
+def test_server_logs_rotate_across_spawns(tmp_path: Path) -> None:
+    cwd = str(tmp_path)
+    stderr = tmp_path / STDERR_LOG
+    for spawn in range(KEPT_SPAWNS + 2):
+        out, err = create_logs(cwd)
+        os.write(err, f"spawn {spawn}\n".encode())
+        os.close(out)
+        os.close(err)
+    last = KEPT_SPAWNS + 1
+    assert stderr.read_text() == f"spawn {last}\n"
+    for n in range(1, KEPT_SPAWNS + 1):
+        assert Path(f"{stderr}.{n}").read_text() == f"spawn {last - n}\n"
+    assert not Path(f"{stderr}.{KEPT_SPAWNS + 1}").exists()
+
+
+def test_a_rotated_log_keeps_what_was_saved_of_it_earlier(tmp_path: Path) -> None:
+    stderr = tmp_path / STDERR_LOG
+    out, err = create_logs(str(tmp_path))
+    os.write(err, b"the end\n")
+    os.close(out)
+    os.close(err)
+    Path(f"{stderr}{PREVIOUS}").write_text("the start\n")  # as a reader saves it
+    out, err = create_logs(str(tmp_path))
+    os.close(out)
+    os.close(err)
+    assert Path(f"{stderr}.1").read_text() == "the start\nthe end\n"
+    assert not Path(f"{stderr}{PREVIOUS}").exists()
+    assert stderr.read_text() == ""
+
+
+# ---------------------------------------------------------------- extras
+@pytest.mark.parametrize(
+    ("flavor", "extra"), [(Flavor.MLX_LM, "mlx"), (Flavor.LLAMACPP, "llamacpp")]
+)
+def test_the_demo_names_a_missing_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flavor: Flavor, extra: str
+) -> None:
+    monkeypatch.setattr(extras, "_importable", lambda _module: False)
+    lines: list[str] = []
+    report = run_demo(tmp_path, lines.append, lambda _line: None, flavor)
+    assert not report.ok
+    assert [s.ok for s in report.steps] == [False]
+    assert f"pip install 'infervisor[{extra}]'" in report.steps[0].detail
+    assert any(f"needs the {extra} extra" in line for line in lines), lines
+    assert not (tmp_path / "chain.db").exists()
+
+
+def test_the_demo_names_a_missing_server_program(tmp_path: Path) -> None:
+    missing = extras.missing_extra(Flavor.MLX_LM, str(tmp_path / "mlx_lm.server"))
+    assert missing is not None
+    assert "pip install 'infervisor[mlx]'" in missing and "mlx_lm.server" in missing
