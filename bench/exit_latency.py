@@ -56,8 +56,8 @@ from _harness import (
     workdir,
 )
 
-from infervisor.actors import messages as m
 from infervisor.actors import instance
+from infervisor.actors import messages as m
 from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
