@@ -995,6 +995,19 @@ def test_step_function_signature() -> None:
     assert state2 == state and tracking == Tracking() and d.events == ()
 
 
+
+# ====================================================================== operator-facing reasons
+def test_a_running_server_that_stops_answering_is_not_described_as_starting() -> None:
+    """Issue 11: a server that served and went silent read "starting: not listening yet"."""
+    sim = running(http_sim())
+    silent = ServerReport(health=Health(HealthKind.UNREACHABLE, "no answer within 2.0 s"))
+    for _ in range(sim.rules.supervision.miss_limit):
+        sim.probe(silent)
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    assert sim.inst.reason.endswith("not answering: no answer within 2.0 s")
+    assert "starting" not in sim.inst.reason
+
+
 # ====================================================================== 5. coverage
 NODE_KINDS = {"node.started", "node.stopped", "node.admission_refused", "node.lease_renewed"}
 
@@ -1012,14 +1025,3 @@ def test_zz_every_state_and_event_kind_reached(request: pytest.FixtureRequest) -
     assert not missing_states, f"lifecycle states never reached: {sorted(missing_states)}"
     assert not missing_kinds, f"event kinds never emitted: {sorted(missing_kinds)}"
 
-
-# ====================================================================== operator-facing reasons
-def test_a_running_server_that_stops_answering_is_not_described_as_starting() -> None:
-    """Issue 11: a server that served and went silent read "starting: not listening yet"."""
-    sim = running(http_sim())
-    silent = ServerReport(health=Health(HealthKind.UNREACHABLE, "no answer within 2.0 s"))
-    for _ in range(sim.rules.supervision.miss_limit):
-        sim.probe(silent)
-    assert sim.inst.lifecycle is S.UNHEALTHY
-    assert sim.inst.reason.endswith("not answering: no answer within 2.0 s")
-    assert "starting" not in sim.inst.reason

@@ -514,7 +514,7 @@ class DirectedTour(NodeCrashAnywhere):
 
 
 NodeCrashAnywhere.TestCase.settings = settings(
-    max_examples=10,
+    max_examples=6,
     stateful_step_count=20,
     deadline=None,
     derandomize=True,
