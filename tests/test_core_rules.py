@@ -995,7 +995,6 @@ def test_step_function_signature() -> None:
     assert state2 == state and tracking == Tracking() and d.events == ()
 
 
-
 # ====================================================================== operator-facing reasons
 def test_a_running_server_that_stops_answering_is_not_described_as_starting() -> None:
     """Issue 11: a server that served and went silent read "starting: not listening yet"."""
@@ -1024,4 +1023,3 @@ def test_zz_every_state_and_event_kind_reached(request: pytest.FixtureRequest) -
     missing_kinds = set(ev.EVENT_TYPES) - NODE_KINDS - SEEN_KINDS
     assert not missing_states, f"lifecycle states never reached: {sorted(missing_states)}"
     assert not missing_kinds, f"event kinds never emitted: {sorted(missing_kinds)}"
-
