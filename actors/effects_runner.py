@@ -33,7 +33,7 @@ from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.status import LoadKind
 from infervisor.replay.state import Stamp
 
-from .clock import RealClock
+from .clock import RealClock, Timer
 from .core import effects as fx
 from .core import observations as o
 from .core.common import remaining_s
@@ -75,7 +75,7 @@ class EffectRunner:
         self.actor = actor
         self.proc: ServerProcess | None = None
         self.load: OllamaLoad | None = None
-        self.timers: dict[str, Any] = {}
+        self.timers: dict[str, tuple[int, Timer]] = {}
         self._timer_gen = 0
         self.inflight = 0
         self._lock = threading.Lock()
@@ -297,8 +297,11 @@ class EffectRunner:
 
 
 def _quietly(iid: str, fn: Callable[[float], Any], arg: float) -> None:
-    with contextlib.suppress(ProcessControlError):
+    """Run a SIGKILL pass; what survives it is logged (the reap reports it too)."""
+    try:
         fn(arg)
+    except ProcessControlError as err:
+        log.warning("%s: SIGKILL did not end everything: %s", iid, err)
 
 
 _HANDLERS: dict[type[Any], Callable[[EffectRunner, Any], o.Observation | None]] = {
