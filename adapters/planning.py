@@ -117,7 +117,8 @@ def _resolve(registry: ModelRegistry, name: str, what: str) -> ResolvedModel:
     try:
         return registry.resolve(name)
     except RegistryError as e:
-        raise RegistryError(f"{what} {name}: {e}") from e
+        why = str(e).removeprefix(f"model {name}: ")  # the registry names it already
+        raise RegistryError(f"{what} {name}: {why}") from e
 
 
 def _locate(registry: ModelRegistry, name: str, what: str) -> ResolvedModel:

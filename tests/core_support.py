@@ -214,6 +214,7 @@ class Sim:
     def checked(self, check: fx.CheckStart | None = None, **kw: Any) -> Decision:
         """Feed back the StartChecked a CheckStart effect asks for."""
         c = check or self.effect(fx.CheckStart)
+        kw.setdefault("precheck", c.weights_only)
         return self.feed(
             o.StartChecked(
                 by=c.by, reset_budget=c.reset_budget, attempt=c.attempt, verb=c.verb, **kw

@@ -130,7 +130,7 @@ def words(text: str) -> str:
     ("command", "teaches"),
     [
         ([], ["run", "chain", "replay", "timeline", "demo", "infervisor demo"]),
-        (["run"], ["CONFIG", "SIGINT or SIGTERM", "examples/node.toml"]),
+        (["run"], ["CONFIG", "SIGINT, SIGTERM or SIGHUP", "examples/node.toml"]),
         (["chain"], ["verify"]),
         (["chain", "verify"], ["WHERE", "--json", "Exit 0 when valid", "sequence number", ".toml"]),
         (["replay"], ["WHERE", "--json", "does not check hashes", ".toml"]),

@@ -338,12 +338,19 @@ def test_restart_is_one_decision_and_coalesces() -> None:
     sim = running(process_sim())
     sim.state = replace(sim.inst, restarts=1, restart_stamps=(sim.clock.now,))
     sim.feed(o.RestartVerb(by="operator", grace_s=5))
+    # The weights are checked first, so a refused launch never takes the server down.
+    assert sim.last.events == () and sim.effect(fx.CheckStart).weights_only  # type: ignore[union-attr]
+    sim.checked()
     assert sim.kinds_of_last() == ["instance.stop_requested"]
     assert sim.last.events[0].then == "restart"  # type: ignore[union-attr]
     assert sim.inst.lifecycle is S.STOPPING and sim.inst.desired is Desired.RUNNING
     assert fx.Terminate() in sim.last.effects  # type: ignore[union-attr]
     d = sim.feed(o.RestartVerb(by="operator", grace_s=5))
     assert d.events == () and d.effects == () and d.refusal is None
+    d = sim.feed(
+        o.StartChecked(by="operator", reset_budget=True, attempt=0, verb=True, precheck=True)
+    )
+    assert d.events == ()  # a late pre-check of a restart already under way: nothing more
     sim.gone(signal=15)
     assert sim.kinds_of_last() == ["instance.exited"]
     assert sim.inst.lifecycle is S.STOPPED
@@ -962,6 +969,7 @@ def test_boot_gone_one_shot_exit_zero_finishes() -> None:
 def test_boot_stopped_for_restart_starts_again() -> None:
     sim = running(process_sim())
     sim.feed(o.RestartVerb(by="operator", grace_s=5))
+    sim.checked()  # the weights pre-check: fine, so it stops to restart
     sim.feed(o.BootSeen(process=_gone(sim, code=None)))
     assert sim.kinds_of_last() == ["instance.exited"] and sim.inst.lifecycle is S.STOPPED
     assert sim.effect(fx.CheckStart).reset_budget is True
@@ -1005,6 +1013,120 @@ def test_a_running_server_that_stops_answering_is_not_described_as_starting() ->
     assert sim.inst.lifecycle is S.UNHEALTHY
     assert sim.inst.reason.endswith("not answering: no answer within 2.0 s")
     assert "starting" not in sim.inst.reason
+
+
+def test_a_restart_refused_for_its_weights_leaves_the_server_running() -> None:
+    """A newcomer found a restart stopping a healthy server for a launch that was
+    then refused: the weights are checked before anything is stopped."""
+    sim = running(process_sim())
+    sim.feed(o.RestartVerb(by="operator", grace_s=5))
+    d = sim.checked(model_refusal="model tiny: digest mismatch (expected a, found b)")
+    assert sim.kinds_of_last() == ["instance.start_refused"]
+    assert d.refusal is not None and "the running server was left as it is" in d.refusal.message
+    assert sim.inst.lifecycle is S.RUNNING and sim.inst.process is not None
+    assert not any(isinstance(e, fx.Terminate) for e in d.effects)
+
+
+# ====================================================================== adopted startup allowance
+def _loading() -> ServerReport:
+    return ServerReport(health=Health(HealthKind.LOADING))
+
+
+def _adopted_loading_sim() -> Sim:
+    """Issue 12: an adopted llama.cpp server that answered 503 "Loading model" when started."""
+    sim = Sim(rules=make_rules(Mode.ADOPTED, kind="inference"))
+    sim.feed(o.StartVerb(by="operator"))
+    sim.feed(o.AnswersChecked(by="operator", why_not=None, loading=True))
+    return sim
+
+
+def test_an_adopted_server_loading_at_start_is_starting_not_ready() -> None:
+    sim = _adopted_loading_sim()
+    assert sim.kinds_of_last() == ["instance.starting"]
+    assert sim.inst.lifecycle is S.STARTING and sim.inst.desired is Desired.RUNNING
+    d = sim.feed(o.StartVerb(by="operator"))  # a second start is answered as it is
+    assert d.events == () and d.refusal is None
+    sim.feed(o.AnswersChecked(by="operator", why_not=None, loading=True))
+    assert sim.last.events == () and sim.inst.lifecycle is S.STARTING  # type: ignore[union-attr]
+
+
+def test_an_adopted_server_loading_within_its_allowance_stays_starting_then_is_ready() -> None:
+    sim = _adopted_loading_sim()
+    sup = sim.rules.supervision
+    assert 0 < sup.startup_deadline_s < sup.startup_cap_s
+    effects: list[object] = []
+    # Well past the miss limit, past the deadline (extended while it loads), up to the cap.
+    for elapsed in (0.0, 1.0, 2.0, 3.0, sup.startup_deadline_s + 1, sup.startup_cap_s):
+        sim.clock.advance(elapsed - (sim.clock.wall_ns - sim.inst.since_ns) / NS)
+        d = sim.probe(_loading())
+        effects += d.effects
+        assert d.events == () and sim.inst.lifecycle is S.STARTING
+        assert sim.tracking.misses == 0
+    sim.probe(up())
+    assert sim.kinds_of_last() == ["instance.ready"] and sim.inst.lifecycle is S.RUNNING
+    assert sim.inst.up_since == sim.clock.now
+    effects += sim.feed(o.Tick()).effects
+    assert effects == []  # never signalled, never restarted
+
+
+def test_an_adopted_server_loading_past_its_cap_is_unhealthy_saying_what_it_said() -> None:
+    sim = _adopted_loading_sim()
+    sup = sim.rules.supervision
+    sim.clock.advance(sup.startup_cap_s + 1)
+    for _ in range(sup.miss_limit - 1):
+        assert sim.probe(_loading()).events == ()
+    d = sim.probe(_loading())
+    assert sim.kinds_of_last() == ["instance.unhealthy"] and d.effects == ()
+    reason = sim.inst.reason
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    said = 'loading: HTTP 503 "Loading model", still loading model after 901 s'
+    assert f"missed health checks: {said} (startup allowance 900 s)" in reason, reason
+    assert reason.endswith("; adopted servers are not restarted")
+    # It never served: its first up answer records it ready (not "recovered").
+    sim.probe(up())
+    assert sim.kinds_of_last() == ["instance.ready"]
+    assert sim.inst == replace(sim.inst, lifecycle=S.RUNNING)
+
+
+def test_an_adopted_server_loading_across_a_node_restart_keeps_its_allowance() -> None:
+    """The allowance is timed from the recorded start, so a node restart neither
+    renews nor loses it (the misses, unsourced, count from zero again)."""
+    sim = _adopted_loading_sim()
+    sup = sim.rules.supervision
+    sim.clock.reboot("boot-b", down_s=sup.startup_deadline_s)
+    sim.tracking = Tracking()
+    d = sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert d.events == () and d.effects == ()
+    assert sim.probe(_loading()).events == ()  # past the deadline, within the cap
+    assert sim.inst.since_ns < sim.clock.wall_ns and str(sim.inst.lifecycle) == "starting"
+    sim.clock.advance(sup.startup_cap_s)  # now past the cap, counted from the start
+    for _ in range(sup.miss_limit):
+        sim.probe(_loading())
+    assert sim.inst.lifecycle is S.UNHEALTHY and "startup allowance" in sim.inst.reason
+
+
+@pytest.mark.parametrize(
+    ("health", "said"),
+    [
+        (Health(HealthKind.UNHEALTHY, "HTTP 500: boom"), "unhealthy: HTTP 500: boom"),
+        (Health(HealthKind.UNHEALTHY), "unhealthy: answered unhealthy, without a reason"),
+        (Health(HealthKind.LOADING), 'loading: HTTP 503 "Loading model"'),
+        (Health(HealthKind.UNREACHABLE, "cannot connect"), "unreachable: cannot connect"),
+        (Health(HealthKind.UNREACHABLE), "unreachable: no answer"),
+    ],
+)
+def test_every_unhealthy_reason_of_an_adopted_server_names_what_it_said(
+    health: Health, said: str
+) -> None:
+    sim = Sim(rules=make_rules(Mode.ADOPTED, kind="inference"))
+    sim.start()
+    assert sim.kinds_of_last() == ["instance.starting", "instance.ready"]
+    for _ in range(sim.rules.supervision.miss_limit):
+        sim.probe(ServerReport(health=health))
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    assert f"missed health checks: {said}" in sim.inst.reason, sim.inst.reason
+    sim.probe(up())
+    assert sim.kinds_of_last() == ["instance.recovered"]
 
 
 # ====================================================================== 5. coverage

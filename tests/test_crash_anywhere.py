@@ -294,6 +294,11 @@ class SimNode:
     def effect(self, slot: str, iid: str, e: Any) -> Any:
         w, now = self.world, self.world.now()
         match e:
+            case fx.CheckStart(weights_only=True):  # a restart's pre-check: weights fine
+                return o.StartChecked(
+                    by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb,
+                    precheck=True,
+                )  # fmt: skip
             case fx.CheckStart():
                 taken = "127.0.0.1:8080" if slot in w.taken else None
                 return o.StartChecked(

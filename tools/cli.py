@@ -297,10 +297,12 @@ def _progress(line: str) -> None:
 @cli.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def run(config: Path) -> None:
-    """Run a node in the foreground from a TOML CONFIG until SIGINT or SIGTERM.
+    """Run a node in the foreground from a TOML CONFIG until SIGINT, SIGTERM or SIGHUP.
 
-    On SIGINT (Ctrl-C) or SIGTERM the managed servers are stopped gracefully
-    and recorded as still wanted running; a second signal kills them at once.
+    On SIGINT (Ctrl-C), SIGTERM or SIGHUP (closing the terminal) the managed
+    servers are stopped gracefully and recorded as still wanted running; a
+    second signal kills them at once. Events print as lines; Python logging
+    goes to DATA_DIR/node.log.
     Started again on the same data directory, the node rebuilds itself from
     its chain: instances wanted running are started, stopped ones stay
     stopped, and configured instances it does not know yet are placed. See

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import boot, common, health, ollama, process, verbs
+from . import boot, health, ollama, process, verbs
 from . import observations as o
 from .decision import Decision, Draft, Situation
 
@@ -29,7 +29,7 @@ RULES: dict[type[Any], Callable[[Draft, Any], None]] = {
     o.PlacementVerb: verbs.placement,
     o.AnswersChecked: verbs.answers_checked,
     o.LeaseLapsed: verbs.lease_lapsed,
-    o.StartChecked: common.start_checked,
+    o.StartChecked: verbs.start_checked,
     o.SpawnSucceeded: process.spawned,
     o.SpawnFailed: process.spawn_failed,
     o.ProcessExited: process.process_exited,

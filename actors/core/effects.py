@@ -40,6 +40,7 @@ class CheckStart(_Effect, frozen=True):
     reset_budget: bool
     attempt: int
     verb: bool
+    weights_only: bool = False  # a restart's pre-check: its own server holds the port
 
 
 class CheckAnswers(_Effect, frozen=True):

@@ -95,6 +95,8 @@ class StartChecked(_Obs, frozen=True):
         model_refusal: why the weights must not be launched (a size or
             digest mismatch with the expected and found values, a GGUF that
             does not parse, weights gone); checked before every launch.
+        precheck: the weights alone were checked, before a restart stops the
+            server it would replace.
     """
 
     by: str
@@ -105,13 +107,18 @@ class StartChecked(_Obs, frozen=True):
     reserved_bytes: int = 0
     memory_refusal: str | None = None
     model_refusal: str | None = None
+    precheck: bool = False
 
 
 class AnswersChecked(_Obs, frozen=True):
-    """Adopted start: None when the server answers, else why it does not."""
+    """Adopted start: None when the server answers, else why it does not.
+
+    ``loading``: it answered that it is still loading its model (llama.cpp's
+    503 "Loading model"), so it is starting, not serving yet."""
 
     by: str
     why_not: str | None
+    loading: bool = False
 
 
 class SpawnSucceeded(_Obs, frozen=True):

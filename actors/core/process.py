@@ -73,7 +73,7 @@ def group_gone(d: Draft, g: GroupGone) -> None:
     inst = d.inst
     if inst.process is None or inst.process.pid != g.pid:
         return
-    cause = inst.terminating.cause if inst.terminating is not None else "exited on its own"
+    cause = inst.terminating.cause if inst.terminating is not None else _unasked(g)
     reason = f"{cause}: {describe_exit(g.exit_code, g.signal)}"
     if g.note:
         reason += f"; {g.note}"
@@ -88,6 +88,11 @@ def group_gone(d: Draft, g: GroupGone) -> None:
     )
     d.do(CancelTimer(name="kill"))
     after_exit(d)
+
+
+def _unasked(g: GroupGone) -> str:
+    """The cause of an exit nobody here asked for."""
+    return "exited on its own" if g.signal is None else "killed by a signal infervisor did not send"
 
 
 def timer_due(d: Draft, t: TimerDue) -> None:

@@ -11,14 +11,24 @@ from infervisor.adapters.adopted import STOP_REFUSAL
 from infervisor.replay import LIVE_STATES, Desired, LifecycleState
 from infervisor.replay import events as ev
 
+from . import common
 from .common import STARTABLE, after_exit, begin_termination, try_start
 from .decision import Draft, RefusalKind
-from .effects import AbortLoad, CancelTimer, CheckAnswers, Kill, RemoveWorkdir, UnloadModel
+from .effects import (
+    AbortLoad,
+    CancelTimer,
+    CheckAnswers,
+    CheckStart,
+    Kill,
+    RemoveWorkdir,
+    UnloadModel,
+)
 from .observations import (
     AnswersChecked,
     LeaseLapsed,
     PlacementVerb,
     RestartVerb,
+    StartChecked,
     StartVerb,
     StopVerb,
     UnloadVerb,
@@ -30,6 +40,7 @@ __all__ = [
     "lease_lapsed",
     "placement",
     "restart_verb",
+    "start_checked",
     "start_verb",
     "stop_verb",
     "unload_verb",
@@ -76,7 +87,12 @@ def start_verb(d: Draft, v: StartVerb) -> None:
 
 
 def answers_checked(d: Draft, a: AnswersChecked) -> None:
-    """Adopted: an answering server is watched from now on."""
+    """Adopted: an answering server is watched from now on.
+
+    One that answers it is still loading its model is ``starting``: the health
+    probes give it the kind's startup allowance (``health._judge_adopted``) and
+    record it ready on its first up answer. One already watched (starting,
+    running or unhealthy) is left to the probes."""
     if a.why_not is not None:
         d.refuse(
             RefusalKind.ADMISSION,
@@ -84,10 +100,11 @@ def answers_checked(d: Draft, a: AnswersChecked) -> None:
             "infervisor does not start adopted servers",
         )
         return
-    if d.inst.lifecycle in (S.RUNNING, S.UNHEALTHY):
+    if d.inst.lifecycle in _UP:
         return
     d.emit(ev.Starting(by=a.by, reset_budget=a.by == "operator", at=d.now))
-    d.emit(ev.Ready(detail="adopted server answers", at=d.now))
+    if not a.loading:
+        d.emit(ev.Ready(detail="adopted server answers", at=d.now))
 
 
 def stop_verb(d: Draft, v: StopVerb) -> None:
@@ -113,6 +130,12 @@ def restart_verb(d: Draft, v: RestartVerb) -> None:
             f"{inst.instance_id} is stopping: start it once it has stopped",
         )
         return
+    if d.rules.mode is Mode.PROCESS and inst.process is not None:
+        # The weights first: a restart must not take down a server that serves
+        # for a launch that would be refused.
+        reset = v.by == "operator"
+        d.do(CheckStart(by=v.by, reset_budget=reset, attempt=0, verb=True, weights_only=True))
+        return
     if _has_something(d):
         _stop(d, v.by, v.grace_s, "restart", then="restart")
         return
@@ -121,6 +144,23 @@ def restart_verb(d: Draft, v: RestartVerb) -> None:
         return
     d.do(CancelTimer(name="restart"))
     try_start(d, v.by, verb=True)
+
+
+def start_checked(d: Draft, c: StartChecked) -> None:
+    """A start's checks came back: start, or (a restart's pre-check) stop to restart."""
+    if not c.precheck:
+        common.start_checked(d, c)
+        return
+    inst = d.inst
+    if inst.process is None or inst.then == "restart" or inst.lifecycle is S.STOPPING:
+        return  # the server went meanwhile, or a restart is already under way
+    if c.model_refusal is not None:
+        refusal = f"weights refused before launch: {c.model_refusal}"
+        if inst.refusal != refusal:
+            d.emit(ev.StartRefused(by=c.by, reason=refusal))
+        d.refuse(RefusalKind.ADMISSION, f"{refusal}; the running server was left as it is")
+        return
+    _stop(d, c.by, d.rules.stop_grace_s, "restart", then="restart")
 
 
 def unload_verb(d: Draft, v: UnloadVerb) -> None:
