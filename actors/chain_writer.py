@@ -1,32 +1,57 @@
-"""The chain writer: the only writer of the node's SQLite chain."""
+"""The chain writer: the only writer of the node's SQLite chain.
+
+Group commit: an :class:`Append` that reaches the writer takes with it every
+Append already waiting in the inbox, and all their drafts go into one
+transaction (``SqliteChain.append_many``, one ``BEGIN IMMEDIATE`` ... ``COMMIT``).
+Each asker is answered only after that commit, with its own stored events
+(seqs and hashes) in the order of its drafts. An asker whose drafts are
+invalid fails alone, before the transaction; a transaction that fails fails
+every asker in it, and none of their events is stored.
+
+The observer of appended events (``on_event``) runs on its own thread behind
+a bounded buffer (:class:`~infervisor.actors.observer.EventObserver`): the
+writer hands it each batch once durable and never waits for it.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import pykka
 
-from infervisor.chain import SqliteChain, StoredEvent
+from infervisor.chain import EventDraft, InvalidEventError, SqliteChain, StoredEvent
+from infervisor.chain.records import check_drafts
 
 from .messages import Append
+from .observer import DEFAULT_CAPACITY, EventObserver
 
 __all__ = ["ChainWriter"]
 
 log = logging.getLogger(__name__)
 
 
+class _Ask(NamedTuple):
+    """One Append of a group: its drafts and where its answer goes (None: the first)."""
+
+    drafts: list[EventDraft]
+    reply_to: pykka.Future[Any] | None
+
+
 class ChainWriter(pykka.ThreadingActor):
     """Appends events and answers once they are durable (WAL, ``synchronous=FULL``).
 
-    ``on_event``, when given, is called on this actor's thread with each
-    event once it is durable (for live output); it must be quick.
+    Every Append queued when a transaction starts shares that transaction
+    (see the module docstring); callers still ``ask(Append(drafts=...))`` and
+    get their own ``list[StoredEvent]``, or the error that failed them.
 
-    One message is one transaction: the drafts of an :class:`Append` are
-    written together (``append_many``), and each asker gets its own stored
-    events. Appends from different actors are serialised by this actor's inbox.
+    ``on_event``, when given, is called with each durable event in seq order
+    on the observer's own thread; a slow observer never delays an append. Past
+    ``observer_capacity`` waiting events the oldest are dropped, counted and
+    logged (:meth:`observer_dropped`).
     """
 
     def __init__(
@@ -34,34 +59,117 @@ class ChainWriter(pykka.ThreadingActor):
         path: str | os.PathLike[str],
         node_id: str,
         on_event: Callable[[StoredEvent], None] | None = None,
+        observer_capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         super().__init__()
         self._path = path
         self._node_id = node_id
         self._on_event = on_event
+        self._observer_capacity = observer_capacity
+        self._observer: EventObserver | None = None
         self._chain: SqliteChain | None = None
 
     def on_start(self) -> None:
         self._chain = SqliteChain.open(self._path, self._node_id)
+        if self._on_event is not None:
+            self._observer = EventObserver(self._on_event, self._observer_capacity)
 
     def on_stop(self) -> None:
         if self._chain is not None:
             self._chain.close()
+        if self._observer is not None:
+            self._observer.close()
+
+    def observer_dropped(self) -> int:
+        """Events the observer dropped because it fell behind (0 without one)."""
+        return 0 if self._observer is None else self._observer.dropped
 
     def on_receive(self, message: Any) -> list[StoredEvent]:
         if not isinstance(message, Append):
             raise TypeError(f"ChainWriter takes Append, not {type(message).__name__}")
-        assert self._chain is not None
-        stored = self._chain.append_many(message.drafts)
-        if self._on_event is not None:
-            for event in stored:
-                self._notify(event)
-        return stored
-
-    def _notify(self, event: StoredEvent) -> None:
-        """Tell the observer (after the event is durable); its errors never fail an append."""
-        assert self._on_event is not None
+        group, other = self._gather(message)
         try:
-            self._on_event(event)
+            return self._commit(group)
+        finally:
+            if other is not None:
+                self._handle_other(other)
+
+    def _gather(self, first: Append) -> tuple[list[_Ask], Any | None]:
+        """``first`` and every Append queued now; stops at (and returns) any other envelope."""
+        inbox = cast("queue.Queue[Any]", self.actor_inbox)  # a ThreadingActor's inbox
+        group = [_Ask(list(first.drafts), None)]
+        for _ in range(inbox.qsize()):
+            try:
+                envelope = inbox.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(envelope.message, Append):
+                return group, envelope
+            group.append(_Ask(list(envelope.message.drafts), envelope.reply_to))
+        return group, None
+
+    def _commit(self, group: list[_Ask]) -> list[StoredEvent]:
+        """Store the group in one transaction and answer each ask; returns the first's events.
+
+        Raises:
+            The first ask's own error (invalid drafts) or the transaction's.
+        """
+        first_error: Exception | None = None
+        valid: list[_Ask] = []
+        for ask in group:
+            try:
+                check_drafts(ask.drafts)
+            except InvalidEventError as exc:
+                if ask.reply_to is None:
+                    first_error = exc
+                else:
+                    _fail(ask)
+                continue
+            valid.append(ask)
+        stored = self._append(valid)
+        first: list[StoredEvent] = []
+        start = 0
+        for ask in valid:
+            mine = stored[start : start + len(ask.drafts)]
+            start += len(ask.drafts)
+            if ask.reply_to is None:
+                first = mine
+            else:
+                ask.reply_to.set(mine)
+        if self._observer is not None:
+            self._observer.offer(stored)
+        if first_error is not None:
+            raise first_error
+        return first
+
+    def _append(self, valid: list[_Ask]) -> list[StoredEvent]:
+        """One transaction for the drafts of ``valid``; if it fails, fail them all, re-raise."""
+        assert self._chain is not None
+        drafts = [draft for ask in valid for draft in ask.drafts]
+        try:
+            return self._chain.append_many(drafts)
         except Exception:
-            log.exception("event observer failed on seq %d", event.seq)
+            for ask in valid:
+                if ask.reply_to is not None:
+                    _fail(ask)
+            raise
+
+    def _handle_other(self, envelope: Any) -> None:
+        """Handle a non-Append envelope met while gathering, as pykka's loop would."""
+        try:
+            response = self._handle_receive(envelope.message)
+        except Exception:
+            if envelope.reply_to is None:
+                log.exception("chain writer failed on %r", envelope.message)
+            else:
+                envelope.reply_to.set_exception()
+            return
+        if envelope.reply_to is not None:
+            envelope.reply_to.set(response)
+
+
+def _fail(ask: _Ask) -> None:
+    """Fail a drained ask with the exception being handled (logged if nobody asked)."""
+    log.info("append of %d drafts failed", len(ask.drafts), exc_info=True)
+    if ask.reply_to is not None:
+        ask.reply_to.set_exception()
