@@ -22,7 +22,7 @@ from infervisor.adapters import ollama
 from infervisor.adapters.adopted import AdoptedServer
 from infervisor.adapters.errors import AdapterError, ProcessControlError, SpawnError
 from infervisor.adapters.launched import LaunchedServer
-from infervisor.adapters.managed_ollama import OllamaServer
+from infervisor.adapters.managed_ollama import OllamaServer, load_timeout_s
 from infervisor.adapters.ollama import OllamaLoad
 from infervisor.adapters.pgroup import signal_group
 from infervisor.adapters.planning import verify_weights
@@ -37,6 +37,7 @@ from .clock import RealClock, Timer
 from .core import effects as fx
 from .core import observations as o
 from .core.common import remaining_s
+from .kinds import Supervision
 from .ledger import BudgetExceeded, Reservation
 
 __all__ = ["EffectRunner", "Owner", "TimerFired"]
@@ -92,6 +93,12 @@ class EffectRunner:
         """The address, then the weights (blocking this instance only while a
         changed model is hashed), then the memory; the first refusal wins."""
         adapter = self.actor.adapter
+        if e.weights_only:
+            registry = ModelRegistry(self.actor.ctx.settings.registry_path)
+            return o.StartChecked(
+                by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb,
+                model_refusal=verify_weights(adapter, registry), precheck=True,
+            )  # fmt: skip
         taken = adapter.address_taken()
         if taken is not None:
             return o.StartChecked(
@@ -122,10 +129,10 @@ class EffectRunner:
     def check_answers(self, e: fx.CheckAnswers) -> o.Observation:
         adapter = self.actor.adapter
         assert isinstance(adapter, AdoptedServer)
-        why_not = adapter.confirm_answers()
+        why_not, loading = adapter.confirm_answers()
         with contextlib.suppress(AdapterError):  # for status' exposure until the next reconcile
             self.actor.listeners = wide_listeners()
-        return o.AnswersChecked(by=e.by, why_not=why_not)
+        return o.AnswersChecked(by=e.by, why_not=why_not, loading=loading)
 
     def spawn(self, e: fx.Spawn) -> o.Observation:
         adapter = self.actor.adapter
@@ -226,7 +233,12 @@ class EffectRunner:
         self._report("resident", run)
 
     def load_model(self, _: fx.LoadModel) -> None:
-        load = self._ollama().begin_load()
+        """Load within the kind's startup budget (``startup_cap_s``; no allowance:
+        ``managed_ollama.DEFAULT_LOAD_TIMEOUT_S``). A load given up at the budget
+        ends as a failed load, which the core takes as an exit."""
+        supervision = getattr(self.actor, "supervision", None)
+        cap = supervision.startup_cap_s if isinstance(supervision, Supervision) else 0.0
+        load = self._ollama().begin_load(load_timeout_s(cap))
         self.load = load
 
         def run() -> o.Observation:

@@ -231,12 +231,17 @@ class HostActor(pykka.ThreadingActor):
             )
 
     def _refuse_shared_address(self, spec: InstanceSpec) -> None:
+        """The one-address rule binds adapters that bind their port (managed
+        llama.cpp, mlx-lm); Ollama instances share Ollama's (``address_conflict``)."""
+        from infervisor.adapters.managed_ollama import address_conflict  # noqa: PLC0415
+
         placing = ((iid, p.spec) for iid, p in self._placing.items())
         for other_id, other in [*self._specs.items(), *placing]:
-            same = (other.bind_host, other.port) == (spec.bind_host, spec.port)
-            if same and "managed" in (spec.mode.value, other.mode.value):
+            why = address_conflict(spec, other)
+            if why is not None:
                 raise AdmissionRefused(
-                    f"{spec.bind_host}:{spec.port} is already used by another instance ({other_id})"
+                    f"{spec.bind_host}:{spec.port} is already used by another instance "
+                    f"({other_id}): {why}"
                 )
 
     def _admitted(self, iid: str, job: Future[tuple[InstanceState, ServerAdapter]]) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from infervisor.adapters.ollama import parse_keep_alive
+from infervisor.adapters.ollama import load_keep_alive
 from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.server import AdapterSettings
 from infervisor.replay import RestartPolicy
@@ -32,7 +32,11 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         allowed_ports: inclusive port range instances may use.
         memory_budget_bytes: the residency ledger's budget; None: no budget check.
         reserve_overhead_bytes: added to each model's size when reserving.
-        ollama_keep_alive: how long Ollama keeps a model we load (seconds or ``30m``).
+        ollama_keep_alive: how long Ollama keeps a model we load: a number of
+            seconds (TOML integer, or a float with no fraction: ``300``), or a
+            Go duration string (``"30m"``, ``"1h30m"``); negative: forever
+            (``-1``). Zero (``0``, ``"0"``, ``"0s"``) is refused: Ollama would
+            unload the model as soon as it is loaded.
         run_as: ``[uid, gid]`` managed servers run as when the node runs as root.
         deep_timeout_s: timeout of a deep health check (one real token).
         health_interval_s: time between health probes of one instance.
@@ -60,7 +64,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     allowed_ports: tuple[int, int] | None = None
     memory_budget_bytes: int | None = None
     reserve_overhead_bytes: int = 0
-    ollama_keep_alive: str = "30m"
+    ollama_keep_alive: str | int | float = "30m"
     run_as: tuple[int, int] | None = None
     deep_timeout_s: float = 300.0
     health_interval_s: float = 1.0
@@ -92,7 +96,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(
                 f"allowed_ports {list(self.allowed_ports)}: need [low, high] in 1-65535"
             )
-        parse_keep_alive(self.ollama_keep_alive)
+        try:
+            load_keep_alive(self.ollama_keep_alive)
+        except ValueError as e:
+            raise ValueError(f"ollama_keep_alive: {e}") from None
         for kind_name, kind in self.kinds.items():
             kind.validate(kind_name)
         if self.lease_s is not None and self.lease_s < 3 * self.tick_s:
@@ -143,6 +150,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             probe_timeout_s=self.probe_timeout_s,
             deep_timeout_s=self.deep_timeout_s,
             allowed_ports=self.allowed_ports,
-            ollama_keep_alive=self.ollama_keep_alive,
+            # as Ollama expects it: seconds survive as a whole-number string
+            ollama_keep_alive=str(load_keep_alive(self.ollama_keep_alive)),
             run_as=self.run_as,
         )

@@ -13,11 +13,58 @@ from __future__ import annotations
 from . import ollama
 from .probe import ServerClient, ServerReport, deep_health
 from .server import AdapterKind, AdapterSettings
-from .spec import InstanceSpec
+from .spec import Flavor, InstanceSpec, Mode
 
-__all__ = ["OllamaServer"]
+__all__ = ["DEFAULT_LOAD_TIMEOUT_S", "OllamaServer", "address_conflict", "load_timeout_s"]
 
 UNLOAD_WAIT_S = 30.0
+DEFAULT_LOAD_TIMEOUT_S = ollama.LOAD_TIMEOUT
+"""Seconds an Ollama load may take when its kind gives no startup allowance
+(``startup_cap_s`` 0, as the ``process`` kind): 900 s, the reference's value,
+long enough for a large model read from a slow disk."""
+
+
+def load_timeout_s(startup_cap_s: float) -> float:
+    """Seconds an Ollama load may take: the kind's ``startup_cap_s``, the most a
+    loading server is given to become ready (the ``inference`` kind: 900 s);
+    :data:`DEFAULT_LOAD_TIMEOUT_S` for a kind with no allowance (cap 0).
+
+    A load still running then is given up (its request is cut off, which
+    Ollama takes as a cancel) and ends as a failed load: an exit under the
+    restart policy."""
+    return startup_cap_s if startup_cap_s > 0 else DEFAULT_LOAD_TIMEOUT_S
+
+
+def _binds_port(spec: InstanceSpec) -> bool:
+    """A managed llama.cpp or mlx-lm server listens on its port itself; Ollama's
+    port is Ollama's, and an adopted server is somebody else's."""
+    return spec.mode is Mode.MANAGED and spec.flavor is not Flavor.OLLAMA
+
+
+def address_conflict(spec: InstanceSpec, other: InstanceSpec) -> str | None:
+    """Why ``spec`` cannot share its address with ``other`` (None: it can).
+
+    The one-address rule is for adapters that bind their port (managed
+    llama.cpp and mlx-lm): nothing else may use that address. One Ollama
+    serves any number of models from its one port, so managed and adopted
+    Ollama instances share it, one instance per model when one of them is
+    managed (the node unloads a model it loaded: two instances of it would
+    unload each other's model).
+    """
+    if (spec.bind_host, spec.port) != (other.bind_host, other.port):
+        return None
+    if _binds_port(spec) or _binds_port(other):
+        binder = spec if _binds_port(spec) else other
+        what = binder.flavor.value
+        return f"a managed {what} server binds its port and needs an address of its own"
+    both_ollama = spec.flavor is Flavor.OLLAMA and other.flavor is Flavor.OLLAMA
+    one_managed = Mode.MANAGED in (spec.mode, other.mode)
+    if both_ollama and one_managed and spec.model is not None and spec.model == other.model:
+        return (
+            f"Ollama there already serves model {spec.model} for it; one Ollama serves a model "
+            "to one instance when it is managed (give other models their own instances)"
+        )
+    return None
 
 
 class OllamaServer:
@@ -39,10 +86,15 @@ class OllamaServer:
         self._deep_timeout = settings.deep_timeout_s
         self._client = ServerClient(spec.base_url, settings.probe_timeout_s)
 
-    def begin_load(self) -> ollama.OllamaLoad:
-        """Start loading the model in the background (see :class:`ollama.OllamaLoad`)."""
+    def begin_load(self, timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> ollama.OllamaLoad:
+        """Start loading the model in the background (see :class:`ollama.OllamaLoad`);
+        the load may take ``timeout_s`` seconds (see :func:`load_timeout_s`)."""
         return ollama.OllamaLoad(
-            self.spec.base_url, self.tag, self.keep_alive, probe_timeout=self._probe_timeout
+            self.spec.base_url,
+            self.tag,
+            self.keep_alive,
+            timeout=timeout_s,
+            probe_timeout=self._probe_timeout,
         ).start()
 
     def unload_and_wait(self) -> bool:

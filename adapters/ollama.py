@@ -49,6 +49,7 @@ __all__ = [
     "OllamaError",
     "OllamaLoad",
     "load",
+    "load_keep_alive",
     "parse_keep_alive",
     "pulled",
     "resident",
@@ -58,7 +59,9 @@ __all__ = [
 ]
 
 LOAD_TIMEOUT = 900.0
-"""Seconds a load request may take (a large model can take minutes; the reference's value)."""
+"""Seconds a load request may take when the caller gives none (a large model can take
+minutes; the reference's value). A node gives its instance kind's startup budget
+instead (``managed_ollama.load_timeout_s``)."""
 DEFAULT_KEEP_ALIVE = "30m"
 """keep_alive sent with a load when none is configured (the reference's default)."""
 
@@ -255,10 +258,18 @@ def load(
             with its own error text.
         ProbeError: Ollama could not be asked, or its answer was not a finished load.
     """
-    _load(base_url, tag, _load_keep_alive(keep_alive), timeout, None)
+    _load(base_url, tag, load_keep_alive(keep_alive), timeout, None)
 
 
-def _load_keep_alive(keep_alive: str | int | float) -> str | int:
+def load_keep_alive(keep_alive: str | int | float) -> str | int:
+    """:func:`parse_keep_alive` for a load: also refuses a zero duration (``0``,
+    ``"0"``, ``"0s"``, ``0.0``, ``"-0m"``), with which Ollama unloads the model
+    as soon as it is loaded. Negative values are Ollama's "forever" (its API
+    docs: "any negative number which will keep the model loaded in memory").
+
+    Raises:
+        SpecError: invalid (see :func:`parse_keep_alive`) or zero, with the reason.
+    """
     keep = parse_keep_alive(keep_alive)
     if _is_zero(keep):
         raise SpecError(
@@ -353,13 +364,16 @@ class OllamaLoad:
     unloads it. A load that fails is not ours (it holds no memory).
 
     States (:attr:`state`): LOADING until the thread ends, then DONE or
-    FAILED with the reason. :meth:`abort` gives up on the load.
+    FAILED with the reason. :meth:`abort` gives up on the load. A load not
+    finished ``timeout`` seconds after :meth:`start` is given up the same way
+    (its connection is shut down, which Ollama takes as a cancel) and FAILED
+    with "not loaded within N s"; it stays :attr:`ours`, as an aborted one does.
 
     Args:
         base_url: Ollama's address (``http://127.0.0.1:11434``).
         tag: the model, as Ollama names it.
         keep_alive: how long Ollama keeps it loaded (see :func:`parse_keep_alive`).
-        timeout: seconds the load request may take.
+        timeout: seconds the whole load may take, from :meth:`start`.
         probe_timeout: seconds the ``/api/ps`` question may take.
 
     Raises:
@@ -376,18 +390,31 @@ class OllamaLoad:
         probe_timeout: float = 2.0,
     ) -> None:
         self.base_url, self.tag = base_url, tag
-        self._keep = _load_keep_alive(keep_alive)
+        self._keep = load_keep_alive(keep_alive)
         self._timeout, self._probe_timeout = timeout, probe_timeout
         self._lock = threading.Lock()
         self._state = LoadState(LoadKind.LOADING)
-        self._ours = self._aborted = False
+        self._ours = self._aborted = self._timed_out = False
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name=f"ollama-load {tag}", daemon=True)
+        self._deadline = threading.Timer(timeout, self._time_out)
+        self._deadline.daemon = True
 
     def start(self) -> OllamaLoad:
-        """Start the thread; returns self. Returns at once."""
+        """Start the thread and the load's deadline; returns self. Returns at once."""
         self._thread.start()
+        self._deadline.start()
         return self
+
+    def _time_out(self) -> None:
+        """The deadline passed: give up on the load, as :meth:`abort` does."""
+        with self._lock:
+            if self._state.kind is not LoadKind.LOADING:
+                return
+            self._timed_out = True
+            sock = self._sock
+        if sock is not None:
+            _shutdown(sock)
 
     @property
     def state(self) -> LoadState:
@@ -431,11 +458,14 @@ class OllamaLoad:
                 self._end(LoadState(LoadKind.DONE))  # somebody else's model
                 return
             with self._lock:
-                if self._aborted:
-                    self._state = LoadState(LoadKind.FAILED, "aborted before it was asked")
-                    return
-                self._ours = True  # ours from the moment we ask
-            _load(self.base_url, self.tag, self._keep, self._timeout, self._trace)
+                aborted, late = self._aborted, self._timed_out
+                self._ours = not (aborted or late)  # ours from the moment we ask
+            if aborted or late:
+                why = "aborted before it was asked" if aborted else self._late()
+                self._end(LoadState(LoadKind.FAILED, why))
+                return
+            # The deadline cuts the request off; httpx's own timeout is a backstop.
+            _load(self.base_url, self.tag, self._keep, self._timeout + 1.0, self._trace)
         except OllamaError as e:  # Ollama refused the load: it holds nothing of ours
             self._end(LoadState(LoadKind.FAILED, str(e)), failed=True, refused=True)
             return
@@ -445,10 +475,16 @@ class OllamaLoad:
             return
         self._end(LoadState(LoadKind.DONE))
 
+    def _late(self) -> str:
+        return f"not loaded within {self._timeout:g} s (the load was given up)"
+
     def _end(self, state: LoadState, *, failed: bool = False, refused: bool = False) -> None:
+        self._deadline.cancel()
         with self._lock:
             if failed and self._aborted:
                 state = LoadState(LoadKind.FAILED, f"aborted ({state.error})")
+            elif failed and not refused and self._timed_out:
+                state = LoadState(LoadKind.FAILED, self._late())
             elif refused:
                 self._ours = False  # a load Ollama refused holds no memory
             self._state, self._sock = state, None
@@ -461,8 +497,8 @@ class OllamaLoad:
         if not isinstance(sock, socket.socket):
             return
         with self._lock:
-            self._sock, aborted = sock, self._aborted
-        if aborted:
+            self._sock, given_up = sock, self._aborted or self._timed_out
+        if given_up:
             _shutdown(sock)
 
 

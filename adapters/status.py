@@ -91,7 +91,9 @@ GONE = StatusCase("unreachable, no live process", _S.EXITED, "unreachable ({reas
 NOT_PULLED = StatusCase("Ollama up, model not pulled", _S.DEGRADED, "model {model} is not pulled")
 RESIDENT = StatusCase("Ollama up, model resident", _S.RUNNING, "model resident")
 LOAD_FAILED = StatusCase("Ollama up, the load failed", _S.DEGRADED, "load failed: {error}")
-OLLAMA_LOADING = StatusCase("Ollama up, the load is under way", _S.DEGRADED, "loading model")
+OLLAMA_LOADING = StatusCase(
+    "Ollama up, this node's load is under way (resident or not yet)", _S.DEGRADED, "loading model"
+)
 UP_ADOPTED = StatusCase(
     "Ollama up, adopted, model not resident", _S.RUNNING, "server up; model not resident"
 )
@@ -110,9 +112,9 @@ MAP_REPORT_CASES: Final[list[StatusCase]] = [
     GONE_ADOPTED,
     GONE,
     NOT_PULLED,
+    OLLAMA_LOADING,
     RESIDENT,
     LOAD_FAILED,
-    OLLAMA_LOADING,
     UP_ADOPTED,
     UP_IDLE,
     NOT_LISTED,
@@ -163,10 +165,11 @@ def _ollama_up(
 ) -> InstanceStatus:
     if not report.lists(model):
         return NOT_PULLED.status(model=model)
+    # Before residency: Ollama lists a model in /api/ps while it is still loading.
+    if load is not None and load.kind is LoadKind.LOADING:
+        return OLLAMA_LOADING.status()
     if report.is_resident(model):
         return RESIDENT.status()
     if load is not None and load.kind is LoadKind.FAILED:
         return LOAD_FAILED.status(error=load.error)
-    if load is not None and load.kind is LoadKind.LOADING:
-        return OLLAMA_LOADING.status()
     return (UP_ADOPTED if adopted else UP_IDLE).status()

@@ -105,6 +105,12 @@ DONE = LoadState(LoadKind.DONE)
             InstanceStatus(S.DEGRADED, detail="load failed: out of memory"),
         ),
         (ollama(["llama3"]), False, LOADING, InstanceStatus(S.DEGRADED, detail="loading model")),
+        (  # Ollama lists a model in /api/ps while it loads: still loading
+            ollama(["llama3"], ["llama3:latest"]),
+            False,
+            LOADING,
+            InstanceStatus(S.DEGRADED, detail="loading model"),
+        ),
         (
             ollama(["llama3"]),
             True,

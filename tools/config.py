@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from infervisor.actors.settings import NodeSettings
+from infervisor.adapters.managed_ollama import address_conflict
 from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
 from infervisor.replay import RestartPolicy
@@ -264,15 +265,15 @@ def _check_unique(config: NodeConfig, path: Path) -> None:
         raise ConfigError(
             f"{path}: model names must be unique; repeated: {', '.join(sorted(dupes))}"
         )
-    seen: dict[tuple[str, int], int] = {}
-    for n, entry in enumerate(config.instances, 1):
-        address = (entry.bind_host, entry.port)
-        first = seen.setdefault(address, n)
-        if first != n and Mode.MANAGED in (entry.mode, config.instances[first - 1].mode):
-            raise ConfigError(
-                f"{path}: [[instances]] #{n} uses {entry.bind_host}:{entry.port}, as "
-                f"[[instances]] #{first} does; a managed server needs an address of its own"
-            )
+    specs = [entry.spec() for entry in config.instances]
+    for n, spec in enumerate(specs, 1):
+        for first, other in enumerate(specs[: n - 1], 1):
+            why = address_conflict(spec, other)
+            if why is not None:
+                raise ConfigError(
+                    f"{path}: [[instances]] #{n} uses {spec.bind_host}:{spec.port}, as "
+                    f"[[instances]] #{first} does: {why}"
+                )
 
 
 def _check_models_known(config: NodeConfig, path: Path) -> None:
