@@ -42,12 +42,13 @@ class AdoptedServer:
             lambda report: self.served_model or _first(report),
         )
 
-    def confirm_answers(self) -> str | None:
-        """None when the server answers; else why not (an adopted start needs it up)."""
+    def confirm_answers(self) -> tuple[str | None, bool]:
+        """What an adopted start needs to know: (why the server does not answer,
+        or None when it answers; whether it answered that it is still loading)."""
         health = self.probe().health
-        if health.kind is not HealthKind.UNREACHABLE:
-            return None
-        return health.reason or str(health.kind)
+        if health.kind is HealthKind.UNREACHABLE:
+            return health.reason or str(health.kind), False
+        return None, health.kind is HealthKind.LOADING
 
     def address_taken(self) -> str | None:
         return None  # the address is the adopted server's own

@@ -7,7 +7,7 @@ under the policy; after the stability period the restart count clears).
 
 from __future__ import annotations
 
-from infervisor.adapters.probe import HealthKind, ServerReport
+from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.status import map_report
 from infervisor.replay import Desired, InstanceState, LifecycleState
 from infervisor.replay import events as ev
@@ -40,9 +40,7 @@ def wants_probe(inst: InstanceState, rules: Rules) -> bool:
             and rules.supervision.probe == "http"
             and inst.lifecycle in (S.STARTING, S.RUNNING)
         )
-    if rules.mode is Mode.OLLAMA:
-        return inst.lifecycle in (S.STARTING, S.RUNNING, S.UNHEALTHY)
-    return inst.lifecycle in (S.RUNNING, S.UNHEALTHY)
+    return inst.lifecycle in (S.STARTING, S.RUNNING, S.UNHEALTHY)  # ollama, adopted
 
 
 def probe_token(inst: InstanceState) -> int:
@@ -91,6 +89,9 @@ def _judge_process(d: Draft, p: ProbeResult) -> None:
 
 
 def _judge_watched(d: Draft, report: ServerReport) -> None:
+    if d.rules.mode is Mode.ADOPTED:
+        _judge_adopted(d, report)
+        return
     inst, health = d.inst, report.health
     if health.kind is HealthKind.UP:
         d.track(Tracking(misses=0))
@@ -105,6 +106,68 @@ def _judge_watched(d: Draft, report: ServerReport) -> None:
     if inst.lifecycle is S.RUNNING and misses >= d.rules.supervision.miss_limit:
         why = f"{health.kind}: {health.reason}; {_SUFFIX[d.rules.mode]}"
         d.emit(ev.Unhealthy(misses=misses, reason=why))
+
+
+def _judge_adopted(d: Draft, report: ServerReport) -> None:
+    """An adopted server, judged by its health alone with the kind's startup allowance.
+
+    While ``starting`` (it answered loading when started) the kind's judge
+    applies as to a managed server: loading is healthy within the startup
+    deadline, extended while it still loads up to the cap, timed from the
+    recorded ``instance.starting``. Its first up answer records it ready (an
+    unhealthy one that never served is recorded ready too, else recovered).
+    Misses beyond the allowance make it unhealthy, with a reason naming what
+    the server said; it is never signalled nor restarted.
+    """
+    inst, rules, health = d.inst, d.rules, report.health
+    starting = inst.lifecycle is S.STARTING
+    # No model check and no process: up is serving, unreachable is a miss (as before).
+    status = map_report(rules.flavor, None, report, alive=False, adopted=True, load=None)
+    sample = HealthSample(
+        status=status, continuous=True, starting=starting, elapsed_s=_starting_for(d)
+    )
+    verdict = judge(rules.supervision, sample)
+    if isinstance(verdict, Healthy):
+        d.track(Tracking(misses=0))
+        if not verdict.serving or inst.lifecycle is S.RUNNING:
+            return
+        if starting or inst.up_since is None:
+            d.emit(ev.Ready(detail="adopted server answers", at=d.now))
+        else:
+            d.emit(ev.Recovered(detail="adopted server answers again"))
+        return
+    misses = d.tracking.misses + 1
+    d.track(Tracking(misses=misses))
+    if inst.lifecycle is S.UNHEALTHY or misses < rules.supervision.miss_limit:
+        return
+    why = _said(health)
+    if starting and health.kind is HealthKind.LOADING and isinstance(verdict, Unhealthy):
+        why = f"{why}, still {verdict.reason}"  # past the startup allowance
+    d.emit(ev.Unhealthy(misses=misses, reason=f"{why}; {_SUFFIX[Mode.ADOPTED]}"))
+
+
+#: What a server said when its probe's health carries no reason of its own.
+_SAID_BY_KIND = {
+    # The probe's only loading answer: llama.cpp's (and mlx-lm's) /health (adapters/probe.py).
+    HealthKind.LOADING: 'HTTP 503 "Loading model"',
+    HealthKind.UNHEALTHY: "answered unhealthy, without a reason",
+    HealthKind.UNREACHABLE: "no answer",
+    HealthKind.UP: "up",
+}
+
+
+def _said(health: Health) -> str:
+    """What the server said, never empty: the health kind and the probe's reason."""
+    return f"{health.kind}: {health.reason or _SAID_BY_KIND[health.kind]}"
+
+
+def _starting_for(d: Draft) -> float:
+    """Seconds since the start was recorded. While ``starting``, ``since_ns`` is the
+    ``instance.starting`` event's timestamp (the only start time the chain keeps for
+    an adopted server: wall clock, comparable across node restarts)."""
+    if d.inst.lifecycle is not S.STARTING:
+        return 0.0
+    return max(0.0, (d.now.wall_ns - d.inst.since_ns) / 1e9)
 
 
 def _miss(d: Draft, reason: str, *, at_once: bool = False) -> None:
