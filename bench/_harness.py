@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -33,6 +34,7 @@ FAKE_LLAMA = REPO / "tests" / "programs" / "fake_llama.py"
 """The tests' llama-protocol fake (HTTP/1.0: one connection per request)."""
 FAKE_KEEPALIVE = BENCH / "_fake_keepalive.py"
 """The benchmarks' llama-protocol fake (HTTP/1.1 keep-alive, one asyncio loop)."""
+MS = 1e6  # ns per ms
 
 
 @contextlib.contextmanager
@@ -128,6 +130,13 @@ def servers(script: Path, count: int, directory: Path) -> Iterator[list[tuple[in
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def bench_settings(root: Path, registry: Path, **fields: Any) -> NodeSettings:
+    """Node "bench" on ``root/data`` with the models of ``registry``; ``fields`` tune it."""
+    return NodeSettings(
+        node_id="bench", data_dir=str(root / "data"), registry_dir=str(registry), **fields
+    )
 
 
 @contextlib.contextmanager

@@ -44,6 +44,8 @@ from typing import Any
 
 from _harness import (
     FAKE_LLAMA,
+    MS,
+    bench_settings,
     fake_registry,
     free_port,
     machine,
@@ -66,7 +68,6 @@ from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import EventDraft, SqliteChain, encode_payload
 from infervisor.replay import RestartPolicy
 
-MS = 1e6  # ns per ms
 EXITED = "instance.exited"
 
 
@@ -147,10 +148,9 @@ class Tracer:
 
 
 def settings(root: Path, launcher: str, registry: Path) -> NodeSettings:
-    return NodeSettings(
-        node_id="bench",
-        data_dir=str(root / "data"),
-        registry_dir=str(registry),
+    return bench_settings(
+        root,
+        registry,
         llamacpp_program=launcher,
         health_interval_s=0.05,
         reconcile_interval_s=1.0,

@@ -54,6 +54,7 @@ import psutil
 from _harness import (
     FAKE_KEEPALIVE,
     FAKE_LLAMA,
+    bench_settings,
     fake_registry,
     machine,
     open_node,
@@ -216,10 +217,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def settings(root: Path, registry: Path, interval: float) -> NodeSettings:
-    return NodeSettings(
-        node_id="bench",
-        data_dir=str(root / "data"),
-        registry_dir=str(registry),
+    return bench_settings(
+        root,
+        registry,
         health_interval_s=interval,
         reconcile_interval_s=5.0,
         probe_timeout_s=5.0,

@@ -27,7 +27,9 @@ from pathlib import Path
 
 from _harness import (
     FAKE_LLAMA,
+    MS,
     REPO,
+    bench_settings,
     fake_registry,
     free_port,
     machine,
@@ -45,7 +47,6 @@ from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import RestartPolicy, timeline
 
 IGNORER = REPO / "tests" / "programs" / "fault_ignore_term.py"
-MS = 1e6  # ns per ms
 TARGET_MS = 50.0
 
 
@@ -63,10 +64,9 @@ def switching_launcher(directory: Path) -> str:
 
 
 def settings(root: Path, launcher: str, registry: Path) -> NodeSettings:
-    return NodeSettings(
-        node_id="bench",
-        data_dir=str(root / "data"),
-        registry_dir=str(registry),
+    return bench_settings(
+        root,
+        registry,
         llamacpp_program=launcher,
         health_interval_s=0.5,
         reconcile_interval_s=5.0,

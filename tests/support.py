@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import signal
+import sqlite3
 import stat
 import struct
 import subprocess
@@ -19,12 +21,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 
 from infervisor.adapters.pgroup import same_process
 from infervisor.adapters.pidfd import PidHandle
-from infervisor.adapters.process import ExitInfo, LaunchPlan, launch_env
+from infervisor.adapters.process import ExitInfo, LaunchPlan, ProcessIdentity, launch_env
 
 PROGRAMS = Path(__file__).parent / "programs"
 OLLAMA_SERVER = Path(__file__).parent / "servers" / "ollama_server.py"
@@ -34,6 +37,42 @@ VERIFIER = Path(__file__).with_name("independent_verifier.py")
 #: A valid GGUF header (version 3, no tensors, no metadata): what a fake model
 #: starts with, since the registry checks the header (adapters/gguf_check.py).
 FAKE_GGUF = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+
+
+#: (seq, ts_ns, kind, subject, payload) of one event, as :func:`chain_rows` reads it.
+ChainRow = tuple[int, int, str, str, dict[str, Any]]
+
+
+def chain_rows(db: Path) -> list[ChainRow]:
+    """(seq, ts_ns, kind, subject, payload) of every event, read with sqlite3 read-only."""
+    if not db.exists():
+        return []
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            found = con.execute(
+                "SELECT seq, ts_ns, kind, subject, payload FROM events ORDER BY seq"
+            ).fetchall()
+    except sqlite3.OperationalError:
+        return []  # not created yet
+    return [(q, t, k, subj or "", json.loads(bytes(p))) for q, t, k, subj, p in found]
+
+
+def gguf_registry(directory: Path, weights: bytes) -> Path:
+    """A registry folder ``directory/models`` holding ``tiny.gguf`` with ``weights``."""
+    root = directory / "models"
+    root.mkdir()
+    (root / "tiny.gguf").write_bytes(weights)
+    return root
+
+
+def stand_in_node(*argv: str) -> tuple[subprocess.Popen[bytes], ProcessIdentity]:
+    """Start a stand-in node (``argv``: a program of tests/programs/ and what it spawns)
+    and read the spawned server's identity, the first line it prints."""
+    node = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    assert node.stdout is not None
+    line = node.stdout.readline()
+    node.stdout.close()
+    return node, msgspec.json.decode(line, type=ProcessIdentity)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:

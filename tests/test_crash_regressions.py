@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import struct
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import NodeFactory
-from support import PROGRAMS, make_launcher, pids_of_group, wait_until
+from support import PROGRAMS, ChainRow, chain_rows, make_launcher, pids_of_group, wait_until
 from test_faults import (
     PLACED,
     TICK,
@@ -208,20 +207,6 @@ port = {port}
     return config
 
 
-def chain_rows(db: Path) -> list[tuple[int, int, str, str, dict[str, Any]]]:
-    """(seq, ts_ns, kind, subject, payload) of every event, read with sqlite3 read-only."""
-    if not db.exists():
-        return []
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-            found = con.execute(
-                "SELECT seq, ts_ns, kind, subject, payload FROM events ORDER BY seq"
-            ).fetchall()
-    except sqlite3.OperationalError:
-        return []  # not created yet
-    return [(q, t, k, subj, json.loads(bytes(p))) for q, t, k, subj, p in found]
-
-
 def start_run(config: Path, log: Path) -> subprocess.Popen[bytes]:
     """``infervisor run CONFIG`` in a session of its own (ended by group in teardown)."""
     with log.open("ab") as out:
@@ -250,9 +235,7 @@ def run_until(
         raise pytest.fail.Exception(f"{e}\nchain: {kinds}\noutput:\n{log.read_text()}") from None
 
 
-def first_after(
-    db: Path, iid: str, kind: str, after: int
-) -> tuple[int, int, str, str, dict[str, Any]] | None:
+def first_after(db: Path, iid: str, kind: str, after: int) -> ChainRow | None:
     return next((r for r in chain_rows(db) if r[2] == kind and r[3] == iid and r[0] > after), None)
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import test_crash_regressions
 import test_ollama_node
 from conftest import NodeFactory
 from support import PROGRAMS, OllamaTestServer, make_launcher, wait_until
@@ -67,6 +67,7 @@ OTHER_TAG = "qwen:0.5b"
 SLOW = 100.0  # health and reconcile interval (s, manual clock) where no probe may interfere
 RETRY_WINDOW_S = 5.0  # an append retry is due within this (0.5, 1, 2 s for three failures)
 server = test_ollama_node.server  # the fixture: ``server(*models, **flags)``
+holder = test_crash_regressions.holder  # the fixture: sockets closed in teardown
 
 # ---------------------------------------------------------------- helpers
 
@@ -117,6 +118,21 @@ def fail_exits(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
     return failed
 
 
+def killed_while_exits_fail(
+    r: Rig, monkeypatch: pytest.MonkeyPatch, times: int
+) -> tuple[int, list[int]]:
+    """Start the instance, make its exit's append fail ``times`` times, SIGKILL its
+    server and wait for the first failure. Returns the server's pid and the count."""
+    r.node.start(r.iid)
+    listening(r.port)
+    tick_to(r, "running")
+    pid = server_pid(r)
+    failed = fail_exits(monkeypatch, times)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: failed, 20, "the exit's append to fail")
+    return pid, failed
+
+
 def retries_until(clock: ManualClock, done: Any, what: str) -> Any:
     """Advance the clock to the next timer due within the retry window (an append
     retry, a restart's backoff) until ``done()`` holds; health and reconcile
@@ -146,14 +162,6 @@ def slow_rig(nodes, tmp_path, fake_model, clock) -> Rig:
         health_interval_s=SLOW,
         reconcile_interval_s=SLOW,
     )
-
-
-@pytest.fixture
-def holder() -> Iterator[list[socket.socket]]:
-    held: list[socket.socket] = []
-    yield held
-    for s in held:
-        s.close()
 
 
 # ---------------------------------------------------------------- 1. Ollama ownership
@@ -244,13 +252,7 @@ def test_an_exit_whose_append_fails_is_retried_and_the_policy_follows(
     nodes, tmp_path, fake_model, manual_clock, monkeypatch
 ):
     r = slow_rig(nodes, tmp_path, fake_model, manual_clock)
-    r.node.start(r.iid)
-    listening(r.port)
-    tick_to(r, "running")
-    pid = server_pid(r)
-    failed = fail_exits(monkeypatch, 3)
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: failed, 20, "the exit's append to fail")
+    pid, failed = killed_while_exits_fail(r, monkeypatch, 3)
     view = r.status()
     assert "fault" in view.reason
     assert (view.lifecycle, view.desired, view.pid) == ("running", "running", pid)
@@ -283,13 +285,7 @@ def test_a_stop_while_the_exit_cannot_be_recorded_never_hangs(
     nodes, tmp_path, fake_model, manual_clock, monkeypatch
 ):
     r = slow_rig(nodes, tmp_path, fake_model, manual_clock)
-    r.node.start(r.iid)
-    listening(r.port)
-    tick_to(r, "running")
-    pid = server_pid(r)
-    failed = fail_exits(monkeypatch, 2)
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: failed, 20, "the exit's append to fail")
+    pid, _ = killed_while_exits_fail(r, monkeypatch, 2)
 
     with ThreadPoolExecutor(1) as pool:
         stop: Future[Any] = pool.submit(r.node.stop, r.iid)

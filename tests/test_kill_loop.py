@@ -29,19 +29,16 @@ reference result is also asserted explicitly (``stopped``, ``stopped``,
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
-from support import PROGRAMS, make_launcher, pids_of_group
+from support import PROGRAMS, chain_rows, make_launcher, pids_of_group
 from test_run_resume import (
     NodeRun,
     by_role,
@@ -128,30 +125,16 @@ def three_ports() -> list[int]:
 
 
 # ---------------------------------------------------------------- reading the chain
-def rows(db: Path) -> list[tuple[int, int, str, str, dict[str, Any]]]:
-    """(seq, ts_ns, kind, subject, payload) of every event, read with sqlite3 read-only."""
-    if not db.exists():
-        return []
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-            found = con.execute(
-                "SELECT seq, ts_ns, kind, subject, payload FROM events ORDER BY seq"
-            ).fetchall()
-    except sqlite3.OperationalError:
-        return []  # not created yet
-    return [(s, t, k, subj or "", json.loads(bytes(p))) for s, t, k, subj, p in found]
-
-
 def last_seq(db: Path, kind: str) -> int:
-    return max((r[0] for r in rows(db) if r[2] == kind), default=-1)
+    return max((r[0] for r in chain_rows(db) if r[2] == kind), default=-1)
 
 
 def ids_by_role(db: Path) -> dict[str, str]:
-    return {r[4]["spec"]["role"]: r[3] for r in rows(db) if r[2] == "instance.placed"}
+    return {r[4]["spec"]["role"]: r[3] for r in chain_rows(db) if r[2] == "instance.placed"}
 
 
 def tokens_of(db: Path) -> set[str]:
-    return {r[4]["launch_token"] for r in rows(db) if r[2] == "instance.starting"}
+    return {r[4]["launch_token"] for r in chain_rows(db) if r[2] == "instance.starting"}
 
 
 # ---------------------------------------------------------------- processes
@@ -184,7 +167,7 @@ def leftovers(db: Path, marker: str) -> list[int]:
     """Live processes of the chain's instances: by launch token, or in a recorded group."""
     tokens = tokens_of(db)
     found = set(processes_with_token(tokens))
-    for r in rows(db):
+    for r in chain_rows(db):
         if r[2] != "instance.spawned":
             continue
         for pid in pids_of_group(r[4]["pgid"]):
@@ -208,7 +191,7 @@ def check_ports(db: Path, ports: dict[str, int], kill: int) -> int:
     """At most one listener per port, carrying the last recorded launch token."""
     ids = ids_by_role(db)
     last_token = {}
-    for r in rows(db):
+    for r in chain_rows(db):
         if r[2] == "instance.starting":
             last_token[r[3]] = r[4]["launch_token"]
     seen = 0
@@ -234,9 +217,9 @@ def check_backoff(db: Path) -> tuple[list[str], int, int]:
     """
     bad = []
     pairs = across = 0
-    boot_seqs = [r[0] for r in rows(db) if r[2] == "node.started"]
+    boot_seqs = [r[0] for r in chain_rows(db) if r[2] == "node.started"]
     pending: dict[str, list[tuple[int, int, float]]] = {}
-    for seq, ts, kind, subject, payload in rows(db):
+    for seq, ts, kind, subject, payload in chain_rows(db):
         if kind == "instance.restart_scheduled":
             pending.setdefault(subject, []).append((seq, ts, float(payload["delay_s"])))
         elif kind == "instance.starting":
@@ -254,7 +237,7 @@ def check_backoff(db: Path) -> tuple[list[str], int, int]:
 
 def check_one_shot(db: Path, batch_id: str) -> None:
     done_at = None
-    for seq, _ts, kind, subject, payload in rows(db):
+    for seq, _ts, kind, subject, payload in chain_rows(db):
         if subject != batch_id:
             continue
         if kind == "instance.exited" and payload.get("exit_code") == 0 and done_at is None:
@@ -267,14 +250,18 @@ def check_one_shot(db: Path, batch_id: str) -> None:
 def settle_and_stop(run: NodeRun, db: Path, data: Path) -> NodeState:
     """Make every next server stay up, wait until the continuous ones run, SIGTERM the node."""
     ids = ids_by_role(db)
+    # Read before the files exist: a server spawned after this may or may not have
+    # seen them (if not, it flaps and a later one does), one spawned before cannot.
+    stay_seq = max((r[0] for r in chain_rows(db)), default=0)
     for role in ("flap", "atonce"):
         workdir = data / "instances" / ids[role]
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / STAY).write_text("stay\n")
-    stay_seq = max((r[0] for r in rows(db)), default=0)
 
     def settled(s: NodeState) -> bool:
-        started_since = {r[3] for r in rows(db) if r[2] == "instance.spawned" and r[0] > stay_seq}
+        started_since = {
+            r[3] for r in chain_rows(db) if r[2] == "instance.spawned" and r[0] > stay_seq
+        }
         return (
             lifecycle(s, "flap") == "running"
             and lifecycle(s, "atonce") == "running"
@@ -314,7 +301,7 @@ def pick_moment(rng: random.Random, kill: int, db: Path) -> tuple[str, Callable[
                 f"kill {kill}: the one-shot spawned",
                 lambda: [
                     r[1]
-                    for r in rows(db)
+                    for r in chain_rows(db)
                     if r[2] == "instance.spawned" and r[3] == ids_by_role(db).get("batch")
                 ],
                 STEP_S,
@@ -361,7 +348,7 @@ def test_sigkill_loop_keeps_every_promise(tmp_path: Path) -> None:
             "reference: the one-shot finished, the others restarted",
             lambda s: (
                 lifecycle(s, "batch") == "finished"
-                and sum(1 for r in rows(ref_db) if r[2] == "instance.restart_scheduled") >= 6
+                and sum(1 for r in chain_rows(ref_db) if r[2] == "instance.restart_scheduled") >= 6
             ),
             SETTLE_S,
         )
@@ -382,7 +369,7 @@ def test_sigkill_loop_keeps_every_promise(tmp_path: Path) -> None:
             wait(node)
             node.proc.send_signal(signal.SIGKILL)
             node.proc.wait(timeout=20)
-            head = max((r[0] for r in rows(db)), default=-1)
+            head = max((r[0] for r in chain_rows(db)), default=-1)
             log.append(f"kill {kill}: {name}, chain at #{head}")
             listeners_seen += check_ports(db, ports, kill)
             state = read_state(db)
@@ -410,7 +397,7 @@ def test_sigkill_loop_keeps_every_promise(tmp_path: Path) -> None:
         assert boots > KILLS // 2  # most kills hit a node that had booted
         print(
             f"reference {reference_s:.1f} s, {KILLS} kills {loop_s:.1f} s, "
-            f"total {time.monotonic() - began:.1f} s; events {len(rows(db))}, boots {boots}, "
+            f"total {time.monotonic() - began:.1f} s; events {len(chain_rows(db))}, boots {boots}, "
             f"listeners checked {listeners_seen}, backoffs {pairs} ({across} across a boot)"
         )
         print("\n".join(log))

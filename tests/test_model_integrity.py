@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from support import wait_until
+from support import FAKE_GGUF, gguf_registry, wait_until
 from test_crash_regressions import crash, reopen
 from test_faults import count, history, listening, nothing_left, of_kind, rig, tick_to, wait_kind
 
@@ -20,17 +20,14 @@ from infervisor.tools.config import ConfigError, load_config
 
 POLICY = RestartPolicy(max_restarts=3, base_s=1.0, cap_s=3.0, stable_after_s=30.0)
 #: A valid GGUF (version 3, no tensors, no metadata) followed by payload bytes to flip.
-WEIGHTS = b"GGUF" + struct.pack("<IQQ", 3, 0, 0) + bytes(range(256)) * 4
+WEIGHTS = FAKE_GGUF + bytes(range(256)) * 4
 FLIP_AT = 100
 
 
 @pytest.fixture
 def fake_model(tmp_path: Path) -> Path:
     """Overrides conftest's: the registry now refuses a GGUF header that does not parse."""
-    root = tmp_path / "models"
-    root.mkdir()
-    (root / "tiny.gguf").write_bytes(WEIGHTS)
-    return root
+    return gguf_registry(tmp_path, WEIGHTS)
 
 
 def flip(model: Path) -> tuple[str, str]:

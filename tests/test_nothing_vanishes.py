@@ -10,32 +10,20 @@ again once the problem is fixed, without another node restart.
 from __future__ import annotations
 
 import shutil
-import struct
 from pathlib import Path
 
 import msgspec
 import pytest
 from conftest import NodeFactory
-from support import PROGRAMS, make_launcher
+from support import FAKE_GGUF, PROGRAMS, gguf_registry, make_launcher
+from test_node_fake_server import spec
 
 from infervisor.actors.errors import InvalidState, UnknownInstance
 from infervisor.actors.node import Node, PlacementOutcome
 from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.ports import free_port
-from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import SqliteChain
-
-
-def spec(port: int, **kw: object) -> InstanceSpec:
-    fields: dict[str, object] = {
-        "role": "chat",
-        "flavor": Flavor.LLAMACPP,
-        "model": "tiny",
-        "port": port,
-    }
-    fields.update(kw)
-    return InstanceSpec(**fields)  # type: ignore[arg-type]
 
 
 def running(node: Node, iid: str) -> None:
@@ -74,16 +62,13 @@ def assert_visible(node: Node, iid: str, problem: str) -> None:
 
 
 #: A valid GGUF (version 3, no tensors, no metadata) followed by bytes to flip.
-WEIGHTS = b"GGUF" + struct.pack("<IQQ", 3, 0, 0) + bytes(range(256))
+WEIGHTS = FAKE_GGUF + bytes(range(256))
 
 
 @pytest.fixture
 def fake_model(tmp_path: Path) -> Path:
     """Overrides conftest's: the registry refuses a GGUF header that does not parse."""
-    root = tmp_path / "models"
-    root.mkdir()
-    (root / "tiny.gguf").write_bytes(WEIGHTS)
-    return root
+    return gguf_registry(tmp_path, WEIGHTS)
 
 
 @pytest.fixture

@@ -7,14 +7,14 @@ waits by sleeping: every wait is on a state the node or the server reports.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import test_ollama_node
 from conftest import NodeFactory
-from support import OllamaTestServer, ollama_server, wait_until
+from support import OllamaTestServer, wait_until
+from test_ollama_node import kinds, reservations
 
 from infervisor.actors.kinds import KindSettings
 from infervisor.actors.messages import InstanceView
@@ -26,11 +26,12 @@ from infervisor.adapters.manifest import ModelFormat
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.adapters.status import LoadKind, LoadState, StatusState, map_report
-from infervisor.replay import RestartPolicy, timeline
+from infervisor.replay import RestartPolicy
 from infervisor.tools.config import ConfigError, load_config
 
 A, B = "tinyllama", "qwen:0.5b"
 RESERVED = 4096
+server = test_ollama_node.server  # the fixture: ``server(*models, **flags)``
 
 
 @pytest.fixture
@@ -56,16 +57,6 @@ def node(nodes: NodeFactory, fake_llama: str, fake_model: Path) -> Node:
     return n
 
 
-@pytest.fixture
-def server() -> Iterator[Callable[..., OllamaTestServer]]:
-    with contextlib.ExitStack() as stack:
-
-        def start(*models: str, **flags: Any) -> OllamaTestServer:
-            return stack.enter_context(ollama_server(*models, **flags))
-
-        yield start
-
-
 def spec(
     srv: OllamaTestServer, model: str, *, role: str = "llm", mode: Mode = Mode.MANAGED, **kw: Any
 ) -> InstanceSpec:
@@ -76,16 +67,6 @@ def spec(
 
 def resident(srv: OllamaTestServer, tag: str) -> bool:
     return ollama.resident(srv.url, tag, timeout=5.0)
-
-
-def reservations(node: Node) -> dict[str, int]:
-    ledger = node.ledger()
-    assert ledger is not None
-    return ledger.reservations
-
-
-def kinds(node: Node, iid: str) -> list[str]:
-    return [e.kind for e in timeline(node.settings.chain_path, iid)]
 
 
 # --- many models on one Ollama ------------------------------------------------------------

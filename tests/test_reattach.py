@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,16 @@ from pathlib import Path
 import msgspec
 import psutil
 import pytest
-from support import PROGRAMS, Exits, gone, kill_exact, printed_pid, script_plan, wait_until
+from support import (
+    PROGRAMS,
+    Exits,
+    gone,
+    kill_exact,
+    printed_pid,
+    script_plan,
+    stand_in_node,
+    wait_until,
+)
 
 from infervisor.adapters import pidfd
 from infervisor.adapters.descendants import RECORD
@@ -48,17 +56,10 @@ def orphaned(tmp_path: Path) -> Iterator[Callable[..., ProcessIdentity]]:
     left: list[ProcessIdentity] = []
 
     def orphan(script: str, until: Callable[[], object] = lambda: True) -> ProcessIdentity:
-        node = subprocess.Popen(
-            [
-                *(sys.executable, str(PROGRAMS / "spawn_and_report.py"), str(tmp_path)),
-                *(sys.executable, str(PROGRAMS / script)),
-            ],
-            stdout=subprocess.PIPE,
+        node, identity = stand_in_node(
+            *(sys.executable, str(PROGRAMS / "spawn_and_report.py"), str(tmp_path)),
+            *(sys.executable, str(PROGRAMS / script)),
         )
-        assert node.stdout is not None
-        line = node.stdout.readline()
-        node.stdout.close()
-        identity = msgspec.json.decode(line, type=ProcessIdentity)
         left.append(identity)
         wait_until(lambda: (tmp_path / STDOUT_LOG).stat().st_size, what="the server's first line")
         wait_until(until, what="the server to be ready to orphan")

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import test_run_resume
 from support import PROGRAMS, make_launcher, pids_of_group
 from test_run_resume import (
     DEADLINE_S,
@@ -22,7 +23,6 @@ from test_run_resume import (
     by_role,
     cli,
     distinct_ports,
-    end_runs,
     events_of,
     lifecycle,
     put_model,
@@ -46,24 +46,8 @@ from infervisor.tools.run import LOG_FILE
 LOGGING_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR)")
 
 
-@pytest.fixture(name="runs")
-def runs_fixture(tmp_path: Path) -> Iterator[Callable[[Path], NodeRun]]:
-    """Starts ``infervisor run``; teardown ends what a failed test left running."""
-    started: list[NodeRun] = []
-
-    def start(config: Path) -> NodeRun:
-        run = NodeRun(config, tmp_path / f"run-{len(started) + 1}.log")
-        started.append(run)
-        return run
-
-    yield start
-    end_runs(started, tmp_path / "data" / "chain.db")
-
-
-@pytest.fixture(name="fast_config")
-def fast_config_fixture(tmp_path: Path, fake_llama: str) -> Path:
-    put_model(tmp_path / "data")
-    return write_config(tmp_path, fake_llama)
+runs = test_run_resume.runs  # the fixture: starts ``infervisor run``, ends it in teardown
+fast_config = test_run_resume.fast_config  # the fixture: the fake server's config
 
 
 def mlx_instance(port: int) -> str:

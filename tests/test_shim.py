@@ -20,7 +20,16 @@ from pathlib import Path
 import msgspec
 import psutil
 import pytest
-from support import PROGRAMS, Exits, gone, kill_exact, printed_pid, script_plan, wait_until
+from support import (
+    PROGRAMS,
+    Exits,
+    gone,
+    kill_exact,
+    printed_pid,
+    script_plan,
+    stand_in_node,
+    wait_until,
+)
 
 from infervisor.adapters import process
 from infervisor.adapters.errors import SpawnError
@@ -98,17 +107,10 @@ def orphaned(tmp_path: Path) -> Iterator[Callable[..., tuple[ProcessIdentity, st
     def orphan(script: str, *args: str) -> tuple[ProcessIdentity, str]:
         token = new_token()
         tokens.append(token)
-        node = subprocess.Popen(
-            [
-                *(sys.executable, str(PROGRAMS / "shim_node.py"), str(tmp_path), token),
-                *(sys.executable, str(PROGRAMS / script), *args),
-            ],
-            stdout=subprocess.PIPE,
+        node, identity = stand_in_node(
+            *(sys.executable, str(PROGRAMS / "shim_node.py"), str(tmp_path), token),
+            *(sys.executable, str(PROGRAMS / script), *args),
         )
-        assert node.stdout is not None
-        line = node.stdout.readline()
-        node.stdout.close()
-        identity = msgspec.json.decode(line, type=ProcessIdentity)
         wait_until(lambda: "ready" in (tmp_path / STDOUT_LOG).read_text(), what="the server")
         node.kill()
         node.wait()
