@@ -160,7 +160,7 @@ def fast_kinds(**fields: Any) -> dict[str, KindSettings]:
 # The node really dies here: `infervisor run` as a process, SIGKILLed (it alone,
 # by pid) while a health kill is in flight, so no thread of the dead node can
 # finish the kill for it. The server ignores SIGTERM and lives on under its shim.
-HEALTH_KILL_GRACE_S = 6.0  # long enough to SIGKILL the node while the kill is in flight
+HEALTH_KILL_GRACE_S = 4.0  # long enough to SIGKILL the node while the kill is in flight
 KILL_MARGIN_S = 10.0
 RUN_DEADLINE_S = 20.0
 INFERVISOR = Path(sys.executable).parent / "infervisor"
