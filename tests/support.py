@@ -34,6 +34,17 @@ OLLAMA_SERVER = Path(__file__).parent / "servers" / "ollama_server.py"
 VERIFIER = Path(__file__).with_name("independent_verifier.py")
 
 
+#: An in-process crash (the node's actors dropped as a SIGKILL would drop them)
+#: leaves the sockets they held unclosed, and their garbage collection warns,
+#: on whatever thread it happens. Only modules that simulate a crash that way
+#: ignore exactly that warning (``pytestmark = CRASH_LEAVES_SOCKETS``).
+CRASH_LEAVES_SOCKETS = [
+    pytest.mark.filterwarnings("ignore:unclosed <socket:ResourceWarning"),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <socket:pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
 #: A valid GGUF header (version 3, no tensors, no metadata): what a fake model
 #: starts with, since the registry checks the header (adapters/gguf_check.py).
 FAKE_GGUF = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)

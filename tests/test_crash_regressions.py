@@ -29,7 +29,15 @@ from typing import Any
 import psutil
 import pytest
 from conftest import NodeFactory
-from support import PROGRAMS, ChainRow, chain_rows, make_launcher, pids_of_group, wait_until
+from support import (
+    CRASH_LEAVES_SOCKETS,
+    PROGRAMS,
+    ChainRow,
+    chain_rows,
+    make_launcher,
+    pids_of_group,
+    wait_until,
+)
 from test_faults import (
     PLACED,
     TICK,
@@ -60,6 +68,7 @@ from infervisor.replay import RestartPolicy
 
 FIELDS = ("lifecycle", "desired", "process", "restarts", "reserved_bytes")
 POLICY = RestartPolicy(max_restarts=3, base_s=1.0, cap_s=3.0, stable_after_s=30.0)
+pytestmark = CRASH_LEAVES_SOCKETS
 
 # ---------------------------------------------------------------- helpers
 

@@ -20,7 +20,7 @@ import pytest
 import test_crash_regressions
 import test_ollama_node
 from conftest import NodeFactory
-from support import PROGRAMS, OllamaTestServer, make_launcher, wait_until
+from support import CRASH_LEAVES_SOCKETS, PROGRAMS, OllamaTestServer, make_launcher, wait_until
 from test_crash_regressions import (
     POLICY,
     alive,
@@ -68,6 +68,7 @@ SLOW = 100.0  # health and reconcile interval (s, manual clock) where no probe m
 RETRY_WINDOW_S = 5.0  # an append retry is due within this (0.5, 1, 2 s for three failures)
 server = test_ollama_node.server  # the fixture: ``server(*models, **flags)``
 holder = test_crash_regressions.holder  # the fixture: sockets closed in teardown
+pytestmark = CRASH_LEAVES_SOCKETS
 
 # ---------------------------------------------------------------- helpers
 

@@ -46,7 +46,15 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-from support import PROGRAMS, make_launcher, ollama_server, own_server, pids_of_group, wait_until
+from support import (
+    CRASH_LEAVES_SOCKETS,
+    PROGRAMS,
+    make_launcher,
+    ollama_server,
+    own_server,
+    pids_of_group,
+    wait_until,
+)
 
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.errors import InvalidState, VerbRefused
@@ -62,7 +70,7 @@ from infervisor.replay import LifecycleState, RestartPolicy, timeline
 from infervisor.replay import events as ev
 from infervisor.replay.lifecycle import LIVE_STATES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, *CRASH_LEAVES_SOCKETS]
 
 FIELDS = ("lifecycle", "desired", "process", "restarts", "reserved_bytes")
 TICK = 0.5  # health interval (s, manual clock)
