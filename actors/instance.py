@@ -29,6 +29,7 @@ import pykka
 from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.server import ServerAdapter
+from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft, StoredEvent
 from infervisor.replay import InstanceState, LifecycleState, apply_instance, kind_of
 from infervisor.replay import events as ev
@@ -45,6 +46,7 @@ from .core.health import probe_token, wants_probe
 from .core.rules import Mode, Rules, Tracking
 from .effects_runner import EffectRunner, TimerFired
 from .errors import InvalidState, RecordFailed, VerbFailed
+from .kinds import Supervision
 from .ledger import Reservation
 from .settings import NodeSettings
 from .stamps import now_stamp
@@ -107,7 +109,9 @@ class InstanceActor(pykka.ThreadingActor):
         self.iid = state.instance_id
         spec = adapter.spec
         self.supervision = ctx.settings.supervision(spec.kind, spec.restart)
-        self.rules = _rules(adapter, ctx, self.supervision)
+        self.rules = rules_for(
+            Mode(adapter.kind), spec, adapter.served_model, ctx, self.supervision
+        )
         self.tracking = Tracking()
         self.memory = Reservation(ctx.ledger, state.instance_id, adapter.model_bytes)
         self.effects = EffectRunner(self)
@@ -421,13 +425,17 @@ class InstanceActor(pykka.ThreadingActor):
         return build_view(self)
 
 
-def _rules(adapter: ServerAdapter, ctx: InstanceContext, supervision: Any) -> Rules:
+def rules_for(
+    mode: Mode, spec: InstanceSpec, served_model: str | None, ctx: InstanceContext,
+    supervision: Supervision,
+) -> Rules:  # fmt: skip
+    """An instance's rules for the decision core, from its spec and the node's settings."""
     s = ctx.settings
     return Rules(
-        mode=Mode(adapter.kind),
-        flavor=adapter.spec.flavor,
-        served_model=adapter.served_model,
-        continuous=adapter.spec.continuous,
+        mode=mode,
+        flavor=spec.flavor,
+        served_model=served_model,
+        continuous=spec.continuous,
         supervision=supervision,
         node_id=ctx.node_id,
         stop_grace_s=s.stop_grace_s,

@@ -50,7 +50,7 @@ from .core.decide import decide
 from .core.decision import Situation
 from .core.rules import Mode, Rules, Tracking
 from .errors import InvalidState
-from .instance import UNLOAD_GRACE_S, InstanceContext
+from .instance import UNLOAD_GRACE_S, InstanceContext, rules_for
 from .stamps import now_stamp
 
 __all__ = ["FIX_HINT", "Handover", "UnbuiltActor"]
@@ -178,8 +178,8 @@ class UnbuiltActor(pykka.ThreadingActor):
         decision = decide(sit, verb)
         if decision.refusal is not None:
             raise InvalidState(decision.refusal.message)
-        for event in decision.events:
-            self._append(event, decision.source)
+        if decision.events:
+            self._append(*decision.events, source=decision.source)  # one transaction
         return None if self._gone else self.view()
 
     # ------------------------------------------------------------------ recording
@@ -191,48 +191,43 @@ class UnbuiltActor(pykka.ThreadingActor):
             self._recorded = self.problem
             return
         try:
-            self._append(ev.StartRefused(by=by, reason=self.problem), by)
+            self._append(ev.StartRefused(by=by, reason=self.problem), source=by)
         except Exception:
             log.exception("%s: could not record why it cannot be started", self.iid)
             return
         self._recorded = self.problem
 
-    def _append(self, event: ev.InstanceEvent, source: str) -> StoredEvent:
-        draft = EventDraft(
-            ts_ns=self.ctx.clock.wall_ns(),
-            source=source,
-            kind=kind_of(event),
-            subject=self.iid,
-            payload=ev.encode_event(event),
+    def _append(self, *events: ev.InstanceEvent, source: str) -> None:
+        """Append the events in one transaction (durable), then apply them."""
+        ts_ns = self.ctx.clock.wall_ns()
+        drafts = tuple(
+            EventDraft(
+                ts_ns=ts_ns,
+                source=source,
+                kind=kind_of(event),
+                subject=self.iid,
+                payload=ev.encode_event(event),
+            )
+            for event in events
         )
-        stored: StoredEvent = self.ctx.writer.ask(
-            m.Append(drafts=(draft,)), block=True, timeout=ASK_TIMEOUT_S
-        )[0]
-        state = apply_instance(self.state, stored, event)
+        stored: list[StoredEvent] = self.ctx.writer.ask(
+            m.Append(drafts=drafts), block=True, timeout=ASK_TIMEOUT_S
+        )
+        state: InstanceState | None = self.state
+        for record, event in zip(stored, events, strict=True):
+            state = apply_instance(state, record, event)
         if state is None:
             self._gone = True
         else:
             self.state = state
-        return stored
 
     # ------------------------------------------------------------------ view
     def _refusal(self) -> str:
         return f"{self.iid} cannot be started: {self.problem}; {FIX_HINT}"
 
     def _rules(self) -> Rules:
-        s = self.ctx.settings
-        return Rules(
-            mode=Mode(_adapter_kind(self.spec)),
-            flavor=self.spec.flavor,
-            served_model=self.spec.model,
-            continuous=self.spec.continuous,
-            supervision=self.supervision,
-            node_id=self.ctx.node_id,
-            stop_grace_s=s.stop_grace_s,
-            health_kill_grace_s=s.health_kill_grace_s,
-            unload_grace_s=UNLOAD_GRACE_S,
-            retry_s=s.reconcile_interval_s,
-        )
+        mode = Mode(_adapter_kind(self.spec))
+        return rules_for(mode, self.spec, self.spec.model, self.ctx, self.supervision)
 
     def view(self) -> m.InstanceView:
         """The sourced state, with the problem as the reason."""
