@@ -11,6 +11,12 @@ every asker in it, and none of their events is stored.
 The observer of appended events (``on_event``) runs on its own thread behind
 a bounded buffer (:class:`~infervisor.actors.observer.EventObserver`): the
 writer hands it each batch once durable and never waits for it.
+
+With ``checkpoint_every_events`` set, the writer also signs checkpoints
+(:class:`~infervisor.chain.checkpoint_store.Checkpointer`, the node key in the
+chain's folder): every that many events, at the first commit
+``checkpoint_every_s`` seconds after the last one, and when it stops. A
+checkpoint that cannot be written is logged; the appends it follows stand.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from typing import Any, NamedTuple, cast
 
 import pykka
 
-from infervisor.chain import EventDraft, InvalidEventError, SqliteChain, StoredEvent
+from infervisor.chain import ChainError, EventDraft, InvalidEventError, SqliteChain, StoredEvent
+from infervisor.chain.checkpoint import load_or_create_signer
+from infervisor.chain.checkpoint_store import DEFAULT_EVERY_S, Checkpointer
 from infervisor.chain.records import check_drafts
 
 from .messages import Append
@@ -60,8 +68,13 @@ class ChainWriter(pykka.ThreadingActor):
         node_id: str,
         on_event: Callable[[StoredEvent], None] | None = None,
         observer_capacity: int = DEFAULT_CAPACITY,
+        *,
+        checkpoint_every_events: int | None = None,
+        checkpoint_every_s: float = DEFAULT_EVERY_S,
     ) -> None:
         super().__init__()
+        self._checkpoint_every = (checkpoint_every_events, checkpoint_every_s)
+        self._checkpointer: Checkpointer | None = None
         self._path = path
         self._node_id = node_id
         self._on_event = on_event
@@ -71,10 +84,21 @@ class ChainWriter(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         self._chain = SqliteChain.open(self._path, self._node_id)
+        every_events, every_s = self._checkpoint_every
+        if every_events is not None:
+            signer = load_or_create_signer(os.path.dirname(os.fspath(self._path)), self._node_id)
+            self._checkpointer = Checkpointer(
+                self._path, self._node_id, signer, every_events=every_events, every_s=every_s
+            )
         if self._on_event is not None:
             self._observer = EventObserver(self._on_event, self._observer_capacity)
 
     def on_stop(self) -> None:
+        if self._checkpointer is not None:
+            try:
+                self._checkpointer.close()
+            except ChainError:
+                log.exception("the last checkpoint could not be written")
         if self._chain is not None:
             self._chain.close()
         if self._observer is not None:
@@ -138,6 +162,11 @@ class ChainWriter(pykka.ThreadingActor):
                 ask.reply_to.set(mine)
         if self._observer is not None:
             self._observer.offer(stored)
+        if self._checkpointer is not None and stored:
+            try:
+                self._checkpointer.observe(stored)
+            except ChainError:
+                log.exception("a checkpoint could not be written; the events are stored")
         if first_error is not None:
             raise first_error
         return first

@@ -8,7 +8,6 @@ changes sourced state: only appended events do.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import signal
@@ -26,7 +25,6 @@ from infervisor.adapters.managed_ollama import OllamaServer, load_timeout_s
 from infervisor.adapters.ollama import OllamaLoad
 from infervisor.adapters.pgroup import signal_group
 from infervisor.adapters.planning import verify_weights
-from infervisor.adapters.ports import wide_listeners
 from infervisor.adapters.process import ExitInfo, ServerProcess
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import ServerAdapter
@@ -91,7 +89,9 @@ class EffectRunner:
     # ------------------------------------------------------------------ starts
     def check_start(self, e: fx.CheckStart) -> o.Observation:
         """The address, then the weights (blocking this instance only while a
-        changed model is hashed), then the memory; the first refusal wins."""
+        changed model is hashed), then the memory; the first refusal wins. An
+        Ollama model's memory is the size Ollama reports (``/api/tags``), else
+        the registry's, plus the node's overhead."""
         adapter = self.actor.adapter
         if e.weights_only:
             registry = ModelRegistry(self.actor.ctx.settings.registry_path)
@@ -111,8 +111,11 @@ class EffectRunner:
                 by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb,
                 model_refusal=model_refusal,
             )  # fmt: skip
+        size = adapter.model_bytes
+        if isinstance(adapter, OllamaServer):
+            size = adapter.reported_size() or size  # /api/tags, else the registry's size
         try:
-            reserved = self.actor.memory.reserve()
+            reserved = self.actor.memory.reserve(size)
         except BudgetExceeded as err:
             return o.StartChecked(
                 by=e.by,
@@ -130,8 +133,8 @@ class EffectRunner:
         adapter = self.actor.adapter
         assert isinstance(adapter, AdoptedServer)
         why_not, loading = adapter.confirm_answers()
-        with contextlib.suppress(AdapterError):  # for status' exposure until the next reconcile
-            self.actor.listeners = wide_listeners()
+        # Exposure comes from the reconcile tick's one socket-table read: a read per
+        # start would cost the whole table (tens of ms with hundreds of servers) each.
         return o.AnswersChecked(by=e.by, why_not=why_not, loading=loading)
 
     def spawn(self, e: fx.Spawn) -> o.Observation:

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -28,6 +29,8 @@ import pykka
 
 from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
+from infervisor.adapters.probe_engine import ProbeEngine
+from infervisor.adapters.proc_table import ProcessTable
 from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft, StoredEvent
@@ -42,7 +45,7 @@ from .clock import Clock
 from .core import observations as o
 from .core.decide import decide
 from .core.decision import Decision, Refusal, RefusalKind, Situation
-from .core.health import probe_token, wants_probe
+from .core.health import probe_token, wants_deep, wants_probe
 from .core.rules import Mode, Rules, Tracking
 from .effects_runner import EffectRunner, TimerFired
 from .errors import InvalidState, RecordFailed, VerbFailed
@@ -70,8 +73,10 @@ class InstanceContext:
     """What every instance actor of a node shares (read-only).
 
     ``ledger`` is the residency ledger actor, or None when the node has no
-    memory budget. ``probes`` runs health probes for every instance (each has
-    its own timeout, so a hung server holds one worker for that long at most).
+    memory budget. ``engine`` makes the plain HTTP probes of every instance on
+    one event loop (each with its own timeout: a hung server delays no other
+    probe); ``probes`` runs the others (an adapter whose probe does more than
+    HTTP, or a node without an engine).
     """
 
     node_id: str
@@ -80,6 +85,7 @@ class InstanceContext:
     settings: NodeSettings
     ledger: pykka.ActorRef[Any] | None = None
     probes: Executor = field(default_factory=lambda: _SHARED_FALLBACK)
+    engine: ProbeEngine | None = None
 
 
 class _Probed(msgspec.Struct, frozen=True):
@@ -101,6 +107,11 @@ def tell(ref: pykka.ActorRef[Any], message: Any) -> None:
 class InstanceActor(pykka.ThreadingActor):
     """Owns one instance. Answers verbs; acts on ticks and on its own observations."""
 
+    # A daemon thread: CPython keeps a lock per non-daemon thread and scans them
+    # all on every thread start, so starting a thousand instances cost O(n^2).
+    # The node stops every instance actor itself (Node.shutdown).
+    use_daemon_thread = True
+
     def __init__(self, state: InstanceState, adapter: ServerAdapter, ctx: InstanceContext) -> None:
         super().__init__()
         self.state: InstanceState = state
@@ -118,11 +129,15 @@ class InstanceActor(pykka.ThreadingActor):
         self.report: ServerReport | None = None
         #: The last socket-table snapshot (for status' exposure of adopted servers).
         self.listeners: dict[int, list[str]] | None = None
+        # (pid, RSS of its tree in bytes) at the last reconcile tick that saw it.
+        self.rss_seen: tuple[int, int] | None = None
         self.fault = ""
         self._gone = False
         self._closing = False
         self._probing = False
         self._last_probe_at: float | None = None
+        self._deep_running = False
+        self._last_deep_at: float | None = None
         self._waiters: list[answers.Waiter] = []
 
     # ------------------------------------------------------------------ dispatch
@@ -176,12 +191,22 @@ class InstanceActor(pykka.ThreadingActor):
         match message:
             case m.HealthTick():
                 self._health_tick()
+            case o.DeepChecked():
+                self._deep_running = False
+                self.run(message)
             case _Probed(token=token, report=report):
                 self._probing = False
                 self.report = report
-                self.run(o.ProbeResult(token=token, report=report, failure=self._failure()))
-            case m.ReconcileTick(listeners=listeners):
-                self._reconcile(listeners)
+                # The output is read for a failure line only while starting (the core
+                # judges it only then); decoding its tails on every probe costs.
+                starting = self.state.lifecycle is S.STARTING
+                failure = self._failure() if starting else None
+                self.run(o.ProbeResult(token=token, report=report, failure=failure))
+                listed = self._ollama_listed(report)
+                if listed is not None:
+                    self.run(listed)
+            case m.ReconcileTick(listeners=listeners, processes=processes):
+                self._reconcile(listeners, processes)
             case m.Boot():
                 facts = gather(self.adapter, self.state, self.effects)
                 self.run(o.BootSeen(process=facts))
@@ -202,6 +227,8 @@ class InstanceActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         self.effects.close()
         self.adapter.close()
+        if self.ctx.engine is not None:
+            self.ctx.engine.forget(self.iid)
 
     # ------------------------------------------------------------------ deciding
     def now(self) -> Stamp:
@@ -337,6 +364,7 @@ class InstanceActor(pykka.ThreadingActor):
 
     # ------------------------------------------------------------------ ticks
     def _health_tick(self) -> None:
+        self._deep_tick()
         if self._probing or not wants_probe(self.state, self.rules):
             return
         now = self.ctx.clock.monotonic()
@@ -349,10 +377,44 @@ class InstanceActor(pykka.ThreadingActor):
             return
         self._last_probe_at = now
         self._probing = True
-        proc = self.effects.proc
-        if proc is not None:
-            proc.track_descendants()
-        self.ctx.probes.submit(self._probe_job, probe_token(self.state))
+        token, engine = probe_token(self.state), self.ctx.engine
+        if engine is not None and getattr(self.adapter, "plain_probe", False):
+            spec = self.adapter.spec
+            timeout = self.ctx.settings.probe_timeout_s
+            deliver = partial(self._probed_by_engine, token)
+            engine.probe(self.iid, spec.base_url, spec.flavor, timeout, deliver)
+        else:
+            self.ctx.probes.submit(self._probe_job, token)
+
+    def _probed_by_engine(self, token: int, report: ServerReport) -> None:
+        """On the engine's thread: hand the report to the actor."""
+        self.tell_self(_Probed(token=token, report=report))
+
+    def _deep_tick(self) -> None:
+        """Start a deep health check (one real token) when the kind's
+        ``deep_interval_s`` has passed since the last one began. It runs on a
+        thread of its own (a completion can take up to ``deep_timeout_s``), one
+        at a time, and reports :class:`~.core.observations.DeepChecked`."""
+        if self._deep_running or not wants_deep(self.state, self.rules):
+            return
+        now = self.ctx.clock.monotonic()
+        last = self._last_deep_at
+        slack = self.ctx.settings.tick_s / 2
+        if last is not None and now - last < self.supervision.deep_interval_s - slack:
+            return
+        self._last_deep_at = now
+        self._deep_running = True
+        token = probe_token(self.state)
+
+        def check() -> None:
+            try:
+                self.adapter.deep_health()
+                error: str | None = None
+            except Exception as e:  # noqa: BLE001 - every failure is the check's verdict
+                error = str(e) or type(e).__name__
+            self.tell_self(o.DeepChecked(token=token, error=error))
+
+        threading.Thread(target=check, name=f"{self.iid[:12]}-deep", daemon=True).start()
 
     def _probe_job(self, token: int) -> None:
         """On a probe worker: always answer, so a probe that raises is a miss, never a
@@ -363,6 +425,22 @@ class InstanceActor(pykka.ThreadingActor):
             why = f"probe error: {type(e).__name__}: {e}"
             report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
         self.tell_self(_Probed(token=token, report=report))
+
+    def _ollama_listed(self, report: ServerReport) -> o.OllamaListed | None:
+        """Managed Ollama: what ``/api/ps`` said of this model, when it gave a list."""
+        if self.rules.mode is not Mode.OLLAMA or report.running is None:
+            return None
+        if report.health.kind is not HealthKind.UP:
+            return None
+        entry = report.running_model(self.rules.served_model or "")
+        if entry is None:
+            return o.OllamaListed(listed=False)
+        return o.OllamaListed(
+            listed=True,
+            size_bytes=entry.size_bytes,
+            size_vram_bytes=entry.size_vram_bytes,
+            expires_at_ns=entry.expires_at_ns,
+        )
 
     def _count_as_miss(self, token: int, error: Exception) -> None:
         """A probe whose handling raised counts as a miss, with the error as its reason."""
@@ -381,11 +459,23 @@ class InstanceActor(pykka.ThreadingActor):
         found: str | None = find(out[-8192:] + "\n" + err[-8192:])
         return found
 
-    def _reconcile(self, listeners: Any) -> None:
+    def _reconcile(self, listeners: Any, processes: ProcessTable | None) -> None:
         if self._closing:
             return
+        self._observe_processes(processes)
         self._check_exposure(listeners)
         self.run(o.Tick())
+
+    def _observe_processes(self, table: ProcessTable | None) -> None:
+        """Track the server's descendants and note its tree's RSS from the tick's
+        one process-table read (status reports that; it never scans itself)."""
+        proc = self.effects.proc
+        if table is None or proc is None:
+            return
+        proc.track_descendants(table)
+        pid = proc.identity.pid
+        rss = table.tree_rss_bytes(pid)
+        self.rss_seen = None if rss is None else (pid, rss)
 
     def _check_exposure(self, listeners: Any) -> None:
         """Our own server listening beyond loopback is an observation (the snapshot
@@ -442,4 +532,5 @@ def rules_for(
         health_kill_grace_s=s.health_kill_grace_s,
         unload_grace_s=UNLOAD_GRACE_S,
         retry_s=s.reconcile_interval_s,
+        reserve_overhead_bytes=s.reserve_overhead_bytes,
     )

@@ -47,6 +47,14 @@ class KindSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         restart: this kind's restart policy (None: the node's).
         probe: ``http`` asks the server's health endpoint; ``process`` counts a
             live process as healthy (for workloads that serve nothing).
+        deep_interval_s: time between deep health checks of a serving
+            instance: one real token of completion (``POST /v1/completions``,
+            ``max_tokens`` 1; for Ollama its OpenAI-compatible route), which
+            catches a server whose health endpoint answers while it cannot
+            generate. A failed one is recorded (``instance.deep_health_failed``)
+            and counts as a missed probe: ``miss_limit`` of them in a row make
+            the instance unhealthy, and an unhealthy managed process is
+            restarted under the policy. 0 (the default): off.
     """
 
     interval_s: float | None = None
@@ -55,12 +63,13 @@ class KindSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     startup_cap_s: float = 0.0
     restart: RestartPolicy | None = None
     probe: Literal["http", "process"] = "http"
+    deep_interval_s: float = 0.0
 
     def validate(self, name: str) -> None:
         """Raise ValueError naming the kind and field when a value is out of range."""
         if self.interval_s is not None:
             check_duration(f"kinds.{name}.interval_s", self.interval_s)
-        for field in ("startup_deadline_s", "startup_cap_s"):
+        for field in ("startup_deadline_s", "startup_cap_s", "deep_interval_s"):
             check_duration(f"kinds.{name}.{field}", getattr(self, field), allow_zero=True)
         if self.miss_limit is not None and self.miss_limit < 1:
             raise ValueError(f"kinds.{name}.miss_limit {self.miss_limit}: allowed 1 or more")
@@ -143,6 +152,7 @@ class Supervision(msgspec.Struct, frozen=True, kw_only=True):
     startup_cap_s: float
     restart: RestartPolicy
     probe: str
+    deep_interval_s: float = 0.0
 
 
 def supervision_for(
@@ -172,6 +182,7 @@ def supervision_for(
         startup_cap_s=spec.startup_cap_s,
         restart=restart,
         probe=spec.probe,
+        deep_interval_s=spec.deep_interval_s,
     )
 
 

@@ -141,12 +141,14 @@ class Reservation:
         self._model_bytes = model_bytes
         self.held = 0
 
-    def reserve(self) -> int:
-        """Reserve the model's memory tentatively; the bytes held (0 without a
-        budget). Raises BudgetExceeded naming budget, in use and needed."""
+    def reserve(self, model_bytes: int | None = None) -> int:
+        """Reserve the model's memory tentatively (``model_bytes``, default the
+        size it was built with; the ledger adds its overhead); the bytes held
+        (0 without a budget). Raises BudgetExceeded naming budget, in use and needed."""
         if self._ledger is None:
             return 0
-        self.held = reserve(self._ledger, self._instance_id, self._model_bytes)
+        size = self._model_bytes if model_bytes is None else model_bytes
+        self.held = reserve(self._ledger, self._instance_id, size)
         return self.held
 
     def sync(self, sourced_bytes: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from infervisor.adapters.ports import ListenerSnapshot
+from infervisor.adapters.proc_table import ProcessTable
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft
 from infervisor.replay import ExitRecord, NodeState
@@ -129,10 +130,13 @@ class ReconcileTick(_Msg, frozen=True):
     ``listeners``: one snapshot of the sockets listening beyond loopback on
     this machine, with their owning pids, read once for every instance
     (:func:`~infervisor.adapters.ports.listener_snapshot`; None when the socket
-    table could not be read).
+    table could not be read). ``processes``: the tick's one read of the process
+    table (:class:`~infervisor.adapters.proc_table.ProcessTable`), from which
+    each instance tracks its server's descendants and tree RSS.
     """
 
     listeners: ListenerSnapshot | dict[int, list[str]] | None = None
+    processes: ProcessTable | None = None
 
 
 class Boot(_Msg, frozen=True):

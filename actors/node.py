@@ -19,7 +19,7 @@ import builtins
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -30,11 +30,13 @@ import pykka
 
 from infervisor.adapters.capabilities import Capability, probe_capabilities
 from infervisor.adapters.errors import AdapterError
+from infervisor.adapters.probe_engine import ProbeEngine
 from infervisor.adapters.process import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft, SqliteChain, StoredEvent
+from infervisor.chain.boot import check_node_chain
 from infervisor.replay import NodeState, fold, kind_of
 from infervisor.replay import events as ev
 from infervisor.replay.policy import check_duration
@@ -83,6 +85,7 @@ class NodeActors:
     probes: ThreadPoolExecutor | None = None
     routes: Routes = field(default_factory=Routes)
     watchdog: Watchdog | None = None
+    engine: ProbeEngine | None = None
 
 
 class Node:
@@ -128,7 +131,9 @@ class Node:
 
         Raises:
             ValueError: a setting is out of range (the field is named).
-            ChainError: the chain cannot be opened, or belongs to another node.
+            ChainError: the chain cannot be opened, or belongs to another node;
+                ``ChainTampered`` when it fails the check before resuming
+                (``chain.boot``: from the last signed checkpoint), naming the seq.
         """
         settings.validate()
         clock = clock or RealClock()
@@ -136,6 +141,7 @@ class Node:
         settings.registry_path.mkdir(parents=True, exist_ok=True)
         # Open (and create) the chain here first, so its errors reach the caller as raised.
         SqliteChain.open(settings.chain_path, settings.node_id).close()
+        check_node_chain(settings.chain_path, settings.node_id)  # refuses a tampered chain
         state = _rebuild(settings.chain_path)
         actors = _start_actors(settings, clock, on_event, state.lease)
         try:
@@ -190,7 +196,12 @@ class Node:
 
     # ------------------------------------------------------------------ verbs
     def place(
-        self, spec: InstanceSpec, *, placed_by: str | None = None, generation: int = 0
+        self,
+        spec: InstanceSpec,
+        *,
+        placed_by: str | None = None,
+        generation: int = 0,
+        source: str = "operator",
     ) -> str:
         """Admit an instance (state ``loaded``); answers its id once recorded and routed.
 
@@ -198,7 +209,7 @@ class Node:
         that a placement ``unchanged`` (the same generation and spec as in force)
         is refused here: ``InvalidState`` saying it is already loaded.
         """
-        placed = self.place_outcome(spec, placed_by=placed_by, generation=generation)
+        placed = self.place_outcome(spec, placed_by=placed_by, generation=generation, source=source)
         if placed.outcome is PlacementOutcome.UNCHANGED:
             raise InvalidState(
                 f"{placed.instance_id} is already loaded (generation {placed.generation})"
@@ -206,7 +217,12 @@ class Node:
         return placed.instance_id
 
     def place_outcome(
-        self, spec: InstanceSpec, *, placed_by: str | None = None, generation: int = 0
+        self,
+        spec: InstanceSpec,
+        *,
+        placed_by: str | None = None,
+        generation: int = 0,
+        source: str = "operator",
     ) -> Placement:
         """Place an instance; answers what was done once it is recorded and routed.
 
@@ -225,6 +241,9 @@ class Node:
           placement never replaces the spec of a placed instance: unload it
           first, then place the new spec.
 
+        ``source`` is who asks, as :func:`~infervisor.replay.callers.source_for`
+        writes it (``operator:uid=1000(alice)``, ``controller:token=fleet``).
+
         Raises:
             SpecError, RegistryError, AdmissionRefused, InvalidState: refused; nothing
                 recorded (except a taken address, which is recorded for the audit).
@@ -236,9 +255,44 @@ class Node:
         """
         placer = placed_by or self.settings.node_id
         self.heartbeat(placer)
-        msg = m.Place(spec=spec, placed_by=placer, generation=generation)
+        msg = m.Place(spec=spec, placed_by=placer, generation=generation, source=source)
         answer: Future[Placement] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         return _answer(answer, PLACE_WAIT_S, "the placement")
+
+    def place_many(
+        self,
+        specs: Sequence[InstanceSpec],
+        *,
+        placed_by: str | None = None,
+        generation: int = 0,
+        source: str = "operator",
+    ) -> builtins.list[Placement | Exception]:
+        """Place a batch: every placement is asked of the host at once, so their
+        admissions run side by side and their events share group-committed
+        transactions (a durable round trip per batch the writer takes, not one
+        per instance). Answers, in the order of ``specs``, each placement's
+        :class:`Placement` or the error :meth:`place_outcome` would have raised;
+        one refusal does not stop the others.
+        """
+        placer = placed_by or self.settings.node_id
+        self.heartbeat(placer)
+        asked: builtins.list[Future[Placement] | Exception] = []
+        for spec in specs:
+            msg = m.Place(spec=spec, placed_by=placer, generation=generation, source=source)
+            try:
+                asked.append(self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S))
+            except Exception as e:  # noqa: BLE001 - a refusal found at once: that one's answer
+                asked.append(e)
+        answers: builtins.list[Placement | Exception] = []
+        for item in asked:
+            if isinstance(item, Exception):
+                answers.append(item)
+                continue
+            try:
+                answers.append(_answer(item, PLACE_WAIT_S, "the placement"))
+            except Exception as e:  # noqa: BLE001 - handed back as that placement's answer
+                answers.append(e)
+        return answers
 
     def heartbeat(self, controller: str) -> None:
         """Record that ``controller`` was heard from (renews the controller lease).
@@ -292,6 +346,11 @@ class Node:
 
     def start(self, instance_id: str, *, by: str = "operator") -> m.InstanceView:
         """Start the server; an operator start resets the restart budget.
+
+        ``by`` is the verb's source on every event it causes: a role, or
+        ``role:identity`` for an authenticated caller (:mod:`infervisor.replay.callers`);
+        the role decides the rules (an ``operator`` start resets the budget).
+        Stop, restart and unload take ``by`` the same way.
 
         Raises:
             UnknownInstance, InvalidState: refused; nothing recorded.
@@ -421,7 +480,11 @@ class Node:
         Raises:
             UnknownInstance, InvalidState: no such instance, or it is being unloaded.
         """
-        answer: bool = self._ask(self._ref(instance_id), m.IsSettled())
+        ref = self._ref(instance_id)
+        # The supervisor first: once it answers, every tick it handled before has been
+        # told to the instance, whose mailbox then holds it ahead of this question.
+        self._supervisor.ask(m.IsSettled(), timeout=ASK_TIMEOUT_S)
+        answer: bool = self._ask(ref, m.IsSettled())
         return answer
 
     def rebuild(self) -> NodeState:
@@ -452,12 +515,19 @@ def _start_actors(
     on_event: Callable[[StoredEvent], None] | None,
     lease: LeaseRecord | None = None,
 ) -> NodeActors:
-    writer = ChainWriter.start(settings.chain_path, settings.node_id, on_event)
+    writer = ChainWriter.start(
+        settings.chain_path,
+        settings.node_id,
+        on_event,
+        checkpoint_every_events=settings.checkpoint_every_events,
+        checkpoint_every_s=settings.checkpoint_every_s,
+    )
     ledger = None
     if settings.memory_budget_bytes is not None:
         ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
-    ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger, probes)
+    engine = ProbeEngine()
+    ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger, probes, engine)
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
     supervisor = SupervisorActor.start(
@@ -473,7 +543,7 @@ def _start_actors(
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor, routes)
     supervisor.tell(m.WatchedBy(host=host))
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
-    return NodeActors(writer, supervisor, host, ledger, probes, routes, watchdog)
+    return NodeActors(writer, supervisor, host, ledger, probes, routes, watchdog, engine)
 
 
 def _stop_actors(actors: NodeActors) -> None:
@@ -487,6 +557,8 @@ def _stop_actors(actors: NodeActors) -> None:
     actors.writer.stop()
     if actors.probes is not None:
         actors.probes.shutdown(wait=False, cancel_futures=True)
+    if actors.engine is not None:
+        actors.engine.close()
 
 
 def _rebuild(path: Path) -> NodeState:

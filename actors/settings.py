@@ -36,7 +36,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             seconds (TOML integer, or a float with no fraction: ``300``), or a
             Go duration string (``"30m"``, ``"1h30m"``); negative: forever
             (``-1``). Zero (``0``, ``"0"``, ``"0s"``) is refused: Ollama would
-            unload the model as soon as it is loaded.
+            unload the model as soon as it is loaded. When it runs out Ollama
+            drops the model; the node records that (``instance.model_dropped``),
+            releases its memory and loads it again under the restart policy
+            while it is wanted running (docs/lifecycle.md).
         run_as: ``[uid, gid]`` managed servers run as when the node runs as root.
         deep_timeout_s: timeout of a deep health check (one real token).
         health_interval_s: time between health probes of one instance.
@@ -53,6 +56,11 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             this node has been heard from for longer, continuous instances that
             another node placed are stopped and not restarted while it stays
             expired. At least three supervisor ticks.
+        checkpoint_every_events: sign a chain checkpoint (docs/chain-format.md,
+            "Checkpoints") every this many events (>= 1); one is also signed
+            at a clean shutdown.
+        checkpoint_every_s: and at the first event this many seconds after
+            the last checkpoint (> 0).
     """
 
     node_id: str
@@ -78,6 +86,8 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     env_passthrough: tuple[str, ...] = ("HOME", "PATH")
     env: dict[str, str] = msgspec.field(default_factory=dict)
     restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
+    checkpoint_every_events: int = 1000
+    checkpoint_every_s: float = 300.0
 
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""
@@ -107,6 +117,11 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 f"lease_s {self.lease_s}: shorter than three supervision periods "
                 f"(3 x {self.tick_s:g} s); ordinary jitter would stop work"
             )
+        if self.checkpoint_every_events < 1:
+            raise ValueError(
+                f"checkpoint_every_events {self.checkpoint_every_events}: allowed 1 or more"
+            )
+        check_duration("checkpoint_every_s", self.checkpoint_every_s)
         if self.miss_limit < 1:
             raise ValueError(f"miss_limit {self.miss_limit}: allowed 1 or more")
         self.restart.validate()

@@ -33,6 +33,7 @@ import pykka
 
 from infervisor.adapters.errors import ProbeError
 from infervisor.adapters.ports import ListenerSnapshot, listener_snapshot
+from infervisor.adapters.proc_table import ProcessTable
 from infervisor.chain import EventDraft
 from infervisor.replay import events as ev
 from infervisor.replay import kind_of
@@ -178,6 +179,8 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._host = host
             case m.Heard(controller=controller):
                 self._heard(controller)
+            case m.IsSettled():
+                return True  # answered after the ticks before it were told (Node.settled)
             case _Tick(what=what):
                 self._tick(what)
         return None
@@ -190,7 +193,8 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._check_lease()
                 self._fan_out(m.HealthTick())
             else:
-                self._fan_out(m.ReconcileTick(listeners=_listeners()))
+                tick = m.ReconcileTick(listeners=_listeners(), processes=ProcessTable.read())
+                self._fan_out(tick)
         except Exception:
             log.exception("supervisor: the %s tick failed; the ticks go on", what)
         finally:

@@ -6,7 +6,6 @@ from typing import Protocol
 
 from infervisor.adapters.adopted import AdoptedServer
 from infervisor.adapters.probe import ServerReport
-from infervisor.adapters.process import tree_rss_bytes
 from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.status import map_report
 from infervisor.replay import InstanceState
@@ -38,6 +37,7 @@ class Viewed(Protocol):
     supervision: Supervision
     effects: EffectRunner
     listeners: dict[int, list[str]] | None
+    rss_seen: tuple[int, int] | None
     fault: str
 
     def now(self) -> Stamp: ...
@@ -90,11 +90,19 @@ def build_view(actor: Viewed) -> InstanceView:
         status=status,
         status_detail=detail,
         reserved_bytes=state.reserved_bytes,
-        rss_bytes=tree_rss_bytes(pid) if pid is not None else None,
+        rss_bytes=_rss(actor.rss_seen, pid),
         exposure=exposure,
         last_exit=state.last_exit,
         last_seq=state.last_seq,
     )
+
+
+def _rss(seen: tuple[int, int] | None, pid: int | None) -> int | None:
+    """The tree RSS the last reconcile tick saw (bytes), if it was of this pid:
+    status never reads the process table itself."""
+    if seen is None or pid is None or seen[0] != pid:
+        return None
+    return seen[1]
 
 
 def describe(state: InstanceState, fault: str = "") -> str:

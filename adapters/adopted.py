@@ -31,6 +31,8 @@ class AdoptedServer:
         self._client = ServerClient(spec.base_url, probe_timeout_s)
         self._deep_timeout = deep_timeout_s
 
+    plain_probe = True
+
     def probe(self) -> ServerReport:
         return self._client.probe(self.spec.flavor)
 

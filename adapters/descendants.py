@@ -27,6 +27,7 @@ import psutil
 from .errors import ProcessControlError
 from .pgroup import KILL_CONFIRM, ProcessIdentity, boot_id, find_process
 from .pidfd import PidHandle
+from .proc_table import ProcessTable
 
 __all__ = ["RECORD", "Descendants"]
 
@@ -61,9 +62,13 @@ class Descendants:
         with self._lock:
             return dict(self._known)
 
-    def track(self, root: ProcessIdentity) -> None:
+    def track(self, root: ProcessIdentity, table: ProcessTable | None = None) -> None:
         """Add the live descendants of ``root`` and of every known descendant;
-        forget known ones that are gone."""
+        forget known ones that are gone. With ``table`` (the reconcile tick's
+        snapshot) nothing is read from the system; without, psutil is asked."""
+        if table is not None:
+            self._track_in(root, table)
+            return
         with self._lock:
             before = dict(self._known)
             roots = [p for p in (find_process(root),) if p is not None]
@@ -75,6 +80,21 @@ class Descendants:
                     roots.append(proc)
             for proc in roots:
                 self._known.update(_children(proc))
+            self._known.pop(root.pid, None)
+            if self._known != before:
+                self._save()
+
+    def _track_in(self, root: ProcessIdentity, table: ProcessTable) -> None:
+        with self._lock:
+            before = dict(self._known)
+            roots = [root.pid] if table.is_alive(root.pid, root.start_time) else []
+            for pid, started in before.items():
+                if table.is_alive(pid, started):
+                    roots.append(pid)
+                else:
+                    del self._known[pid]
+            for pid in roots:
+                self._known.update(table.descendants(pid))
             self._known.pop(root.pid, None)
             if self._known != before:
                 self._save()

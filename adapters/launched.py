@@ -79,6 +79,11 @@ class LaunchedServer:
         self._confirmed = False
         return ManagedProcess.spawn(self.plan, on_exit, token)
 
+    @property
+    def plain_probe(self) -> bool:
+        """mlx-lm's first probes also ask for a token (:meth:`_confirm_mlx`)."""
+        return self.spec.flavor is not Flavor.MLX_LM or self._confirmed
+
     def probe(self) -> ServerReport:
         report = self._client.probe(self.spec.flavor)
         if self.spec.flavor is not Flavor.MLX_LM or report.health.kind is not HealthKind.UP:

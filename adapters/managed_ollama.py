@@ -11,6 +11,7 @@ memory counts as released only when ``/api/ps`` no longer lists the model.
 from __future__ import annotations
 
 from . import ollama
+from .errors import ProbeError
 from .probe import ServerClient, ServerReport, deep_health
 from .server import AdapterKind, AdapterSettings
 from .spec import Flavor, InstanceSpec, Mode
@@ -97,10 +98,21 @@ class OllamaServer:
             probe_timeout=self._probe_timeout,
         ).start()
 
+    def reported_size(self) -> int | None:
+        """What Ollama says the model takes on disk (``/api/tags`` ``size``, bytes),
+        for the reservation at a start; None when Ollama cannot be asked or gives
+        no size (the registry's size is used then)."""
+        try:
+            return ollama.pulled_size(self.spec.base_url, self.tag, self.probe_timeout_s)
+        except ProbeError:
+            return None
+
     def unload_and_wait(self) -> bool:
         """Unload (keep_alive 0), then wait until Ollama no longer lists it. Raises ProbeError."""
         ollama.unload(self.spec.base_url, self.tag)
         return ollama.wait_unloaded(self.spec.base_url, self.tag, UNLOAD_WAIT_S)
+
+    plain_probe = True
 
     def probe(self) -> ServerReport:
         return self._client.probe(self.spec.flavor)

@@ -52,6 +52,7 @@ __all__ = [
     "load_keep_alive",
     "parse_keep_alive",
     "pulled",
+    "pulled_size",
     "resident",
     "same_model",
     "unload",
@@ -238,6 +239,30 @@ def pulled(base_url: str, tag: str, timeout: float = 2.0) -> bool:
         ProbeError: Ollama could not be asked or did not answer a model list.
     """
     return any(same_model(name, tag) for name in _listed(base_url, "/api/tags", timeout))
+
+
+def pulled_size(base_url: str, tag: str, timeout: float = 2.0) -> int | None:
+    """The size Ollama reports for ``tag`` on disk (``GET /api/tags`` ``size``,
+    bytes; docs/api.md "List Local Models"); None when it is not listed or has
+    no size. The memory a loaded model takes is larger (``/api/ps`` ``size``).
+
+    Raises:
+        ProbeError: Ollama could not be asked or did not answer a model list.
+    """
+    status, body = _call(base_url, "GET", "/api/tags", timeout)
+    doc = _decode(body)
+    models = doc.get("models") if status == 200 and isinstance(doc, dict) else None
+    if not isinstance(models, list):
+        raise ProbeError(f"{base_url}/api/tags: not an Ollama model list: {_excerpt(body)}")
+    for item in models:
+        if not isinstance(item, dict):
+            continue
+        name = item.get("name") or item.get("model")
+        size = item.get("size")
+        if isinstance(name, str) and same_model(name, tag):
+            ok = isinstance(size, int) and not isinstance(size, bool) and size > 0
+            return size if ok else None
+    return None
 
 
 def load(

@@ -154,7 +154,7 @@ def _wide_sockets(purpose: str) -> list[Listener]:
             message names ``purpose``.
     """
     try:
-        conns = psutil.net_connections(kind="inet")
+        conns = psutil.net_connections(kind="tcp")  # LISTEN is TCP: UDP lines cost for nothing
     except (psutil.Error, OSError) as e:
         raise ProbeError(f"cannot read the socket table{purpose}: {e}") from e
     return [

@@ -1,4 +1,4 @@
-"""HTTP health probes of model servers, per flavor (synchronous httpx).
+"""HTTP health probes of model servers, per flavor (synchronous: http.client GETs, httpx POSTs).
 
 Source of the behaviour: ``reference/infer_lifecycle.rs.txt`` and
 ``reference/infer_runtime.rs.txt`` (``ServerClient::probe`` yields a
@@ -15,17 +15,30 @@ or a :class:`ProbeError` where a caller asked for a completion.
 
 from __future__ import annotations
 
+import datetime
 import enum
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Generator
+from functools import partial
 from typing import Any
 
 import httpx
 import msgspec
 
 from .errors import ProbeError
+from .http_get import GetFailed, KeepAliveGet
 from .spec import Flavor
 
-__all__ = ["MODELS_EVERY", "Health", "HealthKind", "ServerClient", "ServerReport", "deep_health"]
+__all__ = [
+    "MODELS_EVERY",
+    "Health",
+    "HealthKind",
+    "ProbeSteps",
+    "RunningModel",
+    "ServerClient",
+    "ServerReport",
+    "deep_health",
+]
 
 #: A healthy server's model list is asked on every this many probes.
 MODELS_EVERY = 10
@@ -49,16 +62,44 @@ class Health(msgspec.Struct, frozen=True):
     reason: str = ""
 
 
+class RunningModel(msgspec.Struct, frozen=True):
+    """One model Ollama holds in memory, as ``GET /api/ps`` lists it (Ollama's
+    docs/api.md "List Running Models").
+
+    Attributes:
+        name: the model's tag (``name``, else ``model``).
+        size_bytes: ``size``: the memory it takes (RAM and VRAM), bytes; 0 when absent.
+        size_vram_bytes: ``size_vram``: the part of it in VRAM, bytes; 0 when absent.
+        expires_at_ns: ``expires_at`` (RFC 3339) as ns since the epoch, UTC;
+            None when absent or unreadable. Ollama drops the model then unless
+            a request renews it (its ``keep_alive``).
+    """
+
+    name: str
+    size_bytes: int = 0
+    size_vram_bytes: int = 0
+    expires_at_ns: int | None = None
+
+
 class ServerReport(msgspec.Struct, frozen=True):
     """One probe's result. ``models``: ids the server lists; ``resident``: models
     held in memory (Ollama only); ``flavor``: who was probed (decides how
-    :meth:`lists` matches names)."""
+    :meth:`lists` matches names); ``running``: Ollama's ``/api/ps`` entries, or
+    None when ``/api/ps`` gave no model list (so "not listed" is never guessed)."""
 
     health: Health
     models: list[str] = msgspec.field(default_factory=list)
     version: str | None = None
     resident: list[str] = msgspec.field(default_factory=list)
     flavor: Flavor | None = None
+    running: list[RunningModel] | None = None
+
+    def running_model(self, model: str) -> RunningModel | None:
+        """Ollama's ``/api/ps`` entry for ``model`` (``:latest`` ignored), if listed."""
+        for entry in self.running or ():
+            if _strip_latest(entry.name) == _strip_latest(model):
+                return entry
+        return None
 
     def lists(self, model: str) -> bool:
         """Whether the server lists ``model``: an exact id, or equal ignoring an
@@ -145,6 +186,15 @@ def _names(doc: Any, key: str, fields: tuple[str, ...]) -> list[str]:
     return found
 
 
+def _get_failure(where: str, error: GetFailed, timeout: float) -> str:
+    """The probe's reason for a GET that got no answer, worded as for httpx's errors."""
+    if error.stage == "timeout":
+        return f"{where}: no answer within {timeout} s"
+    if error.stage == "connect":
+        return f"{where}: cannot connect ({error})"
+    return f"{where}: {error}"
+
+
 class ServerClient:
     """A synchronous HTTP client for one server at ``base_url`` (``http://host:port``).
 
@@ -161,15 +211,18 @@ class ServerClient:
         if url.scheme not in ("http", "https") or not url.host:
             raise ProbeError(f"invalid server URL {base_url!r}: expected http://host:port")
         self.base_url, self._timeout, self._max_body = base_url, timeout, max_body
-        self._http = httpx.Client(base_url=url, timeout=timeout, trust_env=False)
-        # /v1/models changes only when the server restarts; while /health stays up it is
-        # asked every MODELS_EVERY probes, not on each (half the cost of a probe).
-        self._models: list[str] | None = None
-        self._since_models = 0
+        self._url = url
+        # Probes (GETs) go through the light keep-alive transport; httpx is made
+        # only when a completion is asked (it costs memory per instance too).
+        self._get = KeepAliveGet(base_url, timeout, max_body)
+        self._http: httpx.Client | None = None
+        self._steps = ProbeSteps(max_body)
 
     def close(self) -> None:
-        """Release the connection pool."""
-        self._http.close()
+        """Release the connections."""
+        self._get.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> ServerClient:
         return self
@@ -184,6 +237,14 @@ class ServerClient:
             ProbeError: connection refused, reset, timed out, or a protocol error.
         """
         where = f"{self.base_url}{path}"
+        if method == "GET" and payload is None:
+            try:
+                got = self._get.get(path)
+            except GetFailed as e:
+                raise ProbeError(_get_failure(where, e, self._timeout)) from e
+            return _Reply(got.status, got.body, got.truncated)
+        if self._http is None:
+            self._http = httpx.Client(base_url=self._url, timeout=self._timeout, trust_env=False)
         try:
             with self._http.stream(method, path, json=payload) as r:
                 body = bytearray()
@@ -200,60 +261,22 @@ class ServerClient:
         except httpx.HTTPError as e:
             raise ProbeError(f"{where}: {type(e).__name__} ({e})") from e
 
-    def _fetch_json(self, path: str) -> Any:
-        """The JSON of a 200 answer, or None for any failure (used for optional lists)."""
-        try:
-            reply = self._fetch("GET", path)
-        except ProbeError:
-            return None
-        if reply.status != 200 or _bad_body(reply, self._max_body) is not None:
-            return None
-        return _json(reply)
-
     def probe(self, flavor: Flavor) -> ServerReport:
-        """Ask the server how it is; never raises."""
-        if flavor is Flavor.OLLAMA:
-            return self._probe_ollama()
-        return self._probe_llamacpp(flavor)
-
-    def _probe_llamacpp(self, flavor: Flavor) -> ServerReport:
-        try:
-            reply = self._fetch("GET", "/health")
-        except ProbeError as e:
-            return ServerReport(Health(HealthKind.UNREACHABLE, str(e)), flavor=flavor)
-        health = _judge_health(reply, self._max_body)
-        if health.kind is not HealthKind.UP:
-            self._models = None  # ask again once it is back: it may be another server
-            return ServerReport(health, flavor=flavor)
-        return ServerReport(health, models=self._listed_models(), flavor=flavor)
-
-    def _listed_models(self) -> list[str]:
-        self._since_models += 1
-        if self._models is None or self._since_models >= MODELS_EVERY:
-            doc = self._fetch_json("/v1/models")
-            self._models = _names(doc, "data", ("id",)) or _names(doc, "models", ("name", "model"))
-            self._since_models = 0
-        return list(self._models)
-
-    def _probe_ollama(self) -> ServerReport:
-        try:
-            reply = self._fetch("GET", "/api/version")
-        except ProbeError as e:
-            return ServerReport(Health(HealthKind.UNREACHABLE, str(e)), flavor=Flavor.OLLAMA)
-        why = _bad_body(reply, self._max_body)
-        if why is None and reply.status != 200:
-            why = f"HTTP {reply.status}: {_excerpt(reply.body)}"
-        if why is not None:
-            return ServerReport(Health(HealthKind.UNHEALTHY, why), flavor=Flavor.OLLAMA)
-        doc = _json(reply)
-        version = doc.get("version") if isinstance(doc, dict) else None
-        return ServerReport(
-            Health(HealthKind.UP),
-            models=_names(self._fetch_json("/api/tags"), "models", ("name", "model")),
-            version=version if isinstance(version, str) else None,
-            resident=_names(self._fetch_json("/api/ps"), "models", ("name", "model")),
-            flavor=Flavor.OLLAMA,
-        )
+        """Ask the server how it is (:class:`ProbeSteps`, over this client); never raises."""
+        steps = self._steps.probe(flavor)
+        path = next(steps)
+        while True:
+            try:
+                reply = self._fetch("GET", path)
+            except ProbeError as e:
+                step = partial(steps.throw, e)
+            else:
+                step = partial(steps.send, reply)
+            try:
+                path = step()
+            except StopIteration as done:
+                report: ServerReport = done.value
+                return report
 
     def complete(self, model: str | None, prompt: str, max_tokens: int) -> str:
         """``POST /v1/completions`` (OpenAI form) and return ``choices[0].text``.
@@ -289,6 +312,63 @@ class ServerClient:
         return self.complete(model, "Hello", 1)
 
 
+def running_models(doc: Any) -> list[RunningModel] | None:
+    """The entries of an ``/api/ps`` answer; None when it is not a model list."""
+    items = doc.get("models") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        return None
+    found: list[RunningModel] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        name = next((item[f] for f in ("name", "model") if isinstance(item.get(f), str)), None)
+        if name is None:
+            continue
+        found.append(
+            RunningModel(
+                name=name,
+                size_bytes=_bytes(item.get("size")),
+                size_vram_bytes=_bytes(item.get("size_vram")),
+                expires_at_ns=_rfc3339_ns(item.get("expires_at")),
+            )
+        )
+    return found
+
+
+def _bytes(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+_FAR = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)  # beyond: "forever"
+
+
+def _rfc3339_ns(value: Any) -> int | None:
+    """ns since the epoch of an RFC 3339 time as Go writes it (nanosecond fractions,
+    ``Z`` or an offset); None when it is not one, or too far away to matter
+    (Ollama shows "forever" as a date thousands of years ahead)."""
+    if not isinstance(value, str):
+        return None
+    m = _RFC3339.fullmatch(value.strip())
+    if m is None:
+        return None
+    try:
+        base = datetime.datetime.fromisoformat(
+            m["base"] + (m["zone"] or "+00:00").replace("Z", "+00:00")
+        )
+    except ValueError:
+        return None
+    if base.tzinfo is None or base >= _FAR:
+        return None
+    fraction = (m["frac"] or "").ljust(9, "0")[:9]
+    return int(base.timestamp()) * 10**9 + int(fraction or "0")
+
+
+_RFC3339 = re.compile(
+    r"(?P<base>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2})"
+    r"(?:\.(?P<frac>\d+))?(?P<zone>Z|[+-]\d{2}:\d{2})"
+)
+
+
 def deep_health(
     base_url: str, flavor: Flavor, timeout: float, model: Callable[[ServerReport], str | None]
 ) -> str:
@@ -308,3 +388,82 @@ def deep_health(
         if report.health.kind is not HealthKind.UP:
             raise ProbeError(f"deep health: {report.health.kind}: {report.health.reason}")
         return client.tiny_completion(model(report))
+
+
+# ---------------------------------------------------------------- the probe, without I/O
+# One probe of a server is a few GETs whose answers decide the next request and
+# the verdict. ProbeSteps.probe is a generator that yields each path to GET and
+# is sent the reply (or thrown the ProbeError of a request that got no answer);
+# it returns the ServerReport. ServerClient (above) and the node's ProbeEngine
+# (probe_engine.py) drive the same steps over their own transports, so both
+# judge a server alike.
+
+#: What :meth:`ProbeSteps.probe` is: yields paths, is sent replies, returns the report.
+Steps = Generator[str, _Reply, ServerReport]
+
+
+class ProbeSteps:
+    """The probe of one server, with what it remembers between probes (the model
+    list of a server that stays up). ``max_body``: bytes of a body judged."""
+
+    def __init__(self, max_body: int) -> None:
+        self.max_body = max_body
+        # /v1/models changes only when the server restarts; while /health stays up it
+        # is asked every MODELS_EVERY probes, not on each (half the cost of a probe).
+        self._models: list[str] | None = None
+        self._since_models = 0
+
+    def probe(self, flavor: Flavor) -> Steps:
+        """The steps of one probe of a ``flavor`` server."""
+        if flavor is Flavor.OLLAMA:
+            return self._ollama()
+        return self._llamacpp(flavor)
+
+    def _llamacpp(self, flavor: Flavor) -> Steps:
+        try:
+            reply = yield "/health"
+        except ProbeError as e:
+            return ServerReport(Health(HealthKind.UNREACHABLE, str(e)), flavor=flavor)
+        health = _judge_health(reply, self.max_body)
+        if health.kind is not HealthKind.UP:
+            self._models = None  # ask again once it is back: it may be another server
+            return ServerReport(health, flavor=flavor)
+        self._since_models += 1
+        if self._models is None or self._since_models >= MODELS_EVERY:
+            doc = yield from self._optional("/v1/models")
+            self._models = _names(doc, "data", ("id",)) or _names(doc, "models", ("name", "model"))
+            self._since_models = 0
+        return ServerReport(health, models=list(self._models), flavor=flavor)
+
+    def _ollama(self) -> Steps:
+        try:
+            reply = yield "/api/version"
+        except ProbeError as e:
+            return ServerReport(Health(HealthKind.UNREACHABLE, str(e)), flavor=Flavor.OLLAMA)
+        why = _bad_body(reply, self.max_body)
+        if why is None and reply.status != 200:
+            why = f"HTTP {reply.status}: {_excerpt(reply.body)}"
+        if why is not None:
+            return ServerReport(Health(HealthKind.UNHEALTHY, why), flavor=Flavor.OLLAMA)
+        doc = _json(reply)
+        version = doc.get("version") if isinstance(doc, dict) else None
+        tags = yield from self._optional("/api/tags")
+        ps = yield from self._optional("/api/ps")
+        return ServerReport(
+            Health(HealthKind.UP),
+            models=_names(tags, "models", ("name", "model")),
+            version=version if isinstance(version, str) else None,
+            resident=_names(ps, "models", ("name", "model")),
+            flavor=Flavor.OLLAMA,
+            running=running_models(ps),
+        )
+
+    def _optional(self, path: str) -> Generator[str, _Reply, Any]:
+        """The JSON of a 200 answer to ``GET path``, or None for any failure."""
+        try:
+            reply = yield path
+        except ProbeError:
+            return None
+        if reply.status != 200 or _bad_body(reply, self.max_body) is not None:
+            return None
+        return _json(reply)

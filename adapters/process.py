@@ -63,6 +63,7 @@ from .pgroup import (
     tree_rss_bytes,
 )
 from .pidfd import PidHandle
+from .proc_table import ProcessTable
 from .watch import OUTPUT_LIMIT, ExitInfo, WatchedProcess
 
 __all__ = [
@@ -174,7 +175,7 @@ class ServerProcess(Protocol):
 
     def dropped_bytes(self) -> tuple[int, int]: ...
 
-    def track_descendants(self) -> None: ...
+    def track_descendants(self, table: ProcessTable | None = None) -> None: ...
 
     def survivors(self) -> list[int]: ...
 

@@ -82,6 +82,12 @@ class ServerAdapter(Protocol):
     served_model: str | None
     model_bytes: int
 
+    @property
+    def plain_probe(self) -> bool:
+        """Whether :meth:`probe` is only the flavor's HTTP probe of ``spec.base_url``,
+        so the node's probing engine may make it instead (no extra checks)."""
+        ...
+
     def probe(self) -> ServerReport:
         """Ask the server how it is (never raises: unreachable is a report)."""
         ...

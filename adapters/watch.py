@@ -29,6 +29,7 @@ from .pgroup import (
     signal_group,
     terminate_group,
 )
+from .proc_table import ProcessTable
 
 __all__ = ["OUTPUT_LIMIT", "ExitInfo", "WatchedProcess"]
 
@@ -138,11 +139,12 @@ class WatchedProcess:
         """Bytes of (stdout, stderr) let go to keep the tails within the limit."""
         return self._out.dropped, self._err.dropped
 
-    def track_descendants(self) -> None:
+    def track_descendants(self, table: ProcessTable | None = None) -> None:
         """Remember the server's live descendants (pid and start time), so that
         :meth:`terminate` reaches those that leave its process group. Call it on
-        every health tick; it scans the process table (non-blocking otherwise)."""
-        self._descendants.track(self.identity)
+        every reconcile tick with the tick's :class:`ProcessTable` (then nothing
+        is read from the system); without one it scans the process table."""
+        self._descendants.track(self.identity, table)
 
     def descendants(self) -> dict[int, float]:
         """The descendants remembered so far (pid -> start time) and not seen gone."""

@@ -25,7 +25,7 @@ from infervisor.chain.records import (
 )
 from infervisor.chain.sqlite import SqliteChain
 from infervisor.chain.store import Chain
-from infervisor.chain.verify import VerifyReport, verify_chain
+from infervisor.chain.verify import Consumer, VerifyReport, scan_chain, verify_chain
 
 __all__ = [
     "EVENT_CONTEXT",
@@ -38,6 +38,7 @@ __all__ = [
     "ChainFormatError",
     "ChainIOError",
     "ChainIntegrityError",
+    "Consumer",
     "EventDraft",
     "InvalidEventError",
     "MemoryChain",
@@ -48,5 +49,6 @@ __all__ = [
     "StoredEvent",
     "VerifyReport",
     "encode_payload",
+    "scan_chain",
     "verify_chain",
 ]

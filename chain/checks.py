@@ -13,7 +13,7 @@ from typing import Literal, NamedTuple, Protocol
 import msgspec
 
 from infervisor.chain.hashing import HASH_SIZE, ZERO_HASH, event_hash, header_bytes, payload_hash
-from infervisor.chain.records import FORMAT_VERSION, GENESIS_KIND, HASH_NAME
+from infervisor.chain.records import FORMAT_VERSION, GENESIS_KIND, GENESIS_SOURCE, HASH_NAME
 
 Reason = Literal[
     "payload altered",
@@ -201,6 +201,12 @@ def _check_header(row: Row) -> Problem | None:
 def _check_genesis(row: Row) -> Problem | None:
     if row.kind != GENESIS_KIND.encode():
         detail = f"seq 0 must be a {GENESIS_KIND!r} event, found kind {row.kind.decode()!r}"
+        return Problem(seq=row.seq, reason="bad genesis", detail=detail)
+    if row.source != GENESIS_SOURCE.encode():
+        detail = f"seq 0 must have source {GENESIS_SOURCE!r}, found {row.source.decode()!r}"
+        return Problem(seq=row.seq, reason="bad genesis", detail=detail)
+    if row.subject != b"":
+        detail = f"seq 0 must have the empty subject, found {row.subject.decode()!r}"
         return Problem(seq=row.seq, reason="bad genesis", detail=detail)
     want = {"format": FORMAT_VERSION, "hash": HASH_NAME, "node": row.node.decode()}
     if genesis_document(row.payload) != want:

@@ -2,13 +2,15 @@
 
 Timestamps (`ts_ns`) are integer nanoseconds since the Unix epoch, UTC.
 Payloads are opaque bytes to the chain; `encode_payload` produces the
-canonical form callers should use. The bytes are stored exactly as they were
+canonical form (RFC 8785 JCS with exact integers, docs/chain-format.md)
+callers should use. The bytes are stored exactly as they were
 hashed and are never re-encoded to verify.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import msgspec
 
@@ -49,8 +51,9 @@ class EventDraft(msgspec.Struct, frozen=True, kw_only=True):
     payload: bytes
 
 
-class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """An event as stored in the chain.
+class StoredEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """An event as stored in the chain (``gc=False``: it holds no reference cycles,
+    and one is built per row read).
 
     Attributes:
         seq: position in the chain; genesis is 0, then 1, 2, ... with no gaps.
@@ -79,21 +82,166 @@ class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def encode_payload(obj: object) -> bytes:
-    """Encode a payload canonically: JSON (msgspec) with object keys sorted.
+    """Encode a payload in the chain's canonical JSON (docs/chain-format.md, "Canonical payloads").
+
+    RFC 8785 (JCS) with one documented departure: integers are written as
+    exact decimal integers (JCS would round those beyond 2**53 to a double),
+    and must fit in signed 64 bits. So: UTF-8, no insignificant whitespace,
+    object members sorted by their keys' UTF-16 code units, strings escaped as
+    JCS says, floats written as ECMAScript's Number.prototype.toString writes
+    them (``10.0`` -> ``10``, ``-0.0`` -> ``0``, ``1e21`` -> ``1e+21``), so
+    equal numbers give equal bytes.
 
     Args:
-        obj: anything msgspec can encode (dicts need str keys).
+        obj: anything msgspec can turn into builtins (Structs, dicts with str
+            or int keys, lists, tuples, str, int, float, bool, None).
 
     Returns:
-        UTF-8 JSON bytes; equal objects give equal bytes.
+        The canonical UTF-8 JSON bytes; equal values give equal bytes.
 
     Raises:
-        InvalidEventError: `obj` cannot be encoded.
+        InvalidEventError: `obj` cannot be encoded, or holds NaN, an infinity,
+            an integer outside signed 64 bits or a str that is not valid
+            Unicode; the message names the field path (``$.a.b[2]``).
     """
     try:
-        return msgspec.json.encode(obj, order="sorted")
+        tree = msgspec.to_builtins(obj, str_keys=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidEventError(f"payload cannot be encoded as canonical JSON: {exc}") from exc
+    box = [tree]
+    try:
+        wide = _canonical(box)
+    except _BadValue as bad:
+        where = _where_bad(msgspec.to_builtins(obj, str_keys=True))
+        raise InvalidEventError(f"payload field {where} {bad}") from None
+    try:
+        if wide:
+            return msgspec.json.encode(_utf16_sorted(box[0]))
+        return msgspec.json.encode(box[0], order="sorted")
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidEventError(f"payload cannot be encoded as canonical JSON: {exc}") from exc
+
+
+class _BadValue(Exception):
+    """A value with no canonical form (NaN, an infinity, a huge int, a lone surrogate)."""
+
+
+def _canonical(node: list[Any]) -> bool:
+    """Check the tree under `node` in place, floats replaced by their JCS text.
+
+    Returns True if some key has a character beyond the BMP (code-point order
+    then differs from UTF-16 order). The hot path of every append: no paths
+    are built here; `_where_bad` finds the path once something is wrong.
+
+    Raises:
+        _BadValue: NaN, an infinity, an int beyond signed 64 bits, a lone surrogate.
+    """
+    wide = False
+    todo: list[dict[str, Any] | list[Any]] = [node]
+    pop, push = todo.pop, todo.append
+    while todo:
+        here = pop()
+        if type(here) is dict:
+            pairs: Any = here.items()
+        else:
+            pairs = enumerate(here)
+        for key, value in pairs:
+            if type(key) is str and not key.isascii() and _check_str(key):
+                wide = True
+            vt = type(value)
+            if vt is float:
+                if value.is_integer() and -_INT_FLOAT < value < _INT_FLOAT:
+                    here[key] = int(value)  # 10.0 -> 10, -0.0 -> 0: as ECMAScript writes them
+                else:
+                    here[key] = msgspec.Raw(_number(value))
+            elif vt is dict or vt is list:
+                push(value)
+            elif vt is int:
+                if not INT64_MIN <= value <= INT64_MAX:
+                    raise _BadValue(f"is {value}: integers must fit in signed 64 bits")
+            elif vt is str and not value.isascii():
+                _check_str(value)
+    return wide
+
+
+def _where_bad(node: Any, path: str = "$") -> str:
+    """The path of the first value `_canonical` refuses under `node` ("$" if none)."""
+    if type(node) in (dict, list):
+        pairs = node.items() if type(node) is dict else enumerate(node)
+        for key, value in pairs:
+            step = f"{path}.{key}" if type(key) is str else f"{path}[{key}]"
+            if type(key) is str:
+                try:
+                    _check_str(key)
+                except _BadValue:
+                    return f"{step} (its key)"
+            found = _where_bad(value, step)
+            if found != step or _refused(value):
+                return found
+        return path
+    return path
+
+
+def _refused(value: Any) -> bool:
+    try:
+        _canonical([value])
+    except _BadValue:
+        return True
+    return False
+
+
+def _check_str(value: str) -> bool:
+    """Refuse lone surrogates; True if `value` has a character beyond the BMP."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _BadValue(f"is not valid Unicode (a lone surrogate): {value!r}") from None
+    return any(ord(c) > 0xFFFF for c in value)
+
+
+_INT_FLOAT = 2.0**63
+"""Integral floats below this in magnitude are written through int (the same digits)."""
+
+
+def _number(value: float) -> bytes:
+    """The ECMAScript Number.prototype.toString form of a finite float (RFC 8785 3.2.2.3)."""
+    if value - value != 0.0:  # NaN or an infinity
+        raise _BadValue(f"is {value}: NaN and infinities have no JSON form")
+    if value == 0:
+        return b"0"  # -0.0 too
+    text = repr(value)  # the shortest digits that read back as the same double
+    if "e" not in text:  # Python's fixed range (1e-4 .. 1e16) is inside ECMAScript's
+        return (text[:-2] if text.endswith(".0") else text).encode("ascii")
+    sign = "-" if value < 0 else ""
+    mantissa, _, exponent = text.lstrip("-").partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    point = len(whole) + int(exponent)
+    stripped = digits.lstrip("0")
+    point -= len(digits) - len(stripped)
+    digits = stripped.rstrip("0")
+    k, n = len(digits), point
+    if k <= n <= 21:
+        out = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        out = f"{digits[:n]}.{digits[n:]}"
+    elif -6 < n <= 0:
+        out = "0." + "0" * -n + digits
+    else:
+        e = n - 1
+        mant = digits if k == 1 else f"{digits[0]}.{digits[1:]}"
+        out = f"{mant}e{'+' if e >= 0 else '-'}{abs(e)}"
+    return (sign + out).encode("ascii")
+
+
+def _utf16_sorted(node: Any) -> Any:
+    """`node` with every object's members in UTF-16 code-unit order of their keys."""
+    if type(node) is dict:
+        keys = sorted(node, key=lambda k: k.encode("utf-16-be"))
+        return {k: _utf16_sorted(node[k]) for k in keys}
+    if type(node) is list:
+        return [_utf16_sorted(v) for v in node]
+    return node
 
 
 def genesis_payload(node_id: str) -> bytes:

@@ -1,8 +1,12 @@
-"""The chain's SQLite schema: table, indexes, append-only triggers, format version.
+"""The chain's SQLite schema: table, indexes, append-only triggers, views, format version.
 
 The triggers make the database itself refuse a fork, a gap, an update or a
-delete, whoever writes (this code, another process, a sqlite3 shell).
+delete, whoever writes (this code, another process, a sqlite3 shell); a
+writer checks them by their SQL text, not their names (`check_triggers`).
 `PRAGMA user_version` holds the format version (0 means "not yet a chain").
+The forensic views (`VIEWS`, docs/forensics.md) decode the JSON payloads into
+columns; they and the forensic indexes are created with the schema and, for
+chains made before they existed, when a writer opens the chain.
 """
 
 from __future__ import annotations
@@ -57,6 +61,121 @@ INDEXES = (
     "CREATE INDEX events_kind_seq ON events (kind, seq)",
 )
 
+FORENSIC_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS events_ts ON events (ts_ns)",
+    "CREATE INDEX IF NOT EXISTS events_source_seq ON events (source, seq)",
+)
+"""Indexes for the forensic filters (time, who); subject and kind have theirs above."""
+
+
+def _iso(ts: str) -> str:
+    """SQL: the ISO 8601 UTC text (millisecond precision) of integer ns `ts` (floor, exact)."""
+    frac = f"((({ts} % 1000000000) + 1000000000) % 1000000000)"
+    secs = f"(({ts} - {frac}) / 1000000000)"
+    return (
+        f"strftime('%Y-%m-%dT%H:%M:%S', {secs}, 'unixepoch') || '.' || "
+        f"printf('%03d', {frac} / 1000000) || 'Z'"
+    )
+
+
+def _field(name: str) -> str:
+    return f"json_extract(CAST(payload AS TEXT), '$.{name}')"
+
+
+_LIVE = "('starting', 'running', 'unhealthy', 'restarting', 'stopping')"
+
+
+def _next_state(prev: str, proc: str, kind: str) -> str:
+    """SQL: the lifecycle state after an event of `kind` (replay/reducer.py `_target`)."""
+    return f"""CASE {kind}
+        WHEN 'instance.placed' THEN 'loaded'
+        WHEN 'instance.unloaded' THEN NULL
+        WHEN 'instance.starting' THEN 'starting'
+        WHEN 'instance.ready' THEN 'running'
+        WHEN 'instance.recovered' THEN 'running'
+        WHEN 'instance.unhealthy' THEN 'unhealthy'
+        WHEN 'instance.restart_scheduled' THEN 'restarting'
+        WHEN 'instance.failed' THEN 'failed'
+        WHEN 'instance.finished' THEN 'finished'
+        WHEN 'instance.exited' THEN
+            CASE WHEN {prev} = 'stopping' THEN 'stopped' ELSE 'exited' END
+        WHEN 'instance.stop_requested' THEN
+            CASE WHEN {prev} = 'stopping' OR ({proc} AND {prev} IN {_LIVE})
+                THEN 'stopping' ELSE 'stopped' END
+        WHEN 'instance.exposed' THEN
+            CASE WHEN {prev} = 'stopping' OR ({proc} AND {prev} IN {_LIVE})
+                THEN 'stopping' ELSE 'stopped' END
+        ELSE {prev} END"""
+
+
+def _next_process(proc: str, kind: str) -> str:
+    """SQL: 1 while the instance has a server process recorded (spawned, not yet exited)."""
+    return f"""CASE {kind}
+        WHEN 'instance.spawned' THEN 1
+        WHEN 'instance.starting' THEN 0
+        WHEN 'instance.exited' THEN 0
+        WHEN 'instance.placed' THEN 0
+        ELSE {proc} END"""
+
+
+VIEWS = {
+    "event_log": f"""
+CREATE VIEW IF NOT EXISTS event_log AS
+SELECT
+    seq,
+    {_iso("ts_ns")} AS time,
+    ts_ns,
+    node,
+    source AS who,
+    CASE WHEN instr(source, ':') > 0 THEN substr(source, 1, instr(source, ':') - 1)
+         ELSE source END AS role,
+    subject AS instance,
+    kind,
+    {_field("reason")} AS reason,
+    {_field("by")} AS by_whom,
+    {_field("exit_code")} AS exit_code,
+    {_field("signal")} AS signal,
+    {_field("pid")} AS pid,
+    {_field("attempt")} AS attempt,
+    {_field("delay_s")} AS delay_s,
+    {_field("placed_by")} AS placed_by,
+    {_field("detail")} AS detail,
+    CAST(payload AS TEXT) AS payload,
+    lower(hex(hash)) AS hash
+FROM events
+""",  # noqa: S608 - built from constants only
+    "instance_states": f"""
+CREATE VIEW IF NOT EXISTS instance_states AS
+WITH RECURSIVE walk(seq, subject, from_state, to_state, process) AS (
+    SELECT e.seq, e.subject, NULL,
+        {_next_state("NULL", "0", "e.kind")},
+        {_next_process("0", "e.kind")}
+    FROM (SELECT subject, min(seq) AS first FROM events WHERE subject <> '' GROUP BY subject) f
+    JOIN events e ON e.seq = f.first
+    UNION ALL
+    SELECT n.seq, n.subject, w.to_state,
+        {_next_state("w.to_state", "w.process", "n.kind")},
+        {_next_process("w.process", "n.kind")}
+    FROM walk w
+    JOIN events n ON n.seq = (
+        SELECT min(seq) FROM events WHERE subject = w.subject AND seq > w.seq)
+)
+SELECT seq, subject AS instance, from_state, to_state FROM walk
+""",  # noqa: S608 - built from constants only
+    "transitions": """
+CREATE VIEW IF NOT EXISTS transitions AS
+SELECT l.seq, l.time, l.ts_ns, l.instance, l.kind, s.from_state, s.to_state, l.reason,
+       l.exit_code, l.signal, l.who, l.role, l.by_whom
+FROM event_log l JOIN instance_states s ON s.seq = l.seq
+""",
+}
+"""The forensic views (docs/forensics.md): `event_log` decodes every payload into
+columns (ISO time, who, instance, reason, exit code, ...); `instance_states`
+walks each instance's events to give the lifecycle state before and after
+each (as replay/reducer.py does: `from_state` NULL before the placement,
+`to_state` NULL after an unload); `transitions` joins the two."""
+
+
 TRIGGERS = {
     "events_append_only_insert": """
 CREATE TRIGGER events_append_only_insert BEFORE INSERT ON events
@@ -92,7 +211,18 @@ def create(conn: sqlite3.Connection) -> None:
     """
     for statement in (TABLE, *INDEXES, *TRIGGERS.values()):
         conn.execute(statement)
+    ensure_forensics(conn)
     conn.execute(f"PRAGMA user_version = {FORMAT_VERSION}")
+
+
+def ensure_forensics(conn: sqlite3.Connection) -> None:
+    """Create the forensic indexes and views if missing (`IF NOT EXISTS`).
+
+    Must run inside the caller's write transaction. Views and indexes are not
+    part of what is verified; they only make the chain readable.
+    """
+    for statement in (*FORENSIC_INDEXES, *VIEWS.values()):
+        conn.execute(statement)
 
 
 def is_empty(conn: sqlite3.Connection) -> bool:
@@ -121,18 +251,44 @@ def check_version(conn: sqlite3.Connection, path: str) -> int:
     return version
 
 
+def normalized_sql(sql: str) -> str:
+    """`sql` with every run of whitespace made one space, stripped, no trailing ';'."""
+    return " ".join(sql.split()).rstrip(";").rstrip()
+
+
 def check_triggers(conn: sqlite3.Connection, path: str) -> None:
-    """Refuse to append to a chain whose append-only triggers are gone.
+    """Refuse to append to a chain whose append-only triggers are not exactly ours.
+
+    Compares each trigger's SQL text in `sqlite_master` (normalized by
+    `normalized_sql`) with `TRIGGERS`, so a do-nothing trigger under the
+    right name is refused like a dropped one; a trigger on `events` that is
+    not one of ours is refused too.
 
     Raises:
-        ChainFormatError: a trigger is missing (the file was tampered with).
+        ChainFormatError: a trigger is missing, altered or added (the file was
+            tampered with outside infervisor), naming it.
     """
-    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall()
-    missing = sorted(set(TRIGGERS) - {name for (name,) in rows})
-    if missing:
+    rows = conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'events'"
+    ).fetchall()
+    found = {str(name): normalized_sql(str(sql or "")) for name, sql in rows}
+    missing = sorted(set(TRIGGERS) - set(found))
+    altered = sorted(
+        name
+        for name, sql in TRIGGERS.items()
+        if name in found and found[name] != normalized_sql(sql)
+    )
+    added = sorted(set(found) - set(TRIGGERS))
+    problems = [
+        f"{what} {names}"
+        for what, names in (("missing", missing), ("altered", altered), ("not ours", added))
+        if names
+    ]
+    if problems:
         raise ChainFormatError(
-            f"chain {path} lacks its append-only triggers {missing}: it was altered "
-            "outside infervisor; verify it before use"
+            f"chain {path}: its append-only triggers were changed outside infervisor "
+            f"({'; '.join(problems)}); the chain may have been tampered with: check it "
+            f"with `infervisor chain verify {path}` and keep it as evidence"
         )
 
 

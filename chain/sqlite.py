@@ -48,6 +48,11 @@ class SqliteChain(Closing):
         self._writable = writable
         self._lock = threading.Lock()
         self._closed = False
+        # The head this connection last committed, so an append need not read it
+        # back. If another writer appended meanwhile, the insert trigger refuses
+        # the stale link (at the first row: its seq is taken) and the append is
+        # sealed again on the head read in the same transaction.
+        self._head: StoredEvent | None = None
 
     @classmethod
     def open(
@@ -72,7 +77,8 @@ class SqliteChain(Closing):
             InvalidEventError: `node_id` is empty or not valid UTF-8.
             NodeMismatch: the existing chain belongs to another node.
             ChainFormatError: the file is SQLite but not a chain of this format,
-                or its append-only triggers were removed.
+                or its append-only triggers were removed or altered (checked by
+                their SQL, not their names).
             ChainIOError: the file cannot be opened or written.
         """
         node_id = check_node_id(node_id)
@@ -124,11 +130,20 @@ class SqliteChain(Closing):
             return []
         with self._lock, translated(self.path, "append to"):
             self._check_writable()
+            head, self._head = self._head, None  # re-read after any failure
             with immediate(self._conn):
-                stored = seal_after(read_head(self._conn), checked, self.node_id)
-                self._conn.executemany(
-                    schema.INSERT_EVENT, [schema.to_row(event) for event in stored]
-                )
+                try:
+                    stored = self._insert(head or read_head(self._conn), checked)
+                except sqlite3.IntegrityError:
+                    if head is None:
+                        raise
+                    stored = self._insert(read_head(self._conn), checked)  # another writer's
+            self._head = stored[-1]
+        return stored
+
+    def _insert(self, head: StoredEvent, drafts: Sequence[EventDraft]) -> list[StoredEvent]:
+        stored = seal_after(head, drafts, self.node_id)
+        self._conn.executemany(schema.INSERT_EVENT, [schema.to_row(event) for event in stored])
         return stored
 
     def head(self) -> StoredEvent:
@@ -223,6 +238,7 @@ def _create_or_check(
     found = _genesis_node(conn, path)
     if found != node_id:
         raise NodeMismatch(path, node_id, found)
+    schema.ensure_forensics(conn)
 
 
 def _existing_node(conn: sqlite3.Connection, path: str) -> str:

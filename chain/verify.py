@@ -3,21 +3,42 @@
 Streams the rows `ORDER BY seq` through a read-only connection, keeping only
 the previous row and the genesis row in memory. The algorithm and its
 reasons are specified in docs/chain-format.md ("Verification").
+
+`scan_chain` is the same walk handing every row that checked out to a
+consumer (the replay reducer), so a reader verifies what it reads in the one
+snapshot it reads it from. The walk has a fast path for rows that are what a
+writer stores (inline hashing, no per-row objects unless a consumer wants
+them); anything unusual about a row sends it through `checks.check_row`,
+which names the problem exactly as the format document orders the checks.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import blake3
 import msgspec
 
 from infervisor.chain import schema
 from infervisor.chain.checks import Lookups, Problem, Row, check_row, parse_row
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import ChainFormatError
+from infervisor.chain.hashing import EVENT_CONTEXT, PAYLOAD_CONTEXT
+from infervisor.chain.records import GENESIS_KIND, StoredEvent
 
 _ROWS = schema.SELECT_EVENTS + " ORDER BY seq"
+_PAYLOAD_HASHER = blake3.blake3(derive_key_context=PAYLOAD_CONTEXT)
+_EVENT_HASHER = blake3.blake3(derive_key_context=EVENT_CONTEXT)
+_SEQ_TS = struct.Struct(">Qq").pack
+_LENGTH = struct.Struct(">I").pack
+_GENESIS_KIND = GENESIS_KIND.encode()
+
+Consumer = Callable[[StoredEvent], None]
+"""Called with each event that checked out, in seq order (see `scan_chain`)."""
 
 
 class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,8 +71,36 @@ def verify_chain(path: str | os.PathLike[str]) -> VerifyReport:
 
     Raises:
         ChainFormatError: the file is SQLite but has no `events` table with
-            the chain's columns.
+            the chain's columns, or its `PRAGMA user_version` is not the
+            format version this code reads.
         ChainIOError: the file is missing, unreadable or not SQLite.
+    """
+    return scan_chain(path)
+
+
+def scan_chain(
+    path: str | os.PathLike[str],
+    consume: Consumer | None = None,
+    *,
+    keep_going: bool = False,
+) -> VerifyReport:
+    """Verify the chain at `path` in one snapshot, handing each good event to `consume`.
+
+    Args:
+        path: the chain file (opened read-only).
+        consume: called with every event that checked out, in seq order,
+            before the next row is read; an exception it raises ends the scan
+            and propagates (the connection is closed).
+        keep_going: after the first problem, still hand the remaining rows
+            to `consume`, unchecked (an auditor's `--unverified` read); a
+            row that cannot even be read as an event (a NULL or mistyped
+            column) ends the scan. The report still names the first problem.
+
+    Returns:
+        The verdict on the whole chain, as `verify_chain` gives it.
+
+    Raises:
+        ChainFormatError, ChainIOError: as `verify_chain`.
     """
     name = os.fspath(path)
     conn = connect_reader(name, text_as_bytes=True)
@@ -59,27 +108,147 @@ def verify_chain(path: str | os.PathLike[str]) -> VerifyReport:
         with translated(name, "verify"):
             _check_columns(conn, name)
             conn.execute("BEGIN")
-            return _walk(conn.execute(_ROWS), _SqlLookups(conn))
+            schema.check_version(conn, name)
+            rows = conn.execute(_ROWS)
+            report = _walk(rows, SqlLookups(conn), consume)
+            if keep_going and consume is not None and report.problem is not None:
+                _feed_rest(conn, report, consume)
+            return report
     finally:
         conn.close()
 
 
-def _walk(rows: sqlite3.Cursor, lookups: Lookups) -> VerifyReport:
-    before: Row | None = None
-    genesis: Row | None = None
-    count = 0
-    for raw in rows:
-        row = parse_row(raw, 0 if before is None else before.seq + 1)
-        if isinstance(row, Problem):
-            return _report(count, before, genesis, row)
-        problem = check_row(row, before, genesis, lookups)
-        if problem is not None:
-            return _report(count, before, genesis, problem)
-        before, genesis, count = row, genesis or row, count + 1
-    if before is None:
+def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> VerifyReport:
+    """The verification loop: fast path per row, `check_row` for anything unusual."""
+    first = next(rows, None)
+    if first is None:
         empty = Problem(seq=0, reason="bad genesis", detail="the chain is empty: no row at seq 0")
         return _report(0, None, None, empty)
-    return _report(count, before, genesis, None)
+    genesis = parse_row(first, 0)
+    if isinstance(genesis, Problem):
+        return _report(0, None, None, genesis)
+    problem = check_row(genesis, None, None, lookups)
+    if problem is not None:
+        return _report(0, None, None, problem)
+    node_text = genesis.node.decode()
+    if consume is not None:
+        consume(_event(genesis, node_text))
+    node = genesis.node
+    node_part = _LENGTH(len(node)) + node
+    sources: dict[object, tuple[str, bytes]] = {}
+    kinds: dict[object, tuple[str, bytes]] = {}
+    subjects: dict[object, tuple[str, bytes]] = {}
+    payload_hasher, event_hasher = _PAYLOAD_HASHER.copy, _EVENT_HASHER.copy
+    seq_ts = _SEQ_TS
+    expected: int = 1
+    want_prev: bytes = genesis.hash
+    last: Any = first
+    for raw in rows:
+        seq, ts_ns, row_node, source, kind, subject, payload, digest, prev, event = raw
+        src = sources.get(source) or _text(sources, source, False)
+        knd = kinds.get(kind) or _text(kinds, kind, True)
+        sub = subjects.get(subject) or _text(subjects, subject, False)
+        if (
+            seq != expected
+            or type(seq) is not int
+            or type(ts_ns) is not int
+            or prev != want_prev
+            or row_node != node
+            or src is None
+            or knd is None
+            or sub is None
+        ):
+            return _slow(raw, last, genesis, lookups, expected)
+        try:
+            hasher = payload_hasher()
+            hasher.update(payload)
+            bad = hasher.digest() != digest
+            if not bad:
+                hasher = event_hasher()
+                hasher.update(
+                    seq_ts(seq, ts_ns) + node_part + src[1] + knd[1] + sub[1] + digest + prev
+                )
+                bad = hasher.digest() != event
+        except TypeError:  # a column of an unexpected type: the careful path names it
+            bad = True
+        if bad:
+            return _slow(raw, last, genesis, lookups, expected)
+        if consume is not None:
+            consume(
+                StoredEvent(
+                    seq=seq,
+                    ts_ns=ts_ns,
+                    node=node_text,
+                    source=src[0],
+                    kind=knd[0],
+                    subject=sub[0],
+                    payload=payload,
+                    payload_hash=digest,
+                    prev_hash=prev,
+                    hash=event,
+                )
+            )
+        expected, want_prev, last = seq + 1, event, raw
+    head = parse_row(last, expected - 1)
+    assert not isinstance(head, Problem)
+    return _report(expected, head, genesis, None)
+
+
+def _text(
+    cache: dict[object, tuple[str, bytes]], value: object, is_kind: bool
+) -> tuple[str, bytes] | None:
+    """Decode and remember a header text (with its length prefix); None if unusual."""
+    if not isinstance(value, bytes) or (is_kind and value == _GENESIS_KIND):
+        return None
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    cache[value] = entry = (text, _LENGTH(len(value)) + value)
+    return entry
+
+
+def _slow(
+    raw: tuple[object, ...],
+    last: tuple[object, ...],
+    genesis: Row,
+    lookups: Lookups,
+    expected: int,
+) -> VerifyReport:
+    """Check one unusual row the documented way and report (it is almost always bad)."""
+    before = parse_row(last, expected - 1)
+    assert not isinstance(before, Problem)
+    row = parse_row(raw, expected)
+    problem = row if isinstance(row, Problem) else check_row(row, before, genesis, lookups)
+    if problem is None:  # cannot happen: the fast path only defers rows check_row refuses
+        problem = Problem(seq=expected, reason="malformed row", detail=f"row {raw!r} is unusual")
+    return _report(expected, before, genesis, problem)
+
+
+def _event(row: Row, node: str) -> StoredEvent:
+    return StoredEvent(
+        seq=row.seq,
+        ts_ns=row.ts_ns,
+        node=node,
+        source=row.source.decode(),
+        kind=row.kind.decode(),
+        subject=row.subject.decode(),
+        payload=row.payload,
+        payload_hash=row.payload_hash,
+        prev_hash=row.prev_hash,
+        hash=row.hash,
+    )
+
+
+def _feed_rest(conn: sqlite3.Connection, report: VerifyReport, consume: Consumer) -> None:
+    """Hand the rows from the first bad one on to `consume`, unchecked (`keep_going`)."""
+    after = -1 if report.head_seq is None else report.head_seq
+    for raw in conn.execute(schema.SELECT_EVENTS + " WHERE seq > ? ORDER BY seq", (after,)):
+        row = parse_row(raw, after + 1)
+        if isinstance(row, Problem):
+            return
+        consume(_event(row, row.node.decode("utf-8", "replace")))
+        after = row.seq
 
 
 def _report(
@@ -104,7 +273,7 @@ def _check_columns(conn: sqlite3.Connection, path: str) -> None:
         )
 
 
-class _SqlLookups:
+class SqlLookups:
     """`Lookups` answered by queries on the connection being verified."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:

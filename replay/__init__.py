@@ -6,18 +6,20 @@ No I/O but reading the chain.
 from .events import Event, EventDecodeError, InstanceEvent, decode_event, encode_event, kind_of
 from .lifecycle import LIVE_STATES, TRANSITIONS, IllegalTransition, LifecycleState
 from .policy import Exhausted, Restart, RestartDecision, RestartPolicy, decide_restart
-from .queries import TimelineEntry, rebuild, timeline
-from .reducer import ReplayError, apply, apply_instance, fold, reason_of
+from .queries import ChainRead, TimelineEntry, read_chain, rebuild, timeline, timeline_of
+from .reducer import Folder, ReplayError, apply, apply_instance, fold, reason_of
 from .state import Desired, ExitRecord, InstanceState, NodeState, ProcessRecord
 
 __all__ = [
     "LIVE_STATES",
     "TRANSITIONS",
+    "ChainRead",
     "Desired",
     "Event",
     "EventDecodeError",
     "Exhausted",
     "ExitRecord",
+    "Folder",
     "IllegalTransition",
     "InstanceEvent",
     "InstanceState",
@@ -36,7 +38,9 @@ __all__ = [
     "encode_event",
     "fold",
     "kind_of",
+    "read_chain",
     "reason_of",
     "rebuild",
     "timeline",
+    "timeline_of",
 ]

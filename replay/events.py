@@ -25,6 +25,7 @@ __all__ = [
     "EVENT_TYPES",
     "UPCASTERS",
     "AdmissionRefused",
+    "DeepHealthFailed",
     "Event",
     "EventDecodeError",
     "Exited",
@@ -32,9 +33,12 @@ __all__ = [
     "Failed",
     "Finished",
     "InstanceEvent",
+    "KeyRotated",
     "LeaseRenewed",
+    "MemoryCorrected",
     "MemoryReleased",
     "ModelClaimed",
+    "ModelDropped",
     "NodeStarted",
     "NodeStopped",
     "Placed",
@@ -58,7 +62,7 @@ __all__ = [
 ]
 
 
-class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event"):
+class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event", gc=False):
     v: int = 1
 
 
@@ -74,6 +78,19 @@ class NodeStopped(_Event, frozen=True, tag="node.stopped"):
     """The node shut down cleanly (servers were stopped first)."""
 
     reason: str
+
+
+class KeyRotated(_Event, frozen=True, tag="chain.key_rotated"):
+    """The node's checkpoint key was replaced (``infervisor chain rotate-key``).
+
+    ``old_key`` and ``new_key`` are C2SP verifier keys (``name+hash+base64``);
+    ``note`` is the rotation statement as a C2SP signed note, signed by both
+    (docs/chain-format.md, "Key rotation"). It changes no instance state.
+    """
+
+    old_key: str
+    new_key: str
+    note: str
 
 
 class Placed(_Event, frozen=True, tag="instance.placed"):
@@ -151,6 +168,15 @@ class Ready(_Event, frozen=True, tag="instance.ready"):
 
 class Unhealthy(_Event, frozen=True, tag="instance.unhealthy"):
     """Consecutive health misses reached the limit."""
+
+    misses: int
+    reason: str
+
+
+class DeepHealthFailed(_Event, frozen=True, tag="instance.deep_health_failed"):
+    """A scheduled deep health check (one real token) failed: the health endpoint
+    may still answer. ``misses``: consecutive failed deep checks (``miss_limit``
+    of them make the instance unhealthy). No state change."""
 
     misses: int
     reason: str
@@ -241,6 +267,28 @@ class ModelClaimed(_Event, frozen=True, tag="instance.model_claimed"):
     ours: bool
 
 
+class ModelDropped(_Event, frozen=True, tag="instance.model_dropped"):
+    """Ollama no longer lists the model (``/api/ps``) although the instance was
+    running: its keep_alive ran out (``expired``) or Ollama dropped it earlier
+    (evicted, restarted). ``expires_at_ns``: the expiry Ollama last reported
+    (ns since the epoch, UTC; None: none seen). Nothing of it is ours in Ollama
+    any more; the exit recorded with it goes through the restart policy."""
+
+    expired: bool
+    expires_at_ns: int | None = None
+
+
+class MemoryCorrected(_Event, frozen=True, tag="instance.memory_corrected"):
+    """Ollama reports the loaded model takes more than was reserved: the
+    reservation becomes ``reserved_bytes`` (what Ollama reports plus the node's
+    overhead). ``size_bytes``/``size_vram_bytes``: ``/api/ps`` ``size`` and
+    ``size_vram``. Recorded even past the budget: the memory is already taken."""
+
+    reserved_bytes: int
+    size_bytes: int
+    size_vram_bytes: int = 0
+
+
 class MemoryReleased(_Event, frozen=True, tag="instance.memory_released"):
     """The residency ledger gave back the instance's reservation (the model is
     confirmed gone from memory)."""
@@ -288,6 +336,7 @@ InstanceEvent = (
     | Ready
     | Unhealthy
     | Recovered
+    | DeepHealthFailed
     | Exited
     | RestartScheduled
     | Failed
@@ -296,17 +345,20 @@ InstanceEvent = (
     | StopRequested
     | Terminating
     | ModelClaimed
+    | ModelDropped
+    | MemoryCorrected
     | MemoryReleased
     | Exposed
     | Unloaded
 )
-Event = NodeStarted | NodeStopped | AdmissionRefused | LeaseRenewed | InstanceEvent
+Event = NodeStarted | NodeStopped | KeyRotated | AdmissionRefused | LeaseRenewed | InstanceEvent
 
 EVENT_TYPES: dict[str, type[Any]] = {
     t.__struct_config__.tag: t  # type: ignore[misc]
     for t in (
         NodeStarted,
         NodeStopped,
+        KeyRotated,
         Placed,
         Replaced,
         PlacementIgnored,
@@ -317,6 +369,7 @@ EVENT_TYPES: dict[str, type[Any]] = {
         Ready,
         Unhealthy,
         Recovered,
+        DeepHealthFailed,
         Exited,
         RestartScheduled,
         Failed,
@@ -325,6 +378,8 @@ EVENT_TYPES: dict[str, type[Any]] = {
         StopRequested,
         Terminating,
         ModelClaimed,
+        ModelDropped,
+        MemoryCorrected,
         MemoryReleased,
         Exposed,
         AdmissionRefused,
@@ -337,6 +392,7 @@ EVENT_TYPES: dict[str, type[Any]] = {
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 _DECODER = msgspec.json.Decoder(Event)
+_TAGS: dict[type[Any], str] = {t: tag for tag, t in EVENT_TYPES.items()}
 _RAW = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -363,8 +419,16 @@ def decode_event(stored: StoredEvent) -> Event:
         EventDecodeError: unknown kind, a payload tag that disagrees with the
             header kind, or a payload that does not fit its type.
     """
-    if stored.kind not in EVENT_TYPES:
-        raise EventDecodeError(f"seq {stored.seq}: unknown event kind {stored.kind!r}")
+    kind = stored.kind
+    if kind not in EVENT_TYPES:
+        raise EventDecodeError(f"seq {stored.seq}: unknown event kind {kind!r}")
+    try:  # the common case in one typed decode: a current payload of the header's kind
+        fast: Event = _DECODER.decode(stored.payload)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass  # the careful path below names the problem, or upcasts
+    else:
+        if fast.v == 1 and _TAGS[type(fast)] == kind:
+            return fast
     try:
         raw = _RAW.decode(stored.payload)
         if raw.get("v", 1) != 1 or raw.get("event") != stored.kind:

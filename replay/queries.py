@@ -1,6 +1,9 @@
-"""Audit and forensic queries over a chain: rebuild, timeline.
+"""Audit and forensic queries over a chain: rebuild, timeline, verified reads.
 
 Read-only: these open the chain with its own reader connection.
+`read_chain` is what the offline command line uses: it verifies the chain
+and replays it in one pass over one snapshot (`infervisor.chain.scan_chain`),
+optionally only up to a sequence number or a time.
 """
 
 from __future__ import annotations
@@ -10,13 +13,13 @@ from collections.abc import Iterator
 
 import msgspec
 
-from infervisor.chain import SqliteChain, StoredEvent
+from infervisor.chain import SqliteChain, StoredEvent, VerifyReport, scan_chain
 
 from . import events as ev
-from .reducer import apply_instance, fold, reason_of
+from .reducer import Folder, apply_instance, fold, reason_of
 from .state import InstanceState, NodeState
 
-__all__ = ["TimelineEntry", "rebuild", "timeline"]
+__all__ = ["ChainRead", "TimelineEntry", "read_chain", "rebuild", "timeline", "timeline_of"]
 
 
 class TimelineEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,6 +33,79 @@ class TimelineEntry(msgspec.Struct, frozen=True, kw_only=True):
     frm: str = msgspec.field(name="from")
     to: str
     reason: str
+
+
+class ChainRead(msgspec.Struct, frozen=True, kw_only=True):
+    """What `read_chain` read: the state, the verdict on the whole chain, what was kept.
+
+    Attributes:
+        state: the node state after the last event replayed.
+        report: the verification of the whole chain, read in the same snapshot.
+        replayed: how many events were replayed (fewer than the chain's with
+            `until_seq` / `until_ns`).
+        by_subject: with `keep_events`, every replayed event by subject, in seq order.
+    """
+
+    state: NodeState
+    report: VerifyReport
+    replayed: int
+    by_subject: dict[str, list[StoredEvent]] = msgspec.field(default_factory=dict)
+
+
+def read_chain(
+    path: str | os.PathLike[str],
+    *,
+    until_seq: int | None = None,
+    until_ns: int | None = None,
+    unverified: bool = False,
+    keep_events: bool = False,
+) -> ChainRead:
+    """Verify and replay the chain at `path` in one pass over one snapshot.
+
+    Only rows that checked out are replayed, unless `unverified` (then the
+    rows after the first problem are replayed as stored, and `report` says
+    what is wrong). With `until_seq`, events after that seq are not
+    replayed; with `until_ns` (ns since the Unix epoch, UTC), replay stops
+    before the first event stamped later (the chain's order is its seq, and
+    clocks may step back: this is the state as the chain stood at that
+    time). Verification covers the whole chain either way.
+
+    Raises:
+        ChainFormatError, ChainIOError: the file is not a readable chain.
+        ReplayError, EventDecodeError: an event that checked out does not fit
+            the state (or, `unverified`, one that did not).
+    """
+    folder = Folder("")
+    feed = folder.feed
+    kept: dict[str, list[StoredEvent]] = {}
+    count = 0
+    done = False
+
+    def consume(stored: StoredEvent) -> None:
+        nonlocal count, done
+        if done:
+            return
+        if (until_seq is not None and stored.seq > until_seq) or (
+            until_ns is not None and stored.ts_ns > until_ns
+        ):
+            done = True
+            return
+        feed(stored)
+        count += 1
+        if keep_events:
+            kept.setdefault(stored.subject, []).append(stored)
+
+    plain = until_seq is None and until_ns is None and not keep_events
+    report = scan_chain(path, feed if plain else consume, keep_going=unverified)
+    if plain:
+        count = folder.head_seq + 1
+    node = report.node or ""
+    return ChainRead(state=folder.state(node), report=report, replayed=count, by_subject=kept)
+
+
+def timeline_of(stored_events: list[StoredEvent]) -> list[TimelineEntry]:
+    """The timeline entries of one instance's events (as `timeline` gives them)."""
+    return list(_timeline(iter(stored_events)))
 
 
 def rebuild(path: str | os.PathLike[str]) -> NodeState:

@@ -7,6 +7,7 @@ from the stored event.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,7 +16,13 @@ import msgspec
 from infervisor.chain import GENESIS_KIND, StoredEvent
 
 from . import events as ev
-from .lifecycle import LIVE_STATES, IllegalTransition, LifecycleState, check_transition
+from .lifecycle import (
+    LIVE_STATES,
+    TRANSITIONS,
+    IllegalTransition,
+    LifecycleState,
+    check_transition,
+)
 from .state import (
     Desired,
     ExitRecord,
@@ -26,7 +33,7 @@ from .state import (
     Termination,
 )
 
-__all__ = ["ReplayError", "apply", "apply_instance", "fold", "reason_of"]
+__all__ = ["Folder", "ReplayError", "apply", "apply_instance", "fold", "reason_of"]
 
 S = LifecycleState
 
@@ -35,12 +42,22 @@ class ReplayError(Exception):
     """An event does not fit the state it is applied to (names the seq and why)."""
 
 
+_INSTANCE_TYPES: frozenset[type[Any]] = frozenset(typing.get_args(ev.InstanceEvent))
+"""The event types that belong to one instance (the members of `events.InstanceEvent`)."""
+_decode = ev.decode_event
+_replace = msgspec.structs.replace
+_PLACED, _UNLOADED = ev.Placed, ev.Unloaded
+_DECODE = msgspec.json.Decoder(ev.Event).decode
+_TAGS: dict[type[Any], str] = {t: tag for tag, t in ev.EVENT_TYPES.items()}
+
+
 def apply(state: NodeState, stored: StoredEvent) -> NodeState:
     """Fold one stored event into the node state.
 
     Raises:
         ReplayError: the event is not the next in sequence, names an unknown
             instance, or makes an illegal transition.
+        EventDecodeError: the payload is not a known event.
     """
     if stored.seq != state.head_seq + 1:
         raise ReplayError(f"seq {stored.seq} applied after {state.head_seq}: not the next event")
@@ -48,15 +65,17 @@ def apply(state: NodeState, stored: StoredEvent) -> NodeState:
     if stored.kind == GENESIS_KIND:
         return base
     event = ev.decode_event(stored)
-    if isinstance(event, ev.NodeStarted):
+    kind = type(event)
+    if kind is ev.NodeStarted:
         return msgspec.structs.replace(base, boots=state.boots + 1)
-    if isinstance(event, ev.LeaseRenewed):
+    if kind is ev.LeaseRenewed:
+        assert isinstance(event, ev.LeaseRenewed)
         lease = LeaseRecord(controller=event.controller, at=event.at)
         return msgspec.structs.replace(base, lease=lease)
-    if not isinstance(event, ev.InstanceEvent):
+    if kind not in _INSTANCE_TYPES:
         return base
     current = state.instances.get(stored.subject)
-    updated = apply_instance(current, stored, event)
+    updated = apply_instance(current, stored, event)  # type: ignore[arg-type]
     instances = dict(state.instances)
     if updated is None:
         instances.pop(stored.subject, None)
@@ -65,12 +84,90 @@ def apply(state: NodeState, stored: StoredEvent) -> NodeState:
     return msgspec.structs.replace(base, instances=instances)
 
 
+class Folder:
+    """`apply` for a whole chain without a new `NodeState` per event.
+
+    Feed it the stored events in seq order (`feed`, usable as the consumer
+    of `infervisor.chain.scan_chain`), then read `state()`. The result is
+    what folding the same events with `apply` gives; the instances are kept
+    in one dict changed in place, which only this object sees.
+    """
+
+    __slots__ = ("_boots", "_head", "_instances", "_lease", "_next", "_node_id")
+
+    def __init__(self, node_id: str) -> None:
+        self._node_id = node_id
+        self._head: StoredEvent | None = None
+        self._next = 0
+        self._instances: dict[str, InstanceState] = {}
+        self._boots = 0
+        self._lease: LeaseRecord | None = None
+
+    def instance(self, instance_id: str) -> InstanceState | None:
+        """The instance's state after the events fed so far (None: not placed)."""
+        return self._instances.get(instance_id)
+
+    @property
+    def head_seq(self) -> int:
+        """Seq of the last event fed (-1 before genesis)."""
+        return -1 if self._head is None else self._head.seq
+
+    def feed(self, stored: StoredEvent) -> None:
+        """Fold one event. Raises as `apply` does (ReplayError, EventDecodeError)."""
+        if stored.seq != self._next:
+            raise ReplayError(
+                f"seq {stored.seq} applied after {self._next - 1}: not the next event"
+            )
+        self._next += 1
+        self._head = stored
+        if stored.kind == GENESIS_KIND:
+            return
+        try:  # decode_event's common case, inlined: a current payload of the header's kind
+            event: ev.Event = _DECODE(stored.payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            event = _decode(stored)  # names the problem, or upcasts
+        else:
+            if event.v != 1 or _TAGS[type(event)] != stored.kind:
+                event = _decode(stored)
+        kind = type(event)
+        if kind in _INSTANCE_TYPES:
+            instances = self._instances
+            subject = stored.subject
+            updated = _apply_instance(instances.get(subject), stored, event)  # type: ignore[arg-type]
+            if updated is None:
+                instances.pop(subject, None)
+            else:
+                instances[subject] = updated
+        elif kind is ev.NodeStarted:
+            self._boots += 1
+        elif kind is ev.LeaseRenewed:
+            assert isinstance(event, ev.LeaseRenewed)
+            self._lease = LeaseRecord(controller=event.controller, at=event.at)
+
+    def state(self, node_id: str = "") -> NodeState:
+        """The node state after the events fed so far (`node_id` overrides the one given)."""
+        head = self._head
+        return NodeState(
+            node_id=node_id or self._node_id,
+            head_seq=-1 if head is None else head.seq,
+            head_hash="" if head is None else head.hash.hex(),
+            instances=dict(self._instances),
+            boots=self._boots,
+            lease=self._lease,
+        )
+
+
 def fold(node_id: str, stored_events: Iterable[StoredEvent]) -> NodeState:
-    """Replay a whole chain (starting at its genesis, seq 0) into node state."""
-    state = NodeState(node_id=node_id, head_seq=-1, head_hash="")
+    """Replay a whole chain (starting at its genesis, seq 0) into node state.
+
+    Raises:
+        ReplayError, EventDecodeError: as `apply`.
+    """
+    folder = Folder(node_id)
+    feed = folder.feed
     for stored in stored_events:
-        state = apply(state, stored)
-    return state
+        feed(stored)
+    return folder.state()
 
 
 def apply_instance(
@@ -81,21 +178,35 @@ def apply_instance(
     Raises:
         ReplayError: unknown instance, a second placement, or an illegal transition.
     """
-    if isinstance(event, ev.Placed):
+    kind = type(event)
+    if kind is _PLACED:
         if inst is not None:
             raise ReplayError(f"seq {stored.seq}: {stored.subject} is already placed")
-        return _placed(stored, event)
+        return _placed(stored, event)  # type: ignore[arg-type]
     if inst is None:
         raise ReplayError(f"seq {stored.seq}: {stored.kind} for unknown instance {stored.subject}")
     if stored.seq <= inst.last_seq:
         raise ReplayError(f"seq {stored.seq} is not after {inst.last_seq} for {inst.instance_id}")
-    if isinstance(event, ev.Unloaded):
+    if kind is _UNLOADED:
         return None
-    inst = msgspec.structs.replace(inst, last_seq=stored.seq)
-    target = _target(inst, event)
-    if (target is not None and target is not inst.lifecycle) or _self_loop(inst, event):
-        inst = _enter(inst, target or inst.lifecycle, stored, event)
-    return _update(inst, stored, event)
+    current = inst.lifecycle
+    fixed, dependent, loops, handler, reasoner = _RULES[kind]
+    target = _target(inst, event) if dependent else fixed
+    changes = {} if handler is None else handler(inst, stored, event)
+    changes["last_seq"] = stored.seq
+    if target is not None and (target is not current or loops):
+        if target not in TRANSITIONS[current]:
+            try:
+                check_transition(current, target, inst.instance_id)
+            except IllegalTransition as e:
+                raise ReplayError(f"seq {stored.seq}: {e}") from e
+        changes["lifecycle"] = target
+        changes["since_ns"] = stored.ts_ns
+        changes["reason"] = reasoner(event)
+    return _replace(inst, **changes)
+
+
+_apply_instance = apply_instance
 
 
 def _placed(stored: StoredEvent, event: ev.Placed) -> InstanceState:
@@ -112,62 +223,42 @@ def _placed(stored: StoredEvent, event: ev.Placed) -> InstanceState:
     )
 
 
+_FIXED_TARGETS: dict[type[Any], LifecycleState] = {
+    ev.Starting: S.STARTING,
+    ev.Ready: S.RUNNING,
+    ev.Unhealthy: S.UNHEALTHY,
+    ev.Recovered: S.RUNNING,
+    ev.RestartScheduled: S.RESTARTING,
+    ev.Failed: S.FAILED,
+    ev.Finished: S.FINISHED,
+}
+
+
+_DEPENDENT_TARGETS: frozenset[type[Any]] = frozenset({ev.Exited, ev.StopRequested, ev.Exposed})
+"""Events whose target state depends on the state they are applied to."""
+
+
 def _target(inst: InstanceState, event: ev.InstanceEvent) -> LifecycleState | None:
     """The lifecycle state an event moves to, or None when it changes no state."""
-    match event:
-        case ev.Starting():
-            return S.STARTING
-        case ev.Ready():
-            return S.RUNNING
-        case ev.Unhealthy():
-            return S.UNHEALTHY
-        case ev.Recovered():
-            return S.RUNNING
-        case ev.Exited():
-            return S.STOPPED if inst.lifecycle is S.STOPPING else S.EXITED
-        case ev.RestartScheduled():
-            return S.RESTARTING
-        case ev.Failed():
-            return S.FAILED
-        case ev.Finished():
-            return S.FINISHED
-        case ev.StopRequested() | ev.Exposed():
-            if inst.lifecycle is S.STOPPING:
-                return None  # a second stop escalates; the state is already right
-            has_process = inst.process is not None and inst.lifecycle in LIVE_STATES
-            return S.STOPPING if has_process else S.STOPPED
+    kind = type(event)
+    fixed = _FIXED_TARGETS.get(kind)
+    if fixed is not None:
+        return fixed
+    if kind is ev.Exited:
+        return S.STOPPED if inst.lifecycle is S.STOPPING else S.EXITED
+    if kind is ev.StopRequested or kind is ev.Exposed:
+        if inst.lifecycle is S.STOPPING:
+            return None  # a second stop escalates; the state is already right
+        has_process = inst.process is not None and inst.lifecycle in LIVE_STATES
+        return S.STOPPING if has_process else S.STOPPED
     return None
 
 
-def _self_loop(inst: InstanceState, event: ev.InstanceEvent) -> bool:
-    """Events that re-enter the same state and must still be checked and timed."""
-    return isinstance(event, ev.RestartScheduled) and inst.lifecycle is S.RESTARTING
-
-
-def _enter(
-    inst: InstanceState, to: LifecycleState, stored: StoredEvent, event: ev.InstanceEvent
-) -> InstanceState:
-    try:
-        check_transition(inst.lifecycle, to, inst.instance_id)
-    except IllegalTransition as e:
-        raise ReplayError(f"seq {stored.seq}: {e}") from e
-    return msgspec.structs.replace(
-        inst, lifecycle=to, since_ns=stored.ts_ns, reason=reason_of(event)
-    )
-
-
-def _update(inst: InstanceState, stored: StoredEvent, event: ev.InstanceEvent) -> InstanceState:
-    """The data an event carries besides the transition."""
-    handler = _UPDATES.get(type(event))
-    return handler(inst, stored, event) if handler is not None else inst
-
-
-def _on_starting(inst: InstanceState, stored: StoredEvent, e: ev.Starting) -> InstanceState:
+def _on_starting(inst: InstanceState, stored: StoredEvent, e: ev.Starting) -> dict[str, Any]:
     budget: dict[str, Any] = {}
     if e.reset_budget:
         budget = {"restarts": 0, "restart_times_ns": (), "restart_stamps": ()}
-    return msgspec.structs.replace(
-        inst,
+    return dict(
         desired=Desired.RUNNING,
         process=None,
         launch_token=e.launch_token,
@@ -182,17 +273,16 @@ def _on_starting(inst: InstanceState, stored: StoredEvent, e: ev.Starting) -> In
     )
 
 
-def _on_spawned(inst: InstanceState, stored: StoredEvent, e: ev.Spawned) -> InstanceState:
-    return msgspec.structs.replace(inst, process=_process(e), up_since=e.at)
+def _on_spawned(inst: InstanceState, stored: StoredEvent, e: ev.Spawned) -> dict[str, Any]:
+    return dict(process=_process(e), up_since=e.at)
 
 
-def _on_reattached(inst: InstanceState, stored: StoredEvent, e: ev.Reattached) -> InstanceState:
-    return msgspec.structs.replace(inst, up_since=e.up_since or inst.up_since)
+def _on_reattached(inst: InstanceState, stored: StoredEvent, e: ev.Reattached) -> dict[str, Any]:
+    return dict(up_since=e.up_since or inst.up_since)
 
 
-def _on_exited(inst: InstanceState, stored: StoredEvent, e: ev.Exited) -> InstanceState:
-    return msgspec.structs.replace(
-        inst,
+def _on_exited(inst: InstanceState, stored: StoredEvent, e: ev.Exited) -> dict[str, Any]:
+    return dict(
         process=None,
         last_exit=_exit(e, stored.ts_ns),
         terminating=None,
@@ -201,11 +291,10 @@ def _on_exited(inst: InstanceState, stored: StoredEvent, e: ev.Exited) -> Instan
     )
 
 
-def _on_restart(inst: InstanceState, stored: StoredEvent, e: ev.RestartScheduled) -> InstanceState:
+def _on_restart(inst: InstanceState, stored: StoredEvent, e: ev.RestartScheduled) -> dict[str, Any]:
     times = (*inst.restart_times_ns, stored.ts_ns)
     stamps = (*inst.restart_stamps, e.at) if e.at is not None else inst.restart_stamps
-    return msgspec.structs.replace(
-        inst,
+    return dict(
         restarts=inst.restarts + 1,
         restart_times_ns=times,
         restart_stamps=stamps,
@@ -213,25 +302,23 @@ def _on_restart(inst: InstanceState, stored: StoredEvent, e: ev.RestartScheduled
     )
 
 
-def _on_held(inst: InstanceState, stored: StoredEvent, e: ev.InstanceEvent) -> InstanceState:
-    return msgspec.structs.replace(inst, desired=Desired.STOPPED, restart_due=None, then="")
+def _on_held(inst: InstanceState, stored: StoredEvent, e: ev.InstanceEvent) -> dict[str, Any]:
+    return dict(desired=Desired.STOPPED, restart_due=None, then="")
 
 
-def _on_stable(inst: InstanceState, stored: StoredEvent, e: ev.StableAgain) -> InstanceState:
-    return msgspec.structs.replace(inst, restarts=0, restart_times_ns=(), restart_stamps=())
+def _on_stable(inst: InstanceState, stored: StoredEvent, e: ev.StableAgain) -> dict[str, Any]:
+    return dict(restarts=0, restart_times_ns=(), restart_stamps=())
 
 
-def _on_exposed(inst: InstanceState, stored: StoredEvent, e: ev.Exposed) -> InstanceState:
-    return msgspec.structs.replace(
-        inst, desired=Desired.STOPPED, exposed=tuple(e.addresses), restart_due=None, then=""
-    )
+def _on_exposed(inst: InstanceState, stored: StoredEvent, e: ev.Exposed) -> dict[str, Any]:
+    return dict(desired=Desired.STOPPED, exposed=tuple(e.addresses), restart_due=None, then="")
 
 
-def _on_replaced(inst: InstanceState, stored: StoredEvent, e: ev.Replaced) -> InstanceState:
-    return msgspec.structs.replace(inst, placed_by=e.placed_by, generation=e.generation)
+def _on_replaced(inst: InstanceState, stored: StoredEvent, e: ev.Replaced) -> dict[str, Any]:
+    return dict(placed_by=e.placed_by, generation=e.generation)
 
 
-def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> InstanceState:
+def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> dict[str, Any]:
     keeps_wanted = e.by == "shutdown" or e.then == "restart"
     desired = inst.desired if keeps_wanted else Desired.STOPPED
     terminating = inst.terminating
@@ -243,8 +330,7 @@ def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> I
     then, then_by = e.then, e.by
     if e.by == "shutdown" and not e.then:
         then, then_by = inst.then, inst.then_by  # a shutdown leaves a pending restart pending
-    return msgspec.structs.replace(
-        inst,
+    return dict(
         desired=desired,
         restart_due=None,
         then=then,
@@ -253,28 +339,39 @@ def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> I
     )
 
 
-def _on_terminating(inst: InstanceState, stored: StoredEvent, e: ev.Terminating) -> InstanceState:
+def _on_terminating(inst: InstanceState, stored: StoredEvent, e: ev.Terminating) -> dict[str, Any]:
     record = Termination(cause=e.cause, grace_s=e.grace_s, by="supervisor", at=e.at)
-    return msgspec.structs.replace(inst, terminating=record)
+    return dict(terminating=record)
 
 
-def _on_ready(inst: InstanceState, stored: StoredEvent, e: ev.Ready) -> InstanceState:
-    return msgspec.structs.replace(inst, up_since=inst.up_since or e.at)
+def _on_ready(inst: InstanceState, stored: StoredEvent, e: ev.Ready) -> dict[str, Any]:
+    return dict(up_since=inst.up_since or e.at)
 
 
-def _on_refused(inst: InstanceState, stored: StoredEvent, e: ev.StartRefused) -> InstanceState:
-    return msgspec.structs.replace(inst, refusal=e.reason)
+def _on_refused(inst: InstanceState, stored: StoredEvent, e: ev.StartRefused) -> dict[str, Any]:
+    return dict(refusal=e.reason)
 
 
-def _on_claimed(inst: InstanceState, stored: StoredEvent, e: ev.ModelClaimed) -> InstanceState:
-    return msgspec.structs.replace(inst, ollama_owned=e.ours)
+def _on_claimed(inst: InstanceState, stored: StoredEvent, e: ev.ModelClaimed) -> dict[str, Any]:
+    return dict(ollama_owned=e.ours)
 
 
-def _on_released(inst: InstanceState, stored: StoredEvent, e: ev.MemoryReleased) -> InstanceState:
-    return msgspec.structs.replace(inst, reserved_bytes=0)
+def _on_dropped(inst: InstanceState, stored: StoredEvent, e: ev.ModelDropped) -> dict[str, Any]:
+    return dict(ollama_owned=False)
 
 
-_UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], InstanceState]] = {
+def _on_corrected(
+    inst: InstanceState, stored: StoredEvent, e: ev.MemoryCorrected
+) -> dict[str, Any]:
+    return dict(reserved_bytes=e.reserved_bytes)
+
+
+def _on_released(inst: InstanceState, stored: StoredEvent, e: ev.MemoryReleased) -> dict[str, Any]:
+    return dict(reserved_bytes=0)
+
+
+#: What each kind of event changes besides the transition (applied in one replace).
+_UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], dict[str, Any]]] = {
     ev.Starting: _on_starting,
     ev.Spawned: _on_spawned,
     ev.Reattached: _on_reattached,
@@ -291,6 +388,8 @@ _UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], InstanceSt
     ev.Ready: _on_ready,
     ev.ModelClaimed: _on_claimed,
     ev.MemoryReleased: _on_released,
+    ev.ModelDropped: _on_dropped,
+    ev.MemoryCorrected: _on_corrected,
 }
 
 
@@ -339,6 +438,7 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.Ready: _ready,
     ev.Unhealthy: lambda e: f"{e.misses} missed health checks: {e.reason}",
     ev.Recovered: lambda e: "health recovered",
+    ev.DeepHealthFailed: lambda e: f"deep health check failed ({e.misses} in a row): {e.reason}",
     ev.Exited: lambda e: e.reason,
     ev.RestartScheduled: lambda e: f"restart {e.attempt} in {e.delay_s:g} s: {e.reason}",
     ev.Failed: lambda e: e.reason,
@@ -352,13 +452,46 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
         "model loaded by this node" if e.ours else "model already resident: not ours to unload"
     ),
     ev.MemoryReleased: lambda e: f"memory released ({e.bytes} bytes)",
+    ev.ModelDropped: lambda e: (
+        "ollama dropped the model: "
+        + ("its keep_alive ran out" if e.expired else "before its keep_alive ran out")
+    ),
+    ev.MemoryCorrected: lambda e: (
+        f"memory reservation corrected to {e.reserved_bytes} bytes "
+        f"(ollama reports {e.size_bytes} bytes, {e.size_vram_bytes} in VRAM)"
+    ),
     ev.LeaseRenewed: lambda e: f"controller {e.controller} heard",
     ev.AdmissionRefused: lambda e: f"placement refused: {e.reason}",
     ev.NodeStarted: lambda e: f"node started (pid {e.pid})",
     ev.NodeStopped: lambda e: f"node stopped: {e.reason}",
+    ev.KeyRotated: lambda e: f"checkpoint key rotated: {e.old_key} -> {e.new_key}",
 }
 
 
 def reason_of(event: ev.Event) -> str:
     """One line saying why an event happened, for timelines and status."""
     return _REASONS[type(event)](event)
+
+
+_Rule = tuple[
+    LifecycleState | None,
+    bool,
+    bool,
+    Callable[[InstanceState, StoredEvent, Any], dict[str, Any]] | None,
+    Callable[[Any], str],
+]
+
+#: Per instance event type, in one lookup: the state it moves to (None: no move),
+#: whether that depends on the state it meets (`_target`), whether it re-enters
+#: its own state, what else it changes (`_UPDATES`) and the reason it records.
+_RULES: dict[type[Any], _Rule] = {
+    t: (
+        _FIXED_TARGETS.get(t),
+        t in _DEPENDENT_TARGETS,
+        t is ev.RestartScheduled,
+        _UPDATES.get(t),
+        _REASONS[t],
+    )
+    for t in _INSTANCE_TYPES
+    if t not in (ev.Placed, ev.Unloaded)
+}

@@ -122,7 +122,11 @@ def policy(**kw: Any) -> RestartPolicy:
 
 
 def kinds() -> dict[str, KindSettings]:
-    return {"web": KindSettings(probe="http")}
+    return {
+        "web": KindSettings(probe="http"),
+        "deep": KindSettings(probe="http", deep_interval_s=5.0),
+        "loads": KindSettings(startup_deadline_s=10.0, startup_cap_s=60.0),
+    }
 
 
 def make_rules(

@@ -53,9 +53,10 @@ def event_hash(seq: int, ts_ns: int, texts: tuple, payload_hash: bytes, prev_has
     return blake3.blake3(data + payload_hash + prev_hash, derive_key_context=EVENT_CTX).digest()
 
 
-def genesis_ok(kind: bytes, node: bytes, payload: bytes) -> bool:
-    """Step 6 for seq 0: kind chain.genesis and the genesis payload naming this node."""
-    if kind != b"chain.genesis":
+def genesis_ok(kind: bytes, node: bytes, payload: bytes, source: bytes, subject: bytes) -> bool:
+    """Step 6 for seq 0: kind chain.genesis, source node, subject empty, the payload naming
+    this node."""
+    if kind != b"chain.genesis" or source != b"node" or subject != b"":
         return False
     try:
         doc = json.loads(payload.decode("utf-8"))
@@ -86,7 +87,7 @@ def check(db: sqlite3.Connection, row: tuple, prev: tuple | None, genesis_node: 
         )
     if event_hash(seq, ts_ns, (node, source, kind, subject), p_hash, prev_hash) != digest:
         raise BadRowError(seq, "header altered")
-    if prev is None and not genesis_ok(kind, node, payload):
+    if prev is None and not genesis_ok(kind, node, payload, source, subject):
         raise BadRowError(seq, "bad genesis")
     if prev is not None and node != genesis_node:
         raise BadRowError(seq, "header altered")
@@ -101,6 +102,12 @@ def verify(path: str) -> tuple:
     db.text_factory = bytes
     try:
         db.execute("BEGIN")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
+        if not columns:
+            raise sqlite3.DatabaseError("no table events")
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version != 1:  # section 1: the format version
+            raise sqlite3.DatabaseError(f"format version {version}, not 1")
         prev, genesis_node, count = None, None, 0
         for row in db.execute(ROWS):
             try:

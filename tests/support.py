@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import stat
 import struct
@@ -214,14 +215,18 @@ class OllamaTestServer:
 @contextlib.contextmanager
 def ollama_server(*models: str, port: int = 0, **flags: Any) -> Iterator[OllamaTestServer]:
     """Run the Ollama test server with ``--models`` and ``--flag value`` options
-    (a list or tuple value repeats the flag: ``fail_load=["a", "b"]``); killed on exit.
+    (a list or tuple value repeats the flag: ``fail_load=["a", "b"]``; True gives a
+    switch alone: ``fail_completions=True``); killed on exit.
 
     ``port`` 0 lets the kernel pick one, read back from the server's ``PORT n`` line.
     """
     argv = [sys.executable, str(OLLAMA_SERVER), "--port", str(port), "--models", ",".join(models)]
     for flag, values in flags.items():
         for value in values if isinstance(values, list | tuple) else [values]:
-            argv += [f"--{flag.replace('_', '-')}", str(value)]
+            if value is True:  # a switch: ``fail_completions=True``
+                argv.append(f"--{flag.replace('_', '-')}")
+            else:
+                argv += [f"--{flag.replace('_', '-')}", str(value)]
     server = OllamaTestServer("", port, subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
     try:
         assert server.proc.stdout is not None
@@ -292,3 +297,15 @@ def own_server(
         yield server
     finally:
         server.kill()
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``host`` now: each is held bound until all
+    are chosen, so two calls in a row cannot hand out the same port."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind((host, 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports

@@ -223,8 +223,12 @@ def test_adopted_server_beyond_loopback_is_reported_in_exposure(node: Node, tmp_
         wait_serving(server, 20)
         iid = node.place(adopted_spec(port))
         node.start(iid)
-        view = node.status(iid)
-        assert "listening on 0.0.0.0" in view.exposure
+        # Exposure is read once per reconcile tick for the whole node, not per start.
+        view = wait_until(
+            lambda: "listening on 0.0.0.0" in node.status(iid).exposure and node.status(iid),
+            20,
+            "the reconcile tick's socket table",
+        )
         assert "not ours to enforce" in view.exposure
         assert view.lifecycle == "running"  # reported, not stopped: its binding is not ours
         node.unload(iid)

@@ -61,7 +61,9 @@ def attacker(path: Path, *, strip: bool = False) -> Iterator[sqlite3.Connection]
         triggers = conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall()
         for (name,) in triggers:
             conn.execute(f'DROP TRIGGER "{name}"')
-        if strip:
+        if strip:  # the forensic views name the table: they go first
+            for (view,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'"):
+                conn.execute(f'DROP VIEW "{view}"')
             conn.execute("CREATE TABLE plain AS SELECT * FROM events ORDER BY seq")
             conn.execute("DROP TABLE events")
             conn.execute("ALTER TABLE plain RENAME TO events")
@@ -86,9 +88,11 @@ def forge(
     node: str = "node-a",
     kind: str = "instance.forged",
     payload: bytes = b"{}",
+    source: str = "operator",
+    subject: str = "inst-9",
 ) -> Raw:
     """A row with correct payload hash and hash, as the format says to compute them."""
-    texts = (node, "operator", kind, "inst-9")
+    texts = (node, source, kind, subject)
     digest = payload_hash(payload)
     header = header_bytes(
         seq=seq,
@@ -256,12 +260,18 @@ def test_malformed_rows_are_reported_not_crashed_on(db: Path, change: str, seq: 
 
 
 def genesis_only(
-    path: Path, payload: bytes, *, kind: str = "chain.genesis", prev: bytes = bytes(32)
+    path: Path,
+    payload: bytes,
+    *,
+    kind: str = "chain.genesis",
+    prev: bytes = bytes(32),
+    source: str = "node",
+    subject: str = "",
 ) -> None:
     SqliteChain.open(path, "node-a").close()
     with attacker(path) as conn:
         conn.execute("DELETE FROM events")
-        put(conn, forge(0, prev, kind=kind, payload=payload))
+        put(conn, forge(0, prev, kind=kind, payload=payload, source=source, subject=subject))
 
 
 @pytest.mark.parametrize(
@@ -291,6 +301,10 @@ def test_a_well_formed_forged_genesis_passes_and_other_kinds_do_not(tmp_path: Pa
         "must be a 'chain.genesis' event"
         in assert_bad(tmp_path / "kind.db", 0, "bad genesis").detail
     )
+    genesis_only(tmp_path / "source.db", good, source="operator")
+    assert "must have source 'node'" in assert_bad(tmp_path / "source.db", 0, "bad genesis").detail
+    genesis_only(tmp_path / "subject.db", good, subject="inst-1")
+    assert "empty subject" in assert_bad(tmp_path / "subject.db", 0, "bad genesis").detail
     genesis_only(tmp_path / "prev.db", good, prev=b"\x01" * 32)
     assert assert_bad(tmp_path / "prev.db", 0, "bad genesis").detail.startswith(
         "prev_hash of seq 0"

@@ -133,7 +133,7 @@ def words(text: str) -> str:
         (["run"], ["CONFIG", "SIGINT, SIGTERM or SIGHUP", "examples/node.toml"]),
         (["chain"], ["verify"]),
         (["chain", "verify"], ["WHERE", "--json", "Exit 0 when valid", "sequence number", ".toml"]),
-        (["replay"], ["WHERE", "--json", "does not check hashes", ".toml"]),
+        (["replay"], ["WHERE", "--json", "verified in the same pass", "--unverified", ".toml"]),
         (["timeline"], ["WHERE", "INSTANCE", "--json", "before -> after", "role"]),
         (["demo"], ["--dir", "--json", "llama.cpp"]),
     ],
@@ -194,7 +194,7 @@ def test_verify_exits_2_on_a_file_that_is_not_a_chain(tmp_path: Path, kind: str)
 def test_verify_json_reports_ok_and_no_problem(db: Path) -> None:
     result = invoke("chain", "verify", "--json", db)
     assert result.exit_code == 0
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)  # stderr says what cannot be ruled out
     assert report["ok"] is True
     assert report["problem"] is None
     assert (report["events"], report["node"], report["head_seq"]) == (10, NODE, 9)
@@ -237,19 +237,80 @@ def test_replay_json_is_the_node_state(db: Path) -> None:
     assert chat["spec"]["port"] == 18080
 
 
-def test_replay_of_a_chain_that_does_not_verify_warns(tampered: Path) -> None:
+def test_replay_of_a_chain_that_does_not_verify_is_refused_naming_the_seq(tampered: Path) -> None:
     result = invoke("replay", tampered)
+    assert result.exit_code == 1
+    assert f"does not verify: seq {TAMPERED_SEQ}: payload altered" in result.stderr
+    assert "--unverified" in result.stderr
+    assert result.stdout == ""
+
+
+def test_replay_unverified_reads_it_as_stored_and_says_so(tampered: Path) -> None:
+    result = invoke("replay", "--unverified", tampered)
     assert result.exit_code == 0
-    assert f"does not verify (seq {TAMPERED_SEQ}: payload altered)" in result.stderr
+    first, head, *_ = result.stdout.splitlines()
+    assert first.startswith("UNVERIFIED: ")
+    assert f"seq {TAMPERED_SEQ}: payload altered" in first
+    assert head.startswith(f"node {NODE}: head seq 9")
+    assert "UNVERIFIED" in result.stderr
+    report = json.loads(invoke("replay", "--unverified", "--json", tampered).stdout)
+    assert report["verified"] is False
+    assert (report["problem"]["seq"], report["problem"]["reason"]) == (4, "payload altered")
+    assert report["answer"]["head_seq"] == 9
+    assert report["answer"]["instances"][CHAT]["process"] is None  # stopped later
+
+
+def test_replay_unverified_of_a_valid_chain_is_marked_verified(db: Path) -> None:
+    report = json.loads(invoke("replay", "--unverified", "--json", db).stdout)
+    assert (report["verified"], report["problem"]) == (True, None)
+    assert invoke("replay", "--unverified", db).stdout.startswith("verified: ")
 
 
 def test_replay_of_an_event_that_does_not_fit_exits_1_in_one_line(db: Path) -> None:
     tamper(db, "UPDATE events SET kind = 'instance.teleported' WHERE seq = 4")
     result = script("replay", db)
     assert result.returncode == 1
+    assert result.stderr.startswith(f"error: {db} does not verify: seq 4: header altered")
+    result = script("replay", "--unverified", db)
+    assert result.returncode == 1
     assert result.stderr.startswith(f"error: {db} cannot be replayed: seq 4: ")
     assert "instance.teleported" in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("until", "head", "chat"),
+    [
+        ("5", 5, "running"),
+        ("2026-11-01T00:00:01Z", 5, "running"),  # seq 5 is stamped 00:00:01.000 exactly
+        ("2026-11-01T00:00:01.100+00:00", 5, "running"),
+        ("2026-11-01 00:00:00.800", 4, "starting"),  # no offset: UTC
+        ("2026-11-01T01:00:01.300+01:00", 6, "stopping"),
+        ("3", 3, "starting"),
+    ],
+)
+def test_replay_until_gives_the_state_at_that_point(
+    db: Path, until: str, head: int, chat: str
+) -> None:
+    result = invoke("replay", "--json", "--until", until, db)
+    assert result.exit_code == 0, result.output
+    state = json.loads(result.stdout)
+    assert state["head_seq"] == head
+    assert state["instances"][CHAT]["lifecycle"] == chat
+    assert IDLE not in state["instances"]  # placed at seq 8
+    assert f"(replayed up to seq {head})" in invoke("replay", "--until", until, db).stdout
+
+
+def test_replay_until_still_verifies_the_whole_chain(tampered: Path) -> None:
+    result = invoke("replay", "--until", "2", tampered)  # the tampered row is after it
+    assert result.exit_code == 1
+    assert f"seq {TAMPERED_SEQ}: payload altered" in result.stderr
+
+
+def test_replay_until_refuses_what_is_neither_a_seq_nor_a_time(db: Path) -> None:
+    result = invoke("replay", "--until", "yesterday", db)
+    assert result.exit_code == 2
+    assert "--until 'yesterday'" in result.stderr
 
 
 def test_replay_of_a_missing_file_exits_2(tmp_path: Path) -> None:

@@ -10,9 +10,13 @@ Synchronisation is by condition and deadline, never by sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pwd
 import signal
 import socket
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -147,6 +151,13 @@ def start_node(tmp_path: Path, fake_llama: str) -> Iterator[Callable[..., Starte
     end_runs(runs, data / "chain.db")
 
 
+def chain_sources(db: Path) -> list[tuple[str, str, str]]:
+    """(kind, subject, source) of every event, in sequence order."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        rows = con.execute("SELECT kind, subject, source FROM events ORDER BY seq").fetchall()
+    return [(k, s or "", src) for k, s, src in rows]
+
+
 # ---------------------------------------------------------------- the operator's verbs
 def test_status_stop_start_restart_unload_through_the_cli(
     start_node: Callable[..., Started],
@@ -189,6 +200,15 @@ def test_status_stop_start_restart_unload_through_the_cli(
 
     assert ok(cli("unload", data, embed)) == f"{embed}: unloaded\n"
     assert [v["instance_id"] for v in status_json(node.config)] == [chat]
+    # Who did it: the socket peer's uid (SO_PEERCRED) is each verb's source.
+    me = f"operator:uid={os.getuid()}({pwd.getpwuid(os.getuid()).pw_name})"
+    sources = {(kind, subj): src for kind, subj, src in chain_sources(data / "chain.db")}
+    for kind, subj in (
+        ("instance.stop_requested", chat),
+        ("instance.starting", chat),
+        ("instance.unloaded", embed),
+    ):
+        assert sources[(kind, subj)] == me, (kind, subj)
 
     assert node.run.stop() == 0, node.run.output()
     assert not (data / SOCKET_FILE).exists()
@@ -388,7 +408,8 @@ def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
         with pytest.raises(NodeStarting, match="the node is starting"):
             call(tmp_path, ListVerb())
         server.serve(node)  # type: ignore[arg-type]  # duck-typed: the verbs it answers
-        assert call(tmp_path, StartVerb(instance="a")) == {"started": "a", "by": "operator"}
+        me = f"operator:uid={os.getuid()}({pwd.getpwuid(os.getuid()).pw_name})"
+        assert call(tmp_path, StartVerb(instance="a")) == {"started": "a", "by": me}
         idle.connect()
         with ThreadPoolExecutor(2) as pool:
             in_flight = pool.submit(call, tmp_path, StopVerb(instance="a"))
@@ -399,7 +420,7 @@ def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
             assert not shutdown.done()  # the stop in flight holds the shutdown
             node.release.set()
             assert shutdown.result(DEADLINE_S) is None
-            assert in_flight.result(DEADLINE_S) == {"stopped": "a", "by": "operator"}
+            assert in_flight.result(DEADLINE_S) == {"stopped": "a", "by": me}
     finally:
         node.release.set()
         server.close()  # with the idle connection still open

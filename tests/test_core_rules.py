@@ -8,6 +8,8 @@ lifecycle state and every instance event kind was reached somewhere here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from core_support import (
     NS,
@@ -33,8 +35,10 @@ from hypothesis import strategies as st
 
 from infervisor.actors.core import effects as fx
 from infervisor.actors.core import observations as o
-from infervisor.actors.core.decision import RefusalKind
+from infervisor.actors.core.decision import Decision, RefusalKind
 from infervisor.actors.core.rules import Mode, Tracking
+from infervisor.adapters.probe import RunningModel
+from infervisor.adapters.spec import Flavor
 from infervisor.replay import Desired, LifecycleState, RestartPolicy, apply_instance
 from infervisor.replay import events as ev
 from infervisor.replay.policy import jitter_unit, restarts_in_window
@@ -1127,6 +1131,157 @@ def test_every_unhealthy_reason_of_an_adopted_server_names_what_it_said(
     assert f"missed health checks: {said}" in sim.inst.reason, sim.inst.reason
     sim.probe(up())
     assert sim.kinds_of_last() == ["instance.recovered"]
+
+
+# ====================================================================== 4b. issue 12
+def _deep_running(mode: Mode) -> Sim:
+    sim = Sim(rules=make_rules(mode, kind="deep"))
+    if mode is Mode.OLLAMA:
+        sim.feed(o.StartVerb(by="operator"))
+        sim.checked(reserved_bytes=1000)
+        sim.feed(o.OllamaResidency(resident=False))
+        sim.feed(o.OllamaLoadEnded(ok=True))
+    else:
+        running(sim)
+    assert sim.inst.lifecycle is S.RUNNING
+    return sim
+
+
+def _deep(sim: Sim, error: str | None) -> Decision:
+    token = sim.inst.process.pid if sim.inst.process is not None else 0
+    return sim.feed(o.DeepChecked(token=token, error=error))
+
+
+def test_deep_failures_are_recorded_and_a_probe_answer_does_not_clear_them() -> None:
+    sim = _deep_running(Mode.PROCESS)
+    _deep(sim, "HTTP 500")
+    assert sim.kinds_of_last() == ["instance.deep_health_failed"]
+    sim.probe(up())  # /health still answers: the deep misses stand
+    _deep(sim, "HTTP 500")
+    assert sim.kinds_of_last() == ["instance.deep_health_failed"]
+    _deep(sim, "HTTP 500")
+    assert sim.kinds_of_last() == [
+        "instance.deep_health_failed",
+        "instance.unhealthy",
+        "instance.terminating",
+    ]
+    assert "deep health: no token of completion: HTTP 500" in sim.inst.reason
+
+
+def test_a_deep_token_clears_the_deep_misses() -> None:
+    sim = _deep_running(Mode.PROCESS)
+    _deep(sim, "HTTP 500")
+    _deep(sim, "HTTP 500")
+    _deep(sim, None)
+    assert sim.last is not None and sim.last.events == ()
+    assert sim.tracking.deep_misses == 0
+    _deep(sim, "HTTP 500")
+    assert sim.inst.lifecycle is S.RUNNING
+
+
+def test_deep_checks_are_ignored_when_the_kind_has_none() -> None:
+    sim = running(http_sim())
+    sim.feed(o.DeepChecked(token=sim.inst.process.pid, error="HTTP 500"))  # type: ignore[union-attr]
+    assert sim.last is not None and sim.last.events == ()
+
+
+def test_ollama_deep_failures_make_it_unhealthy_and_a_token_recovers_it() -> None:
+    sim = _deep_running(Mode.OLLAMA)
+    for _ in range(3):
+        _deep(sim, "HTTP 500")
+    assert sim.inst.lifecycle is S.UNHEALTHY
+    assert "infervisor does not start ollama" in sim.inst.reason
+    sim.probe(ServerReport(health=Health(HealthKind.UP)))
+    assert sim.inst.lifecycle is S.UNHEALTHY  # it answers, but gives no token
+    _deep(sim, None)
+    assert sim.kinds_of_last() == ["instance.recovered"]
+
+
+def _ollama_running(**rules: Any) -> Sim:
+    sim = Sim(rules=replace(make_rules(Mode.OLLAMA), **rules))
+    sim.feed(o.StartVerb(by="operator"))
+    sim.checked(reserved_bytes=1000)
+    sim.feed(o.OllamaResidency(resident=False))
+    sim.feed(o.OllamaLoadEnded(ok=True))
+    assert sim.inst.lifecycle is S.RUNNING
+    return sim
+
+
+def test_ollama_dropped_model_is_recorded_released_and_restarted() -> None:
+    sim = _ollama_running()
+    at = sim.clock.wall_ns + 5 * NS
+    sim.feed(o.OllamaListed(listed=True, size_bytes=500, expires_at_ns=at))
+    assert sim.last is not None and sim.last.events == ()
+    sim.clock.advance(6)
+    sim.feed(o.OllamaListed(listed=False))
+    assert sim.kinds_of_last() == [
+        "instance.model_dropped",
+        "instance.memory_released",
+        "instance.exited",
+        "instance.restart_scheduled",
+    ]
+    dropped = sim.last.events[0]  # type: ignore[union-attr]
+    assert isinstance(dropped, ev.ModelDropped) and dropped.expired
+    assert dropped.expires_at_ns == at
+    assert sim.inst.reserved_bytes == 0 and sim.inst.ollama_owned is False
+    assert "keep_alive ran out" in sim.inst.reason or sim.inst.lifecycle is S.RESTARTING
+
+
+def test_ollama_dropped_before_its_expiry_says_so() -> None:
+    sim = _ollama_running()
+    sim.feed(o.OllamaListed(listed=True, expires_at_ns=sim.clock.wall_ns + 600 * NS))
+    sim.feed(o.OllamaListed(listed=False))
+    dropped = sim.last.events[0]  # type: ignore[union-attr]
+    assert isinstance(dropped, ev.ModelDropped) and not dropped.expired
+
+
+def test_ollama_memory_is_corrected_up_never_down() -> None:
+    sim = _ollama_running(reserve_overhead_bytes=100)
+    sim.feed(o.OllamaListed(listed=True, size_bytes=800, size_vram_bytes=600))
+    assert sim.last is not None and sim.last.events == ()  # 900 fits in the 1000 reserved
+    sim.feed(o.OllamaListed(listed=True, size_bytes=5000, size_vram_bytes=4000))
+    assert sim.kinds_of_last() == ["instance.memory_corrected"]
+    assert sim.inst.reserved_bytes == 5100
+    sim.feed(o.OllamaListed(listed=True, size_bytes=5000))
+    assert sim.last is not None and sim.last.events == ()
+
+
+def _ollama_loading() -> Sim:
+    sim = Sim(rules=make_rules(Mode.OLLAMA, kind="loads"))  # deadline 10 s, cap 60 s
+    sim.feed(o.StartVerb(by="operator"))
+    sim.checked(reserved_bytes=1000)
+    sim.feed(o.OllamaResidency(resident=False))
+    assert sim.inst.lifecycle is S.STARTING and sim.inst.ollama_owned is True
+    return sim
+
+
+def _ps(*names: str) -> ServerReport:
+    running = [RunningModel(name=n) for n in names]
+    return ServerReport(health=Health(HealthKind.UP), running=running, flavor=Flavor.OLLAMA)
+
+
+def test_ollama_load_deadline_extends_while_listed_up_to_the_cap() -> None:
+    sim = _ollama_loading()
+    sim.clock.advance(30)
+    sim.probe(_ps("tiny:latest"))  # past the deadline, still listed: extended
+    assert sim.inst.lifecycle is S.STARTING
+    sim.clock.advance(31)
+    sim.probe(_ps("tiny:latest"))  # past the cap
+    assert sim.kinds_of_last()[0] == "instance.exited"
+    assert "not loaded within 60 s" in sim.inst.reason or sim.inst.lifecycle is S.RESTARTING
+    assert any(isinstance(e, fx.AbortLoad) for e in sim.last.effects)  # type: ignore[union-attr]
+
+
+def test_ollama_load_not_listed_is_given_up_at_the_deadline() -> None:
+    sim = _ollama_loading()
+    sim.clock.advance(5)
+    sim.probe(_ps())  # within the deadline: may take its time
+    assert sim.inst.lifecycle is S.STARTING
+    sim.clock.advance(6)
+    sim.probe(ServerReport(health=Health(HealthKind.UP), flavor=Flavor.OLLAMA))  # no ps list
+    assert sim.inst.lifecycle is S.STARTING  # nothing is guessed from no answer
+    sim.probe(_ps())
+    assert sim.kinds_of_last()[:2] == ["instance.exited", "instance.restart_scheduled"]
 
 
 # ====================================================================== 5. coverage

@@ -75,7 +75,7 @@ from infervisor.actors.core import observations as o
 from infervisor.actors.core.common import remaining_s
 from infervisor.actors.core.decide import decide
 from infervisor.actors.core.decision import Situation
-from infervisor.actors.core.health import probe_token, wants_probe
+from infervisor.actors.core.health import probe_token, wants_deep, wants_probe
 from infervisor.actors.core.rules import Mode, Rules, Tracking
 from infervisor.actors.kinds import KindSettings, supervision_for
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
@@ -88,7 +88,9 @@ from infervisor.replay.state import Stamp
 BOOT_ID = "kernel-boot-1"
 NODE_ID = "node-1"
 POLICY = RestartPolicy(max_restarts=2, base_s=1.0, cap_s=4.0, stable_after_s=5.0, jitter=0.5)
-KINDS = {"inference": KindSettings(startup_deadline_s=5.0, startup_cap_s=20.0)}
+KINDS = {
+    "inference": KindSettings(startup_deadline_s=5.0, startup_cap_s=20.0, deep_interval_s=10.0)
+}
 SLOTS = ("llama", "oneshot", "adopted", "ollama")
 RESERVED = 100
 
@@ -651,6 +653,32 @@ class CrashAnywhere(RuleBasedStateMachine):
         for _ in range(times):
             self.process_dies(slot, "exit1", heard=True)
             self.node.advance(POLICY.cap_s * 1.5 + 0.1)
+
+    @rule(slot=st.sampled_from(SLOTS), ok=st.booleans(), times=st.integers(1, 3))
+    def deep_check(self, slot: str, ok: bool, times: int) -> None:
+        """Scheduled deep health checks: a token each, or none (health may still answer)."""
+        for _ in range(times):
+            if not self._live(slot):
+                return
+            state = self.node.states[self.node.slot_iid[slot]]
+            if wants_deep(state, RULES[slot]):
+                error = None if ok else "completion refused: HTTP 500"
+                self.node.run(slot, o.DeepChecked(token=probe_token(state), error=error))
+
+    @rule(size=st.sampled_from([50, 5000]))
+    def ollama_lists(self, size: int) -> None:
+        """Ollama's /api/ps on a probe: the model and the memory it takes, while resident."""
+        if self._live("ollama") and self.node.world.ollama_resident:
+            expires = self.node.world.wall_ns + 300 * 10**9
+            listed = o.OllamaListed(listed=True, size_bytes=size, expires_at_ns=expires)
+            self.node.run("ollama", listed)
+
+    @rule()
+    def ollama_drops(self) -> None:
+        """Ollama drops the model (its keep_alive ran out): /api/ps no longer lists it."""
+        self.node.world.ollama_resident = False
+        if self._live("ollama"):
+            self.node.run("ollama", o.OllamaListed(listed=False))
 
     @rule()
     def exposed(self) -> None:

@@ -31,11 +31,27 @@ from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import SqliteChain
 from infervisor.replay import RestartPolicy, timeline
 from infervisor.replay import events as ev
+from infervisor.replay.audit import audit_chain
 
 TICK = 0.5  # health interval (s, manual clock)
 EPS = 1 / 64  # exact in binary, so delay - EPS + EPS lands on the timer's due time
 NS = 1_000_000_000
 POLICY = RestartPolicy(max_restarts=3, base_s=1.0, cap_s=3.0, stable_after_s=30.0)
+
+
+@pytest.fixture(autouse=True)
+def _audited(tmp_path: Path) -> Any:
+    """After each scenario (its nodes shut down), `infervisor audit` finds nothing in its chain.
+
+    Autouse and independent of `nodes`, so it is torn down after the nodes are.
+    """
+    yield
+    chain = tmp_path / "data" / "chain.db"
+    if chain.exists():
+        report = audit_chain(chain)  # tests set their own budgets: only the chain's rules
+        assert report.verify.ok, report.verify
+        assert report.findings == [], report.findings
+
 
 # ---------------------------------------------------------------- the recorded path
 

@@ -146,6 +146,10 @@ def tamper(path: Path, data: st.DataObject, length: int) -> None:
             "SELECT name FROM sqlite_master WHERE type = 'trigger'"
         ).fetchall():
             conn.execute(f'DROP TRIGGER "{name.decode()}"')
+        for (view,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'view'"
+        ).fetchall():
+            conn.execute(f'DROP VIEW "{view.decode()}"')  # the forensic views name the table
         conn.execute("CREATE TABLE plain AS SELECT * FROM events")
         conn.execute("DROP TABLE events")
         conn.execute("ALTER TABLE plain RENAME TO events")

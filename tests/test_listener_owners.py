@@ -204,7 +204,7 @@ def test_one_socket_twice_in_one_process_is_one_listener(port: int) -> None:
 
 
 def test_an_unreadable_socket_table_is_a_probe_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(kind: str = "inet") -> list[object]:
+    def refuse(kind: str = "tcp") -> list[object]:
         raise psutil.AccessDenied(pid=None, msg="not permitted")
 
     monkeypatch.setattr(psutil, "net_connections", refuse)
@@ -220,12 +220,12 @@ def test_snapshot_is_one_read_of_the_socket_table(
     calls: list[str] = []
     real = psutil.net_connections
 
-    def counted(kind: str = "inet") -> list[object]:
+    def counted(kind: str = "tcp") -> list[object]:
         calls.append(kind)
         return list(real(kind))
 
     monkeypatch.setattr(psutil, "net_connections", counted)
     with listening("0.0.0.0", port) as other:
         snapshot = listener_snapshot()
-        assert calls == ["inet"]
+        assert calls == ["tcp"]
         assert snapshot.beyond_loopback(port) == (Listener("0.0.0.0", port, other.pid),)

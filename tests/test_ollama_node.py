@@ -27,7 +27,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
 
 TAG = "tinyllama"
-RESERVED = 4096  # bytes each Ollama start reserves (its manifest has no size: the overhead)
+RESERVED = 4096  # bytes each Ollama start reserves (no size reported: the overhead alone)
 
 
 @pytest.fixture
@@ -46,10 +46,14 @@ def node(nodes: NodeFactory, fake_llama: str, fake_model: Path) -> Node:
 
 @pytest.fixture
 def server() -> Iterator[Callable[..., OllamaTestServer]]:
-    """``server(*models, **flags)`` starts an Ollama test server (killed in teardown)."""
+    """``server(*models, **flags)`` starts an Ollama test server (killed in teardown).
+
+    Its models report no size (``model_size`` 0) unless a test gives one, so a
+    reservation is the node's overhead alone (``RESERVED``)."""
     with contextlib.ExitStack() as stack:
 
         def start(*models: str, **flags: Any) -> OllamaTestServer:
+            flags.setdefault("model_size", 0)
             return stack.enter_context(ollama_server(*models, **flags))
 
         yield start

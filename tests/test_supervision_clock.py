@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from support import wait_until
+from support import free_ports, wait_until
 
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.node import Node
@@ -111,8 +111,9 @@ def test_lease_expiry_stops_only_other_placements(nodes, fake_llama, fake_model,
     settings = nodes.settings(fake_llama, fake_model, health_interval_s=1.0, lease_s=10.0)
     node = nodes.open(settings, manual_clock)
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
-    theirs_spec = InstanceSpec(role="a", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
-    mine_spec = InstanceSpec(role="b", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    port_a, port_b = free_ports(2)
+    theirs_spec = InstanceSpec(role="a", flavor=Flavor.LLAMACPP, model="tiny", port=port_a)
+    mine_spec = InstanceSpec(role="b", flavor=Flavor.LLAMACPP, model="tiny", port=port_b)
     theirs = node.place(theirs_spec, placed_by="ctl", generation=1)
     mine = node.place(mine_spec)
     for iid in (theirs, mine):

@@ -24,14 +24,13 @@ import click
 import msgspec
 
 from infervisor.actors.messages import InstanceView
-from infervisor.chain import ChainError, verify_chain
+from infervisor.chain import ChainError
 from infervisor.replay import (
     EventDecodeError,
     NodeState,
     ReplayError,
     TimelineEntry,
-    rebuild,
-    timeline,
+    timeline_of,
 )
 
 from .control import (
@@ -337,57 +336,242 @@ _WHERE_HELP = (
 )
 
 
+def _chain_cmd(work: Callable[[], int]) -> NoReturn:
+    """Run a ``chain`` command of :mod:`.chain_cli`; its Failure goes through ``_fail``."""
+    from .cli_failure import Failure  # noqa: PLC0415 - keeps --help fast
+
+    try:
+        status = work()
+    except Failure as e:
+        _fail(str(e), e.code, e.field)
+    sys.exit(status)
+
+
+_KEY_HELP = "The node's public key: a key string, or a file (DATA_DIR/node.pub)."
+
+
 @chain.command("verify")
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.option(
+    "--checkpoint",
+    "checkpoint_file",
+    type=click.Path(path_type=Path),
+    help="A checkpoint saved earlier (infervisor chain checkpoint --out): rules out "
+    "truncation and rewriting up to its tree size.",
+)
+@click.option("--key", help=_KEY_HELP + " Needed with --checkpoint.")
+@click.option(
+    "--proof",
+    "proof_file",
+    type=click.Path(path_type=Path),
+    help="An inclusion or consistency proof (chain prove|consistency --json) to check.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
-def chain_verify(where: Path, as_json: bool) -> None:
+def chain_verify(
+    where: Path,
+    checkpoint_file: Path | None,
+    key: str | None,
+    proof_file: Path | None,
+    as_json: bool,
+) -> None:
     """Verify every hash and link of the chain in WHERE.
 
     WHERE is the chain file, the node's data directory (holding chain.db) or
-    its config file (.toml). Exit 0 when valid; 1 when not, naming the first
-    bad sequence number and why; 2 when the file cannot be read.
+    its config file (.toml). With --checkpoint FILE --key PUBKEY the chain is
+    also checked against that signed checkpoint: a chain shorter than it
+    (truncated), with another root at its size (rewritten) or not extending
+    it (forked) is invalid, named with the sequence number. Without one,
+    stderr (and "warning" in --json) says that truncation and rewriting
+    cannot be ruled out. Exit 0 when valid; 1 when not, naming the first bad
+    sequence number and why; 2 when the file cannot be read.
     """
+    from . import chain_cli  # noqa: PLC0415
+
     db = _chain_of(where)
-    try:
-        report = verify_chain(db)
-    except ChainError as e:
-        _fail(str(e), "chain_unreadable")
-    if as_json:
-        _json(report)
-    elif report.ok:
-        click.echo(
-            f"ok: {report.events} events, node {report.node}, head seq {report.head_seq} "
-            f"{report.head_hash}"
+    _chain_cmd(
+        lambda: chain_cli.verify(
+            db, checkpoint_file=checkpoint_file, key=key, proof_file=proof_file, as_json=as_json
         )
-    else:
-        p = report.problem
-        assert p is not None
-        click.echo(f"INVALID at seq {p.seq}: {p.reason}: {p.detail}")
-    sys.exit(0 if report.ok else 1)
+    )
+
+
+@chain.command("prove")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.argument("seq", metavar="SEQ", type=click.IntRange(min=0))
+@click.option(
+    "--checkpoint",
+    "checkpoint_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The checkpoint whose tree the proof is for.",
+)
+@click.option("--key", help=_KEY_HELP + " When given, the checkpoint's signature is checked.")
+@click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
+def chain_prove(
+    where: Path, seq: int, checkpoint_file: Path, key: str | None, as_json: bool
+) -> None:
+    """Print the RFC 6962 inclusion proof of event SEQ in the checkpoint's tree.
+
+    The leaves are the events' BLAKE3 hashes in seq order (docs/chain-format.md).
+    The --json output is what `chain verify --proof` (and any RFC 6962
+    verifier) checks. Exit 1 when the chain does not match the checkpoint.
+    """
+    from . import chain_cli  # noqa: PLC0415
+
+    db = _chain_of(where)
+    _chain_cmd(
+        lambda: chain_cli.prove(db, seq, checkpoint_file=checkpoint_file, key=key, as_json=as_json)
+    )
+
+
+@chain.command("consistency")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.argument("old", metavar="OLD", type=click.Path(path_type=Path))
+@click.argument("new", metavar="NEW", type=click.Path(path_type=Path))
+@click.option("--key", help=_KEY_HELP + " When given, both signatures are checked.")
+@click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
+def chain_consistency(where: Path, old: Path, new: Path, key: str | None, as_json: bool) -> None:
+    """Print the RFC 6962 consistency proof between checkpoint files OLD and NEW.
+
+    Exit 1 when the chain does not extend OLD or match NEW (a fork or a rewrite).
+    """
+    from . import chain_cli  # noqa: PLC0415
+
+    db = _chain_of(where)
+    _chain_cmd(lambda: chain_cli.consistency(db, old, new, key=key, as_json=as_json))
+
+
+@chain.command("checkpoint")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), help="Write it to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
+def chain_checkpoint(where: Path, out: Path | None, as_json: bool) -> None:
+    """Print (or write to --out) the latest signed checkpoint stored in the chain.
+
+    Keep it off the node (with DATA_DIR/node.pub): `chain verify --checkpoint`
+    then detects truncation, rewriting and forks up to its tree size.
+    """
+    from . import chain_cli  # noqa: PLC0415
+
+    db = _chain_of(where)
+    _chain_cmd(lambda: chain_cli.checkpoint(db, out=out, as_json=as_json))
+
+
+@chain.command("backup")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def chain_backup(where: Path, out: Path, as_json: bool) -> None:
+    """Copy the chain in WHERE to the new file OUT, consistently, while the node runs.
+
+    Uses SQLite's online backup API: events still in the -wal file are
+    copied too (a plain cp of chain.db can lose them).
+    """
+    from . import chain_cli  # noqa: PLC0415
+
+    db = _chain_of(where)
+    _chain_cmd(lambda: chain_cli.backup(db, out, as_json=as_json))
+
+
+@chain.command("rotate-key")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the keys and the event as JSON.")
+def chain_rotate_key(where: Path, as_json: bool) -> None:
+    """Replace the node's checkpoint key (node.key beside the chain in WHERE).
+
+    The rotation is an event signed by the old and the new key (a C2SP signed
+    note); the old public key is kept as node.pub.<key id>, so checkpoints
+    signed before stay checkable. Refused while a node runs on the chain.
+    """
+    from . import chain_cli  # noqa: PLC0415
+
+    db = _chain_of(where)
+    _chain_cmd(lambda: chain_cli.rotate_key(db, as_json=as_json))
+
+
+@chain.command("export")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--key", help=_KEY_HELP + " Default: node.pub beside the chain.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def chain_export(where: Path, out: Path, key: str | None, as_json: bool) -> None:
+    """Write the chain in WHERE as a bundle directory OUT (new or empty).
+
+    OUT gets events.jsonl (every field and hash), checkpoints/, node.pub and
+    manifest.json (counts, SHA-256 of each file): docs/chain-format.md.
+    """
+    from . import chain_cli  # noqa: PLC0415
+
+    db = _chain_of(where)
+    _chain_cmd(lambda: chain_cli.export(db, out, key=key, as_json=as_json))
+
+
+@chain.command("verify-bundle")
+@click.argument("bundle", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--key", help=_KEY_HELP + " Default: the bundle's node.pub.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def chain_verify_bundle(bundle: Path, key: str | None, as_json: bool) -> None:
+    """Verify an export bundle with no database: events, checkpoints, manifest.
+
+    Exit 0 when valid; 1 when not, naming the sequence number and the reason.
+    """
+    from . import chain_cli  # noqa: PLC0415
+
+    _chain_cmd(lambda: chain_cli.verify_bundle_cmd(bundle, key=key, as_json=as_json))
+
+
+_UNVERIFIED_HELP = (
+    "Read a chain that does not verify anyway, as stored; the output is marked "
+    "(a first line in text; a verified/problem wrapper in --json)."
+)
 
 
 @cli.command()
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.option(
+    "--until",
+    metavar="SEQ|TIME",
+    help="The state as of event SEQ, or as of TIME (ISO 8601 / RFC 3339, e.g. "
+    "2026-11-01T12:00:00Z; no offset: UTC): replay stops before the first event "
+    "stamped later.",
+)
+@click.option("--unverified", is_flag=True, help=_UNVERIFIED_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
-def replay(where: Path, as_json: bool) -> None:
+def replay(where: Path, until: str | None, unverified: bool, as_json: bool) -> None:
     """Rebuild and print the node state from the chain in WHERE alone.
 
     WHERE is the chain file, the node's data directory or its config file
     (.toml). One line per instance: id, lifecycle state, wanted state, pid,
     restarts, reason; --json prints the reducer's whole state (every sourced
-    field). Replay does not check hashes: a chain that does not verify is
-    replayed as stored, with a warning on stderr. Exit 1 when an event does
-    not fit (unknown kind, impossible transition), 2 when WHERE cannot be read.
+    field). The chain is verified in the same pass that replays it: one that
+    does not verify is refused (exit 1, naming the sequence number and why)
+    unless --unverified, which replays it as stored and marks the output.
+    Exit 1 also when an event does not fit (unknown kind, impossible
+    transition), 2 when WHERE cannot be read.
     """
+    from .forensics_cli import parse_until, print_marker, read_offline, wrap  # noqa: PLC0415
+
+    try:
+        upto = None if until is None else parse_until(until)
+    except ValueError:
+        _fail(
+            f"--until {until!r} is neither a sequence number nor an ISO 8601 time "
+            "(2026-11-01T00:00:00Z)",
+            "bad_value",
+            "--until",
+        )
     db = _chain_of(where)
-    state = _read_chain(db, rebuild)
-    _warn_unverified(db)
+    read = _forensics(lambda: read_offline(db, unverified=unverified, until=upto))
+    state = read.state
     if as_json:
-        _json(state)
+        _json(wrap(read, state) if unverified else state)
         return
+    if unverified:
+        print_marker(db, read)
+    cut = f" (replayed up to seq {state.head_seq})" if until is not None else ""
     click.echo(
         f"node {state.node_id}: head seq {state.head_seq}, {state.boots} boots, "
-        f"{len(state.instances)} instances"
+        f"{len(state.instances)} instances{cut}"
     )
     for iid, inst in sorted(state.instances.items()):
         pid = inst.process.pid if inst.process else "-"
@@ -397,37 +581,37 @@ def replay(where: Path, as_json: bool) -> None:
         )
 
 
-def _warn_unverified(db: Path) -> None:
-    report = verify_chain(db)
-    if report.problem is not None:
-        p = report.problem
-        click.echo(
-            f"warning: {db} does not verify (seq {p.seq}: {p.reason}); "
-            "replayed as stored: see infervisor chain verify",
-            err=True,
-        )
-
-
 @cli.command("timeline")
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.argument("instance")
+@click.option("--unverified", is_flag=True, help=_UNVERIFIED_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
-def timeline_cmd(where: Path, instance: str, as_json: bool) -> None:
+def timeline_cmd(where: Path, instance: str, unverified: bool, as_json: bool) -> None:
     """Print INSTANCE's events from the chain in WHERE, one line each.
 
     WHERE is the chain file, the node's data directory or its config file
     (.toml); INSTANCE an instance id, or a role naming one instance. Columns:
-    seq, time (UTC), lifecycle state before -> after, reason. Exit 1 naming
-    the chain's instances when INSTANCE names none of them.
+    seq, time (UTC), lifecycle state before -> after, reason. The chain is
+    verified in the same pass: one that does not verify is refused (exit 1)
+    unless --unverified (output marked). Exit 1 naming the chain's instances
+    when INSTANCE names none of them.
     """
+    from .forensics_cli import print_marker, read_offline, wrap  # noqa: PLC0415
+
     db = _chain_of(where)
-    state: NodeState = _read_chain(db, rebuild)
-    iid = _resolve(instance, _chain_roles(state), f"in {db}")
-    entries = _read_chain(db, lambda path: timeline(path, iid))
+    read = _forensics(lambda: read_offline(db, unverified=unverified, keep_events=True))
+    iid = _resolve(instance, _chain_roles(read.state), f"in {db}")
+    try:
+        entries = timeline_of(read.by_subject.get(iid, []))
+    except (EventDecodeError, ReplayError) as e:
+        _fail(f"{db} cannot be replayed: {e}", "chain_unreplayable")
     if as_json:
-        _json([from_timeline(e) for e in entries])
-    else:
-        _print_timeline(entries)
+        records = [from_timeline(e) for e in entries]
+        _json(wrap(read, records) if unverified else records)
+        return
+    if unverified:
+        print_marker(db, read)
+    _print_timeline(entries)
 
 
 def _print_timeline(entries: list[TimelineEntry]) -> None:
@@ -491,7 +675,8 @@ def _view_of(client: ControlClient, instance: str) -> InstanceView:
 @_DATA_DIR
 @click.argument("instance", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the instances as JSON.")
-def status(data_dir: Path, instance: str | None, as_json: bool) -> None:
+@click.option("--unverified", is_flag=True, help="From the chain: " + _UNVERIFIED_HELP)
+def status(data_dir: Path, instance: str | None, as_json: bool, unverified: bool) -> None:
     """Show the instances of the node running on DATA_DIR (or only INSTANCE).
 
     DATA_DIR is the node's data directory, its config file (.toml) or its
@@ -500,7 +685,9 @@ def status(data_dir: Path, instance: str | None, as_json: bool) -> None:
     pid, restarts, memory reserved by the budget / resident (MiB), reason.
 
     When no node runs there, the state is replayed from DATA_DIR/chain.db
-    instead, and stderr says so; health and memory are then unknown. --json
+    instead, and stderr says so; health and memory are then unknown. The
+    chain is verified in the same pass: one that does not verify is refused
+    (exit 1) unless --unverified (output marked). --json
     prints the same objects either way (docs/cli.md, schema "instance"), with
     "source": "node" or "chain"; what only the node knows is null from the chain.
 
@@ -512,7 +699,7 @@ def status(data_dir: Path, instance: str | None, as_json: bool) -> None:
         with ControlClient(folder) as client:
             views = [_view_of(client, instance)] if instance else client.list()
     except NodeUnavailable as e:
-        _status_from_chain(folder, db, instance, as_json, e)
+        _status_from_chain(folder, db, instance, as_json, e, unverified=unverified)
         return
     except ControlError as e:
         _control_failure(e)
@@ -526,7 +713,13 @@ def status(data_dir: Path, instance: str | None, as_json: bool) -> None:
 
 
 def _status_from_chain(
-    folder: Path, db: Path, instance: str | None, as_json: bool, why: NodeUnavailable
+    folder: Path,
+    db: Path,
+    instance: str | None,
+    as_json: bool,
+    why: NodeUnavailable,
+    *,
+    unverified: bool = False,
 ) -> None:
     if not db.is_file():
         if not isinstance(why, NotRunning):
@@ -536,16 +729,22 @@ def _status_from_chain(
             "data directory, its config file (.toml) or its chain file",
             "no_node",
         )
-    state = _read_chain(db, rebuild)
+    from .forensics_cli import print_marker, read_offline, wrap  # noqa: PLC0415
+
+    read = _forensics(lambda: read_offline(db, unverified=unverified))
+    state = read.state
     click.echo(f"{_unavailable(why)}; state replayed from the chain", err=True)
     records = [from_state(inst) for _, inst in sorted(state.instances.items())]
     if instance:
         iid = _resolve(instance, _chain_roles(state), f"in {db}")
         records = [r for r in records if r.instance_id == iid]
+    answer: Any = records[0] if instance else records
     if as_json:
-        _json(records[0] if instance else records)
-    else:
-        _print_table([_row(r) for r in records])
+        _json(wrap(read, answer) if unverified else answer)
+        return
+    if unverified:
+        print_marker(db, read)
+    _print_table([_row(r) for r in records])
 
 
 _UNAVAILABLE: dict[type[NodeUnavailable], str] = {
@@ -815,6 +1014,129 @@ def unload(data_dir: Path, instance: str, as_json: bool) -> None:
         _json({"unloaded": iid})
     else:
         click.echo(f"{iid}: unloaded")
+
+
+from .health_cli import health_command  # noqa: E402 - last: it is built on the helpers above
+
+cli.add_command(health_command(_node, _view_of, _json, _Command))
+
+
+# ---------------------------------------------------------------- forensics (forensics_cli.py)
+def _forensics(work: Callable[[], T]) -> T:
+    """Run a function of :mod:`.forensics_cli`; its Failure exits through ``_fail``."""
+    from .cli_failure import Failure  # noqa: PLC0415 - keeps --help fast
+
+    try:
+        return work()
+    except Failure as e:
+        _fail(str(e), e.code, e.field)
+
+
+class _LazyTime(click.ParamType[int]):
+    """forensics_cli.TIME, imported when a value is converted."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from .forensics_cli import TIME  # noqa: PLC0415
+
+        return TIME.convert(value, param, ctx)
+
+
+@cli.command("events")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.option("--instance", help="Only this instance (its id, or a role naming one).")
+@click.option(
+    "--kind",
+    "kinds",
+    multiple=True,
+    help="Only events of this kind (instance.exited, or just exited); repeatable.",
+)
+@click.option(
+    "--source", help="Only events with this source, or this role (operator, supervisor, ...)."
+)
+@click.option(
+    "--since", type=_LazyTime(), help="Only events stamped at or after this ISO 8601 time."
+)
+@click.option(
+    "--until", type=_LazyTime(), help="Only events stamped at or before this ISO 8601 time."
+)
+@click.option("--grep", help="Only events whose reason contains this text (any case).")
+@click.option("--jsonl", "as_jsonl", is_flag=True, help="One JSON object per line.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
+@click.option("--unverified", is_flag=True, help=_UNVERIFIED_HELP)
+def events_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
+    where: Path,
+    instance: str | None,
+    kinds: tuple[str, ...],
+    source: str | None,
+    since: int | None,
+    until: int | None,
+    grep: str | None,
+    as_jsonl: bool,
+    as_csv: bool,
+    unverified: bool,
+) -> None:
+    """List the events of the chain in WHERE, filtered, as a table, JSON Lines or CSV.
+
+    WHERE is the chain file, the node's data directory or its config file
+    (.toml). Columns: seq, time (ISO 8601 UTC), instance, kind, source (who
+    decided: role, or role:caller), lifecycle state before and after (for
+    instance events), reason. The chain is verified in the same pass; a chain
+    that does not verify is refused (exit 1) unless --unverified. Filters
+    combine (all must hold). Exit 0, also when nothing matches.
+    """
+    from . import forensics_cli  # noqa: PLC0415
+
+    db = _chain_of(where)
+    _forensics(
+        lambda: forensics_cli.events(
+            db,
+            instance,
+            kinds,
+            source,
+            since,
+            until,
+            grep,
+            as_jsonl,
+            as_csv,
+            unverified,
+            _resolve,
+            _chain_roles,
+        )
+    )
+
+
+@cli.command("audit")
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    help="The node's restart budget (its config's restart.max_restarts); without it the "
+    "budget is checked only where the chain records it.",
+)
+@click.option(
+    "--window",
+    "window_s",
+    type=click.FloatRange(min=0, min_open=True, max=7 * 24 * 3600.0),
+    help="The budget's window in seconds (restart.window_s); needs --max-restarts.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def audit_cmd(where: Path, max_restarts: int | None, window_s: float | None, as_json: bool) -> None:
+    """Replay the chain in WHERE through the lifecycle rules; report every forbidden transition.
+
+    Flags, with sequence numbers: a restart after an operator (or
+    controller) stop, a restart beyond the budget, a start of an exposed
+    instance, an event for an instance never placed (or already unloaded),
+    time going backwards, and any other transition the lifecycle table
+    forbids. The chain is verified in the same pass. Exit 0 when there is
+    nothing to report; 1 when something was found or the chain does not
+    verify; 2 when WHERE cannot be read.
+    """
+    from . import forensics_cli  # noqa: PLC0415
+
+    db = _chain_of(where)
+    sys.exit(_forensics(lambda: forensics_cli.audit(db, max_restarts, window_s, as_json)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

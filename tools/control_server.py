@@ -14,9 +14,11 @@ import contextlib
 import enum
 import logging
 import os
+import pwd
 import socket
 import socketserver
 import stat
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,7 @@ import pykka
 from infervisor.actors.errors import NodeError
 from infervisor.actors.node import Node
 from infervisor.adapters.errors import AdapterError
+from infervisor.replay.callers import source_for
 
 from .control import (
     CHANGES,
@@ -129,13 +132,14 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         control = self.server.control
+        caller = peer_identity(self.connection)
         try:
             while line := self.rfile.readline(MAX_LINE + 1):
                 if len(line) > MAX_LINE:
                     too_long = BadRequest(f"a request line is at most {MAX_LINE} bytes")
                     self.wfile.write(control.refuse(too_long))
                     return
-                self.wfile.write(control.answer(line))
+                self.wfile.write(control.answer(line, caller=caller))
         except OSError:
             return  # the client went away, or the server closed the connection
 
@@ -220,14 +224,18 @@ class ControlServer:
             else:
                 self._connections.discard(conn)
 
-    def answer(self, line: bytes) -> bytes:
-        """The answer line (``\\n``-terminated) to one request line; never raises."""
+    def answer(self, line: bytes, *, caller: str | None = None) -> bytes:
+        """The answer line (``\\n``-terminated) to one request line; never raises.
+
+        ``caller`` is the peer's identity (:func:`peer_identity`); the events a
+        verb causes are recorded with source ``operator:<caller>``.
+        """
         try:
             request = self._decoder.decode(line)
         except msgspec.DecodeError as e:
             return self.refuse(BadRequest(_explain(e)))
         try:
-            return self._encoder.encode(Ok(result=self._dispatch(request))) + b"\n"
+            return self._encoder.encode(Ok(result=self._dispatch(request, caller))) + b"\n"
         except (NodeError, AdapterError, ControlError) as e:
             return self.refuse(e)
         except pykka.ActorDeadError as e:
@@ -249,7 +257,8 @@ class ControlServer:
         failed = Failed(error=cut(str(error)), kind=type(error).__name__)
         return self._encoder.encode(failed) + b"\n"
 
-    def _dispatch(self, request: Request) -> Any:
+    def _dispatch(self, request: Request, caller: str | None) -> Any:
+        by = source_for("operator", caller)
         with self._gate.admit(isinstance(request, CHANGES)) as node:
             match request:
                 case ListVerb():
@@ -257,18 +266,39 @@ class ControlServer:
                 case StatusVerb(instance=iid):
                     return node.status(iid)
                 case StartVerb(instance=iid):
-                    return node.start(iid, by="operator")
+                    return node.start(iid, by=by)
                 case StopVerb(instance=iid, grace_s=grace):
-                    return node.stop(iid, grace_s=grace, by="operator")
+                    return node.stop(iid, grace_s=grace, by=by)
                 case RestartVerb(instance=iid):
-                    return node.restart(iid, by="operator")
+                    return node.restart(iid, by=by)
                 case UnloadVerb(instance=iid):
-                    return node.unload(iid, by="operator")
+                    return node.unload(iid, by=by)
                 case DeepHealthVerb(instance=iid):
                     return node.deep_health(iid)
                 case LedgerVerb():
                     return node.ledger()
         raise BadRequest(f"unknown request {request!r}")  # pragma: no cover - the union is closed
+
+
+def peer_identity(conn: socket.socket) -> str | None:
+    """``uid=N(name)`` of the process at the other end of a Unix socket, or None.
+
+    From ``SO_PEERCRED`` (socket(7)): the kernel's record of the peer, which the
+    peer cannot forge. None where the option is unavailable.
+    """
+    try:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    except (OSError, AttributeError):
+        return None
+    _pid, uid, _gid = _UCRED.unpack(raw)
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid={uid}"
+    return f"uid={uid}({name})"
+
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 def _explain(error: msgspec.DecodeError) -> str:

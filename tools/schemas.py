@@ -301,7 +301,17 @@ VERIFY_SCHEMA: dict[str, Any] = {
     "title": "chain verdict",
     "type": "object",
     "additionalProperties": False,
-    "required": ["ok", "events", "head_seq", "head_hash", "node", "problem"],
+    "required": [
+        "ok",
+        "events",
+        "head_seq",
+        "head_hash",
+        "node",
+        "problem",
+        "checkpoint",
+        "proof",
+        "warning",
+    ],
     "properties": {
         "ok": {"type": "boolean"},
         "events": _INT,
@@ -314,6 +324,27 @@ VERIFY_SCHEMA: dict[str, Any] = {
             "required": ["seq", "reason", "detail"],
             "properties": {"seq": _INT, "reason": _STR, "detail": _STR},
         },
+        "checkpoint": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "required": ["ok", "tree_size", "root", "origin", "seq", "reason", "detail"],
+            "properties": {
+                "ok": {"type": "boolean"},
+                "tree_size": _INT,
+                "root": _STR,
+                "origin": _STR,
+                "seq": _OPT_INT,
+                "reason": _OPT_STR,
+                "detail": _STR,
+            },
+        },
+        "proof": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "required": ["ok", "type", "detail"],
+            "properties": {"ok": {"type": "boolean"}, "type": _STR, "detail": _STR},
+        },
+        "warning": _OPT_STR,
     },
 }
 

@@ -7,6 +7,7 @@ import signal
 
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
+from infervisor.replay.callers import role_of
 from infervisor.replay.policy import Exhausted, decide_restart, jitter_unit
 from infervisor.replay.state import Stamp, later
 
@@ -99,12 +100,12 @@ def _follow_stop(d: Draft) -> None:
             d.do(RemoveWorkdir())
     elif inst.then == "restart":
         by = inst.then_by or "operator"
-        d.do(CheckStart(by=by, reset_budget=by == "operator", attempt=0, verb=False))
+        d.do(CheckStart(by=by, reset_budget=role_of(by) == "operator", attempt=0, verb=False))
 
 
 def try_start(d: Draft, by: str, *, attempt: int = 0, verb: bool = False) -> None:
     """Ask for the start checks (address, memory); :func:`start_checked` goes on."""
-    d.do(CheckStart(by=by, reset_budget=by == "operator", attempt=attempt, verb=verb))
+    d.do(CheckStart(by=by, reset_budget=role_of(by) == "operator", attempt=attempt, verb=verb))
 
 
 def start_checked(d: Draft, c: StartChecked) -> None:

@@ -37,10 +37,12 @@ RULES: dict[type[Any], Callable[[Draft, Any], None]] = {
     o.TimerDue: process.timer_due,
     o.ListenersSeen: process.listeners_seen,
     o.ProbeResult: health.probe_result,
+    o.DeepChecked: health.deep_checked,
     o.Tick: health.tick,
     o.OllamaResidency: ollama.residency,
     o.OllamaLoadEnded: ollama.load_ended,
     o.OllamaUnloadEnded: ollama.unload_ended,
+    o.OllamaListed: ollama.listed,
     o.BootSeen: boot.boot,
 }
 

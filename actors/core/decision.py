@@ -100,6 +100,9 @@ class Draft:
         )
         self.state = apply_instance(self.state, stored, event)
         self.events.append(event)
+        if isinstance(event, ev.Starting) and self.tracking.deep_misses:
+            # a new start counts deep health checks from zero
+            self.tracking = msgspec.structs.replace(self.tracking, deep_misses=0)
 
     def do(self, *effects: Effect) -> None:
         """Add effects, run in order once the events are durable."""

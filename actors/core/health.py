@@ -7,6 +7,8 @@ under the policy; after the stability period the restart count clears).
 
 from __future__ import annotations
 
+import msgspec
+
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.status import map_report
 from infervisor.replay import Desired, InstanceState, LifecycleState
@@ -14,13 +16,14 @@ from infervisor.replay import events as ev
 from infervisor.replay.state import elapsed_s
 
 from ..kinds import HealthSample, Healthy, Unhealthy, judge
+from . import ollama
 from .common import after_exit, begin_termination, try_start
 from .decision import Draft
-from .observations import ProbeResult, Tick
+from .observations import DeepChecked, ProbeResult, Tick
 from .process import restart_due
-from .rules import Mode, Rules, Tracking
+from .rules import Mode, Rules
 
-__all__ = ["probe_result", "probe_token", "tick", "wants_probe"]
+__all__ = ["deep_checked", "probe_result", "probe_token", "tick", "wants_deep", "wants_probe"]
 
 S = LifecycleState
 _SUFFIX = {
@@ -41,6 +44,52 @@ def wants_probe(inst: InstanceState, rules: Rules) -> bool:
             and inst.lifecycle in (S.STARTING, S.RUNNING)
         )
     return inst.lifecycle in (S.STARTING, S.RUNNING, S.UNHEALTHY)  # ollama, adopted
+
+
+def wants_deep(inst: InstanceState, rules: Rules) -> bool:
+    """Whether a deep health check (one real token) may run now: the kind asks
+    for them (``deep_interval_s`` > 0) and the server is serving (or, when it is
+    not ours to restart, unhealthy: a deep check that answers again recovers it)."""
+    if rules.supervision.deep_interval_s <= 0 or not wants_probe(inst, rules):
+        return False
+    if rules.mode is Mode.PROCESS:
+        return inst.lifecycle is S.RUNNING
+    return inst.lifecycle in (S.RUNNING, S.UNHEALTHY)
+
+
+def deep_checked(d: Draft, c: DeepChecked) -> None:
+    """A failed deep check is recorded and counted like a missed probe; a token clears them.
+
+    ``miss_limit`` failures in a row make the instance unhealthy (a managed
+    process is killed and restarted under the policy). Failures while it is
+    already unhealthy are counted, not recorded again; a probe that answers
+    does not clear them (its health endpoint is what cannot be trusted)."""
+    inst, rules = d.inst, d.rules
+    if not wants_deep(inst, rules) or c.token != probe_token(inst):
+        return
+    if c.error is None:
+        d.track(msgspec.structs.replace(d.tracking, deep_misses=0))
+        if inst.lifecycle is S.UNHEALTHY and d.tracking.misses == 0:
+            d.emit(ev.Recovered(detail="a deep health check gave a token again"))
+        return
+    misses = d.tracking.deep_misses + 1
+    d.track(msgspec.structs.replace(d.tracking, deep_misses=misses))
+    if inst.lifecycle is not S.RUNNING:
+        return  # already unhealthy (and said why): one row per failure would pile up
+    reason = f"no token of completion: {c.error}"
+    d.emit(ev.DeepHealthFailed(misses=misses, reason=reason))
+    if misses < rules.supervision.miss_limit:
+        return
+    why = f"deep health: {reason}"
+    if rules.mode is Mode.PROCESS:
+        _unhealthy_kill(d, misses, why)
+    else:
+        d.emit(ev.Unhealthy(misses=misses, reason=f"{why}; {_SUFFIX[rules.mode]}"))
+
+
+def _set_misses(d: Draft, misses: int) -> None:
+    """Consecutive missed probes (the deep-check count is kept apart)."""
+    d.track(msgspec.structs.replace(d.tracking, misses=misses))
 
 
 def probe_token(inst: InstanceState) -> int:
@@ -79,7 +128,7 @@ def _judge_process(d: Draft, p: ProbeResult) -> None:
         why = f"not answering: {health.reason}" if unreachable and not starting else verdict.reason
         _miss(d, why)
     elif isinstance(verdict, Healthy):
-        d.track(Tracking(misses=0))
+        _set_misses(d, 0)
         if not verdict.serving:
             return
         if starting:
@@ -93,16 +142,20 @@ def _judge_watched(d: Draft, report: ServerReport) -> None:
         _judge_adopted(d, report)
         return
     inst, health = d.inst, report.health
+    if health.kind is HealthKind.UP and inst.lifecycle is S.STARTING:
+        ollama.load_progress(d, report, _starting_for(d))
+        if d.inst.lifecycle is not S.STARTING:
+            return
     if health.kind is HealthKind.UP:
-        d.track(Tracking(misses=0))
-        if inst.lifecycle is S.UNHEALTHY:
+        _set_misses(d, 0)
+        if inst.lifecycle is S.UNHEALTHY and d.tracking.deep_misses == 0:
             what = "ollama" if d.rules.mode is Mode.OLLAMA else "adopted server"
             d.emit(ev.Recovered(detail=f"{what} answers again"))
         else:
             _stable_check(d)
         return
     misses = d.tracking.misses + 1
-    d.track(Tracking(misses=misses))
+    _set_misses(d, misses)
     if inst.lifecycle is S.RUNNING and misses >= d.rules.supervision.miss_limit:
         why = f"{health.kind}: {health.reason}; {_SUFFIX[d.rules.mode]}"
         d.emit(ev.Unhealthy(misses=misses, reason=why))
@@ -128,16 +181,18 @@ def _judge_adopted(d: Draft, report: ServerReport) -> None:
     )
     verdict = judge(rules.supervision, sample)
     if isinstance(verdict, Healthy):
-        d.track(Tracking(misses=0))
+        _set_misses(d, 0)
         if not verdict.serving or inst.lifecycle is S.RUNNING:
             return
+        if inst.lifecycle is S.UNHEALTHY and d.tracking.deep_misses:
+            return  # its health answers, but it still gives no token
         if starting or inst.up_since is None:
             d.emit(ev.Ready(detail="adopted server answers", at=d.now))
         else:
             d.emit(ev.Recovered(detail="adopted server answers again"))
         return
     misses = d.tracking.misses + 1
-    d.track(Tracking(misses=misses))
+    _set_misses(d, misses)
     if inst.lifecycle is S.UNHEALTHY or misses < rules.supervision.miss_limit:
         return
     why = _said(health)
@@ -173,9 +228,14 @@ def _starting_for(d: Draft) -> float:
 def _miss(d: Draft, reason: str, *, at_once: bool = False) -> None:
     """A managed process: enough misses make it unhealthy, and it is killed."""
     misses = d.tracking.misses + 1
-    d.track(Tracking(misses=misses))
+    _set_misses(d, misses)
     if not at_once and misses < d.rules.supervision.miss_limit:
         return
+    _unhealthy_kill(d, misses, reason)
+
+
+def _unhealthy_kill(d: Draft, misses: int, reason: str) -> None:
+    """Unhealthy; a managed process still wanted running is killed (then restarted)."""
     d.emit(ev.Unhealthy(misses=misses, reason=reason))
     if d.inst.desired is Desired.RUNNING:
         grace = d.rules.health_kill_grace_s

@@ -15,10 +15,12 @@ from infervisor.adapters.probe import ServerReport
 __all__ = [
     "AnswersChecked",
     "BootSeen",
+    "DeepChecked",
     "GroupGone",
     "LeaseLapsed",
     "ListenersSeen",
     "Observation",
+    "OllamaListed",
     "OllamaLoadEnded",
     "OllamaResidency",
     "OllamaUnloadEnded",
@@ -167,6 +169,15 @@ class ProbeResult(_Obs, frozen=True):
     failure: str | None = None
 
 
+class DeepChecked(_Obs, frozen=True):
+    """A scheduled deep health check ended (one real token asked for). ``token``
+    names the process it was for (as :class:`ProbeResult`); ``error`` is None
+    when a token came back, else why not (the server's answer)."""
+
+    token: int
+    error: str | None = None
+
+
 class ListenersSeen(_Obs, frozen=True):
     """Addresses beyond loopback on the instance's port that belong to its own
     process group or tracked descendants (one socket-table snapshot per tick)."""
@@ -205,6 +216,19 @@ class OllamaLoadEnded(_Obs, frozen=True):
     ok: bool
     error: str = ""
     refused: bool = False
+
+
+class OllamaListed(_Obs, frozen=True):
+    """What Ollama's ``/api/ps`` said of the model on a probe that got a model list
+    (docs/api.md "List Running Models"). ``listed``: it is in memory (or being
+    loaded); then ``size_bytes`` and ``size_vram_bytes`` are the memory it takes
+    (bytes) and ``expires_at_ns`` when Ollama will drop it unless it is used
+    (ns since the epoch, UTC; None: never, or not reported)."""
+
+    listed: bool
+    size_bytes: int = 0
+    size_vram_bytes: int = 0
+    expires_at_ns: int | None = None
 
 
 class OllamaUnloadEnded(_Obs, frozen=True):
@@ -258,12 +282,14 @@ Observation = (
     | ProcessExited
     | GroupGone
     | ProbeResult
+    | DeepChecked
     | ListenersSeen
     | TimerDue
     | Tick
     | LeaseLapsed
     | OllamaResidency
     | OllamaLoadEnded
+    | OllamaListed
     | OllamaUnloadEnded
     | BootSeen
 )

@@ -1,22 +1,36 @@
-"""Managed Ollama: residency, load and unload outcomes.
+"""Managed Ollama: residency, load and unload outcomes, the load's startup
+budget, keep-alive expiry and the memory Ollama reports.
 
 Source: ``reference/infer_lifecycle.rs.txt`` (the Ollama arms of
 ``start_instance`` and ``stop_instance``): a model already resident belongs
 to whoever loaded it; a model we ask to load is ours from the moment we ask
 (recorded before the request is sent), so only then do we unload it.
+
+What ``/api/ps`` says (Ollama's docs/api.md "List Running Models": ``size``,
+``size_vram``, ``expires_at``; a model is listed from the moment its load
+begins, ``server/sched.go``) drives three rules here: a load is given the
+kind's startup deadline, extended while Ollama still lists the model, up to
+the cap (:func:`load_progress`); a running model Ollama no longer lists was
+dropped (its keep_alive ran out, or Ollama evicted it): that is recorded,
+its memory released, and it is an exit under the restart policy, so a model
+wanted running is loaded again (:func:`listed`); and a model that takes more
+memory than was reserved has its reservation corrected (:func:`listed`).
 """
 
 from __future__ import annotations
 
-from infervisor.replay import LifecycleState
+import msgspec
+
+from infervisor.adapters.probe import ServerReport
+from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 
 from .common import after_exit
 from .decision import Draft, RefusalKind
-from .effects import LoadModel
-from .observations import OllamaLoadEnded, OllamaResidency, OllamaUnloadEnded
+from .effects import AbortLoad, LoadModel
+from .observations import OllamaListed, OllamaLoadEnded, OllamaResidency, OllamaUnloadEnded
 
-__all__ = ["load_ended", "residency", "unload_ended"]
+__all__ = ["listed", "load_ended", "load_progress", "residency", "unload_ended"]
 
 S = LifecycleState
 
@@ -50,6 +64,65 @@ def load_ended(d: Draft, e: OllamaLoadEnded) -> None:
         d.emit(ev.Ready(detail=f"model {d.rules.served_model} loaded by this node", at=d.now))
         return
     _load_failed(d, e.error, refused=e.refused)
+
+
+def load_progress(d: Draft, report: ServerReport, starting_for_s: float) -> None:
+    """A load in flight, seen by a probe ``starting_for_s`` seconds after the start
+    was recorded: within the kind's ``startup_deadline_s`` it may take its time;
+    after that only while Ollama still lists the model (its load in progress),
+    up to ``startup_cap_s``. Past either, the load is given up (aborted: Ollama
+    cancels a load whose client went away) and is an exit under the restart
+    policy. A kind without a startup allowance (cap 0) leaves the load its own
+    timeout (``managed_ollama.DEFAULT_LOAD_TIMEOUT_S``); a probe that got no
+    ``/api/ps`` list decides nothing."""
+    inst, sup = d.inst, d.rules.supervision
+    if inst.lifecycle is not S.STARTING or inst.ollama_owned is not True:
+        return
+    if sup.startup_cap_s <= 0 or report.running is None or starting_for_s <= sup.startup_deadline_s:
+        return
+    still = report.running_model(d.rules.served_model or "") is not None
+    if still and starting_for_s <= sup.startup_cap_s:
+        return  # Ollama still reports the load: the deadline extends, up to the cap
+    if still:
+        why = f"not loaded within {sup.startup_cap_s:g} s (the startup cap; the load was given up)"
+    else:
+        why = (
+            f"Ollama no longer reports the load after {starting_for_s:.0f} s "
+            f"(startup deadline {sup.startup_deadline_s:g} s; the load was given up)"
+        )
+    d.do(AbortLoad())
+    _load_failed(d, why, refused=False)
+
+
+def listed(d: Draft, x: OllamaListed) -> None:
+    """A running model Ollama dropped is an exit (memory released); one that takes
+    more than was reserved has its reservation corrected."""
+    inst = d.inst
+    if inst.lifecycle not in (S.RUNNING, S.UNHEALTHY):
+        return
+    if not x.listed:
+        if inst.desired is not Desired.RUNNING:
+            return
+        expires = d.tracking.ollama_expires_at_ns
+        expired = expires is None or d.now.wall_ns >= expires
+        d.emit(ev.ModelDropped(expired=expired, expires_at_ns=expires))
+        if inst.reserved_bytes:
+            d.emit(ev.MemoryReleased(bytes=inst.reserved_bytes))
+        why = "its keep_alive ran out" if expired else "before its keep_alive ran out"
+        tag = d.rules.served_model
+        reason = f"ollama dropped model {tag} ({why}); it is loaded again under the restart policy"
+        d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=reason))
+        d.track(msgspec.structs.replace(d.tracking, ollama_expires_at_ns=None))
+        after_exit(d)
+        return
+    d.track(msgspec.structs.replace(d.tracking, ollama_expires_at_ns=x.expires_at_ns))
+    needed = max(x.size_bytes, x.size_vram_bytes) + d.rules.reserve_overhead_bytes
+    if inst.reserved_bytes and needed > inst.reserved_bytes:
+        d.emit(
+            ev.MemoryCorrected(
+                reserved_bytes=needed, size_bytes=x.size_bytes, size_vram_bytes=x.size_vram_bytes
+            )
+        )
 
 
 def _load_failed(d: Draft, error: str, *, refused: bool) -> None:

@@ -38,6 +38,8 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True):
         unload_grace_s: grace of the stop an unload makes.
         exposure_grace_s: grace of a stop for listening beyond loopback.
         retry_s: how soon a refused start is tried again.
+        reserve_overhead_bytes: added to a model's size when memory is
+            reserved for it (the node's ``reserve_overhead_bytes``), bytes.
     """
 
     mode: Mode
@@ -51,11 +53,23 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True):
     unload_grace_s: float = 5.0
     exposure_grace_s: float = 3.0
     retry_s: float = 5.0
+    reserve_overhead_bytes: int = 0
 
 
 class Tracking(msgspec.Struct, frozen=True, kw_only=True):
     """The instance's unsourced facts: consecutive health misses. A node that
     restarts counts them from zero again (like a kubelet), so they are not
-    worth a chain row per probe."""
+    worth a chain row per probe.
+
+    Attributes:
+        misses: consecutive missed probes.
+        deep_misses: consecutive failed deep health checks (one real token);
+            only a deep check that gives a token clears them (a probe that
+            answers does not), and a new start does.
+        ollama_expires_at_ns: when Ollama said the model expires (``/api/ps``
+            ``expires_at``, ns since the epoch, UTC; None: not seen or never).
+    """
 
     misses: int = 0
+    deep_misses: int = 0
+    ollama_expires_at_ns: int | None = None

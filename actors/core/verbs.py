@@ -10,6 +10,7 @@ from __future__ import annotations
 from infervisor.adapters.adopted import STOP_REFUSAL
 from infervisor.replay import LIVE_STATES, Desired, LifecycleState
 from infervisor.replay import events as ev
+from infervisor.replay.callers import role_of
 
 from . import common
 from .common import STARTABLE, after_exit, begin_termination, try_start
@@ -102,7 +103,7 @@ def answers_checked(d: Draft, a: AnswersChecked) -> None:
         return
     if d.inst.lifecycle in _UP:
         return
-    d.emit(ev.Starting(by=a.by, reset_budget=a.by == "operator", at=d.now))
+    d.emit(ev.Starting(by=a.by, reset_budget=role_of(a.by) == "operator", at=d.now))
     if not a.loading:
         d.emit(ev.Ready(detail="adopted server answers", at=d.now))
 
@@ -110,7 +111,7 @@ def answers_checked(d: Draft, a: AnswersChecked) -> None:
 def stop_verb(d: Draft, v: StopVerb) -> None:
     """Stop: SIGTERM, SIGKILL after the grace; a second stop escalates at once."""
     if d.rules.mode is Mode.ADOPTED:
-        if v.by != "shutdown":
+        if role_of(v.by) != "shutdown":
             d.refuse(RefusalKind.REFUSED, STOP_REFUSAL.format(iid=d.inst.instance_id))
         return
     _stop(d, v.by, v.grace_s, v.reason, then="")
@@ -133,7 +134,7 @@ def restart_verb(d: Draft, v: RestartVerb) -> None:
     if d.rules.mode is Mode.PROCESS and inst.process is not None:
         # The weights first: a restart must not take down a server that serves
         # for a launch that would be refused.
-        reset = v.by == "operator"
+        reset = role_of(v.by) == "operator"
         d.do(CheckStart(by=v.by, reset_budget=reset, attempt=0, verb=True, weights_only=True))
         return
     if _has_something(d):

@@ -28,6 +28,17 @@ shapes of the documentation and the behaviour of the server source:
   (``WaitUntilRunning(req.ctx)``); ``expireRunner`` (an unload) waits for an
   in-flight load to finish, then drops the model.
 
+- docs/api.md "Show Model Information" (``POST /api/show``: ``modelfile``,
+  ``parameters``, ``template``, ``details``, ``model_info``, ``capabilities``),
+  "Generate Embeddings" (``POST /api/embed``: ``embeddings``, one vector per
+  input), "Pull a Model" (``POST /api/pull``: a stream of ``status`` objects
+  ending in ``success``; ``"stream": false`` answers only the last).
+- docs/openai.md (OpenAI compatibility): ``GET /v1/models`` (``object`` "list",
+  ``data[*].id``), ``POST /v1/completions`` (``choices[*].text``) and
+  ``POST /v1/chat/completions`` (``choices[*].message``), with ``usage``; an
+  error is ``{"error": {"message", "type", "param", "code"}}`` (the
+  middleware's ``openai.ErrorResponse``); a model not pulled is a 404.
+
 Simplifications: one load per model at a time, shared by every request that
 asks for it; the load is cancelled when *every* request waiting for it has
 gone (Ollama ties it to the first request's context). Loaded models expire
@@ -37,11 +48,19 @@ Command line::
 
     ollama_server.py --host 127.0.0.1 --port N --models tinyllama,qwen:0.5b
         [--load-seconds 0.5] [--fail-load NAME]... [--resident NAME]...
-        [--model-size BYTES] [--version 0.6.8]
+        [--model-size BYTES] [--loaded-size BYTES] [--version 0.6.8]
+        [--fail-completions] [--ps-hides-loading]
 
 ``--fail-load`` and ``--resident`` models count as pulled. A ``--resident``
 model is loaded at start with no expiry, as if another client had loaded it
-with ``keep_alive: -1``. Prints ``PORT <n>`` on stdout once listening.
+with ``keep_alive: -1``. ``--loaded-size`` is the ``size``/``size_vram``
+``/api/ps`` reports for a model in memory (real Ollama reports more than the
+file: the KV cache and buffers); default ``--model-size``. Fault modes:
+``--fail-completions`` answers every generation with input (a prompt, messages,
+``/v1/completions``, ``/v1/chat/completions``, ``/api/embed``) with a 500 while
+loads, unloads, ``/``, ``/api/version``, ``/api/tags`` and ``/api/ps`` stay fine;
+``--ps-hides-loading`` leaves a model out of ``/api/ps`` until its load is
+done (a load Ollama does not report). Prints ``PORT <n>`` on stdout once listening.
 """
 
 from __future__ import annotations
@@ -61,6 +80,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 DEFAULT_KEEP_ALIVE_NS = 5 * 60 * 10**9  # Ollama's default session: 5 minutes
 FOREVER_NS = 2**63 - 1  # Go: time.Duration(math.MaxInt64)
 LOAD_ERROR = "llama runner process has terminated: exit status 2"
+COMPLETION_ERROR = "llama runner process no longer running: -1 "
 CANCELED = "request canceled"
 POLL_S = 0.02  # how often a waiting request checks whether its client is still there
 
@@ -194,9 +214,23 @@ class Runner:
 class Ollama:
     """Pulled models, models in memory, and loads in progress (one lock, one condition)."""
 
-    def __init__(self, models, *, load_seconds, fail_load, resident, size, version):
+    def __init__(
+        self,
+        models,
+        *,
+        load_seconds,
+        fail_load,
+        resident,
+        size,
+        version,
+        loaded_size=None,
+        fail_completions=False,
+        ps_hides_loading=False,
+    ):
         self.cond = threading.Condition()
         self.load_seconds, self.size, self.version = load_seconds, size, version
+        self.loaded_size = size if loaded_size is None else loaded_size
+        self.fail_completions, self.ps_hides_loading = fail_completions, ps_hides_loading
         self.fail_load = {canonical(n) for n in fail_load}
         names = [canonical(n) for n in [*models, *fail_load, *resident]]
         self.pulled = {n: self._pulled_entry(n) for n in names}
@@ -230,7 +264,10 @@ class Ollama:
     def ps(self):
         with self.cond:
             self._prune()
-            entries = [(r.expires_at(), r) for r in self.runners.values()]
+            runners = [
+                r for r in self.runners.values() if not (r.loading and self.ps_hides_loading)
+            ]
+            entries = [(r.expires_at(), r) for r in runners]
         entries.sort(key=lambda e: e[0], reverse=True)  # as Ollama: latest expiry first
         return {"models": [self._ps_entry(r, at) for at, r in entries]}
 
@@ -239,11 +276,38 @@ class Ollama:
         return {
             "name": runner.name,
             "model": runner.name,
-            "size": self.size,
+            "size": self.loaded_size,
             "digest": pulled["digest"],
             "details": details(),
             "expires_at": rfc3339(expires_at),
-            "size_vram": self.size,
+            "size_vram": self.loaded_size,
+            "context_length": 2048,
+        }
+
+    def pull(self, name):
+        """``ollama pull``: the model is on disk from now on (nothing is downloaded)."""
+        with self.cond:
+            name = canonical(name)
+            self.pulled.setdefault(name, self._pulled_entry(name))
+
+    def show(self, name):
+        """``/api/show`` of a pulled model (None when it is not pulled)."""
+        with self.cond:
+            pulled = self.pulled.get(canonical(name))
+        if pulled is None:
+            return None
+        return {
+            "modelfile": f'# Modelfile generated by "ollama show"\nFROM {pulled["name"]}\n',
+            "parameters": 'stop "</s>"',
+            "template": "{{ .Prompt }}",
+            "details": details(),
+            "model_info": {
+                "general.architecture": "llama",
+                "general.parameter_count": 1_100_048_384,
+                "llama.context_length": 2048,
+            },
+            "capabilities": ["completion"],
+            "modified_at": pulled["modified_at"],
         }
 
     def is_pulled(self, name):
@@ -375,11 +439,20 @@ class Handler(BaseHTTPRequestHandler):
             "/api/version": lambda: self.reply(200, {"version": self.state.version}),
             "/api/tags": lambda: self.reply(200, self.state.tags()),
             "/api/ps": lambda: self.reply(200, self.state.ps()),
+            "/v1/models": lambda: self.reply(200, self.openai_models()),
         }
         routes.get(self.path, self.not_found)()
 
     def do_POST(self):
-        routes = {"/api/generate": self.generate, "/api/chat": self.chat}
+        routes = {
+            "/api/generate": self.generate,
+            "/api/chat": self.chat,
+            "/api/show": self.show,
+            "/api/embed": self.embed,
+            "/api/pull": self.pull,
+            "/v1/completions": self.openai_completion,
+            "/v1/chat/completions": self.openai_chat,
+        }
         handler = routes.get(self.path)
         if handler is None:
             self.drain()
@@ -437,8 +510,148 @@ class Handler(BaseHTTPRequestHandler):
         if not has_input:
             self.state.finish(model, keep_ns)
             return self.reply(200, self.message(model, chat, "", done=True, reason="load"))
+        if self.state.fail_completions:
+            return self.error(500, COMPLETION_ERROR)
         self.answer(req, model, chat)
         self.state.finish(model, keep_ns)
+
+    def show(self, req):
+        """``/api/show``: what Ollama knows of a pulled model (404 when it is not pulled)."""
+        model = req.get("model") or req.get("name")
+        if not isinstance(model, str) or not model:
+            return self.error(400, "model is required")
+        shown = self.state.show(model)
+        if shown is None:
+            return self.error(404, f"model '{model}' not found")
+        return self.reply(200, shown)
+
+    def embed(self, req):
+        """``/api/embed``: one (tiny, deterministic) vector per input; loads the model."""
+        model = req.get("model")
+        if not isinstance(model, str) or not model:
+            return self.error(400, "model is required")
+        inputs = req.get("input")
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            return self.error(400, "invalid input type")
+        try:
+            keep_ns = keep_alive_ns(req.get("keep_alive"))
+        except ValueError as e:
+            return self.error(400, str(e))
+        if not self.state.is_pulled(model):
+            return self.error(404, f"model '{model}' not found, try pulling it first")
+        failure = self.state.acquire(model, keep_ns, self.client_alive)
+        if failure is None and self.state.fail_completions:
+            failure = COMPLETION_ERROR
+        if failure is not None:
+            return self.error(499 if failure == CANCELED else 500, failure)
+        self.state.finish(model, keep_ns)
+        vectors = [_vector(t) for t in texts]
+        return self.reply(
+            200,
+            {
+                "model": model,
+                "embeddings": vectors,
+                "total_duration": 1_000_000,
+                "load_duration": 0,
+                "prompt_eval_count": sum(len(t.split()) for t in texts),
+            },
+        )
+
+    def pull(self, req):
+        """``/api/pull``: the model counts as pulled (nothing is downloaded)."""
+        model = req.get("model") or req.get("name")
+        if not isinstance(model, str) or not model:
+            return self.error(400, "model is required")
+        self.state.pull(model)
+        steps = [{"status": "pulling manifest"}, {"status": "writing manifest"}]
+        if req.get("stream") is False:
+            return self.reply(200, {"status": "success"})
+        self.stream([*steps, {"status": "success"}])
+
+    # OpenAI compatibility (docs/openai.md), as Ollama's openai middleware answers
+
+    def openai_error(self, status, message, kind="api_error"):
+        self.reply(
+            status, {"error": {"message": message, "type": kind, "param": None, "code": None}}
+        )
+
+    def openai_models(self):
+        with self.state.cond:
+            names = list(self.state.pulled)
+        created = int(datetime(2024, 6, 4, 21, 38, 31, tzinfo=UTC).timestamp())
+        data = [
+            {"id": n, "object": "model", "created": created, "owned_by": "library"} for n in names
+        ]
+        return {"object": "list", "data": data}
+
+    def openai_completion(self, req):
+        self.openai(req, chat=False)
+
+    def openai_chat(self, req):
+        self.openai(req, chat=True)
+
+    def openai(self, req, *, chat):
+        model = req.get("model")
+        if not isinstance(model, str) or not model:
+            return self.openai_error(400, "model is required", "invalid_request_error")
+        if chat and not isinstance(req.get("messages"), list):
+            return self.openai_error(400, "[] is too short - 'messages'", "invalid_request_error")
+        if not self.state.is_pulled(model):
+            return self.openai_error(404, f'model "{model}" not found, try pulling it first')
+        failure = self.state.acquire(model, None, self.client_alive)
+        if failure is None and self.state.fail_completions:
+            failure = COMPLETION_ERROR
+        if failure is not None:
+            return self.openai_error(500, failure)
+        self.state.finish(model, None)
+        pieces = ["Hello", " from", " ollama_server."]
+        limit = req.get("max_tokens")
+        if isinstance(limit, int) and limit > 0:
+            pieces = pieces[:limit]
+        finish = "length" if len(pieces) < 3 else "stop"
+        text = "".join(pieces)
+        created = int(time.time())
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{created % 1000}"
+        kind = "chat.completion" if chat else "text_completion"
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"text": text, "index": 0}
+        choice["finish_reason"] = finish
+        usage = {
+            "prompt_tokens": 1,
+            "completion_tokens": len(pieces),
+            "total_tokens": 1 + len(pieces),
+        }
+        body = {
+            "id": ident,
+            "object": kind,
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_ollama",
+            "choices": [choice],
+            "usage": usage,
+        }
+        if req.get("stream") is not True:
+            return self.reply(200, body)
+        chunk = dict(body, object="chat.completion.chunk" if chat else "text_completion")
+        del chunk["usage"]
+        if chat:
+            chunk["choices"] = [{"index": 0, "delta": choice["message"], "finish_reason": finish}]
+        self.sse([chunk])
+
+    def sse(self, objects):
+        """Server-sent events, ending in ``data: [DONE]`` (OpenAI's streaming form)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for data in [*(json.dumps(o) for o in objects), "[DONE]"]:
+            line = f"data: {data}\n\n".encode()
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
 
     def answer(self, req, model, chat):
         """A tiny completion: three pieces, streamed unless ``"stream": false``."""
@@ -475,6 +688,14 @@ class Handler(BaseHTTPRequestHandler):
         return out
 
 
+def _vector(text, dims=8):
+    """A deterministic unit-length vector for ``text``."""
+    digest = hashlib.sha256(text.encode()).digest()
+    raw = [b - 127.5 for b in digest[:dims]]
+    norm = sum(x * x for x in raw) ** 0.5 or 1.0
+    return [x / norm for x in raw]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--host", default="127.0.0.1")
@@ -484,6 +705,9 @@ def main():
     ap.add_argument("--fail-load", action="append", default=[], metavar="NAME")
     ap.add_argument("--resident", action="append", default=[], metavar="NAME")
     ap.add_argument("--model-size", type=int, default=637_700_138, metavar="BYTES")
+    ap.add_argument("--loaded-size", type=int, default=None, metavar="BYTES")
+    ap.add_argument("--fail-completions", action="store_true")
+    ap.add_argument("--ps-hides-loading", action="store_true")
     ap.add_argument("--version", default="0.6.8")
     args = ap.parse_args()
     Handler.state = Ollama(
@@ -493,6 +717,9 @@ def main():
         resident=args.resident,
         size=args.model_size,
         version=args.version,
+        loaded_size=args.loaded_size,
+        fail_completions=args.fail_completions,
+        ps_hides_loading=args.ps_hides_loading,
     )
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
