@@ -143,7 +143,10 @@ class SqliteChain(Closing):
 
     def _insert(self, head: StoredEvent, drafts: Sequence[EventDraft]) -> list[StoredEvent]:
         stored = seal_after(head, drafts, self.node_id)
-        self._conn.executemany(schema.INSERT_EVENT, [schema.to_row(event) for event in stored])
+        if len(stored) == 1:  # the common case; executemany costs a few microseconds more
+            self._conn.execute(schema.INSERT_EVENT, schema.to_row(stored[0]))
+        else:
+            self._conn.executemany(schema.INSERT_EVENT, [schema.to_row(e) for e in stored])
         return stored
 
     def head(self) -> StoredEvent:
