@@ -141,6 +141,8 @@ class HostActor(pykka.ThreadingActor):
                 return None
             case m.Place():
                 return self._place(message)
+            case m.PlaceMany(placements=placements):
+                return self._place_many(placements)
             case m.Admit(spec=spec):
                 return self._admit(spec)
             case m.Lookup(instance_id=iid):
@@ -193,6 +195,46 @@ class HostActor(pykka.ThreadingActor):
 
     # ------------------------------------------------------------------ placement
     def _place(self, msg: m.Place) -> Future[Placement]:
+        iid, answer = self._take(msg)
+        ref = self._refs.get(iid)
+        if ref is not None:
+            again = partial(work.place_again, ref, iid, msg, self._specs[iid])
+            self._offload(again, partial(self._placed, iid))
+            return answer
+        record = partial(work.admit_and_record, self.ctx, self.registry, iid, msg)
+        self._offload(record, partial(self._admitted, iid))
+        return answer
+
+    def _place_many(self, msgs: tuple[m.Place, ...]) -> list[Future[Placement] | Exception]:
+        """Each placement's answer (or the refusal found at once), in order. New
+        instances are admitted side by side and recorded in one transaction;
+        placements of instances already here go their own way, as alone."""
+        answers: list[Future[Placement] | Exception] = []
+        batch: list[tuple[str, m.Place]] = []
+        for msg in msgs:
+            try:
+                iid, answer = self._take(msg)
+            except Exception as e:  # noqa: BLE001 - that placement's answer
+                answers.append(e)
+                continue
+            answers.append(answer)
+            ref = self._refs.get(iid)
+            if ref is None:
+                batch.append((iid, msg))
+            else:
+                again = partial(work.place_again, ref, iid, msg, self._specs[iid])
+                self._offload(again, partial(self._placed, iid))
+        if batch:
+            record = partial(work.admit_many_and_record, self.ctx, self.registry, batch)
+            self._offload(record, partial(self._admitted_many, [iid for iid, _ in batch]))
+        return answers
+
+    def _take(self, msg: m.Place) -> tuple[str, Future[Placement]]:
+        """Check a placement and count it in flight: its instance id and answer.
+
+        Raises:
+            SpecError, InvalidState, AdmissionRefused: refused at once (nothing recorded).
+        """
         spec = msg.spec
         spec.validate()
         try:
@@ -201,18 +243,11 @@ class HostActor(pykka.ThreadingActor):
             raise SpecError(str(e)) from e
         iid = instance_id(spec, self.ctx.node_id)
         self._refuse_busy(iid)
+        if iid not in self._refs:
+            self._refuse_shared_address(spec)
         answer: Future[Placement] = self._answer()
-        ref = self._refs.get(iid)
-        if ref is not None:
-            self._placing[iid] = _Placing(spec, answer)
-            again = partial(work.place_again, ref, iid, msg, self._specs[iid])
-            self._offload(again, partial(self._placed, iid))
-            return answer
-        self._refuse_shared_address(spec)
         self._placing[iid] = _Placing(spec, answer)
-        record = partial(work.admit_and_record, self.ctx, self.registry, iid, msg)
-        self._offload(record, partial(self._admitted, iid))
-        return answer
+        return iid, answer
 
     def _refuse_busy(self, iid: str) -> None:
         if self._booting:
@@ -254,6 +289,29 @@ class HostActor(pykka.ThreadingActor):
         self._adopt_actor(state, pending.spec, adapter)
         self._publish()
         work.settle(pending.answer, Placement(iid, PlacementOutcome.APPLIED, state.generation))
+
+    def _admitted_many(self, iids: list[str], job: Future[list[work.Admitted]]) -> None:
+        try:
+            outcomes = job.result()
+        except Exception as e:  # noqa: BLE001 - the batch's error is each placement's
+            outcomes = [e] * len(iids)
+        settled: list[tuple[Future[Placement], Placement | Exception]] = []
+        for iid, outcome in zip(iids, outcomes, strict=True):
+            pending = self._placing.pop(iid)
+            if isinstance(outcome, Exception):
+                settled.append((pending.answer, outcome))
+                continue
+            state, adapter = outcome
+            self._adopt_actor(state, pending.spec, adapter)
+            settled.append(
+                (pending.answer, Placement(iid, PlacementOutcome.APPLIED, state.generation))
+            )
+        self._publish()  # routed before any caller hears it is placed
+        for answer, result in settled:
+            if isinstance(result, Exception):
+                work.settle(answer, error=result)
+            else:
+                work.settle(answer, result)
 
     def _placed(self, iid: str, job: Future[Placement]) -> None:
         work.copy(job, self._placing.pop(iid).answer)

@@ -9,8 +9,8 @@ import contextlib
 import enum
 import logging
 import threading
-from collections.abc import Iterable
-from concurrent.futures import Future
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "Rebuilt",
     "admission",
     "admit_and_record",
+    "admit_many_and_record",
     "append",
     "ask_unload",
     "changed_keys",
@@ -81,6 +82,74 @@ def admit_and_record(
     state = apply_instance(None, stored, event)
     assert state is not None
     return state, adapter
+
+
+#: At most this many admissions of one batch run at once (each may probe a server).
+BATCH_ADMISSIONS = 16
+#: One placement of a batch: the new instance's state and adapter, or why not.
+Admitted = tuple[InstanceState, ServerAdapter] | Exception
+
+
+def admit_many_and_record(
+    ctx: InstanceContext, registry: ModelRegistry, batch: list[tuple[str, m.Place]]
+) -> list[Admitted]:
+    """Admission of every placement of ``batch`` side by side, then all their events
+    (``instance.placed``, or ``node.admission_refused`` for the node's own
+    conditions) appended in ONE transaction: one durable round trip for the
+    batch. Answers, in order, each placement's state and adapter or its error.
+    When the append fails, every placement of the batch fails with its error
+    and nothing of it is stored (the writer's transaction is all or nothing).
+    """
+
+    def plan(item: tuple[str, m.Place]) -> ServerAdapter | Exception:
+        iid, msg = item
+        try:
+            return _plan(ctx, registry, msg.spec, iid)[0]
+        except Exception as e:  # noqa: BLE001 - that placement's answer
+            return e
+
+    with ThreadPoolExecutor(min(BATCH_ADMISSIONS, len(batch)), "admit") as pool:
+        plans = list(pool.map(plan, batch))
+    drafts: list[EventDraft] = []
+    events: list[ev.Event | None] = []
+    for (iid, msg), planned in zip(batch, plans, strict=True):
+        event: ev.Event | None = None
+        if isinstance(planned, AddressTaken | ProgramMissing):
+            # The node's own condition, not the caller's mistake: recorded for the audit.
+            event = ev.AdmissionRefused(reason=str(planned), spec=msgspec.to_builtins(msg.spec))
+        elif not isinstance(planned, Exception):
+            spec = msgspec.to_builtins(msg.spec)
+            event = ev.Placed(spec=spec, placed_by=msg.placed_by, generation=msg.generation)
+        events.append(event)
+        if event is not None:
+            drafts.append(_draft(ctx, iid, event, msg.source))
+    try:
+        stored = ctx.writer.ask(m.Append(drafts=tuple(drafts)), block=True, timeout=ASK_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - nothing of the batch is stored: all fail with it
+        for planned in plans:
+            if not isinstance(planned, Exception):
+                planned.close()
+        return [e] * len(batch)
+    return _outcomes(plans, events, iter(stored))
+
+
+def _outcomes(
+    plans: list[ServerAdapter | Exception],
+    events: list[ev.Event | None],
+    stored: Iterator[StoredEvent],
+) -> list[Admitted]:
+    outcomes: list[Admitted] = []
+    for planned, event in zip(plans, events, strict=True):
+        row = next(stored) if event is not None else None
+        if isinstance(planned, Exception):
+            outcomes.append(planned)
+            continue
+        assert row is not None
+        assert isinstance(event, ev.Placed)
+        state = apply_instance(None, row, event)
+        assert state is not None
+        outcomes.append((state, planned))
+    return outcomes
 
 
 def admission(ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec) -> Admission:
@@ -148,17 +217,20 @@ def place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place, old: InstanceS
 
 
 def append(ctx: InstanceContext, iid: str, event: ev.Event, source: str) -> StoredEvent:
-    draft = EventDraft(
+    stored: StoredEvent = ctx.writer.ask(
+        m.Append(drafts=(_draft(ctx, iid, event, source),)), block=True, timeout=ASK_TIMEOUT_S
+    )[0]
+    return stored
+
+
+def _draft(ctx: InstanceContext, iid: str, event: ev.Event, source: str) -> EventDraft:
+    return EventDraft(
         ts_ns=ctx.clock.wall_ns(),
         source=source,
         kind=kind_of(event),
         subject=iid,
         payload=ev.encode_event(event),
     )
-    stored: StoredEvent = ctx.writer.ask(
-        m.Append(drafts=(draft,)), block=True, timeout=ASK_TIMEOUT_S
-    )[0]
-    return stored
 
 
 def rebuild_all(ctx: InstanceContext, registry: ModelRegistry, state: NodeState) -> list[Rebuilt]:

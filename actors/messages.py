@@ -38,6 +38,7 @@ __all__ = [
     "Lookup",
     "NewPlacement",
     "Place",
+    "PlaceMany",
     "ReconcileTick",
     "Register",
     "Restart",
@@ -155,6 +156,16 @@ class Place(_Msg, frozen=True):
     placed_by: str
     generation: int = 0
     source: str = "operator"
+
+
+class PlaceMany(_Msg, frozen=True):
+    """Admit a batch: answers at once a list, in order, of each placement's
+    ``concurrent.futures.Future[Placement]`` or the refusal found at once. The
+    new instances' admissions run side by side and their events are appended
+    in one transaction; a placement of an instance already here goes as
+    :class:`Place` would."""
+
+    placements: tuple[Place, ...]
 
 
 class Admit(_Msg, frozen=True):

@@ -267,22 +267,22 @@ class Node:
         generation: int = 0,
         source: str = "operator",
     ) -> builtins.list[Placement | Exception]:
-        """Place a batch: every placement is asked of the host at once, so their
-        admissions run side by side and their events share group-committed
-        transactions (a durable round trip per batch the writer takes, not one
-        per instance). Answers, in the order of ``specs``, each placement's
-        :class:`Placement` or the error :meth:`place_outcome` would have raised;
-        one refusal does not stop the others.
+        """Place a batch: the new instances' admissions run side by side and all
+        their events are appended in one transaction (one durable round trip
+        for the batch, not one per instance). Answers, in the order of
+        ``specs``, each placement's :class:`Placement` or the error
+        :meth:`place_outcome` would have raised; one refusal does not stop the
+        others. A placement of an instance already placed goes as alone.
         """
         placer = placed_by or self.settings.node_id
         self.heartbeat(placer)
-        asked: builtins.list[Future[Placement] | Exception] = []
-        for spec in specs:
-            msg = m.Place(spec=spec, placed_by=placer, generation=generation, source=source)
-            try:
-                asked.append(self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S))
-            except Exception as e:  # noqa: BLE001 - a refusal found at once: that one's answer
-                asked.append(e)
+        msgs = tuple(
+            m.Place(spec=spec, placed_by=placer, generation=generation, source=source)
+            for spec in specs
+        )
+        asked: builtins.list[Future[Placement] | Exception] = self._host.ask(
+            m.PlaceMany(placements=msgs), block=True, timeout=ASK_TIMEOUT_S
+        )
         answers: builtins.list[Placement | Exception] = []
         for item in asked:
             if isinstance(item, Exception):

@@ -1285,7 +1285,15 @@ def test_ollama_load_not_listed_is_given_up_at_the_deadline() -> None:
 
 
 # ====================================================================== 5. coverage
-NODE_KINDS = {"node.started", "node.stopped", "node.admission_refused", "node.lease_renewed"}
+#: Kinds the decision core never emits: the node's own, and the key rotation
+#: (`infervisor chain rotate-key`, tests/test_chain_checkpoint.py).
+NODE_KINDS = {
+    "node.started",
+    "node.stopped",
+    "node.admission_refused",
+    "node.lease_renewed",
+    "chain.key_rotated",
+}
 
 
 def test_zz_every_state_and_event_kind_reached(request: pytest.FixtureRequest) -> None:

@@ -1,14 +1,17 @@
 """Node.place_many: a batch of placements asked at once (issue 10, item 3).
 
 Every placement of the batch is answered in the order of the specs, a refusal
-in its own place without stopping the others, and each applied one is in the
-chain exactly as a lone placement would have recorded it.
+in its own place without stopping the others; the applied ones are recorded
+in ONE transaction (one durable round trip for the batch), each exactly as a
+lone placement would have recorded it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from support import chain_rows
 from test_probe_engine import keepalive  # noqa: F401 - the fixture
 
@@ -16,6 +19,7 @@ from infervisor.actors.host_work import Placement, PlacementOutcome
 from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
+from infervisor.chain import EventDraft, SqliteChain, StoredEvent
 
 
 def test_a_batch_is_answered_in_order_with_refusals_in_place(
@@ -23,8 +27,17 @@ def test_a_batch_is_answered_in_order_with_refusals_in_place(
     fake_llama: str,
     fake_model: Path,
     keepalive: str,  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     node = nodes.open(nodes.settings(fake_llama, fake_model))
+    transactions: list[list[str]] = []  # the kinds each append_many stored
+    original = SqliteChain.append_many
+
+    def counting(chain: SqliteChain, drafts: Sequence[EventDraft]) -> list[StoredEvent]:
+        transactions.append([d.kind for d in drafts])
+        return original(chain, drafts)
+
+    monkeypatch.setattr(SqliteChain, "append_many", counting)
     port = int(keepalive.rsplit(":", 1)[1])
     specs = [
         InstanceSpec(role=f"a{i}", flavor=Flavor.LLAMACPP, mode=Mode.ADOPTED, port=port)
@@ -50,6 +63,8 @@ def test_a_batch_is_answered_in_order_with_refusals_in_place(
     recorded = {subj: p for kind, subj, p in rows if kind == "instance.placed"}
     assert set(recorded) == {a.instance_id for a in placed}
     assert {p["placed_by"] for p in recorded.values()} == {"ctl"}
+    batches = [t for t in transactions if "instance.placed" in t]
+    assert batches == [["instance.placed"] * 12]  # one transaction for the batch
 
     again = node.place_many(specs[:2] + specs[6:7], placed_by="ctl", generation=3)
     assert [a.outcome for a in again if isinstance(a, Placement)] == [

@@ -420,7 +420,7 @@ def place_new(
 ) -> list[str]:
     """Place (and start when asked) the configured instances the chain does not
     know. They are placed in batches (:meth:`Node.place_many`: admissions side
-    by side, their events group-committed), in the config's order, so of two
+    by side, each batch's events in one transaction), in the config's order, so of two
     that want one address the first wins; then started one at a time in that
     order (a memory budget admits the first ones). One refused is said in one
     line and the rest go on. Returns the lines of the refusals."""
