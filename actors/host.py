@@ -143,6 +143,9 @@ class HostActor(pykka.ThreadingActor):
                 return self._place(message)
             case m.PlaceMany(placements=placements):
                 return self._place_many(placements)
+            case m.InstanceGone(instance_id=iid):
+                self._gone(iid)
+                return None
             case m.Admit(spec=spec):
                 return self._admit(spec)
             case m.Lookup(instance_id=iid):
@@ -404,6 +407,15 @@ class HostActor(pykka.ThreadingActor):
                 self._revive(iid)  # a revive asked meanwhile was skipped: it was unloading
         self._publish()
         work.settle(answer, error=None if unloaded else error)
+
+    def _gone(self, iid: str) -> None:
+        """Forget an instance its own decision unloaded; an unload this host asked
+        for is finished by :meth:`_unloaded` instead."""
+        ref = self._refs.get(iid)
+        if ref is None or iid in self._unloading:
+            return
+        self._forget(iid, ref)
+        self._publish()
 
     def _forget(self, iid: str, ref: pykka.ActorRef[Any]) -> None:
         """The instance is unloaded: no more ticks, its actor ended, its id free again."""

@@ -86,6 +86,9 @@ class InstanceContext:
     ledger: pykka.ActorRef[Any] | None = None
     probes: Executor = field(default_factory=lambda: _SHARED_FALLBACK)
     engine: ProbeEngine | None = None
+    #: Told the instance id when a decision of the instance's own unloaded it (a
+    #: boot finishing an unload the last node began): the host forgets it then.
+    gone: Callable[[str], None] = field(default=lambda _iid: None)
 
 
 class _Probed(msgspec.Struct, frozen=True):
@@ -294,6 +297,7 @@ class InstanceActor(pykka.ThreadingActor):
         if state is None:
             self._gone = True
             self.memory.give_back()
+            self.ctx.gone(self.iid)
         else:
             self.state = state
 

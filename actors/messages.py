@@ -31,6 +31,7 @@ __all__ = [
     "GetStatus",
     "HealthTick",
     "Heard",
+    "InstanceGone",
     "InstanceView",
     "IsSettled",
     "LeaseExpired",
@@ -156,6 +157,13 @@ class Place(_Msg, frozen=True):
     placed_by: str
     generation: int = 0
     source: str = "operator"
+
+
+class InstanceGone(_Msg, frozen=True):
+    """An instance's own decision recorded it unloaded (a boot finishing an unload
+    that the last node began): the host forgets it, as after an unload it asked."""
+
+    instance_id: str
 
 
 class PlaceMany(_Msg, frozen=True):

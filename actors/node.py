@@ -16,6 +16,7 @@ failed (recorded as an exit).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import os
 import time
@@ -527,7 +528,10 @@ def _start_actors(
         ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
     engine = ProbeEngine()
-    ctx = InstanceContext(settings.node_id, writer, clock, settings, ledger, probes, engine)
+    relay = _GoneRelay()
+    ctx = InstanceContext(
+        settings.node_id, writer, clock, settings, ledger, probes, engine, gone=relay.tell
+    )
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
     supervisor = SupervisorActor.start(
@@ -541,9 +545,23 @@ def _start_actors(
     )
     routes = Routes()
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor, routes)
+    relay.host = host
     supervisor.tell(m.WatchedBy(host=host))
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(writer, supervisor, host, ledger, probes, routes, watchdog, engine)
+
+
+class _GoneRelay:
+    """Tells the host an instance unloaded itself (the host starts after the
+    context its instances share, so the context holds this, not the host)."""
+
+    def __init__(self) -> None:
+        self.host: pykka.ActorRef[Any] | None = None
+
+    def tell(self, iid: str) -> None:
+        if self.host is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self.host.tell(m.InstanceGone(instance_id=iid))
 
 
 def _stop_actors(actors: NodeActors) -> None:

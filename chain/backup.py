@@ -9,6 +9,7 @@ appending.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
@@ -31,14 +32,27 @@ def backup_chain(source: str | os.PathLike[str], target: str | os.PathLike[str])
         raise ChainIOError(f"{dst_name} exists: a backup goes to a new file")
     src = connect_reader(src_name)
     try:
-        with translated(dst_name, "write the backup"):
-            dst = sqlite3.connect(dst_name)
-            try:
-                src.backup(dst)
-                dst.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                (count,) = dst.execute("SELECT count(*) FROM events").fetchone()
-            finally:
-                dst.close()
+        with translated(src_name, "back up"):
+            src.execute("SELECT count(*) FROM events").fetchone()  # a chain, readable
+        # Written aside and renamed into place: a backup cut short (killed, disk
+        # full) never leaves a file at the target's name.
+        partial = f"{dst_name}.partial-{os.getpid()}"
+        try:
+            with translated(dst_name, "write the backup"):
+                dst = sqlite3.connect(partial)
+                try:
+                    src.backup(dst)
+                    dst.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    (count,) = dst.execute("SELECT count(*) FROM events").fetchone()
+                finally:
+                    dst.close()
+            os.replace(partial, dst_name)
+        except OSError as e:
+            raise ChainIOError(f"cannot write the backup {dst_name}: {e.strerror or e}") from e
+        finally:
+            for leftover in (partial, partial + "-journal"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
     finally:
         src.close()
     return int(count)

@@ -20,6 +20,8 @@ import binascii
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from infervisor.chain.checkpoint_store import stored_checkpoints
 from infervisor.chain.checks import Problem, Row, check_row
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import BundleError, CheckpointError
+from infervisor.chain.keys import rotations_in, trusted_keys
 from infervisor.chain.note import Verifier
 
 BUNDLE_FORMAT = "infervisor-bundle/1"
@@ -118,14 +121,37 @@ def export_bundle(
         CheckpointError: `key` cannot be read.
         ChainIOError: the chain cannot be read.
     """
-    name, folder = os.fspath(db), Path(out)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise BundleError(f"{folder}: a bundle goes to a new or empty directory")
+    name, target = os.fspath(db), Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise BundleError(f"{target}: a bundle goes to a new or empty directory")
+    if not target.parent.is_dir():
+        raise BundleError(f"{target.parent}: no such directory (OUT's parent must exist)")
     verifier = None
     if key is not None:
         verifier = load_verifier(key)
     elif (Path(name).parent / PUBLIC_KEY_FILE).is_file():
         verifier = load_verifier(Path(name).parent / PUBLIC_KEY_FILE)
+    # Written aside and renamed into place: a failed export leaves no half bundle.
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        folder.chmod(0o755)  # as mkdir would make it: a bundle is for handing out
+    except OSError as e:
+        raise BundleError(f"{target}: cannot write there: {e.strerror or e}") from e
+    try:
+        manifest = _write_bundle(name, folder, verifier)
+        if target.exists():
+            target.rmdir()
+        folder.rename(target)
+    except OSError as e:
+        raise BundleError(f"{target}: cannot write the bundle: {e.strerror or e}") from e
+    finally:
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+    return manifest
+
+
+def _write_bundle(name: str, folder: Path, verifier: Verifier | None) -> dict[str, Any]:
+    """Write the bundle's files into ``folder``; the manifest."""
     (folder / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
     conn = connect_reader(name, text_as_bytes=True)
     count, head_seq, head_hash, node = 0, -1, "", ""
@@ -292,12 +318,13 @@ def _verify_checkpoints(
         )
     if not files:
         return []
-    verifier = _bundle_key(folder, key)
+    # The key given (or the bundle's), and every key a recorded rotation links to it.
+    keys = trusted_keys(_bundle_key(folder, key), rotations_in((r.kind, r.payload) for r in rows))
     hashes = [r.hash for r in rows]
     signed: list[Checkpoint] = []
     for path in files:
         try:
-            cp = read_checkpoint(path.read_bytes(), verifier)
+            cp = _read_signed(path.read_bytes(), keys)
         except (CheckpointError, OSError) as e:
             raise BundleError(f"{path.name}: {e}", reason="checkpoint signature") from e
         if cp.node != rows[0].node.decode():
@@ -318,6 +345,22 @@ def _verify_checkpoints(
                 reason=mismatch.reason,
             )
     return signed
+
+
+def _read_signed(note: bytes, keys: list[Verifier]) -> Checkpoint:
+    """The checkpoint, signed by one of ``keys``.
+
+    Raises:
+        CheckpointError: none of them signed it (the last key's reason).
+    """
+    error: CheckpointError | None = None
+    for verifier in keys:
+        try:
+            return read_checkpoint(note, verifier)
+        except CheckpointError as e:
+            error = e
+    assert error is not None  # keys is never empty: the anchor is in it
+    raise error
 
 
 def _bundle_key(folder: Path, key: str | None) -> Verifier:

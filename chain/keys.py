@@ -21,7 +21,9 @@ key); the command line checks the run lock.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -134,3 +136,51 @@ def _write_private(path: Path, signer: Signer) -> None:
             os.fsync(f.fileno())
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write the new key: {e.strerror or e}") from e
+
+
+def rotations_in(rows: Iterable[tuple[bytes | str, bytes]]) -> list[tuple[str, str, str]]:
+    """``(old_key, new_key, note)`` of every rotation among ``(kind, payload)`` rows,
+    in the order given (payloads that do not parse are skipped: verification of the
+    rows themselves reports them)."""
+    found: list[tuple[str, str, str]] = []
+    for kind, payload in rows:
+        name = kind.decode("utf-8", "replace") if isinstance(kind, bytes) else kind
+        if name != KEY_ROTATED_KIND:
+            continue
+        try:
+            doc = json.loads(payload)
+            found.append((str(doc["old_key"]), str(doc["new_key"]), str(doc["note"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def trusted_keys(anchor: Verifier, rotations: Iterable[tuple[str, str, str]]) -> list[Verifier]:
+    """``anchor`` and every key a recorded rotation links to it, either way.
+
+    A rotation note is signed by both its keys (:func:`check_rotation`), so a
+    key trusted at either end vouches for the other: an auditor holding the
+    newest key checks checkpoints signed before a rotation, and one holding an
+    old key checks those signed after. Rotations whose note does not verify
+    link nothing.
+    """
+    trusted = {anchor.key_string(): anchor}
+    pending = list(rotations)
+    grew = True
+    while grew:
+        grew = False
+        for old_key, new_key, note in list(pending):
+            if old_key not in trusted and new_key not in trusted:
+                continue
+            pending.remove((old_key, new_key, note))
+            try:
+                old = parse_verifier_key(old_key)
+                new = check_rotation(note, old)
+            except (NoteError, ValueError):
+                continue
+            if new.key_string() != new_key:
+                continue
+            trusted.setdefault(old.key_string(), old)
+            trusted.setdefault(new.key_string(), new)
+            grew = True
+    return list(trusted.values())

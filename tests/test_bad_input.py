@@ -71,3 +71,20 @@ def test_demo_names_a_folder_it_cannot_create() -> None:
     assert done.returncode == 2
     assert "cannot create it" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_config_naming_an_unknown_kind_is_refused_with_the_kinds(tmp_path: Path) -> None:
+    from infervisor.tools.config import ConfigError, load_config
+
+    path = tmp_path / "node.toml"
+    path.write_text(
+        '[node]\nnode_id = "n1"\ndata_dir = "data"\n\n[node.kinds.batch2]\nmiss_limit = 2\n\n'
+        '[[instances]]\nrole = "x"\nflavor = "llamacpp"\nmodel = "tiny"\nport = 18099\n'
+        'kind = "batch"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "[[instances]] #1: kind 'batch' is not a kind of this node" in message
+    assert "batch2" in message and "inference" in message and "process" in message

@@ -166,8 +166,14 @@ def test_truncation_detected_and_named(tmp_path: Path) -> None:
     saved = saved_checkpoint(tmp_path, path)
     truncate(path, 9)
     plain = cli("chain", "verify", str(path))
-    assert plain.returncode == 0  # the chain alone still verifies ...
-    assert "cannot be ruled out" in plain.stderr  # ... and says what it cannot see
+    assert plain.returncode == 1  # its own stored checkpoint (signed, node.pub beside) ...
+    assert "truncated" in plain.stdout and "own latest checkpoint" in plain.stdout
+    assert "cannot be ruled out" in plain.stderr  # ... does not rule out a whole rewrite
+    (tmp_path / "a" / "node.pub").rename(tmp_path / "node.pub")  # no key beside it
+    alone = cli("chain", "verify", str(path))
+    assert alone.returncode == 0  # the chain alone still verifies ...
+    assert "cannot be ruled out" in alone.stderr  # ... and says what it cannot see
+    (tmp_path / "node.pub").rename(tmp_path / "a" / "node.pub")
     status, doc = verify_against(path, saved, tmp_path / "a" / "node.pub")
     assert status == 1
     assert doc["checkpoint"]["reason"] == "truncated"  # type: ignore[index]
@@ -179,7 +185,7 @@ def test_rewrite_detected_and_localised(tmp_path: Path) -> None:
     path = make_chain(tmp_path / "a", 12, every=4)
     saved = saved_checkpoint(tmp_path, path)
     rewrite_from(path, 6)
-    assert cli("chain", "verify", str(path)).returncode == 0
+    assert cli("chain", "verify", str(path)).returncode == 1  # against its own checkpoint
     status, doc = verify_against(path, saved, tmp_path / "a" / "node.pub")
     assert status == 1
     cp = doc["checkpoint"]
@@ -214,6 +220,11 @@ def test_fork_detected(tmp_path: Path) -> None:
 
 def test_valid_without_checkpoint_warns_in_json_and_stderr(tmp_path: Path) -> None:
     path = make_chain(tmp_path / "a", 5)
+    own = json.loads(cli("chain", "verify", str(path), "--json").stdout)
+    assert own["ok"] is True and own["checkpoint"]["ok"] is True  # its own, signed
+    assert "own latest checkpoint" in own["checkpoint"]["detail"]
+    assert "cannot be ruled out" in own["warning"]
+    (tmp_path / "a" / "node.pub").unlink()  # no key: the stored checkpoints go unchecked
     result = cli("chain", "verify", str(path), "--json")
     assert result.returncode == 0
     doc = json.loads(result.stdout)
@@ -371,10 +382,26 @@ def test_rotate_key_through_the_cli_and_refused_while_a_node_runs(tmp_path: Path
         assert "a node runs on" in refused.output and "pid 4242" in refused.output
     finally:
         os.close(lock)
+    old_pub = (folder / "node.pub").read_text().strip()
+    before = tmp_path / "before.txt"
+    saved = CliRunner().invoke(cli, ["chain", "checkpoint", str(path), "--out", str(before)])
+    assert saved.exit_code == 0, saved.output
     done = CliRunner().invoke(cli, ["chain", "rotate-key", str(path), "--json"])
     assert done.exit_code == 0, done.output
     doc = json.loads(done.output)
     assert doc["new_key"] == (folder / "node.pub").read_text().strip()
+    # Checkpoints signed before and after the rotation check with either key: the
+    # rotation event, signed by both, links them.
+    for key in (str(folder / "node.pub"), old_pub):
+        checked = CliRunner().invoke(
+            cli, ["chain", "verify", str(path), "--checkpoint", str(before), "--key", key]
+        )
+        assert checked.exit_code == 0, checked.output
+    bundle = tmp_path / "bundle"
+    assert CliRunner().invoke(cli, ["chain", "export", str(path), str(bundle)]).exit_code == 0
+    for extra in ([], ["--key", old_pub]):
+        verified_bundle = CliRunner().invoke(cli, ["chain", "verify-bundle", str(bundle), *extra])
+        assert verified_bundle.exit_code == 0, verified_bundle.output
     assert verify_chain(path).ok and read_stored(path)[-1].tree_size == doc["checkpoint_size"]
 
 

@@ -359,6 +359,26 @@ def test_timeline_of_an_unknown_instance_names_the_known_ones(db: Path) -> None:
     assert result.stdout == ""
 
 
+def test_an_unloaded_instance_keeps_its_timeline_by_id_and_by_role(db: Path) -> None:
+    with SqliteChain.open(db, NODE) as chain:
+        chain.append(
+            EventDraft(
+                ts_ns=NOW + 10**10,
+                source="operator:uid=0(root)",
+                kind="instance.unloaded",
+                subject=IDLE,
+                payload=ev.encode_event(ev.Unloaded(by="operator:uid=0(root)")),
+            )
+        )
+    for name in (IDLE, "embed"):
+        shown = invoke("timeline", db, name)
+        assert shown.exit_code == 0, shown.output
+        assert "unloaded by operator:uid=0(root)" in shown.stdout
+        listed = invoke("events", db, "--instance", name)
+        assert listed.exit_code == 0, listed.output
+        assert "instance.unloaded" in listed.stdout
+
+
 def test_timeline_of_a_missing_file_exits_2(tmp_path: Path) -> None:
     result = invoke("timeline", tmp_path / "none.db", CHAT)
     assert result.exit_code == 2

@@ -16,6 +16,7 @@ import socket
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import msgspec
 import pytest
 import test_crash_regressions
 import test_ollama_node
@@ -60,7 +61,7 @@ from infervisor.adapters import ollama
 from infervisor.adapters.manifest import ModelFormat
 from infervisor.adapters.ports import port_in_use
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.chain import SqliteChain
+from infervisor.chain import SqliteChain, verify_chain
 
 OTHER = "qwen"  # a second pulled Ollama model (registry name)
 OTHER_TAG = "qwen:0.5b"
@@ -373,3 +374,36 @@ def test_a_start_refused_at_boot_for_a_taken_port_is_retried_once_it_frees(
     b.node.stop(iid)
     consistent(b.node)
     nothing_left(b.node)
+
+
+# ---------------------------------------------------------------- an unload cut short by a crash
+def test_an_unload_a_crash_cut_short_is_finished_at_boot_and_the_instance_forgotten(
+    nodes, tmp_path, fake_model, manual_clock
+):
+    """The node dies while an unload waits out the server's grace; the next boot
+    finishes it (exited, unloaded) and the host forgets the instance: it is not
+    listed, its id is free again, and the node shuts down cleanly."""
+    r = rig(nodes, tmp_path, fake_model, manual_clock, "fault_ignore_term.py")
+    r.node.start(r.iid)
+    listening(r.port)
+    tick_to(r, "running")
+    pid = server_pid(r)
+    unloading = ThreadPoolExecutor(1).submit(r.node.unload, r.iid)  # SIGTERM is ignored
+    wait_until(lambda: count(r.node, r.iid, "stop_requested") >= 1, 20, "the unload under way")
+    crash(r.node)
+    os.kill(pid, signal.SIGKILL)  # the server dies while no node runs
+    wait_until(lambda: not alive(pid), 20, "the server gone")
+    with_error = unloading.exception(20)  # the crashed node's caller heard it end
+    assert with_error is not None
+
+    b = nodes.open(r.node.settings, manual_clock)
+    wait_until(lambda: r.iid not in b.rebuild().instances, 20, "the unload finished at boot")
+    wait_until(lambda: all(v.instance_id != r.iid for v in b.list()), 20, "the host forgot it")
+    last = [s.kind for s in history(b, r.iid)][-2:]
+    assert last == ["instance.exited", "instance.unloaded"], history(b, r.iid)
+    spec = msgspec.convert(history(b, r.iid)[0].event.spec, InstanceSpec)
+    assert b.place(spec) == r.iid  # its id is free again
+    b.unload(r.iid)
+    b.shutdown()  # nothing left that refuses the shutdown's stop
+    assert verify_chain(b.settings.chain_path).ok
+    assert [e.kind for e in history(b, r.iid)][-1] == "instance.unloaded"

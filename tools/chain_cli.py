@@ -22,6 +22,7 @@ from infervisor.chain import ChainError, VerifyReport, verify_chain
 from infervisor.chain.backup import backup_chain
 from infervisor.chain.bundle import export_bundle, verify_bundle
 from infervisor.chain.checkpoint import (
+    PUBLIC_KEY_FILE,
     Checkpoint,
     compare,
     load_verifier,
@@ -31,6 +32,7 @@ from infervisor.chain.checkpoint import (
 from infervisor.chain.checkpoint_store import read_stored, verified
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import BundleError, CheckpointError, NoteError, ProofError
+from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
 from infervisor.chain.merkle import (
     consistency_proof,
     inclusion_proof,
@@ -55,6 +57,11 @@ __all__ = [
     "verify_bundle_cmd",
 ]
 
+STORED_CHECKPOINT_WARNING = (
+    "checked against the chain's own latest signed checkpoint only: a rewrite of the "
+    "whole file, its checkpoints included, cannot be ruled out: pass --checkpoint FILE "
+    "--key PUBKEY (a checkpoint saved elsewhere earlier, and the node's public key)"
+)
 NO_CHECKPOINT_WARNING = (
     "without a checkpoint, truncation of the chain's tail and a rewrite of the whole "
     "chain cannot be ruled out: pass --checkpoint FILE --key PUBKEY (a checkpoint saved "
@@ -84,12 +91,44 @@ def _verifier(key: str) -> Verifier:
         raise Failure(str(e), "bad_key", "--key") from e
 
 
-def _checkpoint(path: Path, key: str | None) -> Checkpoint:
-    """The checkpoint in FILE: signature verified with `key`, or only parsed without one."""
+def _trusted(db: Path, key: str) -> list[Verifier]:
+    """``key`` and every key the chain's recorded rotations link to it (a rotation
+    note is signed by both of its keys: chain/keys.py ``trusted_keys``)."""
+    anchor = _verifier(key)
+    try:
+        conn = connect_reader(str(db), text_as_bytes=True)
+        try:
+            with translated(str(db), "read"):
+                rows = conn.execute(
+                    "SELECT kind, payload FROM events WHERE kind = ? ORDER BY seq",
+                    (KEY_ROTATED_KIND,),
+                ).fetchall()
+        finally:
+            conn.close()
+    except ChainError:
+        return [anchor]
+    return trusted_keys(anchor, rotations_in((k, bytes(p)) for k, p in rows))
+
+
+def _signed_by_any(note: bytes | str, keys: list[Verifier]) -> Checkpoint:
+    """The checkpoint signed by one of ``keys``. Raises CheckpointError (the last reason)."""
+    error: CheckpointError | None = None
+    for verifier in keys:
+        try:
+            return read_checkpoint(note, verifier)
+        except CheckpointError as e:
+            error = e
+    assert error is not None
+    raise error
+
+
+def _checkpoint(path: Path, key: str | None, db: Path) -> Checkpoint:
+    """The checkpoint in FILE: its signature verified with `key` (or a key the chain's
+    rotations link to it), or only parsed without one."""
     note = _read_text(path, "--checkpoint")
     try:
         if key is not None:
-            return read_checkpoint(note, _verifier(key))
+            return _signed_by_any(note, _trusted(db, key))
         text, _ = split_note(note)
         node, size, root, head = parse_checkpoint_text(text)
     except (CheckpointError, NoteError) as e:
@@ -138,10 +177,16 @@ def verify(
         report = verify_chain(db)
     except ChainError as e:
         raise Failure(str(e), "chain_unreadable") from e
-    cp = None if checkpoint_file is None else _checkpoint(checkpoint_file, key)
+    cp = None if checkpoint_file is None else _checkpoint(checkpoint_file, key, db)
+    stored = False
+    if cp is None:  # the chain's own latest checkpoint, when its signature checks out
+        cp, key = _own_checkpoint(db, key)
+        stored = cp is not None
     against = _against(db, report, cp, key) if cp is not None else None
+    if against is not None and stored:
+        against["detail"] = f"{against['detail']} (the chain's own latest checkpoint)"
     proof = _check_proof(db, proof_file, cp) if proof_file is not None else None
-    warning = None if cp is not None else NO_CHECKPOINT_WARNING
+    warning = NO_CHECKPOINT_WARNING if cp is None else STORED_CHECKPOINT_WARNING if stored else None
     ok = report.ok and (against is None or against["ok"]) and (proof is None or proof["ok"])
     if as_json:
         doc = msgspec.to_builtins(report)
@@ -152,6 +197,35 @@ def verify(
     if warning is not None and report.ok:
         _warn(warning)
     return 0 if ok else 1
+
+
+def _verified_by_any(db: Path, keys: list[Verifier]) -> list[Checkpoint]:
+    """The stored checkpoints that one of ``keys`` signed, by tree size."""
+    found: dict[int, Checkpoint] = {}
+    stored = read_stored(db)
+    for verifier in keys:
+        for cp in verified(stored, verifier):
+            found.setdefault(cp.tree_size, cp)
+    return [found[size] for size in sorted(found)]
+
+
+def _own_checkpoint(db: Path, key: str | None) -> tuple[Checkpoint | None, str | None]:
+    """The latest checkpoint stored in the chain that ``key`` (default: node.pub
+    beside the chain) signed, and the key; (None, key) when there is none or no key.
+
+    It catches a tail cut below it in the same file; it cannot rule out a rewrite
+    of the whole file, checkpoints included (a saved checkpoint can).
+    """
+    if key is None:
+        beside = db.parent / PUBLIC_KEY_FILE
+        if not beside.is_file():
+            return None, None
+        key = str(beside)
+    try:
+        signed = _verified_by_any(db, _trusted(db, key))
+    except (ChainError, Failure):
+        return None, key
+    return (signed[-1] if signed else None), key
 
 
 def _say_verdict(
@@ -187,7 +261,7 @@ def _against(db: Path, report: VerifyReport, cp: Checkpoint, key: str | None) ->
     earlier: list[Checkpoint] = []
     if key is not None:
         try:
-            earlier = verified(read_stored(db), _verifier(key))
+            earlier = _verified_by_any(db, _trusted(db, key))
         except ChainError:
             earlier = []
     base = {"tree_size": cp.tree_size, "root": cp.root.hex(), "origin": cp.origin}
@@ -264,7 +338,7 @@ def _check_consistency(doc: dict[str, Any], cp: Checkpoint | None) -> str:
 # ---------------------------------------------------------------- chain prove / consistency
 def prove(db: Path, seq: int, *, checkpoint_file: Path, key: str | None, as_json: bool) -> int:
     """``chain prove``: the RFC 6962 inclusion proof of event SEQ in the checkpoint's tree."""
-    cp = _checkpoint(checkpoint_file, key)
+    cp = _checkpoint(checkpoint_file, key, db)
     if not 0 <= seq < cp.tree_size:
         raise Failure(
             f"SEQ {seq} is not covered by the checkpoint (tree size {cp.tree_size}: seq 0.."
@@ -303,8 +377,8 @@ def prove(db: Path, seq: int, *, checkpoint_file: Path, key: str | None, as_json
 
 def consistency(db: Path, old_file: Path, new_file: Path, *, key: str | None, as_json: bool) -> int:
     """``chain consistency``: the RFC 6962 consistency proof from OLD's tree to NEW's."""
-    old = _checkpoint(old_file, key)
-    new = _checkpoint(new_file, key)
+    old = _checkpoint(old_file, key, db)
+    new = _checkpoint(new_file, key, db)
     if old.tree_size > new.tree_size:
         raise Failure(
             f"OLD covers {old.tree_size} events, NEW only {new.tree_size}: give the earlier first",

@@ -202,7 +202,10 @@ def _resolve(name: str, roles: Mapping[str, str | None], where: str) -> str:
             "ambiguous_instance",
             "INSTANCE",
         )
-    placed = ", ".join(f"{iid} ({role})" for iid, role in sorted(roles.items())) or "none"
+    placed = (
+        ", ".join(f"{iid} ({role})" if role else iid for iid, role in sorted(roles.items()))
+        or "none"
+    )
     _fail(f"no instance {name!r} {where} (placed: {placed})", "unknown_instance", "INSTANCE")
 
 
@@ -596,11 +599,12 @@ def timeline_cmd(where: Path, instance: str, unverified: bool, as_json: bool) ->
     unless --unverified (output marked). Exit 1 naming the chain's instances
     when INSTANCE names none of them.
     """
-    from .forensics_cli import print_marker, read_offline, wrap  # noqa: PLC0415
+    from .forensics_cli import every_role, print_marker, read_offline, wrap  # noqa: PLC0415
 
     db = _chain_of(where)
     read = _forensics(lambda: read_offline(db, unverified=unverified, keep_events=True))
-    iid = _resolve(instance, _chain_roles(read.state), f"in {db}")
+    # Unloaded instances too: their history stays in the chain.
+    iid = _resolve(instance, every_role(read, _chain_roles(read.state)), f"in {db}")
     try:
         entries = timeline_of(read.by_subject.get(iid, []))
     except (EventDecodeError, ReplayError) as e:

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from infervisor.actors.kinds import DEFAULT_KINDS
 from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.managed_ollama import address_conflict
 from infervisor.adapters.registry import ModelFormat
@@ -214,7 +215,13 @@ def _check(config: NodeConfig, path: Path) -> None:
         section = "[node.restart]" if _is_restart_error(config.node.restart) else "[node]"
         raise ConfigError(f"{path}: {section} {e}") from e
     _check_run_as(config.node.run_as, path)
+    known = sorted({*DEFAULT_KINDS, *config.node.kinds})
     for n, entry in enumerate(config.instances, 1):
+        if entry.kind not in known:
+            raise ConfigError(
+                f"{path}: [[instances]] #{n}: kind {entry.kind!r} is not a kind of this "
+                f"node; one of {', '.join(known)} (or define it in [node.kinds.{entry.kind}])"
+            )
         try:
             entry.spec().validate()
             config.node.supervision(entry.kind, entry.restart)  # checks the restart override

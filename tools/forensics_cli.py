@@ -11,9 +11,11 @@ docs/forensics.md.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
 import io
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 import click
 import msgspec
 
-from infervisor.chain import ChainError, StoredEvent
+from infervisor.chain import GENESIS_KIND, ChainError, StoredEvent
 from infervisor.chain.checks import Problem
 from infervisor.replay import (
     ChainRead,
@@ -197,6 +199,22 @@ def iso(ts_ns: int) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%S") + f".{ns // 1_000_000:03d}Z"
 
 
+def every_role(read: ChainRead, current: dict[str, str | None]) -> dict[str, str | None]:
+    """Each instance the chain ever had -> its role: the placed ones from
+    ``current`` (their state), the unloaded ones from their last placement."""
+    roles = dict(current)
+    for subject, stored_events in read.by_subject.items():
+        if not subject or subject in roles:
+            continue
+        roles[subject] = None
+        for stored in stored_events:
+            if stored.kind == "instance.placed":
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    role = json.loads(stored.payload)["spec"]["role"]
+                    roles[subject] = role if isinstance(role, str) else None
+    return roles
+
+
 def _rows(read: ChainRead) -> list[EventRow]:
     """Every replayed event as a row; instance events with the state before and after."""
     rows: list[EventRow] = []
@@ -315,6 +333,26 @@ def _csv(rows: list[EventRow]) -> str:
     return buffer.getvalue().rstrip("\n")
 
 
+def _check_filters(kinds: tuple[str, ...], since: int | None, until: int | None) -> None:
+    """Refuse filters that can match nothing by mistake (a kind mistyped, times swapped).
+
+    Raises:
+        Failure: ``bad_value``, naming the option and the allowed values.
+    """
+    known = sorted({*ev.EVENT_TYPES, GENESIS_KIND})
+    short = {k.removeprefix("instance.") for k in known if k.startswith("instance.")}
+    for kind in kinds:
+        if kind not in known and kind not in short:
+            raise Failure(
+                f"--kind {kind!r} is not an event kind; one of {', '.join(known)} "
+                "(an instance's without its 'instance.')",
+                "bad_value",
+                "--kind",
+            )
+    if since is not None and until is not None and since > until:
+        raise Failure("--since is later than --until: nothing could match", "bad_value", "--since")
+
+
 def events(  # noqa: PLR0917 - one parameter per option of `infervisor events`
     db: Path,
     instance: str | None,
@@ -336,6 +374,7 @@ def events(  # noqa: PLR0917 - one parameter per option of `infervisor events`
     """
     if as_jsonl and as_csv:
         raise Failure("--jsonl and --csv exclude each other: choose one", "usage", "--csv")
+    _check_filters(kinds, since, until)
     read = read_offline(db, unverified=unverified, keep_events=True)
     subject = None
     if instance is not None:
@@ -343,9 +382,7 @@ def events(  # noqa: PLR0917 - one parameter per option of `infervisor events`
         if instance in subjects:
             subject = instance
         else:
-            roles = roles_of(read.state)
-            roles.update({s: roles.get(s) for s in subjects})
-            subject = resolve(instance, roles, f"in {db}")
+            subject = resolve(instance, every_role(read, roles_of(read.state)), f"in {db}")
     rows = [
         r
         for r in _rows(read)
