@@ -38,9 +38,11 @@ from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft, SqliteChain, StoredEvent
 from infervisor.chain.boot import check_node_chain
+from infervisor.chain.errors import ChainTampered
 from infervisor.replay import NodeState, fold, kind_of
 from infervisor.replay import events as ev
 from infervisor.replay.policy import check_duration
+from infervisor.replay.queries import read_chain
 from infervisor.replay.state import LeaseRecord
 
 from . import messages as m
@@ -142,8 +144,10 @@ class Node:
         settings.registry_path.mkdir(parents=True, exist_ok=True)
         # Open (and create) the chain here first, so its errors reach the caller as raised.
         SqliteChain.open(settings.chain_path, settings.node_id).close()
-        check_node_chain(settings.chain_path, settings.node_id)  # refuses a tampered chain
-        state = _rebuild(settings.chain_path)
+        # Refuses a tampered chain: against the last signed checkpoint (reading only
+        # what came after it), then every event verified as the replay reads it.
+        check_node_chain(settings.chain_path, settings.node_id)
+        state = _rebuild_verified(settings.chain_path)
         actors = _start_actors(settings, clock, on_event, state.lease)
         try:
             event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
@@ -577,6 +581,20 @@ def _stop_actors(actors: NodeActors) -> None:
         actors.probes.shutdown(wait=False, cancel_futures=True)
     if actors.engine is not None:
         actors.engine.close()
+
+
+def _rebuild_verified(path: Path) -> NodeState:
+    """The node state replayed from the chain, each event verified in the same pass.
+
+    Raises:
+        ChainTampered: an event that does not verify (a payload altered in place
+            below the last checkpoint, which the checkpoint check does not read).
+    """
+    read = read_chain(path)
+    problem = read.report.problem
+    if problem is not None:
+        raise ChainTampered(str(path), problem.seq, problem.reason, problem.detail)
+    return read.state
 
 
 def _rebuild(path: Path) -> NodeState:

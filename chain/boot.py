@@ -5,15 +5,19 @@ snapshot:
 
 1. The checkpoint's signature is checked with the node's key, and its
    origin must name this chain's node.
-2. Events seq 0 .. N-1: their stored `hash` values are the Merkle leaves; the
-   RFC 6962 root must equal the checkpoint's and the hash at seq N-1 its head
-   (a chain shorter than N is "truncated"; another root "rewritten" or
-   "forked"). Their payloads are re-hashed too ("payload altered"). Their
-   header hashes are not recomputed: an in-place header edit below the
-   checkpoint is `chain verify`'s to find.
+2. The checkpoint's stored frontier (`checkpoint_frontiers`) must give its
+   signed root, and the hash at seq N-1 its signed head: events below N are
+   not read, so the check does not grow with the chain. Without a usable
+   frontier, or when the head is not the signed one, events 0 .. N-1 are
+   read: their stored `hash` values are the Merkle leaves; the RFC 6962 root
+   must equal the checkpoint's and the hash at seq N-1 its head (a chain
+   shorter than N is "truncated"; another root "rewritten" or "forked"),
+   and their payloads are re-hashed ("payload altered").
 3. Events from seq N-1 on are verified in full (`checks.check_row`), as
    `verify_chain` does.
 
+The node then replays the whole chain verifying each event in the same pass
+(`actors/node.py`), which finds what step 2 does not read.
 Without a checkpoint every row is verified in full. Any failure raises
 `ChainTampered` naming the seq and the reason.
 """
@@ -25,9 +29,16 @@ import sqlite3
 from typing import NamedTuple
 
 from infervisor.chain import schema
-from infervisor.chain.checkpoint import KEY_FILE, compare, load_signer, read_checkpoint
+from infervisor.chain.checkpoint import (
+    KEY_FILE,
+    Checkpoint,
+    compare,
+    load_signer,
+    read_checkpoint,
+)
 from infervisor.chain.checkpoint_store import (
     event_hashes,
+    frontier_of,
     has_table,
     latest_checkpoint,
     stored_checkpoints,
@@ -107,6 +118,9 @@ def _check(conn: sqlite3.Connection, path: str, verifier: Verifier | None) -> Bo
             path, 0, "header altered", f"the checkpoint is of node {cp.node!r}, not this chain's"
         )
     size = cp.tree_size
+    fast = _from_frontier(conn, path, cp)
+    if fast is not None:
+        return fast
     tree = CompactTree()
     hashes: list[bytes] = []
     rows = conn.execute(
@@ -134,6 +148,28 @@ def _check(conn: sqlite3.Connection, path: str, verifier: Verifier | None) -> Bo
             full = event_hashes(conn)
             mismatch = compare(full, cp, earlier) or mismatch
         raise ChainTampered(path, mismatch.seq, mismatch.reason, mismatch.detail)
+    head, genesis = _row_at(conn, path, size - 1), _row_at(conn, path, 0)
+    return _full_from(conn, path, size - 1, before=head, genesis=genesis, checkpoint_size=size)
+
+
+def _from_frontier(conn: sqlite3.Connection, path: str, cp: Checkpoint) -> BootReport | None:
+    """The incremental check: the stored frontier of the checkpoint's tree has the
+    signed root, the event at its head has the signed hash, and every event from
+    there on verifies in full. Reads no event below the checkpoint, so its cost
+    does not grow with the chain. None when no usable frontier is stored, or
+    the head is not the signed one (then every event below the checkpoint is
+    read, to name what was cut or rewritten).
+
+    What it leaves to ``chain verify``: an edit below the checkpoint that keeps
+    the stored hashes (a payload altered in place there).
+    """
+    tree = frontier_of(conn, cp.tree_size)
+    if tree is None or tree.root() != cp.root:
+        return None
+    size = cp.tree_size
+    row = conn.execute("SELECT hash FROM events WHERE seq = ?", (size - 1,)).fetchone()
+    if row is None or bytes(row[0]) != cp.head_hash:
+        return None  # cut or rewritten: the full check below names where
     head, genesis = _row_at(conn, path, size - 1), _row_at(conn, path, 0)
     return _full_from(conn, path, size - 1, before=head, genesis=genesis, checkpoint_size=size)
 

@@ -110,11 +110,44 @@ class StoredCheckpoint(NamedTuple):
     note: str
 
 
+FRONTIERS = """
+CREATE TABLE IF NOT EXISTS checkpoint_frontiers (
+    tree_size INTEGER PRIMARY KEY,
+    frontier  BLOB NOT NULL
+)
+"""
+"""The Merkle tree's compact range at each checkpoint (merkle.CompactTree.frontier).
+
+Not signed and not needed to verify anything: it spares the boot check and
+the checkpoint writer a read of every event below the checkpoint. Whoever
+edits it gains nothing: a frontier whose root is not the signed root is
+ignored and the events are read instead."""
+
+
 def create_table(conn: sqlite3.Connection) -> None:
-    """Create the checkpoints table and its triggers if missing (inside a write transaction)."""
+    """Create the checkpoints table, its triggers and the frontiers table if missing
+    (inside a write transaction)."""
     conn.execute(TABLE)
     for trigger in TRIGGERS.values():
         conn.execute(trigger)
+    conn.execute(FRONTIERS)
+
+
+def frontier_of(conn: sqlite3.Connection, tree_size: int) -> CompactTree | None:
+    """The stored compact range of the tree of `tree_size` events, or None (none
+    stored, or not a well-formed one)."""
+    try:
+        row = conn.execute(
+            "SELECT frontier FROM checkpoint_frontiers WHERE tree_size = ?", (tree_size,)
+        ).fetchone()
+    except sqlite3.OperationalError:
+        return None  # a chain from before frontiers were kept
+    if row is None or not isinstance(row[0], bytes):
+        return None
+    try:
+        return CompactTree.from_frontier(tree_size, row[0])
+    except ValueError:
+        return None
 
 
 def has_table(conn: sqlite3.Connection) -> bool:
@@ -236,15 +269,38 @@ class Checkpointer:
             with translated(self._path, "open checkpoints of"), immediate(self._conn):
                 create_table(self._conn)
                 latest = latest_checkpoint(self._conn)
-                for digest in event_hashes(self._conn):
-                    self._tree.append(digest)
-                    self._head = digest
+                self._resume(latest)
         except BaseException:
             self._conn.close()
             raise
         self.last_size = 0 if latest is None else latest.tree_size
         self._last_at = monotonic()
         self._closed = False
+
+    def _resume(self, latest: StoredCheckpoint | None) -> None:
+        """The tree of the stored events: from the latest checkpoint's frontier and the
+        events after it when its root is the signed one, else from every event."""
+        tree = None if latest is None else frontier_of(self._conn, latest.tree_size)
+        if tree is not None and latest is not None:
+            try:
+                signed = read_checkpoint(latest.note, self._signer.verifier).root
+            except CheckpointError:
+                signed = b""
+            if tree.root() == signed:
+                self._tree = tree
+                self._catch_up_from_db()
+                return
+        for digest in event_hashes(self._conn):
+            self._tree.append(digest)
+            self._head = digest
+
+    def _catch_up_from_db(self) -> None:
+        size = self._tree.size
+        row = self._conn.execute("SELECT hash FROM events WHERE seq = ?", (size - 1,)).fetchone()
+        self._head = bytes(row[0]) if row is not None else b""
+        (last,) = self._conn.execute("SELECT coalesce(max(seq), -1) FROM events").fetchone()
+        if last + 1 > size:
+            self._catch_up(last + 1)
 
     @property
     def tree_size(self) -> int:
@@ -297,6 +353,11 @@ class Checkpointer:
             self._conn.execute(
                 "INSERT INTO checkpoints (tree_size, ts_ns, note) VALUES (?, ?, ?)",
                 (cp.tree_size, self._now_ns(), cp.note),
+            )
+            self._conn.execute(FRONTIERS)  # a chain made before frontiers were kept
+            self._conn.execute(
+                "INSERT OR REPLACE INTO checkpoint_frontiers (tree_size, frontier) VALUES (?, ?)",
+                (cp.tree_size, self._tree.frontier()),
             )
         self.last_size = cp.tree_size
         return cp

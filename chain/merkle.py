@@ -105,6 +105,26 @@ class CompactTree:
             digest = _sha256(b"\x01" + left + digest).digest()
         return digest
 
+    def frontier(self) -> bytes:
+        """The stored subtree roots, concatenated (32 bytes each, largest first):
+        with `size`, all that `from_frontier` needs to go on from here."""
+        return b"".join(self._roots)
+
+    @classmethod
+    def from_frontier(cls, size: int, frontier: bytes) -> CompactTree:
+        """The tree of `size` leaves whose `frontier` this is.
+
+        Raises:
+            ValueError: `frontier` is not one 32-byte root per set bit of `size`.
+        """
+        count = size.bit_count() if size >= 0 else -1
+        if count < 0 or len(frontier) != 32 * count:
+            raise ValueError(f"a frontier of tree size {size} is {count} roots of 32 bytes")
+        tree = cls()
+        tree.size = size
+        tree._roots = [frontier[i : i + 32] for i in range(0, len(frontier), 32)]
+        return tree
+
     def copy(self) -> CompactTree:
         """Return an independent copy."""
         other = CompactTree()

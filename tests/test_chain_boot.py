@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from conftest import NodeFactory
 
 from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.messages import Append
-from infervisor.chain import ChainError, SqliteChain
+from infervisor.chain import ChainError, SqliteChain, verify_chain
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.checkpoint_store import read_stored
 from infervisor.chain.errors import ChainTampered, CheckpointError
@@ -49,8 +50,27 @@ def test_truncated_tail_refused(tmp_path: Path) -> None:
     assert (e.seq, e.reason) == (7, "truncated")
 
 
-def test_altered_payload_below_the_checkpoint_refused(tmp_path: Path) -> None:
+def test_the_check_reads_only_what_follows_the_last_checkpoint(tmp_path: Path) -> None:
     path = make_chain(tmp_path, 10, every=4)
+    with SqliteChain.open(path, NODE) as chain:  # three more, after the last checkpoint
+        chain.append_many([draft(n) for n in range(10, 13)])
+    report = check_node_chain(path, NODE)
+    signed = report.checkpoint_size  # the frontier stored with it stands for the rest
+    assert signed < report.events
+    assert report.fully_verified == report.events - signed == 3
+    # An edit below it that keeps the stored hashes is the replay's to find (the
+    # node verifies every event as it replays it: test_node_refuses_an_altered_payload)
+    # and chain verify's.
+    alter_payload(path, 3)
+    assert check_node_chain(path, NODE).checkpoint_size == signed
+    problem = verify_chain(path).problem
+    assert problem is not None and (problem.seq, problem.reason) == (3, "payload altered")
+
+
+def test_without_a_frontier_the_events_below_are_read(tmp_path: Path) -> None:
+    path = make_chain(tmp_path, 10, every=4)
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("DELETE FROM checkpoint_frontiers")
     alter_payload(path, 3)
     e = refused(path)
     assert (e.seq, e.reason) == (3, "payload altered")
