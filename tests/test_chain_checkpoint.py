@@ -12,7 +12,7 @@ from typing import NamedTuple
 import independent_note
 import independent_rfc6962 as ref
 import pytest
-from chain_tamper import NODE, make_chain, rewrite_from, truncate
+from chain_tamper import NODE, alter_payload, make_chain, rewrite_from, truncate
 from click.testing import CliRunner
 
 from infervisor.chain import verify_chain
@@ -442,3 +442,18 @@ def test_checkpointer_signs_every_n_events_or_t_seconds(tmp_path: Path) -> None:
         assert cp.observe([]) is None  # nothing new
         assert cp.close() is None  # the latest covers everything
     assert [c.tree_size for c in read_stored(path)] == [5, 8]
+
+
+def test_no_proof_of_a_chain_that_does_not_verify_and_its_export_says_so(
+    tmp_path: Path,
+) -> None:
+    path = make_chain(tmp_path / "a", 8, every=4)
+    saved = saved_checkpoint(tmp_path, path)
+    alter_payload(path, 3)
+    key = str(tmp_path / "a" / "node.pub")
+    proved = cli("chain", "prove", str(path), "3", "--checkpoint", str(saved), "--key", key)
+    assert proved.returncode == 1
+    assert "INVALID at seq 3: payload altered" in proved.stderr and proved.stdout == ""
+    exported = cli("chain", "export", str(path), str(tmp_path / "bundle"))
+    assert exported.returncode == 0  # kept as evidence, as stored ...
+    assert "does not verify (INVALID at seq 3" in exported.stderr  # ... and said so

@@ -336,6 +336,27 @@ def _check_consistency(doc: dict[str, Any], cp: Checkpoint | None) -> str:
 
 
 # ---------------------------------------------------------------- chain prove / consistency
+def _refuse_invalid(db: Path, what: str) -> None:
+    """Refuse to make ``what`` of a chain whose rows do not verify: it would prove
+    the hashes as stored, not the events as they happened.
+
+    Raises:
+        Failure: ``chain_invalid`` (exit 1) naming the first bad seq, or
+            ``chain_unreadable`` when the file is not a chain.
+    """
+    try:
+        report = verify_chain(db)
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+    if report.problem is not None:
+        p = report.problem
+        raise Failure(
+            f"{db} does not verify (INVALID at seq {p.seq}: {p.reason}): {what} of it would "
+            "prove the hashes as stored, not the events; see infervisor chain verify",
+            "chain_invalid",
+        )
+
+
 def prove(db: Path, seq: int, *, checkpoint_file: Path, key: str | None, as_json: bool) -> int:
     """``chain prove``: the RFC 6962 inclusion proof of event SEQ in the checkpoint's tree."""
     cp = _checkpoint(checkpoint_file, key, db)
@@ -346,6 +367,7 @@ def prove(db: Path, seq: int, *, checkpoint_file: Path, key: str | None, as_json
             "bad_value",
             "SEQ",
         )
+    _refuse_invalid(db, "an inclusion proof")
     hashes = _hashes(db)
     _matches(db, hashes, cp, "--checkpoint")
     leaves = [leaf_hash(h) for h in hashes[: cp.tree_size]]
@@ -473,7 +495,8 @@ def backup(db: Path, out: Path, *, as_json: bool) -> int:
 
 
 def export(db: Path, out: Path, *, key: str | None, as_json: bool) -> int:
-    """``chain export``: write the bundle directory OUT."""
+    """``chain export``: write the bundle directory OUT (also of a chain that does not
+    verify, as evidence: then a warning on stderr says so)."""
     try:
         manifest = export_bundle(db, out, key)
     except BundleError as e:
@@ -488,10 +511,19 @@ def export(db: Path, out: Path, *, key: str | None, as_json: bool) -> int:
         key_note = "with the node's public key" if manifest["key"] else "without a public key"
         click.echo(
             f"exported {manifest['events']} events and {len(manifest['checkpoints'])} "
-            f"checkpoints of node {manifest['node']} to {out} ({key_note})"
+            f"checkpoint(s) of node {manifest['node']} to {out} ({key_note})"
         )
         if not manifest["key"]:
             _warn("no node.pub beside the chain: verify-bundle will need --key PUBKEY")
+    try:
+        problem = verify_chain(db).problem
+    except ChainError:
+        problem = None  # it was read just now; verify-bundle will say what is wrong
+    if problem is not None:
+        _warn(
+            f"the chain does not verify (INVALID at seq {problem.seq}: {problem.reason}); "
+            "the bundle holds it as stored, and verify-bundle will refuse it"
+        )
     return 0
 
 

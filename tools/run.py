@@ -442,7 +442,7 @@ def place_new(
         if stop_requested():
             return refused
         batch = new[first : first + PLACE_BATCH]
-        answers = node.place_many([spec for _, _, spec in batch])
+        answers = node.place_many([spec for _, _, spec in batch], source="config")
         for (n, entry, spec), answer in zip(batch, answers, strict=True):
             if isinstance(answer, AdapterError | NodeError | pykka.ActorDeadError):
                 refuse(n, spec, f"not placed: {_with_hint(config, spec, answer)}")
