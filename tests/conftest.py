@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import port_once  # noqa: F401 - first: it patches free_port before anyone imports it
 import psutil
 import pytest
 from support import FAKE_GGUF, PROGRAMS, make_launcher, ollama_server
