@@ -34,7 +34,7 @@ from infervisor.chain.checkpoint import (
     Checkpoint,
     compare,
     load_verifier,
-    read_checkpoint,
+    read_checkpoint_by,
 )
 from infervisor.chain.checkpoint_store import stored_checkpoints
 from infervisor.chain.checks import Problem, Row, check_row
@@ -324,7 +324,7 @@ def _verify_checkpoints(
     signed: list[Checkpoint] = []
     for path in files:
         try:
-            cp = _read_signed(path.read_bytes(), keys)
+            cp = read_checkpoint_by(path.read_bytes(), keys)
         except (CheckpointError, OSError) as e:
             raise BundleError(f"{path.name}: {e}", reason="checkpoint signature") from e
         if cp.node != rows[0].node.decode():
@@ -345,22 +345,6 @@ def _verify_checkpoints(
                 reason=mismatch.reason,
             )
     return signed
-
-
-def _read_signed(note: bytes, keys: list[Verifier]) -> Checkpoint:
-    """The checkpoint, signed by one of ``keys``.
-
-    Raises:
-        CheckpointError: none of them signed it (the last key's reason).
-    """
-    error: CheckpointError | None = None
-    for verifier in keys:
-        try:
-            return read_checkpoint(note, verifier)
-        except CheckpointError as e:
-            error = e
-    assert error is not None  # keys is never empty: the anchor is in it
-    raise error
 
 
 def _bundle_key(folder: Path, key: str | None) -> Verifier:

@@ -165,6 +165,24 @@ def read_checkpoint(note: str | bytes, verifier: Verifier) -> Checkpoint:
 
 
 # ---------------------------------------------------------------- keys
+
+
+def read_checkpoint_by(note: str | bytes, keys: Sequence[Verifier]) -> Checkpoint:
+    """`read_checkpoint` with whichever of `keys` signed it (say, the keys a chain's
+    rotations link: chain/keys.py `trusted_keys`).
+
+    Raises:
+        CheckpointError: none of them did (the last key's reason), or no key given.
+    """
+    error = CheckpointError("checkpoint signature: no key to check it with")
+    for verifier in keys:
+        try:
+            return read_checkpoint(note, verifier)
+        except CheckpointError as e:
+            error = e
+    raise error
+
+
 def load_or_create_signer(data_dir: str | os.PathLike[str], node_id: str) -> Signer:
     """Return the node's signing key from DATA_DIR/node.key, creating it on first use.
 

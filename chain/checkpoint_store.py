@@ -27,7 +27,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from infervisor.chain.checkpoint import Checkpoint, read_checkpoint, sign_checkpoint
+from infervisor.chain.checkpoint import (
+    Checkpoint,
+    read_checkpoint,
+    read_checkpoint_by,
+    sign_checkpoint,
+)
 from infervisor.chain.connect import connect_reader, connect_writer, immediate, translated
 from infervisor.chain.errors import CheckpointError
 from infervisor.chain.merkle import CompactTree
@@ -191,12 +196,13 @@ def read_stored(path: str | os.PathLike[str]) -> list[StoredCheckpoint]:
         conn.close()
 
 
-def verified(stored: Iterable[StoredCheckpoint], verifier: Verifier) -> list[Checkpoint]:
-    """Return the stored checkpoints whose signature verifies with `verifier` (others skipped)."""
+def verified(stored: Iterable[StoredCheckpoint], *verifiers: Verifier) -> list[Checkpoint]:
+    """Return the stored checkpoints whose signature verifies with one of `verifiers`
+    (others skipped), in the order stored."""
     good = []
     for row in stored:
         try:
-            cp = read_checkpoint(row.note, verifier)
+            cp = read_checkpoint_by(row.note, verifiers)
         except CheckpointError:
             continue
         if cp.tree_size == row.tree_size:

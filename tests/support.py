@@ -309,3 +309,29 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.bind((host, 0))
             ports.append(int(s.getsockname()[1]))
         return ports
+
+
+def managed_fakes_running(
+    node: Any, clock: Any, count: int, role: str, timeout: float = 20.0
+) -> list[str]:
+    """Place ``count`` managed fake llama instances (model "tiny", distinct ports),
+    start them, and advance the manual ``clock`` a health interval at a time (each
+    once they are settled) until all run; their ids."""
+    from infervisor.adapters.spec import Flavor, InstanceSpec
+
+    iids = [
+        node.place(InstanceSpec(role=f"{role}{i}", flavor=Flavor.LLAMACPP, model="tiny", port=p))
+        for i, p in enumerate(free_ports(count))
+    ]
+    for iid in iids:
+        node.start(iid)
+
+    def all_running() -> bool:
+        if all(node.settled(i) for i in iids):
+            if all(node.status(i).lifecycle == "running" for i in iids):
+                return True
+            clock.advance(node.settings.health_interval_s)
+        return False
+
+    wait_until(all_running, timeout, f"{count} instances running")
+    return iids

@@ -15,7 +15,7 @@ import os
 import signal
 from pathlib import Path
 
-from support import free_ports, wait_until
+from support import managed_fakes_running, wait_until
 from test_probe_engine import keepalive, stats  # noqa: F401 - the fixture
 
 from infervisor.actors.clock import ManualClock
@@ -41,21 +41,7 @@ def test_hung_servers_do_not_hold_up_a_healthy_ones_probes(
     )
     node = nodes.open(settings, clock)
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
-    frozen = [
-        node.place(InstanceSpec(role=f"hung{i}", flavor=Flavor.LLAMACPP, model="tiny", port=p))
-        for i, p in enumerate(free_ports(HUNG))
-    ]
-    for iid in frozen:
-        node.start(iid)
-
-    def all_running() -> bool:
-        if all(node.settled(i) for i in frozen):
-            if all(node.status(i).lifecycle == "running" for i in frozen):
-                return True
-            clock.advance(1.0)
-        return False
-
-    wait_until(all_running, DEADLINE, "the twelve servers running")
+    frozen = managed_fakes_running(node, clock, HUNG, "hung", DEADLINE)
     port = int(keepalive.rsplit(":", 1)[1])
     healthy = node.place(
         InstanceSpec(role="ok", flavor=Flavor.LLAMACPP, mode=Mode.ADOPTED, port=port)

@@ -15,10 +15,9 @@ from typing import Any
 
 import psutil
 import pytest
-from support import free_ports, wait_until
+from support import managed_fakes_running, wait_until
 
 from infervisor.actors.clock import ManualClock
-from infervisor.adapters.spec import Flavor, InstanceSpec
 
 INSTANCES = 3
 
@@ -39,21 +38,7 @@ def test_one_scan_per_tick_for_the_node_and_none_for_status(
     )
     node = nodes.open(settings, manual_clock)
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
-    iids = [
-        node.place(InstanceSpec(role=f"r{i}", flavor=Flavor.LLAMACPP, model="tiny", port=port))
-        for i, port in enumerate(free_ports(INSTANCES))
-    ]
-    for iid in iids:
-        node.start(iid)
-
-    def all_running() -> bool:
-        if all(node.settled(i) for i in iids):
-            if all(node.status(i).lifecycle == "running" for i in iids):
-                return True
-            manual_clock.advance(1.0)
-        return False
-
-    wait_until(all_running, 20, "every instance running")
+    iids = managed_fakes_running(node, manual_clock, INSTANCES, "r")
 
     calls: Counter[str] = Counter()
     monkeypatch.setattr(

@@ -27,7 +27,7 @@ from infervisor.chain.checkpoint import (
     compare,
     load_verifier,
     parse_checkpoint_text,
-    read_checkpoint,
+    read_checkpoint_by,
 )
 from infervisor.chain.checkpoint_store import read_stored, verified
 from infervisor.chain.connect import connect_reader, translated
@@ -110,25 +110,13 @@ def _trusted(db: Path, key: str) -> list[Verifier]:
     return trusted_keys(anchor, rotations_in((k, bytes(p)) for k, p in rows))
 
 
-def _signed_by_any(note: bytes | str, keys: list[Verifier]) -> Checkpoint:
-    """The checkpoint signed by one of ``keys``. Raises CheckpointError (the last reason)."""
-    error: CheckpointError | None = None
-    for verifier in keys:
-        try:
-            return read_checkpoint(note, verifier)
-        except CheckpointError as e:
-            error = e
-    assert error is not None
-    raise error
-
-
 def _checkpoint(path: Path, key: str | None, db: Path) -> Checkpoint:
     """The checkpoint in FILE: its signature verified with `key` (or a key the chain's
     rotations link to it), or only parsed without one."""
     note = _read_text(path, "--checkpoint")
     try:
         if key is not None:
-            return _signed_by_any(note, _trusted(db, key))
+            return read_checkpoint_by(note, _trusted(db, key))
         text, _ = split_note(note)
         node, size, root, head = parse_checkpoint_text(text)
     except (CheckpointError, NoteError) as e:
@@ -199,16 +187,6 @@ def verify(
     return 0 if ok else 1
 
 
-def _verified_by_any(db: Path, keys: list[Verifier]) -> list[Checkpoint]:
-    """The stored checkpoints that one of ``keys`` signed, by tree size."""
-    found: dict[int, Checkpoint] = {}
-    stored = read_stored(db)
-    for verifier in keys:
-        for cp in verified(stored, verifier):
-            found.setdefault(cp.tree_size, cp)
-    return [found[size] for size in sorted(found)]
-
-
 def _own_checkpoint(db: Path, key: str | None) -> tuple[Checkpoint | None, str | None]:
     """The latest checkpoint stored in the chain that ``key`` (default: node.pub
     beside the chain) signed, and the key; (None, key) when there is none or no key.
@@ -222,7 +200,7 @@ def _own_checkpoint(db: Path, key: str | None) -> tuple[Checkpoint | None, str |
             return None, None
         key = str(beside)
     try:
-        signed = _verified_by_any(db, _trusted(db, key))
+        signed = verified(read_stored(db), *_trusted(db, key))
     except (ChainError, Failure):
         return None, key
     return (signed[-1] if signed else None), key
@@ -261,7 +239,7 @@ def _against(db: Path, report: VerifyReport, cp: Checkpoint, key: str | None) ->
     earlier: list[Checkpoint] = []
     if key is not None:
         try:
-            earlier = _verified_by_any(db, _trusted(db, key))
+            earlier = verified(read_stored(db), *_trusted(db, key))
         except ChainError:
             earlier = []
     base = {"tree_size": cp.tree_size, "root": cp.root.hex(), "origin": cp.origin}
