@@ -182,7 +182,7 @@ def verify(
         echo_json(doc)
     else:
         _say_verdict(report, against, proof)
-    if warning is not None and report.ok:
+    if warning is not None and (report.ok or not as_json):  # JSON carries it in "warning"
         _warn(warning)
     return 0 if ok else 1
 

@@ -213,6 +213,17 @@ def _chain_roles(state: NodeState) -> dict[str, str | None]:
     return {iid: from_state(inst).role for iid, inst in state.instances.items()}
 
 
+class _FiniteRange(click.FloatRange):
+    """click's FloatRange, refusing NaN too (every comparison with NaN is false, so
+    the range alone lets it through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return number
+
+
 # ---------------------------------------------------------------- the commands
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log what the actors do (to stderr).")
@@ -1122,7 +1133,7 @@ def events_cmd(  # noqa: PLR0917 - one parameter per option, as click passes the
 @click.option(
     "--window",
     "window_s",
-    type=click.FloatRange(min=0, min_open=True, max=7 * 24 * 3600.0),
+    type=_FiniteRange(min=0, min_open=True, max=7 * 24 * 3600.0),
     help="The budget's window in seconds (restart.window_s); needs --max-restarts.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
