@@ -17,6 +17,11 @@ With ``checkpoint_every_events`` set, the writer also signs checkpoints
 chain's folder): every that many events, at the first commit
 ``checkpoint_every_s`` seconds after the last one, and when it stops. A
 checkpoint that cannot be written is logged; the appends it follows stand.
+
+With ``latency`` given (a :class:`CommitLatency`), the writer records how long
+each group commit's transaction took, from ``BEGIN`` to ``COMMIT`` done, in
+seconds. The histogram is thread-safe and shared by reference, so a metrics
+scrape reads it without asking the (possibly busy) writer.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
@@ -37,9 +44,68 @@ from infervisor.chain.records import check_drafts
 from .messages import Append
 from .observer import DEFAULT_CAPACITY, EventObserver
 
-__all__ = ["ChainWriter"]
+__all__ = ["COMMIT_BUCKETS_S", "ChainWriter", "CommitLatency", "LatencySnapshot"]
 
 log = logging.getLogger(__name__)
+
+#: Upper bounds of the commit latency histogram's buckets, seconds (+Inf is implied).
+COMMIT_BUCKETS_S: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+
+
+class LatencySnapshot(NamedTuple):
+    """A histogram read at one moment.
+
+    Attributes:
+        bounds: the buckets' upper bounds, seconds, ascending (without +Inf).
+        cumulative: observations at or below each bound (same length as
+            ``bounds``).
+        observations: all observations (the +Inf bucket).
+        sum_s: their total, seconds.
+    """
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[int, ...]
+    observations: int
+    sum_s: float
+
+
+class CommitLatency:
+    """A small thread-safe histogram of durations in seconds (fixed buckets).
+
+    The chain writer observes each group commit's transaction time; anyone
+    may read :meth:`snapshot` from any thread.
+    """
+
+    def __init__(self, bounds: tuple[float, ...] = COMMIT_BUCKETS_S) -> None:
+        if list(bounds) != sorted(set(bounds)):
+            raise ValueError("histogram bounds must be strictly ascending")
+        self._bounds = tuple(float(b) for b in bounds)
+        self._counts = [0] * len(self._bounds)  # per bucket, not cumulative
+        self._count = 0
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        """Count one duration (seconds)."""
+        index = next((i for i, b in enumerate(self._bounds) if seconds <= b), None)
+        with self._lock:
+            if index is not None:
+                self._counts[index] += 1
+            self._count += 1
+            self._sum += seconds
+
+    def snapshot(self) -> LatencySnapshot:
+        """The buckets (cumulative), count and sum, read together."""
+        with self._lock:
+            counts, count, total = list(self._counts), self._count, self._sum
+        cumulative: list[int] = []
+        running = 0
+        for c in counts:
+            running += c
+            cumulative.append(running)
+        return LatencySnapshot(self._bounds, tuple(cumulative), count, total)
 
 
 class _Ask(NamedTuple):
@@ -71,8 +137,10 @@ class ChainWriter(pykka.ThreadingActor):
         *,
         checkpoint_every_events: int | None = None,
         checkpoint_every_s: float = DEFAULT_EVERY_S,
+        latency: CommitLatency | None = None,
     ) -> None:
         super().__init__()
+        self._latency = latency
         self._checkpoint_every = (checkpoint_every_events, checkpoint_every_s)
         self._checkpointer: Checkpointer | None = None
         self._path = path
@@ -175,13 +243,17 @@ class ChainWriter(pykka.ThreadingActor):
         """One transaction for the drafts of ``valid``; if it fails, fail them all, re-raise."""
         assert self._chain is not None
         drafts = [draft for ask in valid for draft in ask.drafts]
+        started = time.perf_counter()
         try:
-            return self._chain.append_many(drafts)
+            stored = self._chain.append_many(drafts)
         except Exception:
             for ask in valid:
                 if ask.reply_to is not None:
                     _fail(ask)
             raise
+        if self._latency is not None and drafts:
+            self._latency.observe(time.perf_counter() - started)
+        return stored
 
     def _handle_other(self, envelope: Any) -> None:
         """Handle a non-Append envelope met while gathering, as pykka's loop would."""

@@ -61,7 +61,7 @@ from typing import Any, TypeVar
 import msgspec
 import pykka
 
-from infervisor.adapters.errors import AdmissionRefused, SpecError
+from infervisor.adapters.errors import AddressTaken, SpecError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
@@ -277,7 +277,7 @@ class HostActor(pykka.ThreadingActor):
         for other_id, other in [*self._specs.items(), *placing]:
             why = address_conflict(spec, other)
             if why is not None:
-                raise AdmissionRefused(
+                raise AddressTaken(
                     f"{spec.bind_host}:{spec.port} is already used by another instance "
                     f"({other_id}): {why}"
                 )

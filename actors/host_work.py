@@ -209,7 +209,7 @@ def place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place, old: InstanceS
         )
     if msg.generation == view.generation:
         return Placement(iid, PlacementOutcome.UNCHANGED, view.generation)
-    placement = m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation)
+    placement = m.NewPlacement(placed_by=msg.placed_by, generation=msg.generation, by=msg.source)
     applied = ref.ask(placement, block=True, timeout=ASK_TIMEOUT_S)
     if applied:
         return Placement(iid, PlacementOutcome.APPLIED, msg.generation)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -94,6 +95,7 @@ class InstanceContext:
 class _Probed(msgspec.Struct, frozen=True):
     token: int
     report: ServerReport
+    latency_s: float  # from sending the probe to its report, seconds
 
 
 class _Retry(msgspec.Struct, frozen=True):
@@ -135,6 +137,8 @@ class InstanceActor(pykka.ThreadingActor):
         # (pid, RSS of its tree in bytes) at the last reconcile tick that saw it.
         self.rss_seen: tuple[int, int] | None = None
         self.fault = ""
+        #: How long the last probe took, seconds (real time; None before the first).
+        self.probe_latency_s: float | None = None
         self._gone = False
         self._closing = False
         self._probing = False
@@ -181,9 +185,9 @@ class InstanceActor(pykka.ThreadingActor):
             case m.Unload(by=by):
                 verb = o.UnloadVerb(by=by, grace_s=UNLOAD_GRACE_S)
                 return self._await(verb, lambda st, _r: st is None)
-            case m.NewPlacement(placed_by=placed_by, generation=generation):
+            case m.NewPlacement(placed_by=placed_by, generation=generation, by=by):
                 decision = self._decide_verb(
-                    o.PlacementVerb(placed_by=placed_by, generation=generation)
+                    o.PlacementVerb(placed_by=placed_by, generation=generation, by=by)
                 )
                 return any(isinstance(e, ev.Replaced) for e in decision.events)
             case m.DeepHealth():
@@ -197,9 +201,10 @@ class InstanceActor(pykka.ThreadingActor):
             case o.DeepChecked():
                 self._deep_running = False
                 self.run(message)
-            case _Probed(token=token, report=report):
+            case _Probed(token=token, report=report, latency_s=latency_s):
                 self._probing = False
                 self.report = report
+                self.probe_latency_s = latency_s
                 # The output is read for a failure line only while starting (the core
                 # judges it only then); decoding its tails on every probe costs.
                 starting = self.state.lifecycle is S.STARTING
@@ -385,14 +390,15 @@ class InstanceActor(pykka.ThreadingActor):
         if engine is not None and getattr(self.adapter, "plain_probe", False):
             spec = self.adapter.spec
             timeout = self.ctx.settings.probe_timeout_s
-            deliver = partial(self._probed_by_engine, token)
+            deliver = partial(self._probed_by_engine, token, time.perf_counter())
             engine.probe(self.iid, spec.base_url, spec.flavor, timeout, deliver)
         else:
             self.ctx.probes.submit(self._probe_job, token)
 
-    def _probed_by_engine(self, token: int, report: ServerReport) -> None:
-        """On the engine's thread: hand the report to the actor."""
-        self.tell_self(_Probed(token=token, report=report))
+    def _probed_by_engine(self, token: int, sent: float, report: ServerReport) -> None:
+        """On the engine's thread: hand the report (and its latency) to the actor."""
+        latency = time.perf_counter() - sent
+        self.tell_self(_Probed(token=token, report=report, latency_s=latency))
 
     def _deep_tick(self) -> None:
         """Start a deep health check (one real token) when the kind's
@@ -423,12 +429,13 @@ class InstanceActor(pykka.ThreadingActor):
     def _probe_job(self, token: int) -> None:
         """On a probe worker: always answer, so a probe that raises is a miss, never a
         probe that never ends."""
+        sent = time.perf_counter()
         try:
             report = self.adapter.probe()
         except Exception as e:  # noqa: BLE001 - reported as the probe's verdict
             why = f"probe error: {type(e).__name__}: {e}"
             report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
-        self.tell_self(_Probed(token=token, report=report))
+        self.tell_self(_Probed(token=token, report=report, latency_s=time.perf_counter() - sent))
 
     def _ollama_listed(self, report: ServerReport) -> o.OllamaListed | None:
         """Managed Ollama: what ``/api/ps`` said of this model, when it gave a list."""

@@ -108,6 +108,7 @@ class NewPlacement(_Msg, frozen=True):
 
     placed_by: str
     generation: int
+    by: str = "controller"  # the placement's source: who asked (replay/callers.py)
 
 
 class LeaseExpired(_Msg, frozen=True):
@@ -261,6 +262,12 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
         rss_bytes: observed resident memory of the server's process tree, bytes.
         exposure: who can reach the server (loopback when managed; adopted
             servers are reported as LAN-reachable).
+        probe_latency_s: how long the last health probe took, seconds (from
+            sending it to its report; None before the first probe).
+        misses: consecutive missed health probes now (not sourced: a node
+            restart counts from zero); None where nothing probes it (its
+            adapter could not be built).
+        max_restarts: the restart policy's budget (``restarts`` counts against it).
     """
 
     instance_id: str
@@ -287,3 +294,6 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     exposure: str
     last_exit: ExitRecord | None
     last_seq: int
+    probe_latency_s: float | None = None
+    misses: int | None = None
+    max_restarts: int | None = None

@@ -46,7 +46,7 @@ from infervisor.replay.queries import read_chain
 from infervisor.replay.state import LeaseRecord
 
 from . import messages as m
-from .chain_writer import ChainWriter
+from .chain_writer import ChainWriter, CommitLatency, LatencySnapshot
 from .clock import Clock, RealClock
 from .errors import BadArgument, InvalidState, VerbTimeout
 from .host import HostActor
@@ -89,6 +89,8 @@ class NodeActors:
     routes: Routes = field(default_factory=Routes)
     watchdog: Watchdog | None = None
     engine: ProbeEngine | None = None
+    #: The chain writer's commit latency histogram (shared with it by reference).
+    commit_latency: CommitLatency | None = None
 
 
 class Node:
@@ -501,6 +503,20 @@ class Node:
         refs = self._routes.current.refs
         return {iid: ref.proxy().state.get(timeout=ASK_TIMEOUT_S) for iid, ref in refs.items()}
 
+    # ------------------------------------------------------------------ metrics
+    def append_latency(self) -> LatencySnapshot:
+        """The chain writer's group-commit latency histogram, read now without
+        asking the writer: (bucket upper bounds in seconds, cumulative count at
+        or below each bound, count of transactions, their total in seconds).
+
+        Each observation is one transaction, from ``BEGIN`` to ``COMMIT`` done.
+        All zeros when the node was started without the histogram.
+        """
+        latency = self._actors.commit_latency
+        if latency is None:
+            return CommitLatency().snapshot()
+        return latency.snapshot()
+
     # ------------------------------------------------------------------ plumbing
     def _ref(self, instance_id: str) -> pykka.ActorRef[Any]:
         """The instance's actor, from the routes the host published (never asks it)."""
@@ -520,12 +536,14 @@ def _start_actors(
     on_event: Callable[[StoredEvent], None] | None,
     lease: LeaseRecord | None = None,
 ) -> NodeActors:
+    commit_latency = CommitLatency()
     writer = ChainWriter.start(
         settings.chain_path,
         settings.node_id,
         on_event,
         checkpoint_every_events=settings.checkpoint_every_events,
         checkpoint_every_s=settings.checkpoint_every_s,
+        latency=commit_latency,
     )
     ledger = None
     if settings.memory_budget_bytes is not None:
@@ -552,7 +570,9 @@ def _start_actors(
     relay.host = host
     supervisor.tell(m.WatchedBy(host=host))
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
-    return NodeActors(writer, supervisor, host, ledger, probes, routes, watchdog, engine)
+    return NodeActors(
+        writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency
+    )
 
 
 class _GoneRelay:

@@ -257,6 +257,7 @@ class UnbuiltActor(pykka.ThreadingActor):
             exposure="loopback (managed)" if not _adopted(spec) else "unknown (not observed)",
             last_exit=state.last_exit,
             last_seq=state.last_seq,
+            max_restarts=self.supervision.restart.max_restarts,
         )
 
 

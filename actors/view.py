@@ -13,7 +13,7 @@ from infervisor.replay.policy import restarts_in_window
 from infervisor.replay.state import Stamp
 
 from .core.health import wants_probe
-from .core.rules import Mode, Rules
+from .core.rules import Mode, Rules, Tracking
 from .effects_runner import EffectRunner
 from .kinds import Supervision
 from .messages import InstanceView
@@ -39,6 +39,8 @@ class Viewed(Protocol):
     listeners: dict[int, list[str]] | None
     rss_seen: tuple[int, int] | None
     fault: str
+    tracking: Tracking
+    probe_latency_s: float | None
 
     def now(self) -> Stamp: ...
 
@@ -94,6 +96,9 @@ def build_view(actor: Viewed) -> InstanceView:
         exposure=exposure,
         last_exit=state.last_exit,
         last_seq=state.last_seq,
+        probe_latency_s=actor.probe_latency_s,
+        misses=actor.tracking.misses,
+        max_restarts=actor.supervision.restart.max_restarts,
     )
 
 

@@ -5,7 +5,8 @@ config file or the chain file.
 
 Offline checks run on a chain built event by event (test_cli.build_chain);
 the node's side runs a real ``infervisor run`` with the fake llama server
-(test_control.start_node). Synchronisation is by condition and deadline.
+(test_control.start_node; the CLI is the HTTP API's client). Synchronisation
+is by condition and deadline.
 """
 
 from __future__ import annotations
@@ -35,11 +36,15 @@ from infervisor.tools.exit_codes import CODES, MAX_VALUE, Exit, exit_for
 from infervisor.tools.schemas import (
     ERROR_SCHEMA,
     INSTANCE_SCHEMA,
+    PLACE_SCHEMA,
     SCHEMAS,
     TIMELINE_SCHEMA,
+    VERB_SCHEMA,
     VERIFY_SCHEMA,
     InstanceRecord,
+    PlaceRecord,
     TimelineRecord,
+    VerbRecord,
 )
 
 DOC = Path(__file__).parents[1] / "docs" / "cli.md"
@@ -85,6 +90,8 @@ def test_the_schemas_match_the_records_they_describe() -> None:
     assert set(INSTANCE_SCHEMA["required"]) == set(InstanceRecord.__struct_fields__)
     renamed = {"from" if f == "frm" else f for f in TimelineRecord.__struct_fields__}
     assert set(TIMELINE_SCHEMA["properties"]) == renamed
+    assert set(VERB_SCHEMA["required"]) == set(VerbRecord.__struct_fields__)
+    assert set(PLACE_SCHEMA["required"]) == set(PlaceRecord.__struct_fields__)
 
 
 def test_docs_cli_md_holds_every_schema_and_code_as_the_code_has_them() -> None:
@@ -302,12 +309,13 @@ def test_the_contract_with_the_node_up_and_down(start_node: Callable[..., Starte
     assert f"{embed}: stopped (wanted stopped)" in stopped.stdout
     assert stopped.stderr == ""  # no progress in a pipe
     again = exits(cli("stop", data, embed, "--json"), Exit.OK)
+    validate(json.loads(again.stdout), VERB_SCHEMA)
     assert json.loads(again.stdout)["lifecycle"] == "stopped"
 
     # start --wait: answers once running; quiet in a pipe
     waited = exits(cli("start", data, "embed", "--wait", "--json"), Exit.OK)
     record = json.loads(waited.stdout)
-    validate(record, INSTANCE_SCHEMA)
+    validate(record, VERB_SCHEMA)
     assert (record["lifecycle"], record["source"]) == ("running", "node")
     assert "\r" not in waited.stderr
     down = exits(cli("stop", data, "embed", "--grace", "5"), Exit.OK)

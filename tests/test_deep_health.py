@@ -29,8 +29,8 @@ from infervisor.adapters.manifest import ModelFormat
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import RestartPolicy, timeline
+from infervisor.tools.api.server import ApiServer
 from infervisor.tools.cli import cli
-from infervisor.tools.control_server import ControlServer
 
 DEEP = KindSettings(
     deep_interval_s=0.1,
@@ -142,7 +142,7 @@ def test_health_cli_runs_a_deep_check_on_demand(node_for: Any, tmp_path: Path) -
             iid = node.place(spec)
             node.start(iid)
             node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
-        control = ControlServer.listen(data)
+        control = ApiServer.listen(data, Path(node.settings.chain_path), node.settings.node_id)
         try:
             control.serve(node)
             runner = CliRunner()

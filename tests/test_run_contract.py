@@ -152,7 +152,7 @@ def test_sighup_stops_the_node_cleanly(
     state = read_state(db)
     assert state is not None
     assert by_role(state.instances, "chat")[1].lifecycle == "stopped"
-    assert not (tmp_path / "data" / "control.sock").exists()
+    assert not (tmp_path / "data" / "api.sock").exists()
     for pgid in server_groups(db):
         assert pids_of_group(pgid) == []
 

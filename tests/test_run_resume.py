@@ -32,7 +32,7 @@ from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.ports import free_port
 from infervisor.chain import ChainError, SqliteChain
 from infervisor.replay import NodeState, RestartPolicy, rebuild
-from infervisor.tools.config import InstanceEntry, ModelEntryConfig, load_config
+from infervisor.tools.config import ApiConfig, InstanceEntry, ModelEntryConfig, load_config
 from infervisor.tools.run import LOCK_FILE
 
 INFERVISOR = Path(sys.executable).parent / "infervisor"
@@ -511,6 +511,7 @@ def test_the_example_documents_every_key_with_a_valid_value(tmp_path: Path) -> N
         "[node.kinds.<name>]": (set(raw["node"]["kinds"]["inference"]), fields(KindSettings)),
         "[[models]]": (set(raw["models"][0]), fields(ModelEntryConfig)),
         "[[instances]]": (set(raw["instances"][0]), fields(InstanceEntry)),
+        "[api]": (set(raw["api"]), fields(ApiConfig)),
     }
     for section, (shown, known) in documented.items():
         assert shown == known, (

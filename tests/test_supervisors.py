@@ -268,6 +268,9 @@ class QuietControl:
     def stopping(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 def test_serve_exits_non_zero_naming_the_cause() -> None:
     said: list[str] = []

@@ -9,9 +9,15 @@ is also printed on stdout as one object (``{"error": {"code", "message",
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import functools
+import json
 import logging
 import math
+import os
+import queue
+import re
 import sys
 import threading
 import time
@@ -33,16 +39,10 @@ from infervisor.replay import (
     timeline_of,
 )
 
-from .control import (
-    ControlClient,
-    ControlError,
-    NodeStarting,
-    NodeStopping,
-    NodeUnavailable,
-    NotRunning,
-    VerbFailed,
-)
-from .exit_codes import EPILOG, cut, exit_for, kind_code
+from .api.client import ApiClient
+from .api.errors import ApiError, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
+from .api.wire import WatchEvent
+from .exit_codes import EPILOG, cut, exit_for
 from .schemas import (
     ErrorBody,
     ErrorRecord,
@@ -50,6 +50,8 @@ from .schemas import (
     from_state,
     from_timeline,
     from_view,
+    place_record,
+    verb_record,
 )
 
 __all__ = ["main"]
@@ -72,7 +74,12 @@ def _fail(message: str, code: str, field: str | None = None) -> NoReturn:
     message = cut(message)
     click.echo(f"error: {message}", err=True)
     if _json_mode():
-        _json(ErrorRecord(error=ErrorBody(code=code, message=message, field=field)))
+        record = ErrorRecord(error=ErrorBody(code=code, message=message, field=field))
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None and ctx.meta.get("json_lines"):
+            _say(record)  # a JSON-lines stream ends with one more line, not a block
+        else:
+            _json(record)
     sys.exit(exit_for(code))
 
 
@@ -123,9 +130,12 @@ _Group.group_class = _Group
 
 
 class _Seconds(click.ParamType[float]):
-    """A finite, non-negative number of seconds (NaN and infinity refused)."""
+    """A finite, non-negative number of seconds (NaN and infinity refused), at most ``max_s``."""
 
     name = "seconds"
+
+    def __init__(self, max_s: float | None = None) -> None:
+        self.max_s = max_s
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, float):
@@ -137,6 +147,8 @@ class _Seconds(click.ParamType[float]):
                 self.fail(f"{cut(repr(str(value)))} is not a number of seconds", param, ctx)
         if not math.isfinite(number) or number < 0:
             self.fail(f"{cut(repr(str(value)))} is not a finite number of seconds >= 0", param, ctx)
+        if self.max_s is not None and number > self.max_s:
+            self.fail(f"{number:g} s is more than the {self.max_s:g} s allowed", param, ctx)
         return number
 
 
@@ -225,8 +237,25 @@ class _FiniteRange(click.FloatRange):
 
 
 # ---------------------------------------------------------------- the commands
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from infervisor.actors.node import VERSION  # noqa: PLC0415 - keeps --help fast
+
+    click.echo(f"infervisor {VERSION}")
+    ctx.exit(0)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log what the actors do (to stderr).")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print the version and exit.",
+)
 def cli(verbose: bool) -> None:
     """Supervise local LLM model servers (llama.cpp, mlx-lm, Ollama) with an
     append-only, BLAKE3 hash-chained audit log in SQLite.
@@ -234,15 +263,20 @@ def cli(verbose: bool) -> None:
     \b
     Start here:   infervisor demo
     Run a node:   infervisor run examples/node.toml
-    Operate it:   infervisor status examples/node.toml
+    Operate it:   infervisor status examples/node.toml [-w]
                   infervisor stop|start|restart|unload WHERE INSTANCE
+                  infervisor place WHERE --file FRAGMENT.toml
+                  infervisor logs WHERE INSTANCE [-f]
+                  infervisor watch WHERE [--json]
     Audit:        infervisor chain verify WHERE
                   infervisor replay WHERE
                   infervisor timeline WHERE INSTANCE
 
     WHERE is a node's data directory, its config file (.toml) or its chain
-    file (DATA_DIR/chain.db); INSTANCE an instance id, or a role that names
-    one instance. See docs/cli.md for the JSON schemas and error codes.
+    file (DATA_DIR/chain.db); the operator verbs reach the node through its
+    socket DATA_DIR/api.sock, or take --url URL --token SECRET instead of
+    WHERE (a node's [api] tcp). INSTANCE is an instance id, or a role that
+    names one instance. See docs/cli.md for the JSON schemas and error codes.
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -323,7 +357,8 @@ def run(config: Path) -> None:
 
     While it runs, `infervisor status CONFIG` shows its instances and
     `infervisor start|stop|restart|unload CONFIG INSTANCE` acts on them,
-    through the socket DATA_DIR/control.sock.
+    through its HTTP control API on the socket DATA_DIR/api.sock (and, with
+    [api] tcp, a loopback port with bearer tokens: --url, --token).
 
     Exit 0 after a clean stop; 1 when a server could not be stopped; 2 when
     the config or its data directory cannot be used (one line names the key,
@@ -637,48 +672,197 @@ def _print_timeline(entries: list[TimelineEntry]) -> None:
 
 
 # ---------------------------------------------------------------- operator verbs
-# Against the node running on a data directory, through its control socket.
-_DATA_DIR = click.argument("data_dir", metavar="DATA_DIR", type=click.Path(path_type=Path))
+# Against the running node, through its control API (tools/api): the socket
+# DATA_DIR/api.sock of the node WHERE names, or a URL with a bearer token.
 _COLUMNS = (
     "INSTANCE",
-    "ADAPTER",
-    "LIFECYCLE",
-    "DESIRED",
-    "HEALTH",
-    "PID",
+    "FLAVOR",
+    "MODE",
+    "STATE",
+    "WANTED",
+    "SINCE",
     "RESTARTS",
-    "MiB RES/RSS",
-    "REASON",
+    "ENDPOINT",
+    "MEM MiB",
 )
 _MIB = 1024 * 1024
+_WHERE_ARGS = (
+    "WHERE is the node's data directory, its config file (.toml) or its chain file; "
+    "without it, --url (or INFERVISOR_URL) names the node."
+)
 _UNAVAILABLE_CODE: dict[type[NodeUnavailable], str] = {
     NotRunning: "no_node",
     NodeStarting: "node_starting",
     NodeStopping: "node_stopping",
 }
+#: The API's field names, as the operator typed them.
+_FIELDS = {"grace_s": "--grace", "stream": "--stream", "tail_bytes": "--tail"}
 
 
-def _control_failure(e: ControlError) -> NoReturn:
-    """Exit for an error of the control socket, by the table."""
-    if isinstance(e, VerbFailed):
-        message = str(e).replace("grace_s", "--grace")
-        _fail(message, kind_code(e.kind), "--grace" if "--grace" in message else None)
+def _api_failure(e: ApiError, fields: Mapping[str, str] | None = None) -> NoReturn:
+    """Exit for an error of the control API: its code goes straight to the exit table."""
     if isinstance(e, NodeUnavailable):
-        _fail(str(e), _UNAVAILABLE_CODE.get(type(e), "node_unreachable"))
-    _fail(str(e), "node_error")
+        _fail(str(e), _UNAVAILABLE_CODE.get(type(e), e.code))
+    names = {**_FIELDS, **(fields or {})}
+    field = names.get(e.field or "", e.field)
+    message = str(e)
+    for name, flag in names.items():
+        message = message.replace(name, flag) if e.field == name else message
+    _fail(message, e.code, field)
+
+
+class _Target:
+    """Where the node is (a data directory, or a URL and its token) and the
+    command's other positional arguments."""
+
+    def __init__(self, where: Path | None, url: str | None, token: str | None) -> None:
+        self.where, self.url, self.token = where, url, token
+        self.rest: tuple[str, ...] = ()
+
+    @property
+    def data_dir(self) -> Path | None:
+        return None if self.where is None else _where(self.where)[0]
+
+    def client(self, timeout_s: float | None = None) -> ApiClient:
+        if self.url is not None:
+            return ApiClient(url=self.url, token=self.token, timeout_s=timeout_s)
+        assert self.data_dir is not None
+        return ApiClient(self.data_dir, timeout_s=timeout_s)
+
+
+def _token_of(token: str | None, token_file: Path | None, token_name: str) -> str | None:
+    """The bearer secret: --token, else --token-file (the bare secret, or the node's
+    api-tokens.json, from which --token-name picks), else INFERVISOR_TOKEN."""
+    if token is not None:
+        return token.strip() or None
+    if token_file is None:
+        return os.environ.get("INFERVISOR_TOKEN", "").strip() or None
+    try:
+        text = token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        _fail(f"--token-file {token_file}: cannot read it: {e}", "bad_path", "--token-file")
+    if not text.startswith("{"):
+        return text or None
+    try:
+        tokens = json.loads(text)
+    except ValueError as e:
+        _fail(f"--token-file {token_file}: not JSON: {e}", "bad_value", "--token-file")
+    if not isinstance(tokens, dict) or not all(isinstance(v, str) for v in tokens.values()):
+        _fail(
+            f"--token-file {token_file}: expected the bare secret or a JSON object of "
+            'token names and secrets ({"operator": "..."})',
+            "bad_value",
+            "--token-file",
+        )
+    if token_name not in tokens:
+        _fail(
+            f"--token-name {token_name!r} is not in {token_file}; "
+            f"allowed: {', '.join(sorted(tokens)) or 'none'}",
+            "bad_value",
+            "--token-name",
+        )
+    return str(tokens[token_name])
+
+
+def _target(args: tuple[str, ...], url: str | None, token: str | None, most: int) -> _Target:
+    """WHERE and the rest of ARGS. With --url there is no WHERE; INFERVISOR_URL is
+    used when no WHERE is given (a first argument naming a path, or one argument
+    more than the command takes, is WHERE)."""
+    if url is None and (env := os.environ.get("INFERVISOR_URL", "").strip()):
+        names_a_path = bool(args) and Path(args[0]).exists()
+        if len(args) <= most and not names_a_path:
+            url = env
+    if url is not None:
+        if not url.startswith(("http://", "https://")):
+            _fail(
+                f"--url {url!r} is not an http:// or https:// URL "
+                "(e.g. http://127.0.0.1:8765, the node's [api] tcp)",
+                "bad_value",
+                "--url",
+            )
+        target = _Target(None, url.rstrip("/"), token)
+        target.rest = args
+    else:
+        if not args:
+            _fail(
+                "give WHERE (the node's data directory, its config file (.toml) or its "
+                "chain file), or --url URL",
+                "usage",
+                "WHERE",
+            )
+        target = _Target(Path(args[0]), None, token)
+        target.rest = args[1:]
+    if len(target.rest) > most:
+        _fail(
+            f"unexpected argument {target.rest[most]!r}"
+            + (" (with --url there is no WHERE)" if url is not None else ""),
+            "usage",
+        )
+    return target
+
+
+def _node_command(metavar: str, most: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The positional ``[WHERE] ...`` arguments and the options naming the node
+    (--url, --token, --token-file, --token-name) of an operator command; the
+    callback gets a :class:`_Target` as ``target``."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def wrapper(
+            args: tuple[str, ...],
+            url: str | None,
+            token: str | None,
+            token_file: Path | None,
+            token_name: str,
+            **kwargs: Any,
+        ) -> Any:
+            secret = _token_of(token, token_file, token_name)
+            return f(target=_target(args, url, secret, most), **kwargs)
+
+        options = [
+            click.argument("args", nargs=-1, metavar=metavar),
+            click.option(
+                "--url",
+                metavar="URL",
+                help="The node's API over TCP (its [api] tcp, http://HOST:PORT) instead of "
+                "WHERE's socket [env: INFERVISOR_URL].",
+            ),
+            click.option(
+                "--token", metavar="SECRET", help="Bearer token for --url [env: INFERVISOR_TOKEN]."
+            ),
+            click.option(
+                "--token-file",
+                type=click.Path(dir_okay=False, path_type=Path),
+                metavar="FILE",
+                help="A file holding the token: the bare secret, or the node's "
+                "DATA_DIR/api-tokens.json (--token-name picks one).",
+            ),
+            click.option(
+                "--token-name",
+                default="operator",
+                show_default=True,
+                metavar="NAME",
+                help="The token of --token-file's api-tokens.json to use.",
+            ),
+        ]
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate
 
 
 @contextmanager
-def _node(where: Path) -> Iterator[ControlClient]:
-    """A client of the node on WHERE; exits by the table on any error of the socket."""
+def _node(target: _Target, timeout_s: float | None = None) -> Iterator[ApiClient]:
+    """A client of the node; exits by the table on any error of the API."""
     try:
-        with ControlClient(_where(where)[0]) as client:
+        with target.client(timeout_s) as client:
             yield client
-    except ControlError as e:
-        _control_failure(e)
+    except ApiError as e:
+        _api_failure(e)
 
 
-def _view_of(client: ControlClient, instance: str) -> InstanceView:
+def _view_of(client: ApiClient, instance: str) -> InstanceView:
     """INSTANCE's view (by id or role); refused naming the placed ones when unknown."""
     views = client.list()
     roles: dict[str, str | None] = {v.instance_id: v.role for v in views}
@@ -686,45 +870,113 @@ def _view_of(client: ControlClient, instance: str) -> InstanceView:
     return next(v for v in views if v.instance_id == iid)
 
 
+def _say(answer: Any) -> None:
+    """One JSON object on one line, flushed (for --json streams)."""
+    sys.stdout.buffer.write(msgspec.json.encode(answer) + b"\n")
+    sys.stdout.buffer.flush()
+
+
+# ---------------------------------------------------------------- status
 @cli.command()
-@_DATA_DIR
-@click.argument("instance", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the instances as JSON.")
 @click.option("--unverified", is_flag=True, help="From the chain: " + _UNVERIFIED_HELP)
-def status(data_dir: Path, instance: str | None, as_json: bool, unverified: bool) -> None:
-    """Show the instances of the node running on DATA_DIR (or only INSTANCE).
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="Keep it live: redraw on each chain event and every 2 s (Ctrl-C ends it).",
+)
+@_node_command("[WHERE] [INSTANCE]", 1)
+def status(target: _Target, as_json: bool, unverified: bool, watch: bool) -> None:
+    """Show the node's instances (or only INSTANCE): one line each, like `kubectl get`.
 
-    DATA_DIR is the node's data directory, its config file (.toml) or its
-    chain file; INSTANCE an instance id or a role naming one instance.
-    Columns: id, adapter, lifecycle state, wanted state, last health verdict,
-    pid, restarts, memory reserved by the budget / resident (MiB), reason.
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    INSTANCE is an instance id or a role naming one instance. Columns:
+    INSTANCE, FLAVOR, MODE, STATE (lifecycle), WANTED (running or stopped),
+    SINCE (how long in that state: 42s, 5m, 3h, 2d), RESTARTS (used/budget),
+    ENDPOINT, MEM MiB (reserved by the budget/observed resident). With
+    INSTANCE, its details follow (health, pid, reason, last exit).
 
-    When no node runs there, the state is replayed from DATA_DIR/chain.db
+    When no node runs on WHERE, the state is replayed from DATA_DIR/chain.db
     instead, and stderr says so; health and memory are then unknown. The
     chain is verified in the same pass: one that does not verify is refused
-    (exit 1) unless --unverified (output marked). --json
-    prints the same objects either way (docs/cli.md, schema "instance"), with
-    "source": "node" or "chain"; what only the node knows is null from the chain.
+    (exit 1) unless --unverified (output marked). --json prints the same
+    objects either way (docs/cli.md, schema "instance"), with "source":
+    "node" or "chain"; what only the node knows is null from the chain.
+
+    -w/--watch redraws the table on each chain event and at least every 2 s:
+    on a terminal the screen is cleared first; in a pipe each table follows
+    a blank line (each --json answer is one line). Ctrl-C ends it (exit 0).
 
     Exit 0; 1 when INSTANCE is not placed (the message names those that are);
-    2 when DATA_DIR names nothing; 3 when it has neither a running node nor a chain.
+    2 when WHERE names nothing; 3 when it has neither a running node nor a chain.
     """
-    folder, db = _where(data_dir)
+    instance = target.rest[0] if target.rest else None
+    if not watch:
+        _show_status(target, instance, as_json, unverified, compact=False)
+        return
+    _watch_status(target, instance, as_json, unverified)
+
+
+def _show_status(
+    target: _Target, instance: str | None, as_json: bool, unverified: bool, *, compact: bool
+) -> None:
+    """Print the status once (``compact``: a --json answer on one line)."""
     try:
-        with ControlClient(folder) as client:
+        with target.client() as client:
             views = [_view_of(client, instance)] if instance else client.list()
     except NodeUnavailable as e:
+        if target.where is None:
+            _api_failure(e)
+        folder, db = _where(target.where)
         _status_from_chain(folder, db, instance, as_json, e, unverified=unverified)
         return
-    except ControlError as e:
-        _control_failure(e)
+    except ApiError as e:
+        _api_failure(e)
     if as_json:
         records = [from_view(v) for v in views]
-        _json(records[0] if instance else records)
+        answer: Any = records[0] if instance else records
+        _say(answer) if compact else _json(answer)
         return
     _print_table([_row(from_view(v)) for v in views])
     if instance:
         _print_details(views[0])
+
+
+def _watch_status(target: _Target, instance: str | None, as_json: bool, unverified: bool) -> None:
+    """Redraw on each chain event (the watch stream, on a thread) and every 2 s."""
+    terminal = sys.stdout.isatty() and not as_json
+    wake: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def listen() -> None:
+        with contextlib.suppress(Exception), target.client() as client:
+            for event in client.events(None):
+                wake.put(event.seq)
+
+    listener: threading.Thread | None = None
+    first = True
+    try:
+        while True:
+            if listener is None or not listener.is_alive():
+                listener = threading.Thread(target=listen, name="status-watch", daemon=True)
+                listener.start()
+            if terminal:
+                click.echo("\x1b[H\x1b[2J", nl=False)
+            elif not first and not as_json:
+                click.echo("")
+            _show_status(target, instance, as_json, unverified, compact=True)
+            sys.stdout.flush()
+            first = False
+            with contextlib.suppress(queue.Empty):
+                wake.get(timeout=_REDRAW_S)
+                while True:  # one redraw for a burst of events
+                    wake.get_nowait()
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+_REDRAW_S = 2.0
 
 
 def _status_from_chain(
@@ -738,7 +990,7 @@ def _status_from_chain(
 ) -> None:
     if not db.is_file():
         if not isinstance(why, NotRunning):
-            _control_failure(why)  # a new node still opening: no chain yet
+            _api_failure(why)  # a new node still opening: no chain yet
         _fail(
             f"no node is running on {folder}, and it holds no chain ({db}): give a node's "
             "data directory, its config file (.toml) or its chain file",
@@ -773,13 +1025,32 @@ def _unavailable(why: NodeUnavailable) -> str:
     return _UNAVAILABLE.get(type(why), str(why))
 
 
-def _row(r: InstanceRecord) -> tuple[str, ...]:
+def age(seconds: float) -> str:
+    """A duration as `kubectl get` shows ages: 42s, 5m, 3h, 2d (rounded down)."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _row(r: InstanceRecord, now_ns: int | None = None) -> tuple[str, ...]:
+    now_ns = time.time_ns() if now_ns is None else now_ns
     offline = r.source == "chain"
-    unknown = "?" if offline else "-"
     memory = f"{_mib(r.reserved_bytes)}/{'?' if offline else _mib(r.rss_bytes)}"
-    pid = str(r.pid) if r.pid is not None else "-"
-    cells = (r.instance_id, r.adapter or "?", r.lifecycle, r.desired, r.health or unknown, pid)
-    return (*cells, str(r.restarts), memory, r.reason or "")
+    budget = "-" if r.max_restarts is None else str(r.max_restarts)
+    since = age((now_ns - r.since_ns) / 1e9) if r.since_ns else "-"
+    return (
+        r.instance_id,
+        r.flavor or "?",
+        r.mode or "?",
+        r.lifecycle,
+        r.desired,
+        since,
+        f"{r.restarts}/{budget}",
+        r.endpoint or "-",
+        memory,
+    )
 
 
 def _mib(size: int | None) -> str:
@@ -797,9 +1068,13 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 def _print_details(v: InstanceView) -> None:
     click.echo(f"\n  endpoint   {v.endpoint} ({v.exposure})")
     click.echo(f"  model      {v.model or '-'}")
+    click.echo(f"  pid        {v.pid if v.pid is not None else '-'}")
+    click.echo(f"  reason     {v.reason or '-'}")
     click.echo(f"  status     {v.status or '-'}{f': {v.status_detail}' if v.status_detail else ''}")
-    if v.health_reason:
-        click.echo(f"  health     {v.health}: {v.health_reason}")
+    health = v.health or "unknown"
+    click.echo(f"  health     {health}{f': {v.health_reason}' if v.health_reason else ''}")
+    if v.probe_latency_s is not None:
+        click.echo(f"  probe      {v.probe_latency_s * 1000:.0f} ms, {v.misses} missed in a row")
     if v.last_exit is not None:
         e = v.last_exit
         how = f"signal {e.signal}" if e.signal is not None else f"exit code {e.exit_code}"
@@ -807,9 +1082,11 @@ def _print_details(v: InstanceView) -> None:
         click.echo(f"  last exit  {pid}{how}: {e.reason}")
 
 
-def _say_view(view: InstanceView, as_json: bool, *, already: bool = False) -> None:
+def _say_view(
+    view: InstanceView, as_json: bool, *, seq: int, digest: str, already: bool = False
+) -> None:
     if as_json:
-        _json(from_view(view))
+        _json(verb_record(view, seq, digest))
         return
     pid = f", pid {view.pid}" if view.pid is not None else ""
     state = f"already {view.lifecycle}" if already else view.lifecycle
@@ -842,7 +1119,7 @@ _WAIT_POLL_S = 0.25
 
 
 def _wait_running(
-    client: ControlClient, answer: InstanceView, timeout_s: float, progress: _Progress
+    client: ApiClient, answer: InstanceView, timeout_s: float, progress: _Progress
 ) -> InstanceView:
     """Poll until the instance runs; exit 1 with the reason when it fails or time runs out."""
     began = time.monotonic()
@@ -875,21 +1152,14 @@ def _wait_running(
 
 
 @contextmanager
-def _countdown(iid: str, grace_s: float | None, progress: _Progress) -> Iterator[None]:
-    """While a stop blocks: the grace counting down to SIGKILL (elapsed seconds when
-    the grace is the node's default), once a second, on a terminal only."""
+def _ticking(show: Callable[[float], str], progress: _Progress) -> Iterator[None]:
+    """While a verb blocks: ``show(seconds waited)`` once a second, on a terminal only."""
     done = threading.Event()
 
     def tick() -> None:
         began = time.monotonic()
         while True:
-            waited = time.monotonic() - began
-            if grace_s is None:
-                progress.show(f"stopping {iid}: {waited:.0f} s (SIGKILL after the node's grace)")
-            elif waited < grace_s:
-                progress.show(f"stopping {iid}: SIGKILL in {math.ceil(grace_s - waited)} s")
-            else:
-                progress.show(f"stopping {iid}: SIGKILL sent, waiting for it to exit")
+            progress.show(show(time.monotonic() - began))
             if done.wait(1.0):
                 return
 
@@ -905,9 +1175,263 @@ def _countdown(iid: str, grace_s: float | None, progress: _Progress) -> Iterator
         progress.clear()
 
 
+def _countdown(iid: str, grace_s: float | None, progress: _Progress) -> Any:
+    """While a stop blocks: the grace counting down to SIGKILL (elapsed seconds when
+    the grace is the node's default)."""
+
+    def show(waited: float) -> str:
+        if grace_s is None:
+            return f"stopping {iid}: {waited:.0f} s (SIGKILL after the node's grace)"
+        if waited < grace_s:
+            return f"stopping {iid}: SIGKILL in {math.ceil(grace_s - waited)} s"
+        return f"stopping {iid}: SIGKILL sent, waiting for it to exit"
+
+    return _ticking(show, progress)
+
+
+def _elapsed(what: str, progress: _Progress) -> Any:
+    return _ticking(lambda waited: f"{what} {waited:.0f} s", progress)
+
+
+_VERB_EXIT = (
+    "Exit 0 printing the resulting state; 1 when the node refuses (with its "
+    "message: an unknown INSTANCE names the placed ones); 2 when the command "
+    "line is wrong; 3 when no node runs on WHERE (or answers at --url)."
+)
+
+
+# ---------------------------------------------------------------- place
+_PLACE_FLAGS = {
+    "role": "--role",
+    "flavor": "--flavor",
+    "port": "--port",
+    "model": "--model",
+    "mode": "--mode",
+    "host": "--host",
+    "ctx_size": "--ctx-size",
+    "kind": "--kind",
+    "env": "--env",
+    "draft_model": "--draft-model",
+}
+
+
 @cli.command()
-@_DATA_DIR
-@click.argument("instance")
+@click.option(
+    "--file",
+    "fragment",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FRAGMENT.toml",
+    help="The instance as TOML: the keys of a config's [[instances]] table, flat or "
+    "in one [[instances]] table.",
+)
+@click.option("--role", help="The instance's job (a plain token): first part of its id.")
+@click.option("--flavor", type=click.Choice(["llamacpp", "mlx-lm", "ollama"]))
+@click.option("--port", type=click.IntRange(1, 65535), help="The server's TCP port.")
+@click.option("--model", help="The model's registry name (managed: required).")
+@click.option("--mode", type=click.Choice(["managed", "adopted"]), help="[default: managed]")
+@click.option("--host", help="The address it listens on (managed: loopback only).")
+@click.option("--ctx-size", type=click.IntRange(min=1), help="Context length in tokens.")
+@click.option("--kind", help="Workload kind (health interval and judgement).")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Repeatable.")
+@click.option("--draft-model", help="A draft model's registry name (speculative decoding).")
+@click.option("--controller", metavar="ID", help="Place as this controller (with --generation).")
+@click.option(
+    "--generation",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="The controller's placement generation: an older one is ignored.",
+)
+@click.option("--start", "start_it", is_flag=True, help="Start it once placed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+@_node_command("[WHERE]", 0)
+def place(  # noqa: PLR0917 - one parameter per option, as click passes them
+    target: _Target,
+    fragment: Path | None,
+    role: str | None,
+    flavor: str | None,
+    port: int | None,
+    model: str | None,
+    mode: str | None,
+    host: str | None,
+    ctx_size: int | None,
+    kind: str | None,
+    env: tuple[str, ...],
+    draft_model: str | None,
+    controller: str | None,
+    generation: int | None,
+    start_it: bool,
+    as_json: bool,
+) -> None:
+    """Place an instance on the node: from --file FRAGMENT.toml, or from the flags.
+
+    The fragment holds the keys of an [[instances]] table of the node's
+    config (role, flavor, port, mode, model, host, ctx_size, draft_model,
+    env, kind, continuous, restart, start), flat or in one [[instances]]
+    table; flags given beside it override its keys. An unknown or mistyped
+    key is refused naming it and the allowed keys or values; nothing is
+    sent. As the node itself by default, or as --controller ID at
+    --generation N (an older generation than the last one is ignored).
+    --start (or `start = true` in the fragment) starts it once placed.
+
+    Prints the outcome (applied, unchanged: the same spec again, or
+    ignored: a stale generation), the instance id and the seq and hash of
+    its last event in the chain (--json: the whole answer).
+
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    Exit 0 once placed; 1 when the node refuses (port taken, admission or
+    memory budget); 2 when the fragment, a key or a flag is wrong; 3 when no
+    node runs on WHERE (or answers at --url).
+    """
+    flags: dict[str, Any] = {
+        "role": role,
+        "flavor": flavor,
+        "port": port,
+        "model": model,
+        "mode": mode,
+        "host": host,
+        "ctx_size": ctx_size,
+        "kind": kind,
+        "draft_model": draft_model,
+    }
+    if env:
+        flags["env"] = dict(_env_pair(item) for item in env)
+    if generation is not None and controller is None:
+        _fail("--generation needs --controller ID", "usage", "--generation")
+    try:
+        spec, start_key = _spec_of(fragment, {k: v for k, v in flags.items() if v is not None})
+    except _SpecInput as e:
+        _fail(str(e), e.code, e.field)
+    with _node(target) as client:
+        try:
+            answer = client.place(
+                spec,
+                controller=controller,
+                generation=generation or 0,
+                start=start_it or start_key,
+            )
+        except ApiError as e:
+            field = (e.field or "").removeprefix("spec.")
+            named = {e.field or "": _PLACE_FLAGS[field]} if field in _PLACE_FLAGS else {}
+            _api_failure(e, named if fragment is None else {})
+    if as_json:
+        _json(place_record(answer))
+        return
+    v = answer.instance
+    click.echo(
+        f"{answer.instance_id}: {answer.outcome} (generation {answer.generation}); "
+        f"{v.lifecycle} (wanted {v.desired}); seq {answer.seq} hash {answer.hash}"
+    )
+
+
+def _env_pair(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        _fail(f"--env {item!r}: expected KEY=VALUE", "bad_value", "--env")
+    return key, value
+
+
+def _watch_line(event: WatchEvent) -> str:
+    """``[seq] kind subject: reason``, as `infervisor run` prints events (run.event_line)."""
+    from infervisor.chain import GENESIS_KIND, StoredEvent  # noqa: PLC0415
+    from infervisor.replay import decode_event, reason_of  # noqa: PLC0415
+
+    if event.kind == GENESIS_KIND:
+        return f"[{event.seq}] {event.kind}: the chain of node {event.node} begins"
+    stored = StoredEvent(
+        seq=event.seq,
+        ts_ns=event.ts_ns,
+        node=event.node,
+        source=event.source,
+        kind=event.kind,
+        subject=event.subject,
+        payload=msgspec.json.encode(event.payload),
+        payload_hash=b"",
+        prev_hash=bytes.fromhex(event.prev_hash),
+        hash=bytes.fromhex(event.hash),
+    )
+    try:
+        why = reason_of(decode_event(stored))
+    except EventDecodeError as e:
+        why = str(e)
+    subject = f" {event.subject}" if event.subject else ""
+    return f"[{event.seq}] {event.kind}{subject}: {why}"
+
+
+class _SpecInput(Exception):
+    """A fragment or flag that makes no InstanceSpec: ``code`` and ``field`` for _fail."""
+
+    def __init__(self, message: str, code: str, field: str | None) -> None:
+        super().__init__(message)
+        self.code, self.field = code, field
+
+
+def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
+    """The InstanceSpec of the fragment's keys with ``flags`` over them, and its ``start``.
+
+    Raises:
+        _SpecInput: the fragment cannot be read, or a key is unknown or mistyped
+            (named, with the allowed keys or values: tools/config.py's messages).
+    """
+    import tomllib  # noqa: PLC0415
+
+    from . import config as config_module  # noqa: PLC0415
+
+    raw: dict[str, Any] = {}
+    where = "the flags"
+    if fragment is not None:
+        where = str(fragment)
+        try:
+            raw = tomllib.loads(fragment.read_text(encoding="utf-8"))
+        except OSError as e:
+            message = f"--file {fragment}: cannot read: {e.strerror or e}"
+            raise _SpecInput(message, "bad_path", "--file") from e
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise _SpecInput(f"--file {fragment}: not valid TOML: {e}", "bad_spec", "--file") from e
+        if "instances" in raw:
+            tables = raw.pop("instances")
+            if raw or not isinstance(tables, list) or len(tables) != 1:
+                raise _SpecInput(
+                    f"{fragment}: give the instance's keys flat, or in exactly one "
+                    "[[instances]] table (and nothing beside it)",
+                    "bad_spec",
+                    "--file",
+                )
+            raw = dict(tables[0])
+    raw.update(flags)
+    entry_type = config_module.InstanceEntry
+    try:
+        entry = msgspec.convert(raw, entry_type)
+    except msgspec.ValidationError as e:
+        message, key = _explain_spec(str(e), entry_type, config_module)
+        flag = _PLACE_FLAGS.get(key or "") if key in flags or fragment is None else None
+        raise _SpecInput(f"{where}: {message}", "bad_spec", flag or key) from e
+    return entry.spec(), raw.get("start") is True  # the config's default is True
+
+
+_SPEC_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
+_SPEC_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+_SPEC_MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
+
+
+def _explain_spec(message: str, cls: Any, config_module: Any) -> tuple[str, str | None]:
+    """A msgspec message about an instance's keys in TOML terms, and the key at fault."""
+    match = _SPEC_AT.match(message)
+    what, path = (match["what"], match["path"] or "") if match else (message, "")
+    if unknown := _SPEC_UNKNOWN.match(what):
+        key = unknown["key"]
+        return f"unknown key `{key}`; {config_module._allowed(cls, key)}", key
+    if missing := _SPEC_MISSING.match(what):
+        key = missing["key"]
+        flag = _PLACE_FLAGS.get(key)
+        return f"missing key `{key}`" + (f" (or {flag})" if flag else ""), key
+    key = path.split(".")[0].split("[")[0] or None
+    hint = config_module._enum_hint(cls, key) if what.startswith("Invalid enum value") else ""
+    return f"key `{key}`: {what[:1].lower()}{what[1:]}{hint}", key
+
+
+# ---------------------------------------------------------------- start, stop, restart, unload
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
 @click.option(
     "--wait", is_flag=True, help="Answer once it runs (progress on a terminal), or its failure."
@@ -920,43 +1444,55 @@ def _countdown(iid: str, grace_s: float | None, progress: _Progress) -> Iterator
     metavar="SECONDS",
     help="How long --wait waits for it to run.",
 )
-def start(data_dir: Path, instance: str, as_json: bool, wait: bool, timeout: float) -> None:
-    """Start INSTANCE's server on the node running on DATA_DIR.
+@_node_command("[WHERE] INSTANCE", 1)
+def start(target: _Target, as_json: bool, wait: bool, timeout: float) -> None:
+    """Start INSTANCE's server on the node.
 
     The instance is wanted running from now on, and its restart budget is
     reset. Answers once the server is spawned (lifecycle `starting`); with
     --wait, once it is `running` (exit 1 with the reason when it fails
     instead). An instance already starting or running is left as it is (its
     budget too): exit 0, "already running". An adopted server is only
-    checked to answer.
+    checked to answer. --json adds the seq and hash of the instance's last
+    event in the chain.
 
-    DATA_DIR is the node's data directory, its config file (.toml) or its
-    chain file; INSTANCE an instance id, or a role naming one instance.
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    INSTANCE is an instance id, or a role naming one instance.
     Exit 0 printing the resulting state; 1 when the node refuses (with its
     message: an unknown INSTANCE names the placed ones); 2 when the command
-    line is wrong; 3 when no node runs on DATA_DIR.
+    line is wrong; 3 when no node runs on WHERE (or answers at --url).
     """
-    with _node(data_dir) as client:
+    instance = _instance_arg(target)
+    progress = _Progress()
+    with _node(target) as client:
         before = _view_of(client, instance)
-        view = client.start(before.instance_id)
+        with _elapsed(f"starting {before.instance_id}:", progress):
+            answer = client.start(before.instance_id)
+        view = answer.instance
         already = before.lifecycle in _LIVE and view.last_seq == before.last_seq
         if wait:
-            view = _wait_running(client, view, timeout, _Progress())
-    _say_view(view, as_json, already=already)
+            view = _wait_running(client, view, timeout, progress)
+    _say_view(view, as_json, seq=answer.seq, digest=answer.hash, already=already)
+
+
+def _instance_arg(target: _Target) -> str:
+    if not target.rest:
+        _fail("missing argument INSTANCE (an instance id, or a role)", "usage", "INSTANCE")
+    return target.rest[0]
 
 
 @cli.command()
-@_DATA_DIR
-@click.argument("instance")
 @click.option(
     "--grace",
-    type=SECONDS,
+    type=_Seconds(max_s=3600.0),
     metavar="SECONDS",
-    help="Seconds between SIGTERM and SIGKILL [default: the node's stop_grace_s].",
+    help="Seconds between SIGTERM and SIGKILL, at most 3600 [default: the node's stop_grace_s].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
-def stop(data_dir: Path, instance: str, grace: float | None, as_json: bool) -> None:
-    """Stop INSTANCE's server on the node running on DATA_DIR.
+@_node_command("[WHERE] INSTANCE", 1)
+def stop(target: _Target, grace: float | None, as_json: bool) -> None:
+    """Stop INSTANCE's server on the node.
 
     SIGTERM to its process group, SIGKILL after --grace seconds; answers
     once nothing of the group is left (on a terminal, the grace counts down
@@ -964,76 +1500,233 @@ def stop(data_dir: Path, instance: str, grace: float | None, as_json: bool) -> N
     will not restart it, nor will the next `infervisor run`): `infervisor
     start` brings it back. A stopped instance is left as it is: exit 0,
     "already stopped". Adopted servers are never stopped; `infervisor
-    unload` forgets them.
+    unload` forgets them. --json adds the seq and hash of the instance's
+    last event in the chain.
 
-    DATA_DIR is the node's data directory, its config file (.toml) or its
-    chain file; INSTANCE an instance id, or a role naming one instance.
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    INSTANCE is an instance id, or a role naming one instance.
     Exit 0 printing the resulting state; 1 when the node refuses (with its
     message: an unknown INSTANCE names the placed ones); 2 when the command
-    line is wrong; 3 when no node runs on DATA_DIR.
+    line is wrong; 3 when no node runs on WHERE (or answers at --url).
     """
-    with _node(data_dir) as client:
+    instance = _instance_arg(target)
+    with _node(target) as client:
         before = _view_of(client, instance)
         with _countdown(before.instance_id, grace, _Progress()):
-            view = client.stop(before.instance_id, grace)
+            answer = client.stop(before.instance_id, grace)
+    view = answer.instance
     already = (
         before.pid is None and before.lifecycle not in _LIVE and view.last_seq == before.last_seq
     )
-    _say_view(view, as_json, already=already)
+    _say_view(view, as_json, seq=answer.seq, digest=answer.hash, already=already)
 
 
 @cli.command()
-@_DATA_DIR
-@click.argument("instance")
 @click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
-def restart(data_dir: Path, instance: str, as_json: bool) -> None:
-    """Restart INSTANCE's server on the node running on DATA_DIR.
+@_node_command("[WHERE] INSTANCE", 1)
+def restart(target: _Target, as_json: bool) -> None:
+    """Restart INSTANCE's server on the node.
 
     Stops it (when running), then starts it again: a new process. Resets its
-    restart budget; the instance is wanted running afterwards.
+    restart budget; the instance is wanted running afterwards. On a terminal
+    stderr shows the seconds waited. --json adds the seq and hash of the
+    instance's last event in the chain.
 
-    DATA_DIR is the node's data directory, its config file (.toml) or its
-    chain file; INSTANCE an instance id, or a role naming one instance.
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    INSTANCE is an instance id, or a role naming one instance.
     Exit 0 printing the resulting state; 1 when the node refuses (with its
     message: an unknown INSTANCE names the placed ones); 2 when the command
-    line is wrong; 3 when no node runs on DATA_DIR.
+    line is wrong; 3 when no node runs on WHERE (or answers at --url).
     """
-    with _node(data_dir) as client:
-        view = client.restart(_view_of(client, instance).instance_id)
-    _say_view(view, as_json)
+    instance = _instance_arg(target)
+    with _node(target) as client:
+        iid = _view_of(client, instance).instance_id
+        with _elapsed(f"restarting {iid}:", _Progress()):
+            answer = client.restart(iid)
+    _say_view(answer.instance, as_json, seq=answer.seq, digest=answer.hash)
 
 
 @cli.command()
-@_DATA_DIR
-@click.argument("instance")
-@click.option("--json", "as_json", is_flag=True, help='Print {"unloaded": ID} as JSON.')
-def unload(data_dir: Path, instance: str, as_json: bool) -> None:
-    """Forget INSTANCE on the node running on DATA_DIR, stopping its server.
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"unloaded": ID, "seq", "hash"} as JSON.'
+)
+@_node_command("[WHERE] INSTANCE", 1)
+def unload(target: _Target, as_json: bool) -> None:
+    """Forget INSTANCE on the node, stopping its server.
 
     The server gets SIGTERM and, 5 s later, SIGKILL. The node no longer
     supervises it; its history stays in the chain (`infervisor timeline`).
     An adopted server keeps running: only its registration is forgotten.
     The next `infervisor run` places it again while its config lists it:
-    remove it there to keep it gone.
+    remove it there to keep it gone. --json prints the seq and hash of its
+    instance.unloaded event.
 
-    DATA_DIR is the node's data directory, its config file (.toml) or its
-    chain file; INSTANCE an instance id, or a role naming one instance.
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    INSTANCE is an instance id, or a role naming one instance.
     Exit 0 once it is unloaded; 1 when the node refuses (with its message:
     an unknown INSTANCE names the placed ones); 2 when the command line is
-    wrong; 3 when no node runs on DATA_DIR.
+    wrong; 3 when no node runs on WHERE (or answers at --url).
     """
-    with _node(data_dir) as client:
+    instance = _instance_arg(target)
+    with _node(target) as client:
         iid = _view_of(client, instance).instance_id
-        client.unload(iid)
+        with _elapsed(f"unloading {iid}:", _Progress()):
+            answer = client.unload(iid)
     if as_json:
-        _json({"unloaded": iid})
+        _json({"unloaded": iid, "seq": answer.seq, "hash": answer.hash})
     else:
         click.echo(f"{iid}: unloaded")
 
 
+# ---------------------------------------------------------------- logs
+@cli.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what it appends (Ctrl-C ends).")
+@click.option(
+    "--stream",
+    type=click.Choice(["stderr", "stdout"]),
+    default="stderr",
+    show_default=True,
+    help="Which of the server's outputs.",
+)
+@click.option(
+    "--tail",
+    "tail_bytes",
+    type=click.IntRange(0, 16 * 1024 * 1024),
+    default=64 * 1024,
+    show_default=True,
+    metavar="BYTES",
+    help="Start this many bytes before the end of its current log.",
+)
+@_node_command("[WHERE] INSTANCE", 1)
+def logs(target: _Target, follow: bool, stream: str, tail_bytes: int) -> None:
+    """Print INSTANCE's captured server output (the last --tail bytes); -f follows it.
+
+    The node captures each managed server's stdout and stderr into files in
+    its data directory; this asks the node for them (GET
+    /v1/instances/ID/logs), so it works over --url too. Adopted servers have
+    none. -f keeps printing what the server appends until Ctrl-C (exit 0) or
+    the node stops.
+
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    INSTANCE is an instance id, or a role naming one instance.
+    Exit 0; 1 when INSTANCE is not placed; 2 when the command line is wrong;
+    3 when no node runs on WHERE (or answers at --url).
+    """
+    instance = _instance_arg(target)
+    out = sys.stdout.buffer
+    try:
+        with _node(target) as client:
+            iid = _view_of(client, instance).instance_id
+            for chunk in client.logs(iid, stream=stream, follow=follow, tail_bytes=tail_bytes):
+                out.write(chunk)
+                out.flush()
+    except KeyboardInterrupt:
+        sys.exit(0)
+    except BrokenPipeError:
+        sys.exit(0)
+
+
+# ---------------------------------------------------------------- watch
+@cli.command()
+@click.option(
+    "--from-seq",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Start at event N (the events already in the chain from N on first) "
+    "[default: only new events, from the head on].",
+)
+@click.option("--json", "as_json", is_flag=True, help="One WatchEvent JSON object per line.")
+@click.option("--no-follow", is_flag=True, help="End at the head instead of waiting for more.")
+@click.option(
+    "--retry-for",
+    type=SECONDS,
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to keep reconnecting to a node that went away (0: exit at once).",
+)
+@_node_command("[WHERE]", 0)
+def watch(
+    target: _Target, from_seq: int | None, as_json: bool, no_follow: bool, retry_for: float
+) -> None:
+    """Print the chain's events as the node appends them, one line each.
+
+    Text: `[SEQ] KIND SUBJECT: REASON`. --json: one object per line (seq,
+    ts_ns, node, source, kind, subject, payload, hash, prev_hash; the
+    WatchEvent of docs/api.md), flushed after each line, so a consumer that
+    stops it (even with SIGKILL) resumes with --from-seq LAST+1 and gets
+    every event exactly once. Without --from-seq it starts at the head:
+    only events appended from now on.
+
+    When the node goes away (restarting) it reconnects from the last seq
+    seen + 1, with a bounded backoff, saying so on stderr; after
+    --retry-for seconds without a node it exits 3. Ctrl-C ends it (exit 0).
+
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    Exit 0 when --no-follow reaches the head, or on Ctrl-C; 2 when the
+    command line is wrong; 3 when no node answers for --retry-for seconds.
+    """
+    click.get_current_context().meta["json_lines"] = True
+    try:
+        _watch_events(target, from_seq, as_json, follow=not no_follow, retry_for=retry_for)
+    except KeyboardInterrupt:
+        sys.exit(0)
+    except BrokenPipeError:
+        sys.exit(0)
+
+
+_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+def _watch_events(
+    target: _Target, next_seq: int | None, as_json: bool, *, follow: bool, retry_for: float
+) -> None:
+    out = sys.stdout.buffer
+    down_since: float | None = None
+    tries = 0
+    with target.client() as client:
+        while True:
+            try:
+                head = client.node().head_seq  # the node answers: (re)connected
+                if next_seq is None:
+                    next_seq = head + 1  # resumable from here on
+                if down_since is not None:
+                    click.echo(f"watch: reconnected; from seq {next_seq}", err=True)
+                    down_since, tries = None, 0
+                for event in client.events(next_seq, follow=follow):
+                    line = msgspec.json.encode(event) if as_json else _watch_line(event).encode()
+                    out.write(line + b"\n")
+                    out.flush()
+                    next_seq = event.seq + 1
+                if not follow:
+                    return
+                raise NodeStopping("the node ended the stream", "node_stopping", 0)
+            except NodeUnavailable as e:
+                now = time.monotonic()
+                if down_since is None:
+                    down_since = now
+                    seq = "the head" if next_seq is None else f"seq {next_seq}"
+                    click.echo(f"watch: {e}; reconnecting from {seq}", err=True)
+                if now - down_since >= retry_for:
+                    _fail(
+                        f"{e} (no node for {retry_for:g} s, --retry-for)",
+                        _UNAVAILABLE_CODE.get(type(e), "node_unreachable"),
+                    )
+                pause = _BACKOFF_S[min(tries, len(_BACKOFF_S) - 1)]
+                time.sleep(min(pause, max(0.0, retry_for - (now - down_since))))  # backoff
+                tries += 1
+            except ApiError as e:
+                _api_failure(e)
+
+
 from .health_cli import health_command  # noqa: E402 - last: it is built on the helpers above
 
-cli.add_command(health_command(_node, _view_of, _json, _Command))
+cli.add_command(health_command(_node_command, _node, _view_of, _json, _Command))
 
 
 # ---------------------------------------------------------------- forensics (forensics_cli.py)

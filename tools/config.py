@@ -32,7 +32,14 @@ from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
 from infervisor.replay import RestartPolicy
 
-__all__ = ["ConfigError", "InstanceEntry", "ModelEntryConfig", "NodeConfig", "load_config"]
+__all__ = [
+    "ApiConfig",
+    "ConfigError",
+    "InstanceEntry",
+    "ModelEntryConfig",
+    "NodeConfig",
+    "load_config",
+]
 
 
 class ConfigError(Exception):
@@ -66,10 +73,27 @@ class InstanceEntry(InstanceSpec, frozen=True, kw_only=True, forbid_unknown_fiel
         return InstanceSpec(**fields)
 
 
+class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[api]``: the control API's listeners (the Unix socket ``<data_dir>/api.sock``
+    is always served; see tools/api/auth.py).
+
+    Attributes:
+        tcp: ``HOST:PORT`` of an extra TCP listener with bearer tokens (None: none).
+        allow_non_loopback: allow ``tcp`` beyond loopback (it still needs tokens).
+        tokens: names of the bearer tokens, generated on first run into
+            ``<data_dir>/api-tokens.json`` (0600).
+    """
+
+    tcp: str | None = None
+    allow_non_loopback: bool = False
+    tokens: list[str] = msgspec.field(default_factory=lambda: ["operator", "controller"])
+
+
 class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The whole file."""
 
     node: NodeSettings
+    api: ApiConfig = msgspec.field(default_factory=ApiConfig)
     models: list[ModelEntryConfig] = msgspec.field(default_factory=list)
     instances: list[InstanceEntry] = msgspec.field(default_factory=list)
 
@@ -228,6 +252,27 @@ def _check(config: NodeConfig, path: Path) -> None:
         except ValueError as e:
             raise ConfigError(f"{path}: [[instances]] #{n}: {e}") from e
     _check_unique(config, path)
+    _check_api(config, path)
+
+
+def _check_api(config: NodeConfig, path: Path) -> None:
+    """``[api] tcp`` parses, is loopback (unless allowed) and is no instance's port."""
+    from .api.auth import ApiConfigError, parse_tcp  # noqa: PLC0415 - keeps the CLI light
+
+    if config.api.tcp is None:
+        return
+    try:
+        address = parse_tcp(config.api.tcp, allow_non_loopback=config.api.allow_non_loopback)
+    except ApiConfigError as e:
+        raise ConfigError(f"{path}: [api] {e}") from e
+    if not config.api.tokens:
+        raise ConfigError(f"{path}: [api] tokens: a TCP listener needs at least one token name")
+    for n, entry in enumerate(config.instances, 1):
+        if entry.port == address.port:
+            raise ConfigError(
+                f"{path}: [[instances]] #{n}: port {entry.port} is the API's own port "
+                "([api] tcp); choose another port for one of them"
+            )
 
 
 def _check_run_as(run_as: tuple[int, int] | None, path: Path) -> None:

@@ -1,17 +1,22 @@
 """Tables in docs/ generated from the code, so the documents cannot drift.
 
 ``python -m infervisor.tools.docgen`` rewrites the generated sections of
-``docs/lifecycle.md`` and ``docs/status-map.md``; a test checks they match.
+``docs/lifecycle.md``, ``docs/status-map.md`` and ``docs/cli.md`` (the
+command line's commands, error codes and JSON schemas); ``--check`` only
+compares (exit 1 naming the stale ones); a test checks they match.
 A generated section sits between ``<!-- generated: NAME -->`` and
 ``<!-- end generated -->``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import click
 
 from infervisor.actors.core.decide import RULES
 from infervisor.adapters.status import MAP_REPORT_CASES
@@ -20,6 +25,9 @@ from infervisor.replay.lifecycle import LIVE_STATES, TRANSITIONS
 __all__ = [
     "GENERATORS",
     "refresh",
+    "render_cli_codes",
+    "render_cli_commands",
+    "render_cli_schemas",
     "render_rule_table",
     "render_status_table",
     "render_transition_table",
@@ -55,10 +63,55 @@ def render_rule_table() -> str:
     return "\n".join(rows)
 
 
+def render_cli_codes() -> str:
+    """Markdown: every error code of the command line and the exit status it gives."""
+    from .exit_codes import CODES  # noqa: PLC0415 - the CLI's modules load only when asked
+
+    rows = ["| code | exit |", "|---|---|"]
+    rows += [f"| `{code}` | {int(status)} |" for code, status in CODES.items()]
+    return "\n".join(rows)
+
+
+def render_cli_schemas() -> str:
+    """Markdown: each JSON Schema of the command line's objects, by name."""
+    from .schemas import SCHEMAS  # noqa: PLC0415
+
+    return "\n\n".join(
+        f"### {name}\n\n```json\n{json.dumps(schema, indent=2)}\n```"
+        for name, schema in SCHEMAS.items()
+    )
+
+
+def render_cli_commands() -> str:
+    """Markdown: every command's usage line and what it does (the first line of its help)."""
+    from .cli import cli  # noqa: PLC0415
+
+    rows = ["| usage | what it does |", "|---|---|"]
+    root = click.Context(cli, info_name="infervisor")
+
+    def walk(group: click.Group, ctx: click.Context) -> None:
+        for name in sorted(group.list_commands(ctx)):
+            command = group.get_command(ctx, name)
+            assert command is not None
+            sub = click.Context(command, info_name=name, parent=ctx)
+            if isinstance(command, click.Group):
+                walk(command, sub)
+                continue
+            usage = " ".join(command.collect_usage_pieces(sub))
+            what = (command.help or "").strip().splitlines()[0].replace("|", "\\|")
+            rows.append(f"| `{sub.command_path} {usage}` | {what} |")
+
+    walk(cli, root)
+    return "\n".join(rows)
+
+
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "transitions": ("lifecycle.md", render_transition_table),
     "rules": ("lifecycle.md", render_rule_table),
     "status-map": ("status-map.md", render_status_table),
+    "cli-commands": ("cli.md", render_cli_commands),
+    "cli-codes": ("cli.md", render_cli_codes),
+    "cli-schemas": ("cli.md", render_cli_schemas),
 }
 
 

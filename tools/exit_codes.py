@@ -8,8 +8,12 @@ command's ``--help``)::
        ambiguous, the chain does not verify or cannot be replayed, a demo step failed
     2  usage: the command line is wrong (unknown option, a bad value, a path that
        names no data directory, config or chain, a config that cannot be used)
-    3  no node takes verbs on that data directory (none runs, or it is still
-       starting, or shutting down): try again once `infervisor run` is up
+    3  no node takes verbs there (none runs on the data directory or answers at the
+       URL, or it is still starting, or shutting down): try again once
+       `infervisor run` is up
+
+The control API's error codes (tools/api/errors.py) are in the same table,
+so an answer's ``code`` gives the exit status directly.
 
 With ``--json`` an error is also printed on stdout as one object,
 ``{"error": {"code": CODE, "message": MESSAGE, "field": FLAG_OR_NULL}}``;
@@ -21,7 +25,7 @@ from __future__ import annotations
 import enum
 import re
 
-__all__ = ["CODES", "EPILOG", "Exit", "cut", "exit_for", "kind_code"]
+__all__ = ["CODES", "EPILOG", "Exit", "cut", "exit_for"]
 
 
 class Exit(enum.IntEnum):
@@ -42,6 +46,9 @@ CODES: dict[str, Exit] = {
     "no_chain": Exit.USAGE,
     "chain_unreadable": Exit.USAGE,
     "bad_key": Exit.USAGE,
+    "bad_spec": Exit.USAGE,
+    "bad_request": Exit.USAGE,
+    "unauthorized": Exit.USAGE,
     "unknown_instance": Exit.REFUSED,
     "ambiguous_instance": Exit.REFUSED,
     "invalid_state": Exit.REFUSED,
@@ -56,33 +63,27 @@ CODES: dict[str, Exit] = {
     "checkpoint_invalid": Exit.REFUSED,
     "no_checkpoint": Exit.REFUSED,
     "node_error": Exit.REFUSED,
+    "port_taken": Exit.REFUSED,
+    "forbidden": Exit.REFUSED,
+    "probe_failed": Exit.REFUSED,
+    "idempotency_mismatch": Exit.REFUSED,
+    "idempotency_in_flight": Exit.REFUSED,
+    "record_failed": Exit.REFUSED,
+    "verb_failed": Exit.REFUSED,
+    "not_found": Exit.REFUSED,
+    "method_not_allowed": Exit.REFUSED,
     "no_node": Exit.NO_NODE,
     "node_starting": Exit.NO_NODE,
     "node_stopping": Exit.NO_NODE,
     "node_unreachable": Exit.NO_NODE,
 }
 
-#: The node's error classes (``kind`` on the control socket) and their codes;
-#: any other kind becomes ``node_error``.
-_KINDS = {
-    "UnknownInstance": "unknown_instance",
-    "InvalidState": "invalid_state",
-    "VerbRefused": "refused",
-    "AdmissionRefused": "admission_refused",
-    "BudgetExceeded": "memory_budget",
-    "SpawnError": "spawn_failed",
-    "BadArgument": "bad_value",
-    "BadRequest": "usage",
-    "NodeStarting": "node_starting",
-    "NodeStopping": "node_stopping",
-}
-
 #: The table as each command's --help ends with it.
 EPILOG = (
     "Exit status (every command): 0 done or already so; 1 refused or invalid "
     "(unknown instance, a refusal of the node, a chain that does not verify); "
-    "2 usage (bad option, value or path); 3 no node takes verbs there (none "
-    "runs, or it is starting or shutting down)."
+    "2 usage (bad option, value, path, spec or token); 3 no node takes verbs "
+    "there (none runs or answers, or it is starting or shutting down)."
 )
 
 #: Longest value quoted whole in a message; longer ones are cut with an ellipsis.
@@ -93,11 +94,6 @@ _LONG = re.compile(rf"\S{{{MAX_VALUE + 1},}}")
 def exit_for(code: str) -> Exit:
     """The exit status of an error code (1 for a code not in the table)."""
     return CODES.get(code, Exit.REFUSED)
-
-
-def kind_code(kind: str) -> str:
-    """The error code of an error class of the node's."""
-    return _KINDS.get(kind, "node_error")
 
 
 def cut(message: str) -> str:

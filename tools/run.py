@@ -28,11 +28,13 @@ is shut down as far as it still can be, and the next run resumes from the
 chain (a managed server it could not stop is re-attached then). A node never
 runs on without its ticks.
 
-While it runs, operators reach it through ``<data_dir>/control.sock``
-(``infervisor status|start|stop|restart|unload``; see :mod:`.control`): the
-socket is open from the moment the run lock is held (verbs are answered
-"starting" until the node is open) until the node is shut down, and verbs
-that change state are refused once the shutdown begins.
+While it runs, operators and controllers reach it through its control API
+(:mod:`.api`, docs/api.md) on ``<data_dir>/api.sock`` and, when ``[api] tcp``
+is set, a loopback TCP port with bearer tokens: the listeners are open from
+the moment the run lock is held (requests are answered 503 "starting" until
+the node is open) until the node is shut down; once the shutdown begins,
+verbs that change state are answered 503 "stopping", and the shutdown waits
+for the verbs already in flight.
 
 Signals are only queued by the handler (``SimpleQueue.put`` is safe there);
 the main thread reads the queue, and looks at the node's failure, and does
@@ -66,9 +68,9 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode, instance_id
 from infervisor.chain import ChainError, SqliteChain, StoredEvent
 from infervisor.replay import EventDecodeError, decode_event, reason_of
 
+from .api.errors import ApiError
+from .api.server import ApiServer
 from .config import ModelEntryConfig, NodeConfig
-from .control import ControlError
-from .control_server import ControlServer
 from .extras import install_hint, missing_extra, missing_modules
 
 __all__ = [
@@ -111,22 +113,38 @@ def run_node(config: NodeConfig, say: Say) -> int:
             preflight(config)
             held.enter_context(claim_data_dir(config.node))
             log = held.enter_context(diagnostics_to(Path(config.node.data_dir) / LOG_FILE))
-            control = held.enter_context(listen_for_operators(config.node))
-            node = open_node(config, on_event=lambda e: say(event_line(e)))
+            control = held.enter_context(listen_for_operators(config))
+            node = open_node(config, on_event=_printing_and_waking(say, control))
         except RunError as e:
             say(f"error: {e}")
             return 2
-        control.serve(node)
+        try:
+            control.serve(node)
+        except ApiError as e:
+            say(f"error: {e}")
+            node.shutdown(reason=f"the API cannot serve: {e}")
+            return 2
         say(f"diagnostics (Python logging): {log}")
         report_resumed(node, config, say)
         place_new(node, config, say, stop_requested=lambda: not inbox.empty())
         say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
+        say(f"control API: {control.path}" + (f" and {control.url}" if control.url else ""))
         say(f"operator verbs: infervisor status|start|stop|restart|unload {control.path.parent}")
         say("Ctrl-C or SIGTERM stops it; so does SIGHUP (closing the terminal)")
         return serve(node, control, inbox, say)
 
 
-def serve(node: Node, control: ControlServer, inbox: queue.SimpleQueue[str], say: Say) -> int:
+def _printing_and_waking(say: Say, api: ApiServer) -> Callable[[StoredEvent], None]:
+    """The node's event observer: one line per durable event, and the API's watch streams woken."""
+
+    def observe(stored: StoredEvent) -> None:
+        say(event_line(stored))
+        api.notify(stored)
+
+    return observe
+
+
+def serve(node: Node, control: ApiServer, inbox: queue.SimpleQueue[str], say: Say) -> int:
     """Run until a signal arrives or the node fails, then shut it down; the exit status."""
     stopped_by = _next_signal_or_failure(inbox, node)
     if isinstance(stopped_by, NodeFailure):
@@ -286,16 +304,32 @@ def _lock(fd: int, data_dir: Path) -> None:
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
 
-def listen_for_operators(settings: NodeSettings) -> ControlServer:
-    """Open the data_dir's control socket; it answers "starting" until the node is open.
+def listen_for_operators(config: NodeConfig) -> ApiServer:
+    """Open the control API (the data_dir's socket, and ``[api] tcp`` when set); it
+    answers 503 "starting" until the node is open.
 
     Raises:
-        RunError: the socket cannot be created there (path too long, in the way, denied).
+        RunError: a listener cannot be opened (socket path too long or in the way,
+            the TCP port taken, a bad ``[api]`` key).
     """
+    from .api.auth import load_or_create_tokens, parse_tcp  # noqa: PLC0415
+    from .api.metrics import NodeMetrics  # noqa: PLC0415
+
+    settings, api = config.node, config.api
+    data_dir = Path(settings.data_dir)
     try:
-        return ControlServer.listen(settings.data_dir)
-    except ControlError as e:
+        tcp = tokens = None
+        if api.tcp is not None:
+            tcp = parse_tcp(api.tcp, allow_non_loopback=api.allow_non_loopback)
+            tokens = load_or_create_tokens(data_dir, api.tokens)
+        server = ApiServer.listen(
+            data_dir, settings.chain_path, settings.node_id, tcp=tcp, tokens=tokens
+        )
+    except ApiError as e:
         raise RunError(f"data_dir {settings.data_dir}: {e}") from e
+    gate = server.ctx.gate
+    server.ctx.metrics = NodeMetrics(lambda: gate.node, settings.chain_path).render
+    return server
 
 
 def event_line(stored: StoredEvent) -> str:
@@ -488,7 +522,7 @@ def _with_hint(config: NodeConfig, spec: InstanceSpec, error: Exception) -> str:
 
 
 def _shutdown(
-    node: Node, control: ControlServer, inbox: queue.SimpleQueue[str], reason: str, say: Say
+    node: Node, control: ApiServer, inbox: queue.SimpleQueue[str], reason: str, say: Say
 ) -> int:
     """Stop the node on a helper thread; a signal meanwhile kills what is still stopping.
 
@@ -501,6 +535,7 @@ def _shutdown(
         try:
             control.stopping()
             node.shutdown(reason=reason)
+            control.close()  # 503 for every request from now on, streams ended
         except (NodeError, ChainError, pykka.ActorDeadError) as e:
             failed.append(e)
         finally:

@@ -22,17 +22,23 @@ __all__ = [
     "ERROR_SCHEMA",
     "EXIT_SCHEMA",
     "INSTANCE_SCHEMA",
+    "PLACE_SCHEMA",
     "SCHEMAS",
     "TIMELINE_SCHEMA",
+    "VERB_SCHEMA",
     "VERIFY_SCHEMA",
     "ErrorBody",
     "ErrorRecord",
     "ExitInfo",
     "InstanceRecord",
+    "PlaceRecord",
     "TimelineRecord",
+    "VerbRecord",
     "from_state",
     "from_timeline",
     "from_view",
+    "place_record",
+    "verb_record",
 ]
 
 Source = Literal["node", "chain"]
@@ -67,6 +73,7 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     since_ns: int
     pid: int | None
     restarts: int
+    max_restarts: int | None
     health: str | None
     health_reason: str | None
     status: str | None
@@ -76,6 +83,25 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     exposure: str | None
     last_exit: ExitInfo | None
     last_seq: int
+
+
+class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
+    """A verb's answer (``start``, ``stop``, ``restart --json``): the instance, and the
+    seq and hash (hex) of its last event in the chain once the verb's events are durable."""
+
+    seq: int
+    hash: str
+
+
+class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``place --json``: what the placement did (``applied``, ``unchanged``, ``ignored``)."""
+
+    instance_id: str
+    outcome: str
+    generation: int
+    instance: InstanceRecord
+    seq: int
+    hash: str
 
 
 class TimelineRecord(msgspec.Struct, frozen=True, kw_only=True, rename={"frm": "from"}):
@@ -135,6 +161,7 @@ def from_view(v: InstanceView) -> InstanceRecord:
         since_ns=v.since_ns,
         pid=v.pid,
         restarts=v.restarts,
+        max_restarts=v.max_restarts,
         health=_none(v.health),
         health_reason=_none(v.health_reason),
         status=_none(v.status),
@@ -170,6 +197,7 @@ def from_state(s: InstanceState) -> InstanceRecord:
         since_ns=s.since_ns,
         pid=s.process.pid if s.process else None,
         restarts=s.restarts,
+        max_restarts=_budget(spec),
         health=None,
         health_reason=None,
         status=None,
@@ -179,6 +207,29 @@ def from_state(s: InstanceState) -> InstanceRecord:
         exposure=None,
         last_exit=_exit(s.last_exit),
         last_seq=s.last_seq,
+    )
+
+
+def _budget(spec: InstanceSpec | None) -> int | None:
+    """The spec's own restart budget (its ``restart.max_restarts``); else unknown offline."""
+    value = (spec.restart or {}).get("max_restarts") if spec else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def verb_record(v: InstanceView, seq: int, digest: str) -> VerbRecord:
+    """The record of a verb's answer: the instance, and the chain's seq and hash of it."""
+    return VerbRecord(**msgspec.structs.asdict(from_view(v)), seq=seq, hash=digest)
+
+
+def place_record(answer: Any) -> PlaceRecord:
+    """The record of a placement's answer (an api.wire.PlaceAnswer)."""
+    return PlaceRecord(
+        instance_id=answer.instance_id,
+        outcome=answer.outcome,
+        generation=answer.generation,
+        instance=from_view(answer.instance),
+        seq=answer.seq,
+        hash=answer.hash,
     )
 
 
@@ -249,6 +300,7 @@ INSTANCE_SCHEMA: dict[str, Any] = {
         "since_ns": _INT,
         "pid": _OPT_INT,
         "restarts": _INT,
+        "max_restarts": _OPT_INT,
         "health": _OPT_STR,
         "health_reason": _OPT_STR,
         "status": _OPT_STR,
@@ -262,6 +314,31 @@ INSTANCE_SCHEMA: dict[str, Any] = {
 }
 
 INSTANCE_SCHEMA["required"] = list(INSTANCE_SCHEMA["properties"])
+
+VERB_SCHEMA: dict[str, Any] = {
+    **INSTANCE_SCHEMA,
+    "title": "verb answer",
+    "properties": {**INSTANCE_SCHEMA["properties"], "seq": _INT, "hash": _STR},
+}
+VERB_SCHEMA["required"] = list(VERB_SCHEMA["properties"])
+
+_INSTANCE_ITEM = {k: v for k, v in INSTANCE_SCHEMA.items() if k not in ("$schema", "title")}
+
+PLACE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "placement",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["instance_id", "outcome", "generation", "instance", "seq", "hash"],
+    "properties": {
+        "instance_id": _STR,
+        "outcome": {"enum": ["applied", "unchanged", "ignored"]},
+        "generation": _INT,
+        "instance": _INSTANCE_ITEM,
+        "seq": _INT,
+        "hash": _STR,
+    },
+}
 
 TIMELINE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -351,6 +428,8 @@ VERIFY_SCHEMA: dict[str, Any] = {
 #: Each schema by the object's name (docs/cli.md).
 SCHEMAS: dict[str, dict[str, Any]] = {
     "instance": INSTANCE_SCHEMA,
+    "verb answer": VERB_SCHEMA,
+    "placement": PLACE_SCHEMA,
     "timeline entry": TIMELINE_SCHEMA,
     "error": ERROR_SCHEMA,
     "chain verdict": VERIFY_SCHEMA,

@@ -54,8 +54,8 @@ def source_of(observation: o.Observation) -> str:
             return by
         case o.StartChecked(by=by) | o.AnswersChecked(by=by):
             return by
-        case o.PlacementVerb():
-            return "controller"
+        case o.PlacementVerb(by=by):
+            return by
         case o.LeaseLapsed():
             return "lease"
         case o.BootSeen():

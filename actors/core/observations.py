@@ -76,10 +76,11 @@ class UnloadVerb(_Obs, frozen=True):
 
 
 class PlacementVerb(_Obs, frozen=True):
-    """The instance was placed again with this generation."""
+    """The instance was placed again with this generation; ``by`` is the source."""
 
     placed_by: str
     generation: int
+    by: str = "controller"
 
 
 # ---------------------------------------------------------------- start checks

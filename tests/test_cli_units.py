@@ -1,0 +1,76 @@
+"""Pieces of the operator commands that need no node: ages, rows, watch lines, tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from infervisor.replay import events as ev
+from infervisor.tools import cli as cli_module
+from infervisor.tools.api.wire import WatchEvent
+from infervisor.tools.schemas import InstanceRecord
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0, "0s"), (42.9, "42s"), (60, "1m"), (359, "5m"), (3 * 3600 + 5, "3h"), (2 * 86400, "2d")],
+)
+def test_ages_read_as_kubectl_shows_them(seconds: float, shown: str) -> None:
+    assert cli_module.age(seconds) == shown
+
+
+def record(**fields: object) -> InstanceRecord:
+    base: dict[str, object] = {name: None for name in InstanceRecord.__struct_fields__}
+    base.update(
+        source="node", instance_id="chat-1", placed_by="n1", generation=0, lifecycle="running",
+        desired="running", since_ns=1_000_000_000, restarts=1, last_seq=3, flavor="llamacpp",
+        mode="managed", endpoint="http://127.0.0.1:8080",
+    )  # fmt: skip
+    base.update(fields)
+    converted: InstanceRecord = msgspec.convert(base, InstanceRecord)
+    return converted
+
+
+def test_a_row_shows_restarts_against_the_budget_and_memory_in_mib() -> None:
+    now = 1_000_000_000 + 300 * 10**9
+    row = cli_module._row(
+        record(max_restarts=5, reserved_bytes=512 * 2**20, rss_bytes=300 * 2**20), now
+    )
+    assert row == (
+        "chat-1", "llamacpp", "managed", "running", "running", "5m", "1/5",
+        "http://127.0.0.1:8080", "512/300",
+    )  # fmt: skip
+    offline = cli_module._row(record(source="chain", reserved_bytes=None), now)
+    assert (offline[6], offline[8]) == ("1/-", "-/?")
+
+
+def test_a_watch_line_is_the_run_output_line() -> None:
+    stop = ev.StopRequested(by="operator", grace_s=5.0, reason="operator stop")
+    payload = msgspec.to_builtins(stop)
+    event = WatchEvent(
+        seq=7, ts_ns=1, node="n1", source="operator", kind="instance.stop_requested",
+        subject="chat-1", payload=payload, hash="00" * 32, prev_hash="11" * 32,
+    )  # fmt: skip
+    line = cli_module._watch_line(event)
+    assert line.startswith("[7] instance.stop_requested chat-1: ")
+    genesis = WatchEvent(
+        seq=0, ts_ns=1, node="n1", source="node", kind="chain.genesis", subject="",
+        payload={}, hash="00" * 32, prev_hash="00" * 32,
+    )  # fmt: skip
+    assert cli_module._watch_line(genesis) == "[0] chain.genesis: the chain of node n1 begins"
+
+
+def test_a_token_file_is_the_bare_secret_or_the_nodes_tokens(tmp_path: Path) -> None:
+    bare = tmp_path / "secret"
+    bare.write_text("s3cret\n")
+    assert cli_module._token_of(None, bare, "operator") == "s3cret"
+    tokens = tmp_path / "api-tokens.json"
+    tokens.write_text(json.dumps({"operator": "a", "controller": "b"}))
+    assert cli_module._token_of(None, tokens, "controller") == "b"
+    assert cli_module._token_of("given", tokens, "operator") == "given"
+    with pytest.raises(SystemExit) as ended:
+        cli_module._token_of(None, tokens, "nobody")
+    assert ended.value.code == 2

@@ -1,0 +1,226 @@
+"""Who may use the control API, and who they are.
+
+- On the Unix socket (mode 0600) the kernel names the peer (``SO_PEERCRED``,
+  socket(7)); a peer whose uid is neither the node's nor root's is refused
+  (403). The identity is ``uid=N(name)``.
+- On TCP every request needs ``Authorization: Bearer <secret>`` (RFC 6750)
+  of a named token; the identity is ``token=<name>``. Secrets are generated
+  on first run (``secrets.token_urlsafe``, 256 bits) into
+  ``<data_dir>/api-tokens.json``, mode 0600, and compared with
+  ``hmac.compare_digest`` against every token, so the time taken does not
+  say which one, nor how much of it, matched.
+- A TCP address beyond loopback is refused at start unless the config sets
+  ``allow_non_loopback`` (and then still needs a token).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+import pwd
+import secrets
+import socket
+import struct
+from pathlib import Path
+
+import msgspec
+
+from .errors import ApiError, ApiRefusal
+
+__all__ = [
+    "TOKENS_FILE",
+    "ApiConfigError",
+    "Peer",
+    "TcpAddress",
+    "Tokens",
+    "load_or_create_tokens",
+    "parse_tcp",
+    "peer_of",
+]
+
+#: The tokens' file in the data directory.
+TOKENS_FILE = "api-tokens.json"
+_TOKEN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # noqa: S105 - a pattern, not a secret
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class ApiConfigError(ApiError):
+    """The ``[api]`` config cannot be used (names the key)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message, "bad_config", 400, field)
+
+
+class Peer(msgspec.Struct, frozen=True):
+    """A Unix socket peer as the kernel reports it."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @property
+    def identity(self) -> str:
+        """``uid=N(name)`` (``uid=N`` when the uid has no name)."""
+        try:
+            return f"uid={self.uid}({pwd.getpwuid(self.uid).pw_name})"
+        except KeyError:
+            return f"uid={self.uid}"
+
+    def check(self, node_uid: int) -> None:
+        """Refuse a peer that is neither the node's user nor root.
+
+        Raises:
+            ApiRefusal: 403 ``forbidden``.
+        """
+        if self.uid not in (node_uid, 0):
+            raise ApiRefusal(
+                f"{self.identity} may not use this node's socket: only uid {node_uid} "
+                "(the node's user) and root may; use TCP with a token instead",
+                "forbidden",
+                403,
+            )
+
+
+def peer_of(sock: socket.socket) -> Peer | None:
+    """The peer of a connected Unix socket (None for any other socket)."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return Peer(*_UCRED.unpack(raw))
+
+
+class TcpAddress(msgspec.Struct, frozen=True):
+    """A TCP listen address; ``loopback`` when only this machine can reach it."""
+
+    host: str
+    port: int
+
+    @property
+    def loopback(self) -> bool:
+        """True for 127.0.0.0/8, ::1 and ``localhost``."""
+        if self.host == "localhost":
+            return True
+        return ipaddress.ip_address(self.host).is_loopback
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (IPv6 in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def parse_tcp(value: str, *, allow_non_loopback: bool) -> TcpAddress:
+    """Read ``api.tcp`` (``HOST:PORT``, IPv6 as ``[::1]:PORT``).
+
+    Raises:
+        ApiConfigError: not HOST:PORT, a port outside 1-65535, or beyond
+            loopback without ``allow_non_loopback``.
+    """
+    host, sep, port_text = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ApiConfigError(
+            f"api.tcp {value!r}: expected HOST:PORT with a port in 1-65535, "
+            "e.g. 127.0.0.1:8711 or [::1]:8711",
+            "api.tcp",
+        )
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError as e:
+            raise ApiConfigError(
+                f"api.tcp {value!r}: the host must be an IP address or localhost", "api.tcp"
+            ) from e
+    address = TcpAddress(host, int(port_text))
+    if not address.loopback and not allow_non_loopback:
+        raise ApiConfigError(
+            f"api.tcp {value!r} is reachable beyond this machine; bind 127.0.0.1 or ::1, "
+            "or set api.allow_non_loopback = true (every request still needs a token)",
+            "api.tcp",
+        )
+    return address
+
+
+class Tokens:
+    """Named bearer tokens; :meth:`identify` names the caller of a secret."""
+
+    def __init__(self, secrets_by_name: dict[str, str]) -> None:
+        self._by_name = {name: secret.encode() for name, secret in secrets_by_name.items()}
+
+    @property
+    def names(self) -> list[str]:
+        """The token names, sorted."""
+        return sorted(self._by_name)
+
+    def identify(self, authorization: str | None) -> str:
+        """``token=<name>`` for an ``Authorization: Bearer <secret>`` header value.
+
+        Raises:
+            ApiRefusal: 401 ``unauthorized``: no header, not Bearer, or an unknown secret.
+        """
+        scheme, _, secret = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise ApiRefusal(
+                "this listener needs a bearer token: send 'Authorization: Bearer <secret>' "
+                f"(the secrets are in the node's {TOKENS_FILE})",
+                "unauthorized",
+                401,
+            )
+        given = secret.strip().encode()
+        found = None
+        for name, known in self._by_name.items():  # every one: the time says nothing
+            if hmac.compare_digest(given, known):
+                found = name
+        if found is None:
+            raise ApiRefusal("the bearer token is not one of this node's", "unauthorized", 401)
+        return f"token={found}"
+
+
+def load_or_create_tokens(data_dir: Path, names: list[str]) -> Tokens:
+    """The data directory's tokens; names missing from the file are generated.
+
+    The file is written aside and renamed, mode 0600 from its creation.
+
+    Raises:
+        ApiConfigError: a bad token name, or the file is unreadable or not a JSON
+            object of strings.
+    """
+    import re  # noqa: PLC0415
+
+    for name in names:
+        if not re.match(_TOKEN_NAME, name):
+            raise ApiConfigError(
+                f"api.tokens: {name!r} is not a plain token name (letters, digits, '.', '_', '-')",
+                "api.tokens",
+            )
+    path = data_dir / TOKENS_FILE
+    known = _read_tokens(path)
+    missing = [n for n in names if n not in known]
+    if missing:
+        known.update({n: secrets.token_urlsafe(32) for n in missing})
+        _write_tokens(path, known)
+    return Tokens({n: known[n] for n in names})
+
+
+def _read_tokens(path: Path) -> dict[str, str]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise ApiConfigError(f"cannot read the tokens file {path}: {e}") from e
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise ApiConfigError(f"{path}: expected a JSON object of token name -> secret")
+    return raw
+
+
+def _write_tokens(path: Path, tokens: dict[str, str]) -> None:
+    aside = path.with_name(path.name + ".new")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(tokens, out, indent=2, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(aside, path)

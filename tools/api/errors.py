@@ -1,0 +1,142 @@
+"""The control API's errors: how the node's exceptions become answers, and
+what a client raises for each answer.
+
+Server side, :func:`answer_for` maps an exception to ``(status, ErrorBody)``
+by the table :data:`BY_CLASS` (first match wins, so subclasses come first).
+Client side, the tree is::
+
+    ApiError                 any error of the API (``code``, ``status``, ``field``)
+     +-- NodeUnavailable     no node takes requests now (also a ConnectionError)
+     |    +-- NotRunning     no socket, or nothing listens on it / at the URL
+     |    +-- NodeStarting   503 node_starting: the node is resuming from its chain
+     |    +-- NodeStopping   503 node_stopping: the node is shutting down
+     +-- VerbFailed          the node refused or failed the request (4xx/5xx), by code
+"""
+
+from __future__ import annotations
+
+import pykka
+
+from infervisor.actors.errors import (
+    BadArgument,
+    InvalidState,
+    RecordFailed,
+    UnknownInstance,
+    VerbRefused,
+    VerbTimeout,
+)
+from infervisor.actors.errors import (
+    VerbFailed as NodeVerbFailed,
+)
+from infervisor.actors.ledger import BudgetExceeded
+from infervisor.adapters.errors import (
+    AddressTaken,
+    AdmissionRefused,
+    ProbeError,
+    ProcessControlError,
+    RegistryError,
+    SpawnError,
+    SpecError,
+)
+from infervisor.adapters.spec import InstanceSpec
+
+from ..exit_codes import cut
+from .wire import ErrorBody
+
+__all__ = [
+    "BY_CLASS",
+    "ApiError",
+    "ApiRefusal",
+    "NodeStarting",
+    "NodeStopping",
+    "NodeUnavailable",
+    "NotRunning",
+    "VerbFailed",
+    "answer_for",
+    "spec_field",
+]
+
+
+class ApiError(Exception):
+    """Base of the API's errors; ``code`` is stable (docs/cli.md), ``status`` the HTTP one."""
+
+    def __init__(
+        self, message: str, code: str = "node_error", status: int = 500, field: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.field = field
+
+
+class NodeUnavailable(ApiError, ConnectionError):
+    """No node takes requests at that address now."""
+
+
+class NotRunning(NodeUnavailable):
+    """Nothing listens there: no node runs on the data directory (or at the URL)."""
+
+
+class NodeStarting(NodeUnavailable):
+    """The node holds the data directory but is still resuming from its chain."""
+
+
+class NodeStopping(NodeUnavailable):
+    """The node is shutting down (or went away during the answer)."""
+
+
+class VerbFailed(ApiError):
+    """The node refused or failed the request; ``code`` says how."""
+
+
+class ApiRefusal(ApiError):
+    """Raised inside the server for a refusal of its own (auth, gate, idempotency)."""
+
+
+#: Exception class -> (HTTP status, code). First match wins: subclasses first.
+BY_CLASS: tuple[tuple[type[BaseException], int, str], ...] = (
+    (AddressTaken, 409, "port_taken"),
+    (BudgetExceeded, 422, "memory_budget"),
+    (AdmissionRefused, 422, "admission_refused"),
+    (UnknownInstance, 404, "unknown_instance"),
+    (BadArgument, 400, "bad_value"),
+    (InvalidState, 409, "invalid_state"),
+    (VerbRefused, 409, "refused"),
+    (SpecError, 400, "bad_spec"),
+    (RegistryError, 400, "bad_spec"),
+    (VerbTimeout, 504, "timeout"),
+    (pykka.Timeout, 504, "timeout"),
+    (RecordFailed, 503, "record_failed"),
+    (SpawnError, 500, "spawn_failed"),
+    (ProbeError, 502, "probe_failed"),
+    (ProcessControlError, 500, "node_error"),
+    (NodeVerbFailed, 500, "verb_failed"),
+)
+
+
+def answer_for(error: BaseException) -> tuple[int, ErrorBody]:
+    """The status and body an exception of the node's is answered with."""
+    if isinstance(error, ApiError):
+        return error.status, ErrorBody(code=error.code, message=cut(str(error)), field=error.field)
+    for cls, status, code in BY_CLASS:
+        if isinstance(error, cls):
+            field = spec_field(str(error)) if code in ("bad_spec", "port_taken") else None
+            if isinstance(error, AddressTaken):
+                field = "spec.port"  # "something is already listening on HOST:PORT; ..."
+            if isinstance(error, BadArgument):
+                field = str(error).split(" ", 1)[0] or None
+            return status, ErrorBody(code=code, message=cut(str(error)), field=field)
+    return 500, ErrorBody(code="node_error", message=cut(f"{type(error).__name__}: {error}"))
+
+
+_SPEC_FIELDS = frozenset(InstanceSpec.__struct_fields__)
+
+
+def spec_field(message: str) -> str | None:
+    """``spec.<field>`` when a spec error's message starts with a spec field's name.
+
+    The node's spec errors name the field first (``port 0 is out of range``,
+    ``model: managed mode needs ...``), adapters/spec.py.
+    """
+    first = message.split(" ", 1)[0].rstrip(":")
+    return f"spec.{first}" if first in _SPEC_FIELDS else None

@@ -1,0 +1,193 @@
+"""Idempotent retries: a POST repeated with the same ``Idempotency-Key`` gets
+the first answer again and the node does nothing more.
+
+The behaviour follows the IETF draft "The Idempotency-Key HTTP Header Field"
+(draft-ietf-httpapi-idempotency-key-header): a key is the client's; the
+first request with it is done and its answer stored; a repeat of the same
+request (same caller, method, path and body) is answered from the store; a
+repeat while the first is still in flight is refused with 409; a key reused
+for a different request is refused with 422. Answers 5xx (the node starting,
+stopping or timing out) are not stored, so a retry is done again.
+
+The store is the running node's memory (bounded, :data:`MAX_KEYS`, oldest
+out first): a key does not outlive the node. A retry after a node restart is
+done again, which the verbs tolerate: a placement of the same spec and
+generation is ``unchanged``, a start of a running instance answers it as
+running (nothing recorded), a stop of a stopped one as stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Any
+
+import msgspec
+
+from .wire import ErrorBody, ErrorEnvelope
+
+__all__ = ["HEADER", "MAX_KEYS", "MAX_KEY_LENGTH", "IdempotencyStore", "idempotent"]
+
+HEADER = b"idempotency-key"
+#: Keys kept; past this the oldest answer is forgotten.
+MAX_KEYS = 10_000
+MAX_KEY_LENGTH = 255
+
+Scope = dict[str, Any]
+
+
+class _Stored(msgspec.Struct):
+    fingerprint: bytes
+    status: int = 0
+    headers: list[tuple[bytes, bytes]] = msgspec.field(default_factory=list)
+    body: bytes = b""
+    done: bool = False
+
+
+class IdempotencyStore:
+    """Answers by (caller, key). Used on the server's event loop only: no lock."""
+
+    def __init__(self, max_keys: int = MAX_KEYS) -> None:
+        self._answers: OrderedDict[tuple[str, bytes], _Stored] = OrderedDict()
+        self._max = max_keys
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def begin(self, slot: tuple[str, bytes], fingerprint: bytes) -> _Stored | ErrorBody | None:
+        """None: go on (the request is now in flight); the stored answer; or a refusal."""
+        found = self._answers.get(slot)
+        if found is None:
+            self._answers[slot] = _Stored(fingerprint)
+            while len(self._answers) > self._max:
+                self._answers.popitem(last=False)
+            return None
+        if found.fingerprint != fingerprint:
+            return ErrorBody(
+                code="idempotency_mismatch",
+                field="Idempotency-Key",
+                message="this Idempotency-Key was used for a different request; "
+                "use a new key for each request",
+            )
+        if not found.done:
+            return ErrorBody(
+                code="idempotency_in_flight",
+                field="Idempotency-Key",
+                message="the first request with this Idempotency-Key is still in progress; "
+                "retry once it is answered",
+            )
+        return found
+
+    def finish(self, slot: tuple[str, bytes], stored: _Stored) -> None:
+        """Keep ``stored`` (a 2xx or 4xx answer) or forget the key (5xx)."""
+        if stored.status >= 500:
+            self._answers.pop(slot, None)
+        else:
+            stored.done = True
+            self._answers[slot] = stored
+
+
+def idempotent(app: Any, store: IdempotencyStore) -> Any:
+    """ASGI middleware around ``app``: POSTs with an ``Idempotency-Key`` header.
+
+    Runs inside the authentication middleware: ``scope["infervisor.identity"]``
+    names the caller, so one caller's keys never answer another's requests.
+    """
+
+    async def middleware(scope: Scope, receive: Any, send: Any) -> None:
+        key = _key(scope)
+        if key is None:
+            await app(scope, receive, send)
+            return
+        if len(key) > MAX_KEY_LENGTH:
+            await _send_error(
+                send,
+                400,
+                ErrorBody(
+                    code="bad_request",
+                    field="Idempotency-Key",
+                    message=f"an Idempotency-Key is at most {MAX_KEY_LENGTH} bytes",
+                ),
+            )
+            return
+        body = await _read_body(receive)
+        slot = (str(scope.get("infervisor.identity", "")), key)
+        fingerprint = hashlib.sha256(
+            b"\0".join([scope["method"].encode(), scope["path"].encode(), body])
+        ).digest()
+        found = store.begin(slot, fingerprint)
+        if isinstance(found, ErrorBody):
+            status = 422 if found.code == "idempotency_mismatch" else 409
+            await _send_error(send, status, found)
+            return
+        if found is not None:
+            await _replay(send, found)
+            return
+        stored = _Stored(fingerprint)
+        try:
+            await app(scope, _replayed(body), _capturing(send, stored))
+        finally:
+            if stored.status == 0:
+                stored.status = 500  # the app failed before answering: not kept
+            store.finish(slot, stored)
+
+    return middleware
+
+
+def _key(scope: Scope) -> bytes | None:
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    for name, value in scope["headers"]:
+        if name == HEADER:
+            return bytes(value)
+    return None
+
+
+async def _read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _replayed(body: bytes) -> Any:
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def _capturing(send: Any, stored: _Stored) -> Any:
+    async def capture(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            stored.status = message["status"]
+            stored.headers = list(message.get("headers", []))
+        elif message["type"] == "http.response.body":
+            stored.body += message.get("body", b"")
+        await send(message)
+
+    return capture
+
+
+async def _replay(send: Any, stored: _Stored) -> None:
+    headers = [*stored.headers, (b"idempotent-replayed", b"true")]
+    await send({"type": "http.response.start", "status": stored.status, "headers": headers})
+    await send({"type": "http.response.body", "body": stored.body})
+
+
+async def _send_error(send: Any, status: int, error: ErrorBody) -> None:
+    body = msgspec.json.encode(ErrorEnvelope(error=error))
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

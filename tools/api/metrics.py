@@ -1,0 +1,225 @@
+"""Prometheus metrics of a running node, in the text exposition format.
+
+The control API serves :meth:`NodeMetrics.render` at ``GET /metrics``. Every
+scrape builds the metric families afresh from the node (a custom collector on
+a private :class:`~prometheus_client.CollectorRegistry`; the process-global
+default registry is never used), so nothing is cached between scrapes.
+
+What it reads, and from where:
+
+- the instances' views (:meth:`Node.list`: never waits for a probe);
+- the chain's head seq, from the chain file over a read-only connection (a
+  reader never blocks the chain writer);
+- the chain writer's commit latency histogram (:meth:`Node.append_latency`:
+  shared by reference, the writer is not asked).
+
+Metrics (per-instance ones are labelled ``instance``, ``flavor``, ``mode``;
+every one is a gauge but the histogram):
+
+- ``infervisor_up``: 1 when the node runs, 0 while it starts (then alone).
+- ``infervisor_node_info{node_id, version}``: always 1.
+- ``infervisor_instances``: how many instances the node lists.
+- ``infervisor_instance_state{..., state}``: 1 for the instance's current
+  lifecycle state, 0 for each other state (every state is always present).
+- ``infervisor_instance_restarts_total``: automatic restarts counted against
+  the restart budget now.
+- ``infervisor_instance_restart_budget``: the restart policy's ``max_restarts``.
+- ``infervisor_instance_probe_latency_seconds``: how long the last health
+  probe took, seconds (from sending it to its report).
+- ``infervisor_instance_health_misses_total``: consecutive missed probes now.
+- ``infervisor_instance_reserved_bytes``: memory the residency ledger
+  reserves for it, bytes.
+- ``infervisor_instance_rss_bytes``: observed resident memory of the server's
+  process tree, bytes.
+- ``infervisor_chain_head_seq``: the chain's highest seq (-1: no event).
+- ``infervisor_chain_append_seconds``: histogram of the chain writer's group
+  commits, one observation per transaction (``BEGIN`` to ``COMMIT`` done),
+  seconds; buckets 0.5 ms to 2.5 s.
+
+A sample whose value is unknown (no probe yet, RSS not observed, the chain
+unreadable) is left out. ``..._restarts_total`` and ``..._health_misses_total``
+can go down (a budget that clears, a probe that answers), so they are gauges
+despite their names; ``rate()`` is not meant for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from infervisor.actors.node import VERSION
+from infervisor.chain import ChainError
+from infervisor.chain.connect import connect_reader
+from infervisor.replay import LifecycleState
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from infervisor.actors.messages import InstanceView
+    from infervisor.actors.node import Node
+
+__all__ = ["NodeMetrics"]
+
+log = logging.getLogger(__name__)
+
+_LABELS = ["instance", "flavor", "mode"]
+#: Every lifecycle state, in declaration order (one ``state`` label value each).
+_STATES: tuple[str, ...] = tuple(s.value for s in LifecycleState)
+#: A bucket's ``le`` label as prometheus_client writes it (``0.005``, ``1.0``, ``+Inf``).
+_le: Callable[[float], str] = floatToGoString
+
+
+class NodeMetrics:
+    """Renders the node's metrics for one scrape.
+
+    ``node`` answers the running node, or None while it is still starting
+    (then only ``infervisor_up 0`` is exposed); ``chain_path`` is the node's
+    chain file (read-only).
+    """
+
+    def __init__(self, node: Callable[[], Node | None], chain_path: Path) -> None:
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_NodeCollector(node, chain_path))
+
+    def render(self) -> tuple[bytes, str]:
+        """(the exposition text, its ``Content-Type``), in Prometheus' text format.
+
+        The content type is prometheus_client's ``CONTENT_TYPE_LATEST`` (e.g.
+        ``text/plain; version=1.0.0; charset=utf-8``): send it as the header.
+        """
+        return generate_latest(self._registry), CONTENT_TYPE_LATEST
+
+
+class _NodeCollector(Collector):
+    """Builds every family from the node at each :meth:`collect`."""
+
+    def __init__(self, node: Callable[[], Node | None], chain_path: Path) -> None:
+        self._node = node
+        self._chain_path = chain_path
+
+    def describe(self) -> Iterable[Metric]:
+        """Nothing up front: the families depend on the node at scrape time."""
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        node = self._node()
+        up = GaugeMetricFamily("infervisor_up", "1 when the node is running, 0 while it starts.")
+        up.add_metric([], 0 if node is None else 1)
+        yield up
+        if node is None:
+            return
+        yield from _node_families(node)
+        yield from _instance_families(node.list())
+        yield from _chain_families(node, self._chain_path)
+
+
+def _node_families(node: Node) -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "infervisor_node_info", "The node's identity: always 1.", labels=["node_id", "version"]
+    )
+    info.add_metric([node.settings.node_id, VERSION], 1)
+    yield info
+
+
+def _instance_families(views: list[InstanceView]) -> Iterator[Metric]:
+    count = GaugeMetricFamily("infervisor_instances", "Instances the node lists.")
+    count.add_metric([], len(views))
+    yield count
+    state = GaugeMetricFamily(
+        "infervisor_instance_state",
+        "1 for the instance's current lifecycle state, 0 for every other state.",
+        labels=[*_LABELS, "state"],
+    )
+    restarts = GaugeMetricFamily(
+        "infervisor_instance_restarts_total",
+        "Automatic restarts counted against the restart budget now (clears when the "
+        "instance has been stable, or on an operator start).",
+        labels=_LABELS,
+    )
+    budget = GaugeMetricFamily(
+        "infervisor_instance_restart_budget",
+        "The restart policy's max_restarts: restarts allowed before the instance is failed.",
+        labels=_LABELS,
+    )
+    latency = GaugeMetricFamily(
+        "infervisor_instance_probe_latency_seconds",
+        "How long the last health probe took, seconds.",
+        labels=_LABELS,
+    )
+    misses = GaugeMetricFamily(
+        "infervisor_instance_health_misses_total",
+        "Consecutive missed health probes now (a probe that answers clears them).",
+        labels=_LABELS,
+    )
+    reserved = GaugeMetricFamily(
+        "infervisor_instance_reserved_bytes",
+        "Memory the node's residency ledger reserves for the instance, bytes.",
+        labels=_LABELS,
+    )
+    rss = GaugeMetricFamily(
+        "infervisor_instance_rss_bytes",
+        "Observed resident memory of the server's process tree, bytes.",
+        labels=_LABELS,
+    )
+    for view in views:
+        labels = [view.instance_id, view.flavor, view.mode]
+        for name in _STATES:
+            state.add_metric([*labels, name], 1 if view.lifecycle == name else 0)
+        restarts.add_metric(labels, view.restarts)
+        if view.max_restarts is not None:
+            budget.add_metric(labels, view.max_restarts)
+        if view.probe_latency_s is not None:
+            latency.add_metric(labels, view.probe_latency_s)
+        if view.misses is not None:
+            misses.add_metric(labels, view.misses)
+        reserved.add_metric(labels, view.reserved_bytes)
+        if view.rss_bytes is not None:
+            rss.add_metric(labels, view.rss_bytes)
+    yield from (state, restarts, budget, latency, misses, reserved, rss)
+
+
+def _chain_families(node: Node, chain_path: Path) -> Iterator[Metric]:
+    head = _head_seq(chain_path)
+    if head is not None:
+        family = GaugeMetricFamily(
+            "infervisor_chain_head_seq", "The chain's highest sequence number (-1: empty)."
+        )
+        family.add_metric([], head)
+        yield family
+    snap = node.append_latency()
+    buckets: list[tuple[str, float]] = [
+        (_le(b), float(c)) for b, c in zip(snap.bounds, snap.cumulative, strict=True)
+    ]
+    buckets.append(("+Inf", float(snap.observations)))
+    histogram = HistogramMetricFamily(
+        "infervisor_chain_append_seconds",
+        "Each group commit of the chain writer: one transaction, BEGIN to COMMIT done, seconds.",
+        buckets=buckets,
+        sum_value=snap.sum_s,
+    )
+    yield histogram
+
+
+def _head_seq(chain_path: Path) -> int | None:
+    """``max(seq)`` of the chain (-1 when it has no event), or None if it cannot be read."""
+    try:
+        conn = connect_reader(str(chain_path))
+    except ChainError:  # a scrape leaves the sample out rather than fail
+        log.warning("metrics: the chain %s cannot be opened", chain_path, exc_info=True)
+        return None
+    try:
+        row = conn.execute("SELECT max(seq) FROM events").fetchone()
+    except sqlite3.Error:  # as above
+        log.warning("metrics: the chain %s cannot be read", chain_path, exc_info=True)
+        return None
+    finally:
+        conn.close()
+    return -1 if row is None or row[0] is None else int(row[0])

@@ -1,0 +1,200 @@
+"""The control API's bodies (msgspec types) and its error shape.
+
+Every answer that changes state carries ``seq`` and ``hash``: the chain's
+sequence number and BLAKE3 hash (hex) of the last event of the verb's
+instance once the verb's events are durable, so a controller can check the
+answer against the chain (``infervisor chain prove``) and resume a watch
+from it. Errors are one shape, :class:`ErrorBody`, with a stable ``code``
+(the command line's codes, docs/cli.md) and the HTTP status by meaning:
+
+======  ==========================================================
+400     the request or spec is malformed (``bad_request``, ``bad_spec``, ``bad_value``)
+401     no token, or a token the node does not know (``unauthorized``)
+403     a socket peer of another uid (``forbidden``)
+404     no such instance (``unknown_instance``)
+409     the lifecycle state does not allow the verb, or the port is taken
+        (``invalid_state``, ``refused``, ``port_taken``, ``idempotency_in_flight``)
+422     admission refused, with the numbers (``admission_refused``, ``memory_budget``),
+        or an idempotency key reused for another request (``idempotency_mismatch``)
+500     the verb was accepted but its work failed (``spawn_failed``, ``node_error``)
+502     the server did not answer a deep health check (``probe_failed``)
+503     the node is starting or shutting down (``node_starting``, ``node_stopping``)
+504     accepted and recorded, but not done in time (``timeout``)
+======  ==========================================================
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from infervisor.actors.messages import InstanceView
+from infervisor.adapters.spec import InstanceSpec
+
+__all__ = [
+    "API_VERSION",
+    "ErrorBody",
+    "ErrorEnvelope",
+    "HeartbeatAnswer",
+    "HeartbeatRequest",
+    "InstanceView",
+    "NodeInfo",
+    "PlaceAnswer",
+    "PlaceRequest",
+    "StopRequest",
+    "TokenAnswer",
+    "UnloadAnswer",
+    "VerbAnswer",
+    "VerbRequest",
+    "WatchEvent",
+]
+
+#: The path prefix of every route; a breaking change gets a new one.
+API_VERSION = "v1"
+
+ControllerId = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="The controller's node id (a plain token).",
+    ),
+]
+Generation = Annotated[
+    int, msgspec.Meta(ge=0, description="The controller's placement generation.")
+]
+Grace = Annotated[
+    float, msgspec.Meta(ge=0, le=3600, description="Seconds from SIGTERM to SIGKILL.")
+]
+
+
+class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class PlaceRequest(_Body, frozen=True):
+    """Place an instance: the whole spec, and who places it at which generation.
+
+    ``controller`` None places as the node itself (generation 0, no lease).
+    """
+
+    spec: InstanceSpec
+    controller: ControllerId | None = None
+    generation: Generation = 0
+    start: bool = False
+
+
+class VerbRequest(_Body, frozen=True):
+    """A verb's optional body: ``controller`` names the controller asking.
+
+    A controller's verb is recorded with the role ``controller`` (a controller
+    start does not reset the restart budget; an operator's does) and renews
+    that controller's lease like a heartbeat. Without it the caller is an operator.
+    """
+
+    controller: ControllerId | None = None
+
+
+class StopRequest(VerbRequest, frozen=True):
+    """Stop the server; ``grace_s`` None uses the node's ``stop_grace_s``."""
+
+    grace_s: Grace | None = None
+
+
+class HeartbeatRequest(_Body, frozen=True):
+    """A controller is alive: renews its lease on the node."""
+
+    controller: ControllerId
+
+
+class VerbAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """A verb's answer once its events are durable: the instance and the chain's head of it."""
+
+    instance: InstanceView
+    seq: int
+    hash: str
+
+
+class PlaceAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """What a placement did: ``applied``, ``unchanged`` or ``ignored`` (a stale generation).
+
+    With ``start``, ``started`` says whether the start was done; a start refused
+    after a placement that was recorded is ``start_error`` (the placement stands:
+    the answer is still 200, and a retry places ``unchanged``).
+    """
+
+    instance_id: str
+    outcome: str
+    generation: int
+    instance: InstanceView
+    seq: int
+    hash: str
+    started: bool = False
+    start_error: ErrorBody | None = None
+
+
+class UnloadAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """The instance is forgotten; ``seq``/``hash`` are its ``instance.unloaded`` event."""
+
+    instance_id: str
+    seq: int
+    hash: str
+
+
+class TokenAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """A deep health check's one generated token."""
+
+    instance_id: str
+    token: str
+
+
+class HeartbeatAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """The lease the heartbeat renewed (``lease_s`` None: the node keeps no lease)."""
+
+    controller: str
+    lease_s: float | None
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The node: its id, version, phase (``open``, ``stopping``) and chain head."""
+
+    node_id: str
+    version: str
+    phase: str
+    head_seq: int
+    head_hash: str
+    instances: int
+    lease_s: float | None
+
+
+class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One chain event as the watch stream sends it (the SSE ``data`` line).
+
+    ``payload`` is the event's canonical payload, decoded; ``hash`` and
+    ``prev_hash`` are hex. The SSE ``id`` is ``seq``: reconnect with
+    ``Last-Event-ID`` (or ``?from_seq=seq+1``) to resume after it.
+    """
+
+    seq: int
+    ts_ns: int
+    node: str
+    source: str
+    kind: str
+    subject: str
+    payload: dict[str, object]
+    hash: str
+    prev_hash: str
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    """What is wrong: a stable ``code``, the ``field`` at fault (or None) and what to do."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorEnvelope(msgspec.Struct, frozen=True, kw_only=True):
+    """Every error answer: ``{"error": {...}}``, the same shape as the CLI's ``--json``."""
+
+    error: ErrorBody
