@@ -78,6 +78,7 @@ from . import messages as m
 from .errors import InvalidState, UnknownInstance
 from .host_work import ASK_TIMEOUT_S, Placement, PlacementOutcome, Rebuilt
 from .instance import InstanceActor, InstanceContext
+from .kinds import DEFAULT_KINDS
 from .routes import Routes, RouteTable
 from .unbuilt import Handover, UnbuiltActor
 
@@ -240,6 +241,12 @@ class HostActor(pykka.ThreadingActor):
         """
         spec = msg.spec
         spec.validate()
+        known = sorted({*DEFAULT_KINDS, *self.ctx.settings.kinds})
+        if spec.kind not in known:  # the judge of an unknown kind would be "process"
+            raise SpecError(
+                f"kind {spec.kind!r} is not a kind of this node: one of {', '.join(known)} "
+                f"(or define it in [node.kinds.{spec.kind}])"
+            )
         try:
             self.ctx.settings.supervision(spec.kind, spec.restart)
         except ValueError as e:

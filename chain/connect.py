@@ -7,6 +7,7 @@ exceptions; everything above sees `ChainError` subclasses.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,9 +45,13 @@ def translated(path: str, action: str) -> Iterator[None]:
 def connect_writer(path: str) -> sqlite3.Connection:
     """Open `path` for appending (created if missing): WAL, synchronous=FULL.
 
+    A new file is created mode 0600 (its ``-wal`` and ``-shm`` files take the
+    same mode): payloads hold the instances' specs, ``env`` included.
+
     Raises:
         ChainIOError: the file cannot be opened, is not SQLite, or refuses WAL.
     """
+    _create_private(path)
     with translated(path, "open"):
         conn = sqlite3.connect(
             path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
@@ -60,6 +65,16 @@ def connect_writer(path: str) -> sqlite3.Connection:
             )
         conn.execute("PRAGMA synchronous=FULL")
     return conn
+
+
+def _create_private(path: str) -> None:
+    """Create ``path`` empty, mode 0600, unless it exists (SQLite then initialises it)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise ChainIOError(f"cannot open chain {path}: {exc.strerror or exc}") from exc
 
 
 def connect_reader(path: str, *, text_as_bytes: bool = False) -> sqlite3.Connection:

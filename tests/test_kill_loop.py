@@ -55,7 +55,7 @@ from infervisor.adapters.ports import free_port
 from infervisor.replay import NodeState
 
 SEED = int(os.environ.get("KILL_LOOP_SEED", "20261201"))  # set it to replay another run
-KILLS = 50  # the whole test takes 50-70 s on 2 cores (it prints its timings with -s)
+KILLS = 40  # the whole test takes 45-60 s on 2 cores (it prints its timings with -s)
 EPSILON_S = 0.05
 SETTLE_S = 40.0
 STEP_S = 20.0

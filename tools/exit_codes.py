@@ -76,6 +76,8 @@ CODES: dict[str, Exit] = {
     "node_starting": Exit.NO_NODE,
     "node_stopping": Exit.NO_NODE,
     "node_unreachable": Exit.NO_NODE,
+    "no_answer": Exit.NO_NODE,
+    "too_large": Exit.USAGE,
 }
 
 #: The table as each command's --help ends with it.

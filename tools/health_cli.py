@@ -76,7 +76,11 @@ def health_command(
             if not deep:
                 if as_json:
                     echo_json(
-                        {"instance": iid, "health": view.health, "reason": view.health_reason}
+                        {
+                            "instance": iid,
+                            "health": view.health or None,  # null: not probed yet
+                            "reason": view.health_reason or None,
+                        }
                     )
                 else:
                     why = f": {view.health_reason}" if view.health_reason else ""

@@ -52,6 +52,7 @@ from .errors import ApiError, ApiRefusal, NodeStarting, NodeStopping, answer_for
 from .gate import Gate, Phase
 from .idempotency import IdempotencyStore, idempotent
 from .logs import STREAMS, follow_log, log_file
+from .strict import strict_bodies
 from .watch import WatchHub, stream_events
 from .wire import (
     API_VERSION,
@@ -175,7 +176,7 @@ def _on_validation(_: Request[Any, Any, Any], exc: ValidationException) -> Respo
 
 
 def _on_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorEnvelope]:
-    codes = {404: "not_found", 405: "method_not_allowed"}
+    codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
     code = codes.get(exc.status_code, "bad_request")
     message = str(exc.detail)
     if exc.status_code == 404:
@@ -474,7 +475,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
         async def messages() -> AsyncIterator[ServerSentEventMessage]:
             async for item in stream_events(ctx.chain_path, ctx.hub, start, follow=follow):
                 if item is None:
-                    yield ServerSentEventMessage(comment="keep-alive")
+                    yield ServerSentEventMessage(comment="keep-alive", data=None)
                     continue
                 yield ServerSentEventMessage(
                     data=msgspec.json.encode(item).decode(), event=item.kind, id=str(item.seq)
@@ -707,8 +708,8 @@ def openapi_document(app: Litestar) -> bytes:
 
 # ---------------------------------------------------------------- middleware
 def wrap(app: Any, ctx: ApiContext) -> Any:
-    """``app`` behind authentication (outermost) and idempotency (ASGI)."""
-    inner = idempotent(app, ctx.idempotency)
+    """``app`` behind authentication (outermost), strict bodies and idempotency (ASGI)."""
+    inner = strict_bodies(idempotent(app, ctx.idempotency))
 
     async def authenticated(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -211,7 +211,8 @@ class ApiClient:
                 if line.startswith("data:"):
                     data.append(line[5:].removeprefix(" "))
                 elif not line and data:
-                    yield decoder.decode("\n".join(data))
+                    if any(data):  # an empty data field dispatches nothing (a keep-alive)
+                        yield decoder.decode("\n".join(data))
                     data = []
 
     def logs(
@@ -258,6 +259,14 @@ class ApiClient:
         try:
             response = self._http.request(method, path_prefix + path, **kwargs)
         except httpx.TransportError as e:
+            if method == "POST" and not isinstance(e, httpx.ConnectError):
+                raise NodeStopping(
+                    f"the node at {self.where} went away before answering ({e}): the verb "
+                    "may have been recorded; see `infervisor status` or `infervisor watch`, "
+                    "or retry with the same Idempotency-Key once the node is back",
+                    "no_answer",
+                    0,
+                ) from e
             raise self._unreachable(e) from e
         _raise_for(response)
         return response

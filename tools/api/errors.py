@@ -123,6 +123,8 @@ def answer_for(error: BaseException) -> tuple[int, ErrorBody]:
             field = spec_field(str(error)) if code in ("bad_spec", "port_taken") else None
             if isinstance(error, AddressTaken):
                 field = "spec.port"  # "something is already listening on HOST:PORT; ..."
+            if isinstance(error, UnknownInstance):
+                field = "instance_id"
             if isinstance(error, BadArgument):
                 field = str(error).split(" ", 1)[0] or None
             return status, ErrorBody(code=code, message=cut(str(error)), field=field)

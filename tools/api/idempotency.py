@@ -99,6 +99,18 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
         if key is None:
             await app(scope, receive, send)
             return
+        if not key.strip():
+            await _send_error(
+                send,
+                400,
+                ErrorBody(
+                    code="bad_request",
+                    field="Idempotency-Key",
+                    message="an Idempotency-Key is empty: send a unique key per request "
+                    "(e.g. a UUID), or no header",
+                ),
+            )
+            return
         if len(key) > MAX_KEY_LENGTH:
             await _send_error(
                 send,
@@ -110,7 +122,7 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
                 ),
             )
             return
-        body = await _read_body(receive)
+        body = await read_body(receive) or b""
         slot = (str(scope.get("infervisor.identity", "")), key)
         fingerprint = hashlib.sha256(
             b"\0".join([scope["method"].encode(), scope["path"].encode(), body])
@@ -125,7 +137,7 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
             return
         stored = _Stored(fingerprint)
         try:
-            await app(scope, _replayed(body), _capturing(send, stored))
+            await app(scope, replayed(body), _capturing(send, stored))
         finally:
             if stored.status == 0:
                 stored.status = 500  # the app failed before answering: not kept
@@ -143,19 +155,25 @@ def _key(scope: Scope) -> bytes | None:
     return None
 
 
-async def _read_body(receive: Any) -> bytes:
-    chunks = []
+async def read_body(receive: Any, limit: int | None = None) -> bytes | None:
+    """The whole request body (None: it is longer than ``limit`` bytes)."""
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
             break
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            return None
+        chunks.append(chunk)
         if not message.get("more_body"):
             break
     return b"".join(chunks)
 
 
-def _replayed(body: bytes) -> Any:
+def replayed(body: bytes) -> Any:
     sent = False
 
     async def receive() -> dict[str, Any]:

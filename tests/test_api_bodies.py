@@ -1,0 +1,173 @@
+"""Request bodies are decoded strictly, and a watch survives its keep-alives.
+
+The strict decoding runs before the routes (tools/api/strict.py), so it is
+checked against an API server whose node is not open yet: a bad body is
+answered 400 naming the field, a good one reaches the gate (503
+``node_starting``). The keep-alive test runs a real node in process with a
+short keep-alive period.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import NodeFactory
+from support import wait_until
+
+from infervisor.tools.api import watch
+from infervisor.tools.api.client import ApiClient
+from infervisor.tools.api.server import ApiServer, socket_path
+from infervisor.tools.api.strict import MAX_BODY
+from infervisor.tools.api.wire import WatchEvent
+
+SPEC = {"role": "chat", "flavor": "llamacpp", "port": 18741, "model": "tiny"}
+
+
+@pytest.fixture(scope="module")
+def starting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A client of an API server whose node never opens (one for the module)."""
+    data = tmp_path_factory.mktemp("starting") / "data"
+    data.mkdir()
+    server = ApiServer.listen(data, data / "chain.db", "n1")
+    transport = httpx.HTTPTransport(uds=str(socket_path(data)))
+    try:
+        with httpx.Client(transport=transport, base_url="http://node") as client:
+            yield client
+    finally:
+        server.close()
+
+
+def refused(client: httpx.Client, path: str, body: bytes | Any) -> dict[str, Any]:
+    content = body if isinstance(body, bytes) else httpx.Request("POST", "/", json=body).content
+    answer = client.post(path, content=content, headers={"content-type": "application/json"})
+    assert answer.status_code == 400, (answer.status_code, answer.text)
+    error: dict[str, Any] = answer.json()["error"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field", "code"),
+    [
+        ("/v1/instances", {"spec": {**SPEC, "port": "18741"}}, "spec.port", "bad_spec"),
+        ("/v1/instances", {"spec": {**SPEC, "port": 18741.0}}, "spec.port", "bad_spec"),
+        ("/v1/instances", {"spec": {**SPEC, "ctx_size": "512"}}, "spec.ctx_size", "bad_spec"),
+        ("/v1/instances", {"spec": SPEC, "start": "true"}, "start", "bad_request"),
+        ("/v1/instances", {"spec": SPEC, "generation": "0"}, "generation", "bad_request"),
+        ("/v1/instances", {"spec": SPEC, "generation": -1}, "generation", "bad_request"),
+        ("/v1/instances", {"spec": SPEC, "bogus": 1}, "bogus", "bad_request"),
+        ("/v1/instances", {"spec": {**SPEC, "colour": "red"}}, "spec.colour", "bad_spec"),
+        ("/v1/instances", {"spec": {**SPEC, "env": {"A": 1}}}, "spec.env", "bad_spec"),
+        ("/v1/instances", {"generation": 1}, "spec", "bad_request"),
+        ("/v1/instances", {"spec": 5}, "spec", "bad_spec"),
+        ("/v1/instances", {"spec": {**SPEC, "flavor": "nope"}}, "spec.flavor", "bad_spec"),
+        ("/v1/instances/x/stop", {"grace_s": "2"}, "grace_s", "bad_request"),
+        ("/v1/instances/x/stop", {"grace_s": -1}, "grace_s", "bad_request"),
+        ("/v1/instances/x/start", {"controller": 5}, "controller", "bad_request"),
+        ("/v1/heartbeat", {"controller": "a b"}, "controller", "bad_request"),
+        ("/v1/heartbeat", {}, "controller", "bad_request"),
+    ],
+)
+def test_a_body_of_the_wrong_shape_is_refused_naming_the_field(
+    starting: httpx.Client, path: str, body: Any, field: str, code: str
+) -> None:
+    error = refused(starting, path, body)
+    assert (error["field"], error["code"]) == (field, code), error
+    assert error["message"].startswith(f"{field}: "), error
+    if field == "spec.flavor":
+        assert "allowed: llamacpp, mlx-lm, ollama" in error["message"]
+
+
+def test_a_body_that_is_not_json_is_refused(starting: httpx.Client) -> None:
+    error = refused(starting, "/v1/instances", b'{"spec": ')
+    assert error["code"] == "bad_request" and error["field"] is None
+    assert "not valid JSON" in error["message"]
+
+
+def test_a_body_beyond_the_limit_is_refused_413(starting: httpx.Client) -> None:
+    answer = starting.post("/v1/heartbeat", content=b" " * (MAX_BODY + 1))
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"]["code"] == "too_large"
+
+
+def test_an_empty_idempotency_key_is_refused(starting: httpx.Client) -> None:
+    answer = starting.post(
+        "/v1/heartbeat", json={"controller": "c1"}, headers={"idempotency-key": ""}
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["field"] == "Idempotency-Key"
+
+
+@pytest.mark.parametrize(
+    ("path", "content"),
+    [
+        ("/v1/instances", None),  # no `content`: the well-formed placement below
+        ("/v1/instances/x/stop", b""),
+        ("/v1/instances/x/stop", b"null"),
+        ("/v1/instances/x/stop", b'{"grace_s": 2}'),
+        ("/v1/instances/x/start", b'{"controller": "ctl-1"}'),
+        ("/v1/instances/x/unload", b""),
+    ],
+)
+def test_a_body_of_the_right_shape_reaches_the_gate(
+    starting: httpx.Client, path: str, content: bytes | None
+) -> None:
+    body = httpx.Request("POST", "/", json={"spec": SPEC}).content if content is None else content
+    answer = starting.post(path, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "node_starting"
+
+
+def test_a_watch_reads_through_keep_alives(
+    nodes: NodeFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle stream sends keep-alive comments; the client skips them and the
+    next event still arrives (an empty ``data:`` once crashed the client)."""
+    monkeypatch.setattr(watch, "KEEPALIVE_S", 0.05)
+    settings = nodes.settings("/bin/false", tmp_path / "models", lease_s=60.0)
+    data = Path(settings.data_dir)
+    data.mkdir(parents=True)
+    server = ApiServer.listen(data, settings.chain_path, settings.node_id)
+    try:
+        node = nodes.open(settings)
+        server.serve(node)
+        seen: list[WatchEvent] = []
+        failed: list[BaseException] = []
+
+        def follow() -> None:
+            try:
+                with ApiClient(data_dir=data) as client:
+                    for event in client.events(from_seq=0):
+                        seen.append(event)
+                        if event.kind == "node.lease_renewed":
+                            return
+            except BaseException as e:
+                failed.append(e)
+
+        watcher = threading.Thread(target=follow)
+        watcher.start()
+        wait_until(lambda: failed or any(e.kind == "node.started" for e in seen), 10)
+        with (
+            httpx.Client(
+                transport=httpx.HTTPTransport(uds=str(socket_path(data))), base_url="http://node"
+            ) as raw,
+            raw.stream("GET", "/v1/events") as stream,
+        ):
+            alive = 0
+            for line in stream.iter_lines():
+                alive += line == ": keep-alive"
+                if alive == 3:
+                    break
+        node.heartbeat("ctl-1")  # the first one heard is recorded: node.lease_renewed
+        watcher.join(10)
+        assert not failed, failed
+        assert seen and seen[-1].kind == "node.lease_renewed", [e.kind for e in seen]
+        assert [e.seq for e in seen] == list(range(len(seen)))
+        server.stopping()
+        node.shutdown()
+    finally:
+        server.close()
