@@ -7,6 +7,7 @@ no process it started is left behind.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,3 +128,11 @@ def ollama_url() -> Iterator[Callable[..., str]]:
             ).url
 
         yield start
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: half again as many workers as cores. Most tests wait on real
+    processes and real time (grace periods, probes, restarts), so a core per
+    worker leaves the cores idle a third of the time (the suite measured 1.4 busy
+    cores of 2); three workers on 2 cores took 243 s where two took 271-285 s."""
+    return max(2, (os.cpu_count() or 2) * 3 // 2)

@@ -18,6 +18,8 @@ from infervisor.actors.messages import InstanceView
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.replay import InstanceState, TimelineEntry
 
+from .api.wire import ErrorBody, ErrorEnvelope
+
 __all__ = [
     "ERROR_SCHEMA",
     "EXIT_SCHEMA",
@@ -116,18 +118,8 @@ class TimelineRecord(msgspec.Struct, frozen=True, kw_only=True, rename={"frm": "
     reason: str | None
 
 
-class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
-    """What went wrong: a stable ``code`` (docs/cli.md), the message, the flag or argument."""
-
-    code: str
-    message: str
-    field: str | None = None
-
-
-class ErrorRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """``--json``'s error object."""
-
-    error: ErrorBody
+#: ``--json``'s error object is the control API's, so a code reads the same on both.
+ErrorRecord = ErrorEnvelope
 
 
 def _none(text: str | None) -> str | None:
