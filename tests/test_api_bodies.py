@@ -20,7 +20,9 @@ from conftest import NodeFactory
 from support import wait_until
 
 from infervisor.tools.api import watch
-from infervisor.tools.api.client import ApiClient
+from infervisor.tools.api.auth import TOKENS_FILE, ApiConfigError, load_or_create_tokens
+from infervisor.tools.api.client import ApiClient, _at
+from infervisor.tools.api.idempotency import IdempotencyStore, _Stored
 from infervisor.tools.api.server import ApiServer, socket_path
 from infervisor.tools.api.strict import MAX_BODY
 from infervisor.tools.api.wire import WatchEvent
@@ -54,6 +56,8 @@ def refused(client: httpx.Client, path: str, body: bytes | Any) -> dict[str, Any
     ("path", "body", "field", "code"),
     [
         ("/v1/instances", {"spec": {**SPEC, "port": "18741"}}, "spec.port", "bad_spec"),
+        ("/v1/instances/", {"spec": {**SPEC, "port": "18741"}}, "spec.port", "bad_spec"),
+        ("/v1/heartbeat/", {"controller": 1}, "controller", "bad_request"),
         ("/v1/instances", {"spec": {**SPEC, "port": 18741.0}}, "spec.port", "bad_spec"),
         ("/v1/instances", {"spec": {**SPEC, "ctx_size": "512"}}, "spec.ctx_size", "bad_spec"),
         ("/v1/instances", {"spec": SPEC, "start": "true"}, "start", "bad_request"),
@@ -108,6 +112,7 @@ def test_an_empty_idempotency_key_is_refused(starting: httpx.Client) -> None:
         ("/v1/instances", None),  # no `content`: the well-formed placement below
         ("/v1/instances/x/stop", b""),
         ("/v1/instances/x/stop", b"null"),
+        ("/v1/instances/x/stop", b"  \n"),
         ("/v1/instances/x/stop", b'{"grace_s": 2}'),
         ("/v1/instances/x/start", b'{"controller": "ctl-1"}'),
         ("/v1/instances/x/unload", b""),
@@ -165,9 +170,52 @@ def test_a_watch_reads_through_keep_alives(
         node.heartbeat("ctl-1")  # the first one heard is recorded: node.lease_renewed
         watcher.join(10)
         assert not failed, failed
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(socket_path(data))), base_url="http://node"
+        ) as raw:
+            for headers, params in (
+                ({"last-event-id": "\u00b2".encode("latin-1")}, {}),
+                ({"last-event-id": "9" * 30}, {}),
+                ({}, {"from_seq": str(10**23)}),
+            ):
+                answer = raw.get("/v1/events", headers=headers, params=params)
+                assert answer.status_code == 400, (headers, params, answer.text)
         assert seen and seen[-1].kind == "node.lease_renewed", [e.kind for e in seen]
         assert [e.seq for e in seen] == list(range(len(seen)))
         server.stopping()
         node.shutdown()
     finally:
         server.close()
+
+
+def test_a_tokens_file_readable_by_others_is_refused(tmp_path: Path) -> None:
+    first = load_or_create_tokens(tmp_path, ["operator"])
+    path = tmp_path / TOKENS_FILE
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert load_or_create_tokens(tmp_path, ["operator"]).names == first.names
+    path.chmod(0o644)
+    with pytest.raises(ApiConfigError, match="chmod 600"):
+        load_or_create_tokens(tmp_path, ["operator"])
+
+
+def test_an_answer_is_kept_under_its_key_unless_nothing_was_done() -> None:
+    """A 503 (nothing done) or no answer is forgotten; a 504 or 500 (accepted and
+    recorded) is kept, so a retry with the key does not do the verb twice."""
+    store = IdempotencyStore()
+    for status, kept in (
+        (200, True),
+        (409, True),
+        (500, True),
+        (504, True),
+        (503, False),
+        (0, False),
+    ):
+        slot = ("uid=0(root)", str(status).encode())
+        assert store.begin(slot, b"print") is None
+        store.finish(slot, _Stored(b"print", status=status))
+        assert (store.begin(slot, b"print") is not None) is kept, status
+
+
+def test_an_instance_id_stays_one_path_segment() -> None:
+    assert _at("../instances") == "/instances/..%2Finstances"
+    assert _at("x?y", "stop") == "/instances/x%3Fy/stop"

@@ -486,6 +486,9 @@ def test_a_verb_naming_a_controller_is_the_controllers(
             client.stop(iid, grace_s=1.0, controller=CONTROLLER)
             by_operator = client.start(iid)
             client.stop(iid, grace_s=1.0)
+            # A placement retried with start (its first start cut off) starts it.
+            again = client.place(spec, controller=CONTROLLER, generation=1, start=True)
+            client.stop(iid, grace_s=1.0, controller=CONTROLLER)
         server.stopping()
         node.shutdown()
     finally:
@@ -498,7 +501,9 @@ def test_a_verb_naming_a_controller_is_the_controllers(
     assert [(src.partition(":")[0], reset) for src, reset in starts] == [
         ("controller", False),
         ("operator", True),
+        ("controller", False),
     ], starts
+    assert (again.outcome, again.started, again.start_error) == ("unchanged", True, None)
     assert by_controller.seq < by_operator.seq
     renewals = [
         src for kind, src, _ in payloads(settings.chain_path) if kind == "node.lease_renewed"

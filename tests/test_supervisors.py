@@ -21,6 +21,7 @@ from support import wait_until
 from infervisor.actors import messages as m
 from infervisor.actors.clock import ManualClock, RealClock, Timer
 from infervisor.actors.node import Node
+from infervisor.actors.settings import NodeSettings
 from infervisor.actors.supervisor import SupervisorActor
 from infervisor.actors.watchdog import NodeFailure, Watchdog
 from infervisor.tools import run
@@ -252,6 +253,7 @@ class FailingNode:
 
     def __init__(self, failure: NodeFailure) -> None:
         self._failure = failure
+        self.settings = NodeSettings(node_id="n1", data_dir="unused")
         self.looks = 0
         self.shutdowns: list[str] = []
 
@@ -265,8 +267,8 @@ class FailingNode:
 
 
 class QuietControl:
-    def stopping(self) -> None:
-        pass
+    def stopping(self, timeout_s: float | None = None) -> bool:
+        return True
 
     def close(self) -> None:
         pass

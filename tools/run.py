@@ -97,6 +97,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: The exit status of a run whose node failed while running.
 EXIT_FAILED = 3
 
+#: Seconds beyond the stop grace the shutdown waits for changing verbs in flight
+#: (a stop's grace is bounded by the node's; a placement's admission may take
+#: longer: it is then answered 503 by the ended node).
+IN_FLIGHT_WAIT_S = 30.0
+
+log = logging.getLogger(__name__)
+
 Say = Callable[[str], None]
 _DONE = ""  # queued by the shutdown thread; signal names are never empty
 
@@ -138,8 +145,8 @@ def _printing_and_waking(say: Say, api: ApiServer) -> Callable[[StoredEvent], No
     """The node's event observer: one line per durable event, and the API's watch streams woken."""
 
     def observe(stored: StoredEvent) -> None:
+        api.notify(stored)  # first: a blocked terminal must not hold the watch streams back
         say(event_line(stored))
-        api.notify(stored)
 
     return observe
 
@@ -533,7 +540,12 @@ def _shutdown(
 
     def work() -> None:
         try:
-            control.stopping()
+            bound = node.settings.stop_grace_s + IN_FLIGHT_WAIT_S
+            if not control.stopping(timeout_s=bound):
+                log.warning(
+                    "shutdown: verbs still in flight after %.0f s; stopping the servers anyway",
+                    bound,
+                )
             node.shutdown(reason=reason)
             control.close()  # 503 for every request from now on, streams ended
         except (NodeError, ChainError, pykka.ActorDeadError) as e:

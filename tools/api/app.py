@@ -16,11 +16,14 @@ from __future__ import annotations
 import builtins
 import contextlib
 import inspect
+import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import anyio.to_thread
 import msgspec
 import pykka
 from litestar import Litestar, MediaType, Request, Response, get, post
@@ -52,6 +55,7 @@ from .errors import ApiError, ApiRefusal, NodeStarting, NodeStopping, answer_for
 from .gate import Gate, Phase
 from .idempotency import IdempotencyStore, idempotent
 from .logs import STREAMS, follow_log, log_file
+from .strict import ALLOWED as _ALLOWED
 from .strict import strict_bodies
 from .watch import WatchHub, stream_events
 from .wire import (
@@ -74,7 +78,10 @@ from .wire import (
 
 __all__ = ["ApiContext", "build_app", "openapi_document"]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: The largest seq a request may name (SQLite's INTEGER is 64-bit).
+MAX_SEQ = 2**63 - 2
 _V = f"/{API_VERSION}"
 
 
@@ -104,6 +111,7 @@ _ERRORS = {
     "request with this Idempotency-Key is still in flight.",
     422: "Admission refused (with the numbers), or an Idempotency-Key reused for another request.",
     500: "The verb was accepted and recorded, but its work failed (or the node failed).",
+    413: "The body is larger than 1 MiB.",
     502: "The server did not produce a token (deep health check).",
     503: "The node is starting or shutting down: retry later.",
     504: "Accepted and recorded, but not done in time; it goes on.",
@@ -112,7 +120,7 @@ _ERRORS = {
 #: Every route may answer these (authentication, the node's phase, a failure).
 _ALWAYS = (400, 401, 403, 500, 503)
 #: Every POST may answer these too (Idempotency-Key in flight, reused).
-_POSTED = (409, 422)
+_POSTED = (409, 413, 422)
 
 
 def _responses(*statuses: int) -> dict[int, ResponseSpec]:
@@ -155,8 +163,10 @@ def _error_response(status: int, error: ErrorBody) -> Response[ErrorEnvelope]:
     return Response(ErrorEnvelope(error=error), status_code=status, media_type=MediaType.JSON)
 
 
-def _on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[ErrorEnvelope]:
+def _on_error(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorEnvelope]:
     status, body = answer_for(exc)
+    if body.code == "node_error" and not isinstance(exc, ApiError):  # a bug: keep its traceback
+        log.error("control API: %s %s failed", request.method, request.url.path, exc_info=exc)
     return _error_response(status, body)
 
 
@@ -182,12 +192,6 @@ def _on_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorEnv
     if exc.status_code == 404:
         message += f"; the routes are under {_V}/ (GET /schema/openapi.json lists them)"
     return _error_response(exc.status_code, ErrorBody(code=code, message=message))
-
-
-_ALLOWED = {
-    "spec.flavor": "llamacpp, mlx-lm, ollama",
-    "spec.mode": "adopted, managed",
-}
 
 
 # ---------------------------------------------------------------- helpers
@@ -323,7 +327,9 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
             )
             iid = placed.instance_id
             started, refused = False, None
-            if data.start and placed.outcome.value == "applied":
+            # Also when unchanged: a retry of a placement whose start was cut off starts it
+            # (a start of a running instance records nothing).
+            if data.start and placed.outcome.value != "ignored":
                 try:
                     node.start(iid, by=by)
                     started = True
@@ -453,7 +459,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
     )
     async def events(
         from_seq: Annotated[
-            int | None, QueryParameter(ge=0, description="First seq to send.")
+            int | None, QueryParameter(ge=0, le=MAX_SEQ, description="First seq to send.")
         ] = None,
         follow: Annotated[bool, QueryParameter(description="Keep sending new events.")] = True,
         last_event_id: Annotated[
@@ -509,7 +515,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
             raise ApiError(
                 f"stream {stream!r}: allowed {', '.join(STREAMS)}", "bad_value", 400, "stream"
             )
-        _require_open(ctx).status(instance_id)  # 404 for an unknown one
+        await anyio.to_thread.run_sync(_known, ctx, instance_id)  # 404 for an unknown one
         path = log_file(ctx.data_dir, instance_id, stream)
         chunks = follow_log(path, tail_bytes=tail_bytes, follow=follow, stopped=ctx.hub)
         return Stream(chunks, media_type=MediaType.TEXT)  # Litestar adds "; charset=utf-8"
@@ -674,6 +680,12 @@ def _struct_schema(cls: type[msgspec.Struct]) -> Schema:
     )
 
 
+def _known(ctx: ApiContext, instance_id: str) -> None:
+    """Raise as a status of ``instance_id`` would (on a worker thread: it asks an actor)."""
+    with _admitted(ctx, changes=False) as node:
+        node.status(instance_id)
+
+
 def _require_open(ctx: ApiContext) -> Node:
     node = ctx.gate.node
     if node is None and ctx.gate.phase is Phase.STOPPING:
@@ -689,7 +701,7 @@ def _resume_from(last: str | None, from_seq: int | None, ctx: ApiContext) -> int
     if from_seq is not None:
         return from_seq
     if last is not None:
-        if not last.strip().isdigit():
+        if not re.fullmatch(r"[0-9]{1,18}", last.strip()):
             raise ApiError(
                 f"Last-Event-ID {last!r}: expected the seq of the last event seen",
                 "bad_value",
@@ -712,8 +724,10 @@ def wrap(app: Any, ctx: ApiContext) -> Any:
     inner = strict_bodies(idempotent(app, ctx.idempotency))
 
     async def authenticated(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await inner(scope, receive, send)
+            return
+        if scope["type"] != "http":  # nothing else is served; nothing else is authenticated
             return
         try:
             scope["infervisor.identity"] = _authenticate(scope, ctx)

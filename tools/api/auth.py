@@ -22,6 +22,7 @@ import os
 import pwd
 import secrets
 import socket
+import stat
 import struct
 from pathlib import Path
 
@@ -206,6 +207,19 @@ def load_or_create_tokens(data_dir: Path, names: list[str]) -> Tokens:
 
 def _read_tokens(path: Path) -> dict[str, str]:
     try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ApiConfigError(f"cannot read the tokens file {path}: {e.strerror or e}") from e
+    if not stat.S_ISREG(mode) or mode & 0o077:
+        raise ApiConfigError(
+            f"the tokens file {path} is not a regular file of mode 0600 (it is "
+            f"{'not a regular file' if not stat.S_ISREG(mode) else oct(mode & 0o777)}): "
+            f"its secrets may have been read; `chmod 600 {path}` if it is yours, or remove "
+            "it (new secrets are generated at the next start)"
+        )
+    try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
@@ -217,10 +231,26 @@ def _read_tokens(path: Path) -> dict[str, str]:
 
 
 def _write_tokens(path: Path, tokens: dict[str, str]) -> None:
+    """Write aside (0600 from its creation, never through a link), fsync, rename, fsync
+    the folder: a crash leaves the old file or the new one, whole.
+
+    Raises:
+        ApiConfigError: the file cannot be written (names it and why).
+    """
     aside = path.with_name(path.name + ".new")
-    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump(tokens, out, indent=2, sort_keys=True)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(aside, path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        aside.unlink(missing_ok=True)  # a crashed write's leftover: never reused
+        fd = os.open(aside, flags, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(tokens, out, indent=2, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(aside, path)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError as e:
+        raise ApiConfigError(f"cannot write the tokens file {path}: {e.strerror or e}") from e

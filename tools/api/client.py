@@ -11,6 +11,7 @@ Errors are those of :mod:`.errors`: ``NotRunning`` when nothing listens,
 from __future__ import annotations
 
 import builtins
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,7 +113,7 @@ class ApiClient:
 
     def status(self, instance: str) -> InstanceView:
         """One instance's view."""
-        return self._call("GET", f"/instances/{instance}", InstanceView)
+        return self._call("GET", _at(instance), InstanceView)
 
     def place(
         self,
@@ -142,7 +143,11 @@ class ApiClient:
         """Start the server (an operator's start resets the restart budget; a
         ``controller``'s does not, and renews its lease)."""
         return self._call(
-            "POST", f"/instances/{instance}/start", VerbAnswer, _by(controller), idempotency_key
+            "POST",
+            _at(instance, "start"),
+            VerbAnswer,
+            _by(controller),
+            idempotency_key,
         )
 
     def stop(
@@ -155,7 +160,7 @@ class ApiClient:
     ) -> VerbAnswer:
         """Stop the server; answered once nothing of it is left."""
         body = _by(controller, grace_s=grace_s) if grace_s is not None else _by(controller)
-        return self._call("POST", f"/instances/{instance}/stop", VerbAnswer, body, idempotency_key)
+        return self._call("POST", _at(instance, "stop"), VerbAnswer, body, idempotency_key)
 
     def restart(
         self,
@@ -166,7 +171,11 @@ class ApiClient:
     ) -> VerbAnswer:
         """Stop (when running), then start."""
         return self._call(
-            "POST", f"/instances/{instance}/restart", VerbAnswer, _by(controller), idempotency_key
+            "POST",
+            _at(instance, "restart"),
+            VerbAnswer,
+            _by(controller),
+            idempotency_key,
         )
 
     def unload(
@@ -178,12 +187,16 @@ class ApiClient:
     ) -> UnloadAnswer:
         """Stop the server and forget the instance."""
         return self._call(
-            "POST", f"/instances/{instance}/unload", UnloadAnswer, _by(controller), idempotency_key
+            "POST",
+            _at(instance, "unload"),
+            UnloadAnswer,
+            _by(controller),
+            idempotency_key,
         )
 
     def deep_health(self, instance: str) -> str:
         """The one token the server produced."""
-        return self._call("POST", f"/instances/{instance}/deep-health", TokenAnswer).token
+        return self._call("POST", _at(instance, "deep-health"), TokenAnswer).token
 
     def heartbeat(self, controller: str, *, idempotency_key: str | None = None) -> HeartbeatAnswer:
         """Renew ``controller``'s lease."""
@@ -225,7 +238,7 @@ class ApiClient:
     ) -> Iterator[bytes]:
         """The server's captured output, then (``follow``) what it appends."""
         params = {"stream": stream, "follow": str(follow).lower(), "tail_bytes": tail_bytes}
-        with self._stream("GET", f"{_V}/instances/{instance}/logs", params) as response:
+        with self._stream("GET", _V + _at(instance, "logs"), params) as response:
             yield from self._guarded(response.iter_bytes())
 
     # ------------------------------------------------------------ plumbing
@@ -262,8 +275,8 @@ class ApiClient:
             if method == "POST" and not isinstance(e, httpx.ConnectError):
                 raise NodeStopping(
                     f"the node at {self.where} went away before answering ({e}): the verb "
-                    "may have been recorded; see `infervisor status` or `infervisor watch`, "
-                    "or retry with the same Idempotency-Key once the node is back",
+                    "may have been recorded: see `infervisor status` or `infervisor watch` "
+                    "once the node is back before asking again",
                     "no_answer",
                     0,
                 ) from e
@@ -323,6 +336,13 @@ def _by(controller: str | None, **fields: Any) -> dict[str, Any] | None:
     """A verb's body: the asking controller (none: an operator) and its other fields."""
     body = {**fields, **({"controller": controller} if controller is not None else {})}
     return body or None
+
+
+def _at(instance: str, verb: str = "") -> str:
+    """``/instances/ID[/VERB]``, the id quoted as one path segment (``/``, ``?``
+    and ``..`` cannot leave it)."""
+    path = f"/instances/{urllib.parse.quote(instance, safe='')}"
+    return f"{path}/{verb}" if verb else path
 
 
 def _raise_for(response: httpx.Response) -> None:

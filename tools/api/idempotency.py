@@ -6,8 +6,10 @@ The behaviour follows the IETF draft "The Idempotency-Key HTTP Header Field"
 first request with it is done and its answer stored; a repeat of the same
 request (same caller, method, path and body) is answered from the store; a
 repeat while the first is still in flight is refused with 409; a key reused
-for a different request is refused with 422. Answers 5xx (the node starting,
-stopping or timing out) are not stored, so a retry is done again.
+for a different request is refused with 422. A 503 (the node starting or
+stopping: nothing was done) is not stored, nor a request the app failed to
+answer, so a retry is done; every other answer is, 500 and 504 included
+(the verb was accepted and recorded: doing it again would do it twice).
 
 The store is the running node's memory (bounded, :data:`MAX_KEYS`, oldest
 out first): a key does not outlive the node. A retry after a node restart is
@@ -32,6 +34,8 @@ HEADER = b"idempotency-key"
 #: Keys kept; past this the oldest answer is forgotten.
 MAX_KEYS = 10_000
 MAX_KEY_LENGTH = 255
+#: Largest body read to fingerprint, bytes (as tools/api/strict.py).
+MAX_BODY = 1024 * 1024
 
 Scope = dict[str, Any]
 
@@ -79,8 +83,8 @@ class IdempotencyStore:
         return found
 
     def finish(self, slot: tuple[str, bytes], stored: _Stored) -> None:
-        """Keep ``stored`` (a 2xx or 4xx answer) or forget the key (5xx)."""
-        if stored.status >= 500:
+        """Keep ``stored``, or forget the key: a 503 (nothing done) or no answer (status 0)."""
+        if stored.status in (0, 503):
             self._answers.pop(slot, None)
         else:
             stored.done = True
@@ -122,7 +126,18 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
                 ),
             )
             return
-        body = await read_body(receive) or b""
+        body = await read_body(receive, limit=MAX_BODY)
+        if body is None:
+            await _send_error(
+                send,
+                413,
+                ErrorBody(
+                    code="too_large",
+                    field=None,
+                    message=f"the body is larger than {MAX_BODY} bytes",
+                ),
+            )
+            return
         slot = (str(scope.get("infervisor.identity", "")), key)
         fingerprint = hashlib.sha256(
             b"\0".join([scope["method"].encode(), scope["path"].encode(), body])
@@ -139,9 +154,7 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
         try:
             await app(scope, replayed(body), _capturing(send, stored))
         finally:
-            if stored.status == 0:
-                stored.status = 500  # the app failed before answering: not kept
-            store.finish(slot, stored)
+            store.finish(slot, stored)  # status 0: the app failed before answering
 
     return middleware
 

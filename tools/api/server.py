@@ -101,6 +101,7 @@ class ApiServer:
         config = uvicorn.Config(
             wrap(build_app(ctx), ctx),
             http=_PeerProtocol,
+            ws="none",  # no WebSocket routes: an upgrade is answered as plain HTTP
             lifespan="on",
             log_config=None,
             access_log=False,

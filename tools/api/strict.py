@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .idempotency import read_body, replayed
+from .idempotency import MAX_BODY, read_body, replayed
 from .wire import (
     API_VERSION,
     ErrorBody,
@@ -28,10 +28,8 @@ from .wire import (
     VerbRequest,
 )
 
-__all__ = ["MAX_BODY", "explain", "strict_bodies"]
+__all__ = ["ALLOWED", "MAX_BODY", "explain", "strict_bodies"]
 
-#: Largest request body, bytes (a spec is a few hundred).
-MAX_BODY = 1024 * 1024
 
 _V = f"/{API_VERSION}"
 _ID = r"[^/]+"
@@ -47,7 +45,8 @@ _DECODERS: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
 }
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _NAMED = re.compile(r"^Object (?:contains unknown|missing required) field `(?P<name>[^`]*)`$")
-_ALLOWED = {
+#: The allowed values of the enum fields, for their error messages.
+ALLOWED = {
     "spec.flavor": "llamacpp, mlx-lm, ollama",
     "spec.mode": "adopted, managed",
 }
@@ -62,7 +61,7 @@ def explain(error: msgspec.MsgspecError) -> ErrorBody:
     named = _NAMED.match(what)
     if named:
         path = f"{path}.{named['name']}" if path else named["name"]
-    allowed = _ALLOWED.get(path)
+    allowed = ALLOWED.get(path)
     if allowed and "allowed" not in what:
         what += f"; allowed: {allowed}"
     if isinstance(error, msgspec.DecodeError) and not path:
@@ -76,8 +75,9 @@ def explain(error: msgspec.MsgspecError) -> ErrorBody:
 def _body_type(scope: dict[str, Any]) -> tuple[type[msgspec.Struct], bool] | None:
     if scope["type"] != "http" or scope["method"] != "POST":
         return None
+    path = scope["path"].rstrip("/") or "/"  # Litestar routes a trailing slash alike
     for pattern, body_type, optional in _BODIES:
-        if pattern.match(scope["path"]):
+        if pattern.match(path):
             return body_type, optional
     return None
 
@@ -103,7 +103,9 @@ def strict_bodies(app: Any) -> Any:
                 ),
             )
             return
-        if body.strip() or not optional:
+        if not body.strip() and optional:
+            body = b""  # no body: the route's defaults (blank space would not decode)
+        else:
             try:
                 _DECODERS[body_type].decode(body)
             except (msgspec.ValidationError, msgspec.DecodeError) as e:
