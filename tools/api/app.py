@@ -613,7 +613,7 @@ _DESCRIPTION = (
 
 def _amend(doc: OpenAPI) -> None:
     """What Litestar cannot say from the handlers: the watch stream's event type, the
-    optional stop body, the 401's challenge. Mutates the app's cached document, so the
+    verbs' optional bodies, the 401's challenge. Mutates the app's cached document, so the
     one served at /schema/openapi.json is this one too."""
     assert doc.components is not None
     assert doc.paths is not None
@@ -642,10 +642,11 @@ def _amend(doc: OpenAPI) -> None:
                         required=True,
                     )
                 }
-    stop = doc.paths[f"{_V}/instances/{{instance_id}}/stop"].post
-    assert stop is not None
-    assert stop.request_body is not None
-    stop.request_body.required = False  # type: ignore[union-attr]
+    for verb in ("start", "stop", "restart", "unload"):  # their bodies are optional
+        operation = doc.paths[f"{_V}/instances/{{instance_id}}/{verb}"].post
+        assert operation is not None
+        assert operation.request_body is not None
+        operation.request_body.required = False  # type: ignore[union-attr]
     grace = schemas["StopRequest"].properties
     assert grace is not None
     grace_s = grace["grace_s"]
