@@ -213,25 +213,14 @@ def _caller(node: Node, request: Request[Any, Any, Any], data: VerbRequest | Non
     return _source(request, "controller")
 
 
-def _last_of(chain_path: Path, instance_id: str) -> tuple[int, str]:
-    """The seq and hash (hex) of the instance's last durable event."""
+def _last_of(chain_path: Path, instance_id: str | None = None) -> tuple[int, str]:
+    """The seq and hash (hex) of the instance's last durable event (None: the chain's
+    head); ``(-1, "")`` when there is none."""
+    where, params = ("WHERE subject = ? ", (instance_id,)) if instance_id is not None else ("", ())
     conn = connect_reader(str(chain_path))
     try:
-        row = conn.execute(
-            "SELECT seq, hash FROM events WHERE subject = ? ORDER BY seq DESC LIMIT 1",
-            (instance_id,),
-        ).fetchone()
-        if row is None:
-            row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
-    finally:
-        conn.close()
-    return int(row[0]), bytes(row[1]).hex()
-
-
-def _head(chain_path: Path) -> tuple[int, str]:
-    conn = connect_reader(str(chain_path))
-    try:
-        row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        query = f"SELECT seq, hash FROM events {where}ORDER BY seq DESC LIMIT 1"  # noqa: S608
+        row = conn.execute(query, params).fetchone()
     finally:
         conn.close()
     return (int(row[0]), bytes(row[1]).hex()) if row else (-1, "")
@@ -278,7 +267,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
     def node_info() -> NodeInfo:
         """The node, its phase and its chain head; 503 while it starts (a readiness check)."""
         with _admitted(ctx, changes=False) as node:
-            seq, digest = _head(ctx.chain_path)
+            seq, digest = _last_of(ctx.chain_path)
             return NodeInfo(
                 node_id=ctx.node_id,
                 version=VERSION,
@@ -710,7 +699,7 @@ def _resume_from(last: str | None, from_seq: int | None, ctx: ApiContext) -> int
                 "Last-Event-ID",
             )
         return int(last) + 1
-    return _head(ctx.chain_path)[0] + 1
+    return _last_of(ctx.chain_path)[0] + 1
 
 
 def openapi_document(app: Litestar) -> bytes:

@@ -19,11 +19,13 @@ from pathlib import Path
 import anyio.to_thread
 import msgspec
 
+from infervisor.chain import StoredEvent
 from infervisor.chain.connect import connect_reader
+from infervisor.chain.schema import SELECT_EVENTS, to_event
 
 from .wire import WatchEvent
 
-__all__ = ["BATCH", "KEEPALIVE_S", "WatchHub", "read_after", "stream_events"]
+__all__ = ["BATCH", "KEEPALIVE_S", "WatchHub", "read_after", "stream_events", "watch_event"]
 
 #: Rows read per query.
 BATCH = 500
@@ -31,33 +33,31 @@ BATCH = 500
 #: comment (keeps proxies open; recovers a wake-up the observer dropped).
 KEEPALIVE_S = 5.0
 
-_ROWS = (
-    "SELECT seq, ts_ns, node, source, kind, subject, payload, hash, prev_hash "
-    "FROM events WHERE seq >= ? ORDER BY seq LIMIT ?"
-)
-
 
 def read_after(chain_path: Path, from_seq: int, limit: int = BATCH) -> list[WatchEvent]:
     """Up to ``limit`` durable events with ``seq >= from_seq``, in seq order."""
     conn = connect_reader(str(chain_path))
     try:
-        rows = conn.execute(_ROWS, (from_seq, limit)).fetchall()
+        query = SELECT_EVENTS + " WHERE seq >= ? ORDER BY seq LIMIT ?"
+        rows = conn.execute(query, (from_seq, limit)).fetchall()
     finally:
         conn.close()
-    return [
-        WatchEvent(
-            seq=seq,
-            ts_ns=ts_ns,
-            node=node,
-            source=source,
-            kind=kind,
-            subject=subject,
-            payload=msgspec.json.decode(payload),
-            hash=bytes(digest).hex(),
-            prev_hash=bytes(prev).hex(),
-        )
-        for seq, ts_ns, node, source, kind, subject, payload, digest, prev in rows
-    ]
+    return [watch_event(to_event(row)) for row in rows]
+
+
+def watch_event(stored: StoredEvent) -> WatchEvent:
+    """A stored event as the stream sends it: the payload decoded, the hashes hex."""
+    return WatchEvent(
+        seq=stored.seq,
+        ts_ns=stored.ts_ns,
+        node=stored.node,
+        source=stored.source,
+        kind=stored.kind,
+        subject=stored.subject,
+        payload=msgspec.json.decode(stored.payload),
+        hash=stored.hash.hex(),
+        prev_hash=stored.prev_hash.hex(),
+    )
 
 
 class WatchHub:
