@@ -214,16 +214,22 @@ def _caller(node: Node, request: Request[Any, Any, Any], data: VerbRequest | Non
 
 
 def _last_of(chain_path: Path, instance_id: str | None = None) -> tuple[int, str]:
-    """The seq and hash (hex) of the instance's last durable event (None: the chain's
-    head); ``(-1, "")`` when there is none."""
-    where, params = ("WHERE subject = ? ", (instance_id,)) if instance_id is not None else ("", ())
+    """The seq and hash (hex) of the instance's last durable event, or of the chain's
+    head (None, or an instance with no event of its own); ``(-1, "")`` on no event."""
     conn = connect_reader(str(chain_path))
     try:
-        query = f"SELECT seq, hash FROM events {where}ORDER BY seq DESC LIMIT 1"  # noqa: S608
-        row = conn.execute(query, params).fetchone()
+        row = None
+        if instance_id is not None:
+            row = conn.execute(_LAST + "WHERE subject = ? " + _NEWEST, (instance_id,)).fetchone()
+        if row is None:
+            row = conn.execute(_LAST + _NEWEST).fetchone()
     finally:
         conn.close()
     return (int(row[0]), bytes(row[1]).hex()) if row else (-1, "")
+
+
+_LAST = "SELECT seq, hash FROM events "
+_NEWEST = "ORDER BY seq DESC LIMIT 1"
 
 
 @contextlib.contextmanager
