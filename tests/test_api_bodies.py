@@ -84,6 +84,10 @@ def test_a_body_of_the_wrong_shape_is_refused_naming_the_field(
     assert error["message"].startswith(f"{field}: "), error
     if field == "spec.flavor":
         assert "allowed: llamacpp, mlx-lm, ollama" in error["message"]
+    if field == "bogus":
+        assert "allowed: spec, controller, generation, start" in error["message"]
+    if field == "spec.colour":
+        assert "allowed: role, flavor, port, mode, model" in error["message"]
 
 
 def test_a_body_that_is_not_json_is_refused(starting: httpx.Client) -> None:

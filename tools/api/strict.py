@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from infervisor.adapters.spec import InstanceSpec
+
 from .idempotency import MAX_BODY, read_body, replayed
 from .wire import (
     API_VERSION,
@@ -52,14 +54,18 @@ ALLOWED = {
 }
 
 
-def explain(error: msgspec.MsgspecError) -> ErrorBody:
-    """A body that does not decode: the field at fault (``spec.port``) and what is wrong."""
+def explain(error: msgspec.MsgspecError, body_type: type[msgspec.Struct]) -> ErrorBody:
+    """A body of ``body_type`` that does not decode: the field at fault (``spec.port``)
+    and what is wrong; an unknown field is answered with the fields there are."""
     match = _AT.match(str(error))
     what = match["what"] if match else str(error)
     path = (match["path"] or "").lstrip(".") if match else ""
     path = re.sub(r"\[(\d+)\]", r".\1", path).replace("[...]", "")  # a dict value: its map
     named = _NAMED.match(what)
     if named:
+        if what.startswith("Object contains unknown") and path in ("", "spec"):
+            known = (InstanceSpec if path else body_type).__struct_fields__
+            what += f"; allowed: {', '.join(known)}"
         path = f"{path}.{named['name']}" if path else named["name"]
     allowed = ALLOWED.get(path)
     if allowed and "allowed" not in what:
@@ -109,7 +115,7 @@ def strict_bodies(app: Any) -> Any:
             try:
                 _DECODERS[body_type].decode(body)
             except (msgspec.ValidationError, msgspec.DecodeError) as e:
-                await _refuse(send, 400, explain(e))
+                await _refuse(send, 400, explain(e, body_type))
                 return
         await app(scope, replayed(body), send)
 
