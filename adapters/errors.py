@@ -35,7 +35,15 @@ class AdapterError(Exception):
 
 
 class SpecError(AdapterError, ValueError):
-    """An instance spec is invalid; the message names the field and the allowed values."""
+    """An instance spec is invalid; the message names the field and the allowed values.
+
+    ``field`` is the path of the field at fault inside the spec (``port``,
+    ``env.PATH``, ``restart``); the control API answers it as ``spec.<field>``.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class RegistryError(AdapterError):

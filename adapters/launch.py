@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from .errors import AdmissionRefused, ProgramMissing
+from .llama_choice import LLAMA_SERVER_VAR
 from .manifest import ModelFormat
 from .process import LaunchPlan, launch_env
 from .registry import ResolvedModel, check_format
@@ -52,6 +53,7 @@ def build_llamacpp_launch(
     workdir: Path,
     passthrough: Sequence[str] = ("HOME", "PATH"),
     extra_env: Mapping[str, str] = _EMPTY,
+    llama_server: str | None = None,
 ) -> LaunchPlan:
     """The plan for a managed llama.cpp server::
 
@@ -59,7 +61,10 @@ def build_llamacpp_launch(
                 --alias <model name> [-md <draft path>]
 
     run in ``workdir`` with only the ``passthrough`` variables of this process,
-    then ``extra_env``, then ``spec.env`` (a later one wins on a clash).
+    then ``extra_env``, then ``spec.env`` (a later one wins on a clash), then,
+    last, ``INFERVISOR_LLAMA_SERVER=<llama_server>`` when ``llama_server`` (the
+    node's resolved choice, adapters/llama_choice.py) is given: nothing in a
+    spec changes which server the launcher execs.
 
     Raises:
         SpecError: the spec is invalid.
@@ -78,9 +83,13 @@ def build_llamacpp_launch(
     return LaunchPlan(
         program=program,
         args=args,
-        env=launch_env(passthrough, {**extra_env, **spec.env}),
+        env=launch_env(passthrough, {**extra_env, **spec.env, **_chosen(llama_server)}),
         cwd=str(workdir),
     )
+
+
+def _chosen(llama_server: str | None) -> dict[str, str]:
+    return {} if llama_server is None else {LLAMA_SERVER_VAR: llama_server}
 
 
 def build_mlx_launch(

@@ -19,7 +19,7 @@ from .spec import valid_token
 
 __all__ = ["ModelEntry", "ModelFormat", "check_entry", "to_toml"]
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class ModelFormat(enum.StrEnum):
@@ -91,5 +91,5 @@ def check_entry(entry: ModelEntry, where: str) -> None:
         raise RegistryError(
             f"{where}: size_bytes {entry.size_bytes} must be the size in bytes (> 0)"
         )
-    if not _HEX64.match(entry.blake3):
+    if not _HEX64.fullmatch(entry.blake3):
         raise RegistryError(f"{where}: blake3 {entry.blake3!r} must be 64 lowercase hex digits")

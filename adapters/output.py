@@ -28,6 +28,7 @@ import threading
 
 __all__ = [
     "KEPT_SPAWNS",
+    "LOG_MODE",
     "STDERR_LOG",
     "STDOUT_LOG",
     "LogReader",
@@ -43,6 +44,7 @@ STDOUT_LOG = "server.stdout.log"
 STDERR_LOG = "server.stderr.log"
 PREVIOUS = ".earlier"  # suffix of the saved tail of a truncated log (this spawn's)
 KEPT_SPAWNS = 3  # earlier spawns' logs kept: <log>.1 (the last) .. <log>.3
+LOG_MODE = 0o600  # logs, rotated logs and saved tails: the node's user only
 _TAIL_BYTES = 4096  # ExitInfo.output_tail
 _READ_CHUNK = 65536
 _POLL = 0.1  # s between reads at end of file
@@ -112,16 +114,29 @@ def create_logs(cwd: str) -> tuple[int, int]:
         OSError: a file could not be rotated or created.
     """
     fds: list[int] = []
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_TRUNC | os.O_APPEND
     try:
         for path in log_paths(cwd):
             rotate(path)
-            fds.append(os.open(path, flags, 0o640))
+            fds.append(open_private(path, flags))
     except OSError:
         for fd in fds:
             os.close(fd)
         raise
     return fds[0], fds[1]
+
+
+def open_private(path: str, flags: int) -> int:
+    """Open (creating) ``path`` with mode 0600 whatever the umask: a server's
+    output may echo its spec's env or requests; other users do not read it.
+    Close-on-exec. Raises OSError."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, LOG_MODE)
+    try:
+        os.fchmod(fd, LOG_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def rotate(path: str, keep: int = KEPT_SPAWNS) -> None:
@@ -139,15 +154,17 @@ def rotate(path: str, keep: int = KEPT_SPAWNS) -> None:
     for n in range(keep - 1, 0, -1):
         with contextlib.suppress(FileNotFoundError):
             os.replace(f"{path}.{n}", f"{path}.{n + 1}")
+            os.chmod(f"{path}.{n + 1}", LOG_MODE)  # one an older version left 0640
     earlier = path + PREVIOUS
     if not os.path.exists(earlier):
         with contextlib.suppress(FileNotFoundError):
             os.replace(path, f"{path}.1")
+            os.chmod(f"{path}.1", LOG_MODE)
         return
     with (
         contextlib.suppress(FileNotFoundError),
         open(path, "rb") as current,
-        open(earlier, "ab") as joined,
+        os.fdopen(open_private(earlier, os.O_WRONLY | os.O_APPEND), "ab") as joined,
     ):
         while chunk := current.read(_READ_CHUNK):
             joined.write(chunk)
@@ -228,6 +245,6 @@ class LogReader:
 
     def _save_previous(self) -> None:
         temporary = self._path + PREVIOUS + ".tmp"
-        with open(temporary, "wb") as f:
+        with os.fdopen(open_private(temporary, os.O_WRONLY | os.O_TRUNC), "wb") as f:
             f.write(self._tail.data())
         os.replace(temporary, self._path + PREVIOUS)

@@ -21,6 +21,7 @@ from .errors import AddressTaken, AdmissionRefused, RegistryError
 from .launch import build_llamacpp_launch, build_mlx_launch, resolve_program
 from .launched import LaunchedServer
 from .limits import ProcLimits
+from .llama_choice import resolve_llama_server
 from .managed_ollama import OllamaServer
 from .ports import port_in_use
 from .probe import HealthKind, ServerClient
@@ -202,7 +203,7 @@ def _launched(
     registry: ModelRegistry,
     settings: AdapterSettings,
 ) -> LaunchedServer:
-    draft = _locate(registry, spec.draft_model, "draft model") if spec.draft_model else None
+    draft = _locate(registry, spec.draft_model, "draft_model") if spec.draft_model else None
     llama = spec.flavor is Flavor.LLAMACPP
     program = resolve_program(settings.llamacpp_program if llama else settings.mlx_program)
     workdir = Path(settings.data_root) / "instances" / instance_id
@@ -230,7 +231,10 @@ def _launch_plan(
 ) -> LaunchPlan:
     env: dict[str, Any] = {"passthrough": settings.env_passthrough, "extra_env": settings.extra_env}
     if spec.flavor is Flavor.LLAMACPP:
-        launch = build_llamacpp_launch(spec, model, draft, program=program, workdir=workdir, **env)
+        chosen = resolve_llama_server(settings.llama_server)  # resolved at config load already
+        launch = build_llamacpp_launch(
+            spec, model, draft, program=program, workdir=workdir, llama_server=chosen, **env
+        )
     else:
         launch = build_mlx_launch(spec, model, program=program, workdir=workdir, **env)
     return msgspec.structs.replace(launch, limits=ProcLimits(), run_as=settings.run_as)

@@ -87,7 +87,7 @@ def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
-        raise SpecError(f"host {host!r} does not resolve: {e}") from e
+        raise SpecError(f"host {host!r} does not resolve: {e}", field="host") from e
     family, _, _, _, sockaddr = infos[0]
     return family, (str(sockaddr[0]), int(sockaddr[1]))
 
@@ -132,7 +132,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         try:
             s.bind((addr, 0))
         except OSError as e:
-            raise SpecError(f"cannot bind {host}: {e}") from e
+            raise SpecError(f"cannot bind {host}: {e}", field="host") from e
         return int(s.getsockname()[1])
 
 

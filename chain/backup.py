@@ -16,6 +16,7 @@ from pathlib import Path
 
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import ChainIOError
+from infervisor.chain.private import create_private
 
 
 def backup_chain(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> int:
@@ -39,6 +40,7 @@ def backup_chain(source: str | os.PathLike[str], target: str | os.PathLike[str])
         partial = f"{dst_name}.partial-{os.getpid()}"
         try:
             with translated(dst_name, "write the backup"):
+                os.close(create_private(partial))  # 0600 before a byte is in it
                 dst = sqlite3.connect(partial)
                 try:
                     src.backup(dst)

@@ -42,6 +42,7 @@ from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import BundleError, CheckpointError
 from infervisor.chain.keys import rotations_in, trusted_keys
 from infervisor.chain.note import Verifier
+from infervisor.chain.private import FOLDER_MODE, create_private, private_folder
 
 BUNDLE_FORMAT = "infervisor-bundle/1"
 EVENTS_FILE = "events.jsonl"
@@ -134,7 +135,7 @@ def export_bundle(
     # Written aside and renamed into place: a failed export leaves no half bundle.
     try:
         folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        folder.chmod(0o755)  # as mkdir would make it: a bundle is for handing out
+        folder.chmod(FOLDER_MODE)  # private: it holds specs and env values; copy to hand out
     except OSError as e:
         raise BundleError(f"{target}: cannot write there: {e.strerror or e}") from e
     try:
@@ -152,13 +153,13 @@ def export_bundle(
 
 def _write_bundle(name: str, folder: Path, verifier: Verifier | None) -> dict[str, Any]:
     """Write the bundle's files into ``folder``; the manifest."""
-    (folder / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
+    private_folder(folder / CHECKPOINT_DIR)
     conn = connect_reader(name, text_as_bytes=True)
     count, head_seq, head_hash, node = 0, -1, "", ""
     try:
         with translated(name, "export"):
             conn.execute("BEGIN")
-            with (folder / EVENTS_FILE).open("wb") as f:
+            with os.fdopen(create_private(folder / EVENTS_FILE), "wb") as f:
                 for row in conn.execute(schema.SELECT_EVENTS + " ORDER BY seq"):
                     try:
                         f.write(event_line(row) + b"\n")
@@ -174,14 +175,12 @@ def _write_bundle(name: str, folder: Path, verifier: Verifier | None) -> dict[st
                         node = _text(row[2])
             sizes = []
             for cp in stored_checkpoints(conn):
-                (folder / CHECKPOINT_DIR / f"{cp.tree_size}.txt").write_text(
-                    cp.note, encoding="utf-8"
-                )
+                _write(folder / CHECKPOINT_DIR / f"{cp.tree_size}.txt", cp.note.encode())
                 sizes.append(cp.tree_size)
     finally:
         conn.close()
     if verifier is not None:
-        (folder / PUBLIC_KEY_FILE).write_text(verifier.key_string() + "\n", encoding="ascii")
+        _write(folder / PUBLIC_KEY_FILE, (verifier.key_string() + "\n").encode("ascii"))
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         size, digest = _sha256_file(path)
@@ -196,10 +195,14 @@ def _write_bundle(name: str, folder: Path, verifier: Verifier | None) -> dict[st
         "key": PUBLIC_KEY_FILE if verifier is not None else None,
         "files": files,
     }
-    (folder / MANIFEST_FILE).write_text(
-        json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
+    _write(folder / MANIFEST_FILE, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     return manifest
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Write the new file ``path`` with mode 0600 (chain/private.py)."""
+    with os.fdopen(create_private(path), "wb") as f:
+        f.write(data)
 
 
 class _Lookups:

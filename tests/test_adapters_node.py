@@ -30,6 +30,7 @@ from infervisor.actors.errors import InvalidState, UnknownInstance, VerbRefused
 from infervisor.actors.node import Node
 from infervisor.adapters.errors import AdmissionRefused, ProbeError
 from infervisor.adapters.launch import resolve_program
+from infervisor.adapters.llama_choice import resolve_llama_server
 from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.ports import free_port, port_in_use
 from infervisor.adapters.probe import HealthKind, ServerClient
@@ -303,7 +304,9 @@ def test_managed_environment_is_exactly_passthrough_node_and_spec_env(
     expected = {n: os.environ[n] for n in ("HOME", "PATH") if n in os.environ}
     # The launch token the exit-status shim recognises its server by (docs/process-supervision.md).
     assert env.pop("INFERVISOR_LAUNCH_TOKEN", "").startswith(iid[:12])
-    assert env == {**expected, "NODE_VAR": "node", "SPEC_VAR": "spec"}
+    # The node's choice of llama.cpp server, set last (adapters/llama_choice.py).
+    chosen = {"INFERVISOR_LLAMA_SERVER": resolve_llama_server("auto")}
+    assert env == {**expected, "NODE_VAR": "node", "SPEC_VAR": "spec", **chosen}
 
 
 # --- deep health --------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_plan_argv_env_and_cwd(
 ) -> None:
     monkeypatch.setenv("HOME", "/home/op")
     monkeypatch.setenv("SECRET_TOKEN", "x")
-    s = spec(draft_model="draft", ctx_size=2048, env={"LLAMA_ARG_THREADS": "2", "NODE": "spec"})
+    s = spec(draft_model="draft", ctx_size=2048, env={"OMP_NUM_THREADS": "2", "NODE": "spec"})
     plan = build_llamacpp_launch(
         s,
         reg.resolve("tiny"),
@@ -49,6 +49,7 @@ def test_plan_argv_env_and_cwd(
         workdir=tmp_path / "inst",
         passthrough=("HOME",),
         extra_env={"NODE": "node", "HF_HOME": "/hf"},
+        llama_server="/opt/llama/bin/llama-server",
     )
     weights = (tmp_path / "w").resolve()
     assert plan.program == "infervisor-llama-server"
@@ -64,7 +65,8 @@ def test_plan_argv_env_and_cwd(
         "HOME": "/home/op",
         "HF_HOME": "/hf",
         "NODE": "spec",
-        "LLAMA_ARG_THREADS": "2",
+        "OMP_NUM_THREADS": "2",
+        "INFERVISOR_LLAMA_SERVER": "/opt/llama/bin/llama-server",  # the node's, set last
     }
     assert plan.cwd == str(tmp_path / "inst")
 

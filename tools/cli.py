@@ -1373,8 +1373,6 @@ def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
         _SpecInput: the fragment cannot be read, or a key is unknown or mistyped
             (named, with the allowed keys or values: tools/config.py's messages).
     """
-    import tomllib  # noqa: PLC0415
-
     from . import config as config_module  # noqa: PLC0415
 
     raw: dict[str, Any] = {}
@@ -1382,12 +1380,16 @@ def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
     if fragment is not None:
         where = str(fragment)
         try:
-            raw = tomllib.loads(fragment.read_text(encoding="utf-8"))
+            raw = config_module.parse_toml(
+                fragment.read_text(encoding="utf-8"), f"--file {fragment}"
+            )
         except OSError as e:
             message = f"--file {fragment}: cannot read: {e.strerror or e}"
             raise _SpecInput(message, "bad_path", "--file") from e
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        except UnicodeDecodeError as e:
             raise _SpecInput(f"--file {fragment}: not valid TOML: {e}", "bad_spec", "--file") from e
+        except config_module.ConfigError as e:
+            raise _SpecInput(str(e), "bad_spec", "--file") from e
         if "instances" in raw:
             tables = raw.pop("instances")
             if raw or not isinstance(tables, list) or len(tables) != 1:

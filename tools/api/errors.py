@@ -120,7 +120,7 @@ def answer_for(error: BaseException) -> tuple[int, ErrorBody]:
         return error.status, ErrorBody(code=error.code, message=cut(str(error)), field=error.field)
     for cls, status, code in BY_CLASS:
         if isinstance(error, cls):
-            field = spec_field(str(error)) if code in ("bad_spec", "port_taken") else None
+            field = _bad_spec_field(error) if code == "bad_spec" else None
             if isinstance(error, AddressTaken):
                 field = "spec.port"  # "something is already listening on HOST:PORT; ..."
             if isinstance(error, UnknownInstance):
@@ -132,6 +132,16 @@ def answer_for(error: BaseException) -> tuple[int, ErrorBody]:
 
 
 _SPEC_FIELDS = frozenset(InstanceSpec.__struct_fields__)
+
+
+def _bad_spec_field(error: BaseException) -> str:
+    """The field a ``bad_spec`` answer names: the SpecError's own ``field``
+    (``env.PATH`` -> ``spec.env.PATH``), else the spec field its message
+    starts with, else ``spec`` (the spec as a whole): never null."""
+    own = getattr(error, "field", None) if isinstance(error, SpecError) else None
+    if own:
+        return f"spec.{own}"
+    return spec_field(str(error)) or "spec"
 
 
 def spec_field(message: str) -> str | None:
