@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from .errors import SpecError
 
 __all__ = [
+    "LLAMA_ARG_TUNING",
     "MAX_ENV_BYTES",
     "MAX_ENV_KEYS",
     "MAX_ENV_VALUE_BYTES",
@@ -62,12 +63,28 @@ REFUSED_ENV: tuple[tuple[str, str], ...] = (
     ("NODE_PATH", "Node.js module path"),
     ("OPENSSL_*", "OpenSSL's config, engines and providers (code)"),
     ("GGML_*", "ggml loads a backend library from GGML_BACKEND_PATH"),
-    ("LLAMA_ARG_*", "llama.cpp reads its flags from these: the model, a hub repo, a model URL"),
+    (
+        "LLAMA_ARG_*",
+        "llama.cpp reads its flags from these: the model, a hub repo, a model URL, "
+        "LoRA and projector files, the listen address (tuning flags: LLAMA_ARG_TUNING)",
+    ),
     ("LLAMA_CACHE", "llama.cpp's download cache"),
     ("HF_*", "the Hugging Face hub: endpoint, cache, token, offline switch"),
     ("TRANSFORMERS_*", "transformers' caches and offline switch"),
     ("INFERVISOR_*", "the node's own variables (launch token, llama_server choice)"),
 )
+
+#: llama.cpp flags a spec may set through ``LLAMA_ARG_*`` (docs/api.md): tuning
+#: only, none names a file, a URL, a repository or an address. A flag llama.cpp
+#: adds later is refused until it is listed here.
+LLAMA_ARG_TUNING = frozenset(
+    f"LLAMA_ARG_{name}"
+    for name in (
+        "N_GPU_LAYERS", "SPLIT_MODE", "MAIN_GPU", "TENSOR_SPLIT", "THREADS", "THREADS_BATCH",
+        "BATCH", "UBATCH", "N_PARALLEL", "CONT_BATCHING", "FLASH_ATTN", "CACHE_TYPE_K",
+        "CACHE_TYPE_V", "MLOCK", "NO_MMAP", "NUMA", "N_PREDICT", "DEFRAG_THOLD",
+    )
+)  # fmt: skip
 
 MAX_ENV_KEYS = 256
 """Most entries a spec's env may have."""
@@ -83,6 +100,8 @@ _WHERE = "docs/api.md, 'Refused environment variables'"
 def refused_reason(key: str) -> str | None:
     """Why ``key`` may not be set by a spec (the table's reason), or None if it may."""
     upper = key.upper()
+    if upper in LLAMA_ARG_TUNING:
+        return None
     for pattern, why in REFUSED_ENV:
         hit = upper.startswith(pattern[:-1]) if pattern.endswith("*") else upper == pattern
         if hit:
