@@ -18,10 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from chain_tamper import make_chain
 from conftest import NodeFactory
 from support import FAKE_GGUF, PROGRAMS
+from test_run_resume import NodeRun, end_runs
 
 from infervisor.actors.errors import BadArgument
 from infervisor.adapters.errors import RegistryError, SpecError
@@ -398,3 +400,41 @@ def test_a_llama_server_that_is_not_a_program_is_a_config_error(tmp_path: Path) 
             load_config(config)
     config.write_text(base + 'llama_server = "embedded"\n')
     assert load_config(config).node.llama_server == "embedded"
+
+
+def test_the_api_refuses_a_spec_env_path_naming_it_and_records_nothing(
+    tmp_path: Path, fake_llama: str
+) -> None:
+    data = tmp_path / "data"
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'[node]\nnode_id = "n1"\ndata_dir = "data"\nllamacpp_program = "{fake_llama}"\n'
+    )
+    marker_server(tmp_path / "evil", tmp_path / "evil.ran")
+    run = NodeRun(config, tmp_path / "run.log")
+    try:
+        run.until("the API socket", (data / "api.sock").exists)
+        transport = httpx.HTTPTransport(uds=str(data / "api.sock"))
+        with httpx.Client(transport=transport, base_url="http://node", timeout=30) as client:
+            run.until("the node open", lambda: client.get("/v1/node").status_code == 200)
+            before = count_events(data / "chain.db")
+            base = {"role": "chat", "flavor": "llamacpp", "model": "tiny", "port": free_port()}
+            bodies = {
+                "spec.env.PATH": {"env": {"PATH": str(tmp_path / "evil")}},
+                "spec.env.BIG": {"env": {"BIG": "x" * 900_000}},
+                "spec.env": {"env": {f"K{i}": "" for i in range(40_000)}},
+                "spec.role": {"role": "chat\n"},
+            }
+            for field, extra in bodies.items():
+                answer = client.post("/v1/instances", json={"spec": base | extra, "start": True})
+                error = answer.json()["error"]
+                assert (answer.status_code, error["code"], error["field"]) == (
+                    400, "bad_spec", field
+                ), error  # fmt: skip
+            answer = client.post("/v1/heartbeat", json={"controller": "c1\n"})
+            assert answer.status_code == 400 and answer.json()["error"]["field"] == "controller"
+            assert count_events(data / "chain.db") == before  # nothing recorded
+        assert run.stop() == 0, run.output()
+    finally:
+        end_runs([run], data / "chain.db")
+    assert not (tmp_path / "evil.ran").exists()
