@@ -16,16 +16,32 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-from .errors import AdmissionRefused, ProgramMissing
+from .errors import AdmissionRefused, ProgramMissing, SpecError
 from .llama_choice import LLAMA_SERVER_VAR
 from .manifest import ModelFormat
 from .process import LaunchPlan, launch_env
 from .registry import ResolvedModel, check_format
 from .spec import Flavor, InstanceSpec
 
-__all__ = ["build_llamacpp_launch", "build_mlx_launch", "check_format", "resolve_program"]
+__all__ = [
+    "MAX_ARG_STRLEN",
+    "build_llamacpp_launch",
+    "build_mlx_launch",
+    "check_exec_size",
+    "check_format",
+    "resolve_program",
+]
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+
+MAX_ARG_STRLEN = 32 * 4096
+"""Bytes (with its NUL) Linux allows one argv or environment string at exec
+(``MAX_ARG_STRLEN`` in ``include/uapi/linux/binfmts.h``); a longer one is E2BIG."""
+_MAX_EXEC_BYTES = 1 << 20
+"""All of argv and the environment: half of the usual ``ARG_MAX`` (a quarter of
+an 8 MiB stack), so the check does not depend on this host's stack limit."""
+_SPAWN_MARGIN = 1024
+"""Bytes the spawn adds after this check (the launch token variable)."""
 
 
 def _weights(model: ResolvedModel, role: str) -> str:
@@ -127,6 +143,29 @@ def build_mlx_launch(
     return LaunchPlan(
         program=program, args=args, env=launch_env(passthrough, env), cwd=str(workdir)
     )
+
+
+def check_exec_size(plan: LaunchPlan) -> None:
+    """Refuse a plan Linux could not exec, before it is placed (not at every spawn).
+
+    The limits trampoline carries the whole environment as one JSON argument
+    (adapters/limits.py), so escapes in a spec's env values count several
+    times over. Checked on :meth:`LaunchPlan.argv`, which is what is exec'd.
+
+    Raises:
+        SpecError: (field ``env``) one string over :data:`MAX_ARG_STRLEN`, or
+            all of them over 1 MiB, with the sizes.
+    """
+    strings = [*plan.argv(), *(f"{k}={v}" for k, v in plan.env.items())]
+    sizes = [len(s.encode("utf-8", "surrogateescape")) + 1 for s in strings]
+    longest, total = max(sizes) + _SPAWN_MARGIN, sum(sizes) + _SPAWN_MARGIN
+    if longest > MAX_ARG_STRLEN or total > _MAX_EXEC_BYTES:
+        raise SpecError(
+            f"env: the server's launch would pass one string of {longest} bytes "
+            f"({total} in all); Linux allows {MAX_ARG_STRLEN} bytes in one (the "
+            "environment travels as one JSON argument, escapes included): shorten the env",
+            field="env",
+        )
 
 
 def resolve_program(name: str) -> str:

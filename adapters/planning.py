@@ -18,7 +18,7 @@ import msgspec
 
 from .adopted import AdoptedServer
 from .errors import AddressTaken, AdmissionRefused, RegistryError
-from .launch import build_llamacpp_launch, build_mlx_launch, resolve_program
+from .launch import build_llamacpp_launch, build_mlx_launch, check_exec_size, resolve_program
 from .launched import LaunchedServer
 from .limits import ProcLimits
 from .llama_choice import resolve_llama_server
@@ -237,4 +237,6 @@ def _launch_plan(
         )
     else:
         launch = build_mlx_launch(spec, model, program=program, workdir=workdir, **env)
-    return msgspec.structs.replace(launch, limits=ProcLimits(), run_as=settings.run_as)
+    plan = msgspec.structs.replace(launch, limits=ProcLimits(), run_as=settings.run_as)
+    check_exec_size(plan)  # refused now, not with E2BIG at every spawn
+    return plan

@@ -90,8 +90,11 @@ MAX_ENV_KEYS = 256
 """Most entries a spec's env may have."""
 MAX_ENV_VALUE_BYTES = 32 * 1024
 """Most bytes (UTF-8) of one value."""
-MAX_ENV_BYTES = 128 * 1024
-"""Most bytes of all ``KEY=VALUE`` strings together (with their NUL terminators)."""
+MAX_ENV_BYTES = 64 * 1024
+"""Most bytes of all ``KEY=VALUE`` strings together (with their NUL terminators):
+half of what Linux allows one exec string, since the limits trampoline passes
+the whole environment (the node's too) as one argument (adapters/launch.py,
+``check_exec_size``, checks the launch itself)."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WHERE = "docs/api.md, 'Refused environment variables'"
@@ -129,7 +132,7 @@ def check_env(env: Mapping[str, str], where: str = "env") -> None:
         total += _size(key, where) + _size(value, f"{where}.{key}") + 2  # '=' and the NUL
     if total > MAX_ENV_BYTES:
         raise SpecError(
-            f"{where}: {total} bytes in all; allowed at most {MAX_ENV_BYTES} (128 KiB)",
+            f"{where}: {total} bytes in all; allowed at most {MAX_ENV_BYTES} (64 KiB)",
             field=where,
         )
 

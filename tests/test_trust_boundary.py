@@ -144,7 +144,7 @@ def test_ordinary_tuning_variables_pass() -> None:
         ({"A": "\ud800"}, "env.A", "surrogate"),
         ({"BIG": "x" * 900_000}, "env.BIG", "allowed at most 32768"),
         ({f"K{i}": "" for i in range(40_000)}, "env", f"allowed at most {MAX_ENV_KEYS}"),
-        ({f"K{i}": "v" * 1000 for i in range(200)}, "env", "allowed at most 131072"),
+        ({f"K{i}": "v" * 1000 for i in range(70)}, "env", "allowed at most 65536"),
     ],
 )
 def test_a_malformed_or_oversized_env_is_refused_naming_the_bound(
@@ -375,6 +375,21 @@ def test_a_node_runs_the_server_resolved_at_config_load_and_refuses_env_path(
     assert f"--port {port}" in (tmp_path / "good.ran").read_text()
     node.unload(iid)
     assert not (tmp_path / "evil.ran").exists()
+
+
+def test_an_env_too_large_to_exec_once_escaped_is_refused_at_placement(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    node = nodes.open(nodes.settings(fake_llama, fake_model))
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    escaped = {f"K{i}": "\x01" * 1000 for i in range(40)}  # 40 KB, six times that as JSON
+    spec(env=escaped).validate()  # within the spec's own bounds
+    db = Path(node.settings.chain_path)
+    before = count_events(db)
+    with pytest.raises(SpecError, match="Linux allows 131072 bytes in one") as caught:
+        node.place(spec(port=free_port(), env=escaped))
+    assert caught.value.field == "env"
+    assert count_events(db) == before
 
 
 def test_node_env_and_config_instances_get_the_same_refusals(tmp_path: Path) -> None:
