@@ -122,7 +122,7 @@ class ModelRegistry:
             raise RegistryError(f"unknown model {name!r}; known models: {known}")
         try:
             raw = tomllib.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
             raise RegistryError(f"cannot read manifest {manifest}: {e}") from e
         allowed = ModelEntry.__struct_fields__
         if unknown := sorted(set(raw) - set(allowed)):

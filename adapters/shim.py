@@ -161,8 +161,9 @@ def write_atomically(directory: str, name: str, record: dict[str, Any]) -> None:
     path = os.path.join(directory, name)
     temporary = path + ".tmp"
     data = json.dumps(record, separators=(",", ":")).encode()
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # the node's user only, whatever the umask
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

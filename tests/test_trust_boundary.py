@@ -373,6 +373,10 @@ def test_a_node_runs_the_server_resolved_at_config_load_and_refuses_env_path(
     node.start(iid)
     node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
     assert f"--port {port}" in (tmp_path / "good.ran").read_text()
+    workdir = Path(node.settings.data_dir) / "instances" / iid
+    written = {p.name: mode(p) for p in workdir.rglob("*") if p.is_file()}
+    assert "server.stderr.log" in written and any(n.endswith(".json") for n in written)
+    assert set(written.values()) == {0o600}, written  # logs, launch record: private
     node.unload(iid)
     assert not (tmp_path / "evil.ran").exists()
 
