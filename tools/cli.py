@@ -1407,7 +1407,8 @@ def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
     except msgspec.ValidationError as e:
         message, key = _explain_spec(str(e), entry_type, config_module)
         flag = _PLACE_FLAGS.get(key or "") if key in flags or fragment is None else None
-        raise _SpecInput(f"{where}: {message}", "bad_spec", flag or key) from e
+        # A whole-document error names the fragment: a bad_spec always names a field.
+        raise _SpecInput(f"{where}: {message}", "bad_spec", flag or key or "--file") from e
     return entry.spec(), raw.get("start") is True  # the config's default is True
 
 
