@@ -56,11 +56,11 @@ def resolve_llama_server(value: str) -> str:
 
     Raises:
         ValueError: not one of the forms.
-        ProgramMissing: a path that is not an executable file.
+        ProgramMissing: a path that is not absolute or not an executable file.
     """
     check_choice(value)
     if value not in (AUTO, EMBEDDED, PACKAGED) and not os.path.isabs(value):
-        raise ValueError(f"llama_server {value!r}: a path must be absolute here")
+        raise ProgramMissing(f"llama_server {value!r}: a path must be absolute here")
     if value == AUTO:
         found = shutil.which("llama-server")
         if found is not None:

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: Refused names (exact, or a prefix ending in ``*``) and why. Documented in
-#: docs/api.md ("Refused environment variables"); tests/test_spec_env.py
+#: docs/api.md ("Refused environment variables"); tests/test_trust_boundary.py
 #: checks every row is refused and listed there.
 REFUSED_ENV: tuple[tuple[str, str], ...] = (
     ("PATH", "chooses which file a program name runs"),
