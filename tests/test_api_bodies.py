@@ -92,7 +92,7 @@ def test_a_body_of_the_wrong_shape_is_refused_naming_the_field(
 
 def test_a_body_that_is_not_json_is_refused(starting: httpx.Client) -> None:
     error = refused(starting, "/v1/instances", b'{"spec": ')
-    assert error["code"] == "bad_request" and error["field"] is None
+    assert error["code"] == "bad_request" and error["field"] == "body"
     assert "not valid JSON" in error["message"]
 
 

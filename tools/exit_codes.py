@@ -78,6 +78,7 @@ CODES: dict[str, Exit] = {
     "node_unreachable": Exit.NO_NODE,
     "no_answer": Exit.NO_NODE,
     "too_large": Exit.USAGE,
+    "unsupported_media_type": Exit.USAGE,
 }
 
 #: The table as each command's --help ends with it.

@@ -120,7 +120,9 @@ def answer_for(error: BaseException) -> tuple[int, ErrorBody]:
         return error.status, ErrorBody(code=error.code, message=cut(str(error)), field=error.field)
     for cls, status, code in BY_CLASS:
         if isinstance(error, cls):
-            field = spec_field(str(error)) if code in ("bad_spec", "port_taken") else None
+            field = None
+            if code in ("bad_spec", "port_taken"):
+                field = spec_field(str(error)) or "spec"  # the spec as a whole
             if isinstance(error, AddressTaken):
                 field = "spec.port"  # "something is already listening on HOST:PORT; ..."
             if isinstance(error, UnknownInstance):
@@ -135,10 +137,11 @@ _SPEC_FIELDS = frozenset(InstanceSpec.__struct_fields__)
 
 
 def spec_field(message: str) -> str | None:
-    """``spec.<field>`` when a spec error's message starts with a spec field's name.
+    """``spec.<field>`` when a spec error's message starts with a spec field's name
+    (``spec.restart.base_s`` for ``restart.base_s ...``).
 
     The node's spec errors name the field first (``port 0 is out of range``,
     ``model: managed mode needs ...``), adapters/spec.py.
     """
     first = message.split(" ", 1)[0].rstrip(":")
-    return f"spec.{first}" if first in _SPEC_FIELDS else None
+    return f"spec.{first}" if first.split(".", 1)[0] in _SPEC_FIELDS else None
