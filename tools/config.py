@@ -3,6 +3,7 @@
 Shape (see ``examples/node.toml``)::
 
     [node]                 # NodeSettings: node_id, data_dir, intervals, [node.restart] ...
+    [api]                  # ApiConfig: tcp, allow_non_loopback, tokens (name, or name + scope)
     [[models]]             # registered into the model registry at start
     [[instances]]          # InstanceSpec fields, plus `start` (wanted running when first placed)
 
