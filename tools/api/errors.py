@@ -120,9 +120,7 @@ def answer_for(error: BaseException) -> tuple[int, ErrorBody]:
         return error.status, ErrorBody(code=error.code, message=cut(str(error)), field=error.field)
     for cls, status, code in BY_CLASS:
         if isinstance(error, cls):
-            field = None
-            if code in ("bad_spec", "port_taken"):
-                field = spec_field(str(error)) or "spec"  # the spec as a whole
+            field = spec_field(str(error)) if code in ("bad_spec", "port_taken") else None
             if isinstance(error, AddressTaken):
                 field = "spec.port"  # "something is already listening on HOST:PORT; ..."
             if isinstance(error, UnknownInstance):
