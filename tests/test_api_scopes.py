@@ -27,7 +27,14 @@ from infervisor.adapters.ports import free_port
 from infervisor.replay.callers import identity_of, role_of
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
 from infervisor.tools.api.openapi_cli import DOC
-from infervisor.tools.api.scopes import ROUTE_SCOPES, Scope, default_scope, scope_for
+from infervisor.tools.api.scopes import (
+    ROUTE_SCOPES,
+    ApiToken,
+    Scope,
+    default_scope,
+    scope_for,
+    token_scopes,
+)
 from infervisor.tools.api.server import ApiServer, socket_path
 from infervisor.tools.config import ConfigError, load_config
 
@@ -85,7 +92,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
         settings.chain_path,
         settings.node_id,
         tcp=TcpAddress("127.0.0.1", port),
-        tokens=load_or_create_tokens(data, TOKENS),
+        tokens=load_or_create_tokens(data, [ApiToken(name=n, scope=s) for n, s in TOKENS.items()]),
     )
     try:
         node = Node.open(settings)
@@ -146,14 +153,14 @@ def config(tmp_path: Path, tokens: str) -> Path:
 
 def test_the_config_gives_tokens_by_name_or_with_a_scope(tmp_path: Path) -> None:
     mixed = 'tokens = ["operator", "controller", "ci", { name = "fleet", scope = "control" }]'
-    assert load_config(config(tmp_path, mixed)).api.token_scopes() == {
+    assert token_scopes(load_config(config(tmp_path, mixed)).api.tokens) == {
         "operator": Scope.OPERATE,
         "controller": Scope.CONTROL,
         "ci": Scope.READ,
         "fleet": Scope.CONTROL,
     }
     tables = '[[api.tokens]]\nname = "ops"\nscope = "operate"'
-    assert load_config(config(tmp_path, tables)).api.token_scopes() == {"ops": Scope.OPERATE}
+    assert token_scopes(load_config(config(tmp_path, tables)).api.tokens) == {"ops": Scope.OPERATE}
     for tokens, said in [
         ('tokens = [{ name = "x", scope = "admin" }]', "allowed: read, operate, control"),
         ('tokens = [{ name = "x" }]', "missing key `scope`"),

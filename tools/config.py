@@ -33,7 +33,7 @@ from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
 from infervisor.replay import RestartPolicy
 
-from .api.scopes import Scope, default_scope
+from .api.scopes import ApiToken
 
 __all__ = [
     "ApiConfig",
@@ -77,13 +77,6 @@ class InstanceEntry(InstanceSpec, frozen=True, kw_only=True, forbid_unknown_fiel
         return InstanceSpec(**fields)
 
 
-class ApiToken(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A bearer token given with its scope: ``{ name = "grafana", scope = "read" }``."""
-
-    name: str
-    scope: Scope
-
-
 class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[api]``: the control API's listeners (the Unix socket ``<data_dir>/api.sock``
     is always served; see tools/api/auth.py).
@@ -101,15 +94,6 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     tcp: str | None = None
     allow_non_loopback: bool = False
     tokens: list[str | ApiToken] = msgspec.field(default_factory=lambda: ["operator", "controller"])
-
-    def token_scopes(self) -> dict[str, Scope]:
-        """Each token's name and scope, in the order given."""
-        return {
-            t.name if isinstance(t, ApiToken) else t: (
-                t.scope if isinstance(t, ApiToken) else default_scope(t)
-            )
-            for t in self.tokens
-        }
 
 
 class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -328,7 +328,7 @@ def listen_for_operators(config: NodeConfig) -> ApiServer:
         tcp = tokens = None
         if api.tcp is not None:
             tcp = parse_tcp(api.tcp, allow_non_loopback=api.allow_non_loopback)
-            tokens = load_or_create_tokens(data_dir, api.token_scopes())
+            tokens = load_or_create_tokens(data_dir, api.tokens)
         server = ApiServer.listen(
             data_dir, settings.chain_path, settings.node_id, tcp=tcp, tokens=tokens
         )

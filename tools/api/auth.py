@@ -35,7 +35,7 @@ from pathlib import Path
 import msgspec
 
 from .errors import ApiError, ApiRefusal
-from .scopes import Scope, default_scope
+from .scopes import ApiToken, Scope, default_scope, token_scopes
 
 __all__ = [
     "TOKENS_FILE",
@@ -230,10 +230,9 @@ class Tokens:
         return Caller(identity=f"token={found} (scope {scope.value})", scope=scope)
 
 
-def load_or_create_tokens(data_dir: Path, names: Mapping[str, Scope] | Iterable[str]) -> Tokens:
-    """The data directory's tokens with their scopes (``names``: name -> scope, or
-    bare names with :func:`~.scopes.default_scope`); names missing from the file
-    are generated.
+def load_or_create_tokens(data_dir: Path, tokens: Iterable[str | ApiToken]) -> Tokens:
+    """The data directory's tokens with their scopes (``[api] tokens``: a bare name
+    has :func:`~.scopes.default_scope`); names missing from the file are generated.
 
     The file (name -> secret) is written aside and renamed, mode 0600 from its creation.
 
@@ -241,9 +240,7 @@ def load_or_create_tokens(data_dir: Path, names: Mapping[str, Scope] | Iterable[
         ApiConfigError: a bad token name, or the file is unreadable or not a JSON
             object of strings.
     """
-    scopes = (
-        dict(names) if isinstance(names, Mapping) else {name: default_scope(name) for name in names}
-    )
+    scopes = token_scopes(tokens)
     for name in scopes:
         if not valid_token_name(name):
             raise ApiConfigError(

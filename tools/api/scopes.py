@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
 
-__all__ = ["ROUTE_SCOPES", "Scope", "default_scope", "scope_for"]
+import msgspec
+
+__all__ = ["ROUTE_SCOPES", "ApiToken", "Scope", "default_scope", "scope_for", "token_scopes"]
 
 
 class Scope(enum.StrEnum):
@@ -55,6 +58,25 @@ def default_scope(name: str) -> Scope:
     """The scope of a token given by name only: ``operator`` operate,
     ``controller`` control, any other name read (least privilege)."""
     return _DEFAULT_SCOPES.get(name, Scope.READ)
+
+
+class ApiToken(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A bearer token given with its scope (``[api] tokens``):
+    ``{ name = "grafana", scope = "read" }``."""
+
+    name: str
+    scope: Scope
+
+
+def token_scopes(tokens: Iterable[str | ApiToken]) -> dict[str, Scope]:
+    """Each token's name and scope, in the order given (a bare name: :func:`default_scope`;
+    a name given twice: the last)."""
+    return {
+        t.name if isinstance(t, ApiToken) else t: (
+            t.scope if isinstance(t, ApiToken) else default_scope(t)
+        )
+        for t in tokens
+    }
 
 
 #: (method, route as docs/openapi.json writes it, scope needed). One row per route.
