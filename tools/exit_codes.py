@@ -48,6 +48,7 @@ CODES: dict[str, Exit] = {
     "bad_key": Exit.USAGE,
     "bad_spec": Exit.USAGE,
     "bad_request": Exit.USAGE,
+    "unsupported_media_type": Exit.USAGE,
     "unauthorized": Exit.USAGE,
     "unknown_instance": Exit.REFUSED,
     "ambiguous_instance": Exit.REFUSED,
@@ -78,7 +79,6 @@ CODES: dict[str, Exit] = {
     "node_unreachable": Exit.NO_NODE,
     "no_answer": Exit.NO_NODE,
     "too_large": Exit.USAGE,
-    "unsupported_media_type": Exit.USAGE,
 }
 
 #: The table as each command's --help ends with it.
