@@ -71,8 +71,8 @@ _DECODERS: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
 }
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _NAMED = re.compile(r"^Object (?:contains unknown|missing required) field `(?P<name>[^`]*)`$")
-#: The allowed values of the enum fields, for their error messages.
 _NAME = "a plain name: letters, digits, '.', '_', '-', at most 64, no leading punctuation"
+#: The allowed values of fields whose msgspec message does not say them.
 ALLOWED = {
     "spec.flavor": "llamacpp, mlx-lm, ollama",
     "spec.mode": "adopted, managed",
@@ -168,9 +168,9 @@ def strict_bodies(app: Any) -> Any:
         if not body.strip() and optional:
             body = b""  # no body: the route's defaults (blank space would not decode)
         else:
-            status, error = _check(scope, body, body_type)
-            if error is not None:
-                await _refuse(send, status, error)
+            refusal = _check(scope, body, body_type)
+            if refusal is not None:
+                await _refuse(send, *refusal)
                 return
         await app(scope, replayed(body), send)
 
@@ -179,8 +179,8 @@ def strict_bodies(app: Any) -> Any:
 
 def _check(
     scope: dict[str, Any], body: bytes, body_type: type[msgspec.Struct]
-) -> tuple[int, ErrorBody | None]:
-    """(status, the refusal) of a body that is not JSON of ``body_type``; (200, None)."""
+) -> tuple[int, ErrorBody] | None:
+    """(status, error) refusing a body that is not JSON of ``body_type``; None: it is."""
     given = _content_type(scope)
     if given.split(";", 1)[0].strip().lower() != JSON:
         what = f"Content-Type {given!r}" if given else "no Content-Type"
@@ -192,7 +192,8 @@ def _check(
         return 400, explain(e, body_type)
     except RecursionError:
         return 400, _named(BODY, f"nested deeper than {MAX_DEPTH} levels", in_spec=False)
-    return 400, beyond(decoded)
+    found = beyond(decoded)
+    return None if found is None else (400, found)
 
 
 def _content_type(scope: dict[str, Any]) -> str:
