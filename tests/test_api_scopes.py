@@ -227,15 +227,28 @@ def test_the_scope_is_recorded_in_the_source(api: Api) -> None:
 
 # ---------------------------------------------------------------- refusals
 @pytest.mark.parametrize("token", ["ctl", None])
-def test_two_authorization_headers_are_refused(api: Api, token: str | None) -> None:
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("Authorization", "Bearer {secret}"),
+        ("Content-Type", "application/json"),
+        ("Idempotency-Key", "k1"),
+        ("Last-Event-ID", "1"),
+    ],
+)
+def test_a_header_sent_twice_is_refused(
+    api: Api, token: str | None, header: str, value: str
+) -> None:
     before = api.head()
+    twice = value.format(secret=api.secrets["ctl"])
     with api.client(token) as client:
-        secret = api.secrets["ctl"]
-        headers = [("authorization", f"Bearer {secret}"), ("authorization", f"Bearer {secret}")]
         for method, path in [("GET", "/v1/node"), ("POST", "/v1/heartbeat")]:
-            answer = client.request(method, path, headers=headers, json={"controller": "c1"})
+            request = client.build_request(method, path, json={"controller": "c1"})
+            request.headers.update(httpx.Headers([(header, twice), (header, twice)]))
+            assert len(request.headers.get_list(header)) == 2
+            answer = client.send(request)
             error = refused(answer, 400, "bad_request")
-            assert error["field"] == "Authorization" and "exactly one" in error["message"]
+            assert error["field"] == header and "send exactly one" in error["message"], error
             Contract().check(answer)
     assert api.head() == before
 

@@ -9,7 +9,7 @@ from it. Errors are one shape, :class:`ErrorBody`, with a stable ``code``
 
 ======  ==========================================================
 400     the request or spec is malformed (``bad_request``, ``bad_spec``, ``bad_value``),
-        or two ``Authorization`` headers; ``field`` names what (``body``: the whole body)
+        or a header sent twice; ``field`` names what (``body``: the whole body)
 401     no token, or a token the node does not know (``unauthorized``)
 403     a socket peer of another uid, or a token whose scope does not cover the
         route (``forbidden``)
