@@ -196,14 +196,6 @@ class Tokens:
         """The token names, sorted."""
         return sorted(self._by_name)
 
-    def scope_of(self, name: str) -> Scope:
-        """The scope of the token ``name``.
-
-        Raises:
-            KeyError: no such token.
-        """
-        return self._scopes[name]
-
     def identify(self, authorization: str | None) -> Caller:
         """The caller of an ``Authorization: Bearer <secret>`` header value:
         identity ``token=<name> (scope <scope>)`` and the token's scope.
