@@ -6,7 +6,8 @@ restart budget, a controller placement is subject to the lease); the identity
 says which caller asked, as the control API authenticated it:
 
 - ``uid=1000(alice)``: a Unix socket peer, from ``SO_PEERCRED``;
-- ``token=ci``: a named bearer token.
+- ``token=ci (scope operate)``: a named bearer token and its scope
+  (tools/api/scopes.py; chains written before scopes say ``token=ci``).
 
 Events recorded by the node itself carry the bare role (``supervisor``,
 ``node``, ``lease``, ``shutdown``). The same string is the event's ``source``

@@ -143,6 +143,23 @@ def test_tcp_takes_each_configured_token(node: Node) -> None:
         Contract().check(answer)
 
 
+def test_the_default_tokens_hold_their_default_scopes(node: Node) -> None:
+    """``operator`` operates but may not heartbeat (control); ``controller`` may."""
+    before = head(node.db)
+    beat = {"controller": "c1"}
+    with httpx.Client(base_url=node.url) as client:
+        bearer = {name: {"authorization": f"Bearer {s}"} for name, s in node.tokens.items()}
+        refused = client.post("/v1/heartbeat", json=beat, headers=bearer["operator"])
+        assert refused.status_code == 403, refused.text
+        error = Contract().check(refused)["error"]
+        assert error["code"] == "forbidden" and "needs scope control" in error["message"]
+        assert head(node.db) == before
+        stop = client.post("/v1/instances/nope/stop", headers=bearer["operator"])
+        assert stop.status_code == 404, stop.text  # within operate: the instance is unknown
+        answer = client.post("/v1/heartbeat", json=beat, headers=bearer["controller"])
+        assert answer.status_code == 200, answer.text
+
+
 # ---------------------------------------------------------------- another uid
 def as_nobody(path: Path, request: bytes) -> dict[str, Any]:
     """Connect to ``path`` and send ``request`` as uid/gid 65534 (a forked child):
@@ -260,9 +277,10 @@ port = {port}
 
 def test_beyond_loopback_with_the_allowance_tokens_are_needed_and_kept(tmp_path: Path) -> None:
     """``allow_non_loopback``: it starts on 0.0.0.0 and still needs a token; the
-    tokens file is 0600 with the configured names, and the next start reuses it."""
+    tokens file is 0600 with the configured names, and the next start reuses it.
+    ``alice`` (a bare name) holds read, ``bob`` the control its table gives."""
     port = free_port()
-    api = 'allow_non_loopback = true\ntokens = ["alice", "bob"]'
+    api = 'allow_non_loopback = true\ntokens = ["alice", { name = "bob", scope = "control" }]'
     config = node_config(tmp_path, f"0.0.0.0:{port}", api)
     tokens = tmp_path / "data" / "api-tokens.json"
     runs = []
@@ -280,9 +298,12 @@ def test_beyond_loopback_with_the_allowance_tokens_are_needed_and_kept(tmp_path:
                 refused = client.get("/v1/node")
                 assert refused.status_code == 401
                 Contract().check(refused)
-                for secret in secrets.values():
-                    answer = client.get("/v1/node", headers={"authorization": f"Bearer {secret}"})
+                for name, secret in secrets.items():
+                    bearer = {"authorization": f"Bearer {secret}"}
+                    answer = client.get("/v1/node", headers=bearer)
                     assert answer.status_code == 200, answer.text
+                    beat = client.post("/v1/heartbeat", json={"controller": "c"}, headers=bearer)
+                    assert beat.status_code == (200 if name == "bob" else 403), beat.text
             assert run.stop() == 0, run.output()
     finally:
         end_runs(runs, tmp_path / "data" / "chain.db")

@@ -9,23 +9,32 @@ short keep-alive period.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 from conftest import NodeFactory
 from support import wait_until
 
+from infervisor.adapters.spec import InstanceSpec
 from infervisor.tools.api import watch
 from infervisor.tools.api.auth import TOKENS_FILE, ApiConfigError, load_or_create_tokens
 from infervisor.tools.api.client import ApiClient, _at
 from infervisor.tools.api.idempotency import IdempotencyStore, _Stored
 from infervisor.tools.api.server import ApiServer, socket_path
 from infervisor.tools.api.strict import MAX_BODY
-from infervisor.tools.api.wire import WatchEvent
+from infervisor.tools.api.wire import (
+    HeartbeatRequest,
+    PlaceRequest,
+    StopRequest,
+    VerbRequest,
+    WatchEvent,
+)
 
 SPEC = {"role": "chat", "flavor": "llamacpp", "port": 18741, "model": "tiny"}
 
@@ -90,9 +99,60 @@ def test_a_body_of_the_wrong_shape_is_refused_naming_the_field(
         assert "allowed: role, flavor, port, mode, model" in error["message"]
 
 
+#: Values of every JSON type, and integers beyond the chain's 64 bits: each field
+#: refuses at least one of them.
+WRONG: list[Any] = [[], {}, "x", 1.5, True, 2**64, -(2**63) - 1, -1, 0]
+#: Route -> (body type, a good body to change one field of).
+WALKED: dict[str, tuple[type[msgspec.Struct], dict[str, Any]]] = {
+    "/v1/instances": (PlaceRequest, {"spec": SPEC}),
+    "/v1/heartbeat": (HeartbeatRequest, {"controller": "c1"}),
+    "/v1/instances/x/stop": (StopRequest, {}),
+    "/v1/instances/x/start": (VerbRequest, {}),
+}
+
+
+def _fields(body_type: type[msgspec.Struct]) -> list[str]:
+    """The body's fields, the spec's as ``spec.<name>``."""
+    names = [f.name for f in msgspec.structs.fields(body_type)]
+    spec = [f"spec.{f.name}" for f in msgspec.structs.fields(InstanceSpec)]
+    return [n for n in names if n != "spec"] + (spec if "spec" in names else [])
+
+
+def _with(good: dict[str, Any], field: str, value: Any) -> dict[str, Any]:
+    if field.startswith("spec."):
+        return {**good, "spec": {**good["spec"], field.removeprefix("spec."): value}}
+    return {**good, field: value}
+
+
+@pytest.mark.parametrize("path", sorted(WALKED))
+def test_every_way_a_body_can_be_wrong_names_a_field(starting: httpx.Client, path: str) -> None:
+    """Each field of each body given each wrong value: every 400 names a field (and its
+    message starts with it); every field is refused for at least one value."""
+    body_type, good = WALKED[path]
+    refused_fields: set[str] = set()
+    whole = [b"{", b"[]", b"1", b'"x"', b"{}" if path == "/v1/instances" else b"[1]"]
+    bodies: list[tuple[str, bytes]] = [("body", raw) for raw in whole]
+    bodies += [("bogus", json.dumps({**good, "bogus": 1}).encode())]
+    for field in _fields(body_type):
+        bodies += [(field, json.dumps(_with(good, field, value)).encode()) for value in WRONG]
+    for field, raw in bodies:
+        answer = starting.post(path, content=raw, headers={"content-type": "application/json"})
+        if answer.status_code == 503:  # a good body: it reached the (closed) gate
+            continue
+        assert answer.status_code == 400, (field, raw, answer.text)
+        error = answer.json()["error"]
+        assert error["field"], (field, raw, error)
+        assert error["message"].startswith(f"{error['field']}: "), error
+        in_spec = error["field"].startswith("spec.")
+        assert error["code"] == ("bad_spec" if in_spec else "bad_request"), error
+        refused_fields.add(field)
+    never = {field for field, _ in bodies} - refused_fields
+    assert not never, f"{path}: never refused: {sorted(never)}"
+
+
 def test_a_body_that_is_not_json_is_refused(starting: httpx.Client) -> None:
     error = refused(starting, "/v1/instances", b'{"spec": ')
-    assert error["code"] == "bad_request" and error["field"] is None
+    assert error["code"] == "bad_request" and error["field"] == "body"
     assert "not valid JSON" in error["message"]
 
 

@@ -151,7 +151,8 @@ path = "huge.gguf"
     try:
         run.until("the API socket", (data / "api.sock").exists)
         tokens = json.loads((data / "api-tokens.json").read_text())
-        node = Api(data, f"http://127.0.0.1:{tcp_port}", tokens["operator"], budget)
+        # "controller" holds scope control: it may place and heartbeat (docs/api.md).
+        node = Api(data, f"http://127.0.0.1:{tcp_port}", tokens["controller"], budget)
         run.until("the node open", lambda: node.send("unix", "GET", "/v1/node").status_code == 200)
         yield node
         node.close()
@@ -285,7 +286,15 @@ def test_refusals(api: Api, listener: str) -> None:
     api.refused(listener, "POST", "/v1/instances", 400, "bad_request", json={"start": True})
     extra = {"spec": spec(f"bad-{listener}", free_port()), "colour": "red"}
     api.refused(listener, "POST", "/v1/instances", 400, "bad_request", json=extra)
-    api.refused(listener, "POST", "/v1/instances", 400, "bad_request", content=b"{not json")
+    as_json = {"content-type": "application/json"}
+    not_json = b"{not json"
+    api.refused(
+        listener, "POST", "/v1/instances", 400, "bad_request", content=not_json, headers=as_json
+    )
+    error = api.refused(
+        listener, "POST", "/v1/instances", 415, "unsupported_media_type", content=not_json
+    )
+    assert error["field"] == "Content-Type"
     error = api.refused(
         listener, "POST", "/v1/heartbeat", 400, "bad_request", json={"controller": "-x"}
     )
@@ -357,4 +366,4 @@ def test_every_route_answered_on_both_listeners(api: Api) -> None:
         answered = {(method, path) for method, path, status in contract.seen if status == 200}
         assert answered == routes, f"{listener}: not driven: {sorted(routes - answered)}"
         statuses = {status for _, _, status in contract.seen}
-        assert {400, 404, 409, 422} <= statuses, f"{listener}: {sorted(statuses)}"
+        assert {400, 404, 409, 415, 422} <= statuses, f"{listener}: {sorted(statuses)}"

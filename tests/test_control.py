@@ -605,7 +605,7 @@ def test_the_verbs_over_tcp_with_a_token(start_node: Callable[..., Started]) -> 
     assert by_env.returncode == 0, by_env.stdout + by_env.stderr
     assert json.loads(by_env.stdout)["lifecycle"] == "stopped"
     sources = {(k, s): src for k, s, src in chain_sources(data / "chain.db")}
-    assert sources[("instance.stop_requested", chat)] == "operator:token=operator"
+    assert sources[("instance.stop_requested", chat)] == "operator:token=operator (scope operate)"
 
     wrong = cli("status", "--url", url, "--token", "not-the-secret", "--json")
     assert wrong.returncode == 2, wrong.stdout + wrong.stderr

@@ -3,6 +3,7 @@
 Shape (see ``examples/node.toml``)::
 
     [node]                 # NodeSettings: node_id, data_dir, intervals, [node.restart] ...
+    [api]                  # ApiConfig: tcp, allow_non_loopback, tokens (name, or name + scope)
     [[models]]             # registered into the model registry at start
     [[instances]]          # InstanceSpec fields, plus `start` (wanted running when first placed)
 
@@ -37,8 +38,11 @@ from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
 from infervisor.replay import RestartPolicy
 
+from .api.scopes import ApiToken
+
 __all__ = [
     "ApiConfig",
+    "ApiToken",
     "ConfigError",
     "InstanceEntry",
     "ModelEntryConfig",
@@ -87,13 +91,16 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     Attributes:
         tcp: ``HOST:PORT`` of an extra TCP listener with bearer tokens (None: none).
         allow_non_loopback: allow ``tcp`` beyond loopback (it still needs tokens).
-        tokens: names of the bearer tokens, generated on first run into
-            ``<data_dir>/api-tokens.json`` (0600).
+        tokens: the bearer tokens, generated on first run into
+            ``<data_dir>/api-tokens.json`` (0600): a bare name (its scope:
+            :func:`~infervisor.tools.api.scopes.default_scope`, ``operator``
+            operate, ``controller`` control, any other read) or a table with
+            ``name`` and ``scope`` (read, operate, control).
     """
 
     tcp: str | None = None
     allow_non_loopback: bool = False
-    tokens: list[str] = msgspec.field(default_factory=lambda: ["operator", "controller"])
+    tokens: list[str | ApiToken] = msgspec.field(default_factory=lambda: ["operator", "controller"])
 
 
 class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -239,8 +246,9 @@ def _struct_field(cls: type[msgspec.Struct], name: str) -> type[msgspec.Struct] 
         t = typing.get_args(t)[0]
     elif origin is dict:
         t = typing.get_args(t)[1]
-    elif origin in (typing.Union, types.UnionType):  # optional: `X | None`
-        t = next((a for a in typing.get_args(t) if a is not type(None)), None)
+    if typing.get_origin(t) in (typing.Union, types.UnionType):  # `X | None`, `str | X`
+        t = next((a for a in typing.get_args(t) if isinstance(a, type) and a is not str), None)
+        t = None if t is type(None) else t
     return t if isinstance(t, type) and issubclass(t, msgspec.Struct) else None
 
 
@@ -345,12 +353,28 @@ def _check_api(config: NodeConfig, path: Path) -> None:
         raise ConfigError(f"{path}: [api] {e}") from e
     if not config.api.tokens:
         raise ConfigError(f"{path}: [api] tokens: a TCP listener needs at least one token name")
+    _check_tokens(config.api, path)
     for n, entry in enumerate(config.instances, 1):
         if entry.port == address.port:
             raise ConfigError(
                 f"{path}: [[instances]] #{n}: port {entry.port} is the API's own port "
                 "([api] tcp); choose another port for one of them"
             )
+
+
+def _check_tokens(api: ApiConfig, path: Path) -> None:
+    """Each token name is plain and given once."""
+    from .api.auth import valid_token_name  # noqa: PLC0415 - keeps the CLI light
+
+    names = [t.name if isinstance(t, ApiToken) else t for t in api.tokens]
+    for name in names:
+        if not valid_token_name(name):
+            raise ConfigError(
+                f"{path}: [api] tokens: {name!r} is not a plain token name (letters, digits, "
+                "'.', '_', '-'; at most 64 characters)"
+            )
+        if names.count(name) > 1:
+            raise ConfigError(f"{path}: [api] tokens: {name!r} is given more than once")
 
 
 def _check_run_as(run_as: tuple[int, int] | None, path: Path) -> None:

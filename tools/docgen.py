@@ -1,8 +1,9 @@
 """Tables in docs/ generated from the code, so the documents cannot drift.
 
 ``python -m infervisor.tools.docgen`` rewrites the generated sections of
-``docs/lifecycle.md``, ``docs/status-map.md`` and ``docs/cli.md`` (the
-command line's commands, error codes and JSON schemas); ``--check`` only
+``docs/lifecycle.md``, ``docs/status-map.md``, ``docs/cli.md`` (the
+command line's commands, error codes and JSON schemas) and ``docs/api.md``
+(the scope of each route); ``--check`` only
 compares (exit 1 naming the stale ones); a test checks they match.
 A generated section sits between ``<!-- generated: NAME -->`` and
 ``<!-- end generated -->``.
@@ -25,6 +26,7 @@ from infervisor.replay.lifecycle import LIVE_STATES, TRANSITIONS
 __all__ = [
     "GENERATORS",
     "refresh",
+    "render_api_scopes",
     "render_cli_codes",
     "render_cli_commands",
     "render_cli_schemas",
@@ -105,6 +107,15 @@ def render_cli_commands() -> str:
     return "\n".join(rows)
 
 
+def render_api_scopes() -> str:
+    """Markdown: every route of the control API and the token scope it needs."""
+    from .api.scopes import ROUTE_SCOPES  # noqa: PLC0415
+
+    rows = ["| route | scope |", "|---|---|"]
+    rows += [f"| `{method} {route}` | {scope.value} |" for method, route, scope in ROUTE_SCOPES]
+    return "\n".join(rows)
+
+
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "transitions": ("lifecycle.md", render_transition_table),
     "rules": ("lifecycle.md", render_rule_table),
@@ -112,6 +123,7 @@ GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "cli-commands": ("cli.md", render_cli_commands),
     "cli-codes": ("cli.md", render_cli_codes),
     "cli-schemas": ("cli.md", render_cli_schemas),
+    "api-scopes": ("api.md", render_api_scopes),
 }
 
 

@@ -48,6 +48,7 @@ CODES: dict[str, Exit] = {
     "bad_key": Exit.USAGE,
     "bad_spec": Exit.USAGE,
     "bad_request": Exit.USAGE,
+    "unsupported_media_type": Exit.USAGE,
     "unauthorized": Exit.USAGE,
     "unknown_instance": Exit.REFUSED,
     "ambiguous_instance": Exit.REFUSED,

@@ -50,11 +50,12 @@ from infervisor.adapters.errors import AdapterError
 from infervisor.chain.connect import connect_reader
 from infervisor.replay.callers import source_for
 
-from .auth import Peer, Tokens
+from .auth import Caller, Peer, Tokens, authorize
 from .errors import ApiError, ApiRefusal, NodeStarting, NodeStopping, answer_for
 from .gate import Gate, Phase
 from .idempotency import IdempotencyStore, idempotent
 from .logs import STREAMS, follow_log, log_file
+from .scopes import Scope, scope_for
 from .strict import ALLOWED as _ALLOWED
 from .strict import strict_bodies
 from .watch import WatchHub, stream_events
@@ -103,15 +104,18 @@ class ApiContext:
 
 # ---------------------------------------------------------------- errors
 _ERRORS = {
-    400: "The request or the spec is malformed: `field` names what, `message` what is allowed.",
+    400: "The request or the spec is malformed: `field` names what, `message` what is allowed "
+    "(a header sent twice: `field` names it).",
     401: "No bearer token, or one the node does not know (TCP); see WWW-Authenticate.",
-    403: "A socket peer whose uid is neither the node's nor root's.",
+    403: "A socket peer whose uid is neither the node's nor root's, or a token whose scope "
+    "does not cover the route (the message names the scope needed and the one held).",
     404: "No such instance; the message lists the placed ones.",
     409: "The lifecycle state does not allow the verb, the port is taken, or the first "
     "request with this Idempotency-Key is still in flight.",
     422: "Admission refused (with the numbers), or an Idempotency-Key reused for another request.",
     500: "The verb was accepted and recorded, but its work failed (or the node failed).",
     413: "The body is larger than 1 MiB.",
+    415: "A body that is not sent as `Content-Type: application/json`.",
     502: "The server did not produce a token (deep health check).",
     503: "The node is starting or shutting down: retry later.",
     504: "Accepted and recorded, but not done in time; it goes on.",
@@ -121,6 +125,8 @@ _ERRORS = {
 _ALWAYS = (400, 401, 403, 500, 503)
 #: Every POST may answer these too (Idempotency-Key in flight, reused).
 _POSTED = (409, 413, 422)
+#: A POST that takes a body may answer these too (not JSON).
+_BODIED = (*_POSTED, 415)
 
 
 def _responses(*statuses: int) -> dict[int, ResponseSpec]:
@@ -174,8 +180,8 @@ def _on_validation(_: Request[Any, Any, Any], exc: ValidationException) -> Respo
     problems = exc.extra if isinstance(exc.extra, list) else []
     first = problems[0] if problems and isinstance(problems[0], dict) else {}
     key = str(first.get("key") or "") or None
-    if key == "data":
-        key = None
+    if key in (None, "data"):
+        key = "body"  # Litestar's name for the request body
     message = str(first.get("message") or exc.detail)
     allowed = _ALLOWED.get(key or "")
     if allowed and "allowed" not in message:
@@ -205,10 +211,21 @@ def _source(request: Request[Any, Any, Any], role: str) -> str:
 
 def _caller(node: Node, request: Request[Any, Any, Any], data: VerbRequest | None) -> str:
     """The verb's source: ``controller:…`` (and the lease renewed) when the body
-    names a controller, else ``operator:…``."""
+    names a controller, else ``operator:…``.
+
+    Raises:
+        ApiRefusal: 403 ``forbidden``: the body names a controller and the caller
+            does not hold scope control (a controller's verb renews its lease).
+    """
     controller = data.controller if data is not None else None
     if controller is None:
         return _source(request, "operator")
+    held = request.scope.get("infervisor.scope")
+    authorize(
+        Caller(identity=_identity(request), scope=held if isinstance(held, Scope) else Scope.READ),
+        Scope.CONTROL,
+        f"a verb naming controller {controller!r}",
+    )
     node.heartbeat(controller)
     return _source(request, "controller")
 
@@ -300,7 +317,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
         f"{_V}/instances",
         sync_to_thread=True,
         status_code=200,
-        responses=_responses(*_POSTED, 500, 504),
+        responses=_responses(*_BODIED, 500, 504),
     )
     def place(
         data: JSONBody[PlaceRequest],
@@ -346,7 +363,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
         f"{_V}/instances/{{instance_id:str}}/start",
         sync_to_thread=True,
         status_code=200,
-        responses=_responses(*_POSTED, 404, 504),
+        responses=_responses(*_BODIED, 404, 504),
     )
     def start(
         instance_id: InstanceId,
@@ -364,7 +381,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
         f"{_V}/instances/{{instance_id:str}}/stop",
         sync_to_thread=True,
         status_code=200,
-        responses=_responses(*_POSTED, 404, 504),
+        responses=_responses(*_BODIED, 404, 504),
     )
     def stop(
         instance_id: InstanceId,
@@ -383,7 +400,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
         f"{_V}/instances/{{instance_id:str}}/restart",
         sync_to_thread=True,
         status_code=200,
-        responses=_responses(*_POSTED, 404, 504),
+        responses=_responses(*_BODIED, 404, 504),
     )
     def restart(
         instance_id: InstanceId,
@@ -400,7 +417,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
         f"{_V}/instances/{{instance_id:str}}/unload",
         sync_to_thread=True,
         status_code=200,
-        responses=_responses(*_POSTED, 404, 504),
+        responses=_responses(*_BODIED, 404, 504),
     )
     def unload(
         instance_id: InstanceId,
@@ -425,7 +442,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
         with _admitted(ctx, changes=False) as node:
             return TokenAnswer(instance_id=instance_id, token=node.deep_health(instance_id))
 
-    @post(f"{_V}/heartbeat", sync_to_thread=True, status_code=200, responses=_responses(*_POSTED))
+    @post(f"{_V}/heartbeat", sync_to_thread=True, status_code=200, responses=_responses(*_BODIED))
     def heartbeat(
         data: JSONBody[HeartbeatRequest], idempotency_key: IdempotencyKey = None
     ) -> HeartbeatAnswer:
@@ -579,9 +596,11 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
                     "bearer": SecurityScheme(
                         type="http",
                         scheme="bearer",
-                        description="TCP only: `Authorization: Bearer <secret>`, a secret of "
-                        "DATA_DIR/api-tokens.json (0600; one per `[api] tokens` name). "
-                        "Requests on the Unix socket carry none.",
+                        description="TCP only: `Authorization: Bearer <secret>` (one header), "
+                        "a secret of DATA_DIR/api-tokens.json (0600; one per `[api] tokens` "
+                        "name). Each token holds a scope, read < operate < control: each "
+                        "operation's description names the one it needs (403 `forbidden` "
+                        "otherwise). Requests on the Unix socket carry none and hold control.",
                     )
                 }
             ),
@@ -614,11 +633,15 @@ def _amend(doc: OpenAPI) -> None:
     assert doc.paths is not None
     schemas = doc.components.schemas
     schemas["WatchEvent"] = _struct_schema(WatchEvent)
-    for path_item in doc.paths.values():
+    for route, path_item in doc.paths.items():
         for method in ("get", "post"):
             operation = getattr(path_item, method, None)
             if operation is None or operation.responses is None:
                 continue
+            needed = scope_for(method, route)
+            operation.description = (
+                f"{operation.description or ''}\n\nScope: {needed.value} (docs/api.md)."
+            ).lstrip()
             answered = operation.responses.get("200")
             if method == "post" and answered is not None and not isinstance(answered, Reference):
                 answered.headers = {
@@ -726,7 +749,7 @@ def wrap(app: Any, ctx: ApiContext) -> Any:
         if scope["type"] != "http":  # nothing else is served; nothing else is authenticated
             return
         try:
-            scope["infervisor.identity"] = _authenticate(scope, ctx)
+            caller = _authenticate(scope, ctx)
         except ApiRefusal as e:
             status, body = answer_for(e)
             raw = msgspec.json.encode(ErrorEnvelope(error=body))
@@ -739,21 +762,56 @@ def wrap(app: Any, ctx: ApiContext) -> Any:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": raw})
             return
+        scope["infervisor.identity"] = caller.identity
+        scope["infervisor.scope"] = caller.scope
         await inner(scope, receive, send)
 
     return authenticated
 
 
-def _authenticate(scope: dict[str, Any], ctx: ApiContext) -> str:
-    """The caller's identity; refuses a stranger (fails closed: no listener mark, a token)."""
+#: Headers a request may send at most once (lower case -> as named in an error): which
+#: of two would count is a guess that the server and a proxy in front may make apart.
+_ONCE = {
+    b"authorization": "Authorization",
+    b"content-type": "Content-Type",
+    b"idempotency-key": "Idempotency-Key",
+    b"last-event-id": "Last-Event-ID",
+}
+
+
+def _check_once(scope: dict[str, Any]) -> None:
+    """Refuse a request sending one of :data:`_ONCE` twice.
+
+    Raises:
+        ApiRefusal: 400 ``bad_request`` naming the header.
+    """
+    names = [name for name, _ in scope.get("headers", []) if name in _ONCE]
+    for name, header in _ONCE.items():
+        if names.count(name) > 1:
+            raise ApiRefusal(
+                f"{names.count(name)} {header} headers: send exactly one",
+                "bad_request",
+                400,
+                header,
+            )
+
+
+def _authenticate(scope: dict[str, Any], ctx: ApiContext) -> Caller:
+    """The caller, once its scope covers the route's (tools/api/scopes.py); refuses a
+    stranger (fails closed: no listener mark, a token) and a header sent twice."""
+    _check_once(scope)
+    given = [value for name, value in scope.get("headers", []) if name == b"authorization"]
+    caller = _caller_of(scope, ctx, given[0].decode("latin-1") if given else None)
+    method, path = scope["method"], scope["path"]
+    authorize(caller, scope_for(method, path), f"{method} {path}")
+    return caller
+
+
+def _caller_of(scope: dict[str, Any], ctx: ApiContext, authorization: str | None) -> Caller:
     peer = scope.get("infervisor.peer")
     if scope.get("infervisor.listener") == "unix" and isinstance(peer, Peer):
         peer.check(ctx.node_uid)
-        return peer.identity
+        return Caller(identity=peer.identity, scope=Scope.CONTROL)  # the node's own user
     if ctx.tokens is None:
         raise ApiRefusal("this listener takes no requests (no tokens)", "unauthorized", 401)
-    authorization = None
-    for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            authorization = value.decode("latin-1")
     return ctx.tokens.identify(authorization)

@@ -4,11 +4,15 @@
   socket(7)); a peer whose uid is neither the node's nor root's is refused
   (403). The identity is ``uid=N(name)``.
 - On TCP every request needs ``Authorization: Bearer <secret>`` (RFC 6750)
-  of a named token; the identity is ``token=<name>``. Secrets are generated
+  of a named token, sent once (a second ``Authorization`` header is refused,
+  400: tools/api/app.py); the identity is ``token=<name> (scope <scope>)``. Secrets are generated
   on first run (``secrets.token_urlsafe``, 256 bits) into
   ``<data_dir>/api-tokens.json``, mode 0600, and compared with
   ``hmac.compare_digest`` against every token, so the time taken does not
   say which one, nor how much of it, matched.
+- Each token holds a scope (tools/api/scopes.py: read < operate < control),
+  from ``[api] tokens``; a socket peer holds control. :func:`authorize`
+  refuses a caller whose scope does not cover the route's (403).
 - A TCP address beyond loopback is refused at start unless the config sets
   ``allow_non_loopback`` (and then still needs a token).
 """
@@ -20,30 +24,37 @@ import ipaddress
 import json
 import os
 import pwd
+import re
 import secrets
 import socket
 import stat
 import struct
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import msgspec
 
 from .errors import ApiError, ApiRefusal
+from .scopes import ApiToken, Scope, default_scope, token_scopes
 
 __all__ = [
     "TOKENS_FILE",
     "ApiConfigError",
+    "Caller",
     "Peer",
     "TcpAddress",
     "Tokens",
+    "authorize",
     "load_or_create_tokens",
     "parse_tcp",
     "peer_of",
+    "valid_token_name",
 ]
 
 #: The tokens' file in the data directory.
 TOKENS_FILE = "api-tokens.json"
-_TOKEN_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # noqa: S105 - a pattern, not a secret
+#: A token name, matched whole (fullmatch: ``$`` alone would take a trailing newline).
+_TOKEN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -52,6 +63,35 @@ class ApiConfigError(ApiError):
 
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message, "bad_config", 400, field)
+
+
+def valid_token_name(name: str) -> bool:
+    """A plain token name: letters, digits, ``.``, ``_``, ``-``, at most 64, not
+    starting with punctuation."""
+    return _TOKEN_NAME.fullmatch(name) is not None
+
+
+class Caller(msgspec.Struct, frozen=True):
+    """Who sent a request (``identity``, recorded in the event's source) and its scope."""
+
+    identity: str
+    scope: Scope
+
+
+def authorize(caller: Caller, needed: Scope, what: str) -> None:
+    """Refuse ``caller`` unless its scope covers ``needed`` (``what``: the request).
+
+    Raises:
+        ApiRefusal: 403 ``forbidden`` naming the scope needed and the one held.
+    """
+    if not caller.scope.covers(needed):
+        raise ApiRefusal(
+            f"{what} needs scope {needed.value}; {caller.identity} holds "
+            f"{caller.scope.value} (scopes: read < operate < control; a token's scope "
+            "is set in the node's [api] tokens)",
+            "forbidden",
+            403,
+        )
 
 
 class Peer(msgspec.Struct, frozen=True):
@@ -145,18 +185,20 @@ def parse_tcp(value: str, *, allow_non_loopback: bool) -> TcpAddress:
 
 
 class Tokens:
-    """Named bearer tokens; :meth:`identify` names the caller of a secret."""
+    """Named bearer tokens and their scopes; :meth:`identify` names the caller of a secret."""
 
-    def __init__(self, secrets_by_name: dict[str, str]) -> None:
+    def __init__(self, secrets_by_name: dict[str, str], scopes: Mapping[str, Scope]) -> None:
         self._by_name = {name: secret.encode() for name, secret in secrets_by_name.items()}
+        self._scopes = {name: scopes.get(name, default_scope(name)) for name in secrets_by_name}
 
     @property
     def names(self) -> list[str]:
         """The token names, sorted."""
         return sorted(self._by_name)
 
-    def identify(self, authorization: str | None) -> str:
-        """``token=<name>`` for an ``Authorization: Bearer <secret>`` header value.
+    def identify(self, authorization: str | None) -> Caller:
+        """The caller of an ``Authorization: Bearer <secret>`` header value:
+        identity ``token=<name> (scope <scope>)`` and the token's scope.
 
         Raises:
             ApiRefusal: 401 ``unauthorized``: no header, not Bearer, or an unknown secret.
@@ -176,33 +218,35 @@ class Tokens:
                 found = name
         if found is None:
             raise ApiRefusal("the bearer token is not one of this node's", "unauthorized", 401)
-        return f"token={found}"
+        scope = self._scopes[found]
+        return Caller(identity=f"token={found} (scope {scope.value})", scope=scope)
 
 
-def load_or_create_tokens(data_dir: Path, names: list[str]) -> Tokens:
-    """The data directory's tokens; names missing from the file are generated.
+def load_or_create_tokens(data_dir: Path, tokens: Iterable[str | ApiToken]) -> Tokens:
+    """The data directory's tokens with their scopes (``[api] tokens``: a bare name
+    has :func:`~.scopes.default_scope`); names missing from the file are generated.
 
-    The file is written aside and renamed, mode 0600 from its creation.
+    The file (name -> secret) is written aside and renamed, mode 0600 from its creation.
 
     Raises:
         ApiConfigError: a bad token name, or the file is unreadable or not a JSON
             object of strings.
     """
-    import re  # noqa: PLC0415
-
-    for name in names:
-        if not re.match(_TOKEN_NAME, name):
+    scopes = token_scopes(tokens)
+    for name in scopes:
+        if not valid_token_name(name):
             raise ApiConfigError(
-                f"api.tokens: {name!r} is not a plain token name (letters, digits, '.', '_', '-')",
+                f"api.tokens: {name!r} is not a plain token name (letters, digits, '.', "
+                "'_', '-'; at most 64 characters)",
                 "api.tokens",
             )
     path = data_dir / TOKENS_FILE
     known = _read_tokens(path)
-    missing = [n for n in names if n not in known]
+    missing = [n for n in scopes if n not in known]
     if missing:
         known.update({n: secrets.token_urlsafe(32) for n in missing})
         _write_tokens(path, known)
-    return Tokens({n: known[n] for n in names})
+    return Tokens({n: known[n] for n in scopes}, scopes)
 
 
 def _read_tokens(path: Path) -> dict[str, str]:

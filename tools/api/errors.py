@@ -145,10 +145,11 @@ def _bad_spec_field(error: BaseException) -> str:
 
 
 def spec_field(message: str) -> str | None:
-    """``spec.<field>`` when a spec error's message starts with a spec field's name.
+    """``spec.<field>`` when a spec error's message starts with a spec field's name
+    (``spec.restart.base_s`` for ``restart.base_s ...``).
 
     The node's spec errors name the field first (``port 0 is out of range``,
     ``model: managed mode needs ...``), adapters/spec.py.
     """
     first = message.split(" ", 1)[0].rstrip(":")
-    return f"spec.{first}" if first in _SPEC_FIELDS else None
+    return f"spec.{first}" if first.split(".", 1)[0] in _SPEC_FIELDS else None

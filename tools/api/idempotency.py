@@ -133,7 +133,7 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
                 413,
                 ErrorBody(
                     code="too_large",
-                    field=None,
+                    field="body",
                     message=f"the body is larger than {MAX_BODY} bytes",
                 ),
             )

@@ -8,11 +8,25 @@ middleware decodes each POST body with msgspec in strict mode against the
 route's body type (the same type the route declares, so the OpenAPI document
 is unchanged) and refuses what does not decode; the body then goes on to the
 app as it came.
+
+It also refuses, before anything is done:
+
+- a body not sent as ``Content-Type: application/json`` (415; a POST with no
+  body where the body is optional is fine without one);
+- a body nested deeper than :data:`MAX_DEPTH` levels (400 ``body``: msgspec
+  would otherwise recurse until a ``RecursionError``);
+- an integer outside the chain's 64-bit range anywhere in the body (400
+  naming it): the chain's canonical form holds exact 64-bit integers
+  (docs/chain-format.md), so such a number could be accepted but not recorded.
+
+Every refusal names its ``field``: the body field at fault, ``body`` for the
+body as a whole, ``Content-Type`` for its media type.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -22,6 +36,7 @@ from infervisor.adapters.spec import InstanceSpec
 from .idempotency import MAX_BODY, read_body, replayed
 from .wire import (
     API_VERSION,
+    INT64_MAX,
     ErrorBody,
     ErrorEnvelope,
     HeartbeatRequest,
@@ -30,7 +45,16 @@ from .wire import (
     VerbRequest,
 )
 
-__all__ = ["ALLOWED", "MAX_BODY", "explain", "strict_bodies"]
+__all__ = ["ALLOWED", "INT64", "MAX_BODY", "MAX_DEPTH", "explain", "strict_bodies"]
+
+#: The integers the chain's canonical form holds (docs/chain-format.md).
+INT64 = (-INT64_MAX - 1, INT64_MAX)
+#: Deepest nesting of arrays and objects a body may have (a placement needs 3).
+MAX_DEPTH = 16
+#: The media type of every body.
+JSON = "application/json"
+#: Names the body as a whole in an error's ``field``.
+BODY = "body"
 
 
 _V = f"/{API_VERSION}"
@@ -47,10 +71,14 @@ _DECODERS: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
 }
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _NAMED = re.compile(r"^Object (?:contains unknown|missing required) field `(?P<name>[^`]*)`$")
-#: The allowed values of the enum fields, for their error messages.
+_NAME = "a plain name: letters, digits, '.', '_', '-', at most 64, no leading punctuation"
+#: The allowed values of fields whose msgspec message does not say them.
 ALLOWED = {
     "spec.flavor": "llamacpp, mlx-lm, ollama",
     "spec.mode": "adopted, managed",
+    "controller": _NAME,
+    "generation": "0 to 2^63-1",
+    "grace_s": "0 to 3600 seconds",
 }
 
 
@@ -71,11 +99,46 @@ def explain(error: msgspec.MsgspecError, body_type: type[msgspec.Struct]) -> Err
     if allowed and "allowed" not in what:
         what += f"; allowed: {allowed}"
     if isinstance(error, msgspec.DecodeError) and not path:
-        what = f"the body is not valid JSON: {what}"
+        what = f"not valid JSON: {what}"
     missing = what.startswith("Object missing required field")
     in_spec = path.startswith("spec.") or (path == "spec" and not missing)
-    code = "bad_spec" if in_spec else "bad_request"
-    return ErrorBody(code=code, message=f"{path}: {what}" if path else what, field=path or None)
+    return _named(path or BODY, what, in_spec=in_spec)
+
+
+def _named(field: str, what: str, *, in_spec: bool | None = None) -> ErrorBody:
+    """400 naming ``field`` (``bad_spec`` for a field of the spec)."""
+    if in_spec is None:
+        in_spec = field.startswith("spec.")
+    return ErrorBody(
+        code="bad_spec" if in_spec else "bad_request", message=f"{field}: {what}", field=field
+    )
+
+
+def beyond(value: object, path: str = "", depth: int = 0) -> ErrorBody | None:
+    """The first part of a decoded body nested deeper than :data:`MAX_DEPTH`, or
+    holding an integer outside :data:`INT64` (None: none)."""
+    if depth > MAX_DEPTH:
+        return _named(BODY, f"nested deeper than {MAX_DEPTH} levels", in_spec=False)
+    if isinstance(value, int) and not isinstance(value, bool):
+        low, high = INT64
+        if low <= value <= high:
+            return None
+        return _named(path, f"{value} is out of range: allowed {low} to {high} (64-bit)")
+    if isinstance(value, msgspec.Struct):
+        items: Iterable[tuple[object, object]] = (
+            (name, getattr(value, name)) for name in value.__struct_fields__
+        )
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, inner in items:
+        found = beyond(inner, f"{path}.{key}" if path else str(key), depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def _body_type(scope: dict[str, Any]) -> tuple[type[msgspec.Struct], bool] | None:
@@ -99,27 +162,45 @@ def strict_bodies(app: Any) -> Any:
         body_type, optional = found
         body = await read_body(receive, limit=MAX_BODY)
         if body is None:
-            await _refuse(
-                send,
-                413,
-                ErrorBody(
-                    code="too_large",
-                    field=None,
-                    message=f"the body is larger than {MAX_BODY} bytes",
-                ),
-            )
+            message = f"the body is larger than {MAX_BODY} bytes"
+            await _refuse(send, 413, ErrorBody(code="too_large", field=BODY, message=message))
             return
         if not body.strip() and optional:
             body = b""  # no body: the route's defaults (blank space would not decode)
         else:
-            try:
-                _DECODERS[body_type].decode(body)
-            except (msgspec.ValidationError, msgspec.DecodeError) as e:
-                await _refuse(send, 400, explain(e, body_type))
+            refusal = _check(scope, body, body_type)
+            if refusal is not None:
+                await _refuse(send, *refusal)
                 return
         await app(scope, replayed(body), send)
 
     return middleware
+
+
+def _check(
+    scope: dict[str, Any], body: bytes, body_type: type[msgspec.Struct]
+) -> tuple[int, ErrorBody] | None:
+    """(status, error) refusing a body that is not JSON of ``body_type``; None: it is."""
+    given = _content_type(scope)
+    if given.split(";", 1)[0].strip().lower() != JSON:
+        what = f"Content-Type {given!r}" if given else "no Content-Type"
+        message = f"{what}: a body must be sent as Content-Type: {JSON}"
+        return 415, ErrorBody(code="unsupported_media_type", field="Content-Type", message=message)
+    try:
+        decoded = _DECODERS[body_type].decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        return 400, explain(e, body_type)
+    except RecursionError:
+        return 400, _named(BODY, f"nested deeper than {MAX_DEPTH} levels", in_spec=False)
+    found = beyond(decoded)
+    return None if found is None else (400, found)
+
+
+def _content_type(scope: dict[str, Any]) -> str:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return bytes(value).decode("latin-1")
+    return ""
 
 
 async def _refuse(send: Any, status: int, error: ErrorBody) -> None:

@@ -8,14 +8,17 @@ from it. Errors are one shape, :class:`ErrorBody`, with a stable ``code``
 (the command line's codes, docs/cli.md) and the HTTP status by meaning:
 
 ======  ==========================================================
-400     the request or spec is malformed (``bad_request``, ``bad_spec``, ``bad_value``)
+400     the request or spec is malformed (``bad_request``, ``bad_spec``, ``bad_value``),
+        or a header sent twice; ``field`` names what (``body``: the whole body)
 401     no token, or a token the node does not know (``unauthorized``)
-403     a socket peer of another uid (``forbidden``)
+403     a socket peer of another uid, or a token whose scope does not cover the
+        route (``forbidden``)
 404     no such instance (``unknown_instance``)
 409     the lifecycle state does not allow the verb, or the port is taken
         (``invalid_state``, ``refused``, ``port_taken``, ``idempotency_in_flight``)
 422     admission refused, with the numbers (``admission_refused``, ``memory_budget``),
         or an idempotency key reused for another request (``idempotency_mismatch``)
+415     a body not sent as ``Content-Type: application/json`` (``unsupported_media_type``)
 500     the verb was accepted but its work failed (``spawn_failed``, ``node_error``)
 502     the server did not answer a deep health check (``probe_failed``)
 503     the node is starting or shutting down (``node_starting``, ``node_stopping``)
@@ -53,15 +56,22 @@ __all__ = [
 #: The path prefix of every route; a breaking change gets a new one.
 API_VERSION = "v1"
 
+#: The chain's largest integer (its canonical form holds signed 64-bit integers).
+INT64_MAX = 2**63 - 1
 ControllerId = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        # Python's `$` also matches before a trailing newline (msgspec searches with `re`):
+        # `(?!\n)` refuses one; the pattern means the same in ECMA-262 (JSON Schema).
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?!\n)$",
         description="The controller's node id (a plain token).",
     ),
 ]
 Generation = Annotated[
-    int, msgspec.Meta(ge=0, description="The controller's placement generation.")
+    int,
+    msgspec.Meta(
+        ge=0, le=INT64_MAX, description="The controller's placement generation (0 to 2^63-1)."
+    ),
 ]
 Grace = Annotated[
     float, msgspec.Meta(ge=0, le=3600, description="Seconds from SIGTERM to SIGKILL.")
