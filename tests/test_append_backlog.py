@@ -17,6 +17,7 @@ import signal
 import sqlite3
 from typing import Any
 
+import msgspec
 import pytest
 from support import wait_until
 from test_crash_regressions import POLICY, alive, consistent, server_pid
@@ -33,6 +34,8 @@ from infervisor.chain import SqliteChain
 from infervisor.chain.connect import immediate
 from infervisor.chain.errors import ChainIOError
 from infervisor.replay import RestartPolicy
+from infervisor.tools.api.wire import NodeInfo
+from infervisor.tools.cli import _chain_refusal
 
 DISK_FULL = "injected: database or disk is full"
 
@@ -223,3 +226,16 @@ def test_no_stable_is_recorded_for_a_server_whose_exit_waits(
     assert not alive(pid)
     consistent(r.node)
     nothing_left(r.node)
+
+
+def test_status_warns_while_the_chain_refuses_writes() -> None:
+    info = NodeInfo(
+        node_id="n1", version="0", phase="open", head_seq=3, head_hash="ab", instances=1,
+        lease_s=None, chain_writable=False, chain_error=f"ChainIOError: {DISK_FULL}",
+        chain_failing_since_ns=1_800_000_000 * 10**9, chain_append_failures=4,
+    )  # fmt: skip
+    warning = _chain_refusal(info)
+    assert warning is not None
+    assert "refuses writes since 2027-01-15T08:00:00+00:00" in warning
+    assert DISK_FULL in warning and "free disk space" in warning
+    assert _chain_refusal(msgspec.structs.replace(info, chain_writable=True)) is None
