@@ -67,6 +67,8 @@ S = LifecycleState
 #: Probe workers for contexts built without a node (tests); a node passes its own pool.
 _SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
 UNLOAD_GRACE_S = 5.0
+#: Seconds after which an append the writer has not answered is logged (and waited on).
+APPEND_WARN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -308,9 +310,7 @@ class InstanceActor(pykka.ThreadingActor):
             )
             for event in decision.events
         )
-        stored: list[StoredEvent] = self.ctx.writer.ask(
-            m.Append(drafts=drafts), block=True, timeout=60
-        )
+        stored = self._durable(self.ctx.writer.ask(m.Append(drafts=drafts), block=False))
         state: InstanceState | None = self.state
         for record, event in zip(stored, decision.events, strict=True):
             state = apply_instance(state, record, event)
@@ -321,6 +321,25 @@ class InstanceActor(pykka.ThreadingActor):
             self.ctx.gone(self.iid)
         else:
             self.state = state
+
+    def _durable(self, answer: pykka.Future[list[StoredEvent]]) -> list[StoredEvent]:
+        """The writer's answer to an append: the stored events, or its error.
+
+        Never given up on after a timeout: an append the writer still holds may
+        yet commit, and a decision taken again after it did would be recorded
+        twice (and the live state would miss the first). A writer's transaction
+        waits at most ``BUSY_TIMEOUT_S`` for the lock; this warns after
+        :data:`APPEND_WARN_S` and waits on. A writer that stops fails the ask
+        (``ActorDeadError``).
+        """
+        try:
+            return answer.get(timeout=APPEND_WARN_S)
+        except pykka.Timeout:
+            log.warning(
+                "%s: the chain writer has not answered an append for %g s; waiting on",
+                self.iid, APPEND_WARN_S,
+            )  # fmt: skip
+            return answer.get()
 
     def _append_failed(self, obs: o.Observation, error: Exception) -> None:
         why = f"the chain could not record a decision ({type(error).__name__}: {error})"
