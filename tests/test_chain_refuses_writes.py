@@ -25,11 +25,15 @@ import pytest
 from support import PROGRAMS, make_launcher, wait_until
 from test_crash_regressions import alive, consistent
 from test_faults import history, nothing_left
+from test_group_commit import TIMEOUT_S, Gate, draft, hold, stored_subjects
 
+from infervisor.actors import messages as m
+from infervisor.actors.append_health import AppendHealth
+from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.node import Node
 from infervisor.adapters.ports import free_port, port_in_use
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.chain import connect
+from infervisor.chain import ChainIOError, SqliteChain, connect, verify_chain
 from infervisor.replay import RestartPolicy
 from infervisor.tools.api.metrics import NodeMetrics
 
@@ -172,3 +176,39 @@ def test_a_held_write_lock_while_a_server_is_killed(nodes, tmp_path, fake_model,
     node.shutdown()
     assert not alive(pid)
     nothing_left(node)
+
+
+def test_a_group_commit_on_a_full_disk_fails_every_caller_and_stores_none(
+    small_disk, monkeypatch
+) -> None:
+    """A real SQLITE_FULL inside a group commit: every asker of the batch gets the
+    chain's own error, none of their events is stored (not half of one asker's
+    two), the writer reports the refusal, and its connection goes on once there
+    is room again."""
+    gate = Gate()  # holds the writer in its first transaction while the others queue
+    monkeypatch.setattr(SqliteChain, "append_many", gate.wrap(SqliteChain.append_many))
+    health = AppendHealth()
+    writer = ChainWriter.start(small_disk / "chain.db", "node-a", health=health)
+    try:
+        first = hold(writer, gate)
+        doomed = [
+            writer.ask(m.Append(drafts=(draft(subject="x1"),)), block=False),
+            writer.ask(m.Append(drafts=(draft(subject="x2"), draft(subject="x3"))), block=False),
+        ]
+        ballast = _fill(small_disk)
+        gate.release.set()
+        for future in [first, *doomed]:
+            with pytest.raises(ChainIOError, match="database or disk is full"):
+                future.get(timeout=TIMEOUT_S)
+        assert gate.batches[-1] == ["x1", "x2", "x3"]  # one transaction, refused whole
+        status = health.snapshot()
+        assert (status.writable, status.failures) == (False, 2)
+        assert status.error is not None and "disk is full" in status.error
+        ballast.unlink()
+        later = writer.ask(m.Append(drafts=(draft(subject="after"),)), timeout=TIMEOUT_S)
+        assert [e.seq for e in later] == [1]
+        assert health.snapshot().writable
+    finally:
+        writer.stop(timeout=TIMEOUT_S)
+    assert stored_subjects(small_disk / "chain.db") == ["after"]
+    assert verify_chain(small_disk / "chain.db").ok
