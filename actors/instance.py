@@ -257,6 +257,8 @@ class InstanceActor(pykka.ThreadingActor):
                 self.fault = self.backlog.fault()
             return None
         first = self._execute(deque([observation]))
+        if not self.backlog:
+            self.backlog.recovered()  # nothing waits: the next refusal is news (logged)
         self._after_run()
         return first
 

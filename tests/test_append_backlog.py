@@ -12,6 +12,7 @@ tests/test_chain_refuses_writes.py.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sqlite3
@@ -142,7 +143,7 @@ def _killed_while_refused(r: Any, switch: AppendSwitch) -> int:
 
 
 def test_every_observation_waits_in_order_and_the_exit_is_told_true(
-    nodes, tmp_path, fake_model, manual_clock, switch
+    nodes, tmp_path, fake_model, manual_clock, switch, caplog
 ):
     r = _slow(nodes, tmp_path, fake_model, manual_clock)
     r.node.start(r.iid)
@@ -178,6 +179,11 @@ def test_every_observation_waits_in_order_and_the_exit_is_told_true(
     assert [type(w).__name__ for w in backlog.waiting()] == list(HELD)
     assert r.node.settled(r.iid)  # no probe in flight: the health tick sent none
     assert len(history(r.node, r.iid)) == before  # nothing decided, nothing recorded
+    retries_until(manual_clock, lambda: switch.refused >= 4, "the head retried, refused")
+    said = [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert len([s for s in said if "could not record a decision" in s]) == 1  # once per kind
+    assert len([s for s in said if s.startswith("the chain refuses writes")]) == 1
+    assert [type(w).__name__ for w in backlog.waiting()] == list(HELD)
 
     switch.error = None
     retries_until(manual_clock, lambda: count(r.node, r.iid, "restart_scheduled"), "the exit")
