@@ -45,8 +45,9 @@ class Backlog:
     Not thread-safe: owned by one instance actor.
 
     Attributes:
-        held: how many observations of each type were held (a running count
-            for tests and diagnosis; coalesced ones included).
+        held: how many times an observation of each type was put in the
+            backlog (a running count for tests and diagnosis: coalesced ones
+            count, and a head refused again counts at each retry).
     """
 
     def __init__(self, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S) -> None:
