@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from support import PROGRAMS, make_launcher, wait_until
 from test_crash_regressions import alive, consistent
 from test_faults import history, nothing_left
@@ -35,7 +36,10 @@ from infervisor.adapters.ports import free_port, port_in_use
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import ChainIOError, SqliteChain, connect, verify_chain
 from infervisor.replay import RestartPolicy
+from infervisor.tools.api.client import ApiClient
 from infervisor.tools.api.metrics import NodeMetrics
+from infervisor.tools.api.server import ApiServer
+from infervisor.tools.cli import cli
 
 #: What the chain must never say of a server that was SIGKILLed by someone else.
 INVENTED = ("instance.unhealthy", "instance.terminating", "instance.stable")
@@ -114,6 +118,20 @@ def _refusing(node: Node, iid: str, kind: str) -> None:
     assert ", in order, for the chain to record them" in view.reason, view.reason
 
 
+def _said_by_the_api_and_status(data: Path, kind: str) -> None:
+    """``GET /v1/node`` and ``infervisor status`` say the chain refuses writes."""
+    with ApiClient(data_dir=data) as client:
+        info = client.node()
+    assert not info.chain_writable
+    assert info.chain_error is not None and kind in info.chain_error
+    assert info.chain_failing_since_ns is not None and info.chain_append_failures >= 2
+    shown = CliRunner().invoke(cli, ["status", str(data)])
+    assert shown.exit_code == 0, shown.stderr
+    assert shown.stderr.startswith("warning: the node's chain refuses writes since "), shown.stderr
+    assert kind in shown.stderr
+    assert "chat-" in shown.stdout  # the table follows the warning
+
+
 def _told_true(node: Node, iid: str, before: int, pid: int) -> None:
     """The exit as the shim saw it (SIGKILL), then the restart; nothing invented."""
     wait_until(lambda: node.append_status().writable, 60, "the chain to take writes again")
@@ -165,15 +183,20 @@ def test_a_held_write_lock_while_a_server_is_killed(nodes, tmp_path, fake_model,
     pid = node.status(iid).pid
     assert pid is not None
     before = len(history(node, iid))
+    data = Path(node.settings.data_dir)
+    api = ApiServer.listen(data, node.settings.chain_path, node.settings.node_id)
     holder = sqlite3.connect(node.settings.chain_path, isolation_level=None)
     try:
+        api.serve(node)
         holder.execute("BEGIN IMMEDIATE")
         os.kill(pid, signal.SIGKILL)
         _refusing(node, iid, "database is locked")
+        _said_by_the_api_and_status(data, "database is locked")
+        assert len(history(node, iid)) == before  # read while the lock is still held
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    assert len(history(node, iid)) == before
+        api.close()
     _told_true(node, iid, before, pid)
     node.shutdown()
     assert not alive(pid)
