@@ -18,6 +18,13 @@ chain's folder): every that many events, at the first commit
 ``checkpoint_every_s`` seconds after the last one, and when it stops. A
 checkpoint that cannot be written is logged; the appends it follows stand.
 
+With ``health`` given (an :class:`~.append_health.AppendHealth`), the writer
+reports each transaction's outcome there: the node's status and metrics say
+from it whether the chain refuses writes (disk full, write lock held by
+another process), and since when. A failed transaction is rolled back whole
+(``chain.connect.immediate``) and the connection stays usable: the next
+append after the disk has room again, or the lock was released, commits.
+
 With ``latency`` given (a :class:`CommitLatency`), the writer records how long
 each group commit's transaction took, from ``BEGIN`` to ``COMMIT`` done, in
 seconds. The histogram is thread-safe and shared by reference, so a metrics
@@ -41,6 +48,7 @@ from infervisor.chain.checkpoint import load_or_create_signer
 from infervisor.chain.checkpoint_store import DEFAULT_EVERY_S, Checkpointer
 from infervisor.chain.records import check_drafts
 
+from .append_health import AppendHealth
 from .messages import Append
 from .observer import DEFAULT_CAPACITY, EventObserver
 
@@ -138,9 +146,11 @@ class ChainWriter(pykka.ThreadingActor):
         checkpoint_every_events: int | None = None,
         checkpoint_every_s: float = DEFAULT_EVERY_S,
         latency: CommitLatency | None = None,
+        health: AppendHealth | None = None,
     ) -> None:
         super().__init__()
         self._latency = latency
+        self._health = health
         self._checkpoint_every = (checkpoint_every_events, checkpoint_every_s)
         self._checkpointer: Checkpointer | None = None
         self._path = path
@@ -246,11 +256,16 @@ class ChainWriter(pykka.ThreadingActor):
         started = time.perf_counter()
         try:
             stored = self._chain.append_many(drafts)
-        except Exception:
+        except Exception as exc:
+            # One transaction: none of the group is stored, so every asker fails.
+            if self._health is not None and drafts:
+                self._health.failed(exc)
             for ask in valid:
                 if ask.reply_to is not None:
                     _fail(ask)
             raise
+        if self._health is not None and drafts:
+            self._health.succeeded()
         if self._latency is not None and drafts:
             self._latency.observe(time.perf_counter() - started)
         return stored
@@ -270,7 +285,9 @@ class ChainWriter(pykka.ThreadingActor):
 
 
 def _fail(ask: _Ask) -> None:
-    """Fail a drained ask with the exception being handled (logged if nobody asked)."""
-    log.info("append of %d drafts failed", len(ask.drafts), exc_info=True)
+    """Fail a drained ask with the exception being handled. Logged at debug level
+    only: the asker gets the error, and a refused write is logged once per kind
+    of error by :class:`~.append_health.AppendHealth`, not once per retry."""
+    log.debug("append of %d drafts failed", len(ask.drafts), exc_info=True)
     if ask.reply_to is not None:
         ask.reply_to.set_exception()

@@ -5,8 +5,10 @@ Every message becomes an observation for :func:`~.core.decide.decide`; the
 decision's events are appended in one transaction (durable) and applied with
 the same reducer replay uses, and only then are its effects run. A failed
 append runs no effect: the state stays what the chain says, waiters get the
-error, status shows the fault, and an observation from the world (an exit, a
-probe) is decided again later, a bounded number of times. Slow work never
+error, status shows the fault, and the observation from the world (an exit, a
+probe, a timer) waits at the head of an ordered backlog (:mod:`.backlog`)
+with every later one, undecided, until the chain takes writes again: nothing
+is decided from state the chain has not recorded. Slow work never
 runs on the actor's thread (probes on the node's probe pool; reaping, Ollama
 loads and unloads on threads of their own), so a hung server never holds up
 ``status``.
@@ -41,6 +43,7 @@ from infervisor.replay.state import Stamp
 
 from . import messages as m
 from . import verb_answers as answers
+from .backlog import Backlog
 from .boot_facts import gather, owned_beyond
 from .clock import Clock
 from .core import observations as o
@@ -63,10 +66,9 @@ S = LifecycleState
 
 #: Probe workers for contexts built without a node (tests); a node passes its own pool.
 _SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
-#: A decision whose events could not be appended is tried again this many times.
-RETRY_LIMIT = 30
-RETRY_CAP_S = 30.0
 UNLOAD_GRACE_S = 5.0
+#: Seconds after which an append the writer has not answered is logged (and waited on).
+APPEND_WARN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,7 @@ class _Probed(msgspec.Struct, frozen=True):
 
 
 class _Retry(msgspec.Struct, frozen=True):
-    observation: Any
-    attempt: int
+    """Time to try the backlog's head again."""
 
 
 def tell(ref: pykka.ActorRef[Any], message: Any) -> None:
@@ -146,6 +147,7 @@ class InstanceActor(pykka.ThreadingActor):
         self._deep_running = False
         self._last_deep_at: float | None = None
         self._waiters: list[answers.Waiter] = []
+        self.backlog = Backlog()
 
     # ------------------------------------------------------------------ dispatch
     def on_receive(self, message: Any) -> Any:
@@ -225,8 +227,8 @@ class InstanceActor(pykka.ThreadingActor):
                 current = self.effects.timer_current(name, gen)
                 if current and (name == "kill" or not self._closing):
                     self.run(o.TimerDue(name=name))
-            case _Retry(observation=obs, attempt=attempt):
-                self.run(obs, attempt=attempt)
+            case _Retry():
+                self._drain()
             case o.ProcessExited() | o.GroupGone() | o.OllamaResidency() | o.OllamaLoadEnded():
                 self.run(message)
             case o.OllamaUnloadEnded():
@@ -243,17 +245,36 @@ class InstanceActor(pykka.ThreadingActor):
         """Now, on both clocks."""
         return now_stamp(self.ctx.clock)
 
-    def run(self, observation: o.Observation, *, attempt: int = 0) -> Decision | None:
+    def run(self, observation: o.Observation) -> Decision | None:
         """Decide on one observation and execute it, then on every observation
-        its effects produce at once. Returns the first decision (None when it
-        could not be recorded: it is retried later)."""
-        queue: deque[o.Observation] = deque([observation])
+        its effects produce at once. Returns the first decision, or None when
+        nothing was decided: the chain refused its events, or observations are
+        waiting for the chain (then a verb is refused, anything else waits its
+        turn in the backlog)."""
+        if self.backlog:
+            if not answers.is_verb(observation):
+                self.backlog.hold(observation)
+                self.fault = self.backlog.fault()
+            return None
+        first = self._execute(deque([observation]))
+        if not self.backlog:
+            self.backlog.recovered()  # nothing waits: the next refusal is news (logged)
+        self._after_run()
+        return first
+
+    def _execute(self, queue: deque[o.Observation]) -> Decision | None:
+        """Decide, record and act on each observation of ``queue`` in turn. On a
+        refused append that observation (unless a verb: its caller is told) and
+        the rest wait at the head of the backlog, and a retry is armed."""
         first: Decision | None = None
-        while queue:
+        while queue and not self._gone:
             obs = queue.popleft()
-            decision = self._decide_and_record(obs, attempt if obs is observation else 0)
+            decision = self._decide_and_record(obs)
             if decision is None:
-                break
+                if not answers.is_verb(obs):
+                    self.backlog.put_back([obs, *queue])
+                    self._arm_retry()
+                return first
             first = first or decision
             if decision.refusal is not None and first.refusal is None:
                 first = msgspec.structs.replace(first, refusal=decision.refusal)
@@ -261,22 +282,21 @@ class InstanceActor(pykka.ThreadingActor):
                 follow = self.effects.run(effect)
                 if follow is not None:
                     queue.append(follow)
-        self._after_run()
         return first
 
-    def _decide_and_record(self, obs: o.Observation, attempt: int) -> Decision | None:
-        if self._gone:
-            return None
+    def _decide_and_record(self, obs: o.Observation) -> Decision | None:
+        """Decide on ``obs`` from sourced state; record its events. None when the
+        chain refused them (nothing of the decision is kept, not even its tracking)."""
         sit = Situation(state=self.state, tracking=self.tracking, rules=self.rules, now=self.now())
         decision = decide(sit, obs)
-        if decision.tracking is not None:
-            self.tracking = decision.tracking
         if decision.events:
             try:
                 self._record(decision, sit.now)
             except Exception as e:  # noqa: BLE001 - any append failure: nothing is acted on
-                self._append_failed(obs, attempt, e)
+                self._append_failed(obs, e)
                 return None
+        if decision.tracking is not None:
+            self.tracking = decision.tracking
         self._fail_waiters_on(decision.refusal, verb=answers.is_verb(obs))
         return decision
 
@@ -292,9 +312,7 @@ class InstanceActor(pykka.ThreadingActor):
             )
             for event in decision.events
         )
-        stored: list[StoredEvent] = self.ctx.writer.ask(
-            m.Append(drafts=drafts), block=True, timeout=60
-        )
+        stored = self._durable(self.ctx.writer.ask(m.Append(drafts=drafts), block=False))
         state: InstanceState | None = self.state
         for record, event in zip(stored, decision.events, strict=True):
             state = apply_instance(state, record, event)
@@ -306,9 +324,29 @@ class InstanceActor(pykka.ThreadingActor):
         else:
             self.state = state
 
-    def _append_failed(self, obs: o.Observation, attempt: int, error: Exception) -> None:
+    def _durable(self, answer: pykka.Future[list[StoredEvent]]) -> list[StoredEvent]:
+        """The writer's answer to an append: the stored events, or its error.
+
+        Never given up on after a timeout: an append the writer still holds may
+        yet commit, and a decision taken again after it did would be recorded
+        twice (and the live state would miss the first). A writer's transaction
+        waits at most ``BUSY_TIMEOUT_S`` for the lock; this warns after
+        :data:`APPEND_WARN_S` and waits on. A writer that stops fails the ask
+        (``ActorDeadError``).
+        """
+        try:
+            return answer.get(timeout=APPEND_WARN_S)
+        except pykka.Timeout:
+            log.warning(
+                "%s: the chain writer has not answered an append for %g s; waiting on",
+                self.iid, APPEND_WARN_S,
+            )  # fmt: skip
+            return answer.get()
+
+    def _append_failed(self, obs: o.Observation, error: Exception) -> None:
         why = f"the chain could not record a decision ({type(error).__name__}: {error})"
-        log.error("%s: %s", self.iid, why)
+        if self.backlog.failed(why):
+            log.error("%s: %s", self.iid, why)  # once per kind of error, not per retry
         self.fault = why
         for waiter in self._waiters:
             if not waiter.future.done():
@@ -316,10 +354,33 @@ class InstanceActor(pykka.ThreadingActor):
         self._waiters.clear()
         if answers.is_verb(obs):
             raise RecordFailed(f"{self.iid}: {why}; nothing was done")
-        if attempt < RETRY_LIMIT:
-            delay = min(RETRY_CAP_S, 0.5 * 2**attempt)
-            retry = _Retry(observation=obs, attempt=attempt + 1)
-            self.ctx.clock.call_later(delay, lambda: self.tell_self(retry))
+
+    # ------------------------------------------------------------------ the backlog
+    def _arm_retry(self) -> None:
+        """Try the backlog's head again after the next backoff (capped, no limit)."""
+        self.fault = self.backlog.fault()
+        delay = self.backlog.next_delay()
+        if delay is not None:
+            self.ctx.clock.call_later(delay, lambda: self.tell_self(_Retry()))
+
+    def _drain(self) -> None:
+        """Decide the waiting observations in order, each with whatever its effects
+        produce at once, until none waits or the chain refuses again."""
+        self.backlog.retry_due()
+        while self.backlog and not self._gone and not self.backlog.armed:
+            self._execute(deque([self.backlog.take()]))
+        if not self.backlog:
+            self._recovered()
+        self._after_run()
+
+    def _recovered(self) -> None:
+        """The chain took everything that waited: clear the fault; probe afresh
+        (a probe is due at once: what was observed meanwhile is no verdict)."""
+        if self.backlog.recovered():
+            log.warning("%s: the chain records again; no observation waits", self.iid)
+        self.fault = ""
+        self._last_probe_at = None
+        self._last_deep_at = None
 
     def _after_run(self) -> None:
         if self._gone:
@@ -373,6 +434,8 @@ class InstanceActor(pykka.ThreadingActor):
 
     # ------------------------------------------------------------------ ticks
     def _health_tick(self) -> None:
+        if self.backlog:
+            return  # no new verdict on a state the chain has not recorded (see .backlog)
         self._deep_tick()
         if self._probing or not wants_probe(self.state, self.rules):
             return

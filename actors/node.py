@@ -46,6 +46,7 @@ from infervisor.replay.queries import read_chain
 from infervisor.replay.state import LeaseRecord
 
 from . import messages as m
+from .append_health import AppendHealth, AppendStatus
 from .chain_writer import ChainWriter, CommitLatency, LatencySnapshot
 from .clock import Clock, RealClock
 from .errors import BadArgument, InvalidState, VerbTimeout
@@ -91,6 +92,8 @@ class NodeActors:
     engine: ProbeEngine | None = None
     #: The chain writer's commit latency histogram (shared with it by reference).
     commit_latency: CommitLatency | None = None
+    #: Whether the chain takes appends (the writer reports, anyone reads).
+    append_health: AppendHealth | None = None
 
 
 class Node:
@@ -527,6 +530,17 @@ class Node:
             return CommitLatency().snapshot()
         return latency.snapshot()
 
+    def append_status(self) -> AppendStatus:
+        """Whether the chain takes appends now, read without asking the writer
+        (which may be waiting on another process's write lock): ``writable``,
+        the last ``error``, ``since_ns`` (when the refusals began, ns since the
+        epoch, UTC) and the count of failed append transactions. While the
+        chain refuses writes, instances keep their observations waiting (in
+        order) and refuse verbs with ``RecordFailed``.
+        """
+        health = self._actors.append_health
+        return AppendStatus(True, None, None, 0) if health is None else health.snapshot()
+
     # ------------------------------------------------------------------ plumbing
     def _ref(self, instance_id: str) -> pykka.ActorRef[Any]:
         """The instance's actor, from the routes the host published (never asks it)."""
@@ -547,6 +561,7 @@ def _start_actors(
     lease: LeaseRecord | None = None,
 ) -> NodeActors:
     commit_latency = CommitLatency()
+    append_health = AppendHealth()
     writer = ChainWriter.start(
         settings.chain_path,
         settings.node_id,
@@ -554,6 +569,7 @@ def _start_actors(
         checkpoint_every_events=settings.checkpoint_every_events,
         checkpoint_every_s=settings.checkpoint_every_s,
         latency=commit_latency,
+        health=append_health,
     )
     ledger = None
     if settings.memory_budget_bytes is not None:
@@ -581,8 +597,9 @@ def _start_actors(
     supervisor.tell(m.WatchedBy(host=host))
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
-        writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency
-    )
+        writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
+        append_health,
+    )  # fmt: skip
 
 
 class _GoneRelay:

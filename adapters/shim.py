@@ -41,7 +41,11 @@ so a reader sees the whole record or none; not fsynced, see
   ``exit_code`` when it exited, ``signal`` when a signal killed it, the other
   null; ``ended_ns`` is nanoseconds since the Unix epoch; ``error`` is null,
   or says why the server could not be started (then ``pid``, ``exit_code``
-  and ``signal`` are null and there is no launch file).
+  and ``signal`` are null and there is no launch file). Its space is set
+  aside before the launch record is written (``<token>.exit.json.tmp``,
+  :data:`EXIT_RESERVE` spaces, overwritten in place), so a disk that fills
+  while the server runs cannot cost its exit status: the node records the
+  real cause once it can write again. The record may end in spaces.
 
 Signals: SIGHUP, SIGINT and SIGTERM are caught by a handler that does
 nothing, and SIGPIPE is ignored, so the shim outlives its node and anything
@@ -76,6 +80,8 @@ TOKEN_VAR = "INFERVISOR_LAUNCH_TOKEN"  # noqa: S105 -- a variable name, not a se
 LAUNCH_DIR = "launch"
 REPORT_LAUNCHED = b"L"
 REPORT_FAILED = b"E"
+#: Bytes set aside at launch for the exit record (one is under 200 bytes).
+EXIT_RESERVE = 512
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 _TOKEN_MAX = 64
 _PR_SET_CHILD_SUBREAPER = 36
@@ -161,15 +167,42 @@ def write_atomically(directory: str, name: str, record: dict[str, Any]) -> None:
     path = os.path.join(directory, name)
     temporary = path + ".tmp"
     data = json.dumps(record, separators=(",", ":")).encode()
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, 0o600)  # the node's user only, whatever the umask
+        reserved = os.fstat(fd).st_size
+        if len(data) <= reserved:
+            # Over the bytes :func:`reserve` set aside, in place: no new block is
+            # needed, so a disk filled since the launch cannot refuse it.
+            # Trailing spaces are JSON whitespace.
+            data = data.ljust(reserved)
+        else:
+            os.ftruncate(fd, 0)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
     os.replace(temporary, path)
+
+
+def reserve(directory: str, name: str, size: int = EXIT_RESERVE) -> None:
+    """Set aside ``size`` bytes for the record ``directory/name`` that
+    :func:`write_atomically` will write later (its temporary file, filled with
+    spaces), so it can be written even once the disk is full.
+
+    Raises:
+        OSError: the space could not be set aside.
+    """
+    fd = os.open(
+        os.path.join(directory, name) + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
+    try:
+        view = memoryview(b" " * size)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def _report(byte: bytes) -> None:
@@ -314,6 +347,7 @@ def main() -> int:
         if isinstance(server, str):
             return _failed(directory, token, server)
         try:
+            reserve(directory, f"{token}.exit.json")
             _record_launch(directory, token, server)
         except OSError as e:
             # An unrecorded server must not run: no node could ever find it.

@@ -101,18 +101,26 @@ def connect_reader(path: str, *, text_as_bytes: bool = False) -> sqlite3.Connect
 def immediate(conn: sqlite3.Connection) -> Iterator[None]:
     """Run the block in a `BEGIN IMMEDIATE` transaction: commit, or roll back on error.
 
+    A failed COMMIT is rolled back too, so nothing of the block is stored and the
+    connection can begin the next transaction.
+
     IMMEDIATE takes the write lock before the block reads anything, so what the
     block reads (the head) cannot change before it commits.
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield
+        # Inside the try: a COMMIT that fails (SQLITE_FULL, SQLITE_BUSY, a deferred
+        # constraint) may leave the transaction open, and an open transaction would
+        # refuse every later BEGIN. SQLite rolls some failures back itself (see
+        # https://www.sqlite.org/lang_transaction.html, "Response To Errors Within
+        # A Transaction"); whatever is still open is rolled back here.
+        conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -283,29 +283,33 @@ def test_an_exit_whose_append_fails_is_retried_and_the_policy_follows(
     nothing_left(r.node)
 
 
-def test_a_stop_while_the_exit_cannot_be_recorded_never_hangs(
+def test_a_stop_while_the_exit_waits_for_the_chain_is_refused_at_once(
     nodes, tmp_path, fake_model, manual_clock, monkeypatch
 ):
+    """A verb is never held behind a waiting exit: it is refused at once, and
+    nothing of it is done; the exit, recorded later, is followed by the policy."""
     r = slow_rig(nodes, tmp_path, fake_model, manual_clock)
     pid, _ = killed_while_exits_fail(r, monkeypatch, 2)
+    before = len(history(r.node, r.iid))
 
-    with ThreadPoolExecutor(1) as pool:
-        stop: Future[Any] = pool.submit(r.node.stop, r.iid)
-        retries_until(manual_clock, stop.done, "the stop to answer")
-        error = stop.exception()
-        if error is None:  # it completed once appends worked
-            assert stop.result().lifecycle == "stopped"
-        else:
-            assert isinstance(error, RecordFailed)
-            assert "could not record" in str(error)
-    retries_until(manual_clock, lambda: count(r.node, r.iid, "exited"), "the exit recorded")
-    wait_until(lambda: r.status().lifecycle == "stopped", 20, "stopped")
+    with pytest.raises(RecordFailed) as refused:
+        r.node.stop(r.iid)
+    assert "could not record" in str(refused.value)
+    assert "1 observation waits" in str(refused.value)
+    assert str(refused.value).endswith("nothing was done")
+    assert len(history(r.node, r.iid)) == before  # the chain is as it was
     view = r.status()
+    assert (view.lifecycle, view.desired, view.pid) == ("running", "running", pid)
+    assert "observation waits" in view.reason
+
+    retries_until(manual_clock, lambda: count(r.node, r.iid, "exited"), "the exit recorded")
+    assert count(r.node, r.iid, "stop_requested") == 0
+    assert count(r.node, r.iid, "restart_scheduled") == 1  # the policy, as if no stop was asked
+    retries_until(manual_clock, lambda: count(r.node, r.iid, "starting") == 2, "the restart")
+    listening(r.port)
+    assert "fault" not in r.status().reason
+    view = r.node.stop(r.iid)
     assert (view.lifecycle, view.desired) == ("stopped", "stopped")
-    assert "fault" not in view.reason
-    assert count(r.node, r.iid, "exited") == 1
-    assert count(r.node, r.iid, "restart_scheduled") == 0
-    assert count(r.node, r.iid, "starting") == 1
     assert not alive(pid)
     consistent(r.node)
     nothing_left(r.node)

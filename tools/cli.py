@@ -41,7 +41,7 @@ from infervisor.replay import (
 
 from .api.client import ApiClient
 from .api.errors import ApiError, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
-from .api.wire import WatchEvent
+from .api.wire import NodeInfo, WatchEvent
 from .exit_codes import EPILOG, cut, exit_for
 from .schemas import (
     ErrorBody,
@@ -898,6 +898,9 @@ def status(target: _Target, as_json: bool, unverified: bool, watch: bool) -> Non
     ENDPOINT, MEM MiB (reserved by the budget/observed resident). With
     INSTANCE, its details follow (health, pid, reason, last exit).
 
+    While the node's chain refuses writes (disk full, write lock held
+    elsewhere), a warning on stderr says so and since when.
+
     When no node runs on WHERE, the state is replayed from DATA_DIR/chain.db
     instead, and stderr says so; health and memory are then unknown. The
     chain is verified in the same pass: one that does not verify is refused
@@ -926,6 +929,7 @@ def _show_status(
     try:
         with target.client() as client:
             views = [_view_of(client, instance)] if instance else client.list()
+            refusal = _chain_refusal(client.node())
     except NodeUnavailable as e:
         if target.where is None:
             _api_failure(e)
@@ -934,6 +938,8 @@ def _show_status(
         return
     except ApiError as e:
         _api_failure(e)
+    if refusal is not None:
+        click.echo(f"warning: {refusal}", err=True)
     if as_json:
         records = [from_view(v) for v in views]
         answer: Any = records[0] if instance else records
@@ -942,6 +948,21 @@ def _show_status(
     _print_table([_row(from_view(v)) for v in views])
     if instance:
         _print_details(views[0])
+
+
+def _chain_refusal(info: NodeInfo) -> str | None:
+    """What to warn of while the node's chain refuses writes (None while it takes them)."""
+    if info.chain_writable:
+        return None
+    since = ""
+    if info.chain_failing_since_ns is not None:
+        at = dt.datetime.fromtimestamp(info.chain_failing_since_ns / 1e9, dt.UTC)
+        since = f" since {at.isoformat(timespec='seconds')}"
+    return (
+        f"the node's chain refuses writes{since} ({info.chain_error}): observations wait, "
+        "in order, and verbs are refused until it takes them again (free disk space, or "
+        "end what holds chain.db's write lock)"
+    )
 
 
 def _watch_status(target: _Target, instance: str | None, as_json: bool, unverified: bool) -> None:

@@ -291,6 +291,7 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
         """The node, its phase and its chain head; 503 while it starts (a readiness check)."""
         with _admitted(ctx, changes=False) as node:
             seq, digest = _last_of(ctx.chain_path)
+            health = node.append_status()
             return NodeInfo(
                 node_id=ctx.node_id,
                 version=VERSION,
@@ -299,6 +300,10 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
                 head_hash=digest,
                 instances=len(node.list()),
                 lease_s=node.settings.lease_s,
+                chain_writable=health.writable,
+                chain_error=health.error,
+                chain_failing_since_ns=health.since_ns,
+                chain_append_failures=health.failures,
             )
 
     @get(f"{_V}/instances", sync_to_thread=True, responses=_responses())

@@ -32,6 +32,11 @@ every one is a gauge but the histogram):
 - ``infervisor_instance_rss_bytes``: observed resident memory of the server's
   process tree, bytes.
 - ``infervisor_chain_head_seq``: the chain's highest seq (-1: no event).
+- ``infervisor_chain_append_failing``: 1 while the chain refuses writes (disk
+  full, write lock held by another process: observations wait), else 0
+  (:meth:`Node.append_status`, read without asking the writer).
+- ``infervisor_chain_append_failures_total``: failed append transactions
+  since the node started (a counter).
 - ``infervisor_chain_append_seconds``: histogram of the chain writer's group
   commits, one observation per transaction (``BEGIN`` to ``COMMIT`` done),
   seconds; buckets 0.5 ms to 2.5 s.
@@ -51,7 +56,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -194,6 +203,7 @@ def _chain_families(node: Node, chain_path: Path) -> Iterator[Metric]:
         )
         family.add_metric([], head)
         yield family
+    yield from _append_health_families(node)
     snap = node.append_latency()
     buckets: list[tuple[str, float]] = [
         (_le(b), float(c)) for b, c in zip(snap.bounds, snap.cumulative, strict=True)
@@ -206,6 +216,21 @@ def _chain_families(node: Node, chain_path: Path) -> Iterator[Metric]:
         sum_value=snap.sum_s,
     )
     yield histogram
+
+
+def _append_health_families(node: Node) -> Iterator[Metric]:
+    health = node.append_status()
+    failing = GaugeMetricFamily(
+        "infervisor_chain_append_failing",
+        "1 while the chain refuses writes (disk full, lock held elsewhere), else 0.",
+    )
+    failing.add_metric([], 0 if health.writable else 1)
+    failures = CounterMetricFamily(
+        "infervisor_chain_append_failures",
+        "Failed append transactions of the chain writer since the node started.",
+    )
+    failures.add_metric([], health.failures)
+    yield from (failing, failures)
 
 
 def _head_seq(chain_path: Path) -> int | None:

@@ -166,7 +166,15 @@ class HeartbeatAnswer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """The node: its id, version, phase (``open``, ``stopping``) and chain head."""
+    """The node: its id, version, phase (``open``, ``stopping``) and chain head.
+
+    ``chain_writable`` is false while the chain refuses writes (disk full,
+    write lock held by another process): ``chain_error`` says why and
+    ``chain_failing_since_ns`` since when (ns since the epoch, UTC); the
+    instances' observations wait, in order, and verbs are refused until it
+    takes writes again. ``chain_append_failures`` counts failed append
+    transactions since the node started.
+    """
 
     node_id: str
     version: str
@@ -175,6 +183,10 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     head_hash: str
     instances: int
     lease_s: float | None
+    chain_writable: bool = True
+    chain_error: str | None = None
+    chain_failing_since_ns: int | None = None
+    chain_append_failures: int = 0
 
 
 class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
