@@ -1,0 +1,134 @@
+"""A pause is not a death (issue 17, item 4): the watchdog tells a node that did
+not run at all (SIGSTOP, a frozen cgroup, a paused VM) from a supervisor that
+stalled while the watchdog itself ran on time.
+
+Time is injected: the node's clock is a ManualClock and the watchdog's real
+time a counter, both moved by the test, as a pause moves every clock at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from infervisor.actors.clock import ManualClock, Timer
+from infervisor.actors.watchdog import CHECK_EVERY_S, PAUSE_AFTER_S, NodeFailure, Watchdog
+
+STALL_S = 5.0
+#: On-time checks a stall needs before it fails the node (5 s / 0.5 s, and one more).
+STALL_CHECKS = int(STALL_S / CHECK_EVERY_S) + 1
+
+
+class Node:
+    """The watchdog's view of a node: its two clocks and the tick it waits for."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock()
+        self.real = 100.0
+        self.dog = Watchdog(self.clock, stall_s=STALL_S, real_time=lambda: self.real)
+        self.dog.start({})  # its baseline: the first check is compared with this
+        self.dog.stop()  # the test checks by hand
+        self.tick = self.arm()
+
+    def arm(self) -> Timer:
+        """The supervisor arms its next health tick, due in 1 s; it never fires by
+        itself (the test fires it, as the clock thread would)."""
+        tick = Timer(self.clock.monotonic() + 1.0, lambda: None)
+        self.dog.watch_tick(tick)
+        self.tick = tick
+        return tick
+
+    def run(self, seconds: float) -> None:
+        """Both clocks go on by ``seconds`` (the node ran, or was paused)."""
+        self.real += seconds
+        self.clock.advance(seconds)
+
+    def on_time(self) -> NodeFailure | None:
+        """One check that wakes when it should."""
+        self.run(CHECK_EVERY_S)
+        return self.dog.check()
+
+    def paused(self, seconds: float) -> NodeFailure | None:
+        """The whole process stopped for ``seconds``; the watchdog's check is the
+        first thread to run on resume."""
+        self.run(seconds)
+        return self.dog.check()
+
+
+def steps_to_fail(node: Node, most: int = 100) -> int | None:
+    for n in range(1, most + 1):
+        if node.on_time() is not None:
+            return n
+    return None
+
+
+@pytest.mark.parametrize("fired", [False, True], ids=["tick-armed", "tick-fired-unhandled"])
+def test_a_pause_is_not_a_stall(fired: bool, caplog: pytest.LogCaptureFixture) -> None:
+    node = Node()
+    node.run(1.0)
+    if fired:
+        node.tick.fired = True  # the clock fired it; the supervisor had not handled it yet
+    assert node.dog.check() is None
+    with caplog.at_level(logging.WARNING, "infervisor.actors.watchdog"):
+        assert node.paused(30.0) is None
+    assert node.dog.pauses == 1
+    assert "the node was paused for 30.0 s" in caplog.text
+    assert node.on_time() is None
+    node.tick.fired = True  # resumed: the clock thread fires it, the supervisor handles it
+    for _ in range(4 * STALL_CHECKS):  # the supervisor ticks every second from now on
+        if node.clock.monotonic() >= node.tick.due:
+            node.tick.fired = True
+            node.arm()
+        assert node.on_time() is None
+    assert node.dog.failure is None
+
+
+@pytest.mark.parametrize("fired", [False, True], ids=["never-fires", "never-handled"])
+def test_a_stall_after_a_pause_is_a_stall_counted_from_the_resume(fired: bool) -> None:
+    node = Node()
+    if fired:
+        node.run(1.0)
+        node.tick.fired = True
+    assert node.paused(60.0) is None
+    assert steps_to_fail(node) == STALL_CHECKS  # the allowance starts again on resume
+    failure = node.dog.failure
+    assert failure is not None
+    assert failure.what == "supervision ticks"
+    assert ("has not handled" if fired else "has not fired") in failure.cause
+
+
+def test_a_wakeup_late_by_less_than_the_threshold_is_no_pause() -> None:
+    node = Node()
+    assert node.paused(CHECK_EVERY_S + PAUSE_AFTER_S) is None
+    assert node.dog.pauses == 0
+
+
+def test_pauses_and_stalls_in_random_order_match_the_model() -> None:
+    """Random runs of on-time checks and pauses while the tick stays stuck: the node
+    fails exactly when lateness counted from the last resume exceeds the allowance.
+    Every outcome (no pause, paused and fine, paused then stalled) must be reached."""
+    rng = random.Random(17)
+    seen = {"stalled unpaused": 0, "paused, no failure": 0, "stalled after a pause": 0}
+    for _ in range(300):
+        node = Node()
+        late_from = node.tick.due  # the model's start of lateness
+        failed = paused = False
+        for _ in range(rng.randrange(5, 30)):
+            if rng.random() < 0.15:
+                node.paused(rng.uniform(PAUSE_AFTER_S + 1.0, 120.0))
+                late_from = max(node.tick.due, node.clock.monotonic())
+                paused = True
+            else:
+                node.on_time()
+            expected = node.clock.monotonic() - late_from > STALL_S
+            assert (node.dog.failure is not None) == expected
+            if expected:
+                failed = True
+                break
+        if failed:
+            seen["stalled after a pause" if paused else "stalled unpaused"] += 1
+        elif paused:
+            seen["paused, no failure"] += 1
+    assert all(seen.values()), seen
