@@ -1,20 +1,38 @@
-"""A pause is not a death (issue 17, item 4): the watchdog tells a node that did
-not run at all (SIGSTOP, a frozen cgroup, a paused VM) from a supervisor that
-stalled while the watchdog itself ran on time.
+"""A pause is not a death (issue 17, item 4), in parts.
 
-Time is injected: the node's clock is a ManualClock and the watchdog's real
+The watchdog tells a node that did not run at all (SIGSTOP, a frozen cgroup, a
+paused VM) from a supervisor that stalled while the watchdog itself ran on
+time: time is injected, the node's clock a ManualClock and the watchdog's real
 time a counter, both moved by the test, as a pause moves every clock at once.
+
+A probe that timed out because the node did not run is no miss: the decision
+core's rule (fed by hand), and the probe engine measuring how late its own
+timeout fired (a real engine and socket; the engine's loop is held as a
+pause holds it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
 
 import pytest
+from core_support import Sim, make_rules, up
+from support import wait_until
 
 from infervisor.actors.clock import ManualClock, Timer
+from infervisor.actors.core.health import NODE_LATE_S
+from infervisor.actors.core.rules import Mode
 from infervisor.actors.watchdog import CHECK_EVERY_S, PAUSE_AFTER_S, NodeFailure, Watchdog
+from infervisor.adapters.probe import Health, HealthKind, ServerReport
+from infervisor.adapters.probe_engine import ProbeEngine
+from infervisor.adapters.spec import Flavor
+from infervisor.replay import LifecycleState
 
 STALL_S = 5.0
 #: On-time checks a stall needs before it fails the node (5 s / 0.5 s, and one more).
@@ -132,3 +150,71 @@ def test_pauses_and_stalls_in_random_order_match_the_model() -> None:
         elif paused:
             seen["paused, no failure"] += 1
     assert all(seen.values()), seen
+
+
+# ---------------------------------------------------------------- probes across a pause
+def timed_out(late_s: float) -> ServerReport:
+    why = "http://127.0.0.1:1/health: no answer within 2.0 s"
+    return ServerReport(health=Health(HealthKind.UNREACHABLE, why, node_late_s=late_s))
+
+
+def test_a_probe_timed_out_by_a_paused_node_is_no_miss() -> None:
+    sim = Sim(rules=make_rules(Mode.PROCESS, kind="web"))
+    sim.start()
+    sim.probe(up())
+    assert sim.inst.lifecycle is LifecycleState.RUNNING
+    limit = sim.rules.supervision.miss_limit
+    for _ in range(limit + 2):  # however many: none counts
+        d = sim.probe(timed_out(30.0))
+        assert d.events == () and sim.tracking.misses == 0
+    sim.probe(timed_out(NODE_LATE_S))  # on time, as far as the node can tell: a miss
+    assert sim.tracking.misses == 1
+    for _ in range(limit - 1):
+        sim.probe(timed_out(0.0))
+    assert sim.inst.lifecycle is LifecycleState.UNHEALTHY  # a real outage still kills
+
+
+@pytest.fixture
+def deaf_server() -> Iterator[tuple[str, threading.Event]]:
+    """A server that accepts one connection and never answers; the event is set
+    once it has accepted (the probe's request is then in flight)."""
+    accepted = threading.Event()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        held: list[socket.socket] = []
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):
+                held.append(s.accept()[0])
+                accepted.set()
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{s.getsockname()[1]}", accepted
+        for conn in held:
+            conn.close()
+
+
+def test_the_engine_says_how_late_its_own_timeout_fired(
+    deaf_server: tuple[str, threading.Event],
+) -> None:
+    url, accepted = deaf_server
+    timeout = 3.0
+    reports: list[ServerReport] = []
+    engine = ProbeEngine()
+    try:
+        engine.probe("i", url, Flavor.LLAMACPP, timeout, reports.append)
+        wait_until(accepted.is_set, 20.0, "the probe's request in flight")
+        held_until = time.monotonic() + timeout + NODE_LATE_S + 1.0
+
+        def pause() -> None:  # the loop does not run, as in a SIGSTOP
+            time.sleep(max(0.0, held_until - time.monotonic()))
+
+        engine._loop.call_soon_threadsafe(pause)
+        wait_until(lambda: reports, 30.0, "the probe's report")
+    finally:
+        engine.close()
+    health = reports[0].health
+    assert health.kind is HealthKind.UNREACHABLE
+    assert health.node_late_s > NODE_LATE_S, health
