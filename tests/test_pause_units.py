@@ -5,6 +5,9 @@ paused VM) from a supervisor that stalled while the watchdog itself ran on
 time: time is injected, the node's clock a ManualClock and the watchdog's real
 time a counter, both moved by the test, as a pause moves every clock at once.
 
+The controller lease does not run out across a pause: a supervisor actor on a
+ManualClock that jumps (time passes, nothing runs) and then fires its tick late.
+
 A probe that timed out because the node did not run is no miss: the decision
 core's rule (fed by hand), and the probe engine measuring how late its own
 timeout fired (a real engine and socket; the engine's loop is held as a
@@ -21,13 +24,16 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pykka
 import pytest
 from core_support import Sim, make_rules, up
 from support import wait_until
 
+from infervisor.actors import messages as m
 from infervisor.actors.clock import ManualClock, Timer
 from infervisor.actors.core.health import NODE_LATE_S
 from infervisor.actors.core.rules import Mode
+from infervisor.actors.supervisor import SupervisorActor
 from infervisor.actors.watchdog import CHECK_EVERY_S, PAUSE_AFTER_S, NodeFailure, Watchdog
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.probe_engine import ProbeEngine
@@ -218,3 +224,70 @@ def test_the_engine_says_how_late_its_own_timeout_fired(
     health = reports[0].health
     assert health.kind is HealthKind.UNREACHABLE
     assert health.node_late_s > NODE_LATE_S, health
+
+
+# ---------------------------------------------------------------- the lease across a pause
+class Recorder(pykka.ThreadingActor):
+    """An instance actor that only keeps the lease expiries it is told; asked
+    IsSettled, it answers them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expired: list[float] = []
+
+    def on_receive(self, message: object) -> object:
+        if isinstance(message, m.LeaseExpired):
+            self.expired.append(message.silent_s)
+        return list(self.expired) if isinstance(message, m.IsSettled) else None
+
+
+@pytest.fixture
+def supervised() -> Iterator[
+    tuple[ManualClock, pykka.ActorRef[SupervisorActor], pykka.ActorRef[Recorder]]
+]:
+    """A supervisor (health tick 1 s, lease 10 s, reconcile far off) and one instance."""
+    clock = ManualClock()
+    supervisor = SupervisorActor.start(clock, 1.0, 3600.0, 10.0)
+    recorder = Recorder.start()
+    supervisor.tell(m.Register(instance_id="i", ref=recorder))
+    try:
+        yield clock, supervisor, recorder
+    finally:
+        supervisor.stop()
+        recorder.stop()
+
+
+def told(
+    clock: ManualClock,
+    supervisor: pykka.ActorRef[SupervisorActor],
+    recorder: pykka.ActorRef[Recorder],
+    seconds: int,
+) -> list[float]:
+    """Tick on time for ``seconds``; the expiries the instance was told so far."""
+    for _ in range(seconds):
+        clock.advance(1.0)
+        supervisor.ask(m.IsSettled(), timeout=20.0)  # every tick before it handled
+    expired: list[float] = recorder.ask(m.IsSettled(), timeout=20.0)  # after those told
+    return expired
+
+
+def test_a_pause_is_excused_from_the_lease_and_silence_after_it_is_not(
+    supervised: tuple[ManualClock, pykka.ActorRef[SupervisorActor], pykka.ActorRef[Recorder]],
+) -> None:
+    clock, supervisor, recorder = supervised
+    supervisor.tell(m.Heard(controller="ctl"))
+    assert told(clock, supervisor, recorder, 5) == []
+    clock.jump(60.0)  # paused: no controller could reach the node
+    # The late tick excuses the pause; the 5 s of silence before it still count.
+    assert told(clock, supervisor, recorder, 5) == []
+    expired = told(clock, supervisor, recorder, 2)  # a controller that stays silent
+    assert len(expired) == 1 and 10.0 < expired[0] < 13.0, expired
+
+
+def test_a_silent_controller_without_a_pause_loses_the_lease(
+    supervised: tuple[ManualClock, pykka.ActorRef[SupervisorActor], pykka.ActorRef[Recorder]],
+) -> None:
+    clock, supervisor, recorder = supervised
+    supervisor.tell(m.Heard(controller="ctl"))
+    expired = told(clock, supervisor, recorder, 12)
+    assert len(expired) == 1 and 10.0 < expired[0] <= 12.0, expired
