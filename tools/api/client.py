@@ -27,7 +27,6 @@ import msgspec
 
 from infervisor.actors.ledger import LedgerView
 from infervisor.adapters.spec import InstanceSpec
-from infervisor.replay.policy import MAX_DURATION_S
 
 from .errors import (
     ApiError,
@@ -60,16 +59,21 @@ SOCKET_FILE = "api.sock"
 #: Seconds to connect and for each ordinary answer, unless the caller says otherwise.
 DEFAULT_TIMEOUT_S = 30.0
 
+#: The longest a verb's own wait on the node is assumed to be when the client
+#: cannot know it (the node's ``stop_grace_s``, ``deep_timeout_s``), seconds: the
+#: command line's ``--grace`` at most. A node configured longer still answers in
+#: time when it runs; one that stops answering is then given up on as no answer.
+LONGEST_WAIT_S = 3600.0
+
 #: Seconds a verb may take on the node beyond an ordinary answer: the node's own
-#: bound on it (actors/node.py), which the client cannot read, at its largest.
-#: A stop's given grace replaces the largest one.
+#: bound on it (actors/node.py). A stop's given grace replaces the longest one.
 VERB_WAIT_S: dict[str, float] = {
     "place": 120.0,  # the host's ask and the admission's (ASK_TIMEOUT_S, 60 s each)
     "start": 60.0,  # the instance's ask (ASK_TIMEOUT_S)
-    "stop": MAX_DURATION_S + 30.0,  # stop_grace_s (at most MAX_DURATION_S) plus 30 s
-    "restart": MAX_DURATION_S + 60.0,  # stop_grace_s plus 60 s
+    "stop": LONGEST_WAIT_S + 30.0,  # stop_grace_s plus 30 s
+    "restart": LONGEST_WAIT_S + 60.0,  # stop_grace_s plus 60 s
     "unload": 120.0,  # the host's ask plus UNLOAD_WAIT_S
-    "deep-health": MAX_DURATION_S + 5.0,  # deep_timeout_s plus 5 s
+    "deep-health": LONGEST_WAIT_S + 5.0,  # deep_timeout_s plus 5 s
 }
 
 #: The longest silence of a followed event stream before it counts as no answer:
