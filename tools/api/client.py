@@ -362,8 +362,8 @@ class ApiClient:
     def _stream(
         self, method: str, path: str, params: dict[str, Any], *, read_s: float | None
     ) -> Any:
-        """A streamed answer: its headers within ``timeout_s``; each later read within
-        ``read_s`` (None: as long as it takes)."""
+        """A streamed answer: connected within ``timeout_s``; each read, the headers'
+        included, within ``read_s`` (None: as long as it takes)."""
         client = self
 
         class _Streamed:
@@ -374,7 +374,8 @@ class ApiClient:
                     self.cm = client._http.stream(method, path, params=params, timeout=bounds)
                     response = self.cm.__enter__()
                 except httpx.TimeoutException as e:
-                    raise client._no_answer(e, method, client.timeout_s) from e
+                    waited = read_s if isinstance(e, httpx.ReadTimeout) else client.timeout_s
+                    raise client._no_answer(e, method, waited) from e
                 except httpx.TransportError as e:
                     raise client._unreachable(e) from e
                 if response.status_code >= 400:
