@@ -28,16 +28,19 @@ class Timer:
     """A scheduled callback; :meth:`cancel` keeps it from running (idempotent).
 
     ``fired`` turns true just before the clock calls ``fn`` (a watchdog reads it
-    to tell a timer that is late from one whose callback is slow).
+    to tell a timer that is late from one whose callback is slow); ``fired_at``
+    is the clock's monotonic time then (later than ``due`` by as long as the
+    clock's thread did not run: a pause, or a starved thread).
     """
 
-    __slots__ = ("cancelled", "due", "fired", "fn")
+    __slots__ = ("cancelled", "due", "fired", "fired_at", "fn")
 
     def __init__(self, due: float, fn: Callable[[], None]) -> None:
         self.due = due
         self.fn = fn
         self.cancelled = False
         self.fired = False
+        self.fired_at: float | None = None
 
     def cancel(self) -> None:
         """Do not run (a no-op once it has run)."""
@@ -94,8 +97,9 @@ class _Schedule:
         return None
 
 
-def _fire(timer: Timer) -> Exception | None:
-    """Run one timer's callback; what it raises is logged and returned."""
+def _fire(timer: Timer, now: float) -> Exception | None:
+    """Run one timer's callback at ``now``; what it raises is logged and returned."""
+    timer.fired_at = now
     timer.fired = True
     try:
         timer.fn()
@@ -148,7 +152,7 @@ class RealClock:
                     due = self._schedule.next_due()
                     self._cond.wait(None if due is None else max(due - time.monotonic(), 0))
                     continue
-            if not timer.cancelled and (error := _fire(timer)) is not None:
+            if not timer.cancelled and (error := _fire(timer, time.monotonic())) is not None:
                 _tell(self.on_error, timer, error)
 
 
@@ -195,11 +199,18 @@ class ManualClock:
                 if timer is None:
                     self._now = end
                     return
-                self._now = max(self._now, timer.due)
-            if not timer.cancelled and (error := _fire(timer)) is not None:
+                self._now = now = max(self._now, timer.due)
+            if not timer.cancelled and (error := _fire(timer, now)) is not None:
                 with self._lock:
                     self.errors.append((timer, error))
                 _tell(self.on_error, timer, error)
+
+    def jump(self, seconds: float) -> None:
+        """Move time forward by ``seconds`` firing nothing, as across a pause of the
+        process (SIGSTOP, a frozen cgroup): the next :meth:`advance` fires the
+        timers that fell due meanwhile, late, at the time it reaches."""
+        with self._lock:
+            self._now += seconds
 
     def pending(self) -> list[float]:
         """Due times (monotonic seconds) of timers not yet fired, cancelled ones included."""

@@ -16,6 +16,12 @@ recorded, not from the boot. A restart may thereby shorten the lease by up to
 that fraction, and never lengthens it. An instance actor registered while the
 lease is expired (a boot after the silence began) is told so at once.
 
+A pause is not a controller's silence: a health tick fired more than
+:data:`~.watchdog.PAUSE_AFTER_S` after it was due means the node did not run
+(stopped, frozen, starved), so no controller could reach it; that time is
+excused from the lease (issue 17). It is not recorded: a restart counts the
+lease from the last renewal recorded, as before.
+
 Each health tick is handed to the node's :class:`~.watchdog.Watchdog`, which
 declares the node failed when ticks stop; a tick whose handling raises is
 logged and the ticks go on.
@@ -42,7 +48,7 @@ from infervisor.replay.state import LeaseRecord, Stamp, elapsed_s
 from . import messages as m
 from .clock import Clock, Timer
 from .stamps import now_stamp
-from .watchdog import Watchdog
+from .watchdog import PAUSE_AFTER_S, Watchdog
 
 __all__ = ["RENEW_FRACTION", "LeaseKeeper", "SupervisorActor"]
 
@@ -82,6 +88,11 @@ class LeaseKeeper:
             return False
         self.last_recorded = now_s
         return True
+
+    def excuse(self, seconds: float, now_s: float) -> None:
+        """The node did not run for ``seconds`` before ``now_s``: no controller could
+        reach it, so that time is not silence (a lease told expired stays so)."""
+        self.last_contact = min(now_s, self.last_contact + seconds)
 
     def not_recorded(self) -> None:
         """The last renewal could not be recorded: record the next one heard."""
@@ -190,6 +201,7 @@ class SupervisorActor(pykka.ThreadingActor):
         try:
             if what == "health":
                 self._revive_dead()
+                self._excuse_pause()
                 self._check_lease()
                 self._fan_out(m.HealthTick())
             else:
@@ -217,6 +229,17 @@ class SupervisorActor(pykka.ThreadingActor):
                 continue
 
     # ------------------------------------------------------------------ the lease
+    def _excuse_pause(self) -> None:
+        """A health tick fired :data:`PAUSE_AFTER_S` late: the node was paused (the
+        clock's own lateness: a supervisor slow to handle it is not a pause)."""
+        timer = self._timers.get("health")
+        if self._lease is None or timer is None or timer.fired_at is None:
+            return
+        late = timer.fired_at - timer.due
+        if late > PAUSE_AFTER_S:
+            log.warning("the node did not run for %.1f s: excused from the lease", late)
+            self._lease.excuse(late, self._clock.monotonic())
+
     def _check_lease(self) -> None:
         if self._lease is None:
             return

@@ -20,6 +20,19 @@ the test does not advance is never late); a tick fired and not handled is
 judged in real time, because a blocked actor does not move the clock either.
 The clock's callback errors (its ``on_error`` hook) are kept and named in a
 stall's cause, since a raising callback is the likeliest reason for one.
+
+A pause is not a stall. A node stopped with SIGSTOP, in a frozen cgroup or a
+paused VM does not run at all, yet CLOCK_MONOTONIC goes on (it stops only
+during system suspend): when it continues, every thread wakes at once and
+every timer looks late by the pause. A stuck timer thread or a blocked
+supervisor leaves the watchdog's own thread running on time; a pause does
+not. So each check measures how late its own wake-up was: late by more than
+:data:`PAUSE_AFTER_S` (real time), the gap is taken for a pause: logged ("the
+node was paused for N s"), and the stall allowance starts again from the
+resume. Only lateness that builds up across checks that themselves ran on
+time fails the node. (A thread that holds the GIL for long stops the
+watchdog too, and is taken for a pause until it lets go: nothing can act
+while it holds it anyway.)
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ import pykka
 
 from .clock import Clock, Timer
 
-__all__ = ["CHECK_EVERY_S", "NodeFailure", "Watchdog", "stall_after"]
+__all__ = ["CHECK_EVERY_S", "PAUSE_AFTER_S", "NodeFailure", "Watchdog", "stall_after"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +58,10 @@ CHECK_EVERY_S = 0.5
 #: :data:`MIN_STALL_S` seconds) means the supervisor has stopped.
 STALL_TICKS = 10
 MIN_STALL_S = 15.0
+#: A check that wakes this many real seconds later than :data:`CHECK_EVERY_S`
+#: after the previous one means the process did not run meanwhile (a pause).
+#: Well below :data:`MIN_STALL_S`, and well above a starved thread's usual delay.
+PAUSE_AFTER_S = 3.0
 
 
 def stall_after(tick_s: float) -> float:
@@ -97,12 +114,20 @@ class Watchdog:
         self._tick_seen_fired: float | None = None
         self._clock_error: str | None = None
         self._thread: threading.Thread | None = None
+        #: Real time of the last check (None before the first).
+        self._last_check: float | None = None
+        #: Node clock at the last resume from a pause: lateness counts from there.
+        self._resumed_at: float | None = None
+        #: Pauses seen, and their total length, real seconds.
+        self.pauses = 0
+        self.paused_s = 0.0
 
     # ------------------------------------------------------------------ the node
     def start(self, actors: Mapping[str, pykka.ActorRef[Any]]) -> None:
         """Watch ``actors`` (name -> ref) from a daemon thread, until :meth:`stop`."""
         with self._lock:
             self._actors = dict(actors)
+            self._last_check = self._real_time()  # a pause before the first check is one too
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         self._thread.start()
 
@@ -154,12 +179,39 @@ class Watchdog:
 
     # ------------------------------------------------------------------ checks
     def check(self) -> NodeFailure | None:
-        """Look once (the thread does this every :data:`CHECK_EVERY_S`); the failure."""
+        """Look once (the thread does this every :data:`CHECK_EVERY_S`); the failure.
+
+        Both clocks are read first, once: a pause that begins later in this
+        check makes no lateness in it, and the next check sees the gap.
+        """
+        now, real_now = self._clock.monotonic(), self._real_time()
         if self.failure is None:
-            found = self._dead_actor() or self._stalled_tick()
+            self._note_pause(now, real_now)
+            found = self._dead_actor() or self._stalled_tick(now, real_now)
             if found is not None:
                 self.fail(*found)
         return self.failure
+
+    def _note_pause(self, now: float, real_now: float) -> None:
+        """A check woken :data:`PAUSE_AFTER_S` late: the node was paused; the stall
+        allowance of the tick it waits for starts again from ``now``."""
+        last, self._last_check = self._last_check, real_now
+        if last is None:
+            return
+        gap = real_now - last
+        if gap - CHECK_EVERY_S <= PAUSE_AFTER_S:
+            return
+        with self._lock:
+            self._resumed_at = now
+            if self._tick_seen_fired is not None:
+                self._tick_seen_fired = real_now
+            self.pauses += 1
+            self.paused_s += gap
+        log.warning(
+            "the node was paused for %.1f s (stopped, frozen or not scheduled); "
+            "supervision goes on from now",
+            gap,
+        )
 
     def _run(self) -> None:
         while not self._stopped.wait(CHECK_EVERY_S):
@@ -176,9 +228,9 @@ class Watchdog:
                 return f"{name} actor", f"died of {why}" if why else "stopped: it is not running"
         return None
 
-    def _stalled_tick(self) -> tuple[str, str] | None:
-        now = self._clock.monotonic()  # first: a ManualClock passes a due time only once fired
-        real_now = self._real_time()
+    def _stalled_tick(self, now: float, real_now: float) -> tuple[str, str] | None:
+        """``now`` (node clock) was read before the tick's ``fired``: a ManualClock
+        passes a due time only once it has fired the timer."""
         with self._lock:
             tick = self._tick
             if tick is None or tick.cancelled:
@@ -187,8 +239,9 @@ class Watchdog:
                 self._tick_seen_fired = real_now
             seen_fired = self._tick_seen_fired
             clock_error = self._clock_error
+            late_from = tick.due if self._resumed_at is None else max(tick.due, self._resumed_at)
         also = f"; last clock callback error: {clock_error}" if clock_error else ""
-        if not tick.fired and now - tick.due > self._stall_s:
+        if not tick.fired and now - late_from > self._stall_s:
             late = now - tick.due
             return "supervision ticks", (
                 f"the health tick due {late:.1f} s ago has not fired: "

@@ -56,10 +56,17 @@ class HealthKind(enum.StrEnum):
 
 
 class Health(msgspec.Struct, frozen=True):
-    """A health verdict; ``reason`` says why when it is not up."""
+    """A health verdict; ``reason`` says why when it is not up.
+
+    ``node_late_s``: seconds by which the probe's own timeout fired after it
+    was due, when the probe timed out (0 otherwise). Large, it means the node
+    itself did not run meanwhile (stopped, frozen, starved): the probe then
+    says nothing about the server (actors/core/health.py decides so).
+    """
 
     kind: HealthKind
     reason: str = ""
+    node_late_s: float = 0.0
 
 
 class RunningModel(msgspec.Struct, frozen=True):

@@ -28,6 +28,7 @@ from collections.abc import Callable, Hashable
 from urllib.parse import urlsplit
 
 import h11
+import msgspec
 
 from .errors import ProbeError
 from .probe import Health, HealthKind, ProbeSteps, ServerReport, _Reply
@@ -60,6 +61,8 @@ class _Connection:
         self._link: _Link | None = None
         self._requests: dict[str, h11.Request] = {}
         self._retired = False
+        #: Seconds the last timeout fired after it was due (0: none fired late).
+        self.late_s = 0.0
 
     async def get(self, path: str) -> _Reply:
         """``GET path`` within the timeout; a kept-alive connection the server
@@ -71,11 +74,14 @@ class _Connection:
         """
         where = f"{self.base_url}{path}"
         reused = self._link is not None
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.timeout
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout_at(due):
                 return await self._exchange_once_more(path, where, again=reused)
         except TimeoutError:
             self.close()
+            self.late_s = max(self.late_s, loop.time() - due)  # the loop did not run on time
             raise ProbeError(f"{where}: no answer within {self.timeout} s") from None
         except BaseException:
             self.close()  # whatever went wrong, this connection is not used again
@@ -270,8 +276,10 @@ class ProbeEngine:
     async def _probe(
         self, server: _Server, flavor: Flavor, done: Callable[[ServerReport], None]
     ) -> None:
+        server.connection.late_s = 0.0
         try:
             report = await _drive(server, flavor)
+            report = _with_lateness(report, server.connection.late_s)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a bug is a probe verdict, not a lost probe
@@ -315,6 +323,15 @@ async def _drive(server: _Server, flavor: Flavor) -> ServerReport:
     except StopIteration as stop:
         report: ServerReport = stop.value
         return report
+
+
+def _with_lateness(report: ServerReport, late_s: float) -> ServerReport:
+    """A failed probe whose timeout fired late says by how much (Health.node_late_s)."""
+    if late_s <= 0 or report.health.kind is HealthKind.UP:
+        return report
+    return msgspec.structs.replace(
+        report, health=msgspec.structs.replace(report.health, node_late_s=late_s)
+    )
 
 
 def _report(kind: HealthKind, reason: str, flavor: Flavor) -> ServerReport:

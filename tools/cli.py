@@ -39,8 +39,15 @@ from infervisor.replay import (
     timeline_of,
 )
 
-from .api.client import ApiClient
-from .api.errors import ApiError, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
+from .api.client import DEFAULT_TIMEOUT_S, ApiClient
+from .api.errors import (
+    ApiError,
+    NoAnswer,
+    NodeStarting,
+    NodeStopping,
+    NodeUnavailable,
+    NotRunning,
+)
 from .api.wire import NodeInfo, WatchEvent
 from .exit_codes import EPILOG, cut, exit_for
 from .schemas import (
@@ -701,6 +708,8 @@ _FIELDS = {"grace_s": "--grace", "stream": "--stream", "tail_bytes": "--tail"}
 
 def _api_failure(e: ApiError, fields: Mapping[str, str] | None = None) -> NoReturn:
     """Exit for an error of the control API: its code goes straight to the exit table."""
+    if isinstance(e, NoAnswer):
+        _fail(f"{e} (--timeout SECONDS or INFERVISOR_TIMEOUT waits longer)", e.code, "--timeout")
     if isinstance(e, NodeUnavailable):
         _fail(str(e), _UNAVAILABLE_CODE.get(type(e), e.code))
     names = {**_FIELDS, **(fields or {})}
@@ -718,16 +727,18 @@ class _Target:
     def __init__(self, where: Path | None, url: str | None, token: str | None) -> None:
         self.where, self.url, self.token = where, url, token
         self.rest: tuple[str, ...] = ()
+        #: Seconds to connect and for each answer (--timeout, INFERVISOR_TIMEOUT).
+        self.timeout_s = DEFAULT_TIMEOUT_S
 
     @property
     def data_dir(self) -> Path | None:
         return None if self.where is None else _where(self.where)[0]
 
-    def client(self, timeout_s: float | None = None) -> ApiClient:
+    def client(self) -> ApiClient:
         if self.url is not None:
-            return ApiClient(url=self.url, token=self.token, timeout_s=timeout_s)
+            return ApiClient(url=self.url, token=self.token, timeout_s=self.timeout_s)
         assert self.data_dir is not None
-        return ApiClient(self.data_dir, timeout_s=timeout_s)
+        return ApiClient(self.data_dir, timeout_s=self.timeout_s)
 
 
 def _token_of(token: str | None, token_file: Path | None, token_name: str) -> str | None:
@@ -801,10 +812,38 @@ def _target(args: tuple[str, ...], url: str | None, token: str | None, most: int
     return target
 
 
-def _node_command(metavar: str, most: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+_TIMEOUT_ENV = "INFERVISOR_TIMEOUT"
+_TIMEOUT_HELP = (
+    "Seconds to wait for the node to answer (a verb that waits on the node, "
+    "such as a stop's grace, gets its own wait on top) "
+    f"[env: INFERVISOR_TIMEOUT; default: {DEFAULT_TIMEOUT_S:g}]."
+)
+
+
+def _answer_timeout(given: float | None) -> float:
+    """--timeout, else INFERVISOR_TIMEOUT, else DEFAULT_TIMEOUT_S; 0 is refused."""
+    where = "--timeout"
+    if given is None and (env := os.environ.get(_TIMEOUT_ENV, "").strip()):
+        where = _TIMEOUT_ENV
+        try:
+            given = float(env)
+        except ValueError:
+            given = math.nan
+    if given is None:
+        return DEFAULT_TIMEOUT_S
+    if not math.isfinite(given) or given <= 0:
+        _fail(f"{where} {given:g}: allowed more than 0 seconds", "bad_value", where)
+    return given
+
+
+def _node_command(
+    metavar: str, most: int, *, timeout: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The positional ``[WHERE] ...`` arguments and the options naming the node
-    (--url, --token, --token-file, --token-name) of an operator command; the
-    callback gets a :class:`_Target` as ``target``."""
+    (--url, --token, --token-file, --token-name) and bounding its answers
+    (--timeout; ``timeout`` False: the command has a --timeout of its own and
+    sets ``target.timeout_s`` itself) of an operator command; the callback gets
+    a :class:`_Target` as ``target``."""
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
@@ -817,7 +856,10 @@ def _node_command(metavar: str, most: int) -> Callable[[Callable[..., Any]], Cal
             **kwargs: Any,
         ) -> Any:
             secret = _token_of(token, token_file, token_name)
-            return f(target=_target(args, url, secret, most), **kwargs)
+            target = _target(args, url, secret, most)
+            if timeout:
+                target.timeout_s = _answer_timeout(kwargs.pop("answer_timeout"))
+            return f(target=target, **kwargs)
 
         options = [
             click.argument("args", nargs=-1, metavar=metavar),
@@ -845,6 +887,16 @@ def _node_command(metavar: str, most: int) -> Callable[[Callable[..., Any]], Cal
                 help="The token of --token-file's api-tokens.json to use.",
             ),
         ]
+        if timeout:
+            options.append(
+                click.option(
+                    "--timeout",
+                    "answer_timeout",
+                    type=SECONDS,
+                    metavar="SECONDS",
+                    help=_TIMEOUT_HELP,
+                )
+            )
         for option in reversed(options):
             wrapper = option(wrapper)
         return wrapper
@@ -853,10 +905,10 @@ def _node_command(metavar: str, most: int) -> Callable[[Callable[..., Any]], Cal
 
 
 @contextmanager
-def _node(target: _Target, timeout_s: float | None = None) -> Iterator[ApiClient]:
+def _node(target: _Target) -> Iterator[ApiClient]:
     """A client of the node; exits by the table on any error of the API."""
     try:
-        with target.client(timeout_s) as client:
+        with target.client() as client:
             yield client
     except ApiError as e:
         _api_failure(e)
@@ -930,6 +982,8 @@ def _show_status(
         with target.client() as client:
             views = [_view_of(client, instance)] if instance else client.list()
             refusal = _chain_refusal(client.node())
+    except NoAnswer as e:  # a node holds the data directory: its chain is not the answer
+        _api_failure(e)
     except NodeUnavailable as e:
         if target.where is None:
             _api_failure(e)
@@ -1466,9 +1520,11 @@ def _explain_spec(message: str, cls: Any, config_module: Any) -> tuple[str, str 
     default=300.0,
     show_default=True,
     metavar="SECONDS",
-    help="How long --wait waits for it to run.",
+    help="How long --wait waits for it to run; when given, also how long the node "
+    "may take to answer [default answer wait: INFERVISOR_TIMEOUT, else "
+    f"{DEFAULT_TIMEOUT_S:g}].",
 )
-@_node_command("[WHERE] INSTANCE", 1)
+@_node_command("[WHERE] INSTANCE", 1, timeout=False)
 def start(target: _Target, as_json: bool, wait: bool, timeout: float) -> None:
     """Start INSTANCE's server on the node.
 
@@ -1487,6 +1543,9 @@ def start(target: _Target, as_json: bool, wait: bool, timeout: float) -> None:
     message: an unknown INSTANCE names the placed ones); 2 when the command
     line is wrong; 3 when no node runs on WHERE (or answers at --url).
     """
+    given = click.get_current_context().get_parameter_source("timeout")
+    explicit = given is click.core.ParameterSource.COMMANDLINE
+    target.timeout_s = _answer_timeout(timeout if explicit and timeout > 0 else None)
     instance = _instance_arg(target)
     progress = _Progress()
     with _node(target) as client:
@@ -1739,7 +1798,7 @@ def _watch_events(
                 if now - down_since >= retry_for:
                     _fail(
                         f"{e} (no node for {retry_for:g} s, --retry-for)",
-                        _UNAVAILABLE_CODE.get(type(e), "node_unreachable"),
+                        _UNAVAILABLE_CODE.get(type(e), e.code),
                     )
                 pause = _BACKOFF_S[min(tries, len(_BACKOFF_S) - 1)]
                 time.sleep(min(pause, max(0.0, retry_for - (now - down_since))))  # backoff

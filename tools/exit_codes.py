@@ -9,7 +9,8 @@ command's ``--help``)::
     2  usage: the command line is wrong (unknown option, a bad value, a path that
        names no data directory, config or chain, a config that cannot be used)
     3  no node takes verbs there (none runs on the data directory or answers at the
-       URL, or it is still starting, or shutting down): try again once
+       URL, it does not answer within --timeout, or it is still starting, or
+       shutting down): try again once
        `infervisor run` is up
 
 The control API's error codes (tools/api/errors.py) are in the same table,

@@ -23,9 +23,21 @@ from .observations import DeepChecked, ProbeResult, Tick
 from .process import restart_due
 from .rules import Mode, Rules
 
-__all__ = ["deep_checked", "probe_result", "probe_token", "tick", "wants_deep", "wants_probe"]
+__all__ = [
+    "NODE_LATE_S",
+    "deep_checked",
+    "probe_result",
+    "probe_token",
+    "tick",
+    "wants_deep",
+    "wants_probe",
+]
 
 S = LifecycleState
+#: A failed probe whose own timeout fired this many seconds late was not timed
+#: by the server: the node did not run (stopped, frozen, starved), and a paused
+#: node cannot probe. It is neither a miss nor an answer; the next tick probes again.
+NODE_LATE_S = 3.0
 _SUFFIX = {
     Mode.OLLAMA: "infervisor does not start ollama",
     Mode.ADOPTED: "adopted servers are not restarted",
@@ -98,9 +110,15 @@ def probe_token(inst: InstanceState) -> int:
 
 
 def probe_result(d: Draft, p: ProbeResult) -> None:
-    """Judge one probe: a miss counts toward unhealthy; an answer clears misses."""
+    """Judge one probe: a miss counts toward unhealthy; an answer clears misses.
+
+    A probe that timed out while the node itself was not running (its timeout
+    fired more than :data:`NODE_LATE_S` late: a pause, issue 17) is not judged.
+    """
     inst = d.inst
     if not wants_probe(inst, d.rules) or p.token != probe_token(inst):
+        return
+    if p.report.health.node_late_s > NODE_LATE_S:
         return
     if d.rules.mode is Mode.PROCESS:
         _judge_process(d, p)

@@ -1,11 +1,16 @@
 """The control API's client: what the command line and controllers use.
 
 It finds the node through its data directory's socket
-(``<data_dir>/api.sock``) or a URL with a bearer token. Every verb blocks
-until the node answers (the node bounds each: a stop, its grace plus 30 s).
+(``<data_dir>/api.sock``) or a URL with a bearer token. Every call is bounded:
+connecting and each answer by ``timeout_s`` (default :data:`DEFAULT_TIMEOUT_S`),
+a verb that waits on the node by ``timeout_s`` plus the node's own bound on
+that verb (:data:`VERB_WAIT_S`; a stop, its grace plus 30 s). A node that is
+stopped (SIGSTOP), frozen or overloaded still accepts connections on its
+socket (the kernel queues them) but does not answer: that is ``NoAnswer``.
 Errors are those of :mod:`.errors`: ``NotRunning`` when nothing listens,
-``NodeStarting``/``NodeStopping`` for 503, ``VerbFailed`` (with the stable
-``code``, the HTTP ``status`` and the ``field``) for every other refusal.
+``NoAnswer`` when nothing answers in time, ``NodeStarting``/``NodeStopping``
+for 503, ``VerbFailed`` (with the stable ``code``, the HTTP ``status`` and the
+``field``) for every other refusal.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ import msgspec
 from infervisor.actors.ledger import LedgerView
 from infervisor.adapters.spec import InstanceSpec
 
-from .errors import ApiError, NodeStarting, NodeStopping, NodeUnavailable, NotRunning, VerbFailed
+from .errors import (
+    ApiError,
+    NoAnswer,
+    NodeStarting,
+    NodeStopping,
+    NodeUnavailable,
+    NotRunning,
+    VerbFailed,
+)
 from .wire import (
     API_VERSION,
     ErrorEnvelope,
@@ -37,11 +50,35 @@ from .wire import (
     WatchEvent,
 )
 
-__all__ = ["SOCKET_FILE", "ApiClient", "socket_path"]
+__all__ = ["DEFAULT_TIMEOUT_S", "SOCKET_FILE", "VERB_WAIT_S", "ApiClient", "socket_path"]
 
 #: The socket's name in the data directory (server.SOCKET_FILE; not imported from
 #: there, so a client does not load the server's framework).
 SOCKET_FILE = "api.sock"
+
+#: Seconds to connect and for each ordinary answer, unless the caller says otherwise.
+DEFAULT_TIMEOUT_S = 30.0
+
+#: The longest a verb's own wait on the node is assumed to be when the client
+#: cannot know it (the node's ``stop_grace_s``, ``deep_timeout_s``), seconds: the
+#: command line's ``--grace`` at most. A node configured longer still answers in
+#: time when it runs; one that stops answering is then given up on as no answer.
+LONGEST_WAIT_S = 3600.0
+
+#: Seconds a verb may take on the node beyond an ordinary answer: the node's own
+#: bound on it (actors/node.py). A stop's given grace replaces the longest one.
+VERB_WAIT_S: dict[str, float] = {
+    "place": 120.0,  # the host's ask and the admission's (ASK_TIMEOUT_S, 60 s each)
+    "start": 60.0,  # the instance's ask (ASK_TIMEOUT_S)
+    "stop": LONGEST_WAIT_S + 30.0,  # stop_grace_s plus 30 s
+    "restart": LONGEST_WAIT_S + 60.0,  # stop_grace_s plus 60 s
+    "unload": 120.0,  # the host's ask plus UNLOAD_WAIT_S
+    "deep-health": LONGEST_WAIT_S + 5.0,  # deep_timeout_s plus 5 s
+}
+
+#: The longest silence of a followed event stream before it counts as no answer:
+#: three of the node's keep-alives (tools/api/watch.py KEEPALIVE_S, 5 s).
+STREAM_SILENCE_S = 15.0
 
 
 def socket_path(data_dir: Path | str) -> Path:
@@ -60,8 +97,13 @@ _UNAVAILABLE: dict[str, type[NodeUnavailable]] = {
 class ApiClient:
     """A client of one node: ``ApiClient(data_dir=...)`` or ``ApiClient(url=..., token=...)``.
 
-    ``timeout_s`` bounds each answer (None: as long as the node takes; it
-    bounds its verbs itself). Use as a context manager, or :meth:`close`.
+    ``timeout_s`` (seconds) bounds connecting and each answer; a verb that
+    waits on the node gets :data:`VERB_WAIT_S` more (None: no bound at all,
+    as long as the node takes). Use as a context manager, or :meth:`close`.
+
+    Raises:
+        NoAnswer: (from any call) the node accepted the request but did not
+            answer within its timeout.
     """
 
     def __init__(
@@ -70,12 +112,13 @@ class ApiClient:
         *,
         url: str | None = None,
         token: str | None = None,
-        timeout_s: float | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
     ) -> None:
         if (data_dir is None) == (url is None):
             raise ValueError("give data_dir or url, not both")
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        timeout = httpx.Timeout(timeout_s, connect=5.0)
+        self.timeout_s = timeout_s
+        timeout = httpx.Timeout(timeout_s)
         if data_dir is not None:
             self.where = str(data_dir)
             self.path: Path | None = socket_path(data_dir)
@@ -131,7 +174,7 @@ class ApiClient:
             "generation": generation,
             "start": start,
         }
-        return self._call("POST", "/instances", PlaceAnswer, body, idempotency_key)
+        return self._call("POST", "/instances", PlaceAnswer, body, idempotency_key, wait="place")
 
     def start(
         self,
@@ -148,6 +191,7 @@ class ApiClient:
             VerbAnswer,
             _by(controller),
             idempotency_key,
+            wait="start",
         )
 
     def stop(
@@ -160,7 +204,10 @@ class ApiClient:
     ) -> VerbAnswer:
         """Stop the server; answered once nothing of it is left."""
         body = _by(controller, grace_s=grace_s) if grace_s is not None else _by(controller)
-        return self._call("POST", _at(instance, "stop"), VerbAnswer, body, idempotency_key)
+        wait = VERB_WAIT_S["stop"] if grace_s is None else grace_s + 30.0  # the node's bound
+        return self._call(
+            "POST", _at(instance, "stop"), VerbAnswer, body, idempotency_key, wait=wait
+        )
 
     def restart(
         self,
@@ -176,6 +223,7 @@ class ApiClient:
             VerbAnswer,
             _by(controller),
             idempotency_key,
+            wait="restart",
         )
 
     def unload(
@@ -192,11 +240,14 @@ class ApiClient:
             UnloadAnswer,
             _by(controller),
             idempotency_key,
+            wait="unload",
         )
 
     def deep_health(self, instance: str) -> str:
         """The one token the server produced."""
-        return self._call("POST", _at(instance, "deep-health"), TokenAnswer).token
+        return self._call(
+            "POST", _at(instance, "deep-health"), TokenAnswer, wait="deep-health"
+        ).token
 
     def heartbeat(self, controller: str, *, idempotency_key: str | None = None) -> HeartbeatAnswer:
         """Renew ``controller``'s lease."""
@@ -218,7 +269,10 @@ class ApiClient:
         if from_seq is not None:
             params["from_seq"] = from_seq
         decoder = msgspec.json.Decoder(WatchEvent)
-        with self._stream("GET", f"{_V}/events", params) as response:
+        silence = None if self.timeout_s is None else max(self.timeout_s, STREAM_SILENCE_S)
+        with self._stream(
+            "GET", f"{_V}/events", params, read_s=silence if follow else None
+        ) as response:
             data: builtins.list[str] = []
             for line in self._guarded(response.iter_lines()):
                 if line.startswith("data:"):
@@ -236,9 +290,13 @@ class ApiClient:
         follow: bool = False,
         tail_bytes: int = 64 * 1024,
     ) -> Iterator[bytes]:
-        """The server's captured output, then (``follow``) what it appends."""
+        """The server's captured output, then (``follow``) what it appends.
+
+        A followed log has no keep-alives (a quiet server writes nothing): its
+        reads wait as long as it takes, once the node has answered."""
         params = {"stream": stream, "follow": str(follow).lower(), "tail_bytes": tail_bytes}
-        with self._stream("GET", _V + _at(instance, "logs"), params) as response:
+        read_s = None if follow else self.timeout_s
+        with self._stream("GET", _V + _at(instance, "logs"), params, read_s=read_s) as response:
             yield from self._guarded(response.iter_bytes())
 
     # ------------------------------------------------------------ plumbing
@@ -249,11 +307,17 @@ class ApiClient:
         type_: type[T],
         body: Any = None,
         idempotency_key: str | None = None,
+        *,
+        wait: str | float = 0.0,
     ) -> T:
+        """One request and its decoded answer; ``wait``: seconds the node may take
+        beyond an ordinary answer (or the verb naming them in :data:`VERB_WAIT_S`)."""
         headers = {}
         if method == "POST":
             headers["idempotency-key"] = idempotency_key or uuid.uuid4().hex
-        response = self._send(method, path, json=body, headers=headers)
+        extra = VERB_WAIT_S[wait] if isinstance(wait, str) else wait
+        timeout = None if self.timeout_s is None else self.timeout_s + extra
+        response = self._send(method, path, json=body, headers=headers, timeout=timeout)
         try:
             return msgspec.json.decode(response.content, type=type_)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -266,11 +330,22 @@ class ApiClient:
             raise self._unreachable(httpx.ConnectError(f"{self.path}: no such socket"))
 
     def _send(
-        self, method: str, path: str, *, path_prefix: str = _V, **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        path_prefix: str = _V,
+        timeout: float | None = None,
+        **kwargs: Any,
     ) -> httpx.Response:
+        """``timeout``: seconds for the answer (None: the client's ``timeout_s``)."""
         self._check_socket()
+        read_s = self.timeout_s if timeout is None else timeout
+        bounds = httpx.Timeout(self.timeout_s, read=read_s)
         try:
-            response = self._http.request(method, path_prefix + path, **kwargs)
+            response = self._http.request(method, path_prefix + path, timeout=bounds, **kwargs)
+        except httpx.TimeoutException as e:
+            raise self._no_answer(e, method, read_s) from e
         except httpx.TransportError as e:
             if method == "POST" and not isinstance(e, httpx.ConnectError):
                 raise NodeStopping(
@@ -284,17 +359,23 @@ class ApiClient:
         _raise_for(response)
         return response
 
-    def _stream(self, method: str, path: str, params: dict[str, Any]) -> Any:
+    def _stream(
+        self, method: str, path: str, params: dict[str, Any], *, read_s: float | None
+    ) -> Any:
+        """A streamed answer: connected within ``timeout_s``; each read, the headers'
+        included, within ``read_s`` (None: as long as it takes)."""
         client = self
 
         class _Streamed:
             def __enter__(self) -> httpx.Response:
                 client._check_socket()
+                bounds = httpx.Timeout(client.timeout_s, read=read_s)
                 try:
-                    self.cm = client._http.stream(
-                        method, path, params=params, timeout=httpx.Timeout(None, connect=5.0)
-                    )
+                    self.cm = client._http.stream(method, path, params=params, timeout=bounds)
                     response = self.cm.__enter__()
+                except httpx.TimeoutException as e:
+                    waited = read_s if isinstance(e, httpx.ReadTimeout) else client.timeout_s
+                    raise client._no_answer(e, method, waited) from e
                 except httpx.TransportError as e:
                     raise client._unreachable(e) from e
                 if response.status_code >= 400:
@@ -315,6 +396,25 @@ class ApiClient:
         except httpx.TransportError as e:
             raise self._unreachable(e) from e
 
+    def _no_answer(
+        self, error: httpx.TimeoutException, method: str, timeout_s: float | None
+    ) -> NoAnswer:
+        """No answer in time: the node is stopped (SIGSTOP), frozen or overloaded.
+        A verb sent may have been recorded; a connect that timed out sent nothing."""
+        where = f"{self.where} (socket {self.path})" if self.path is not None else self.where
+        within = f"within {timeout_s:g} s" if timeout_s is not None else "in time"
+        message = (
+            f"the node at {where} did not answer {within}: it is stopped, frozen or "
+            f"overloaded ({type(error).__name__})"
+        )
+        if method == "POST" and not isinstance(error, httpx.ConnectTimeout):
+            message += (
+                "; the verb may have been recorded: see `infervisor status` or "
+                "`infervisor watch` once the node answers before asking again"
+            )
+            return NoAnswer(message, "no_answer", 0)
+        return NoAnswer(message, "node_unreachable", 0)
+
     def _unreachable(self, error: httpx.TransportError) -> NodeUnavailable:
         if isinstance(error, httpx.ConnectError):
             if self.path is not None:
@@ -326,9 +426,7 @@ class ApiClient:
                 )
             return NotRunning(f"nothing answers at {self.where}: {error}", "no_node", 0)
         if isinstance(error, httpx.TimeoutException):
-            return NodeUnavailable(
-                f"no answer from {self.where} in time: {error}", "node_unreachable", 0
-            )
+            return self._no_answer(error, "GET", None)  # a stream gone silent
         return NodeStopping(f"the node at {self.where} went away: {error}", "node_stopping", 0)
 
 

@@ -8,6 +8,7 @@ Client side, the tree is::
     ApiError                 any error of the API (``code``, ``status``, ``field``)
      +-- NodeUnavailable     no node takes requests now (also a ConnectionError)
      |    +-- NotRunning     no socket, or nothing listens on it / at the URL
+     |    +-- NoAnswer       it takes the connection but does not answer in time
      |    +-- NodeStarting   503 node_starting: the node is resuming from its chain
      |    +-- NodeStopping   503 node_stopping: the node is shutting down
      +-- VerbFailed          the node refused or failed the request (4xx/5xx), by code
@@ -47,6 +48,7 @@ __all__ = [
     "BY_CLASS",
     "ApiError",
     "ApiRefusal",
+    "NoAnswer",
     "NodeStarting",
     "NodeStopping",
     "NodeUnavailable",
@@ -75,6 +77,12 @@ class NodeUnavailable(ApiError, ConnectionError):
 
 class NotRunning(NodeUnavailable):
     """Nothing listens there: no node runs on the data directory (or at the URL)."""
+
+
+class NoAnswer(NodeUnavailable):
+    """The node took the connection but did not answer within the timeout: it is
+    stopped (SIGSTOP), frozen or overloaded. ``code`` is ``node_unreachable``, or
+    ``no_answer`` for a verb that may have been recorded."""
 
 
 class NodeStarting(NodeUnavailable):

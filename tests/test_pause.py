@@ -1,0 +1,150 @@
+"""A pause is not a death, and the CLI never hangs (issue 17, item 4).
+
+A node stopped with SIGSTOP (as a frozen cgroup or a paused VM stops it) is a
+real ``infervisor run`` with the fake llama-protocol server (test_control's
+``start_node``); a node that takes connections and never answers is also a
+bare listening Unix socket, which is what a stopped node's socket is to a
+client (the kernel queues the connection). Synchronisation is by condition
+and deadline; the one sleep is the pause itself, the length the issue asks for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from test_control import Started, live_views, role_of, start_node  # noqa: F401 - a fixture
+from test_run_resume import INFERVISOR, cli, put_model
+
+from infervisor.tools.api.client import ApiClient, socket_path
+from infervisor.tools.api.errors import NoAnswer
+
+#: How long the node is stopped (the issue's 30 s: twice the watchdog's 15 s allowance).
+PAUSE_S = 30.0
+#: A CLI call against a deaf node must end well within this (its --timeout is 2 s).
+CLI_DEADLINE_S = 30.0
+
+
+@contextlib.contextmanager
+def deaf_node(data: Path) -> Iterator[Path]:
+    """A socket in the node's place that takes connections and never answers."""
+    data.mkdir(parents=True, exist_ok=True)
+    path = socket_path(data)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(16)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def json_error(result: object) -> dict[str, object]:
+    stdout = getattr(result, "stdout", "")
+    body: dict[str, object] = json.loads(stdout)["error"]
+    return body
+
+
+def test_a_node_that_does_not_answer_is_exit_3_naming_the_socket_and_timeout(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    put_model(data)
+    with deaf_node(data) as path:
+        result = cli("status", data, "--timeout", "1", "--json", timeout=CLI_DEADLINE_S)
+        assert result.returncode == 3, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+        error = json_error(result)
+        assert error["code"] == "node_unreachable"
+        assert error["field"] == "--timeout"
+        assert str(path) in str(error["message"])
+        assert "within 1 s" in str(error["message"])
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+        verb = subprocess.run(  # a verb, its timeout from the environment
+            [str(INFERVISOR), "stop", str(data), "chat"],
+            capture_output=True,
+            text=True,
+            timeout=CLI_DEADLINE_S,
+            check=False,
+            env={**os.environ, "INFERVISOR_TIMEOUT": "1"},
+        )
+        assert verb.returncode == 3, verb.stdout + verb.stderr
+        assert "did not answer within 1 s" in verb.stderr
+
+        with ApiClient(data, timeout_s=1.0) as client, pytest.raises(NoAnswer) as sent:
+            client.heartbeat("ctl")  # a POST with no wait of its own: 1 s
+        assert sent.value.code == "no_answer"  # a verb sent may have been recorded
+        assert "may have been recorded" in str(sent.value)
+
+
+@pytest.mark.parametrize("value", ["0", "nan"])
+def test_a_timeout_that_is_no_number_of_seconds_is_refused(tmp_path: Path, value: str) -> None:
+    data = tmp_path / "data"
+    put_model(data)
+    result = cli("status", data, "--timeout", value, "--json")
+    assert result.returncode == 2, result.stdout + result.stderr
+    error = json_error(result)
+    assert error["code"] == "bad_value" and error["field"] == "--timeout"
+
+
+def chat_events_after(db: Path, seq: int, subject: str) -> list[str]:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        rows = con.execute(
+            "SELECT kind FROM events WHERE seq > ? AND subject = ? ORDER BY seq", (seq, subject)
+        ).fetchall()
+    return [str(kind) for (kind,) in rows]
+
+
+def head_of(db: Path) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        return int(con.execute("SELECT max(seq) FROM events").fetchone()[0])
+
+
+@pytest.mark.slow
+def test_a_node_stopped_for_30_s_resumes_and_stops_no_server(
+    start_node: Callable[..., Started],  # noqa: F811
+) -> None:
+    node = start_node()
+    db = node.data / "chain.db"
+    views = live_views(node.data)
+    assert views is not None
+    chat = role_of(views, "chat")
+    assert chat is not None and chat.pid
+    before = head_of(db)
+    node.run.send(signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        # While it is stopped the CLI does not hang: exit 3 naming the timeout.
+        deaf = cli("status", node.data, "--timeout", "2", timeout=CLI_DEADLINE_S)
+        assert deaf.returncode == 3, deaf.stdout + deaf.stderr
+        assert "did not answer within 2 s" in deaf.stderr
+        time.sleep(max(0.0, PAUSE_S - (time.monotonic() - stopped_at)))  # the pause itself
+    finally:
+        node.run.send(signal.SIGCONT)
+    node.run.until("the watchdog saw the pause", lambda: "paused for" in log_of(node))
+    node.run.until("the node answers", lambda: live_views(node.data))
+    answer = cli("status", node.data, "--timeout", "10", timeout=CLI_DEADLINE_S)
+    assert answer.returncode == 0, answer.stdout + answer.stderr
+    views = live_views(node.data)
+    assert views is not None
+    after = role_of(views, "chat")
+    assert after is not None
+    assert (after.pid, after.lifecycle) == (chat.pid, "running")  # the same process, serving
+    assert chat_events_after(db, before, chat.instance_id) == []  # not stopped nor restarted
+    assert node.run.proc.poll() is None
+    assert node.run.stop() == 0  # a clean stop: the node never failed (that would be 3)
+
+
+def log_of(node: Started) -> str:
+    path = node.data / "node.log"
+    return path.read_text(errors="replace") if path.exists() else ""
