@@ -21,7 +21,7 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -82,11 +82,20 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         allow_non_loopback: allow ``tcp`` beyond loopback (it still needs tokens).
         tokens: names of the bearer tokens, generated on first run into
             ``<data_dir>/api-tokens.json`` (0600).
+        max_connections: open connections per listener (the socket and TCP each);
+            when full, connections without a complete request are shed first
+            (tools/api/limits.py).
+        read_timeout_s: seconds a request head may take to arrive (from the
+            connection's opening or a kept-alive connection's next byte), and then its body.
+        keep_alive_s: seconds a connection may stay idle between requests.
     """
 
     tcp: str | None = None
     allow_non_loopback: bool = False
     tokens: list[str] = msgspec.field(default_factory=lambda: ["operator", "controller"])
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256
+    read_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    keep_alive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
 
 
 class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
