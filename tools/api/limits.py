@@ -30,6 +30,8 @@ import msgspec
 from .wire import ErrorBody, ErrorEnvelope
 
 __all__ = [
+    "ACCEPT_BATCH",
+    "LISTEN_BACKLOG",
     "SHED_ORDER",
     "ConnectionLimits",
     "Listeners",
@@ -63,6 +65,17 @@ class Phase(enum.Enum):
     IDLE = "idle"  # kept alive between requests, nothing received since the last answer
     CLOSED = "closed"
 
+
+#: The listen backlog, which is also how many connections asyncio accepts at once
+#: before any of them is looked at (``BaseSelectorEventLoop._accept_connection``):
+#: uvicorn's default of 2048 let a flood take the node to ~800 descriptors above
+#: its caps before the first was shed.
+ACCEPT_BATCH = 64
+#: The kernel's queue of connections not accepted yet, set once serving began
+#: (a second ``listen()`` changes only the queue): they cost the node no
+#: descriptor, and a client whose handshake waits in a full queue's dropped
+#: SYN loses a second or more per retry.
+LISTEN_BACKLOG = 1024
 
 #: Phases that may be shed for a new connection, the cheapest first.
 SHED_ORDER = (Phase.HEAD, Phase.IDLE)

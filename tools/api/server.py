@@ -40,7 +40,7 @@ from .app import ApiContext, build_app, wrap
 from .auth import TcpAddress, Tokens
 from .connection import protocol_for
 from .errors import ApiError
-from .limits import ConnectionLimits, Listeners
+from .limits import ACCEPT_BATCH, LISTEN_BACKLOG, ConnectionLimits, Listeners
 
 __all__ = ["MAX_SOCKET_PATH", "SOCKET_FILE", "ApiServer", "check_socket_path", "socket_path"]
 
@@ -92,6 +92,7 @@ class ApiServer:
         config = uvicorn.Config(
             wrap(build_app(ctx), ctx),
             http=protocol_for(self.listeners),  # the cap, the read deadlines, the peer
+            backlog=ACCEPT_BATCH,  # asyncio accepts this many at once (see limits.py)
             ws="none",  # no WebSocket routes: an upgrade is answered as plain HTTP
             lifespan="on",
             log_config=None,
@@ -216,6 +217,8 @@ class ApiServer:
             if time.monotonic() > deadline:
                 raise ApiError(f"the API server did not start in {_STARTED_S:g} s")
             time.sleep(0.01)
+        for sock in self._sockets:  # a deeper kernel queue, the same accept batch
+            sock.listen(LISTEN_BACKLOG)
 
 
 def _bind_unix(path: Path) -> socket.socket:
@@ -223,7 +226,7 @@ def _bind_unix(path: Path) -> socket.socket:
     try:
         sock.bind(str(path))
         os.chmod(path, 0o600)  # before listen(): nobody connects earlier
-        sock.listen(128)
+        sock.listen(ACCEPT_BATCH)
     except OSError as e:
         sock.close()
         raise ApiError(f"cannot listen on {path}: {e.strerror or e}", "bad_config", 400) from e
@@ -237,7 +240,7 @@ def _bind_tcp(address: TcpAddress) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((address.host, address.port))
-        sock.listen(128)
+        sock.listen(ACCEPT_BATCH)
     except OSError as e:
         sock.close()
         raise ApiError(
