@@ -121,6 +121,10 @@ class Listeners:
         """Connections counted on ``listener`` now."""
         return len(self._open.get(listener, {}))
 
+    def phases(self, listener: str) -> list[Phase]:
+        """The phases of ``listener``'s connections, oldest first (a snapshot, any thread)."""
+        return [c.phase for c in list(self._open.get(listener, {}))]
+
     @staticmethod
     def _sheddable(open_: dict[Shed, None]) -> Iterator[Shed]:
         for phase in SHED_ORDER:
