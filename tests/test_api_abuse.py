@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 from test_run_resume import (
     NodeRun,
@@ -45,6 +46,7 @@ from test_run_resume import (
 from infervisor.adapters.ports import free_port
 from infervisor.replay import NodeState
 from infervisor.tools.api.limits import ACCEPT_BATCH
+from infervisor.tools.api.server import socket_path
 
 DEADLINE_S = 60.0  # real processes on a loaded machine: generous
 #: The node's read deadline in this test (seconds).
@@ -194,8 +196,41 @@ def check_fds(abuse: Abuse) -> None:
     assert 0 < abuse.fd_peak <= 2 * MAX_CONNECTIONS + NODE_MARGIN, abuse.fd_peak
 
 
+class Watch:
+    """A watch stream (``GET /v1/events?follow=true``) on the Unix socket, on a thread:
+    the kinds of the events it delivered."""
+
+    def __init__(self, data: Path, from_seq: int) -> None:
+        self.kinds: list[str] = []
+        transport = httpx.HTTPTransport(uds=str(socket_path(data)))
+        self.client = httpx.Client(transport=transport, base_url="http://node", timeout=None)
+        self.url = f"/v1/events?from_seq={from_seq}&follow=true"
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(httpx.HTTPError), self.client.stream("GET", self.url) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data:"):
+                    self.kinds.append(json.loads(line[5:])["kind"])
+
+    def saw_a_restart(self) -> bool:
+        """An exit, and a spawn after it."""
+        kinds = list(self.kinds)
+        return (
+            "instance.exited" in kinds
+            and "instance.spawned" in kinds[kinds.index("instance.exited") :]
+        )
+
+    def close(self) -> None:
+        self.client.close()
+        self.thread.join(DEADLINE_S)
+
+
 def test_1100_idle_pre_auth_connections_do_not_wedge_a_restart(abuse: Abuse) -> None:
     raise_own_descriptor_limit(1100 + 200)
+    # A stream in flight is not cut by the read deadline: it sees the restart.
+    watch = Watch(abuse.data, len(events_of(abuse.db)))
     held = [s for n in range(1100) if (s := pre_auth(abuse.port, n, wait=True)) is not None]
     try:
         assert len(held) > 1000, len(held)
@@ -203,9 +238,11 @@ def test_1100_idle_pre_auth_connections_do_not_wedge_a_restart(abuse: Abuse) -> 
         kill_chat_and_wait_for_its_restart(abuse)
         status_answers(abuse)
         check_closed(abuse, held)
+        abuse.run.until("the watch stream saw the restart", watch.saw_a_restart, DEADLINE_S)
     finally:
         for sock in held:
             sock.close()
+        watch.close()
     # The read deadline closed some; the cap shed the rest (a reply, or none if
     # it went before the client's half head).
     assert abuse.replies[b"HTTP/1.1 408 Request Timeout"] > 0, abuse.replies
