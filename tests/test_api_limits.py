@@ -20,6 +20,7 @@ from support import wait_until
 
 from infervisor.tools.api.limits import ConnectionLimits, Phase
 from infervisor.tools.api.server import ApiServer, socket_path
+from infervisor.tools.config import ConfigError, load_config
 
 DEADLINE_S = 20.0
 GET = b"GET /v1/node HTTP/1.1\r\nHost: node\r\n\r\n"
@@ -191,3 +192,22 @@ def test_when_every_connection_has_a_request_in_flight_a_new_one_is_refused(
 def phases(server: ApiServer) -> list[Phase]:
     """The phases of the socket listener's connections, oldest first."""
     return server.listeners.phases("unix")
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("max_connections = 0", "[api], key `max_connections`: expected `int` >= 1"),
+        ("read_timeout_s = 0", "[api], key `read_timeout_s`: expected `float` > 0.0"),
+        ("keep_alive_s = -1.0", "[api], key `keep_alive_s`: expected `float` > 0.0"),
+        ("max_conections = 9", "unknown key `max_conections` in [api]; did you mean"),
+    ],
+)
+def test_a_bad_limit_in_the_config_is_refused_naming_the_key(
+    tmp_path: Path, line: str, expected: str
+) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\nnode_id = "n1"\ndata_dir = "data"\n\n[api]\n{line}\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(config)
+    assert expected in str(refused.value)

@@ -5,7 +5,7 @@
 1,024 descriptors, and the instance stayed ``starting`` with its server
 untracked. Here the test process holds 1,100 descriptors and then spawns a
 managed process through adapters.process, so the shim's report pipe is
-numbered above 1024.
+numbered above 1024. ``infervisor run`` also raises its own soft limit.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import pytest
 from support import Exits, script_plan
 
 from infervisor.adapters.process import ManagedProcess
+from infervisor.tools.config import ApiConfig
+from infervisor.tools.run import raise_descriptor_limit
 
 #: Descriptors held open before the spawn: more than select()'s FD_SETSIZE.
 HELD = 1100
@@ -55,3 +57,15 @@ def test_a_managed_process_starts_and_exits_with_descriptors_above_1024(
         assert (info.exit_code, info.pid) == (0, proc.identity.pid)
     finally:
         proc.terminate(0.0)
+
+
+def test_infervisor_run_raises_its_soft_descriptor_limit_to_the_hard_one() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}: nothing to raise to")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # the usual default soft limit
+    try:
+        assert raise_descriptor_limit(ApiConfig()) == hard
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
