@@ -150,6 +150,10 @@ class ApiServer:
         server = cls(ctx, sockets, path, tcp, limits or ConnectionLimits())
         server._thread.start()
         server._wait_started()
+        # asyncio listened with ACCEPT_BATCH, which is also its accept batch; a second
+        # listen() deepens only the kernel's queue (no descriptor of the node's).
+        for sock in sockets:
+            sock.listen(LISTEN_BACKLOG)
         return server
 
     @property
@@ -217,8 +221,6 @@ class ApiServer:
             if time.monotonic() > deadline:
                 raise ApiError(f"the API server did not start in {_STARTED_S:g} s")
             time.sleep(0.01)
-        for sock in self._sockets:  # a deeper kernel queue, the same accept batch
-            sock.listen(LISTEN_BACKLOG)
 
 
 def _bind_unix(path: Path) -> socket.socket:
