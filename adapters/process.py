@@ -31,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import re
 import select
@@ -441,13 +442,20 @@ def _send(shim: subprocess.Popen[bytes], config: bytes) -> None:
 
 def _await_report(shim: subprocess.Popen[bytes], timeout: float) -> bytes | None:
     """The shim's one-byte report, ``b""`` if it closed the pipe without one,
-    None if nothing came within ``timeout`` seconds."""
+    None if nothing came within ``timeout`` seconds.
+
+    ``poll(2)``, not ``select(2)``: select() cannot watch a descriptor numbered
+    1024 (FD_SETSIZE) or above, which a node holding many API connections or
+    log files reaches (issue 17); poll() has no such limit and needs no
+    descriptor of its own (an epoll selector would, and could fail with EMFILE).
+    """
     assert shim.stdout is not None
     fd = shim.stdout.fileno()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)  # POLLHUP/POLLERR are reported regardless
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0:
-        readable, _, _ = select.select([fd], [], [], remaining)
-        if readable:
+        if poller.poll(max(1, math.ceil(remaining * 1000))):  # milliseconds
             return os.read(fd, 1)
     return None
 

@@ -24,7 +24,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -96,11 +96,20 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             :func:`~infervisor.tools.api.scopes.default_scope`, ``operator``
             operate, ``controller`` control, any other read) or a table with
             ``name`` and ``scope`` (read, operate, control).
+        max_connections: open connections per listener (the socket and TCP each);
+            when full, connections without a complete request are shed first
+            (tools/api/limits.py).
+        read_timeout_s: seconds a request head may take to arrive (from the
+            connection's opening or a kept-alive connection's next byte), and then its body.
+        keep_alive_s: seconds a connection may stay idle between requests.
     """
 
     tcp: str | None = None
     allow_non_loopback: bool = False
     tokens: list[str | ApiToken] = msgspec.field(default_factory=lambda: ["operator", "controller"])
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256
+    read_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    keep_alive_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
 
 
 class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

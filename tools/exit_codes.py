@@ -80,6 +80,8 @@ CODES: dict[str, Exit] = {
     "node_unreachable": Exit.NO_NODE,
     "no_answer": Exit.NO_NODE,
     "too_large": Exit.USAGE,
+    "too_many_connections": Exit.NO_NODE,
+    "request_timeout": Exit.NO_NODE,
 }
 
 #: The table as each command's --help ends with it.

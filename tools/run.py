@@ -49,6 +49,7 @@ import fcntl
 import logging
 import os
 import queue
+import resource
 import signal
 import sys
 import threading
@@ -71,7 +72,7 @@ from infervisor.replay import EventDecodeError, decode_event, reason_of
 
 from .api.errors import ApiError
 from .api.server import ApiServer
-from .config import ModelEntryConfig, NodeConfig
+from .config import ApiConfig, ModelEntryConfig, NodeConfig
 from .extras import install_hint, missing_extra, missing_modules
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "STOP_SIGNALS",
     "RunError",
     "preflight",
+    "raise_descriptor_limit",
     "register_models",
     "run_node",
     "serve",
@@ -97,6 +99,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: The exit status of a run whose node failed while running.
 EXIT_FAILED = 3
+
+#: Descriptors the node needs beyond the API's connections: the chain, logs,
+#: pipes and pidfds of its servers, probes (a margin, not a count).
+DESCRIPTOR_MARGIN = 512
 
 #: Seconds beyond the stop grace the shutdown waits for changing verbs in flight
 #: (a stop's grace is bounded by the node's; a placement's admission may take
@@ -121,6 +127,7 @@ def run_node(config: NodeConfig, say: Say) -> int:
             preflight(config)
             held.enter_context(claim_data_dir(config.node))
             log = held.enter_context(diagnostics_to(Path(config.node.data_dir) / LOG_FILE))
+            raise_descriptor_limit(config.api)
             control = held.enter_context(listen_for_operators(config))
             node = open_node(config, on_event=_printing_and_waking(say, control))
         except RunError as e:
@@ -198,6 +205,38 @@ def preflight(config: NodeConfig) -> None:
                 f"[[models]] {model.name}: {file} does not exist: put the model there "
                 "(path is relative to the registry folder), or set generate_tiny = true"
             )
+
+
+def raise_descriptor_limit(api: ApiConfig) -> int:
+    """Raise this process's RLIMIT_NOFILE soft limit to its hard limit (logged),
+    so the node is not the first to run out of descriptors (issue 17: 1,100
+    API connections took a node with the usual soft limit of 1,024 to its
+    end); warn when even the hard limit leaves too little beside the API's
+    caps. Managed servers get limits of their own (adapters/limits.py).
+
+    Returns:
+        The soft limit now in force (descriptors).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the descriptor limit (RLIMIT_NOFILE) to %s: %s", hard, e)
+        else:
+            log.info("raised the descriptor limit (RLIMIT_NOFILE) from %s to %s", soft, hard)
+            soft = hard
+    needed = (2 if api.tcp else 1) * api.max_connections + DESCRIPTOR_MARGIN
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the descriptor limit is %s; the API's listeners may hold %s connections "
+            "([api] max_connections each) and the node needs about %s more: lower "
+            "max_connections or raise the hard limit (ulimit -Hn, systemd LimitNOFILE=)",
+            soft,
+            needed - DESCRIPTOR_MARGIN,
+            DESCRIPTOR_MARGIN,
+        )
+    return soft
 
 
 def _check_creatable(folder: Path, key: str) -> None:
@@ -323,6 +362,7 @@ def listen_for_operators(config: NodeConfig) -> ApiServer:
             the TCP port taken, a bad ``[api]`` key).
     """
     from .api.auth import load_or_create_tokens, parse_tcp  # noqa: PLC0415
+    from .api.limits import ConnectionLimits  # noqa: PLC0415
     from .api.metrics import NodeMetrics  # noqa: PLC0415
 
     settings, api = config.node, config.api
@@ -332,8 +372,13 @@ def listen_for_operators(config: NodeConfig) -> ApiServer:
         if api.tcp is not None:
             tcp = parse_tcp(api.tcp, allow_non_loopback=api.allow_non_loopback)
             tokens = load_or_create_tokens(data_dir, api.tokens)
+        limits = ConnectionLimits(
+            max_connections=api.max_connections,
+            read_timeout_s=api.read_timeout_s,
+            keep_alive_s=api.keep_alive_s,
+        )
         server = ApiServer.listen(
-            data_dir, settings.chain_path, settings.node_id, tcp=tcp, tokens=tokens
+            data_dir, settings.chain_path, settings.node_id, tcp=tcp, tokens=tokens, limits=limits
         )
     except ApiError as e:
         raise RunError(f"data_dir {settings.data_dir}: {e}") from e

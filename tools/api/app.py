@@ -761,6 +761,9 @@ def wrap(app: Any, ctx: ApiContext) -> Any:
             headers = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(raw)).encode()),
+                # a caller without credentials keeps no connection: it would hold one
+                # of the listener's slots (tools/api/limits.py) for nothing
+                (b"connection", b"close"),
             ]
             if status == 401:
                 headers.append((b"www-authenticate", b'Bearer realm="infervisor"'))

@@ -28,7 +28,15 @@ import msgspec
 
 from .wire import ErrorBody, ErrorEnvelope
 
-__all__ = ["HEADER", "MAX_KEYS", "MAX_KEY_LENGTH", "IdempotencyStore", "idempotent"]
+__all__ = [
+    "HEADER",
+    "MAX_KEYS",
+    "MAX_KEY_LENGTH",
+    "BodyCut",
+    "IdempotencyStore",
+    "idempotent",
+    "read_body",
+]
 
 HEADER = b"idempotency-key"
 #: Keys kept; past this the oldest answer is forgotten.
@@ -38,6 +46,12 @@ MAX_KEY_LENGTH = 255
 MAX_BODY = 1024 * 1024
 
 Scope = dict[str, Any]
+
+
+class BodyCut(Exception):
+    """The connection closed before the whole body arrived (the client went away, or
+    its body missed the read deadline, tools/api/limits.py): nobody is left to
+    answer, and a verb must not run on part of a body."""
 
 
 class _Stored(msgspec.Struct):
@@ -126,7 +140,10 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
                 ),
             )
             return
-        body = await read_body(receive, limit=MAX_BODY)
+        try:
+            body = await read_body(receive, limit=MAX_BODY)
+        except BodyCut:
+            return  # the caller is gone: nothing done, nothing to answer
         if body is None:
             await _send_error(
                 send,
@@ -169,13 +186,17 @@ def _key(scope: Scope) -> bytes | None:
 
 
 async def read_body(receive: Any, limit: int | None = None) -> bytes | None:
-    """The whole request body (None: it is longer than ``limit`` bytes)."""
+    """The whole request body (None: it is longer than ``limit`` bytes).
+
+    Raises:
+        BodyCut: the connection closed before the body's end.
+    """
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            break
+            raise BodyCut
         chunk = message.get("body", b"")
         size += len(chunk)
         if limit is not None and size > limit:

@@ -6,7 +6,9 @@ Encode team; h11 underneath): it serves pre-bound sockets, so the Unix
 socket is made mode 0600 before ``listen()`` and nobody can connect earlier.
 It runs on its own thread and event loop, beside the node's actors. Each
 connection's peer is read from the kernel (``SO_PEERCRED``) when it is
-accepted and handed to the app in the ASGI scope.
+accepted and handed to the app in the ASGI scope. Each listener caps its
+connections and bounds how long a request head and body may take
+(:mod:`.limits`, :mod:`.connection`; docs/api.md "Connection limits").
 
 Lifecycle (``infervisor run``): :meth:`ApiServer.listen` (answers 503
 ``node_starting``), :meth:`~ApiServer.serve` once the node is open,
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import stat
@@ -27,17 +30,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from infervisor.actors.node import Node
 from infervisor.chain import StoredEvent
 
 from .app import ApiContext, build_app, wrap
-from .auth import TcpAddress, Tokens, peer_of
+from .auth import TcpAddress, Tokens
+from .connection import protocol_for
 from .errors import ApiError
+from .limits import ACCEPT_BATCH, LISTEN_BACKLOG, ConnectionLimits, Listeners
 
 __all__ = ["MAX_SOCKET_PATH", "SOCKET_FILE", "ApiServer", "check_socket_path", "socket_path"]
 
@@ -70,37 +73,26 @@ def check_socket_path(path: Path) -> None:
         )
 
 
-class _PeerProtocol(H11Protocol):
-    """h11 connections whose ASGI scope names the listener and the socket peer."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        sock = transport.get_extra_info("socket")
-        listener = "unix" if sock is not None and sock.family == socket.AF_UNIX else "tcp"
-        peer = peer_of(sock) if listener == "unix" else None
-        inner = self.app
-
-        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            scope["infervisor.listener"] = listener
-            scope["infervisor.peer"] = peer
-            await inner(scope, receive, send)
-
-        self.app = app
-
-
 class ApiServer:
     """The running node's API on ``<data_dir>/api.sock`` (and ``tcp`` when given)."""
 
     def __init__(
-        self, ctx: ApiContext, sockets: list[socket.socket], path: Path, tcp: TcpAddress | None
+        self,
+        ctx: ApiContext,
+        sockets: list[socket.socket],
+        path: Path,
+        tcp: TcpAddress | None,
+        limits: ConnectionLimits,
     ) -> None:
         self.ctx = ctx
         self.path = path
         self.tcp = tcp
+        self.listeners = Listeners(limits)
         self._sockets = sockets
         config = uvicorn.Config(
             wrap(build_app(ctx), ctx),
-            http=_PeerProtocol,
+            http=protocol_for(self.listeners),  # the cap, the read deadlines, the peer
+            backlog=ACCEPT_BATCH,  # asyncio accepts this many at once (see limits.py)
             ws="none",  # no WebSocket routes: an upgrade is answered as plain HTTP
             lifespan="on",
             log_config=None,
@@ -108,7 +100,7 @@ class ApiServer:
             proxy_headers=False,
             server_header=False,
             timeout_graceful_shutdown=int(CLOSE_GRACE_S),
-            timeout_keep_alive=30,
+            timeout_keep_alive=math.ceil(limits.keep_alive_s),  # exact per connection
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="infervisor-api", daemon=True)
@@ -124,8 +116,12 @@ class ApiServer:
         tcp: TcpAddress | None = None,
         tokens: Tokens | None = None,
         metrics: Callable[[], tuple[bytes, str]] | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> ApiServer:
         """Bind the socket (0600) and the TCP port, and serve 503 until :meth:`serve`.
+
+        ``limits`` (default :class:`ConnectionLimits`) caps each listener's
+        connections and bounds how long a request head and body may take.
 
         Raises:
             ApiError: the socket path is too long or taken by something else, or a
@@ -151,9 +147,13 @@ class ApiServer:
                 sockets[0].close()
                 path.unlink(missing_ok=True)
                 raise
-        server = cls(ctx, sockets, path, tcp)
+        server = cls(ctx, sockets, path, tcp, limits or ConnectionLimits())
         server._thread.start()
         server._wait_started()
+        # asyncio listened with ACCEPT_BATCH, which is also its accept batch; a second
+        # listen() deepens only the kernel's queue (no descriptor of the node's).
+        for sock in sockets:
+            sock.listen(LISTEN_BACKLOG)
         return server
 
     @property
@@ -228,7 +228,7 @@ def _bind_unix(path: Path) -> socket.socket:
     try:
         sock.bind(str(path))
         os.chmod(path, 0o600)  # before listen(): nobody connects earlier
-        sock.listen(128)
+        sock.listen(ACCEPT_BATCH)
     except OSError as e:
         sock.close()
         raise ApiError(f"cannot listen on {path}: {e.strerror or e}", "bad_config", 400) from e
@@ -242,7 +242,7 @@ def _bind_tcp(address: TcpAddress) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((address.host, address.port))
-        sock.listen(128)
+        sock.listen(ACCEPT_BATCH)
     except OSError as e:
         sock.close()
         raise ApiError(

@@ -33,7 +33,7 @@ import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
 
-from .idempotency import MAX_BODY, read_body, replayed
+from .idempotency import MAX_BODY, BodyCut, read_body, replayed
 from .wire import (
     API_VERSION,
     INT64_MAX,
@@ -160,7 +160,10 @@ def strict_bodies(app: Any) -> Any:
             await app(scope, receive, send)
             return
         body_type, optional = found
-        body = await read_body(receive, limit=MAX_BODY)
+        try:
+            body = await read_body(receive, limit=MAX_BODY)
+        except BodyCut:
+            return  # the caller is gone: nothing done, nothing to answer
         if body is None:
             message = f"the body is larger than {MAX_BODY} bytes"
             await _refuse(send, 413, ErrorBody(code="too_large", field=BODY, message=message))
