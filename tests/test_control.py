@@ -21,6 +21,7 @@ import stat
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +43,7 @@ from test_run_resume import (
     write_config,
 )
 
+from infervisor.actors.append_health import AppendStatus
 from infervisor.actors.errors import UnknownInstance
 from infervisor.actors.messages import InstanceView
 from infervisor.adapters.ports import free_port
@@ -692,6 +694,10 @@ class StubNode:
         self.stopping = threading.Event()
         self.release = threading.Event()
         self.by: list[str] = []
+        self.settings = types.SimpleNamespace(lease_s=None)  # what GET /v1/node reads
+
+    def append_status(self) -> AppendStatus:
+        return AppendStatus(writable=True, error=None, since_ns=None, failures=0)
 
     def list(self) -> list[InstanceView]:
         return [stub_view("a", "running")]

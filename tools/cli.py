@@ -837,13 +837,19 @@ def _answer_timeout(given: float | None) -> float:
 
 
 def _node_command(
-    metavar: str, most: int, *, timeout: bool = True
+    metavar: str,
+    most: int,
+    *,
+    timeout: bool = True,
+    token_name: str = "operator",  # noqa: S107 -- a token's name, not its secret
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The positional ``[WHERE] ...`` arguments and the options naming the node
     (--url, --token, --token-file, --token-name) and bounding its answers
     (--timeout; ``timeout`` False: the command has a --timeout of its own and
-    sets ``target.timeout_s`` itself) of an operator command; the callback gets
-    a :class:`_Target` as ``target``."""
+    sets ``target.timeout_s`` itself) of an operator command; ``token_name`` is
+    the token of an api-tokens.json used by default (a placement needs the
+    control scope: ``controller``); the callback gets a :class:`_Target` as
+    ``target``."""
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
@@ -881,7 +887,7 @@ def _node_command(
             ),
             click.option(
                 "--token-name",
-                default="operator",
+                default=token_name,
                 show_default=True,
                 metavar="NAME",
                 help="The token of --token-file's api-tokens.json to use.",
@@ -1318,7 +1324,7 @@ _PLACE_FLAGS = {
 )
 @click.option("--start", "start_it", is_flag=True, help="Start it once placed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
-@_node_command("[WHERE]", 0)
+@_node_command("[WHERE]", 0, token_name="controller")  # noqa: S106 -- a name, not a secret
 def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     target: _Target,
     fragment: Path | None,
