@@ -141,7 +141,9 @@ class EffectRunner:
         adapter = self.actor.adapter
         assert isinstance(adapter, LaunchedServer)
         try:
-            proc = adapter.spawn(self.on_exit, e.token)
+            proc = adapter.spawn(
+                self.on_exit, e.token, self.actor.ctx.containment.cgroup(self.actor.iid)
+            )
         except SpawnError as err:
             return o.SpawnFailed(token=e.token, reason=str(err))
         self.proc = proc
@@ -172,12 +174,13 @@ class EffectRunner:
         if proc is not None:
             self._thread("kill", lambda: _quietly(self.actor.iid, proc.terminate, 0.0))
 
-    def reap(self, _: fx.Reap) -> None:
+    def reap(self, e: fx.Reap) -> None:
         proc = self.proc
         if proc is None:
             return
 
         def run() -> o.Observation:
+            proc.settle(e.grace_s)  # a stop's grace is the children's too
             outlived = proc.survivors()
             note = (
                 f"{len(outlived)} process(es) of its group outlived it and were killed "

@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 import pykka
 
+from infervisor.adapters.cgroups import Containment, no_containment
 from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.probe_engine import ProbeEngine
@@ -90,6 +91,8 @@ class InstanceContext:
     #: Told the instance id when a decision of the instance's own unloaded it (a
     #: boot finishing an unload the last node began): the host forgets it then.
     gone: Callable[[str], None] = field(default=lambda _iid: None)
+    #: How managed servers are contained (cgroups, or process groups only).
+    containment: Containment = field(default_factory=no_containment)
 
 
 class _Probed(msgspec.Struct, frozen=True):

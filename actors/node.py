@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import pykka
 
 from infervisor.adapters.capabilities import Capability, probe_capabilities
+from infervisor.adapters.cgroups import Containment, detect, no_containment
 from infervisor.adapters.errors import AdapterError
 from infervisor.adapters.probe_engine import ProbeEngine
 from infervisor.adapters.process import boot_id
@@ -91,6 +92,8 @@ class NodeActors:
     engine: ProbeEngine | None = None
     #: The chain writer's commit latency histogram (shared with it by reference).
     commit_latency: CommitLatency | None = None
+    #: How this node contains its managed servers (cgroups or process groups).
+    containment: Containment = field(default_factory=no_containment)
 
 
 class Node:
@@ -182,6 +185,11 @@ class Node:
                     # Recorded as stopping; the shutdown itself must still complete.
                     log.error("shutdown: a server did not stop cleanly: %s", e)  # noqa: TRY400
         _append(self._writer, self.clock, ev.NodeStopped(reason=reason))
+
+    @property
+    def containment(self) -> Containment:
+        """How this node contains its managed servers: ``mode`` and ``reason``."""
+        return self._actors.containment
 
     @property
     def failure(self) -> NodeFailure | None:
@@ -551,9 +559,12 @@ def _start_actors(
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
     engine = ProbeEngine()
     relay = _GoneRelay()
+    containment = detect(settings.containment, settings.node_id, settings.data_dir)
+    log.info("containment: %s (%s)", containment.mode, containment.reason)
     ctx = InstanceContext(
-        settings.node_id, writer, clock, settings, ledger, probes, engine, gone=relay.tell
-    )
+        settings.node_id, writer, clock, settings, ledger, probes, engine, gone=relay.tell,
+        containment=containment,
+    )  # fmt: skip
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
     supervisor = SupervisorActor.start(
@@ -571,8 +582,9 @@ def _start_actors(
     supervisor.tell(m.WatchedBy(host=host))
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
-        writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency
-    )
+        writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
+        containment,
+    )  # fmt: skip
 
 
 class _GoneRelay:
@@ -597,6 +609,7 @@ def _stop_actors(actors: NodeActors) -> None:
     if actors.ledger is not None:
         actors.ledger.stop()
     actors.writer.stop()
+    actors.containment.remove_empty()  # the cgroups of servers that ended
     if actors.probes is not None:
         actors.probes.shutdown(wait=False, cancel_futures=True)
     if actors.engine is not None:

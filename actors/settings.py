@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from infervisor.adapters.cgroups import MODES as CONTAINMENT_MODES
 from infervisor.adapters.ollama import load_keep_alive
 from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.server import AdapterSettings
@@ -61,6 +62,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             at a clean shutdown.
         checkpoint_every_s: and at the first event this many seconds after
             the last checkpoint (> 0).
+        containment: how managed servers are contained (``auto``,
+            ``cgroup2``, ``cgroup1``, ``pgroup``; see
+            docs/process-supervision.md): ``auto`` uses a writable cgroup v2
+            hierarchy, else the v1 freezer, else process groups.
     """
 
     node_id: str
@@ -88,6 +93,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
     checkpoint_every_events: int = 1000
     checkpoint_every_s: float = 300.0
+    containment: str = "auto"
 
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""
@@ -97,6 +103,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             check_duration(name, getattr(self, name), allow_zero=name != "deep_timeout_s")
         if self.lease_s is not None:
             check_duration("lease_s", self.lease_s)
+        if self.containment not in CONTAINMENT_MODES:
+            raise ValueError(
+                f"containment {self.containment!r}: allowed {', '.join(CONTAINMENT_MODES)}"
+            )
         unknown = sorted(set(self.adapters) - set(ALL_ADAPTERS))
         if unknown:
             raise ValueError(f"adapters {unknown}: allowed {', '.join(ALL_ADAPTERS)}")

@@ -65,7 +65,10 @@ class Kill(_Effect, frozen=True):
 
 class Reap(_Effect, frozen=True):
     """The leader exited: make sure nothing of the group is left, then report
-    :class:`GroupGone`."""
+    :class:`GroupGone`. ``grace_s``: what is left of a stop's grace, given to
+    the rest of the tree before it is killed (0: a crash, killed at once)."""
+
+    grace_s: float = 0.0
 
 
 class ArmTimer(_Effect, frozen=True):

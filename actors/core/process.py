@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
+from infervisor.replay.state import later
 
 from .common import after_exit, begin_termination, describe_exit, remaining_s, try_start
 from .decision import Draft, RefusalKind
@@ -63,9 +64,15 @@ def spawn_failed(d: Draft, f: SpawnFailed) -> None:
 
 
 def process_exited(d: Draft, e: ProcessExited) -> None:
-    """The leader exited: reap what is left of its group before recording it."""
-    if d.inst.process is not None and d.inst.process.pid == e.pid:
-        d.do(Reap())
+    """The leader exited: reap what is left of its tree before recording it. A
+    stop in progress gives the rest of the tree what is left of its grace (the
+    children clean up too); a crash ends the rest at once."""
+    inst = d.inst
+    if inst.process is None or inst.process.pid != e.pid:
+        return
+    term = inst.terminating
+    left = 0.0 if term is None else max(0.0, remaining_s(later(term.at, term.grace_s), d.now))
+    d.do(Reap(grace_s=left))
 
 
 def group_gone(d: Draft, g: GroupGone) -> None:

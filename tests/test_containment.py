@@ -1,0 +1,153 @@
+"""Containment (issue 17): nothing a managed server starts outlives its stop,
+unload or the node's shutdown, whatever it forks or setsids; a stop's grace is
+the children's too; the mode in use is said and can be forced.
+
+Real processes, real cgroups where the host lets the node make them (every
+test names its mode in its id: ``cgroup2``, ``cgroup1``, ``pgroup``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import NodeFactory
+from support import PROGRAMS, make_launcher, wait_until
+
+from infervisor.actors.node import Node
+from infervisor.adapters.cgroups import detect
+from infervisor.adapters.ports import free_port, port_in_use
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.chain import SqliteChain
+from infervisor.replay import events as ev
+
+DEADLINE = 20.0  # s any condition with real processes is given
+
+
+def _available(mode: str) -> bool:
+    return detect(mode, "probe", "/nonexistent-probe").mode == mode
+
+
+MODES = [
+    pytest.param(m, marks=pytest.mark.skipif(not _available(m), reason=f"no {m} here"))
+    for m in ("cgroup2", "cgroup1")
+] + ["pgroup"]
+
+
+class Rig:
+    def __init__(self, node: Node, iid: str, port: int) -> None:
+        self.node, self.iid, self.port = node, iid, port
+
+    @property
+    def workdir(self) -> Path:
+        return Path(self.node.settings.data_dir) / "instances" / self.iid
+
+    def running(self) -> None:
+        self.node.wait_for(self.iid, lambda v: v.lifecycle == "running", DEADLINE)
+
+    def pid_file(self, name: str) -> tuple[int, float]:
+        path = self.workdir / name
+        wait_until(path.exists, DEADLINE, name)
+        pid = int(path.read_text())
+        return pid, psutil.Process(pid).create_time()
+
+
+def rig(nodes: NodeFactory, tmp_path: Path, fake_model: Path, script: str, **kw: Any) -> Rig:
+    program = make_launcher(tmp_path, PROGRAMS / script)
+    node = nodes.open(nodes.settings(program, fake_model, **kw))
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    port = free_port()
+    spec = InstanceSpec(port=port, role="chat", flavor=Flavor.LLAMACPP, model="tiny")
+    return Rig(node, node.place(spec), port)
+
+
+def gone(who: tuple[int, float]) -> bool:
+    try:
+        proc = psutil.Process(who[0])
+        return proc.create_time() != who[1] or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def strays() -> Iterator[list[tuple[int, float]]]:
+    """Processes that may escape on a regression: SIGKILLed in teardown so a
+    failing test litters nothing."""
+    found: list[tuple[int, float]] = []
+    yield found
+    for who in found:
+        if not gone(who):
+            os.kill(who[0], 9)
+
+
+def events_of(node: Node, iid: str, kind: str) -> list[Any]:
+    with SqliteChain.open_readonly(node.settings.chain_path) as chain:
+        return [ev.decode_event(s) for s in chain.events(kinds=[kind]) if s.subject == iid]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("verb", ["stop", "unload", "shutdown"])
+def test_a_setsid_daemon_does_not_outlive(nodes, tmp_path, fake_model, strays, mode, verb):
+    r = rig(nodes, tmp_path, fake_model, "setsid_daemon.py", containment=mode)
+    r.node.start(r.iid)
+    r.running()
+    daemon = r.pid_file("daemon.pid")
+    strays.append(daemon)
+    assert os.getpgid(daemon[0]) != r.node.status(r.iid).pid  # out of the server's group
+    if verb == "stop":
+        r.node.stop(r.iid, grace_s=1.0)
+    elif verb == "unload":
+        r.node.unload(r.iid)
+    else:
+        r.node.shutdown()
+    wait_until(lambda: gone(daemon), DEADLINE, f"the daemon gone after {verb} ({mode})")
+    assert not port_in_use("127.0.0.1", r.port)
+    if verb == "stop":  # the next start is not refused by the instance's own orphan
+        r.node.start(r.iid)
+        r.running()
+        strays.append(r.pid_file("daemon.pid"))
+        assert not events_of(r.node, r.iid, "instance.start_refused")
+        r.node.stop(r.iid, grace_s=1.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_child_keeps_the_grace_after_its_leader_exited(
+    nodes, tmp_path, fake_model, strays, mode
+):
+    r = rig(nodes, tmp_path, fake_model, "slow_cleanup_child.py", containment=mode)
+    r.node.start(r.iid)
+    r.running()
+    child = r.pid_file("child.pid")
+    strays.append(child)
+    r.node.stop(r.iid, grace_s=6.0)  # the leader exits at once on SIGTERM
+    assert (r.workdir / "cleaned").read_text() == "done"  # the child's 2 s cleanup ran
+    assert gone(child)
+    (exited,) = events_of(r.node, r.iid, "instance.exited")
+    assert "outlived" not in exited.reason  # it ended by itself, nobody killed it
+
+
+def test_a_forced_fallback_is_said(nodes, tmp_path, fake_model):
+    r = rig(nodes, tmp_path, fake_model, "fake_llama.py", containment="pgroup")
+    c = r.node.containment
+    assert c.mode == "pgroup"
+    assert "process groups with descendant tracking" in c.reason
+    assert "pgroup" in c.reason
+
+
+@pytest.mark.skipif(not _available("cgroup2"), reason="no writable cgroup v2 here")
+def test_servers_run_in_a_cgroup_of_their_own(nodes, tmp_path, fake_model):
+    r = rig(nodes, tmp_path, fake_model, "fake_llama.py", containment="auto")
+    assert r.node.containment.mode == "cgroup2"
+    view = r.node.start(r.iid)
+    r.running()
+    cgroup = r.node.containment.cgroup(r.iid)
+    assert cgroup is not None
+    assert view.pid in cgroup.server_members()
+    r.node.stop(r.iid, grace_s=1.0)
+    assert cgroup.members() == set()
+    r.node.shutdown()
+    assert not os.path.exists(cgroup.tree)  # empty cgroups are removed
