@@ -169,6 +169,16 @@ class EffectRunner:
         except (ProcessControlError, AdapterError) as err:
             log.error("%s: SIGTERM failed: %s", self.actor.iid, err)  # noqa: TRY400
 
+    def end_strays(self, _: fx.EndStrays) -> None:
+        """Kill what no record claims in the server cgroup, blocking until it is empty."""
+        cgroup = self.actor.ctx.containment.cgroup(self.actor.iid)
+        if cgroup is None:
+            return
+        try:
+            cgroup.kill()
+        except ProcessControlError as err:
+            log.error("%s: the strays in its cgroup outlived SIGKILL: %s", self.actor.iid, err)  # noqa: TRY400
+
     def kill(self, _: fx.Kill) -> None:
         proc = self.proc
         if proc is not None:
@@ -329,6 +339,7 @@ _HANDLERS: dict[type[Any], Callable[[EffectRunner, Any], o.Observation | None]] 
     fx.Terminate: EffectRunner.terminate,
     fx.Kill: EffectRunner.kill,
     fx.Reap: EffectRunner.reap,
+    fx.EndStrays: EffectRunner.end_strays,
     fx.ArmTimer: EffectRunner.arm_timer,
     fx.CancelTimer: EffectRunner.cancel_timer,
     fx.CheckResident: EffectRunner.check_resident,

@@ -42,7 +42,7 @@ from infervisor.replay.state import Stamp
 
 from . import messages as m
 from . import verb_answers as answers
-from .boot_facts import gather, owned_beyond
+from .boot_facts import boot_seen, owned_beyond
 from .clock import Clock
 from .core import observations as o
 from .core.decide import decide
@@ -219,8 +219,7 @@ class InstanceActor(pykka.ThreadingActor):
             case m.ReconcileTick(listeners=listeners, processes=processes):
                 self._reconcile(listeners, processes)
             case m.Boot():
-                facts = gather(self.adapter, self.state, self.effects)
-                self.run(o.BootSeen(process=facts))
+                self.run(boot_seen(self.adapter, self.state, self.effects))
             case m.LeaseExpired(silent_s=silent):
                 self.run(o.LeaseLapsed(silent_s=silent))
             case TimerFired(name=name, gen=gen):

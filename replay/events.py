@@ -53,6 +53,7 @@ __all__ = [
     "StartRefused",
     "Starting",
     "StopRequested",
+    "StraysEnded",
     "Terminating",
     "Unhealthy",
     "Unloaded",
@@ -312,6 +313,16 @@ class Exposed(_Event, frozen=True, tag="instance.exposed"):
     addresses: list[str]
 
 
+class StraysEnded(_Event, frozen=True, tag="instance.strays_ended"):
+    """At boot, processes were found in the instance's cgroup (the kernel's
+    membership, ``docs/process-supervision.md``) that no record claims (the
+    server they belonged to is gone, or was never recorded): they are killed.
+    ``pids`` are theirs; ``cgroup`` is where they were found."""
+
+    pids: list[int]
+    cgroup: str
+
+
 class AdmissionRefused(_Event, frozen=True, tag="node.admission_refused"):
     """A placement was refused because of the node's own condition (a taken port)."""
 
@@ -349,6 +360,7 @@ InstanceEvent = (
     | MemoryCorrected
     | MemoryReleased
     | Exposed
+    | StraysEnded
     | Unloaded
 )
 Event = NodeStarted | NodeStopped | KeyRotated | AdmissionRefused | LeaseRenewed | InstanceEvent
@@ -382,6 +394,7 @@ EVENT_TYPES: dict[str, type[Any]] = {
         MemoryCorrected,
         MemoryReleased,
         Exposed,
+        StraysEnded,
         AdmissionRefused,
         LeaseRenewed,
         Unloaded,

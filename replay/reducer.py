@@ -447,6 +447,10 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.StopRequested: _stop,
     ev.Unloaded: lambda e: f"unloaded by {e.by}",
     ev.Exposed: lambda e: f"listening beyond loopback on {', '.join(e.addresses)}: stopped",
+    ev.StraysEnded: lambda e: (
+        f"{len(e.pids)} unclaimed process(es) in its cgroup {e.cgroup} killed at boot: "
+        f"pid {', '.join(map(str, e.pids[:8]))}"
+    ),
     ev.Terminating: lambda e: f"{e.cause} (SIGKILL after {e.grace_s:g} s)",
     ev.ModelClaimed: lambda e: (
         "model loaded by this node" if e.ours else "model already resident: not ours to unload"

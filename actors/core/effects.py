@@ -19,6 +19,7 @@ __all__ = [
     "CheckResident",
     "CheckStart",
     "Effect",
+    "EndStrays",
     "Kill",
     "LoadModel",
     "Reap",
@@ -71,6 +72,11 @@ class Reap(_Effect, frozen=True):
     grace_s: float = 0.0
 
 
+class EndStrays(_Effect, frozen=True):
+    """Kill everything in the instance's server cgroup and wait until it is empty
+    (the processes :class:`StraysEnded` names); before any start."""
+
+
 class ArmTimer(_Effect, frozen=True):
     """Feed back :class:`TimerDue` named ``name`` at ``due`` (replaces one armed)."""
 
@@ -111,6 +117,7 @@ Effect = (
     | Terminate
     | Kill
     | Reap
+    | EndStrays
     | ArmTimer
     | CancelTimer
     | CheckResident

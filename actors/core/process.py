@@ -64,9 +64,10 @@ def spawn_failed(d: Draft, f: SpawnFailed) -> None:
 
 
 def process_exited(d: Draft, e: ProcessExited) -> None:
-    """The leader exited: reap what is left of its tree before recording it. A
-    stop in progress gives the rest of the tree what is left of its grace (the
-    children clean up too); a crash ends the rest at once."""
+    """The leader exited: reap what is left of its tree (a stop's grace first).
+
+    A stop in progress gives the rest of the tree what is left of its grace
+    (the children clean up too); a crash ends the rest at once."""
     inst = d.inst
     if inst.process is None or inst.process.pid != e.pid:
         return
