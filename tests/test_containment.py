@@ -8,7 +8,11 @@ test names its mode in its id: ``cgroup2``, ``cgroup1``, ``pgroup``).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import NodeFactory
-from support import PROGRAMS, make_launcher, wait_until
+from support import PROGRAMS, chain_rows, make_launcher, wait_until
 
 from infervisor.actors.node import Node
 from infervisor.adapters.cgroups import detect
@@ -151,3 +155,87 @@ def test_servers_run_in_a_cgroup_of_their_own(nodes, tmp_path, fake_model):
     assert cgroup.members() == set()
     r.node.shutdown()
     assert not os.path.exists(cgroup.tree)  # empty cgroups are removed
+
+
+# ---------------------------------------------------------------- node kills mid-launch
+KILLS = int(os.environ.get("CONTAIN_KILLS", "50"))
+KILL_SEED = int(os.environ.get("CONTAIN_KILL_SEED", "17"))
+
+
+def _listeners(port: int) -> set[int]:
+    return {
+        c.pid
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+    }
+
+
+def _claimed(cgroup: Any, pid: int, port: int) -> bool:
+    """Everything in the instance's cgroups is the recorded server's: its group
+    in ``server`` (and the one listener on the port), one shim in ``shim``."""
+    server = cgroup.server_members()
+    groups = {os.getpgid(p) for p in server if not gone((p, psutil.Process(p).create_time()))}
+    shims = cgroup.members() - server
+    return groups <= {pid} and pid in server and len(shims) <= 1 and _listeners(port) == {pid}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _available("cgroup2"), reason="no writable cgroup v2 here")
+def test_node_kills_right_after_starting_leave_nothing_unrecorded(tmp_path, fake_model):
+    """50 SIGKILLs of the node 0-20 ms after a restart's ``instance.starting``:
+    after each next boot, every process in the instance's cgroups belongs to the
+    server the chain records, and the last graceful shutdown leaves none."""
+    import random
+    import subprocess
+    import sys
+
+    rng = random.Random(KILL_SEED)
+    program = make_launcher(tmp_path, PROGRAMS / "fake_llama.py")
+    cfg = {
+        "data_dir": str(tmp_path / "data"),
+        "registry_dir": str(fake_model),
+        "program": program,
+        "port": free_port(),
+    }
+    cgroup = None
+    try:
+        for kill in range(KILLS + 1):
+            cfg["kill_after_s"] = rng.uniform(0.0, 0.020)
+            t0 = time.monotonic()
+            with subprocess.Popen(
+                [sys.executable, str(PROGRAMS / "contain_node.py"), json.dumps(cfg)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            ) as node:
+                assert node.stdin is not None and node.stdout is not None
+                said = json.loads(node.stdout.readline() or "null")
+                t1 = time.monotonic()
+                assert said is not None, f"boot {kill}: the node ended before the instance ran"
+                cgroup = detect("cgroup2", "n1", cfg["data_dir"]).cgroup(said["iid"])
+                assert cgroup is not None
+                wait_until(
+                    lambda: _claimed(cgroup, said["pid"], cfg["port"]),
+                    DEADLINE,
+                    f"boot {kill}: only the recorded server {said['pid']} in the cgroup",
+                )
+                t2 = time.monotonic()
+                last = kill == KILLS
+                node.stdin.write("shutdown\n" if last else "restart\n")
+                node.stdin.flush()
+                assert node.wait(60) == (0 if last else -9)
+                print(
+                    f"kill {kill}: boot {t1 - t0:.2f} s, check {t2 - t1:.2f} s, end {time.monotonic() - t2:.2f} s"
+                )
+        assert cgroup is not None and cgroup.members() == set()
+        assert _listeners(int(cfg["port"])) == set()
+        seen = Counter(row[2] for row in chain_rows(Path(cfg["data_dir"]) / "chain.db"))
+        print({k: v for k, v in seen.items() if k.startswith("instance.")})
+        # The case at issue was reached: a launch the chain never saw a pid for,
+        # claimed at the next boot (spawned by the boot, then re-attached).
+        assert seen["instance.reattached"] >= 1, seen
+    finally:
+        if cgroup is not None:
+            with contextlib.suppress(Exception):
+                cgroup.kill(everything=True)
+            detect("cgroup2", "n1", cfg["data_dir"]).remove_empty()
