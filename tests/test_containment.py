@@ -14,6 +14,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -214,8 +215,9 @@ def test_node_kills_right_after_starting_leave_nothing_unrecorded(tmp_path, fake
                 assert said is not None, f"boot {kill}: the node ended before the instance ran"
                 cgroup = detect("cgroup2", "n1", cfg["data_dir"]).cgroup(said["iid"])
                 assert cgroup is not None
+                claimed = partial(_claimed, cgroup, said["pid"], cfg["port"])
                 wait_until(
-                    lambda: _claimed(cgroup, said["pid"], cfg["port"]),
+                    claimed,
                     DEADLINE,
                     f"boot {kill}: only the recorded server {said['pid']} in the cgroup",
                 )
@@ -224,9 +226,8 @@ def test_node_kills_right_after_starting_leave_nothing_unrecorded(tmp_path, fake
                 node.stdin.write("shutdown\n" if last else "restart\n")
                 node.stdin.flush()
                 assert node.wait(60) == (0 if last else -9)
-                print(
-                    f"kill {kill}: boot {t1 - t0:.2f} s, check {t2 - t1:.2f} s, end {time.monotonic() - t2:.2f} s"
-                )
+                took = f"boot {t1 - t0:.2f} s, check {t2 - t1:.2f} s"
+                print(f"kill {kill}: {took}, end {time.monotonic() - t2:.2f} s")
         assert cgroup is not None and cgroup.members() == set()
         assert _listeners(int(cfg["port"])) == set()
         seen = Counter(row[2] for row in chain_rows(Path(cfg["data_dir"]) / "chain.db"))
