@@ -140,10 +140,15 @@ class EffectRunner:
     def spawn(self, e: fx.Spawn) -> o.Observation:
         adapter = self.actor.adapter
         assert isinstance(adapter, LaunchedServer)
-        try:
-            proc = adapter.spawn(
-                self.on_exit, e.token, self.actor.ctx.containment.cgroup(self.actor.iid)
+        limit = adapter.spec.memory_max_bytes
+        cgroup = self.actor.ctx.containment.cgroup(self.actor.iid, limit)
+        if limit is not None and (cgroup is None or cgroup.memory is None):
+            why = f"no memory cgroup to enforce memory_max_bytes {limit} on this node"
+            return o.SpawnFailed(
+                token=e.token, reason=f"cannot start {adapter.plan.program}: {why}"
             )
+        try:
+            proc = adapter.spawn(self.on_exit, e.token, cgroup)
         except SpawnError as err:
             return o.SpawnFailed(token=e.token, reason=str(err))
         self.proc = proc
@@ -203,9 +208,11 @@ class EffectRunner:
             except ProcessControlError as err:
                 note = f"{note}; {err}" if note else str(err)
                 info = proc.exit_info() or ExitInfo(proc.identity.pid, None, None, "")
+            limit = proc.cgroup.memory_max if proc.cgroup is not None else None
             return o.GroupGone(
                 pid=info.pid, exit_code=info.exit_code, signal=info.signal,
-                output_tail=info.output_tail, note=note,
+                output_tail=info.output_tail, note=note, oom_killed=info.oom_killed,
+                memory_max_bytes=limit,
             )  # fmt: skip
 
         self._report("reap", run)

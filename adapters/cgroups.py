@@ -204,15 +204,16 @@ class InstanceCgroup:
     memory: str | None = None
     memory_v2: bool = False
     cpuacct: str | None = None
+    memory_max: int | None = None  # bytes, written by create()
 
     def _dirs(self) -> list[str]:
         return [d for d in (self.tree, self.memory, self.cpuacct) if d is not None and d != ""]
 
     def create(self) -> None:
-        """Make the instance's cgroups (idempotent).
+        """Make the instance's cgroups (idempotent) and write the memory limit.
 
         Raises:
-            ProcessControlError: a cgroup could not be created.
+            ProcessControlError: a cgroup could not be created, or the limit written.
         """
         try:
             os.makedirs(os.path.join(self.tree, "shim"), exist_ok=True)
@@ -223,6 +224,7 @@ class InstanceCgroup:
                 os.makedirs(os.path.join(d, "server"), exist_ok=True)
         except OSError as e:
             raise ProcessControlError(f"cannot create the cgroups of {self.iid}: {e}") from e
+        self.set_memory_max(self.memory_max)
 
     def shim_procs(self) -> list[str]:
         """The ``cgroup.procs`` files the shim is moved into."""
@@ -367,8 +369,9 @@ class Containment:
     cpuacct_base: str | None = None
     memory: str | None = None
 
-    def cgroup(self, iid: str) -> InstanceCgroup | None:
-        """The instance's cgroups (not yet created); None in ``pgroup`` mode."""
+    def cgroup(self, iid: str, memory_max: int | None = None) -> InstanceCgroup | None:
+        """The instance's cgroups (not yet created), with its memory limit in
+        bytes; None in ``pgroup`` mode."""
         if self.base is None:
             return None
         return InstanceCgroup(
@@ -378,6 +381,7 @@ class Containment:
             memory=_join(self.memory_base, iid),
             memory_v2=self.memory_v2,
             cpuacct=_join(self.cpuacct_base, iid),
+            memory_max=memory_max,
         )
 
     def instances(self) -> list[str]:

@@ -184,6 +184,9 @@ class ServerProcess(Protocol):
 
     def kill(self) -> None: ...
 
+    @property
+    def cgroup(self) -> InstanceCgroup | None: ...
+
     def terminate(self, grace: float) -> ExitInfo: ...
 
 
@@ -456,7 +459,8 @@ def _await_report(shim: subprocess.Popen[bytes], timeout: float) -> bytes | None
 
 
 def _prepare_cgroup(plan: LaunchPlan, cgroup: InstanceCgroup | None) -> None:
-    """Make the instance's cgroups; whatever is still in them is the instance's
+    """Make the instance's cgroups afresh (so their counters, OOM kills and CPU
+    time, count this launch only); whatever is still in them is the instance's
     own leftover (an earlier launch): it is killed before a new one starts.
 
     Raises:
@@ -472,6 +476,8 @@ def _prepare_cgroup(plan: LaunchPlan, cgroup: InstanceCgroup | None) -> None:
                 "%s: killing %s left in its cgroup before a launch", cgroup.iid, sorted(left)
             )
             cgroup.kill(everything=True)
+        cgroup.remove()
+        cgroup.create()
     except ProcessControlError as e:
         raise SpawnError(f"cannot start {plan.program}: {e}") from e
 

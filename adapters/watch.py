@@ -57,6 +57,8 @@ class ExitInfo(msgspec.Struct, frozen=True):
     exit_code: int | None
     signal: int | None
     output_tail: str
+    #: The kernel's OOM killer killed in the server's cgroup during this launch.
+    oom_killed: bool = False
 
 
 class WatchedProcess:
@@ -125,7 +127,9 @@ class WatchedProcess:
         drained_by = time.monotonic() + _READER_DRAIN
         for reader in self._readers:
             reader.join(max(drained_by - time.monotonic(), 0.0))
-        self._info = ExitInfo(self.identity.pid, code, sig, exit_tail(self._out, self._err))
+        oom = bool(self.cgroup.oom_kills()) if self.cgroup is not None else False
+        tail = exit_tail(self._out, self._err)
+        self._info = ExitInfo(self.identity.pid, code, sig, tail, oom_killed=oom)
         self._exited.set()
         try:
             self._on_exit(self._info)

@@ -201,6 +201,10 @@ class Exited(_Event, frozen=True, tag="instance.exited"):
     signal: int | None
     reason: str
     output_tail: str = ""
+    #: The kernel's OOM killer killed in the server's cgroup (its ``oom_kill``
+    #: count rose), under the limit ``memory_max_bytes``.
+    oom_killed: bool = False
+    memory_max_bytes: int | None = None
 
 
 class RestartScheduled(_Event, frozen=True, tag="instance.restart_scheduled"):

@@ -285,6 +285,7 @@ def _on_exited(inst: InstanceState, stored: StoredEvent, e: ev.Exited) -> dict[s
     return dict(
         process=None,
         last_exit=_exit(e, stored.ts_ns),
+        oom_kills=inst.oom_kills + (1 if e.oom_killed else 0),
         terminating=None,
         up_since=None,
         reserved_bytes=0,
@@ -407,6 +408,7 @@ def _exit(event: ev.Exited, ts_ns: int) -> ExitRecord:
         reason=event.reason,
         ts_ns=ts_ns,
         output_tail=event.output_tail,
+        oom_killed=event.oom_killed,
     )
 
 

@@ -25,9 +25,11 @@ from support import PROGRAMS, chain_rows, make_launcher, wait_until
 
 from infervisor.actors.node import Node
 from infervisor.adapters.cgroups import detect
+from infervisor.adapters.errors import AdmissionRefused, SpecError
 from infervisor.adapters.ports import free_port, port_in_use
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import SqliteChain
+from infervisor.replay import RestartPolicy
 from infervisor.replay import events as ev
 
 DEADLINE = 20.0  # s any condition with real processes is given
@@ -63,13 +65,20 @@ class Rig:
         return pid, psutil.Process(pid).create_time()
 
 
-def rig(nodes: NodeFactory, tmp_path: Path, fake_model: Path, script: str, **kw: Any) -> Rig:
+def rig(
+    nodes: NodeFactory,
+    tmp_path: Path,
+    fake_model: Path,
+    script: str,
+    spec: dict[str, Any] | None = None,
+    **kw: Any,
+) -> Rig:
     program = make_launcher(tmp_path, PROGRAMS / script)
     node = nodes.open(nodes.settings(program, fake_model, **kw))
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
     port = free_port()
-    spec = InstanceSpec(port=port, role="chat", flavor=Flavor.LLAMACPP, model="tiny")
-    return Rig(node, node.place(spec), port)
+    fields = {"role": "chat", "flavor": Flavor.LLAMACPP, "model": "tiny", **(spec or {})}
+    return Rig(node, node.place(InstanceSpec(port=port, **fields)), port)
 
 
 def gone(who: tuple[int, float]) -> bool:
@@ -158,6 +167,55 @@ def test_servers_run_in_a_cgroup_of_their_own(nodes, tmp_path, fake_model):
     assert not os.path.exists(cgroup.tree)  # empty cgroups are removed
 
 
+# ---------------------------------------------------------------- memory
+LIMIT = 96 << 20  # bytes: room for Python and the server, not for what it allocates
+
+
+def _memory_cgroup() -> bool:
+    found = detect("auto", "probe", "/nonexistent-probe")
+    found.remove_empty()
+    return found.memory is not None
+
+
+@pytest.mark.skipif(not _memory_cgroup(), reason="no memory cgroup here")
+def test_an_oom_kill_under_the_memory_limit_is_recorded_as_one(nodes, tmp_path, fake_model):
+    policy = RestartPolicy(base_s=30.0, cap_s=30.0, stable_after_s=60.0)
+    r = rig(
+        nodes, tmp_path, fake_model, "alloc_until_killed.py",
+        spec={"memory_max_bytes": LIMIT}, restart=policy,
+    )  # fmt: skip
+    r.node.start(r.iid)
+    wait_until(lambda: events_of(r.node, r.iid, "instance.exited"), DEADLINE, "the OOM kill")
+    (exited,) = events_of(r.node, r.iid, "instance.exited")
+    assert exited.oom_killed and exited.memory_max_bytes == LIMIT
+    assert exited.signal == 9
+    assert f"OOM killer (memory limit {LIMIT} bytes)" in exited.reason
+    assert r.node.status(r.iid).oom_kills == 1
+    r.node.stop(r.iid, grace_s=1.0)
+
+
+def test_a_memory_limit_is_refused_where_no_memory_cgroup_is(nodes, tmp_path, fake_model):
+    program = make_launcher(tmp_path, PROGRAMS / "fake_llama.py")
+    node = nodes.open(nodes.settings(program, fake_model, containment="pgroup"))
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    spec = InstanceSpec(
+        port=free_port(), role="chat", flavor=Flavor.LLAMACPP, model="tiny",
+        memory_max_bytes=LIMIT,
+    )  # fmt: skip
+    with pytest.raises(AdmissionRefused, match=r"memory_max_bytes .* no memory cgroup"):
+        node.place(spec)
+    assert node.list() == []
+
+
+@pytest.mark.parametrize("limit", [0, -1, True])
+def test_a_memory_limit_must_be_a_positive_number_of_bytes(limit):
+    spec = InstanceSpec(
+        port=8080, role="chat", flavor=Flavor.LLAMACPP, model="tiny", memory_max_bytes=limit
+    )
+    with pytest.raises(SpecError, match=r"memory_max_bytes .*: allowed a whole number of bytes"):
+        spec.validate()
+
+
 # ---------------------------------------------------------------- node kills mid-launch
 KILLS = int(os.environ.get("CONTAIN_KILLS", "50"))
 KILL_SEED = int(os.environ.get("CONTAIN_KILL_SEED", "17"))
@@ -181,6 +239,7 @@ def _claimed(cgroup: Any, pid: int, port: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
 @pytest.mark.skipif(not _available("cgroup2"), reason="no writable cgroup v2 here")
 def test_node_kills_right_after_starting_leave_nothing_unrecorded(tmp_path, fake_model):
     """50 SIGKILLs of the node 0-20 ms after a restart's ``instance.starting``:

@@ -158,6 +158,8 @@ class GroupGone(_Obs, frozen=True):
     signal: int | None
     output_tail: str = ""
     note: str = ""
+    oom_killed: bool = False
+    memory_max_bytes: int | None = None
 
 
 class ProbeResult(_Obs, frozen=True):

@@ -82,6 +82,8 @@ def group_gone(d: Draft, g: GroupGone) -> None:
     if inst.process is None or inst.process.pid != g.pid:
         return
     cause = inst.terminating.cause if inst.terminating is not None else _unasked(g)
+    if g.oom_killed:
+        cause = f"killed by the kernel's OOM killer (memory limit {g.memory_max_bytes} bytes)"
     reason = f"{cause}: {describe_exit(g.exit_code, g.signal)}"
     if g.note:
         reason += f"; {g.note}"
@@ -92,6 +94,8 @@ def group_gone(d: Draft, g: GroupGone) -> None:
             signal=g.signal,
             reason=reason,
             output_tail=g.output_tail[-_OUTPUT_TAIL:],
+            oom_killed=g.oom_killed,
+            memory_max_bytes=g.memory_max_bytes if g.oom_killed else None,
         )
     )
     d.do(CancelTimer(name="kill"))
