@@ -942,6 +942,9 @@ def _show_status(
     _print_table([_row(from_view(v)) for v in views])
     if instance:
         _print_details(views[0])
+        with contextlib.suppress(ApiError, NodeUnavailable), target.client() as client:
+            node = client.node()
+            click.echo(f"  contained  {node.containment}: {node.containment_reason}")
 
 
 def _watch_status(target: _Target, instance: str | None, as_json: bool, unverified: bool) -> None:
@@ -1080,6 +1083,18 @@ def _print_details(v: InstanceView) -> None:
         how = f"signal {e.signal}" if e.signal is not None else f"exit code {e.exit_code}"
         pid = f"pid {e.pid}, " if e.pid is not None else ""
         click.echo(f"  last exit  {pid}{how}: {e.reason}")
+    _print_accounting(v)
+
+
+def _print_accounting(v: InstanceView) -> None:
+    """The memory limit, OOM kills, and the tree's memory and CPU from its cgroup."""
+    if v.memory_max_bytes is not None or v.oom_kills:
+        limit = f"{v.memory_max_bytes} bytes" if v.memory_max_bytes is not None else "none"
+        click.echo(f"  mem limit  {limit}, {v.oom_kills} OOM kill(s)")
+    if v.cgroup_memory_bytes is not None or v.cpu_seconds is not None:
+        mem = f"{v.cgroup_memory_bytes / 2**20:.1f} MiB" if v.cgroup_memory_bytes else "-"
+        cpu = f"{v.cpu_seconds:.2f} s CPU" if v.cpu_seconds is not None else "- CPU"
+        click.echo(f"  cgroup     {mem}, {cpu} (the whole process tree)")
 
 
 def _say_view(

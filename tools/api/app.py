@@ -282,6 +282,9 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
                 head_hash=digest,
                 instances=len(node.list()),
                 lease_s=node.settings.lease_s,
+                containment=node.containment.mode,
+                containment_reason=node.containment.reason,
+                memory_cgroup=node.containment.memory,
             )
 
     @get(f"{_V}/instances", sync_to_thread=True, responses=_responses())

@@ -156,7 +156,13 @@ class HeartbeatAnswer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """The node: its id, version, phase (``open``, ``stopping``) and chain head."""
+    """The node: its id, version, phase (``open``, ``stopping``) and chain head.
+
+    ``containment`` is how managed servers are contained (``cgroup2``,
+    ``cgroup1`` or ``pgroup``), ``containment_reason`` why (the hierarchy
+    used, or why none could be), ``memory_cgroup`` where memory limits go
+    (None: nowhere); see docs/process-supervision.md.
+    """
 
     node_id: str
     version: str
@@ -165,6 +171,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     head_hash: str
     instances: int
     lease_s: float | None
+    containment: str = ""
+    containment_reason: str = ""
+    memory_cgroup: str | None = None
 
 
 class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
