@@ -67,7 +67,6 @@ _SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
 #: A decision whose events could not be appended is tried again this many times.
 RETRY_LIMIT = 30
 RETRY_CAP_S = 30.0
-UNLOAD_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ class InstanceActor(pykka.ThreadingActor):
             case m.Restart(by=by):
                 return self._await(o.RestartVerb(by=by, grace_s=s.stop_grace_s), answers.restarted)
             case m.Unload(by=by):
-                verb = o.UnloadVerb(by=by, grace_s=UNLOAD_GRACE_S)
+                verb = o.UnloadVerb(by=by, grace_s=s.stop_grace_s)
                 return self._await(verb, lambda st, _r: st is None)
             case m.NewPlacement(placed_by=placed_by, generation=generation, by=by):
                 decision = self._decide_verb(
@@ -543,7 +542,7 @@ def rules_for(
         node_id=ctx.node_id,
         stop_grace_s=s.stop_grace_s,
         health_kill_grace_s=s.health_kill_grace_s,
-        unload_grace_s=UNLOAD_GRACE_S,
+        unload_grace_s=s.stop_grace_s,
         retry_s=s.reconcile_interval_s,
         reserve_overhead_bytes=s.reserve_overhead_bytes,
     )

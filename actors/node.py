@@ -70,8 +70,8 @@ ASK_TIMEOUT_S = 60.0
 #: How long ``place`` and ``admit`` wait for admission, seconds (a model's first
 #: admission reads all of its weights to check their digest).
 PLACE_WAIT_S = 300.0
-#: How long ``unload`` waits, seconds (a managed server: 5 s grace, then SIGKILL;
-#: Ollama: up to 30 s for the model to leave memory).
+#: How long ``unload`` waits beyond the stop grace, seconds (a managed server:
+#: ``stop_grace_s``, then SIGKILL; Ollama: up to 30 s for the model to leave memory).
 UNLOAD_WAIT_S = 60.0
 
 T = TypeVar("T")
@@ -417,7 +417,7 @@ class Node:
         return _wait(fut, self.settings.stop_grace_s + 60)
 
     def unload(self, instance_id: str, *, by: str = "operator") -> None:
-        """Stop the server (5 s grace) and forget the instance; answers once
+        """Stop the server (the stop grace, ``stop_grace_s``) and forget the instance; answers once
         ``instance.unloaded`` is durable and the instance's actor is ended.
 
         From the moment the host takes the unload, no verb is routed to the
@@ -428,7 +428,7 @@ class Node:
         Raises:
             UnknownInstance: no such instance.
             InvalidState: the node is still rebuilding its instances.
-            VerbTimeout: not done within ``UNLOAD_WAIT_S``; the unload goes on and
+            VerbTimeout: not done within ``stop_grace_s + UNLOAD_WAIT_S``; the unload goes on and
                 the instance stays unrouted until it is done.
             VerbFailed, AdapterError: the unload failed (e.g. the server could not be
                 ended) and the chain does not have it unloaded; the instance stays
@@ -437,7 +437,8 @@ class Node:
         """
         msg = m.UnloadInstance(instance_id=instance_id, by=by)
         answer: Future[None] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
-        _answer(answer, UNLOAD_WAIT_S, f"the unload of {instance_id}")
+        wait = self.settings.stop_grace_s + UNLOAD_WAIT_S
+        _answer(answer, wait, f"the unload of {instance_id}")
 
     def status(self, instance_id: str) -> m.InstanceView:
         """The instance's view (never waits for a probe, nor for the host).

@@ -131,15 +131,25 @@ def test_a_setsid_daemon_does_not_outlive(nodes, tmp_path, fake_model, strays, m
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_child_keeps_the_grace_after_its_leader_exited(nodes, tmp_path, fake_model, strays, mode):
-    r = rig(nodes, tmp_path, fake_model, "slow_cleanup_child.py", containment=mode)
+@pytest.mark.parametrize("verb", ["stop", "unload"])
+def test_a_child_keeps_the_grace_after_its_leader_exited(
+    nodes, tmp_path, fake_model, strays, mode, verb
+):
+    r = rig(
+        nodes, tmp_path, fake_model, "slow_cleanup_child.py", containment=mode, stop_grace_s=6.0
+    )
     r.node.start(r.iid)
     r.running()
     child = r.pid_file("child.pid")
     strays.append(child)
-    r.node.stop(r.iid, grace_s=6.0)  # the leader exits at once on SIGTERM
-    assert (r.workdir / "cleaned").read_text() == "done"  # the child's 2 s cleanup ran
+    if verb == "stop":
+        r.node.stop(r.iid)  # the leader exits at once on SIGTERM; the child takes 2 s
+        assert (r.workdir / "cleaned").read_text() == "done"  # its cleanup ran
+    else:
+        r.node.unload(r.iid)  # an unload gives the stop grace too (its workdir goes)
     assert gone(child)
+    (stop,) = events_of(r.node, r.iid, "instance.stop_requested")
+    assert stop.grace_s == 6.0
     (exited,) = events_of(r.node, r.iid, "instance.exited")
     assert "outlived" not in exited.reason  # it ended by itself, nobody killed it
 
