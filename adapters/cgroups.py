@@ -64,7 +64,10 @@ KILL_CONFIRM = 5.0  # s a cgroup is given to empty after SIGKILL
 _POLL = 0.02  # s between looks at a cgroup's members
 _MOUNTINFO = "/proc/self/mountinfo"
 _PROC_CGROUP = "/proc/self/cgroup"
-_LEAVES = ("shim", "server")
+#: cgroup v1 controllers (a mount option naming one binds it to the hierarchy).
+_V1_CONTROLLERS = frozenset(
+    ["cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "net_cls", "blkio", "perf_event", "net_prio", "hugetlb", "pids", "rdma", "misc"]
+)
 
 _log = logging.getLogger(__name__)
 
@@ -116,9 +119,7 @@ def hierarchies(mountinfo: str, proc_cgroup: str) -> list[Hierarchy]:
             version, controllers, key = 2, frozenset[str](), ""
         else:
             opts = tail[2].split(",")
-            names = [
-                o for o in opts if o.startswith("name=") or (o not in ("rw", "ro") and "=" not in o)
-            ]
+            names = [o for o in opts if o.startswith("name=") or o in _V1_CONTROLLERS]
             version, controllers, key = 1, frozenset(names), ",".join(names)
             key = next((k for k in own if k and set(k.split(",")) == set(names)), key)
         path = own.get(key)
@@ -495,14 +496,12 @@ def detect(
 def _memory(found: list[Hierarchy], name: str) -> tuple[str | None, bool, str | None]:
     """Where the memory controller is: (base, is v2, description)."""
     for h in found:
-        if (
-            h.version == 2
-            and "memory" in (_read(os.path.join(h.own, "cgroup.controllers")) or "").split()
-        ):
+        offered = (_read(os.path.join(h.own, "cgroup.controllers")) or "").split()
+        if h.version == 2 and "memory" in offered:
             base = os.path.join(h.own, name)
             with contextlib.suppress(OSError):
                 os.makedirs(base, exist_ok=True)
-                _write(os.path.join(h.own, "cgroup.subtree_control"), "+memory")
+                _enable_memory(h)
                 _write(os.path.join(base, "cgroup.subtree_control"), "+memory")
                 return base, True, f"cgroup v2 memory controller at {h.mount}"
     for h in found:
@@ -511,3 +510,26 @@ def _memory(found: list[Hierarchy], name: str) -> tuple[str | None, bool, str | 
             if _usable(base, "memory.limit_in_bytes") is None:
                 return base, False, f"cgroup v1 memory controller at {h.mount} (hybrid host)"
     return None, False, None
+
+
+def _enable_memory(h: Hierarchy) -> None:
+    """Enable the v2 memory controller for the node's children.
+
+    cgroup v2's "no internal processes" rule: a non-root cgroup with processes
+    cannot enable a controller for its children (EBUSY). The node is then
+    alone in its cgroup (a systemd unit's delegated subtree, ``Delegate=yes``),
+    so it moves itself into the leaf ``<own>/supervisor`` first.
+
+    Raises:
+        OSError: the controller could not be enabled.
+    """
+    control = os.path.join(h.own, "cgroup.subtree_control")
+    try:
+        _write(control, "+memory")
+    except OSError as e:
+        if e.errno != errno.EBUSY or h.own == h.mount:
+            raise
+        leaf = os.path.join(h.own, "supervisor")
+        os.makedirs(leaf, exist_ok=True)
+        _write(os.path.join(leaf, "cgroup.procs"), "0")
+        _write(control, "+memory")

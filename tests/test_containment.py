@@ -24,7 +24,7 @@ from conftest import NodeFactory
 from support import PROGRAMS, chain_rows, make_launcher, wait_until
 
 from infervisor.actors.node import Node
-from infervisor.adapters.cgroups import detect
+from infervisor.adapters.cgroups import base_name, detect, hierarchies
 from infervisor.adapters.errors import AdmissionRefused, SpecError
 from infervisor.adapters.ports import free_port, port_in_use
 from infervisor.adapters.spec import Flavor, InstanceSpec
@@ -309,3 +309,60 @@ def test_node_kills_right_after_starting_leave_nothing_unrecorded(tmp_path, fake
             with contextlib.suppress(Exception):
                 cgroup.kill(everything=True)
             detect("cgroup2", "n1", cfg["data_dir"]).remove_empty()
+
+
+# ---------------------------------------------------------------- detection
+HYBRID_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+33 31 0:30 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw,nsdelegate
+"""
+HYBRID_CGROUP = """\
+9:name=systemd:/
+6:freezer:/
+4:memory:/process_api/abc
+2:cpu,cpuacct:/
+0::/
+"""
+
+
+def test_a_hybrid_host_is_read_from_mountinfo_and_proc_cgroup():
+    found = {
+        (h.version, *sorted(h.controllers)): h for h in hierarchies(HYBRID_MOUNTINFO, HYBRID_CGROUP)
+    }
+    assert found[(2,)].own == "/sys/fs/cgroup/unified"
+    assert found[(1, "memory")].own == "/sys/fs/cgroup/memory/process_api/abc"
+    assert found[(1, "cpu", "cpuacct")].own == "/sys/fs/cgroup/cpu,cpuacct"
+    assert found[(1, "freezer")].own == "/sys/fs/cgroup/freezer"
+    assert found[(1, "name=systemd")].mount == "/sys/fs/cgroup/systemd"
+
+
+def test_a_systemd_unit_and_a_container_namespace_are_read_too():
+    unit = hierarchies(
+        "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n",
+        "0::/system.slice/infervisor.service\n",
+    )
+    assert [h.own for h in unit] == ["/sys/fs/cgroup/system.slice/infervisor.service"]
+    # A container sees only its own subtree mounted: the mount root is cut off.
+    boxed = hierarchies(
+        "30 25 0:26 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+        "0::/kubepods/pod1/node\n",
+    )
+    assert [h.own for h in boxed] == ["/sys/fs/cgroup/node"]
+
+
+def test_no_hierarchy_falls_back_to_process_groups_and_says_why():
+    none = detect("auto", "n1", "/data", found=[])
+    assert none.mode == "pgroup" and none.cgroup("x") is None
+    assert "no cgroup v2 hierarchy is mounted" in none.reason
+    assert "no cgroup v1 freezer hierarchy is mounted" in none.reason
+    with pytest.raises(ValueError, match="containment 'cgroup3': allowed auto, cgroup2"):
+        detect("cgroup3", "n1", "/data")
+
+
+def test_the_base_cgroup_is_unique_per_data_directory(tmp_path):
+    assert base_name("n1", str(tmp_path / "a")) != base_name("n1", str(tmp_path / "b"))
+    assert base_name("n1", str(tmp_path / "a")).startswith("infervisor-n1-")
