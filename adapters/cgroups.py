@@ -65,9 +65,10 @@ _POLL = 0.02  # s between looks at a cgroup's members
 _MOUNTINFO = "/proc/self/mountinfo"
 _PROC_CGROUP = "/proc/self/cgroup"
 #: cgroup v1 controllers (a mount option naming one binds it to the hierarchy).
-_V1_CONTROLLERS = frozenset(
-    ["cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "net_cls", "blkio", "perf_event", "net_prio", "hugetlb", "pids", "rdma", "misc"]
-)
+_V1_CONTROLLERS = frozenset({
+    "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "net_cls", "blkio",
+    "perf_event", "net_prio", "hugetlb", "pids", "rdma", "misc",
+})  # fmt: skip
 
 _log = logging.getLogger(__name__)
 
