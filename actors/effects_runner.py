@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import signal
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,7 +22,6 @@ from infervisor.adapters.errors import AdapterError, ProcessControlError, SpawnE
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.managed_ollama import OllamaServer, load_timeout_s
 from infervisor.adapters.ollama import OllamaLoad
-from infervisor.adapters.pgroup import signal_group
 from infervisor.adapters.planning import verify_weights
 from infervisor.adapters.process import ExitInfo, ServerProcess
 from infervisor.adapters.registry import ModelRegistry
@@ -170,7 +168,7 @@ class EffectRunner:
             return
         try:
             proc.track_descendants()
-            signal_group(proc.identity.pgid, signal.SIGTERM)
+            proc.sigterm()
         except (ProcessControlError, AdapterError) as err:
             log.error("%s: SIGTERM failed: %s", self.actor.iid, err)  # noqa: TRY400
 

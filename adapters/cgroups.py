@@ -245,6 +245,18 @@ class InstanceCgroup:
         server = os.path.join(self.tree, "server")
         return _members(server) if os.path.isdir(server) else set()
 
+    def signal_outside_group(self, sig: int, pgid: int) -> list[int]:
+        """Send ``sig`` to every member of the server's cgroup that is not in
+        process group ``pgid`` (those the group signal misses: a ``setsid``
+        daemon); the pids signalled. The list is the kernel's, read just before."""
+        sent = []
+        for pid in sorted(self.server_members()):
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) != pgid:
+                    os.kill(pid, sig)
+                    sent.append(pid)
+        return sent
+
     def kill(self, *, everything: bool = False, wait: bool = True) -> None:
         """SIGKILL every process of the server's cgroup (``everything``: the
         shim's too) and block until it is empty (``wait`` False: one pass).

@@ -190,6 +190,18 @@ class WatchedProcess:
             return True
         return bool(group_members(self.identity.pgid, self._at_exit))
 
+    def sigterm(self) -> None:
+        """SIGTERM the server's process group and, with a cgroup, every other
+        member of it (a ``setsid`` daemon is asked to end too, as systemd stops
+        a unit); returns at once.
+
+        Raises:
+            ProcessControlError: the group could not be signalled.
+        """
+        signal_group(self.identity.pgid, signal.SIGTERM, self._at_exit)
+        if self.cgroup is not None:
+            self.cgroup.signal_outside_group(signal.SIGTERM, self.identity.pgid)
+
     def kill(self) -> None:
         """SIGKILL the process group (and the cgroup) now (a second stop
         escalates); returns at once.
@@ -229,8 +241,9 @@ class WatchedProcess:
         return info
 
     def _terminate_cgroup(self, cgroup: InstanceCgroup, grace: float) -> None:
-        """SIGTERM to the group, the grace to the whole cgroup, then kill it all."""
-        signal_group(self.identity.pgid, signal.SIGTERM, self._at_exit)
+        """SIGTERM to the group and to every other member of the cgroup (as
+        systemd stops a unit), the grace to the whole cgroup, then kill it all."""
+        self.sigterm()
         deadline = time.monotonic() + max(grace, 0.0)
         while time.monotonic() < deadline and cgroup.server_members():
             time.sleep(_SETTLE_POLL)

@@ -108,6 +108,8 @@ def events_of(node: Node, iid: str, kind: str) -> list[Any]:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("verb", ["stop", "unload", "shutdown"])
 def test_a_setsid_daemon_does_not_outlive(nodes, tmp_path, fake_model, strays, mode, verb):
+    if mode == "cgroup1" and verb != "stop":
+        pytest.skip("v1 is the fallback: its kill is shown by stop (the suite's time budget)")
     r = rig(nodes, tmp_path, fake_model, "setsid_daemon.py", containment=mode)
     r.node.start(r.iid)
     r.running()
@@ -135,6 +137,8 @@ def test_a_setsid_daemon_does_not_outlive(nodes, tmp_path, fake_model, strays, m
 def test_a_child_keeps_the_grace_after_its_leader_exited(
     nodes, tmp_path, fake_model, strays, mode, verb
 ):
+    if mode == "cgroup1" and verb != "stop":
+        pytest.skip("v1 is the fallback: its grace is shown by stop (the suite's time budget)")
     r = rig(
         nodes, tmp_path, fake_model, "slow_cleanup_child.py", containment=mode, stop_grace_s=6.0
     )
