@@ -965,9 +965,7 @@ def recover_launch(
         if isinstance(found, ExitRecord):
             return _ended(found)
         if found is None:
-            _kill_all(carriers)
-            if cgroup is not None:
-                cgroup.kill(everything=True)
+            _end_launch(token, carriers, cgroup)
             return LaunchNeverStarted(
                 reason=f"pids {sorted(carriers)} carried launch {token} but recorded no launch "
                 f"within {wait:g} s; their process groups were killed"
@@ -982,6 +980,28 @@ def recover_launch(
         wait=wait,
         cgroup=cgroup,
     )
+
+
+_RESCANS = 3  # scans for carriers after a kill (a server forked during the first)
+
+
+def _end_launch(token: str, carriers: Mapping[int, float], cgroup: InstanceCgroup | None) -> None:
+    """Kill a launch that recorded nothing in time: its carriers, then whatever
+    carries the token now (a shim slow to record may have forked its server
+    after the first scan: issue 17's unclaimed server), then its cgroups, the
+    kernel's list, which misses nothing.
+
+    Raises:
+        ProcessControlError: something could not be killed.
+    """
+    _kill_all(carriers)
+    for _ in range(_RESCANS):
+        more = _carriers(token)
+        if not more:
+            break
+        _kill_all(more)
+    if cgroup is not None:
+        cgroup.kill(everything=True)
 
 
 def _members_of(cgroup: InstanceCgroup | None) -> dict[int, float]:
