@@ -293,6 +293,9 @@ class EffectRunner:
         adapter = self.actor.adapter
         if isinstance(adapter, LaunchedServer):
             shutil.rmtree(adapter.plan.cwd, ignore_errors=True)
+            cgroup = self.actor.ctx.containment.cgroup(self.actor.iid)
+            if cgroup is not None:
+                cgroup.remove()  # empty now: nothing of the server survives its stop
 
     def _ollama(self) -> OllamaServer:
         adapter = self.actor.adapter

@@ -896,7 +896,9 @@ def status(target: _Target, as_json: bool, unverified: bool, watch: bool) -> Non
     INSTANCE, FLAVOR, MODE, STATE (lifecycle), WANTED (running or stopped),
     SINCE (how long in that state: 42s, 5m, 3h, 2d), RESTARTS (used/budget),
     ENDPOINT, MEM MiB (reserved by the budget/observed resident). With
-    INSTANCE, its details follow (health, pid, reason, last exit).
+    INSTANCE, its details follow (health, pid, reason, last exit, the memory
+    limit and OOM kills, the tree's memory and CPU from its cgroup, and how
+    the node contains its servers).
 
     When no node runs on WHERE, the state is replayed from DATA_DIR/chain.db
     instead, and stderr says so; health and memory are then unknown. The
