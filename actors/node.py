@@ -164,6 +164,7 @@ class Node:
         except BaseException:
             _stop_actors(actors)
             raise
+        _end_unknown(actors.containment, set(state.instances))
         return cls(settings, clock, actors)
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -599,6 +600,27 @@ class _GoneRelay:
         if self.host is not None:
             with contextlib.suppress(pykka.ActorDeadError):
                 self.host.tell(m.InstanceGone(instance_id=iid))
+
+
+def _end_unknown(containment: Containment, known: set[str]) -> None:
+    """Kill and remove the cgroups of instances the chain does not have (one
+    unloaded while its last node died, say): nothing runs unrecorded. Logged,
+    not recorded: the chain has no instance to record it on."""
+    for iid in containment.instances():
+        cgroup = containment.cgroup(iid)
+        if iid in known or cgroup is None:
+            continue
+        left = sorted(cgroup.members())
+        try:
+            cgroup.kill(everything=True)
+        except AdapterError as e:
+            log.error("the cgroup of unknown instance %s could not be emptied: %s", iid, e)  # noqa: TRY400
+            continue
+        cgroup.remove()
+        if left:
+            log.warning(
+                "killed %s in the cgroup of %s, an instance the chain does not have", left, iid
+            )
 
 
 def _stop_actors(actors: NodeActors) -> None:

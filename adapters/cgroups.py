@@ -412,10 +412,6 @@ class Containment:
                     with contextlib.suppress(OSError):
                         os.rmdir(cg)
 
-    def describe(self) -> dict[str, str | None]:
-        """``{"mode", "reason", "memory"}`` for status and ``GET /v1/node``."""
-        return {"mode": self.mode, "reason": self.reason, "memory": self.memory}
-
 
 def no_containment(
     reason: str = 'containment = "pgroup" in the node\'s configuration',

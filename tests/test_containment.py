@@ -181,6 +181,29 @@ def test_servers_run_in_a_cgroup_of_their_own(nodes, tmp_path, fake_model):
     assert not os.path.exists(cgroup.tree)  # empty cgroups are removed
 
 
+@pytest.mark.skipif(not _available("cgroup2"), reason="no writable cgroup v2 here")
+def test_a_cgroup_of_an_instance_the_chain_does_not_have_is_ended_at_boot(
+    nodes, tmp_path, fake_model, strays
+):
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    cgroup = detect("cgroup2", "n1", str(data)).cgroup("gone-12345678-n1")
+    assert cgroup is not None
+    cgroup.create()
+    orphan = subprocess.Popen(  # joins the cgroup itself, then sleeps
+        [sys.executable, "-c", f"open({cgroup.server_procs()[0]!r}, 'w').write('0'); "
+         "import time; time.sleep(60)"],
+    )  # fmt: skip
+    strays.append((orphan.pid, psutil.Process(orphan.pid).create_time()))
+    wait_until(lambda: orphan.pid in cgroup.server_members(), DEADLINE, "the orphan in its cgroup")
+    program = make_launcher(tmp_path, PROGRAMS / "fake_llama.py")
+    nodes.open(nodes.settings(program, fake_model, containment="cgroup2"))
+    assert orphan.wait(DEADLINE) == -9
+    assert not os.path.exists(cgroup.tree)
+
+
 # ---------------------------------------------------------------- memory
 LIMIT = 96 << 20  # bytes: room for Python and the server, not for what it allocates
 
