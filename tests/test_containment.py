@@ -393,3 +393,43 @@ def test_no_hierarchy_falls_back_to_process_groups_and_says_why():
 def test_the_base_cgroup_is_unique_per_data_directory(tmp_path):
     assert base_name("n1", str(tmp_path / "a")) != base_name("n1", str(tmp_path / "b"))
     assert base_name("n1", str(tmp_path / "a")).startswith("infervisor-n1-")
+
+
+def test_a_server_forked_after_the_token_scan_is_ended_too(tmp_path, strays):
+    """Without cgroups (issue 17's unclaimed server): a shim slow to record its
+    launch forks its server after boot's first scan for the token; when no
+    record comes, the scan is made again after the kill, so that server is
+    found (its environment carries the token) and ended."""
+    import subprocess
+    import sys
+
+    from infervisor.adapters.process import TOKEN_VAR, LaunchNeverStarted, recover_launch
+
+    token = "late-fork-1"
+    forked = tmp_path / "forked.pid"
+    late_shim = (  # sleeps, then forks a "server" in a session of its own, records nothing
+        "import os, time\n"
+        "time.sleep(0.2)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    open({str(forked)!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(60)\n"
+        "time.sleep(60)\n"
+    )
+    shim = subprocess.Popen(
+        [sys.executable, "-c", late_shim], env={TOKEN_VAR: token}, start_new_session=True
+    )
+    strays.append((shim.pid, psutil.Process(shim.pid).create_time()))
+    wait_until(lambda: psutil.Process(shim.pid).environ().get(TOKEN_VAR), DEADLINE, "the shim")
+    found = recover_launch(str(tmp_path), token, lambda _: None, wait=3.0)
+    assert isinstance(found, LaunchNeverStarted)
+    assert shim.wait(DEADLINE) == -9
+    server = int(forked.read_text())  # forked during the wait, after the first scan
+
+    def ended() -> bool:
+        try:
+            return psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_until(ended, DEADLINE, "the late server ended")
