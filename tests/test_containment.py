@@ -425,6 +425,8 @@ def test_a_server_forked_after_the_token_scan_is_ended_too(tmp_path, strays):
     assert isinstance(found, LaunchNeverStarted)
     assert shim.wait(DEADLINE) == -9
     server = int(forked.read_text())  # forked during the wait, after the first scan
+    with contextlib.suppress(psutil.Error):  # killed in teardown should the test fail
+        strays.append((server, psutil.Process(server).create_time()))
 
     def ended() -> bool:
         try:
