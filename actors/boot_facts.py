@@ -3,9 +3,11 @@ of the recorded process at boot, and who owns the listeners beyond loopback.
 
 Boot: a process recorded as running is looked up by pid, start time and boot
 id and watched again if it is still that very process; a launch decided but
-never recorded as spawned is recognised by its launch token; a process that
-ended while no node ran is reported with the status its shim kept. Nothing
-that is not ours is ever signalled.
+never recorded as spawned is recognised by its launch token (and by the
+kernel's membership of the instance's cgroups); a process that ended while
+no node ran is reported with the status its shim kept. Whatever is left in
+the instance's server cgroup that no record claims is reported as strays,
+for the core to record and end. Nothing that is not ours is ever signalled.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from infervisor.adapters.cgroups import InstanceCgroup
 from infervisor.adapters.errors import ProbeError
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.ports import ListenerSnapshot, owned_listeners
@@ -27,14 +30,35 @@ from infervisor.adapters.process import (
 from infervisor.adapters.server import ServerAdapter
 from infervisor.replay import InstanceState
 
-from .core.observations import ProcessAlive, ProcessGone, ProcessNone
+from .core.observations import BootSeen, ProcessAlive, ProcessGone, ProcessNone
 from .effects_runner import EffectRunner
 
-__all__ = ["gather", "owned_beyond"]
+__all__ = ["boot_seen", "gather", "owned_beyond"]
+
+
+def boot_seen(adapter: ServerAdapter, state: InstanceState, runner: EffectRunner) -> BootSeen:
+    """The boot observation of one instance: what became of its process, and
+    the strays in its server cgroup when no live server claims them."""
+    cgroup = _cgroup(runner) if isinstance(adapter, LaunchedServer) else None
+    facts = gather(adapter, state, runner, cgroup)
+    if cgroup is None or isinstance(facts, ProcessAlive):
+        return BootSeen(process=facts)
+    strays = sorted(cgroup.server_members())
+    server = cgroup.tree + "/server"
+    return BootSeen(process=facts, strays=strays, cgroup=server if strays else "")
+
+
+def _cgroup(runner: EffectRunner) -> InstanceCgroup | None:
+    ctx = runner.actor.ctx
+    containment = getattr(ctx, "containment", None)
+    return None if containment is None else containment.cgroup(runner.actor.iid)
 
 
 def gather(
-    adapter: ServerAdapter, state: InstanceState, runner: EffectRunner
+    adapter: ServerAdapter,
+    state: InstanceState,
+    runner: EffectRunner,
+    cgroup: InstanceCgroup | None = None,
 ) -> ProcessAlive | ProcessGone | ProcessNone:
     """The boot facts of one instance; a live process is handed to ``runner``."""
     if not isinstance(adapter, LaunchedServer):
@@ -44,12 +68,12 @@ def gather(
     token = state.launch_token or None
     if rec is None:
         if token and state.lifecycle.value == "starting":
-            return _recover(runner, cwd, token)
+            return _recover(runner, cwd, token, cgroup)
         return ProcessNone()
     identity = ProcessIdentity(
         pid=rec.pid, pgid=rec.pgid, start_time=rec.start_time, boot_id=rec.boot_id
     )
-    proc = AttachedProcess.attach(identity, cwd, runner.on_exit, token=token)
+    proc = AttachedProcess.attach(identity, cwd, runner.on_exit, token=token, cgroup=cgroup)
     if proc is None:
         status = _exit_status(cwd, token)
         why = f"pid {rec.pid} was gone when the node started again"
@@ -64,9 +88,9 @@ def _exit_status(cwd: str, token: str | None) -> tuple[int | None, int | None]:
 
 
 def _recover(
-    runner: EffectRunner, cwd: str, token: str
+    runner: EffectRunner, cwd: str, token: str, cgroup: InstanceCgroup | None
 ) -> ProcessAlive | ProcessGone | ProcessNone:
-    found = recover_launch(cwd, token, runner.on_exit)
+    found = recover_launch(cwd, token, runner.on_exit, cgroup=cgroup)
     if isinstance(found, LaunchRunning):
         runner.proc = found.process
         i = found.identity

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import signal
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,7 +22,6 @@ from infervisor.adapters.errors import AdapterError, ProcessControlError, SpawnE
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.managed_ollama import OllamaServer, load_timeout_s
 from infervisor.adapters.ollama import OllamaLoad
-from infervisor.adapters.pgroup import signal_group
 from infervisor.adapters.planning import verify_weights
 from infervisor.adapters.process import ExitInfo, ServerProcess
 from infervisor.adapters.registry import ModelRegistry
@@ -140,8 +138,15 @@ class EffectRunner:
     def spawn(self, e: fx.Spawn) -> o.Observation:
         adapter = self.actor.adapter
         assert isinstance(adapter, LaunchedServer)
+        limit = adapter.spec.memory_max_bytes
+        cgroup = self.actor.ctx.containment.cgroup(self.actor.iid, limit)
+        if limit is not None and (cgroup is None or cgroup.memory is None):
+            why = f"no memory cgroup to enforce memory_max_bytes {limit} on this node"
+            return o.SpawnFailed(
+                token=e.token, reason=f"cannot start {adapter.plan.program}: {why}"
+            )
         try:
-            proc = adapter.spawn(self.on_exit, e.token)
+            proc = adapter.spawn(self.on_exit, e.token, cgroup)
         except SpawnError as err:
             return o.SpawnFailed(token=e.token, reason=str(err))
         self.proc = proc
@@ -163,21 +168,32 @@ class EffectRunner:
             return
         try:
             proc.track_descendants()
-            signal_group(proc.identity.pgid, signal.SIGTERM)
+            proc.sigterm()
         except (ProcessControlError, AdapterError) as err:
             log.error("%s: SIGTERM failed: %s", self.actor.iid, err)  # noqa: TRY400
+
+    def end_strays(self, _: fx.EndStrays) -> None:
+        """Kill what no record claims in the server cgroup, blocking until it is empty."""
+        cgroup = self.actor.ctx.containment.cgroup(self.actor.iid)
+        if cgroup is None:
+            return
+        try:
+            cgroup.kill()
+        except ProcessControlError as err:
+            log.error("%s: the strays in its cgroup outlived SIGKILL: %s", self.actor.iid, err)  # noqa: TRY400
 
     def kill(self, _: fx.Kill) -> None:
         proc = self.proc
         if proc is not None:
             self._thread("kill", lambda: _quietly(self.actor.iid, proc.terminate, 0.0))
 
-    def reap(self, _: fx.Reap) -> None:
+    def reap(self, e: fx.Reap) -> None:
         proc = self.proc
         if proc is None:
             return
 
         def run() -> o.Observation:
+            proc.settle(e.grace_s)  # a stop's grace is the children's too
             outlived = proc.survivors()
             note = (
                 f"{len(outlived)} process(es) of its group outlived it and were killed "
@@ -190,9 +206,11 @@ class EffectRunner:
             except ProcessControlError as err:
                 note = f"{note}; {err}" if note else str(err)
                 info = proc.exit_info() or ExitInfo(proc.identity.pid, None, None, "")
+            limit = proc.cgroup.memory_max if proc.cgroup is not None else None
             return o.GroupGone(
                 pid=info.pid, exit_code=info.exit_code, signal=info.signal,
-                output_tail=info.output_tail, note=note,
+                output_tail=info.output_tail, note=note, oom_killed=info.oom_killed,
+                memory_max_bytes=limit,
             )  # fmt: skip
 
         self._report("reap", run)
@@ -275,6 +293,9 @@ class EffectRunner:
         adapter = self.actor.adapter
         if isinstance(adapter, LaunchedServer):
             shutil.rmtree(adapter.plan.cwd, ignore_errors=True)
+            cgroup = self.actor.ctx.containment.cgroup(self.actor.iid)
+            if cgroup is not None:
+                cgroup.remove()  # empty now: nothing of the server survives its stop
 
     def _ollama(self) -> OllamaServer:
         adapter = self.actor.adapter
@@ -326,6 +347,7 @@ _HANDLERS: dict[type[Any], Callable[[EffectRunner, Any], o.Observation | None]] 
     fx.Terminate: EffectRunner.terminate,
     fx.Kill: EffectRunner.kill,
     fx.Reap: EffectRunner.reap,
+    fx.EndStrays: EffectRunner.end_strays,
     fx.ArmTimer: EffectRunner.arm_timer,
     fx.CancelTimer: EffectRunner.cancel_timer,
     fx.CheckResident: EffectRunner.check_resident,

@@ -18,7 +18,12 @@ import msgspec
 import pykka
 
 from infervisor.adapters import planning
-from infervisor.adapters.errors import AdapterError, AddressTaken, ProgramMissing
+from infervisor.adapters.errors import (
+    AdapterError,
+    AddressTaken,
+    AdmissionRefused,
+    ProgramMissing,
+)
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
@@ -162,6 +167,12 @@ def _plan(
     ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec, iid: str
 ) -> tuple[ServerAdapter, Admission]:
     settings = ctx.settings
+    if spec.memory_max_bytes is not None and ctx.containment.memory is None:
+        raise AdmissionRefused(
+            f"memory_max_bytes {spec.memory_max_bytes}: this node has no memory cgroup to "
+            f"enforce it ({ctx.containment.mode}: {ctx.containment.reason}); place it "
+            "without a limit, or on a node with cgroups (docs/process-supervision.md)"
+        )
     return planning.plan(spec, iid, registry, settings.adapter_settings(), settings.adapters)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import msgspec
 import pykka
 
+from infervisor.adapters.cgroups import Containment, no_containment
 from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.probe_engine import ProbeEngine
@@ -44,7 +45,7 @@ from infervisor.replay.state import Stamp
 from . import messages as m
 from . import verb_answers as answers
 from .backlog import Backlog
-from .boot_facts import gather, owned_beyond
+from .boot_facts import boot_seen, owned_beyond
 from .clock import Clock
 from .core import observations as o
 from .core.decide import decide
@@ -66,7 +67,6 @@ S = LifecycleState
 
 #: Probe workers for contexts built without a node (tests); a node passes its own pool.
 _SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
-UNLOAD_GRACE_S = 5.0
 #: Seconds after which an append the writer has not answered is logged (and waited on).
 APPEND_WARN_S = 60.0
 
@@ -92,6 +92,8 @@ class InstanceContext:
     #: Told the instance id when a decision of the instance's own unloaded it (a
     #: boot finishing an unload the last node began): the host forgets it then.
     gone: Callable[[str], None] = field(default=lambda _iid: None)
+    #: How managed servers are contained (cgroups, or process groups only).
+    containment: Containment = field(default_factory=no_containment)
 
 
 class _Probed(msgspec.Struct, frozen=True):
@@ -185,7 +187,7 @@ class InstanceActor(pykka.ThreadingActor):
             case m.Restart(by=by):
                 return self._await(o.RestartVerb(by=by, grace_s=s.stop_grace_s), answers.restarted)
             case m.Unload(by=by):
-                verb = o.UnloadVerb(by=by, grace_s=UNLOAD_GRACE_S)
+                verb = o.UnloadVerb(by=by, grace_s=s.stop_grace_s)
                 return self._await(verb, lambda st, _r: st is None)
             case m.NewPlacement(placed_by=placed_by, generation=generation, by=by):
                 decision = self._decide_verb(
@@ -218,8 +220,7 @@ class InstanceActor(pykka.ThreadingActor):
             case m.ReconcileTick(listeners=listeners, processes=processes):
                 self._reconcile(listeners, processes)
             case m.Boot():
-                facts = gather(self.adapter, self.state, self.effects)
-                self.run(o.BootSeen(process=facts))
+                self.run(boot_seen(self.adapter, self.state, self.effects))
             case m.LeaseExpired(silent_s=silent):
                 self.run(o.LeaseLapsed(silent_s=silent))
             case TimerFired(name=name, gen=gen):
@@ -604,7 +605,7 @@ def rules_for(
         node_id=ctx.node_id,
         stop_grace_s=s.stop_grace_s,
         health_kill_grace_s=s.health_kill_grace_s,
-        unload_grace_s=UNLOAD_GRACE_S,
+        unload_grace_s=s.stop_grace_s,
         retry_s=s.reconcile_interval_s,
         reserve_overhead_bytes=s.reserve_overhead_bytes,
     )

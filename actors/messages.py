@@ -268,6 +268,13 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
             restart counts from zero); None where nothing probes it (its
             adapter could not be built).
         max_restarts: the restart policy's budget (``restarts`` counts against it).
+        oom_kills: exits recorded as OOM kills under its memory limit (sourced).
+        memory_max_bytes: its memory limit (the spec's), bytes; None: none.
+        cgroup_memory_bytes: memory charged to the server's whole tree in its
+            cgroup (read when asked), bytes; None without a memory cgroup or
+            a running server.
+        cpu_seconds: CPU time of the server's whole tree in its cgroup since
+            its launch, seconds; None without a cgroup or a running server.
     """
 
     instance_id: str
@@ -297,3 +304,7 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     probe_latency_s: float | None = None
     misses: int | None = None
     max_restarts: int | None = None
+    oom_kills: int = 0
+    memory_max_bytes: int | None = None
+    cgroup_memory_bytes: int | None = None
+    cpu_seconds: float | None = None

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import pykka
 
 from infervisor.adapters.capabilities import Capability, probe_capabilities
+from infervisor.adapters.cgroups import Containment, detect, no_containment
 from infervisor.adapters.errors import AdapterError
 from infervisor.adapters.probe_engine import ProbeEngine
 from infervisor.adapters.process import boot_id
@@ -70,8 +71,8 @@ ASK_TIMEOUT_S = 60.0
 #: How long ``place`` and ``admit`` wait for admission, seconds (a model's first
 #: admission reads all of its weights to check their digest).
 PLACE_WAIT_S = 300.0
-#: How long ``unload`` waits, seconds (a managed server: 5 s grace, then SIGKILL;
-#: Ollama: up to 30 s for the model to leave memory).
+#: How long ``unload`` waits beyond the stop grace, seconds (a managed server:
+#: ``stop_grace_s``, then SIGKILL; Ollama: up to 30 s for the model to leave memory).
 UNLOAD_WAIT_S = 60.0
 
 T = TypeVar("T")
@@ -94,6 +95,8 @@ class NodeActors:
     commit_latency: CommitLatency | None = None
     #: Whether the chain takes appends (the writer reports, anyone reads).
     append_health: AppendHealth | None = None
+    #: How this node contains its managed servers (cgroups or process groups).
+    containment: Containment = field(default_factory=no_containment)
 
 
 class Node:
@@ -164,6 +167,7 @@ class Node:
         except BaseException:
             _stop_actors(actors)
             raise
+        _end_unknown(actors.containment, set(state.instances))
         return cls(settings, clock, actors)
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -185,6 +189,11 @@ class Node:
                     # Recorded as stopping; the shutdown itself must still complete.
                     log.error("shutdown: a server did not stop cleanly: %s", e)  # noqa: TRY400
         _append(self._writer, self.clock, ev.NodeStopped(reason=reason))
+
+    @property
+    def containment(self) -> Containment:
+        """How this node contains its managed servers: ``mode`` and ``reason``."""
+        return self._actors.containment
 
     @property
     def failure(self) -> NodeFailure | None:
@@ -422,7 +431,7 @@ class Node:
         return _wait(fut, self.settings.stop_grace_s + 60)
 
     def unload(self, instance_id: str, *, by: str = "operator") -> None:
-        """Stop the server (5 s grace) and forget the instance; answers once
+        """Stop the server (the stop grace, ``stop_grace_s``) and forget the instance; answers once
         ``instance.unloaded`` is durable and the instance's actor is ended.
 
         From the moment the host takes the unload, no verb is routed to the
@@ -433,7 +442,7 @@ class Node:
         Raises:
             UnknownInstance: no such instance.
             InvalidState: the node is still rebuilding its instances.
-            VerbTimeout: not done within ``UNLOAD_WAIT_S``; the unload goes on and
+            VerbTimeout: not done within ``stop_grace_s + UNLOAD_WAIT_S``; the unload goes on and
                 the instance stays unrouted until it is done.
             VerbFailed, AdapterError: the unload failed (e.g. the server could not be
                 ended) and the chain does not have it unloaded; the instance stays
@@ -442,7 +451,8 @@ class Node:
         """
         msg = m.UnloadInstance(instance_id=instance_id, by=by)
         answer: Future[None] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
-        _answer(answer, UNLOAD_WAIT_S, f"the unload of {instance_id}")
+        wait = self.settings.stop_grace_s + UNLOAD_WAIT_S
+        _answer(answer, wait, f"the unload of {instance_id}")
 
     def status(self, instance_id: str) -> m.InstanceView:
         """The instance's view (never waits for a probe, nor for the host).
@@ -577,9 +587,12 @@ def _start_actors(
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
     engine = ProbeEngine()
     relay = _GoneRelay()
+    containment = detect(settings.containment, settings.node_id, settings.data_dir)
+    log.info("containment: %s (%s)", containment.mode, containment.reason)
     ctx = InstanceContext(
-        settings.node_id, writer, clock, settings, ledger, probes, engine, gone=relay.tell
-    )
+        settings.node_id, writer, clock, settings, ledger, probes, engine, gone=relay.tell,
+        containment=containment,
+    )  # fmt: skip
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
     supervisor = SupervisorActor.start(
@@ -598,7 +611,7 @@ def _start_actors(
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
-        append_health,
+        append_health, containment,
     )  # fmt: skip
 
 
@@ -615,6 +628,27 @@ class _GoneRelay:
                 self.host.tell(m.InstanceGone(instance_id=iid))
 
 
+def _end_unknown(containment: Containment, known: set[str]) -> None:
+    """Kill and remove the cgroups of instances the chain does not have (one
+    unloaded while its last node died, say): nothing runs unrecorded. Logged,
+    not recorded: the chain has no instance to record it on."""
+    for iid in containment.instances():
+        cgroup = containment.cgroup(iid)
+        if iid in known or cgroup is None:
+            continue
+        left = sorted(cgroup.members())
+        try:
+            cgroup.kill(everything=True)
+        except AdapterError as e:
+            log.error("the cgroup of unknown instance %s could not be emptied: %s", iid, e)  # noqa: TRY400
+            continue
+        cgroup.remove()
+        if left:
+            log.warning(
+                "killed %s in the cgroup of %s, an instance the chain does not have", left, iid
+            )
+
+
 def _stop_actors(actors: NodeActors) -> None:
     """Stop in dependency order: the watchdog and ticks first, the writer last."""
     if actors.watchdog is not None:
@@ -624,6 +658,7 @@ def _stop_actors(actors: NodeActors) -> None:
     if actors.ledger is not None:
         actors.ledger.stop()
     actors.writer.stop()
+    actors.containment.remove_empty()  # the cgroups of servers that ended
     if actors.probes is not None:
         actors.probes.shutdown(wait=False, cancel_futures=True)
     if actors.engine is not None:

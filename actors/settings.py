@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from infervisor.adapters.cgroups import MODES as CONTAINMENT_MODES
 from infervisor.adapters.llama_choice import check_choice
 from infervisor.adapters.ollama import load_keep_alive
 from infervisor.adapters.planning import ALL_ADAPTERS
@@ -67,6 +68,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             at a clean shutdown.
         checkpoint_every_s: and at the first event this many seconds after
             the last checkpoint (> 0).
+        containment: how managed servers are contained (``auto``,
+            ``cgroup2``, ``cgroup1``, ``pgroup``; see
+            docs/process-supervision.md): ``auto`` uses a writable cgroup v2
+            hierarchy, else the v1 freezer, else process groups.
     """
 
     node_id: str
@@ -95,6 +100,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
     checkpoint_every_events: int = 1000
     checkpoint_every_s: float = 300.0
+    containment: str = "auto"
 
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""
@@ -106,6 +112,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             check_duration("lease_s", self.lease_s)
         check_choice(self.llama_server)
         check_env(self.env)  # the same refusals as a spec's env (adapters/spec_env.py)
+        if self.containment not in CONTAINMENT_MODES:
+            raise ValueError(
+                f"containment {self.containment!r}: allowed {', '.join(CONTAINMENT_MODES)}"
+            )
         unknown = sorted(set(self.adapters) - set(ALL_ADAPTERS))
         if unknown:
             raise ValueError(f"adapters {unknown}: allowed {', '.join(ALL_ADAPTERS)}")

@@ -50,7 +50,7 @@ from .core.decide import decide
 from .core.decision import Situation
 from .core.rules import Mode, Rules, Tracking
 from .errors import InvalidState
-from .instance import UNLOAD_GRACE_S, InstanceContext, rules_for
+from .instance import InstanceContext, rules_for
 from .stamps import now_stamp
 
 __all__ = ["FIX_HINT", "Handover", "UnbuiltActor"]
@@ -122,7 +122,7 @@ class UnbuiltActor(pykka.ThreadingActor):
                 verb = o.StopVerb(by=by, grace_s=grace, reason=reason)
                 return _future(lambda: self._decide(verb))
             case m.Unload(by=by):
-                self._decide(o.UnloadVerb(by=by, grace_s=UNLOAD_GRACE_S))
+                self._decide(o.UnloadVerb(by=by, grace_s=self.ctx.settings.stop_grace_s))
                 return None
             case m.NewPlacement() | m.DeepHealth():
                 raise InvalidState(self._refusal())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from infervisor.adapters.adopted import AdoptedServer
 from infervisor.adapters.probe import ServerReport
@@ -99,7 +99,20 @@ def build_view(actor: Viewed) -> InstanceView:
         probe_latency_s=actor.probe_latency_s,
         misses=actor.tracking.misses,
         max_restarts=actor.supervision.restart.max_restarts,
+        oom_kills=state.oom_kills,
+        memory_max_bytes=spec.memory_max_bytes,
+        **_accounting(actor.effects, pid),
     )
+
+
+def _accounting(effects: EffectRunner, pid: int | None) -> dict[str, Any]:
+    """Memory and CPU of the server's whole tree, from its cgroup (read now:
+    status is asked rarely; health ticks never read them)."""
+    proc = effects.proc
+    cgroup = proc.cgroup if proc is not None and pid is not None else None
+    if cgroup is None:
+        return {}
+    return {"cgroup_memory_bytes": cgroup.memory_bytes(), "cpu_seconds": cgroup.cpu_seconds()}
 
 
 def _rss(seen: tuple[int, int] | None, pid: int | None) -> int | None:

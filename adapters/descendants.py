@@ -62,12 +62,15 @@ class Descendants:
         with self._lock:
             return dict(self._known)
 
-    def track(self, root: ProcessIdentity, table: ProcessTable | None = None) -> None:
+    def track(
+        self, root: ProcessIdentity, table: ProcessTable | None = None, *, skip: int | None = None
+    ) -> None:
         """Add the live descendants of ``root`` and of every known descendant;
         forget known ones that are gone. With ``table`` (the reconcile tick's
-        snapshot) nothing is read from the system; without, psutil is asked."""
+        snapshot) nothing is read from the system; without, psutil is asked.
+        ``skip``: a pid never remembered (the server, when ``root`` is its shim)."""
         if table is not None:
-            self._track_in(root, table)
+            self._track_in(root, table, skip)
             return
         with self._lock:
             before = dict(self._known)
@@ -81,10 +84,11 @@ class Descendants:
             for proc in roots:
                 self._known.update(_children(proc))
             self._known.pop(root.pid, None)
+            self._known.pop(skip or root.pid, None)
             if self._known != before:
                 self._save()
 
-    def _track_in(self, root: ProcessIdentity, table: ProcessTable) -> None:
+    def _track_in(self, root: ProcessIdentity, table: ProcessTable, skip: int | None) -> None:
         with self._lock:
             before = dict(self._known)
             roots = [root.pid] if table.is_alive(root.pid, root.start_time) else []
@@ -96,6 +100,7 @@ class Descendants:
             for pid in roots:
                 self._known.update(table.descendants(pid))
             self._known.pop(root.pid, None)
+            self._known.pop(skip or root.pid, None)
             if self._known != before:
                 self._save()
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from .cgroups import InstanceCgroup
 from .errors import ProbeError, SpawnError
 from .ports import port_in_use
 from .probe import Health, HealthKind, ServerClient, ServerReport, deep_health
@@ -54,7 +55,10 @@ class LaunchedServer:
         self._confirmed = False
 
     def spawn(
-        self, on_exit: Callable[[ExitInfo], None], token: str | None = None
+        self,
+        on_exit: Callable[[ExitInfo], None],
+        token: str | None = None,
+        cgroup: InstanceCgroup | None = None,
     ) -> ManagedProcess:
         """Launch the server in its own process group, through the exit-status shim.
 
@@ -64,6 +68,7 @@ class LaunchedServer:
             token: the launch token the caller recorded before launching (see
                 :func:`~.process.recover_launch`); None: a fresh one, not put
                 in the server's environment.
+            cgroup: the instance's cgroups (None: no cgroups).
 
         Raises:
             SpawnError: the server could not be launched.
@@ -77,7 +82,7 @@ class LaunchedServer:
         except OSError as e:
             raise SpawnError(f"cannot create {self.plan.cwd}: {e.strerror or e}") from e
         self._confirmed = False
-        return ManagedProcess.spawn(self.plan, on_exit, token)
+        return ManagedProcess.spawn(self.plan, on_exit, token, cgroup)
 
     @property
     def plain_probe(self) -> bool:

@@ -47,6 +47,7 @@ from typing import Protocol, TypeAlias, TypeVar
 import msgspec
 import psutil
 
+from .cgroups import InstanceCgroup
 from .errors import ProcessControlError, SpawnError
 from .limits import ProcLimits, wrap_argv
 from .output import STDERR_LOG, STDOUT_LOG, create_logs
@@ -180,7 +181,14 @@ class ServerProcess(Protocol):
 
     def survivors(self) -> list[int]: ...
 
+    def settle(self, grace: float) -> None: ...
+
+    def sigterm(self) -> None: ...
+
     def kill(self) -> None: ...
+
+    @property
+    def cgroup(self) -> InstanceCgroup | None: ...
 
     def terminate(self, grace: float) -> ExitInfo: ...
 
@@ -460,10 +468,61 @@ def _await_report(shim: subprocess.Popen[bytes], timeout: float) -> bytes | None
     return None
 
 
+def _prepare_cgroup(plan: LaunchPlan, cgroup: InstanceCgroup | None) -> None:
+    """Make the instance's cgroups afresh (so their counters, OOM kills and CPU
+    time, count this launch only); whatever is still in them is the instance's
+    own leftover (an earlier launch): it is killed before a new one starts.
+
+    Raises:
+        SpawnError: the cgroups could not be made or emptied.
+    """
+    if cgroup is None:
+        return
+    try:
+        cgroup.create()
+        left = cgroup.members()
+        if left:
+            _log.warning(
+                "%s: killing %s left in its cgroup before a launch", cgroup.iid, sorted(left)
+            )
+            cgroup.kill(everything=True)
+        cgroup.remove()
+        cgroup.create()
+    except ProcessControlError as e:
+        raise SpawnError(f"cannot start {plan.program}: {e}") from e
+
+
+def _move_shim(
+    plan: LaunchPlan, shim: subprocess.Popen[bytes], cgroup: InstanceCgroup | None
+) -> None:
+    """Move the shim into the instance's ``shim`` cgroup before it is given its
+    configuration (so it cannot start a server outside).
+
+    Raises:
+        SpawnError: it could not be moved (the shim, given nothing, is ended).
+    """
+    for path in cgroup.shim_procs() if cgroup is not None else ():
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, str(shim.pid).encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            shim.kill()  # given no configuration: it starts nothing
+            shim.wait()
+            for pipe in (shim.stdin, shim.stdout):
+                if pipe is not None:
+                    pipe.close()
+            why = f"cannot move the launch shim into {path}: {e.strerror or e}"
+            raise SpawnError(f"cannot start {plan.program}: {why}") from e
+
+
 def _launch(
-    plan: LaunchPlan, token: str, inject: bool
+    plan: LaunchPlan, token: str, inject: bool, cgroup: InstanceCgroup | None = None
 ) -> tuple[subprocess.Popen[bytes], LaunchRecord]:
-    """Start ``plan`` through the shim; the shim's handle and the launch record.
+    """Start ``plan`` through the shim (in ``cgroup`` when given); the shim's
+    handle and the launch record.
 
     Raises:
         SpawnError: see :meth:`ManagedProcess.spawn`.
@@ -475,6 +534,7 @@ def _launch(
     problem = _exec_problem(argv[0], plan.cwd, env)
     if problem is not None:
         raise SpawnError(f"cannot start {plan.program}: {problem}")
+    _prepare_cgroup(plan, cgroup)
     try:
         _prepare_launch_dir(plan.cwd, token)
         out, err = create_logs(plan.cwd)
@@ -489,7 +549,11 @@ def _launch(
     finally:
         os.close(out)
         os.close(err)
-    _send(shim, msgspec.json.encode({"argv": argv, "env": env, "stdout_fd": out}))
+    _move_shim(plan, shim, cgroup)
+    config = {"argv": argv, "env": env, "stdout_fd": out}
+    if cgroup is not None:
+        config["cgroup_procs"] = cgroup.server_procs()
+    _send(shim, msgspec.json.encode(config))
     try:
         report = _await_report(shim, LAUNCH_REPORT_TIMEOUT)
     except OSError:
@@ -605,6 +669,11 @@ def _kill_all(procs: Mapping[int, float]) -> None:
 # ---------------------------------------------------------------- the handles
 
 
+def _shim_identity(pid: int, started: float | None) -> ProcessIdentity | None:
+    """The shim as a descendant-tracking root (it leads its own group)."""
+    return None if started is None else ProcessIdentity(pid, pid, started, boot_id())
+
+
 class ManagedProcess(WatchedProcess):
     """A server process this node launched; create it with :meth:`spawn`.
 
@@ -612,13 +681,14 @@ class ManagedProcess(WatchedProcess):
     process's child, in a session of its own).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 -- built by spawn only
         self,
         shim: subprocess.Popen[bytes],
         cwd: str,
         on_exit: Callable[[ExitInfo], None],
         output_limit: int,
         record: LaunchRecord,
+        cgroup: InstanceCgroup | None = None,
     ) -> None:
         self._popen = shim
         self._cwd = cwd
@@ -628,11 +698,19 @@ class ManagedProcess(WatchedProcess):
         # Only the shim can reap the server, so until the shim saw its exit the
         # pid is the server's; a handle refuses a later process with that pid.
         self._server = PidHandle.open(identity.pid, identity.start_time)
-        super().__init__(identity, cwd, on_exit, output_limit, resume=False)
+        self.oom_kills_at_start = cgroup.oom_kills() if cgroup is not None else None
+        super().__init__(
+            identity, cwd, on_exit, output_limit, resume=False, cgroup=cgroup,
+            shim=_shim_identity(record.shim_pid, record.shim_start_time),
+        )  # fmt: skip
 
     @classmethod
     def spawn(
-        cls, plan: LaunchPlan, on_exit: Callable[[ExitInfo], None], token: str | None = None
+        cls,
+        plan: LaunchPlan,
+        on_exit: Callable[[ExitInfo], None],
+        token: str | None = None,
+        cgroup: InstanceCgroup | None = None,
     ) -> ManagedProcess:
         """Start ``plan`` through the exit-status shim; returns once the server runs.
 
@@ -660,6 +738,9 @@ class ManagedProcess(WatchedProcess):
                 fresh one is used for the records only and the server's
                 environment is exactly ``plan.env`` (for callers that never
                 recover a launch).
+            cgroup: the instance's cgroups (``adapters/cgroups.py``): made
+                and emptied first; the shim is moved into ``shim`` and the
+                server joins ``server`` before ``exec``. None: no cgroups.
 
         Raises:
             SpawnError: naming the program (missing, not executable, bad cwd,
@@ -668,8 +749,8 @@ class ManagedProcess(WatchedProcess):
         """
         inject = token is not None
         token = _check_token(new_token() if token is None else token)
-        shim, record = _launch(plan, token, inject)
-        return cls(shim, plan.cwd, on_exit, plan.output_limit, record)
+        shim, record = _launch(plan, token, inject, cgroup)
+        return cls(shim, plan.cwd, on_exit, plan.output_limit, record, cgroup)
 
     def _await_exit(self) -> tuple[int | None, int | None]:
         try:
@@ -708,12 +789,16 @@ class AttachedProcess(WatchedProcess):
         *,
         token: str | None = None,
         shim: tuple[int, float | None] | None = None,
+        cgroup: InstanceCgroup | None = None,
     ) -> None:
         self._handle = handle
         self._cwd = cwd
         self.token = token
         self._shim = shim
-        super().__init__(identity, cwd, on_exit, output_limit, resume=True)
+        super().__init__(
+            identity, cwd, on_exit, output_limit, resume=True, cgroup=cgroup,
+            shim=None if shim is None else _shim_identity(*shim),
+        )  # fmt: skip
 
     @classmethod
     def attach(
@@ -724,6 +809,7 @@ class AttachedProcess(WatchedProcess):
         output_limit: int = OUTPUT_LIMIT,
         *,
         token: str | None = None,
+        cgroup: InstanceCgroup | None = None,
     ) -> AttachedProcess | None:
         """Watch the server ``identity`` names again, if that very process still runs.
 
@@ -746,6 +832,7 @@ class AttachedProcess(WatchedProcess):
                 :data:`EXIT_RECORD_WAIT` seconds for the shim to write it after
                 the server is gone). Otherwise, or without the record, the
                 status is None as it cannot be collected.
+            cgroup: the instance's cgroups, if it has them.
 
         Raises:
             ValueError: ``token`` is malformed (see :func:`launch_files`).
@@ -765,7 +852,9 @@ class AttachedProcess(WatchedProcess):
         handle = PidHandle.open(identity.pid, identity.start_time)
         if handle is None:
             return None
-        return cls(identity, handle, cwd, on_exit, output_limit, token=token, shim=shim)
+        return cls(
+            identity, handle, cwd, on_exit, output_limit, token=token, shim=shim, cgroup=cgroup
+        )
 
     def _await_exit(self) -> tuple[int | None, int | None]:
         try:
@@ -841,6 +930,7 @@ def recover_launch(
     output_limit: int = OUTPUT_LIMIT,
     *,
     wait: float = LAUNCH_REPORT_TIMEOUT,
+    cgroup: InstanceCgroup | None = None,
 ) -> LaunchRecovery:
     """Account at boot for launch ``token`` in ``cwd``, decided before the node stopped.
 
@@ -854,7 +944,9 @@ def recover_launch(
       token. None: :class:`LaunchNeverStarted`. Some (a shim or server whose
       record is late): up to ``wait`` seconds for a record, handled as above;
       if none comes, their process groups are killed and
-      :class:`LaunchNeverStarted` says so.
+      :class:`LaunchNeverStarted` says so. With ``cgroup``, its members count
+      as carriers too (the kernel's list: a process whose environment could
+      not be read is still found), and it is emptied when no record comes.
 
     Args:
         cwd: the server's working directory.
@@ -862,6 +954,7 @@ def recover_launch(
         on_exit: the exit callback for an adopted server.
         output_limit: bytes of each stream kept for an adopted server.
         wait: seconds to wait for a record a live shim is about to write.
+        cgroup: the instance's cgroups, if it has them.
 
     Raises:
         ProcessControlError: a process carrying the token could not be killed.
@@ -871,7 +964,7 @@ def recover_launch(
         return _ended(ended)
     launched = read_launch_record(cwd, token)
     if launched is None:
-        carriers = _carriers(token)
+        carriers = {**_carriers(token), **_members_of(cgroup)}
         if not carriers:
             return LaunchNeverStarted(
                 reason=f"no record of launch {token} and no process carries it"
@@ -880,7 +973,7 @@ def recover_launch(
         if isinstance(found, ExitRecord):
             return _ended(found)
         if found is None:
-            _kill_all(carriers)
+            _end_launch(token, carriers, cgroup)
             return LaunchNeverStarted(
                 reason=f"pids {sorted(carriers)} carried launch {token} but recorded no launch "
                 f"within {wait:g} s; their process groups were killed"
@@ -893,7 +986,39 @@ def recover_launch(
         on_exit=on_exit,
         output_limit=output_limit,
         wait=wait,
+        cgroup=cgroup,
     )
+
+
+_RESCANS = 3  # scans for carriers after a kill (a server forked during the first)
+
+
+def _end_launch(token: str, carriers: Mapping[int, float], cgroup: InstanceCgroup | None) -> None:
+    """Kill a launch that recorded nothing in time: its carriers, then whatever
+    carries the token now (a shim slow to record may have forked its server
+    after the first scan: issue 17's unclaimed server), then its cgroups, the
+    kernel's list, which misses nothing.
+
+    Raises:
+        ProcessControlError: something could not be killed.
+    """
+    _kill_all(carriers)
+    for _ in range(_RESCANS):
+        more = _carriers(token)
+        if not more:
+            break
+        _kill_all(more)
+    if cgroup is not None:
+        cgroup.kill(everything=True)
+
+
+def _members_of(cgroup: InstanceCgroup | None) -> dict[int, float]:
+    """The live members of an instance's cgroups: pid -> start time."""
+    found: dict[int, float] = {}
+    for pid in cgroup.members() if cgroup is not None else ():
+        with contextlib.suppress(psutil.Error):
+            found[pid] = psutil.Process(pid).create_time()
+    return found
 
 
 def _await_any_record(
@@ -920,12 +1045,13 @@ def _adopt(
     on_exit: Callable[[ExitInfo], None],
     output_limit: int,
     wait: float,
+    cgroup: InstanceCgroup | None,
 ) -> LaunchRecovery:
     if launched.boot_id != boot_id():
         why = "the machine restarted since the launch; no exit status was recorded"
         return LaunchEnded(exit_code=None, signal=None, pid=launched.pid, reason=why)
     identity = launched.identity()
-    proc = AttachedProcess.attach(identity, cwd, on_exit, output_limit, token=token)
+    proc = AttachedProcess.attach(identity, cwd, on_exit, output_limit, token=token, cgroup=cgroup)
     if proc is not None:
         return LaunchRunning(process=proc, identity=identity)
     shim = (launched.shim_pid, launched.shim_start_time)

@@ -19,7 +19,9 @@ What the node hands over:
 - working directory: the server's (the plan's ``cwd``); records go to
   ``./launch/``;
 - fd 0: the launch configuration, one JSON object read to end of file:
-  ``{"argv": [str, ...], "env": {str: str}, "stdout_fd": int}``;
+  ``{"argv": [str, ...], "env": {str: str}, "stdout_fd": int, "cgroup_procs":
+  [str, ...]}`` (``cgroup_procs`` optional: the ``cgroup.procs`` files the
+  server joins before ``exec``, see ``adapters/cgroups.py``);
 - fd 1: the report pipe: the shim writes one byte, ``L`` once
   ``launch/<token>.json`` is durable, ``E`` once ``launch/<token>.exit.json``
   holds an error (the server could not be started), then closes it;
@@ -245,6 +247,34 @@ def _config_problem(cfg: object) -> str | None:
         return "the launch configuration has no env"
     if not isinstance(fd, int):
         return "the launch configuration has no stdout_fd"
+    procs = cfg.get("cgroup_procs", [])
+    if not (isinstance(procs, list) and all(isinstance(p, str) for p in procs)):
+        return "the launch configuration's cgroup_procs is not a list of paths"
+    return None
+
+
+def _joiner(paths: list[str]) -> Any:
+    """A ``preexec_fn`` that moves the child into each cgroup (``0``: the writer
+    itself) before ``exec``, so nothing the server runs is ever outside them.
+    The shim has one thread, so ``preexec_fn`` is safe here."""
+
+    def join() -> None:
+        for path in paths:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    return join if paths else None
+
+
+def _cgroup_problem(paths: list[str]) -> str | None:
+    """Why the server could not join its cgroups (checked first: an error in
+    ``preexec_fn`` reaches the shim without its reason)."""
+    for path in paths:
+        if not os.access(path, os.W_OK):
+            return f"cannot join its cgroup: {path} is missing or not writable"
     return None
 
 
@@ -266,6 +296,12 @@ def _failed(directory: str, token: str, error: str) -> int:
 def _start(cfg: dict[str, Any]) -> subprocess.Popen[bytes] | str:
     """The server, started in a new session; or why it could not be (the
     same words as the node's own messages: ``no such program (...)``)."""
+    procs = list(cfg.get("cgroup_procs", []))
+    problem = _cgroup_problem(procs)
+    if problem is not None:
+        with contextlib.suppress(OSError):
+            os.close(cfg["stdout_fd"])
+        return problem
     try:
         return subprocess.Popen(
             cfg["argv"],
@@ -274,12 +310,15 @@ def _start(cfg: dict[str, Any]) -> subprocess.Popen[bytes] | str:
             stdout=cfg["stdout_fd"],
             stderr=None,  # fd 2: the stderr log
             start_new_session=True,
+            preexec_fn=_joiner(procs),  # noqa: PLW1509 -- single-threaded here
         )
     except FileNotFoundError as e:
         return f"no such program ({e.strerror})"
     except PermissionError as e:
         return f"not executable ({e.strerror})"
-    except (OSError, ValueError, subprocess.SubprocessError) as e:
+    except subprocess.SubprocessError as e:
+        return f"cannot join its cgroup ({e})" if procs else str(e)
+    except (OSError, ValueError) as e:
         return str(e)
     finally:
         with contextlib.suppress(OSError):

@@ -97,6 +97,10 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         restart: overrides of the restart policy's fields for this instance
             (``max_restarts``, ``base_s``, ``cap_s``, ``stable_after_s``,
             ``window_s``, ``jitter``); checked when the instance is placed.
+        memory_max_bytes: the server's memory limit in bytes, written to its
+            cgroup (managed llama.cpp and mlx-lm only; refused at placement
+            where the node has no memory cgroup); None: no limit. The kernel's
+            OOM killer ends a server that exceeds it, recorded as such.
     """
 
     role: str
@@ -111,6 +115,7 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     kind: str = "inference"
     continuous: bool = True
     restart: dict[str, Any] | None = None
+    memory_max_bytes: int | None = None
 
     def validate(self) -> None:
         """Check every field an operator can get wrong.
@@ -137,6 +142,8 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
                 raise SpecError(
                     "model: managed mode needs a model name from the registry", field="model"
                 )
+        if self.memory_max_bytes is not None:
+            _check_memory_max(self)
         if not 8 <= self.ctx_size <= MAX_CTX:
             raise SpecError(
                 f"ctx_size {self.ctx_size}: allowed 8 to {MAX_CTX} tokens", field="ctx_size"
@@ -153,6 +160,21 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     def bind_host(self) -> str:
         """The address to check for a listener (``localhost`` resolved to 127.0.0.1)."""
         return "127.0.0.1" if self.host == "localhost" else self.host
+
+
+def _check_memory_max(spec: InstanceSpec) -> None:
+    limit = spec.memory_max_bytes
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+        raise SpecError(
+            f"memory_max_bytes {limit!r}: allowed a whole number of bytes > 0, or none",
+            field="memory_max_bytes",
+        )
+    if spec.mode is not Mode.MANAGED or spec.flavor is Flavor.OLLAMA:
+        raise SpecError(
+            f"memory_max_bytes {limit}: allowed only for a managed llama.cpp or mlx-lm "
+            "server (an adopted or Ollama server is not a process of this node's)",
+            field="memory_max_bytes",
+        )
 
 
 def instance_id(spec: InstanceSpec, node_id: str) -> str:

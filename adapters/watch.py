@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from .cgroups import InstanceCgroup
 from .descendants import Descendants
 from .errors import ProcessControlError
 from .output import LogReader, Tail, exit_tail, log_paths
@@ -36,6 +37,7 @@ __all__ = ["OUTPUT_LIMIT", "ExitInfo", "WatchedProcess"]
 OUTPUT_LIMIT = 1024 * 1024  # bytes of each stream kept, in memory and on disk
 _READER_DRAIN = 0.5  # s an exit report waits for the readers to reach end of output
 _FALLBACK_POLL = 0.5  # s between identity checks should waiting itself fail
+_SETTLE_POLL = 0.02  # s between looks at what is left of a server's tree
 
 _log = logging.getLogger(__name__)
 
@@ -55,16 +57,22 @@ class ExitInfo(msgspec.Struct, frozen=True):
     exit_code: int | None
     signal: int | None
     output_tail: str
+    #: The kernel's OOM killer killed in the server's cgroup during this launch.
+    oom_killed: bool = False
 
 
 class WatchedProcess:
     """Base of :class:`~.process.ManagedProcess` and :class:`~.process.AttachedProcess`.
 
     A subclass sets what its :meth:`_await_exit` needs, then calls
-    ``super().__init__``, which starts the threads.
+    ``super().__init__``, which starts the threads. ``cgroup``: the
+    instance's cgroups (None: process groups and descendant tracking only);
+    ``shim``: the server's exit-status shim, whose orphans (re-parented to it,
+    a subreaper) are tracked as descendants when there is no cgroup.
     """
 
     identity: ProcessIdentity
+    cgroup: InstanceCgroup | None
 
     def __init__(
         self,
@@ -74,8 +82,12 @@ class WatchedProcess:
         output_limit: int,
         *,
         resume: bool,
+        cgroup: InstanceCgroup | None = None,
+        shim: ProcessIdentity | None = None,
     ) -> None:
         self.identity = identity
+        self.cgroup = cgroup
+        self._shim_identity = shim
         self._on_exit = on_exit
         self._out, self._err = Tail(output_limit), Tail(output_limit)
         self._stop_reading = threading.Event()
@@ -115,7 +127,9 @@ class WatchedProcess:
         drained_by = time.monotonic() + _READER_DRAIN
         for reader in self._readers:
             reader.join(max(drained_by - time.monotonic(), 0.0))
-        self._info = ExitInfo(self.identity.pid, code, sig, exit_tail(self._out, self._err))
+        oom = bool(self.cgroup.oom_kills()) if self.cgroup is not None else False
+        tail = exit_tail(self._out, self._err)
+        self._info = ExitInfo(self.identity.pid, code, sig, tail, oom_killed=oom)
         self._exited.set()
         try:
             self._on_exit(self._info)
@@ -145,6 +159,8 @@ class WatchedProcess:
         every reconcile tick with the tick's :class:`ProcessTable` (then nothing
         is read from the system); without one it scans the process table."""
         self._descendants.track(self.identity, table)
+        if self.cgroup is None and self._shim_identity is not None:
+            self._descendants.track(self._shim_identity, table, skip=self.identity.pid)
 
     def descendants(self) -> dict[int, float]:
         """The descendants remembered so far (pid -> start time) and not seen gone."""
@@ -156,16 +172,45 @@ class WatchedProcess:
         process table."""
         if self._at_exit is None:
             return []
-        return [
-            p for p in group_members(self.identity.pgid, self._at_exit) if p != self.identity.pid
-        ]
+        found = set(group_members(self.identity.pgid, self._at_exit))
+        if self.cgroup is not None:
+            found |= self.cgroup.server_members()
+        return sorted(found - {self.identity.pid})
 
-    def kill(self) -> None:
-        """SIGKILL the process group now (a second stop escalates); returns at once.
+    def settle(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds, signalling nothing, for what is left of
+        the server's tree (its group, its cgroup) to end by itself: a stop gives
+        its grace to the children too, after the leader has exited."""
+        deadline = time.monotonic() + max(grace, 0.0)
+        while time.monotonic() < deadline and self._tree_left():
+            time.sleep(_SETTLE_POLL)
+
+    def _tree_left(self) -> bool:
+        if self.cgroup is not None and self.cgroup.server_members():
+            return True
+        return bool(group_members(self.identity.pgid, self._at_exit))
+
+    def sigterm(self) -> None:
+        """SIGTERM the server's process group and, with a cgroup, every other
+        member of it (a ``setsid`` daemon is asked to end too, as systemd stops
+        a unit); returns at once.
 
         Raises:
             ProcessControlError: the group could not be signalled.
         """
+        signal_group(self.identity.pgid, signal.SIGTERM, self._at_exit)
+        if self.cgroup is not None:
+            self.cgroup.signal_outside_group(signal.SIGTERM, self.identity.pgid)
+
+    def kill(self) -> None:
+        """SIGKILL the process group (and the cgroup) now (a second stop
+        escalates); returns at once.
+
+        Raises:
+            ProcessControlError: the group could not be signalled.
+        """
+        if self.cgroup is not None:
+            self.cgroup.kill(wait=False)
         signal_group(self.identity.pgid, signal.SIGKILL, self._at_exit)
 
     def terminate(self, grace: float) -> ExitInfo:
@@ -174,14 +219,19 @@ class WatchedProcess:
         Tracks the descendants once more, then SIGTERM to the group, up to
         ``grace`` seconds for it to go, SIGKILL until no member is left
         (deadline 5 s); then SIGKILL to every tracked descendant still alive,
-        until none is (deadline 5 s). Idempotent, and safe once the process has
-        exited by itself; concurrent calls are serialised.
+        until none is (deadline 5 s). With a cgroup, the grace lasts until the
+        whole cgroup is empty (not only the group), then everything left in it
+        is killed (``cgroup.kill``, or the v1 freezer way) until it is empty.
+        Idempotent, and safe once the process has exited by itself; concurrent
+        calls are serialised.
 
         Raises:
             ProcessControlError: something could not be signalled or outlived SIGKILL.
         """
         with self._terminating:
             self.track_descendants()
+            if self.cgroup is not None:
+                self._terminate_cgroup(self.cgroup, grace)
             # Asked before every signal: the exit may be seen during the grace period.
             terminate_group(self.identity.pgid, grace, lambda: self._at_exit)
             self._descendants.kill_all()
@@ -189,3 +239,12 @@ class WatchedProcess:
         if info is None:
             raise ProcessControlError(f"pid {self.identity.pid} did not exit after SIGKILL")
         return info
+
+    def _terminate_cgroup(self, cgroup: InstanceCgroup, grace: float) -> None:
+        """SIGTERM to the group and to every other member of the cgroup (as
+        systemd stops a unit), the grace to the whole cgroup, then kill it all."""
+        self.sigterm()
+        deadline = time.monotonic() + max(grace, 0.0)
+        while time.monotonic() < deadline and cgroup.server_members():
+            time.sleep(_SETTLE_POLL)
+        cgroup.kill()

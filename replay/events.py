@@ -53,6 +53,7 @@ __all__ = [
     "StartRefused",
     "Starting",
     "StopRequested",
+    "StraysEnded",
     "Terminating",
     "Unhealthy",
     "Unloaded",
@@ -200,6 +201,10 @@ class Exited(_Event, frozen=True, tag="instance.exited"):
     signal: int | None
     reason: str
     output_tail: str = ""
+    #: The kernel's OOM killer killed in the server's cgroup (its ``oom_kill``
+    #: count rose), under the limit ``memory_max_bytes``.
+    oom_killed: bool = False
+    memory_max_bytes: int | None = None
 
 
 class RestartScheduled(_Event, frozen=True, tag="instance.restart_scheduled"):
@@ -312,6 +317,16 @@ class Exposed(_Event, frozen=True, tag="instance.exposed"):
     addresses: list[str]
 
 
+class StraysEnded(_Event, frozen=True, tag="instance.strays_ended"):
+    """At boot, processes were found in the instance's cgroup (the kernel's
+    membership, ``docs/process-supervision.md``) that no record claims (the
+    server they belonged to is gone, or was never recorded): they are killed.
+    ``pids`` are theirs; ``cgroup`` is where they were found."""
+
+    pids: list[int]
+    cgroup: str
+
+
 class AdmissionRefused(_Event, frozen=True, tag="node.admission_refused"):
     """A placement was refused because of the node's own condition (a taken port)."""
 
@@ -349,6 +364,7 @@ InstanceEvent = (
     | MemoryCorrected
     | MemoryReleased
     | Exposed
+    | StraysEnded
     | Unloaded
 )
 Event = NodeStarted | NodeStopped | KeyRotated | AdmissionRefused | LeaseRenewed | InstanceEvent
@@ -382,6 +398,7 @@ EVENT_TYPES: dict[str, type[Any]] = {
         MemoryCorrected,
         MemoryReleased,
         Exposed,
+        StraysEnded,
         AdmissionRefused,
         LeaseRenewed,
         Unloaded,

@@ -285,6 +285,7 @@ def _on_exited(inst: InstanceState, stored: StoredEvent, e: ev.Exited) -> dict[s
     return dict(
         process=None,
         last_exit=_exit(e, stored.ts_ns),
+        oom_kills=inst.oom_kills + (1 if e.oom_killed else 0),
         terminating=None,
         up_since=None,
         reserved_bytes=0,
@@ -407,6 +408,7 @@ def _exit(event: ev.Exited, ts_ns: int) -> ExitRecord:
         reason=event.reason,
         ts_ns=ts_ns,
         output_tail=event.output_tail,
+        oom_killed=event.oom_killed,
     )
 
 
@@ -447,6 +449,10 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.StopRequested: _stop,
     ev.Unloaded: lambda e: f"unloaded by {e.by}",
     ev.Exposed: lambda e: f"listening beyond loopback on {', '.join(e.addresses)}: stopped",
+    ev.StraysEnded: lambda e: (
+        f"{len(e.pids)} unclaimed process(es) in its cgroup {e.cgroup} killed at boot: "
+        f"pid {', '.join(map(str, e.pids[:8]))}"
+    ),
     ev.Terminating: lambda e: f"{e.cause} (SIGKILL after {e.grace_s:g} s)",
     ev.ModelClaimed: lambda e: (
         "model loaded by this node" if e.ours else "model already resident: not ours to unload"

@@ -110,6 +110,7 @@ class ExitRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reason: str
     ts_ns: int
     output_tail: str = ""
+    oom_killed: bool = False
 
 
 class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -136,6 +137,8 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         reserved_bytes: what the residency ledger holds for it, bytes.
         refusal: the cause of the last refused start, until a start succeeds
             (a refusal is recorded once per cause).
+        oom_kills: exits recorded as OOM kills under the instance's memory
+            limit (``instance.exited`` with ``oom_killed``), ever.
     """
 
     instance_id: str
@@ -149,6 +152,7 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reason: str = ""
     process: ProcessRecord | None = None
     restarts: int = 0
+    oom_kills: int = 0
     restart_times_ns: tuple[int, ...] = ()
     last_exit: ExitRecord | None = None
     exposed: tuple[str, ...] = ()

@@ -21,6 +21,7 @@ from support import FAKE_GGUF, PROGRAMS, make_launcher, ollama_server
 from infervisor.actors.clock import Clock, ManualClock
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
+from infervisor.adapters.cgroups import hierarchies
 from infervisor.adapters.ports import free_port
 from infervisor.replay import RestartPolicy
 
@@ -136,3 +137,27 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     worker leaves the cores idle a third of the time (the suite measured 1.4 busy
     cores of 2); three workers on 2 cores took 243 s where two took 271-285 s."""
     return max(2, (os.cpu_count() or 2) * 3 // 2)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Leave no empty cgroup of the nodes the tests ran behind (their data
+    directories are gone, so nobody else would remove them): a node killed
+    on purpose does not remove its own. Only empty cgroups are removed (rmdir
+    refuses any other), bottom-up, under ``infervisor-*`` bases; by the main
+    process only, once every xdist worker has finished."""
+    if hasattr(session.config, "workerinput"):
+        return
+    for hierarchy in hierarchies(*_own_cgroups()):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(hierarchy.own):
+                if entry.is_dir() and entry.name.startswith("infervisor-"):
+                    for path, _, _ in os.walk(entry.path, topdown=False):
+                        with contextlib.suppress(OSError):
+                            os.rmdir(path)
+
+
+def _own_cgroups() -> tuple[str, str]:
+    try:
+        return Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return "", ""

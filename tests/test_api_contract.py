@@ -172,6 +172,8 @@ def spec(role: str, port: int, **extra: Any) -> dict[str, Any]:
 def test_the_reading_routes(api: Api, listener: str) -> None:
     node = api.call(listener, "GET", "/v1/node", 200)
     assert node["phase"] == "open" and node["node_id"] == "n1"
+    assert node["containment"] in ("cgroup2", "cgroup1", "pgroup")  # and why:
+    assert node["containment_reason"]
     assert api.row(node["head_seq"])[0] == node["head_hash"]
     assert isinstance(api.call(listener, "GET", "/v1/instances", 200), list)
     ledger = api.call(listener, "GET", "/v1/ledger", 200)

@@ -361,7 +361,7 @@ def view(lifecycle: str, seq: int, reason: str = "") -> InstanceView:
         role="chat", flavor="llamacpp", mode="managed", endpoint="http://127.0.0.1:1",
         lifecycle=lifecycle, desired="running", reason=reason, since_ns=0, restarts=0,
         health="", health_reason="", status="", reserved_bytes=0, exposure="loopback",
-        last_seq=seq,
+        last_seq=seq, oom_kills=0,
     )  # fmt: skip
     converted: InstanceView = msgspec.convert(fields, InstanceView)
     return converted

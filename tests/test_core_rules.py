@@ -979,6 +979,27 @@ def test_boot_stopped_for_restart_starts_again() -> None:
     assert sim.effect(fx.CheckStart).reset_budget is True
 
 
+def test_boot_strays_are_recorded_and_ended_before_the_exit_and_its_restart() -> None:
+    sim = running(process_sim())
+    sim.feed(o.BootSeen(process=_gone(sim, code=7), strays=[41, 42], cgroup="/cg/x/server"))
+    assert sim.kinds_of_last() == [
+        "instance.strays_ended",
+        "instance.exited",
+        "instance.restart_scheduled",
+    ]
+    effects = sim.last.effects  # type: ignore[union-attr]
+    assert effects[0] == fx.EndStrays()  # before anything else: the port is free again
+
+
+def test_boot_strays_of_a_stopped_instance_are_ended_and_nothing_starts() -> None:
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="operator", grace_s=1))
+    sim.feed(o.BootSeen(process=_gone(sim, code=None)))
+    sim.feed(o.BootSeen(process=o.ProcessNone(), strays=[43], cgroup="/cg/x/server"))
+    assert sim.kinds_of_last() == ["instance.strays_ended"]
+    assert sim.last.effects == (fx.EndStrays(),)  # type: ignore[union-attr]
+
+
 def test_boot_ollama_starting_asks_residency_and_unload_in_flight_resumes() -> None:
     sim = Sim(rules=make_rules(Mode.OLLAMA))
     sim.feed(o.StartVerb(by="operator"))

@@ -88,6 +88,12 @@ def test_a_running_instance_is_measured(node: Node) -> None:
     latency = of(samples, "infervisor_instance_probe_latency_seconds", **labels)
     assert 0 < latency < 20
     assert of(samples, "infervisor_instance_health_misses_total", **labels) == 0
+    assert of(samples, "infervisor_node_containment", mode=node.containment.mode) == 1
+    assert of(samples, "infervisor_instance_oom_kills_total", **labels) == 0
+    if node.containment.mode != "pgroup":  # the whole tree's memory and CPU, from its cgroup
+        assert of(samples, "infervisor_instance_cpu_seconds_total", **labels) > 0
+    if node.containment.memory is not None:
+        assert of(samples, "infervisor_instance_cgroup_memory_bytes", **labels) > 0
 
     # The head seq is read from the chain file; read both after the instance settles.
     wait_until(lambda: node.settled(iid), 10, "no probe in flight")

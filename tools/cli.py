@@ -954,7 +954,9 @@ def status(target: _Target, as_json: bool, unverified: bool, watch: bool) -> Non
     INSTANCE, FLAVOR, MODE, STATE (lifecycle), WANTED (running or stopped),
     SINCE (how long in that state: 42s, 5m, 3h, 2d), RESTARTS (used/budget),
     ENDPOINT, MEM MiB (reserved by the budget/observed resident). With
-    INSTANCE, its details follow (health, pid, reason, last exit).
+    INSTANCE, its details follow (health, pid, reason, last exit, the memory
+    limit and OOM kills, the tree's memory and CPU from its cgroup, and how
+    the node contains its servers).
 
     While the node's chain refuses writes (disk full, write lock held
     elsewhere), a warning on stderr says so and since when.
@@ -1008,6 +1010,9 @@ def _show_status(
     _print_table([_row(from_view(v)) for v in views])
     if instance:
         _print_details(views[0])
+        with contextlib.suppress(ApiError, NodeUnavailable), target.client() as client:
+            node = client.node()
+            click.echo(f"  contained  {node.containment}: {node.containment_reason}")
 
 
 def _chain_refusal(info: NodeInfo) -> str | None:
@@ -1161,6 +1166,18 @@ def _print_details(v: InstanceView) -> None:
         how = f"signal {e.signal}" if e.signal is not None else f"exit code {e.exit_code}"
         pid = f"pid {e.pid}, " if e.pid is not None else ""
         click.echo(f"  last exit  {pid}{how}: {e.reason}")
+    _print_accounting(v)
+
+
+def _print_accounting(v: InstanceView) -> None:
+    """The memory limit, OOM kills, and the tree's memory and CPU from its cgroup."""
+    if v.memory_max_bytes is not None or v.oom_kills:
+        limit = f"{v.memory_max_bytes} bytes" if v.memory_max_bytes is not None else "none"
+        click.echo(f"  mem limit  {limit}, {v.oom_kills} OOM kill(s)")
+    if v.cgroup_memory_bytes is not None or v.cpu_seconds is not None:
+        mem = f"{v.cgroup_memory_bytes / 2**20:.1f} MiB" if v.cgroup_memory_bytes else "-"
+        cpu = f"{v.cpu_seconds:.2f} s CPU" if v.cpu_seconds is not None else "- CPU"
+        click.echo(f"  cgroup     {mem}, {cpu} (the whole process tree)")
 
 
 def _say_view(

@@ -16,7 +16,7 @@ from infervisor.replay.state import Stamp, later
 
 from .common import STARTABLE, after_exit, describe_exit, try_start
 from .decision import Draft
-from .effects import ArmTimer, CheckResident, Terminate, UnloadModel
+from .effects import ArmTimer, CheckResident, EndStrays, Terminate, UnloadModel
 from .observations import BootSeen, ProcessAlive, ProcessGone
 from .process import restart_due
 from .rules import Mode
@@ -35,6 +35,10 @@ def boot(d: Draft, b: BootSeen) -> None:
     if mode is Mode.OLLAMA:
         _boot_ollama(d)
         return
+    if b.strays:
+        # Nothing claims them: end them, recorded, before anything starts.
+        d.emit(ev.StraysEnded(pids=list(b.strays), cgroup=b.cgroup))
+        d.do(EndStrays())
     before = len(d.events)
     match b.process:
         case ProcessAlive():

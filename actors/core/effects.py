@@ -19,6 +19,7 @@ __all__ = [
     "CheckResident",
     "CheckStart",
     "Effect",
+    "EndStrays",
     "Kill",
     "LoadModel",
     "Reap",
@@ -65,7 +66,15 @@ class Kill(_Effect, frozen=True):
 
 class Reap(_Effect, frozen=True):
     """The leader exited: make sure nothing of the group is left, then report
-    :class:`GroupGone`."""
+    :class:`GroupGone`. ``grace_s``: what is left of a stop's grace, given to
+    the rest of the tree before it is killed (0: a crash, killed at once)."""
+
+    grace_s: float = 0.0
+
+
+class EndStrays(_Effect, frozen=True):
+    """Kill everything in the instance's server cgroup and wait until it is empty
+    (the processes :class:`StraysEnded` names); before any start."""
 
 
 class ArmTimer(_Effect, frozen=True):
@@ -108,6 +117,7 @@ Effect = (
     | Terminate
     | Kill
     | Reap
+    | EndStrays
     | ArmTimer
     | CancelTimer
     | CheckResident

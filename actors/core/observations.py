@@ -158,6 +158,8 @@ class GroupGone(_Obs, frozen=True):
     signal: int | None
     output_tail: str = ""
     note: str = ""
+    oom_killed: bool = False
+    memory_max_bytes: int | None = None
 
 
 class ProbeResult(_Obs, frozen=True):
@@ -265,9 +267,14 @@ class ProcessNone(msgspec.Struct, frozen=True, kw_only=True, tag="none"):
 
 
 class BootSeen(_Obs, frozen=True):
-    """The node (re)started: what became of the instance's process."""
+    """The node (re)started: what became of the instance's process; its strays.
+
+    ``strays``: live processes in the instance's server cgroup that no record
+    claims (the kernel's membership; empty without cgroups), in ``cgroup``."""
 
     process: ProcessAlive | ProcessGone | ProcessNone
+    strays: list[int] = msgspec.field(default_factory=list)
+    cgroup: str = ""
 
 
 Observation = (

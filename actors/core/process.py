@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
+from infervisor.replay.state import later
 
 from .common import after_exit, begin_termination, describe_exit, remaining_s, try_start
 from .decision import Draft, RefusalKind
@@ -63,9 +64,16 @@ def spawn_failed(d: Draft, f: SpawnFailed) -> None:
 
 
 def process_exited(d: Draft, e: ProcessExited) -> None:
-    """The leader exited: reap what is left of its group before recording it."""
-    if d.inst.process is not None and d.inst.process.pid == e.pid:
-        d.do(Reap())
+    """The leader exited: reap what is left of its tree (a stop's grace first).
+
+    A stop in progress gives the rest of the tree what is left of its grace
+    (the children clean up too); a crash ends the rest at once."""
+    inst = d.inst
+    if inst.process is None or inst.process.pid != e.pid:
+        return
+    term = inst.terminating
+    left = 0.0 if term is None else max(0.0, remaining_s(later(term.at, term.grace_s), d.now))
+    d.do(Reap(grace_s=left))
 
 
 def group_gone(d: Draft, g: GroupGone) -> None:
@@ -74,6 +82,8 @@ def group_gone(d: Draft, g: GroupGone) -> None:
     if inst.process is None or inst.process.pid != g.pid:
         return
     cause = inst.terminating.cause if inst.terminating is not None else _unasked(g)
+    if g.oom_killed:
+        cause = f"killed by the kernel's OOM killer (memory limit {g.memory_max_bytes} bytes)"
     reason = f"{cause}: {describe_exit(g.exit_code, g.signal)}"
     if g.note:
         reason += f"; {g.note}"
@@ -84,6 +94,8 @@ def group_gone(d: Draft, g: GroupGone) -> None:
             signal=g.signal,
             reason=reason,
             output_tail=g.output_tail[-_OUTPUT_TAIL:],
+            oom_killed=g.oom_killed,
+            memory_max_bytes=g.memory_max_bytes if g.oom_killed else None,
         )
     )
     d.do(CancelTimer(name="kill"))

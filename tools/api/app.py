@@ -304,6 +304,9 @@ def build_app(ctx: ApiContext) -> Litestar:  # noqa: PLR0915 - one closure per r
                 chain_error=health.error,
                 chain_failing_since_ns=health.since_ns,
                 chain_append_failures=health.failures,
+                containment=node.containment.mode,
+                containment_reason=node.containment.reason,
+                memory_cgroup=node.containment.memory,
             )
 
     @get(f"{_V}/instances", sync_to_thread=True, responses=_responses())

@@ -31,6 +31,15 @@ every one is a gauge but the histogram):
   reserves for it, bytes.
 - ``infervisor_instance_rss_bytes``: observed resident memory of the server's
   process tree, bytes.
+- ``infervisor_node_containment{mode}``: always 1; ``mode`` is ``cgroup2``,
+  ``cgroup1`` or ``pgroup`` (docs/process-supervision.md).
+- ``infervisor_instance_oom_kills_total`` (a counter): exits recorded as OOM
+  kills under the instance's memory limit.
+- ``infervisor_instance_memory_max_bytes``: the instance's memory limit, bytes.
+- ``infervisor_instance_cgroup_memory_bytes``: memory charged to the server's
+  whole tree in its cgroup, bytes.
+- ``infervisor_instance_cpu_seconds_total`` (a counter): CPU time of the
+  server's whole tree in its cgroup since its launch, seconds.
 - ``infervisor_chain_head_seq``: the chain's highest seq (-1: no event).
 - ``infervisor_chain_append_failing``: 1 while the chain refuses writes (disk
   full, write lock held by another process: observations wait), else 0
@@ -56,11 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -126,7 +131,9 @@ class _NodeCollector(Collector):
         if node is None:
             return
         yield from _node_families(node)
-        yield from _instance_families(node.list())
+        views = node.list()
+        yield from _instance_families(views)
+        yield from _cgroup_families(views)
         yield from _chain_families(node, self._chain_path)
 
 
@@ -136,6 +143,48 @@ def _node_families(node: Node) -> Iterator[Metric]:
     )
     info.add_metric([node.settings.node_id, VERSION], 1)
     yield info
+    containment = GaugeMetricFamily(
+        "infervisor_node_containment",
+        "How managed servers are contained (cgroup2, cgroup1, pgroup): always 1.",
+        labels=["mode"],
+    )
+    containment.add_metric([node.containment.mode], 1)
+    yield containment
+
+
+def _cgroup_families(views: list[InstanceView]) -> Iterator[Metric]:
+    """OOM kills, the memory limit, and the tree's memory and CPU from its cgroup."""
+    ooms = CounterMetricFamily(
+        "infervisor_instance_oom_kills",
+        "Exits recorded as OOM kills under the instance's memory limit.",
+        labels=_LABELS,
+    )
+    limit = GaugeMetricFamily(
+        "infervisor_instance_memory_max_bytes",
+        "The instance's memory limit, bytes.",
+        labels=_LABELS,
+    )
+    memory = GaugeMetricFamily(
+        "infervisor_instance_cgroup_memory_bytes",
+        "Memory charged to the server's whole process tree in its cgroup, bytes.",
+        labels=_LABELS,
+    )
+    cpu = CounterMetricFamily(
+        "infervisor_instance_cpu_seconds",
+        "CPU time of the server's whole process tree in its cgroup since its launch, seconds.",
+        labels=_LABELS,
+    )
+    for view in views:
+        labels = [view.instance_id, view.flavor, view.mode]
+        ooms.add_metric(labels, view.oom_kills)
+        for family, value in (
+            (limit, view.memory_max_bytes),
+            (memory, view.cgroup_memory_bytes),
+            (cpu, view.cpu_seconds),
+        ):
+            if value is not None:
+                family.add_metric(labels, value)
+    yield from (ooms, limit, memory, cpu)
 
 
 def _instance_families(views: list[InstanceView]) -> Iterator[Metric]:

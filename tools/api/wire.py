@@ -174,6 +174,11 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     instances' observations wait, in order, and verbs are refused until it
     takes writes again. ``chain_append_failures`` counts failed append
     transactions since the node started.
+
+    ``containment`` is how managed servers are contained (``cgroup2``,
+    ``cgroup1`` or ``pgroup``), ``containment_reason`` why (the hierarchy
+    used, or why none could be), ``memory_cgroup`` where memory limits go
+    (None: nowhere); see docs/process-supervision.md.
     """
 
     node_id: str
@@ -187,6 +192,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     chain_error: str | None = None
     chain_failing_since_ns: int | None = None
     chain_append_failures: int = 0
+    containment: str = ""
+    containment_reason: str = ""
+    memory_cgroup: str | None = None
 
 
 class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
