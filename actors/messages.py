@@ -44,6 +44,7 @@ __all__ = [
     "Register",
     "Restart",
     "Revive",
+    "ShuttingDown",
     "Start",
     "Stop",
     "Unload",
@@ -100,6 +101,12 @@ class GetStatus(_Msg, frozen=True):
 
 class IsSettled(_Msg, frozen=True):
     """Answer True when no probe or termination of this instance is in flight."""
+
+
+class ShuttingDown(_Msg, frozen=True):
+    """To the supervisor: the node is shutting down; the controller lease is no
+    longer judged (a lease lapsing while the servers stop must not record them
+    stopped by the lease: they stay wanted as they were for the next start)."""
 
 
 class NewPlacement(_Msg, frozen=True):

@@ -180,6 +180,8 @@ class Node:
             _stop_actors(self._actors)
 
     def _stop_and_record(self, stop_servers: bool, reason: str) -> None:
+        with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+            self._actors.supervisor.ask(m.ShuttingDown(), timeout=ASK_TIMEOUT_S)
         if stop_servers:
             futures = [self._ask(ref, m.Stop(by="shutdown", reason=reason)) for ref in self._refs()]
             for fut in futures:

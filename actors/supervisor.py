@@ -192,6 +192,8 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._heard(controller)
             case m.IsSettled():
                 return True  # answered after the ticks before it were told (Node.settled)
+            case m.ShuttingDown():
+                self._lease = None
             case _Tick(what=what):
                 self._tick(what)
         return None

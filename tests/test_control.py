@@ -681,7 +681,7 @@ def stub_view(instance_id: str, lifecycle: str) -> InstanceView:
         role="chat", flavor="llamacpp", mode="managed", endpoint="http://127.0.0.1:1",
         lifecycle=lifecycle, desired="running", reason="", since_ns=0, restarts=0,
         health="", health_reason="", status="", reserved_bytes=0, exposure="loopback",
-        last_seq=0, misses=0,
+        last_seq=0, misses=0, oom_kills=0,
     )  # fmt: skip
     converted: InstanceView = msgspec.convert(fields, InstanceView)
     return converted
@@ -694,7 +694,9 @@ class StubNode:
         self.stopping = threading.Event()
         self.release = threading.Event()
         self.by: list[str] = []
-        self.settings = types.SimpleNamespace(lease_s=None)  # what GET /v1/node reads
+        # What GET /v1/node reads besides append_status.
+        self.settings = types.SimpleNamespace(lease_s=None)
+        self.containment = types.SimpleNamespace(mode="pgroup", reason="a stub", memory=None)
 
     def append_status(self) -> AppendStatus:
         return AppendStatus(writable=True, error=None, since_ns=None, failures=0)

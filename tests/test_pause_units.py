@@ -291,3 +291,14 @@ def test_a_silent_controller_without_a_pause_loses_the_lease(
     supervisor.tell(m.Heard(controller="ctl"))
     expired = told(clock, supervisor, recorder, 12)
     assert len(expired) == 1 and 10.0 < expired[0] <= 12.0, expired
+
+
+def test_a_node_shutting_down_judges_no_lease(
+    supervised: tuple[ManualClock, pykka.ActorRef[SupervisorActor], pykka.ActorRef[Recorder]],
+) -> None:
+    # Stopping the servers may outlast the lease; what they stop for is the
+    # shutdown, so they stay wanted running for the next start.
+    clock, supervisor, recorder = supervised
+    supervisor.tell(m.Heard(controller="ctl"))
+    supervisor.ask(m.ShuttingDown(), timeout=20.0)
+    assert told(clock, supervisor, recorder, 30) == []
