@@ -139,6 +139,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(2, (os.cpu_count() or 2) * 3 // 2)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding a slow test first, the one with the longest timeout marker
+    first among them (their order otherwise kept): xdist hands whole files to
+    workers in this order (``--dist loadfile``), and a minute-long kill loop
+    handed out last would run alone at the end while the other workers idle.
+    Longest first is how a fixed set of jobs is spread over few workers."""
+    weight: dict[object, float] = {}
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            limit = item.get_closest_marker("timeout")
+            seconds = float(limit.args[0]) if limit is not None and limit.args else 0.0
+            weight[item.path] = max(weight.get(item.path, 0.0), seconds, 1.0)
+    items.sort(key=lambda item: -weight.get(item.path, 0.0))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Leave no empty cgroup of the nodes the tests ran behind (their data
     directories are gone, so nobody else would remove them): a node killed

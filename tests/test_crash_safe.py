@@ -124,6 +124,7 @@ def test_kill_9_of_the_node_then_restart_reattaches(runs, crash_config) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # also its place in the run: conftest, longest first
 def test_kill_9_ten_times_without_leaks(runs, crash_config) -> None:  # noqa: F811 - fixture
     # Ten rounds here; tests/test_kill_loop.py kills the node 50 times at chosen moments.
     config, db = crash_config

@@ -339,6 +339,7 @@ def pick_moment(rng: random.Random, kill: int, db: Path) -> tuple[str, Callable[
 
 # ---------------------------------------------------------------- the test
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # also its place in the run: conftest, longest first
 def test_sigkill_loop_keeps_every_promise(tmp_path: Path) -> None:
     program = make_launcher(tmp_path, PROGRAMS / "kill_loop_server.py")
     marker = str(tmp_path)
