@@ -867,47 +867,50 @@ def _node_command(
                 target.timeout_s = _answer_timeout(kwargs.pop("answer_timeout"))
             return f(target=target, **kwargs)
 
-        options = [
-            click.argument("args", nargs=-1, metavar=metavar),
-            click.option(
-                "--url",
-                metavar="URL",
-                help="The node's API over TCP (its [api] tcp, http://HOST:PORT) instead of "
-                "WHERE's socket [env: INFERVISOR_URL].",
-            ),
-            click.option(
-                "--token", metavar="SECRET", help="Bearer token for --url [env: INFERVISOR_TOKEN]."
-            ),
-            click.option(
-                "--token-file",
-                type=click.Path(dir_okay=False, path_type=Path),
-                metavar="FILE",
-                help="A file holding the token: the bare secret, or the node's "
-                "DATA_DIR/api-tokens.json (--token-name picks one).",
-            ),
-            click.option(
-                "--token-name",
-                default=token_name,
-                show_default=True,
-                metavar="NAME",
-                help="The token of --token-file's api-tokens.json to use.",
-            ),
-        ]
-        if timeout:
-            options.append(
-                click.option(
-                    "--timeout",
-                    "answer_timeout",
-                    type=SECONDS,
-                    metavar="SECONDS",
-                    help=_TIMEOUT_HELP,
-                )
-            )
-        for option in reversed(options):
+        for option in reversed(_node_options(metavar, timeout, token_name)):
             wrapper = option(wrapper)
         return wrapper
 
     return decorate
+
+
+def _node_options(
+    metavar: str, timeout: bool, token_name: str
+) -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """The arguments and options of :func:`_node_command`, in their order."""
+    options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+        click.argument("args", nargs=-1, metavar=metavar),
+        click.option(
+            "--url",
+            metavar="URL",
+            help="The node's API over TCP (its [api] tcp, http://HOST:PORT) instead of "
+            "WHERE's socket [env: INFERVISOR_URL].",
+        ),
+        click.option(
+            "--token", metavar="SECRET", help="Bearer token for --url [env: INFERVISOR_TOKEN]."
+        ),
+        click.option(
+            "--token-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            metavar="FILE",
+            help="A file holding the token: the bare secret, or the node's "
+            "DATA_DIR/api-tokens.json (--token-name picks one).",
+        ),
+        click.option(
+            "--token-name",
+            default=token_name,
+            show_default=True,
+            metavar="NAME",
+            help="The token of --token-file's api-tokens.json to use.",
+        ),
+    ]
+    if timeout:
+        options.append(
+            click.option(
+                "--timeout", "answer_timeout", type=SECONDS, metavar="SECONDS", help=_TIMEOUT_HELP
+            )
+        )
+    return options
 
 
 @contextmanager
