@@ -87,6 +87,7 @@ EXIT_RESERVE = 512
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 _TOKEN_MAX = 64
 _PR_SET_CHILD_SUBREAPER = 36
+_CLONE_NEWCGROUP = 0x02000000  # <linux/sched.h>
 _REPORT_FD = 1
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -255,8 +256,19 @@ def _config_problem(cfg: object) -> str | None:
 
 def _joiner(paths: list[str]) -> Any:
     """A ``preexec_fn`` that moves the child into each cgroup (``0``: the writer
-    itself) before ``exec``, so nothing the server runs is ever outside them.
-    The shim has one thread, so ``preexec_fn`` is safe here."""
+    itself) before ``exec``, so nothing the server runs is ever outside them,
+    then gives it a cgroup namespace rooted there.
+
+    A process may move itself to any cgroup whose ``cgroup.procs`` it can write:
+    a server running as root could leave its own. Inside a cgroup namespace the
+    kernel refuses a v2 migration out of the namespace's root (cgroup-v2.rst,
+    "Namespace confinement"), so the server's tree stays in its cgroup. Making
+    the namespace needs CAP_SYS_ADMIN: without it (a server that is not root,
+    which cannot write the node's cgroups anyway) it is skipped. v1 has no such
+    confinement (docs/process-supervision.md). The shim has one thread, so
+    ``preexec_fn`` is safe here.
+    """
+    unshare = _unshare()
 
     def join() -> None:
         for path in paths:
@@ -265,8 +277,22 @@ def _joiner(paths: list[str]) -> Any:
                 os.write(fd, b"0")
             finally:
                 os.close(fd)
+        if unshare is not None:
+            unshare(_CLONE_NEWCGROUP)  # its failure (EPERM) leaves the confinement off
 
     return join if paths else None
+
+
+def _unshare() -> Any:
+    """libc's ``unshare``, loaded before the fork (None where there is none)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes  # noqa: PLC0415 -- only where it can be used
+
+        return ctypes.CDLL(None, use_errno=True).unshare
+    except (OSError, AttributeError):
+        return None
 
 
 def _cgroup_problem(paths: list[str]) -> str | None:

@@ -159,7 +159,10 @@ class WatchedProcess:
         every reconcile tick with the tick's :class:`ProcessTable` (then nothing
         is read from the system); without one it scans the process table."""
         self._descendants.track(self.identity, table)
-        if self.cgroup is None and self._shim_identity is not None:
+        # The shim's orphans too, with a cgroup as without: a server running as
+        # root can move a child out of its cgroup, but not out from under the
+        # shim, which is its subreaper.
+        if self._shim_identity is not None:
             self._descendants.track(self._shim_identity, table, skip=self.identity.pid)
 
     def descendants(self) -> dict[int, float]:

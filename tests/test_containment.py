@@ -132,6 +132,38 @@ def test_a_setsid_daemon_does_not_outlive(nodes, tmp_path, fake_model, strays, m
         r.node.stop(r.iid, grace_s=1.0)
 
 
+def _nsdelegate() -> bool:
+    """The v2 hierarchy is mounted with ``nsdelegate`` (systemd's default): a
+    cgroup namespace then confines migrations (cgroup-v2.rst)."""
+    with open("/proc/self/mountinfo") as f:
+        return any(" - cgroup2 " in line and "nsdelegate" in line for line in f)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a server running as root can try to leave")
+@pytest.mark.skipif(not _available("cgroup2"), reason="no writable cgroup v2 here")
+def test_a_server_running_as_root_that_leaves_its_cgroup_still_ends(
+    nodes, tmp_path, fake_model, strays
+):
+    # Its child writes itself into the v2 root's cgroup.procs. With nsdelegate
+    # its cgroup namespace makes the kernel refuse; without (this machine), it
+    # leaves, but stays under the shim, its subreaper, and a stop ends it too.
+    r = rig(nodes, tmp_path, fake_model, "cgroup_escape.py", containment="cgroup2")
+    r.node.start(r.iid)
+    r.running()
+    daemon = r.pid_file("daemon.pid")
+    strays.append(daemon)
+    outcome = (r.workdir / "escape.txt").read_text()
+    if _nsdelegate():
+        assert outcome.startswith("refused"), outcome
+    r.node.stop(r.iid, grace_s=1.0)
+    wait_until(lambda: gone(daemon), DEADLINE, f"the child that tried to leave ({outcome}) gone")
+    assert not port_in_use("127.0.0.1", r.port)
+    r.node.start(r.iid)  # its port is free again: not refused
+    r.running()
+    strays.append(r.pid_file("daemon.pid"))
+    r.node.stop(r.iid, grace_s=1.0)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("verb", ["stop", "unload"])
 def test_a_child_keeps_the_grace_after_its_leader_exited(
