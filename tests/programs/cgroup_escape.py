@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import signal
 
-from fault_common import Handler, listen, parse_args, write_pid
+from fault_common import write_pid
+from setsid_daemon import serve_leaving
 
 V2_ROOT = "/sys/fs/cgroup/unified/cgroup.procs"
 
@@ -40,11 +41,4 @@ def daemon() -> None:
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    Handler.alias = args.alias
-    server = listen(args.host, args.port, Handler)  # the daemon inherits the socket
-    pid = os.fork()
-    if pid == 0:
-        daemon()
-    os.waitpid(pid, 0)
-    server.serve_forever()
+    serve_leaving(daemon)

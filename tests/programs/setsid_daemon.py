@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 from fault_common import Handler, listen, parse_args, write_pid
 
@@ -24,12 +25,17 @@ def daemon() -> None:
     os._exit(0)
 
 
-if __name__ == "__main__":
+def serve_leaving(daemon: Callable[[], None]) -> None:
+    """Listen, run ``daemon`` in a forked child (it inherits the socket), serve."""
     args = parse_args()
     Handler.alias = args.alias
-    server = listen(args.host, args.port, Handler)  # the daemon inherits the socket
+    server = listen(args.host, args.port, Handler)
     pid = os.fork()
     if pid == 0:
         daemon()
     os.waitpid(pid, 0)
     server.serve_forever()
+
+
+if __name__ == "__main__":
+    serve_leaving(daemon)
