@@ -167,7 +167,7 @@ class Node:
         except BaseException:
             _stop_actors(actors)
             raise
-        _end_unknown(actors.containment, set(state.instances))
+        _end_unknown(actors, clock, set(state.instances))
         return cls(settings, clock, actors)
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -630,25 +630,24 @@ class _GoneRelay:
                 self.host.tell(m.InstanceGone(instance_id=iid))
 
 
-def _end_unknown(containment: Containment, known: set[str]) -> None:
+def _end_unknown(actors: NodeActors, clock: Clock, known: set[str]) -> None:
     """Kill and remove the cgroups of instances the chain does not have (one
-    unloaded while its last node died, say): nothing runs unrecorded. Logged,
-    not recorded: the chain has no instance to record it on."""
-    for iid in containment.instances():
-        cgroup = containment.cgroup(iid)
+    unloaded while its last node died, say): nothing runs unrecorded. What is
+    killed is recorded first (``node.strays_ended``: the chain has no instance
+    to record it on); an empty cgroup is only removed."""
+    for iid in actors.containment.instances():
+        cgroup = actors.containment.cgroup(iid)
         if iid in known or cgroup is None:
             continue
-        left = sorted(cgroup.members())
+        if left := sorted(cgroup.members()):
+            found = ev.NodeStraysEnded(instance_id=iid, pids=left, cgroup=cgroup.tree)
+            _append(actors.writer, clock, found)
         try:
             cgroup.kill(everything=True)
         except AdapterError as e:
             log.error("the cgroup of unknown instance %s could not be emptied: %s", iid, e)  # noqa: TRY400
             continue
         cgroup.remove()
-        if left:
-            log.warning(
-                "killed %s in the cgroup of %s, an instance the chain does not have", left, iid
-            )
 
 
 def _stop_actors(actors: NodeActors) -> None:

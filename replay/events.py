@@ -41,6 +41,7 @@ __all__ = [
     "ModelDropped",
     "NodeStarted",
     "NodeStopped",
+    "NodeStraysEnded",
     "Placed",
     "PlacementIgnored",
     "Ready",
@@ -327,6 +328,18 @@ class StraysEnded(_Event, frozen=True, tag="instance.strays_ended"):
     cgroup: str
 
 
+class NodeStraysEnded(_Event, frozen=True, tag="node.strays_ended"):
+    """At boot, processes were found in the cgroup of an instance the chain does
+    not have (one unloaded while its node died, say): they are killed, and the
+    cgroup removed. ``instance_id`` names the cgroup's instance, ``pids`` the
+    processes, ``cgroup`` where they were found. A node-level event: the chain
+    has no instance to record it on."""
+
+    instance_id: str
+    pids: list[int]
+    cgroup: str
+
+
 class AdmissionRefused(_Event, frozen=True, tag="node.admission_refused"):
     """A placement was refused because of the node's own condition (a taken port)."""
 
@@ -367,13 +380,22 @@ InstanceEvent = (
     | StraysEnded
     | Unloaded
 )
-Event = NodeStarted | NodeStopped | KeyRotated | AdmissionRefused | LeaseRenewed | InstanceEvent
+Event = (
+    NodeStarted
+    | NodeStopped
+    | NodeStraysEnded
+    | KeyRotated
+    | AdmissionRefused
+    | LeaseRenewed
+    | InstanceEvent
+)
 
 EVENT_TYPES: dict[str, type[Any]] = {
     t.__struct_config__.tag: t  # type: ignore[misc]
     for t in (
         NodeStarted,
         NodeStopped,
+        NodeStraysEnded,
         KeyRotated,
         Placed,
         Replaced,

@@ -470,6 +470,9 @@ _REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.AdmissionRefused: lambda e: f"placement refused: {e.reason}",
     ev.NodeStarted: lambda e: f"node started (pid {e.pid})",
     ev.NodeStopped: lambda e: f"node stopped: {e.reason}",
+    ev.NodeStraysEnded: lambda e: (
+        f"pids {e.pids} ended in the cgroup of {e.instance_id}, an instance the chain does not have"
+    ),
     ev.KeyRotated: lambda e: f"checkpoint key rotated: {e.old_key} -> {e.new_key}",
 }
 

@@ -231,9 +231,12 @@ def test_a_cgroup_of_an_instance_the_chain_does_not_have_is_ended_at_boot(
     strays.append((orphan.pid, psutil.Process(orphan.pid).create_time()))
     wait_until(lambda: orphan.pid in cgroup.server_members(), DEADLINE, "the orphan in its cgroup")
     program = make_launcher(tmp_path, PROGRAMS / "fake_llama.py")
-    nodes.open(nodes.settings(program, fake_model, containment="cgroup2"))
+    node = nodes.open(nodes.settings(program, fake_model, containment="cgroup2"))
     assert orphan.wait(DEADLINE) == -9
     assert not os.path.exists(cgroup.tree)
+    with SqliteChain.open_readonly(node.settings.chain_path) as chain:
+        (ended,) = [ev.decode_event(s) for s in chain.events(kinds=["node.strays_ended"])]
+    assert (ended.instance_id, ended.pids) == ("gone-12345678-n1", [orphan.pid])
 
 
 # ---------------------------------------------------------------- memory

@@ -1314,6 +1314,7 @@ NODE_KINDS = {
     "node.admission_refused",
     "node.lease_renewed",
     "chain.key_rotated",
+    "node.strays_ended",
 }
 
 
