@@ -980,14 +980,9 @@ def recover_launch(
             )
         launched = found
     return _adopt(
-        cwd=cwd,
-        token=token,
-        launched=launched,
-        on_exit=on_exit,
-        output_limit=output_limit,
-        wait=wait,
-        cgroup=cgroup,
-    )
+        cwd=cwd, token=token, launched=launched, on_exit=on_exit,
+        output_limit=output_limit, wait=wait, cgroup=cgroup,
+    )  # fmt: skip
 
 
 _RESCANS = 3  # scans for carriers after a kill (a server forked during the first)

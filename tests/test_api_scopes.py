@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_api_auth import head as chain_head
 from test_openapi_doc import Contract
 
 from infervisor.actors.node import Node
@@ -60,14 +61,7 @@ class Api:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
     def head(self) -> tuple[int, bytes]:
-        conn = sqlite3.connect(f"file:{self.data / 'chain.db'}?mode=ro", uri=True)
-        try:
-            seq, digest = conn.execute(
-                "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-            ).fetchone()
-        finally:
-            conn.close()
-        return int(seq), bytes(digest)
+        return chain_head(self.data / "chain.db")
 
     def sources(self) -> list[tuple[str, str]]:
         conn = sqlite3.connect(f"file:{self.data / 'chain.db'}?mode=ro", uri=True)

@@ -1,0 +1,83 @@
+"""Why each event happened, in one line: the reasons timelines and status show.
+
+One entry per event type (``REASONS``); :func:`reason_of` picks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import events as ev
+
+__all__ = ["REASONS", "reason_of"]
+
+
+def _starting(e: ev.Starting) -> str:
+    attempt = f" (restart {e.attempt})" if e.attempt else ""
+    budget = "; restart budget reset" if e.reset_budget else ""
+    return f"start by {e.by}{attempt}{budget}"
+
+
+def _stop(e: ev.StopRequested) -> str:
+    return f"stop by {e.by} (grace {e.grace_s + 0.0:g} s)" + (f": {e.reason}" if e.reason else "")
+
+
+def _ready(e: ev.Ready) -> str:
+    return "health probe answered: serving" + (f" ({e.detail})" if e.detail else "")
+
+
+REASONS: dict[type[Any], Callable[[Any], str]] = {
+    ev.Placed: lambda e: f"placed by {e.placed_by} (generation {e.generation})",
+    ev.Replaced: lambda e: f"placed again by {e.placed_by} (generation {e.generation})",
+    ev.PlacementIgnored: lambda e: (
+        f"stale placement by {e.placed_by} ignored: generation {e.generation} "
+        f"is older than {e.current}"
+    ),
+    ev.Starting: _starting,
+    ev.Spawned: lambda e: f"spawned pid {e.pid} (group {e.pgid})",
+    ev.Reattached: lambda e: f"re-attached pid {e.pid} after the node restarted",
+    ev.StartRefused: lambda e: f"start by {e.by} refused: {e.reason}",
+    ev.Ready: _ready,
+    ev.Unhealthy: lambda e: f"{e.misses} missed health checks: {e.reason}",
+    ev.Recovered: lambda e: "health recovered",
+    ev.DeepHealthFailed: lambda e: f"deep health check failed ({e.misses} in a row): {e.reason}",
+    ev.Exited: lambda e: e.reason,
+    ev.RestartScheduled: lambda e: f"restart {e.attempt} in {e.delay_s:g} s: {e.reason}",
+    ev.Failed: lambda e: e.reason,
+    ev.Finished: lambda e: "one-shot run ended cleanly (exit code 0); not restarted",
+    ev.StableAgain: lambda e: f"up {e.uptime_s:.0f} s: restart budget cleared",
+    ev.StopRequested: _stop,
+    ev.Unloaded: lambda e: f"unloaded by {e.by}",
+    ev.Exposed: lambda e: f"listening beyond loopback on {', '.join(e.addresses)}: stopped",
+    ev.StraysEnded: lambda e: (
+        f"{len(e.pids)} unclaimed process(es) in its cgroup {e.cgroup} killed at boot: "
+        f"pid {', '.join(map(str, e.pids[:8]))}"
+    ),
+    ev.Terminating: lambda e: f"{e.cause} (SIGKILL after {e.grace_s:g} s)",
+    ev.ModelClaimed: lambda e: (
+        "model loaded by this node" if e.ours else "model already resident: not ours to unload"
+    ),
+    ev.MemoryReleased: lambda e: f"memory released ({e.bytes} bytes)",
+    ev.ModelDropped: lambda e: (
+        "ollama dropped the model: "
+        + ("its keep_alive ran out" if e.expired else "before its keep_alive ran out")
+    ),
+    ev.MemoryCorrected: lambda e: (
+        f"memory reservation corrected to {e.reserved_bytes} bytes "
+        f"(ollama reports {e.size_bytes} bytes, {e.size_vram_bytes} in VRAM)"
+    ),
+    ev.LeaseRenewed: lambda e: f"controller {e.controller} heard",
+    ev.AdmissionRefused: lambda e: f"placement refused: {e.reason}",
+    ev.NodeStarted: lambda e: f"node started (pid {e.pid})",
+    ev.NodeStopped: lambda e: f"node stopped: {e.reason}",
+    ev.NodeStraysEnded: lambda e: (
+        f"pids {e.pids} ended in the cgroup of {e.instance_id}, an instance the chain does not have"
+    ),
+    ev.KeyRotated: lambda e: f"checkpoint key rotated: {e.old_key} -> {e.new_key}",
+}
+
+
+def reason_of(event: ev.Event) -> str:
+    """One line saying why an event happened, for timelines and status."""
+    return REASONS[type(event)](event)
