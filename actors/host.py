@@ -36,11 +36,11 @@ asking. What is in flight, by instance id:
 
 An instance of the chain whose adapter cannot be built (at boot, or when its
 dead actor is recreated: the model is gone or fails its digest check, the
-launcher program is missing) never vanishes: it is routed to an
-:class:`~.unbuilt.UnbuiltActor` that answers its verbs with the problem as
-its reason (recorded as ``instance.start_refused``, once per cause), and that
-hands the instance over (:class:`~.unbuilt.Handover`) to a normal instance
-actor once a start finds the problem fixed.
+launcher program is missing) never vanishes: it is routed to an ordinary
+instance actor with a stand-in adapter
+(:class:`~.stand_in.UnbuiltServer`) whose start check refuses with the problem
+(recorded as ``instance.start_refused``, once per cause); it is registered for
+ticks once a start finds the problem fixed (:class:`~.stand_in.AdapterBuilt`).
 
 A placement answers a :class:`~.host_work.Placement` (applied, unchanged or
 ignored as stale); a placement of a placed instance with another spec is
@@ -75,12 +75,13 @@ from infervisor.replay import (
 
 from . import host_work as work
 from . import messages as m
+from .context import InstanceContext
 from .errors import InvalidState, UnknownInstance
 from .host_work import ASK_TIMEOUT_S, Placement, PlacementOutcome, Rebuilt
-from .instance import InstanceActor, InstanceContext
+from .instance import InstanceActor
 from .kinds import DEFAULT_KINDS
 from .routes import Routes, RouteTable
-from .unbuilt import Handover, UnbuiltActor
+from .stand_in import AdapterBuilt, UnbuiltServer
 
 __all__ = ["ASK_TIMEOUT_S", "WORKERS", "HostActor"]
 
@@ -124,8 +125,8 @@ class HostActor(pykka.ThreadingActor):
         self.routes = routes if routes is not None else Routes()
         self._refs: dict[str, pykka.ActorRef[Any]] = {}
         self._specs: dict[str, InstanceSpec] = {}
-        #: Instances the chain has whose adapter could not be built (routed to an
-        #: :class:`~.unbuilt.UnbuiltActor`): why.
+        #: Instances the chain has whose adapter could not be built (their actor has
+        #: a :class:`~.stand_in.UnbuiltServer`): why.
         self._unbuilt: dict[str, str] = {}
         self._placing: dict[str, _Placing] = {}
         self._unloading: dict[str, Future[None]] = {}
@@ -160,8 +161,8 @@ class HostActor(pykka.ThreadingActor):
             case m.Revive(instance_id=iid):
                 self._revive(iid)
                 return None
-            case Handover():
-                self._hand_over(message)
+            case AdapterBuilt():
+                self._adapter_built(message)
                 return None
         raise TypeError(f"HostActor does not take {type(message).__name__}")
 
@@ -344,32 +345,26 @@ class HostActor(pykka.ThreadingActor):
         return ref
 
     def _adopt_unbuilt(self, state: InstanceState, spec: InstanceSpec, why: str) -> None:
-        """Route an instance whose adapter cannot be built to a stand-in (no ticks)."""
+        """An instance whose adapter cannot be built: its actor answers, refuses to
+        start (no ticks until a start builds the adapter)."""
         iid = state.instance_id
         log.error("%s: cannot build its adapter (%s); it answers, but cannot start", iid, why)
-        ref = UnbuiltActor.start(
-            state, spec, why, self.ctx, registry=self.registry, host=self.actor_ref
+        stand_in = UnbuiltServer(
+            spec, iid, why, registry=self.registry, settings=self.ctx.settings, host=self.actor_ref
         )
-        self._refs[iid] = ref
+        self._refs[iid] = InstanceActor.start(state, stand_in, self.ctx)
         self._specs[iid] = spec
         self._unbuilt[iid] = why
 
-    def _hand_over(self, msg: Handover) -> None:
-        """An unbuilt instance's adapter could be built: a normal instance actor takes it."""
+    def _adapter_built(self, msg: AdapterBuilt) -> None:
+        """An unbuilt instance's actor built its adapter: its ticks begin."""
         iid = msg.instance_id
         current = self._refs.get(iid)
         sender: pykka.ActorRef[Any] = msg.sender
-        stale = current is None or current.actor_urn != sender.actor_urn
-        if stale or iid in self._unloading or iid not in self._unbuilt:
-            msg.adapter.close()
-            work.settle(msg.answer, error=InvalidState(f"{iid} is being unloaded"))
-            return
+        if current is None or current.actor_urn != sender.actor_urn or iid not in self._unbuilt:
+            return  # unloaded or recreated meanwhile
         del self._unbuilt[iid]
-        sender.stop(block=False)  # once it has answered the verb it forwards
-        ref = self._adopt_actor(msg.state, msg.spec, msg.adapter)
-        ref.tell(m.Boot())
-        self._publish()
-        work.settle(msg.answer, ref)
+        self.supervisor.tell(m.Register(instance_id=iid, ref=current))
 
     # ------------------------------------------------------------------ unload
     def _unload(self, iid: str, by: str) -> Future[None]:

@@ -27,13 +27,15 @@ from infervisor.adapters.errors import (
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
-from infervisor.chain import EventDraft, SqliteChain, StoredEvent
-from infervisor.replay import InstanceState, NodeState, apply_instance, kind_of
+from infervisor.chain import SqliteChain, StoredEvent
+from infervisor.replay import InstanceState, NodeState, apply_instance
 from infervisor.replay import events as ev
 
 from . import messages as m
+from .append import Entry
+from .context import InstanceContext
 from .errors import InvalidState
-from .instance import InstanceContext
+from .stand_in import record_unbuilt
 
 __all__ = [
     "ASK_TIMEOUT_S",
@@ -49,7 +51,6 @@ __all__ = [
     "copy",
     "place_again",
     "rebuild_all",
-    "record_unbuilt",
     "recorded_unloaded",
     "replay",
     "settle",
@@ -115,7 +116,7 @@ def admit_many_and_record(
 
     with ThreadPoolExecutor(min(BATCH_ADMISSIONS, len(batch)), "admit") as pool:
         plans = list(pool.map(plan, batch))
-    drafts: list[EventDraft] = []
+    entries: list[Entry] = []
     events: list[ev.Event | None] = []
     for (iid, msg), planned in zip(batch, plans, strict=True):
         event: ev.Event | None = None
@@ -127,9 +128,9 @@ def admit_many_and_record(
             event = ev.Placed(spec=spec, placed_by=msg.placed_by, generation=msg.generation)
         events.append(event)
         if event is not None:
-            drafts.append(_draft(ctx, iid, event, msg.source))
+            entries.append(Entry(event, msg.source, iid))
     try:
-        stored = ctx.writer.ask(m.Append(drafts=tuple(drafts)), block=True, timeout=ASK_TIMEOUT_S)
+        stored = ctx.chain.append_batch(entries)
     except Exception as e:  # noqa: BLE001 - nothing of the batch is stored: all fail with it
         for planned in plans:
             if not isinstance(planned, Exception):
@@ -228,20 +229,7 @@ def place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place, old: InstanceS
 
 
 def append(ctx: InstanceContext, iid: str, event: ev.Event, source: str) -> StoredEvent:
-    stored: StoredEvent = ctx.writer.ask(
-        m.Append(drafts=(_draft(ctx, iid, event, source),)), block=True, timeout=ASK_TIMEOUT_S
-    )[0]
-    return stored
-
-
-def _draft(ctx: InstanceContext, iid: str, event: ev.Event, source: str) -> EventDraft:
-    return EventDraft(
-        ts_ns=ctx.clock.wall_ns(),
-        source=source,
-        kind=kind_of(event),
-        subject=iid,
-        payload=ev.encode_event(event),
-    )
+    return ctx.chain.append([event], source=source, subject=iid)[0]
 
 
 def rebuild_all(ctx: InstanceContext, registry: ModelRegistry, state: NodeState) -> list[Rebuilt]:
@@ -256,25 +244,10 @@ def rebuild_all(ctx: InstanceContext, registry: ModelRegistry, state: NodeState)
         except AdapterError as e:
             adapter = str(e)
         if isinstance(adapter, str):
-            rebuilt.append((record_unbuilt(ctx, inst, adapter), spec, adapter))
+            rebuilt.append((record_unbuilt(ctx.chain, inst, adapter), spec, adapter))
         else:
             rebuilt.append((inst, spec, adapter))
     return rebuilt
-
-
-def record_unbuilt(ctx: InstanceContext, inst: InstanceState, why: str) -> InstanceState:
-    """Record why the instance's adapter cannot be built as a refused start (once per
-    cause: not again when it is the refusal last recorded); its state after that."""
-    if inst.refusal == why:
-        return inst
-    event = ev.StartRefused(by="boot", reason=why)
-    try:
-        stored = append(ctx, inst.instance_id, event, "node")
-    except Exception:
-        log.exception("%s: could not record why its adapter cannot be built", inst.instance_id)
-        return inst
-    applied = apply_instance(inst, stored, event)
-    return inst if applied is None else applied
 
 
 def replay(
@@ -292,7 +265,7 @@ def replay(
     try:
         return inst, planning.build_adapter(spec, iid, registry, ctx.settings.adapter_settings())
     except AdapterError as e:
-        return record_unbuilt(ctx, inst, str(e)), str(e)
+        return record_unbuilt(ctx.chain, inst, str(e)), str(e)
 
 
 def recorded_unloaded(ctx: InstanceContext, iid: str) -> bool:

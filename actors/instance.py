@@ -19,26 +19,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from functools import partial
+from concurrent.futures import Future
 from typing import Any
 
 import msgspec
 import pykka
 
-from infervisor.adapters.cgroups import Containment, no_containment
+from infervisor.adapters.errors import AdapterError
 from infervisor.adapters.ports import ListenerSnapshot
-from infervisor.adapters.probe import Health, HealthKind, ServerReport
-from infervisor.adapters.probe_engine import ProbeEngine
+from infervisor.adapters.probe import ServerReport
 from infervisor.adapters.proc_table import ProcessTable
 from infervisor.adapters.server import ServerAdapter
-from infervisor.adapters.spec import InstanceSpec
-from infervisor.chain import EventDraft, StoredEvent
-from infervisor.replay import InstanceState, LifecycleState, apply_instance, kind_of
+from infervisor.replay import InstanceState, LifecycleState, apply_instance
 from infervisor.replay import events as ev
 from infervisor.replay.state import Stamp
 
@@ -46,64 +40,35 @@ from . import messages as m
 from . import verb_answers as answers
 from .backlog import Backlog
 from .boot_facts import boot_seen, owned_beyond
-from .clock import Clock
+from .context import InstanceContext, rules_for
 from .core import observations as o
+from .core.common import STARTABLE
 from .core.decide import decide
-from .core.decision import Decision, Refusal, RefusalKind, Situation
-from .core.health import probe_token, wants_deep, wants_probe
+from .core.decision import Decision, Situation
 from .core.rules import Mode, Rules, Tracking
+from .core.unbuilt import refuse_start, start_refusal, stop_refusal
 from .effects_runner import EffectRunner, TimerFired
-from .errors import InvalidState, RecordFailed, VerbFailed
-from .kinds import Supervision
+from .errors import InvalidState, RecordFailed
+from .health_checks import HealthChecks, Probed, miss
 from .ledger import Reservation
-from .settings import NodeSettings
 from .stamps import now_stamp
+from .stand_in import UnbuiltServer
 from .view import build_view
 
-__all__ = ["InstanceActor", "InstanceContext", "TimerFired", "tell"]
+__all__ = ["InstanceActor", "tell"]
 
 log = logging.getLogger(__name__)
 S = LifecycleState
 
-#: Probe workers for contexts built without a node (tests); a node passes its own pool.
-_SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
-#: Seconds after which an append the writer has not answered is logged (and waited on).
-APPEND_WARN_S = 60.0
-
-
-@dataclass(frozen=True)
-class InstanceContext:
-    """What every instance actor of a node shares (read-only).
-
-    ``ledger`` is the residency ledger actor, or None when the node has no
-    memory budget. ``engine`` makes the plain HTTP probes of every instance on
-    one event loop (each with its own timeout: a hung server delays no other
-    probe); ``probes`` runs the others (an adapter whose probe does more than
-    HTTP, or a node without an engine).
-    """
-
-    node_id: str
-    writer: pykka.ActorRef[Any]
-    clock: Clock
-    settings: NodeSettings
-    ledger: pykka.ActorRef[Any] | None = None
-    probes: Executor = field(default_factory=lambda: _SHARED_FALLBACK)
-    engine: ProbeEngine | None = None
-    #: Told the instance id when a decision of the instance's own unloaded it (a
-    #: boot finishing an unload the last node began): the host forgets it then.
-    gone: Callable[[str], None] = field(default=lambda _iid: None)
-    #: How managed servers are contained (cgroups, or process groups only).
-    containment: Containment = field(default_factory=no_containment)
-
-
-class _Probed(msgspec.Struct, frozen=True):
-    token: int
-    report: ServerReport
-    latency_s: float  # from sending the probe to its report, seconds
-
 
 class _Retry(msgspec.Struct, frozen=True):
     """Time to try the backlog's head again."""
+
+
+#: Observations the effects' threads report, decided as they come.
+_AS_REPORTED = (
+    o.ProcessExited, o.GroupGone, o.OllamaResidency, o.OllamaLoadEnded, o.OllamaUnloadEnded
+)  # fmt: skip
 
 
 def tell(ref: pykka.ActorRef[Any], message: Any) -> None:
@@ -113,7 +78,11 @@ def tell(ref: pykka.ActorRef[Any], message: Any) -> None:
 
 
 class InstanceActor(pykka.ThreadingActor):
-    """Owns one instance. Answers verbs; acts on ticks and on its own observations."""
+    """Owns one instance. Answers verbs; acts on ticks and on its own observations.
+
+    ``adapter`` is an :class:`~.stand_in.UnbuiltServer` while the instance's
+    adapter cannot be built: its start check refuses until a rebuild works.
+    """
 
     # A daemon thread: CPython keeps a lock per non-daemon thread and scans them
     # all on every thread start, so starting a thousand instances cost O(n^2).
@@ -123,33 +92,41 @@ class InstanceActor(pykka.ThreadingActor):
     def __init__(self, state: InstanceState, adapter: ServerAdapter, ctx: InstanceContext) -> None:
         super().__init__()
         self.state: InstanceState = state
-        self.adapter = adapter
         self.ctx = ctx
         self.iid = state.instance_id
         spec = adapter.spec
         self.supervision = ctx.settings.supervision(spec.kind, spec.restart)
-        self.rules = rules_for(
-            Mode(adapter.kind), spec, adapter.served_model, ctx, self.supervision
-        )
         self.tracking = Tracking()
-        self.memory = Reservation(ctx.ledger, state.instance_id, adapter.model_bytes)
         self.effects = EffectRunner(self)
-        self.report: ServerReport | None = None
+        self.checks = HealthChecks(self)
+        self._take_adapter(adapter)
         #: The last socket-table snapshot (for status' exposure of adopted servers).
         self.listeners: dict[int, list[str]] | None = None
         # (pid, RSS of its tree in bytes) at the last reconcile tick that saw it.
         self.rss_seen: tuple[int, int] | None = None
         self.fault = ""
-        #: How long the last probe took, seconds (real time; None before the first).
-        self.probe_latency_s: float | None = None
         self._gone = False
         self._closing = False
-        self._probing = False
-        self._last_probe_at: float | None = None
-        self._deep_running = False
-        self._last_deep_at: float | None = None
-        self._waiters: list[answers.Waiter] = []
+        self._waiters = answers.Waiters()
         self.backlog = Backlog()
+
+    def _take_adapter(self, adapter: ServerAdapter) -> None:
+        """Drive the server through ``adapter`` (at start, and once an unbuilt one is built)."""
+        self.adapter = adapter
+        self.rules = rules_for(
+            Mode(adapter.kind), adapter.spec, adapter.served_model, self.ctx, self.supervision
+        )
+        self.memory = Reservation(self.ctx.ledger, self.iid, adapter.model_bytes)
+
+    @property
+    def report(self) -> ServerReport | None:
+        """The last probe's report (None before the first)."""
+        return self.checks.report
+
+    @property
+    def probe_latency_s(self) -> float | None:
+        """How long the last probe took, seconds (real time; None before the first)."""
+        return self.checks.latency_s
 
     # ------------------------------------------------------------------ dispatch
     def on_receive(self, message: Any) -> Any:
@@ -162,15 +139,16 @@ class InstanceActor(pykka.ThreadingActor):
                 raise InvalidState(f"{self.iid} is unloaded")
             return None
         verb = self._verb(message)
-        if verb is not None:
-            return verb
+        if verb is not None or isinstance(self.adapter, UnbuiltServer):
+            return verb  # nothing of an unbuilt instance runs that ticks could observe
         try:
             self._observe(message)
         except Exception as e:
             # A handler that raises must not end the actor: the instance keeps its server.
             log.exception("%s: error handling %r", self.iid, message)
-            if isinstance(message, _Probed):
-                self._count_as_miss(message.token, e)
+            if isinstance(message, Probed):
+                with contextlib.suppress(Exception):
+                    self.run(miss(message.token, e))
         return None
 
     def _verb(self, message: Any) -> Any:
@@ -190,33 +168,29 @@ class InstanceActor(pykka.ThreadingActor):
                 verb = o.UnloadVerb(by=by, grace_s=s.stop_grace_s)
                 return self._await(verb, lambda st, _r: st is None)
             case m.NewPlacement(placed_by=placed_by, generation=generation, by=by):
-                decision = self._decide_verb(
-                    o.PlacementVerb(placed_by=placed_by, generation=generation, by=by)
+                placement = o.PlacementVerb(placed_by=placed_by, generation=generation, by=by)
+                decision = self._decide_verb(placement)
+                return decision is not None and any(
+                    isinstance(e, ev.Replaced) for e in decision.events
                 )
-                return any(isinstance(e, ev.Replaced) for e in decision.events)
             case m.DeepHealth():
                 return self._in_thread(self.adapter.deep_health)
         return None
 
     def _observe(self, message: Any) -> None:
+        if isinstance(message, _AS_REPORTED):
+            self.run(message)
+            return
         match message:
             case m.HealthTick():
-                self._health_tick()
+                if not self.backlog:  # no new verdict on a state the chain has not recorded
+                    self.checks.tick()
             case o.DeepChecked():
-                self._deep_running = False
+                self.checks.deep_checked()
                 self.run(message)
-            case _Probed(token=token, report=report, latency_s=latency_s):
-                self._probing = False
-                self.report = report
-                self.probe_latency_s = latency_s
-                # The output is read for a failure line only while starting (the core
-                # judges it only then); decoding its tails on every probe costs.
-                starting = self.state.lifecycle is S.STARTING
-                failure = self._failure() if starting else None
-                self.run(o.ProbeResult(token=token, report=report, failure=failure))
-                listed = self._ollama_listed(report)
-                if listed is not None:
-                    self.run(listed)
+            case Probed():
+                for obs in self.checks.probed(message):
+                    self.run(obs)
             case m.ReconcileTick(listeners=listeners, processes=processes):
                 self._reconcile(listeners, processes)
             case m.Boot():
@@ -230,10 +204,6 @@ class InstanceActor(pykka.ThreadingActor):
                     self.run(o.TimerDue(name=name))
             case _Retry():
                 self._drain()
-            case o.ProcessExited() | o.GroupGone() | o.OllamaResidency() | o.OllamaLoadEnded():
-                self.run(message)
-            case o.OllamaUnloadEnded():
-                self.run(message)
 
     def on_stop(self) -> None:
         self.effects.close()
@@ -270,7 +240,10 @@ class InstanceActor(pykka.ThreadingActor):
         first: Decision | None = None
         while queue and not self._gone:
             obs = queue.popleft()
-            decision = self._decide_and_record(obs)
+            sit = Situation(
+                state=self.state, tracking=self.tracking, rules=self.rules, now=self.now()
+            )
+            decision = self._record_decision(decide(sit, obs), obs, sit.now)
             if decision is None:
                 if not answers.is_verb(obs):
                     self.backlog.put_back([obs, *queue])
@@ -285,35 +258,33 @@ class InstanceActor(pykka.ThreadingActor):
                     queue.append(follow)
         return first
 
-    def _decide_and_record(self, obs: o.Observation) -> Decision | None:
-        """Decide on ``obs`` from sourced state; record its events. None when the
-        chain refused them (nothing of the decision is kept, not even its tracking)."""
-        sit = Situation(state=self.state, tracking=self.tracking, rules=self.rules, now=self.now())
-        decision = decide(sit, obs)
+    def _record_decision(
+        self, decision: Decision, obs: o.Observation, now: Stamp
+    ) -> Decision | None:
+        """Record the decision on ``obs``: its events appended (durable) and
+        applied. None when the chain refused them (nothing of the decision is
+        kept, not even its tracking)."""
         if decision.events:
             try:
-                self._record(decision, sit.now)
+                self._record(decision, now)
             except Exception as e:  # noqa: BLE001 - any append failure: nothing is acted on
                 self._append_failed(obs, e)
                 return None
         if decision.tracking is not None:
             self.tracking = decision.tracking
-        self._fail_waiters_on(decision.refusal, verb=answers.is_verb(obs))
+        self._waiters.fail_on(decision.refusal, verb=answers.is_verb(obs), iid=self.iid)
         return decision
 
     def _record(self, decision: Decision, now: Stamp) -> None:
-        """Append the decision's events in one transaction, then apply them."""
-        drafts = tuple(
-            EventDraft(
-                ts_ns=now.wall_ns,
-                source=decision.source,
-                kind=kind_of(event),
-                subject=self.iid,
-                payload=ev.encode_event(event),
-            )
-            for event in decision.events
-        )
-        stored = self._durable(self.ctx.writer.ask(m.Append(drafts=drafts), block=False))
+        """Append the decision's events in one transaction, then apply them.
+
+        The append is waited on without a limit: one the writer still holds may
+        yet commit, and a decision taken again after it did would be recorded twice.
+        """
+        stored = self.ctx.chain.append(
+            decision.events, source=decision.source, subject=self.iid, ts_ns=now.wall_ns,
+            timeout_s=None,
+        )  # fmt: skip
         state: InstanceState | None = self.state
         for record, event in zip(stored, decision.events, strict=True):
             state = apply_instance(state, record, event)
@@ -325,34 +296,12 @@ class InstanceActor(pykka.ThreadingActor):
         else:
             self.state = state
 
-    def _durable(self, answer: pykka.Future[list[StoredEvent]]) -> list[StoredEvent]:
-        """The writer's answer to an append: the stored events, or its error.
-
-        Never given up on after a timeout: an append the writer still holds may
-        yet commit, and a decision taken again after it did would be recorded
-        twice (and the live state would miss the first). A writer's transaction
-        waits at most ``BUSY_TIMEOUT_S`` for the lock; this warns after
-        :data:`APPEND_WARN_S` and waits on. A writer that stops fails the ask
-        (``ActorDeadError``).
-        """
-        try:
-            return answer.get(timeout=APPEND_WARN_S)
-        except pykka.Timeout:
-            log.warning(
-                "%s: the chain writer has not answered an append for %g s; waiting on",
-                self.iid, APPEND_WARN_S,
-            )  # fmt: skip
-            return answer.get()
-
     def _append_failed(self, obs: o.Observation, error: Exception) -> None:
         why = f"the chain could not record a decision ({type(error).__name__}: {error})"
         if self.backlog.failed(why):
             log.error("%s: %s", self.iid, why)  # once per kind of error, not per retry
         self.fault = why
-        for waiter in self._waiters:
-            if not waiter.future.done():
-                waiter.future.set_exception(RecordFailed(f"{self.iid}: {why}; nothing was done"))
-        self._waiters.clear()
+        self._waiters.fail_all(lambda: RecordFailed(f"{self.iid}: {why}; nothing was done"))
         if answers.is_verb(obs):
             raise RecordFailed(f"{self.iid}: {why}; nothing was done")
 
@@ -380,19 +329,26 @@ class InstanceActor(pykka.ThreadingActor):
         if self.backlog.recovered():
             log.warning("%s: the chain records again; no observation waits", self.iid)
         self.fault = ""
-        self._last_probe_at = None
-        self._last_deep_at = None
+        self.checks.afresh()
 
     def _after_run(self) -> None:
         if self._gone:
             self.effects.close()
         else:
             self.memory.sync(self.state.reserved_bytes)
-        self._resolve_waiters()
+        self._waiters.resolve(None if self._gone else self.state)
 
     # ------------------------------------------------------------------ verbs
-    def _decide_verb(self, verb: o.Observation) -> Decision:
-        decision = self.run(verb)
+    def _decide_verb(self, verb: o.Observation) -> Decision | None:
+        """Decide on a verb; its decision (None: nothing to decide, answer as is).
+
+        Raises:
+            The refusal's error; RecordFailed: the chain refused the events.
+        """
+        gated = self._unbuilt_gate(verb)
+        if gated is None:
+            return None
+        decision = self.run(gated)
         if decision is None:
             raise RecordFailed(f"{self.iid}: {self.fault}; nothing was done")
         if decision.refusal is not None:
@@ -405,135 +361,61 @@ class InstanceActor(pykka.ThreadingActor):
         """Decide on a verb; answer a Future resolved once ``done`` holds."""
         future: Future[Any] = Future()
         try:
-            self._decide_verb(verb)
+            decided = self._decide_verb(verb)
         except Exception as e:  # noqa: BLE001 - the refusal is the verb's answer
             future.set_exception(e)
             return future
-        self._waiters.append(answers.Waiter(lambda st: done(st, self.rules), future, self._answer))
-        self._resolve_waiters()
+        if decided is None:
+            future.set_result(self._answer())
+            return future
+        waiter = answers.Waiter(lambda st: done(st, self.rules), future, self._answer)
+        self._waiters.add(waiter, None if self._gone else self.state)
         return future
 
     def _answer(self) -> Any:
         return None if self._gone else self.view()
 
-    def _resolve_waiters(self) -> None:
-        state = None if self._gone else self.state
-        for waiter in list(self._waiters):
-            if waiter.future.done():
-                self._waiters.remove(waiter)
-            elif waiter.done(state):
-                self._waiters.remove(waiter)
-                waiter.future.set_result(waiter.answer())
+    # ------------------------------------------------------------------ unbuilt
+    def _unbuilt_gate(self, verb: o.Observation) -> o.Observation | None:
+        """While the adapter cannot be built (see :mod:`.stand_in`): a start first
+        tries to build it; the core refuses what cannot be done without it. The
+        verb to decide once the gate is passed (None: nothing to decide).
 
-    def _fail_waiters_on(self, refusal: Refusal | None, *, verb: bool) -> None:
-        if refusal is None or verb or refusal.kind is not RefusalKind.FAILED:
-            return
-        for waiter in self._waiters:
-            if not waiter.future.done():
-                waiter.future.set_exception(VerbFailed(f"{self.iid}: {refusal.message}"))
-        self._waiters.clear()
+        Raises:
+            InvalidState: refused; RecordFailed: the refusal could not be recorded.
+        """
+        stand_in = self.adapter
+        if not isinstance(stand_in, UnbuiltServer):
+            return verb
+        if isinstance(verb, o.StartVerb | o.RestartVerb):
+            return self._rebuild(stand_in, verb)
+        if not isinstance(verb, o.StopVerb | o.UnloadVerb):
+            raise answers.refusal_error(start_refusal(self.state, stand_in.problem))
+        refusal = stop_refusal(self.state, self.rules, stand_in.problem)
+        if refusal is None:
+            return verb
+        if isinstance(verb, o.StopVerb) and verb.by == "shutdown":
+            return None  # nothing of it could be stopped: the chain stays as it says
+        raise answers.refusal_error(refusal)
 
-    # ------------------------------------------------------------------ ticks
-    def _health_tick(self) -> None:
-        if self.backlog:
-            return  # no new verdict on a state the chain has not recorded (see .backlog)
-        self._deep_tick()
-        if self._probing or not wants_probe(self.state, self.rules):
-            return
-        now = self.ctx.clock.monotonic()
-        last = self._last_probe_at
-        # The supervisor ticks at the shortest interval of any kind; this kind's may be
-        # longer. Half a tick of slack: ticks are handled with jitter, and a probe due
-        # a hair after this tick must not wait a whole extra tick.
-        slack = self.ctx.settings.tick_s / 2
-        if last is not None and now - last < self.supervision.interval_s - slack:
-            return
-        self._last_probe_at = now
-        self._probing = True
-        token, engine = probe_token(self.state), self.ctx.engine
-        if engine is not None and getattr(self.adapter, "plain_probe", False):
-            spec = self.adapter.spec
-            timeout = self.ctx.settings.probe_timeout_s
-            deliver = partial(self._probed_by_engine, token, time.perf_counter())
-            engine.probe(self.iid, spec.base_url, spec.flavor, timeout, deliver)
-        else:
-            self.ctx.probes.submit(self._probe_job, token)
-
-    def _probed_by_engine(self, token: int, sent: float, report: ServerReport) -> None:
-        """On the engine's thread: hand the report (and its latency) to the actor."""
-        latency = time.perf_counter() - sent
-        self.tell_self(_Probed(token=token, report=report, latency_s=latency))
-
-    def _deep_tick(self) -> None:
-        """Start a deep health check (one real token) when the kind's
-        ``deep_interval_s`` has passed since the last one began. It runs on a
-        thread of its own (a completion can take up to ``deep_timeout_s``), one
-        at a time, and reports :class:`~.core.observations.DeepChecked`."""
-        if self._deep_running or not wants_deep(self.state, self.rules):
-            return
-        now = self.ctx.clock.monotonic()
-        last = self._last_deep_at
-        slack = self.ctx.settings.tick_s / 2
-        if last is not None and now - last < self.supervision.deep_interval_s - slack:
-            return
-        self._last_deep_at = now
-        self._deep_running = True
-        token = probe_token(self.state)
-
-        def check() -> None:
-            try:
-                self.adapter.deep_health()
-                error: str | None = None
-            except Exception as e:  # noqa: BLE001 - every failure is the check's verdict
-                error = str(e) or type(e).__name__
-            self.tell_self(o.DeepChecked(token=token, error=error))
-
-        threading.Thread(target=check, name=f"{self.iid[:12]}-deep", daemon=True).start()
-
-    def _probe_job(self, token: int) -> None:
-        """On a probe worker: always answer, so a probe that raises is a miss, never a
-        probe that never ends."""
-        sent = time.perf_counter()
+    def _rebuild(self, stand_in: UnbuiltServer, verb: o.StartVerb | o.RestartVerb) -> o.Observation:
+        """Build the adapter again: take it and see the server as a boot does, or
+        record the refusal (once per cause) and raise it."""
         try:
-            report = self.adapter.probe()
-        except Exception as e:  # noqa: BLE001 - reported as the probe's verdict
-            why = f"probe error: {type(e).__name__}: {e}"
-            report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
-        self.tell_self(_Probed(token=token, report=report, latency_s=time.perf_counter() - sent))
+            adapter = stand_in.rebuild()
+        except AdapterError:
+            decision = refuse_start(self.state, stand_in.problem, verb.by)
+            self._record_decision(decision, verb, self.now())  # RecordFailed when refused
+            self._after_run()
+            raise answers.refusal_error(start_refusal(self.state, stand_in.problem)) from None
+        self._take_adapter(adapter)
+        stand_in.built(self.actor_ref)
+        self.run(boot_seen(adapter, self.state, self.effects))
+        if isinstance(verb, o.RestartVerb) and self.state.lifecycle not in STARTABLE:
+            return o.StartVerb(by=verb.by)  # its boot started it: nothing to restart
+        return verb
 
-    def _ollama_listed(self, report: ServerReport) -> o.OllamaListed | None:
-        """Managed Ollama: what ``/api/ps`` said of this model, when it gave a list."""
-        if self.rules.mode is not Mode.OLLAMA or report.running is None:
-            return None
-        if report.health.kind is not HealthKind.UP:
-            return None
-        entry = report.running_model(self.rules.served_model or "")
-        if entry is None:
-            return o.OllamaListed(listed=False)
-        return o.OllamaListed(
-            listed=True,
-            size_bytes=entry.size_bytes,
-            size_vram_bytes=entry.size_vram_bytes,
-            expires_at_ns=entry.expires_at_ns,
-        )
-
-    def _count_as_miss(self, token: int, error: Exception) -> None:
-        """A probe whose handling raised counts as a miss, with the error as its reason."""
-        why = f"handler error: {type(error).__name__}: {error}"
-        report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
-        with contextlib.suppress(Exception):
-            self.run(o.ProbeResult(token=token, report=report))
-
-    def _failure(self) -> str | None:
-        """A line of the server's output saying it will never serve."""
-        proc, adapter = self.effects.proc, self.adapter
-        find = getattr(adapter, "failure_in_output", None)
-        if proc is None or find is None:
-            return None
-        out, err = proc.output()
-        found: str | None = find(out[-8192:] + "\n" + err[-8192:])
-        return found
-
+    # ------------------------------------------------------------------ reconcile
     def _reconcile(self, listeners: Any, processes: ProcessTable | None) -> None:
         if self._closing:
             return
@@ -583,29 +465,9 @@ class InstanceActor(pykka.ThreadingActor):
     def _settled(self) -> bool:
         state = self.state
         busy = state.terminating is not None or state.lifecycle is S.STOPPING
-        return not self._probing and self.effects.inflight == 0 and not (busy and not self._gone)
+        probing = self.checks.probing
+        return not probing and self.effects.inflight == 0 and not (busy and not self._gone)
 
     def view(self) -> m.InstanceView:
         """This instance's status view (never probes)."""
         return build_view(self)
-
-
-def rules_for(
-    mode: Mode, spec: InstanceSpec, served_model: str | None, ctx: InstanceContext,
-    supervision: Supervision,
-) -> Rules:  # fmt: skip
-    """An instance's rules for the decision core, from its spec and the node's settings."""
-    s = ctx.settings
-    return Rules(
-        mode=mode,
-        flavor=spec.flavor,
-        served_model=served_model,
-        continuous=spec.continuous,
-        supervision=supervision,
-        node_id=ctx.node_id,
-        stop_grace_s=s.stop_grace_s,
-        health_kill_grace_s=s.health_kill_grace_s,
-        unload_grace_s=s.stop_grace_s,
-        retry_s=s.reconcile_interval_s,
-        reserve_overhead_bytes=s.reserve_overhead_bytes,
-    )

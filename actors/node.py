@@ -37,23 +37,24 @@ from infervisor.adapters.process import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec, valid_token
-from infervisor.chain import EventDraft, SqliteChain, StoredEvent
+from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.errors import ChainTampered
-from infervisor.replay import NodeState, fold, kind_of
+from infervisor.replay import NodeState, fold
 from infervisor.replay import events as ev
 from infervisor.replay.policy import check_duration
 from infervisor.replay.queries import read_chain
 from infervisor.replay.state import LeaseRecord
 
 from . import messages as m
+from .append import WriterAppend
 from .append_health import AppendHealth, AppendStatus
 from .chain_writer import ChainWriter, CommitLatency, LatencySnapshot
 from .clock import Clock, RealClock
+from .context import InstanceContext
 from .errors import BadArgument, InvalidState, VerbTimeout
 from .host import HostActor
 from .host_work import Placement, PlacementOutcome
-from .instance import InstanceContext
 from .ledger import LedgerActor, LedgerView, snapshot
 from .routes import Routes
 from .settings import NodeSettings
@@ -138,7 +139,7 @@ class Node:
         is still listed and answers verbs: its reason is the problem (recorded as
         ``instance.start_refused``, once per cause), a start is refused naming it
         and the fix until it is fixed, then works without a node restart; stop
-        and unload work while nothing of it runs (see :mod:`.unbuilt`).
+        and unload work while nothing of it runs (see :mod:`.stand_in`).
 
         Raises:
             ValueError: a setting is out of range (the field is named).
@@ -592,7 +593,8 @@ def _start_actors(
     containment = detect(settings.containment, settings.node_id, settings.data_dir)
     log.info("containment: %s (%s)", containment.mode, containment.reason)
     ctx = InstanceContext(
-        settings.node_id, writer, clock, settings, ledger, probes, engine, gone=relay.tell,
+        settings.node_id, WriterAppend(writer, clock), clock, settings, ledger, probes, engine,
+        gone=relay.tell,
         containment=containment,
     )  # fmt: skip
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
@@ -686,14 +688,7 @@ def _rebuild(path: Path) -> NodeState:
 
 
 def _append(writer: pykka.ActorRef[Any], clock: Clock, event: ev.Event) -> None:
-    draft = EventDraft(
-        ts_ns=clock.wall_ns(),
-        source="node",
-        kind=kind_of(event),
-        subject="",
-        payload=ev.encode_event(event),
-    )
-    writer.ask(m.Append(drafts=(draft,)), block=True, timeout=ASK_TIMEOUT_S)
+    WriterAppend(writer, clock).append([event], source="node")
 
 
 def _wait(fut: Future[m.InstanceView], timeout: float) -> m.InstanceView:

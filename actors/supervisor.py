@@ -40,12 +40,11 @@ import pykka
 from infervisor.adapters.errors import ProbeError
 from infervisor.adapters.ports import ListenerSnapshot, listener_snapshot
 from infervisor.adapters.proc_table import ProcessTable
-from infervisor.chain import EventDraft
 from infervisor.replay import events as ev
-from infervisor.replay import kind_of
 from infervisor.replay.state import LeaseRecord, Stamp, elapsed_s
 
 from . import messages as m
+from .append import WriterAppend
 from .clock import Clock, Timer
 from .stamps import now_stamp
 from .watchdog import PAUSE_AFTER_S, Watchdog
@@ -274,15 +273,9 @@ class SupervisorActor(pykka.ThreadingActor):
         if self._writer is None:
             return
         event = ev.LeaseRenewed(controller=controller, at=at)
-        draft = EventDraft(
-            ts_ns=at.wall_ns,
-            source="controller",
-            kind=kind_of(event),
-            subject="",
-            payload=ev.encode_event(event),
-        )
         try:
-            self._renewal = self._writer.ask(m.Append(drafts=(draft,)), block=False)
+            chain = WriterAppend(self._writer, self._clock)
+            self._renewal = chain.submit([event], source="controller", ts_ns=at.wall_ns)
         except pykka.ActorDeadError:
             # The watchdog declares the node failed; nothing to add but the loss.
             log.error("lease renewal by %s not recorded: the chain writer is gone", controller)  # noqa: TRY400

@@ -1,5 +1,6 @@
-"""How the instance actor answers verbs: when a waiting verb is done, and the
-exception a refusal of the decision core becomes."""
+"""How the instance actor answers verbs: the verbs waiting for their work to
+be done (:class:`Waiters`), when each is done, and the exception a refusal of
+the decision core becomes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .core.rules import Mode, Rules
 from .errors import InvalidState, VerbFailed, VerbRefused
 from .ledger import BudgetExceeded
 
-__all__ = ["Waiter", "is_verb", "refusal_error", "restarted", "stopped"]
+__all__ = ["Waiter", "Waiters", "is_verb", "refusal_error", "restarted", "stopped"]
 
 S = LifecycleState
 
@@ -29,6 +30,40 @@ class Waiter:
     done: Callable[[InstanceState | None], bool]
     future: Future[Any]
     answer: Callable[[], Any]
+
+
+class Waiters:
+    """The verbs of one instance waiting for their answer (used on its actor's thread)."""
+
+    def __init__(self) -> None:
+        self._waiting: list[Waiter] = []
+
+    def add(self, waiter: Waiter, state: InstanceState | None) -> None:
+        """Wait for ``waiter`` (answered at once when it is already done)."""
+        self._waiting.append(waiter)
+        self.resolve(state)
+
+    def resolve(self, state: InstanceState | None) -> None:
+        """Answer every waiter done in ``state`` (None: the instance is unloaded)."""
+        for waiter in list(self._waiting):
+            if waiter.future.done():
+                self._waiting.remove(waiter)
+            elif waiter.done(state):
+                self._waiting.remove(waiter)
+                waiter.future.set_result(waiter.answer())
+
+    def fail_all(self, error: Callable[[], Exception]) -> None:
+        """Answer every waiter with an error ``error()`` makes (one each)."""
+        for waiter in self._waiting:
+            if not waiter.future.done():
+                waiter.future.set_exception(error())
+        self._waiting.clear()
+
+    def fail_on(self, refusal: Refusal | None, *, verb: bool, iid: str) -> None:
+        """A decision not on a verb that failed a verb's work fails whoever waits."""
+        if refusal is None or verb or refusal.kind is not RefusalKind.FAILED:
+            return
+        self.fail_all(lambda: VerbFailed(f"{iid}: {refusal.message}"))
 
 
 def stopped(state: InstanceState | None, rules: Rules) -> bool:

@@ -17,6 +17,7 @@ from .core.rules import Mode, Rules, Tracking
 from .effects_runner import EffectRunner
 from .kinds import Supervision
 from .messages import InstanceView
+from .stand_in import UnbuiltServer
 
 __all__ = ["Viewed", "build_view", "describe"]
 
@@ -32,7 +33,13 @@ class Viewed(Protocol):
 
     state: InstanceState
     adapter: ServerAdapter
-    report: ServerReport | None
+
+    @property
+    def report(self) -> ServerReport | None: ...
+
+    @property
+    def probe_latency_s(self) -> float | None: ...
+
     rules: Rules
     supervision: Supervision
     effects: EffectRunner
@@ -40,7 +47,6 @@ class Viewed(Protocol):
     rss_seen: tuple[int, int] | None
     fault: str
     tracking: Tracking
-    probe_latency_s: float | None
 
     def now(self) -> Stamp: ...
 
@@ -63,14 +69,12 @@ def build_view(actor: Viewed) -> InstanceView:
             load=load if state.lifecycle.value == "starting" else None,
         )
         status, detail = mapped.state.value, mapped.detail
-    exposure = (
-        adapter.exposure(actor.listeners)
-        if isinstance(adapter, AdoptedServer)
-        else "loopback (managed)"
-    )
+    exposure = _exposure(adapter, actor.listeners)
     if state.exposed:
         exposure = f"stopped: listened beyond loopback on {', '.join(state.exposed)}"
     reason = describe(state, actor.fault)
+    if isinstance(adapter, UnbuiltServer):
+        reason = f"cannot be started: {adapter.problem}"
     return InstanceView(
         instance_id=state.instance_id,
         adapter=adapter.adapter_id,
@@ -103,6 +107,16 @@ def build_view(actor: Viewed) -> InstanceView:
         memory_max_bytes=spec.memory_max_bytes,
         **_accounting(actor.effects, pid),
     )
+
+
+def _exposure(adapter: ServerAdapter, listeners: dict[int, list[str]] | None) -> str:
+    """Where the server listens: an adopted server's as last observed; a managed
+    one binds loopback only (see ARCHITECTURE.md, "Adapters")."""
+    if isinstance(adapter, AdoptedServer):
+        return adapter.exposure(listeners)
+    if isinstance(adapter, UnbuiltServer) and adapter.adopted:
+        return "unknown (not observed)"
+    return "loopback (managed)"
 
 
 def _accounting(effects: EffectRunner, pid: int | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 from support import pids_of_group, wait_until
 
 from infervisor.actors.clock import ManualClock
-from infervisor.actors.instance import InstanceActor
+from infervisor.actors.health_checks import HealthChecks
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import timeline
@@ -44,14 +44,14 @@ def tick_until(node, clock: ManualClock, iid: str, lifecycle: str) -> Any:
 def test_a_probe_handler_that_raises_counts_as_a_miss(clocked, monkeypatch) -> None:
     node, clock, iid = clocked
     tick_until(node, clock, iid, "running")
-    original = InstanceActor._ollama_listed  # runs on every probe's report
+    original = HealthChecks._ollama_listed  # runs on every probe's report
 
-    def broken(self: InstanceActor, report: Any) -> Any:
+    def broken(self: HealthChecks, report: Any) -> Any:
         if report.health.kind == "up":
             raise RuntimeError("injected handler failure")
         return original(self, report)
 
-    monkeypatch.setattr(InstanceActor, "_ollama_listed", broken)
+    monkeypatch.setattr(HealthChecks, "_ollama_listed", broken)
     clock.advance(1.0)
     wait_until(
         lambda: any(
@@ -62,7 +62,7 @@ def test_a_probe_handler_that_raises_counts_as_a_miss(clocked, monkeypatch) -> N
     )
     unhealthy = next(e for e in timeline(node.settings.chain_path, iid) if e.to == "unhealthy")
     assert "handler error: RuntimeError: injected handler failure" in unhealthy.reason
-    monkeypatch.setattr(InstanceActor, "_ollama_listed", original)
+    monkeypatch.setattr(HealthChecks, "_ollama_listed", original)
     node.stop(iid)
 
 

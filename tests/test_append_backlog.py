@@ -29,7 +29,7 @@ from infervisor.actors import messages as m
 from infervisor.actors.backlog import COALESCED, RETRY_CAP_S, Backlog
 from infervisor.actors.core import observations as o
 from infervisor.actors.errors import RecordFailed
-from infervisor.actors.instance import _Probed
+from infervisor.actors.health_checks import Probed
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.chain import SqliteChain
 from infervisor.chain.connect import immediate
@@ -158,7 +158,7 @@ def test_every_observation_waits_in_order_and_the_exit_is_told_true(
         m.ReconcileTick(listeners=None, processes=None),
         m.ReconcileTick(listeners=None, processes=None),  # coalesced with the one before
         o.DeepChecked(token=pid, error="no token"),
-        _Probed(token=pid, report=unreachable, latency_s=0.0),  # sent before the exit
+        Probed(token=pid, report=unreachable, latency_s=0.0),  # sent before the exit
         o.ProcessExited(pid=pid),  # a second report of the exit: never dropped
     ):
         ref.tell(message)

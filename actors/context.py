@@ -1,0 +1,74 @@
+"""What every instance actor of a node shares (:class:`InstanceContext`), and
+the rules the decision core decides an instance by (:func:`rules_for`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+from infervisor.adapters.cgroups import Containment, no_containment
+from infervisor.adapters.probe_engine import ProbeEngine
+from infervisor.adapters.spec import InstanceSpec
+
+from .append import ChainAppend
+from .clock import Clock
+from .core.rules import Mode, Rules
+from .kinds import Supervision
+from .settings import NodeSettings
+
+__all__ = ["InstanceContext", "rules_for"]
+
+#: Probe workers for contexts built without a node (tests); a node passes its own pool.
+_SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
+
+
+@dataclass(frozen=True)
+class InstanceContext:
+    """What every instance actor of a node shares (read-only).
+
+    ``chain`` records decisions (:class:`~.append.WriterAppend` on a node, a
+    :class:`~.append_fake.FakeAppend` in tests). ``ledger`` is the residency
+    ledger actor, or None when the node has no memory budget. ``engine``
+    makes the plain HTTP probes of every instance on one event loop (each with
+    its own timeout: a hung server delays no other probe); ``probes`` runs the
+    others (an adapter whose probe does more than HTTP, or a node without an
+    engine).
+    """
+
+    node_id: str
+    chain: ChainAppend
+    clock: Clock
+    settings: NodeSettings
+    ledger: pykka.ActorRef[Any] | None = None
+    probes: Executor = field(default_factory=lambda: _SHARED_FALLBACK)
+    engine: ProbeEngine | None = None
+    #: Told the instance id when a decision of the instance's own unloaded it (a
+    #: boot finishing an unload the last node began): the host forgets it then.
+    gone: Callable[[str], None] = field(default=lambda _iid: None)
+    #: How managed servers are contained (cgroups, or process groups only).
+    containment: Containment = field(default_factory=no_containment)
+
+
+def rules_for(
+    mode: Mode, spec: InstanceSpec, served_model: str | None, ctx: InstanceContext,
+    supervision: Supervision,
+) -> Rules:  # fmt: skip
+    """An instance's rules for the decision core, from its spec and the node's settings."""
+    s = ctx.settings
+    return Rules(
+        mode=mode,
+        flavor=spec.flavor,
+        served_model=served_model,
+        continuous=spec.continuous,
+        supervision=supervision,
+        node_id=ctx.node_id,
+        stop_grace_s=s.stop_grace_s,
+        health_kill_grace_s=s.health_kill_grace_s,
+        unload_grace_s=s.stop_grace_s,
+        retry_s=s.reconcile_interval_s,
+        reserve_overhead_bytes=s.reserve_overhead_bytes,
+    )
