@@ -2,16 +2,19 @@
 and the executor of the decision core.
 
 Every message becomes an observation for :func:`~.core.decide.decide`; the
-decision's events are appended in one transaction (durable) and applied with
-the same reducer replay uses, and only then are its effects run. A failed
+decision's events are appended in one transaction through the node's chain
+append (:mod:`.append`; durable) and applied with the same reducer replay
+uses, and only then are its effects run (:mod:`.effects_runner`). A failed
 append runs no effect: the state stays what the chain says, waiters get the
 error, status shows the fault, and the observation from the world (an exit, a
 probe, a timer) waits at the head of an ordered backlog (:mod:`.backlog`)
 with every later one, undecided, until the chain takes writes again: nothing
-is decided from state the chain has not recorded. Slow work never
-runs on the actor's thread (probes on the node's probe pool; reaping, Ollama
-loads and unloads on threads of their own), so a hung server never holds up
-``status``.
+is decided from state the chain has not recorded. Slow work never runs on the
+actor's thread (probes and deep checks, sent when the core's pacing says:
+:mod:`.health_checks`; reaping, Ollama loads and unloads on threads of their
+own), so a hung server never holds up ``status``. An instance whose adapter
+cannot be built runs here too, with a stand-in adapter whose start check
+refuses until a start can build it (:mod:`.stand_in`).
 """
 
 from __future__ import annotations
