@@ -32,8 +32,8 @@ import pykka
 
 from infervisor.adapters.cgroups import Containment, no_containment
 from infervisor.adapters.ports import ListenerSnapshot
-from infervisor.adapters.probe import Health, HealthKind, ServerReport
-from infervisor.adapters.probe_engine import ProbeEngine
+from infervisor.adapters.probe import Health, HealthKind, ProbeTarget, ServerReport
+from infervisor.adapters.prober import HttpProber, Prober
 from infervisor.adapters.proc_table import ProcessTable
 from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.spec import InstanceSpec
@@ -67,6 +67,8 @@ S = LifecycleState
 
 #: Probe workers for contexts built without a node (tests); a node passes its own pool.
 _SHARED_FALLBACK = ThreadPoolExecutor(max_workers=2, thread_name_prefix="probe")
+#: The prober of contexts built without a node (its engine starts at a first probe).
+_HTTP_FALLBACK = HttpProber()
 #: Seconds after which an append the writer has not answered is logged (and waited on).
 APPEND_WARN_S = 60.0
 
@@ -88,7 +90,7 @@ class InstanceContext:
     settings: NodeSettings
     ledger: pykka.ActorRef[Any] | None = None
     probes: Executor = field(default_factory=lambda: _SHARED_FALLBACK)
-    engine: ProbeEngine | None = None
+    engine: Prober | None = None
     #: Told the instance id when a decision of the instance's own unloaded it (a
     #: boot finishing an unload the last node began): the host forgets it then.
     gone: Callable[[str], None] = field(default=lambda _iid: None)
@@ -195,7 +197,7 @@ class InstanceActor(pykka.ThreadingActor):
                 )
                 return any(isinstance(e, ev.Replaced) for e in decision.events)
             case m.DeepHealth():
-                return self._in_thread(self.adapter.deep_health)
+                return self._in_thread(self._deep_health)
         return None
 
     def _observe(self, message: Any) -> None:
@@ -452,10 +454,8 @@ class InstanceActor(pykka.ThreadingActor):
         self._probing = True
         token, engine = probe_token(self.state), self.ctx.engine
         if engine is not None and getattr(self.adapter, "plain_probe", False):
-            spec = self.adapter.spec
-            timeout = self.ctx.settings.probe_timeout_s
             deliver = partial(self._probed_by_engine, token, time.perf_counter())
-            engine.probe(self.iid, spec.base_url, spec.flavor, timeout, deliver)
+            engine.probe(self.iid, self.probe_target(), deliver)
         else:
             self.ctx.probes.submit(self._probe_job, token)
 
@@ -482,13 +482,30 @@ class InstanceActor(pykka.ThreadingActor):
 
         def check() -> None:
             try:
-                self.adapter.deep_health()
+                self._deep_health()
                 error: str | None = None
             except Exception as e:  # noqa: BLE001 - every failure is the check's verdict
                 error = str(e) or type(e).__name__
             self.tell_self(o.DeepChecked(token=token, error=error))
 
         threading.Thread(target=check, name=f"{self.iid[:12]}-deep", daemon=True).start()
+
+    @property
+    def prober(self) -> Prober:
+        """The node's prober (the probes seam, adapters/prober.py)."""
+        return self.ctx.engine or _HTTP_FALLBACK
+
+    def probe_target(self, timeout_s: float | None = None) -> ProbeTarget:
+        """This instance's server, each request within ``timeout_s`` seconds
+        (None: the node's probe timeout)."""
+        spec = self.adapter.spec
+        timeout = self.ctx.settings.probe_timeout_s if timeout_s is None else timeout_s
+        return ProbeTarget(spec.base_url, spec.flavor, timeout)
+
+    def _deep_health(self) -> str:
+        """The probe plus one real token, through the prober (any thread). Raises ProbeError."""
+        target = self.probe_target(self.ctx.settings.deep_timeout_s)
+        return self.prober.deep_health(target, self.adapter.deep_model)
 
     def _probe_job(self, token: int) -> None:
         """On a probe worker: always answer, so a probe that raises is a miss, never a

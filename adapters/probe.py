@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from .errors import ProbeError
+from .errors import ProbeError, excerpt
 from .http_get import GetFailed, KeepAliveGet
 from .spec import Flavor
 
@@ -34,6 +34,7 @@ __all__ = [
     "Health",
     "HealthKind",
     "ProbeSteps",
+    "ProbeTarget",
     "RunningModel",
     "ServerClient",
     "ServerReport",
@@ -42,8 +43,6 @@ __all__ = [
 
 #: A healthy server's model list is asked on every this many probes.
 MODELS_EVERY = 10
-
-_EXCERPT = 200  # characters of a body quoted in a reason
 
 
 class HealthKind(enum.StrEnum):
@@ -67,6 +66,16 @@ class Health(msgspec.Struct, frozen=True):
     kind: HealthKind
     reason: str = ""
     node_late_s: float = 0.0
+
+
+class ProbeTarget(msgspec.Struct, frozen=True):
+    """The server a probe asks: its ``base_url`` (``http://host:port``), its
+    ``flavor`` (which endpoints and how they are judged) and ``timeout_s``, the
+    seconds each request of the probe may take."""
+
+    base_url: str
+    flavor: Flavor
+    timeout_s: float
 
 
 class RunningModel(msgspec.Struct, frozen=True):
@@ -147,17 +156,12 @@ def _json(reply: _Reply) -> Any:
         return _NOT_JSON
 
 
-def _excerpt(body: bytes) -> str:
-    text = " ".join(body[: _EXCERPT * 4].decode("utf-8", errors="replace").split())
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "..."
-
-
 def _bad_body(reply: _Reply, limit: int) -> str | None:
     """Why a body cannot be judged (too big, not JSON), or None when it is JSON."""
     if reply.truncated:
         return f"HTTP {reply.status}: body larger than {limit} bytes"
     if _json(reply) is _NOT_JSON:
-        return f"HTTP {reply.status}: not JSON: {_excerpt(reply.body)!r}"
+        return f"HTTP {reply.status}: not JSON: {excerpt(reply.body)!r}"
     return None
 
 
@@ -178,7 +182,7 @@ def _judge_health(reply: _Reply, limit: int) -> Health:
         return Health(HealthKind.UP)
     if reply.status == 503 and _is_loading(_json(reply)):
         return Health(HealthKind.LOADING)
-    return Health(HealthKind.UNHEALTHY, f"HTTP {reply.status}: {_excerpt(reply.body)}")
+    return Health(HealthKind.UNHEALTHY, f"HTTP {reply.status}: {excerpt(reply.body)}")
 
 
 def _names(doc: Any, key: str, fields: tuple[str, ...]) -> list[str]:
@@ -300,14 +304,14 @@ class ServerClient:
             payload["model"] = model
         reply = self._fetch("POST", "/v1/completions", payload)
         if reply.status != 200:
-            raise ProbeError(f"completion refused: HTTP {reply.status}: {_excerpt(reply.body)}")
+            raise ProbeError(f"completion refused: HTTP {reply.status}: {excerpt(reply.body)}")
         doc: Any = None if _bad_body(reply, self._max_body) else _json(reply)
         try:
             text = doc["choices"][0]["text"]
         except (TypeError, KeyError, IndexError):
             text = None
         if not isinstance(text, str):
-            raise ProbeError(f"completion answer has no choices[0].text: {_excerpt(reply.body)}")
+            raise ProbeError(f"completion answer has no choices[0].text: {excerpt(reply.body)}")
         return text
 
     def tiny_completion(self, model: str | None) -> str:
@@ -449,7 +453,7 @@ class ProbeSteps:
             return ServerReport(Health(HealthKind.UNREACHABLE, str(e)), flavor=Flavor.OLLAMA)
         why = _bad_body(reply, self.max_body)
         if why is None and reply.status != 200:
-            why = f"HTTP {reply.status}: {_excerpt(reply.body)}"
+            why = f"HTTP {reply.status}: {excerpt(reply.body)}"
         if why is not None:
             return ServerReport(Health(HealthKind.UNHEALTHY, why), flavor=Flavor.OLLAMA)
         doc = _json(reply)

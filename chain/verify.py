@@ -206,9 +206,10 @@ def _hashes_ok(payload: Any, digest: Any, prev: bytes, header: bytes, event: Any
             return False
         hasher = _EVENT_HASHER.copy()
         hasher.update(header + digest + prev)
-        return hasher.digest() == event
     except TypeError:
         return False
+    sealed: bool = hasher.digest() == event
+    return sealed
 
 
 def _text(
