@@ -20,7 +20,7 @@ from conftest import NodeFactory
 from support import PROGRAMS, wait_until
 
 from infervisor.actors.node import Node
-from infervisor.adapters.errors import ProbeError
+from infervisor.adapters.errors import AdmissionRefused, ProbeError
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.probe import HealthKind, ProbeTarget, ServerReport
 from infervisor.adapters.prober import HttpProber, Prober
@@ -170,33 +170,35 @@ def test_a_hung_probe_holds_its_key_until_released() -> None:
 # ---------------------------------------------------------------- a node, through the fake
 
 
-def adopted(nodes: NodeFactory, program: str, registry: Path, fake: ScriptedProber) -> Node:
-    settings = nodes.settings(program, registry)
-    node = Node.open(settings, prober=fake)
-    nodes.nodes.append(node)  # shut down in teardown
-    node.registry.adopt("tiny", registry / "tiny.gguf")
-    return node
+class Adopted:
+    """A node probing through a ScriptedProber, with one adopted llama.cpp
+    instance placed whose server answers ``first`` until scripted otherwise."""
+
+    def __init__(self, nodes: NodeFactory, program: str, registry: Path, first: Answer) -> None:
+        self.fake = ScriptedProber(models=("tiny",))
+        self.node = Node.open(nodes.settings(program, registry), prober=self.fake)
+        nodes.nodes.append(self.node)  # shut down in teardown
+        self.node.registry.adopt("tiny", registry / "tiny.gguf")
+        self.spec = InstanceSpec(
+            port=free_port(), role="ext", flavor=Flavor.LLAMACPP, model="tiny", mode=Mode.ADOPTED
+        )
+        self.fake.script(self.spec.base_url, first)
+        self.iid = self.node.place(self.spec)
 
 
 def test_an_adopted_server_loading_is_starting_until_it_answers_up(
     nodes: NodeFactory, fake_llama: str, fake_model: Path
 ) -> None:
     """tests/test_adopted_loading.py's scenario, with the answers scripted."""
-    fake = ScriptedProber(models=("tiny",))
-    node = adopted(nodes, fake_llama, fake_model, fake)
-    spec = InstanceSpec(
-        port=free_port(), role="ext", flavor=Flavor.LLAMACPP, model="tiny", mode=Mode.ADOPTED
-    )
-    fake.script(spec.base_url, Answer.LOADING)
-    iid = node.place(spec)
+    a = Adopted(nodes, fake_llama, fake_model, Answer.LOADING)
+    node, fake, iid = a.node, a.fake, a.iid
     assert node.start(iid).lifecycle == "starting"  # it answered, but it is loading
-    miss_limit = node.settings.miss_limit
-    wanted = 3 * miss_limit + 1  # many more loading answers than the miss limit
+    wanted = 3 * node.settings.miss_limit + 1  # many more loading answers than the miss limit
     wait_until(lambda: len(fake.probes) >= wanted, WAIT_S, f"{wanted} probes")
     view = node.status(iid)
     assert (view.lifecycle, view.health) == ("starting", "loading"), view
 
-    fake.script(spec.base_url, Answer.UP)
+    fake.script(a.spec.base_url, Answer.UP)
     view = node.wait_for(iid, lambda v: v.lifecycle == "running", WAIT_S)
     assert "adopted server answers" in view.reason
     kinds = [e.kind for e in timeline(node.settings.chain_path, iid)]
@@ -206,17 +208,18 @@ def test_an_adopted_server_loading_is_starting_until_it_answers_up(
 def test_deep_health_asks_the_spec_model_through_the_prober(
     nodes: NodeFactory, fake_llama: str, fake_model: Path
 ) -> None:
-    fake = ScriptedProber(models=("tiny",))
-    node = adopted(nodes, fake_llama, fake_model, fake)
-    spec = InstanceSpec(
-        port=free_port(), role="ext", flavor=Flavor.LLAMACPP, model="tiny", mode=Mode.ADOPTED
-    )
-    fake.script(spec.base_url, Answer.UP)
-    fake.script_deep(spec.base_url, " hi", ProbeError("completion refused: HTTP 500"))
-    iid = node.place(spec)
-    node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", WAIT_S)
-    assert node.deep_health(iid) == " hi"
+    a = Adopted(nodes, fake_llama, fake_model, Answer.UP)
+    a.fake.script_deep(a.spec.base_url, " hi", ProbeError("completion refused: HTTP 500"))
+    a.node.start(a.iid)
+    a.node.wait_for(a.iid, lambda v: v.lifecycle == "running", WAIT_S)
+    assert a.node.deep_health(a.iid) == " hi"
     with pytest.raises(Exception, match="completion refused"):
-        node.deep_health(iid)
-    assert [model for _, model in fake.deep_asked] == ["tiny", "tiny"]
+        a.node.deep_health(a.iid)
+    assert [model for _, model in a.fake.deep_asked] == ["tiny", "tiny"]
+
+
+def test_an_adopted_server_that_does_not_answer_is_not_placed(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    with pytest.raises(AdmissionRefused, match="no llamacpp server answering"):
+        Adopted(nodes, fake_llama, fake_model, Answer.DOWN)
