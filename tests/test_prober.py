@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 from conftest import NodeFactory
-from support import PROGRAMS, wait_until
+from support import PROGRAMS, ollama_server, wait_until
 
+from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
+from infervisor.adapters import ollama
 from infervisor.adapters.errors import AdmissionRefused, ProbeError
 from infervisor.adapters.ports import free_port
-from infervisor.adapters.probe import HealthKind, ProbeTarget, ServerReport
+from infervisor.adapters.probe import Health, HealthKind, ProbeTarget, RunningModel, ServerReport
 from infervisor.adapters.prober import HttpProber, Prober
 from infervisor.adapters.prober_fake import Answer, ScriptedProber
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
@@ -169,19 +171,27 @@ def test_a_hung_probe_holds_its_key_until_released() -> None:
 
 # ---------------------------------------------------------------- a node, through the fake
 
+#: Deep checks every 0.1 s; two failures make the instance unhealthy.
+DEEP = KindSettings(deep_interval_s=0.1, startup_deadline_s=20.0, startup_cap_s=20.0, miss_limit=2)
+
 
 class Adopted:
     """A node probing through a ScriptedProber, with one adopted llama.cpp
-    instance placed whose server answers ``first`` until scripted otherwise."""
+    instance (of ``kind``) placed whose server answers ``first`` until scripted
+    otherwise."""
 
-    def __init__(self, nodes: NodeFactory, program: str, registry: Path, first: Answer) -> None:
+    def __init__(
+        self, nodes: NodeFactory, program: str, registry: Path, first: Answer, kind: str = ""
+    ) -> None:
         self.fake = ScriptedProber(models=("tiny",))
-        self.node = Node.open(nodes.settings(program, registry), prober=self.fake)
+        settings = nodes.settings(program, registry, kinds={"deep": DEEP})
+        self.node = Node.open(settings, prober=self.fake)
         nodes.nodes.append(self.node)  # shut down in teardown
         self.node.registry.adopt("tiny", registry / "tiny.gguf")
         self.spec = InstanceSpec(
-            port=free_port(), role="ext", flavor=Flavor.LLAMACPP, model="tiny", mode=Mode.ADOPTED
-        )
+            port=free_port(), role="ext", flavor=Flavor.LLAMACPP, model="tiny", mode=Mode.ADOPTED,
+            **({"kind": kind} if kind else {}),
+        )  # fmt: skip
         self.fake.script(self.spec.base_url, first)
         self.iid = self.node.place(self.spec)
 
@@ -223,3 +233,50 @@ def test_an_adopted_server_that_does_not_answer_is_not_placed(
 ) -> None:
     with pytest.raises(AdmissionRefused, match="no llamacpp server answering"):
         Adopted(nodes, fake_llama, fake_model, Answer.DOWN)
+
+
+def test_an_adopted_server_that_gives_no_token_is_unhealthy_after_miss_limit_checks(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    """tests/test_deep_health.py's scenario: /health answers, no completion does."""
+    a = Adopted(nodes, fake_llama, fake_model, Answer.UP, kind="deep")
+    a.fake.script_deep(a.spec.base_url, ProbeError("completion refused: HTTP 500: injected"))
+    a.node.start(a.iid)
+    view = a.node.wait_for(a.iid, lambda v: v.lifecycle == "unhealthy", WAIT_S)
+    assert "injected" in view.reason
+    kinds = [e.kind for e in timeline(a.node.settings.chain_path, a.iid)]
+    assert kinds.count("instance.deep_health_failed") == DEEP.miss_limit, kinds
+
+
+# ---------------------------------------------------------------- Ollama's /api/ps listing
+
+
+def test_the_real_prober_reports_what_ollama_holds_in_memory() -> None:
+    """An Ollama probe comes with /api/ps' listing (ServerReport.running)."""
+    prober = HttpProber()
+    try:
+        with ollama_server("tinyllama", load_seconds=0.1) as srv:
+            target = ProbeTarget(srv.url, Flavor.OLLAMA, 5.0)
+            report = prober.check(target)
+            assert report.health.kind is HealthKind.UP
+            assert report.lists("tinyllama")
+            assert report.running == []  # a list: nothing loaded, not "could not ask"
+            ollama.load(srv.url, "tinyllama", timeout=20.0)
+            reports: queue.Queue[ServerReport] = queue.Queue()
+            prober.probe("o", target, reports.put)
+            entry = reports.get(timeout=WAIT_S).running_model("tinyllama")
+            assert entry is not None and entry.size_bytes > 0
+    finally:
+        prober.close()
+
+
+def test_the_fake_reports_a_scripted_ollama_listing() -> None:
+    fake = ScriptedProber()
+    target = ProbeTarget("http://127.0.0.1:11434", Flavor.OLLAMA, 1.0)
+    listing = ServerReport(
+        Health(HealthKind.UP), ["tinyllama"], flavor=Flavor.OLLAMA,
+        running=[RunningModel("tinyllama:latest", size_bytes=10)],
+    )  # fmt: skip
+    fake.script(target.base_url, listing, Answer.DOWN)
+    assert fake.check(target).running_model("tinyllama") == RunningModel("tinyllama:latest", 10)
+    assert fake.check(target).running is None
