@@ -78,10 +78,12 @@ class InstanceContext:
     """What every instance actor of a node shares (read-only).
 
     ``ledger`` is the residency ledger actor, or None when the node has no
-    memory budget. ``engine`` makes the plain HTTP probes of every instance on
-    one event loop (each with its own timeout: a hung server delays no other
-    probe); ``probes`` runs the others (an adapter whose probe does more than
-    HTTP, or a node without an engine).
+    memory budget. ``engine`` is the node's prober (the probes seam,
+    adapters/prober.py): it makes the plain probes of every instance (over HTTP,
+    on one event loop, each with its own timeout: a hung server delays no other
+    probe), the deep health checks and an adopted start's check; ``probes`` runs
+    the others (an adapter whose probe does more than HTTP, or a node without
+    an engine).
     """
 
     node_id: str
