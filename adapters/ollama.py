@@ -35,6 +35,7 @@ import msgspec
 
 from .errors import ProbeError, excerpt
 from .ollama_keep_alive import DEFAULT_KEEP_ALIVE, load_keep_alive
+from .ollama_wire import byte_count, same_model
 
 __all__ = [
     "LOAD_TIMEOUT",
@@ -43,7 +44,6 @@ __all__ = [
     "pulled",
     "pulled_size",
     "resident",
-    "same_model",
     "unload",
     "wait_unloaded",
 ]
@@ -71,11 +71,6 @@ class OllamaError(ProbeError):
     def __init__(self, message: str, *, status: int, error: str) -> None:
         super().__init__(message)
         self.status, self.error = status, error
-
-
-def same_model(a: str, b: str) -> bool:
-    """Whether two Ollama tags name the same model (``x`` is ``x:latest``)."""
-    return a.removesuffix(":latest") == b.removesuffix(":latest")
 
 
 # --- HTTP ------------------------------------------------------------------------------
@@ -183,10 +178,8 @@ def pulled_size(base_url: str, tag: str, timeout: float = 2.0) -> int | None:
         if not isinstance(item, dict):
             continue
         name = item.get("name") or item.get("model")
-        size = item.get("size")
         if isinstance(name, str) and same_model(name, tag):
-            ok = isinstance(size, int) and not isinstance(size, bool) and size > 0
-            return size if ok else None
+            return byte_count(item.get("size")) or None
     return None
 
 

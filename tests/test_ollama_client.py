@@ -20,6 +20,7 @@ from infervisor.adapters.errors import ProbeError, SpecError
 from infervisor.adapters.ollama import OllamaError
 from infervisor.adapters.ollama_keep_alive import parse_keep_alive
 from infervisor.adapters.ollama_load import OllamaLoad
+from infervisor.adapters.ollama_wire import same_model
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.probe import HealthKind, ServerClient
 from infervisor.adapters.spec import Flavor
@@ -100,10 +101,10 @@ def test_parse_keep_alive_invalid_names_value_and_forms(value) -> None:
 
 
 def test_same_model_ignores_latest() -> None:
-    assert ollama.same_model("llama3", "llama3:latest")
-    assert ollama.same_model("llama3:latest", "llama3")
-    assert not ollama.same_model("llama3", "llama3:8b")
-    assert not ollama.same_model("llama3", "llama")
+    assert same_model("llama3", "llama3:latest")
+    assert same_model("llama3:latest", "llama3")
+    assert not same_model("llama3", "llama3:8b")
+    assert not same_model("llama3", "llama")
 
 
 @pytest.mark.parametrize("zero", [0, "0", "0s", "-0m"])

@@ -23,8 +23,9 @@ from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
 from infervisor.adapters import ollama
 from infervisor.adapters.errors import AdmissionRefused, ProbeError
+from infervisor.adapters.ollama_wire import RunningModel
 from infervisor.adapters.ports import free_port
-from infervisor.adapters.probe import Health, HealthKind, ProbeTarget, RunningModel, ServerReport
+from infervisor.adapters.probe import Health, HealthKind, ProbeTarget, ServerReport
 from infervisor.adapters.prober import HttpProber, Prober
 from infervisor.adapters.prober_fake import Answer, ScriptedProber
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
