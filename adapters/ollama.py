@@ -120,8 +120,13 @@ def _decode(body: bytes) -> Any:
         return None
 
 
-def _listed(base_url: str, path: str, timeout: float) -> list[str]:
-    """Names under ``models[*].name`` (or ``.model``) of an ``/api/tags`` or ``/api/ps``."""
+def _listed(base_url: str, path: str, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+    """The entries of an ``/api/tags`` or ``/api/ps`` answer, each with its name
+    (``models[*].name``, else ``.model``); entries without one are left out.
+
+    Raises:
+        ProbeError: Ollama could not be asked, or did not answer a model list.
+    """
     status, body = _call(base_url, "GET", path, timeout)
     if status != 200:
         raise ProbeError(f"{base_url}{path}: HTTP {status}: {excerpt(body)}")
@@ -129,12 +134,12 @@ def _listed(base_url: str, path: str, timeout: float) -> list[str]:
     models = doc.get("models") if isinstance(doc, dict) else None
     if not isinstance(models, list):
         raise ProbeError(f"{base_url}{path}: not an Ollama model list: {excerpt(body)}")
-    names: list[str] = []
+    entries: list[tuple[str, dict[str, Any]]] = []
     for item in models:
         name = (item.get("name") or item.get("model")) if isinstance(item, dict) else None
         if isinstance(name, str):
-            names.append(name)
-    return names
+            entries.append((name, item))
+    return entries
 
 
 # --- the operations --------------------------------------------------------------------
@@ -149,7 +154,7 @@ def resident(base_url: str, tag: str, timeout: float = 2.0) -> bool:
         ProbeError: Ollama could not be asked or did not answer a model list;
             "could not ask" is never reported as "not resident".
     """
-    return any(same_model(name, tag) for name in _listed(base_url, "/api/ps", timeout))
+    return any(same_model(name, tag) for name, _ in _listed(base_url, "/api/ps", timeout))
 
 
 def pulled(base_url: str, tag: str, timeout: float = 2.0) -> bool:
@@ -158,7 +163,7 @@ def pulled(base_url: str, tag: str, timeout: float = 2.0) -> bool:
     Raises:
         ProbeError: Ollama could not be asked or did not answer a model list.
     """
-    return any(same_model(name, tag) for name in _listed(base_url, "/api/tags", timeout))
+    return any(same_model(name, tag) for name, _ in _listed(base_url, "/api/tags", timeout))
 
 
 def pulled_size(base_url: str, tag: str, timeout: float = 2.0) -> int | None:
@@ -169,16 +174,8 @@ def pulled_size(base_url: str, tag: str, timeout: float = 2.0) -> int | None:
     Raises:
         ProbeError: Ollama could not be asked or did not answer a model list.
     """
-    status, body = _call(base_url, "GET", "/api/tags", timeout)
-    doc = _decode(body)
-    models = doc.get("models") if status == 200 and isinstance(doc, dict) else None
-    if not isinstance(models, list):
-        raise ProbeError(f"{base_url}/api/tags: not an Ollama model list: {excerpt(body)}")
-    for item in models:
-        if not isinstance(item, dict):
-            continue
-        name = item.get("name") or item.get("model")
-        if isinstance(name, str) and same_model(name, tag):
+    for name, item in _listed(base_url, "/api/tags", timeout):
+        if same_model(name, tag):
             return byte_count(item.get("size")) or None
     return None
 
