@@ -11,7 +11,7 @@ from typing import Any
 import pykka
 
 from infervisor.adapters.cgroups import Containment, no_containment
-from infervisor.adapters.probe_engine import ProbeEngine
+from infervisor.adapters.prober import Prober
 from infervisor.adapters.spec import InstanceSpec
 
 from .append import ChainAppend
@@ -32,11 +32,12 @@ class InstanceContext:
 
     ``chain`` records decisions (:class:`~.append.WriterAppend` on a node, a
     :class:`~.append_fake.FakeAppend` in tests). ``ledger`` is the residency
-    ledger actor, or None when the node has no memory budget. ``engine``
-    makes the plain HTTP probes of every instance on one event loop (each with
-    its own timeout: a hung server delays no other probe); ``probes`` runs the
-    others (an adapter whose probe does more than HTTP, or a node without an
-    engine).
+    ledger actor, or None when the node has no memory budget. ``engine`` is
+    the node's prober (the probes seam, adapters/prober.py): it makes the plain
+    probes of every instance (over HTTP, on one event loop, each with its own
+    timeout: a hung server delays no other probe), the deep health checks and an
+    adopted start's check; ``probes`` runs the others (an adapter whose probe
+    does more than HTTP, or a node without an engine).
     """
 
     node_id: str
@@ -45,7 +46,7 @@ class InstanceContext:
     settings: NodeSettings
     ledger: pykka.ActorRef[Any] | None = None
     probes: Executor = field(default_factory=lambda: _SHARED_FALLBACK)
-    engine: ProbeEngine | None = None
+    engine: Prober | None = None
     #: Told the instance id when a decision of the instance's own unloaded it (a
     #: boot finishing an unload the last node began): the host forgets it then.
     gone: Callable[[str], None] = field(default=lambda _iid: None)

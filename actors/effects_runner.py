@@ -21,8 +21,10 @@ from infervisor.adapters.adopted import AdoptedServer
 from infervisor.adapters.errors import AdapterError, ProcessControlError, SpawnError
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.managed_ollama import OllamaServer, load_timeout_s
-from infervisor.adapters.ollama import OllamaLoad
+from infervisor.adapters.ollama_load import OllamaLoad
 from infervisor.adapters.planning import verify_weights
+from infervisor.adapters.probe import ProbeTarget
+from infervisor.adapters.prober import Prober
 from infervisor.adapters.process import ExitInfo, ServerProcess
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import ServerAdapter
@@ -63,6 +65,11 @@ class Owner(Protocol):
     def tell_self(self, message: Any) -> None: ...
 
     def now(self) -> Stamp: ...
+
+    @property
+    def prober(self) -> Prober: ...
+
+    def probe_target(self, timeout_s: float | None = None) -> ProbeTarget: ...
 
 
 class EffectRunner:
@@ -130,7 +137,9 @@ class EffectRunner:
     def check_answers(self, e: fx.CheckAnswers) -> o.Observation:
         adapter = self.actor.adapter
         assert isinstance(adapter, AdoptedServer)
-        why_not, loading = adapter.confirm_answers()
+        why_not, loading = adapter.confirm_answers(
+            self.actor.prober.check(self.actor.probe_target())
+        )
         # Exposure comes from the reconcile tick's one socket-table read: a read per
         # start would cost the whole table (tens of ms with hundreds of servers) each.
         return o.AnswersChecked(by=e.by, why_not=why_not, loading=loading)

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from infervisor.adapters.probe import Health, HealthKind, ServerReport
+from infervisor.adapters.probe import Health, HealthKind, ProbeTarget, ServerReport
+from infervisor.adapters.prober import HttpProber, Prober
 from infervisor.adapters.server import ServerAdapter
 from infervisor.replay import InstanceState, LifecycleState
 
@@ -31,6 +32,9 @@ from .core.rules import Mode, Rules
 from .effects_runner import EffectRunner
 
 __all__ = ["HealthChecks", "Probed", "miss"]
+
+#: The prober of contexts built without a node (its engine starts at a first probe).
+_HTTP_FALLBACK = HttpProber()
 
 
 class Probed(msgspec.Struct, frozen=True):
@@ -118,9 +122,8 @@ class HealthChecks:
     def _send_probe(self, token: int) -> None:
         owner, engine = self.owner, self.owner.ctx.engine
         if engine is not None and owner.adapter.plain_probe:
-            spec, timeout = owner.adapter.spec, owner.ctx.settings.probe_timeout_s
             deliver = partial(self._probed_by_engine, token, time.perf_counter())
-            engine.probe(owner.iid, spec.base_url, spec.flavor, timeout, deliver)
+            engine.probe(owner.iid, self.target(), deliver)
         else:
             owner.ctx.probes.submit(self._probe_job, token)
 
@@ -144,11 +147,32 @@ class HealthChecks:
     def _deep_job(self, token: int) -> None:
         """On a thread of its own: one real token; the verdict is told to the actor."""
         try:
-            self.owner.adapter.deep_health()
+            self.deep_health()
             error: str | None = None
         except Exception as e:  # noqa: BLE001 - every failure is the check's verdict
             error = str(e) or type(e).__name__
         self.owner.tell_self(o.DeepChecked(token=token, error=error))
+
+    @property
+    def prober(self) -> Prober:
+        """The node's prober (the probes seam, adapters/prober.py)."""
+        return self.owner.ctx.engine or _HTTP_FALLBACK
+
+    def target(self, timeout_s: float | None = None) -> ProbeTarget:
+        """This instance's server, each request within ``timeout_s`` seconds
+        (None: the node's probe timeout)."""
+        spec, settings = self.owner.adapter.spec, self.owner.ctx.settings
+        timeout = settings.probe_timeout_s if timeout_s is None else timeout_s
+        return ProbeTarget(spec.base_url, spec.flavor, timeout)
+
+    def deep_health(self) -> str:
+        """The probe plus one real token, through the prober (any thread).
+
+        Raises:
+            ProbeError: no token (the check's verdict).
+        """
+        target = self.target(self.owner.ctx.settings.deep_timeout_s)
+        return self.prober.deep_health(target, self.owner.adapter.deep_model)
 
     def _ollama_listed(self, report: ServerReport) -> o.OllamaListed | None:
         """Managed Ollama: what ``/api/ps`` said of this model, when it gave a list."""

@@ -174,7 +174,8 @@ def _plan(
             f"enforce it ({ctx.containment.mode}: {ctx.containment.reason}); place it "
             "without a limit, or on a node with cgroups (docs/process-supervision.md)"
         )
-    return planning.plan(spec, iid, registry, settings.adapter_settings(), settings.adapters)
+    adapters = settings.adapter_settings()
+    return planning.plan(spec, iid, registry, adapters, settings.adapters, prober=ctx.engine)
 
 
 class PlacementOutcome(enum.StrEnum):

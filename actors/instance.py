@@ -32,7 +32,8 @@ import pykka
 
 from infervisor.adapters.errors import AdapterError
 from infervisor.adapters.ports import ListenerSnapshot
-from infervisor.adapters.probe import ServerReport
+from infervisor.adapters.probe import ProbeTarget, ServerReport
+from infervisor.adapters.prober import Prober
 from infervisor.adapters.proc_table import ProcessTable
 from infervisor.adapters.server import ServerAdapter
 from infervisor.replay import InstanceState, LifecycleState, apply_instance
@@ -177,7 +178,7 @@ class InstanceActor(pykka.ThreadingActor):
                     isinstance(e, ev.Replaced) for e in decision.events
                 )
             case m.DeepHealth():
-                return self._in_thread(self.adapter.deep_health)
+                return self._in_thread(self.checks.deep_health)
         return None
 
     def _observe(self, message: Any) -> None:
@@ -451,6 +452,15 @@ class InstanceActor(pykka.ThreadingActor):
     def tell_self(self, message: Any) -> None:
         """Send this actor a message (from any thread)."""
         tell(self.actor_ref, message)
+
+    @property
+    def prober(self) -> Prober:
+        """The node's prober (the probes seam, adapters/prober.py)."""
+        return self.checks.prober
+
+    def probe_target(self, timeout_s: float | None = None) -> ProbeTarget:
+        """This instance's server, each request within ``timeout_s`` seconds."""
+        return self.checks.target(timeout_s)
 
     def _in_thread(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn`` on its own daemon thread; its result or error lands in the Future."""

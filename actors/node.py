@@ -32,7 +32,7 @@ import pykka
 from infervisor.adapters.capabilities import Capability, probe_capabilities
 from infervisor.adapters.cgroups import Containment, detect, no_containment
 from infervisor.adapters.errors import AdapterError
-from infervisor.adapters.probe_engine import ProbeEngine
+from infervisor.adapters.prober import HttpProber, Prober
 from infervisor.adapters.process import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
@@ -91,7 +91,7 @@ class NodeActors:
     probes: ThreadPoolExecutor | None = None
     routes: Routes = field(default_factory=Routes)
     watchdog: Watchdog | None = None
-    engine: ProbeEngine | None = None
+    engine: Prober | None = None
     #: The chain writer's commit latency histogram (shared with it by reference).
     commit_latency: CommitLatency | None = None
     #: Whether the chain takes appends (the writer reports, anyone reads).
@@ -128,11 +128,15 @@ class Node:
         settings: NodeSettings,
         clock: Clock | None = None,
         on_event: Callable[[StoredEvent], None] | None = None,
+        *,
+        prober: Prober | None = None,
     ) -> Node:
         """Start the node on ``settings.data_dir`` and resume what the chain says.
 
         ``on_event`` is called with every event once it is durable (on the
         chain writer's thread; keep it quick): live output for an operator.
+        ``prober`` asks the servers how they are (None: over HTTP; tests give a
+        :class:`~infervisor.adapters.prober_fake.ScriptedProber`); the node closes it.
         Blocks until every instance the chain has is rebuilt (a model's weights
         missing from the digest cache are read in full). An instance whose adapter
         cannot be built (its model gone or changed, its launcher program missing)
@@ -157,7 +161,7 @@ class Node:
         # what came after it), then every event verified as the replay reads it.
         check_node_chain(settings.chain_path, settings.node_id)
         state = _rebuild_verified(settings.chain_path)
-        actors = _start_actors(settings, clock, on_event, state.lease)
+        actors = _start_actors(settings, clock, on_event, state.lease, prober)
         try:
             event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             _append(actors.writer, clock, event)
@@ -572,6 +576,7 @@ def _start_actors(
     clock: Clock,
     on_event: Callable[[StoredEvent], None] | None,
     lease: LeaseRecord | None = None,
+    prober: Prober | None = None,
 ) -> NodeActors:
     commit_latency = CommitLatency()
     append_health = AppendHealth()
@@ -588,7 +593,7 @@ def _start_actors(
     if settings.memory_budget_bytes is not None:
         ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
-    engine = ProbeEngine()
+    engine = prober or HttpProber()
     relay = _GoneRelay()
     containment = detect(settings.containment, settings.node_id, settings.data_dir)
     log.info("containment: %s (%s)", containment.mode, containment.reason)

@@ -9,7 +9,7 @@ import msgspec
 
 from infervisor.adapters.cgroups import MODES as CONTAINMENT_MODES
 from infervisor.adapters.llama_choice import check_choice
-from infervisor.adapters.ollama import load_keep_alive
+from infervisor.adapters.ollama_keep_alive import load_keep_alive
 from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.server import AdapterSettings
 from infervisor.adapters.spec_env import check_env
@@ -183,7 +183,6 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             env_passthrough=self.env_passthrough,
             extra_env=dict(self.env),
             probe_timeout_s=self.probe_timeout_s,
-            deep_timeout_s=self.deep_timeout_s,
             allowed_ports=self.allowed_ports,
             # as Ollama expects it: seconds survive as a whole-number string
             ollama_keep_alive=str(load_keep_alive(self.ollama_keep_alive)),

@@ -7,7 +7,7 @@ only confirms the server answers; ``stop_instance`` refuses).
 
 from __future__ import annotations
 
-from .probe import HealthKind, ServerClient, ServerReport, deep_health
+from .probe import HealthKind, ServerClient, ServerReport
 from .server import AdapterKind
 from .spec import InstanceSpec
 
@@ -24,30 +24,27 @@ class AdoptedServer:
     kind: AdapterKind = "adopted"
     model_bytes = 0
 
-    def __init__(self, spec: InstanceSpec, probe_timeout_s: float, deep_timeout_s: float) -> None:
+    def __init__(self, spec: InstanceSpec, probe_timeout_s: float) -> None:
         self.spec = spec
         self.adapter_id = spec.flavor.adapter_id(spec.mode)
         self.served_model = spec.model
         self._client = ServerClient(spec.base_url, probe_timeout_s)
-        self._deep_timeout = deep_timeout_s
 
     plain_probe = True
 
     def probe(self) -> ServerReport:
         return self._client.probe(self.spec.flavor)
 
-    def deep_health(self) -> str:
-        return deep_health(
-            self.spec.base_url,
-            self.spec.flavor,
-            self._deep_timeout,
-            lambda report: self.served_model or _first(report),
-        )
+    def deep_model(self, report: ServerReport) -> str | None:
+        """The spec's model, else the first the server lists."""
+        return self.served_model or _first(report)
 
-    def confirm_answers(self) -> tuple[str | None, bool]:
-        """What an adopted start needs to know: (why the server does not answer,
-        or None when it answers; whether it answered that it is still loading)."""
-        health = self.probe().health
+    @staticmethod
+    def confirm_answers(report: ServerReport) -> tuple[str | None, bool]:
+        """What an adopted start needs to know of a probe's ``report``: (why the
+        server does not answer, or None when it answers; whether it answered that
+        it is still loading)."""
+        health = report.health
         if health.kind is HealthKind.UNREACHABLE:
             return health.reason or str(health.kind), False
         return None, health.kind is HealthKind.LOADING

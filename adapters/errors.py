@@ -27,7 +27,10 @@ __all__ = [
     "RegistryError",
     "SpawnError",
     "SpecError",
+    "excerpt",
 ]
+
+_EXCERPT = 200  # characters of a body quoted in a message
 
 
 class AdapterError(Exception):
@@ -74,3 +77,10 @@ class ProcessControlError(AdapterError):
 class ProgramMissing(AdmissionRefused):
     """The serve program is not installed or not executable: the node's own
     condition (recorded for the audit), not a mistake of the caller."""
+
+
+def excerpt(body: bytes) -> str:
+    """A server's answer as quoted in an error or a probe's reason: white space
+    folded, at most 200 characters (then ``...``), undecodable bytes replaced."""
+    text = " ".join(body[: _EXCERPT * 4].decode("utf-8", errors="replace").split())
+    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "..."

@@ -16,7 +16,7 @@ from pathlib import Path
 from .cgroups import InstanceCgroup
 from .errors import ProbeError, SpawnError
 from .ports import port_in_use
-from .probe import Health, HealthKind, ServerClient, ServerReport, deep_health
+from .probe import Health, HealthKind, ServerClient, ServerReport
 from .process import ExitInfo, LaunchPlan, ManagedProcess
 from .server import AdapterKind
 from .spec import Flavor, InstanceSpec
@@ -43,7 +43,6 @@ class LaunchedServer:
         served_model: str,
         model_bytes: int,
         probe_timeout_s: float,
-        deep_timeout_s: float,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -51,7 +50,6 @@ class LaunchedServer:
         self.served_model: str | None = served_model
         self.model_bytes = model_bytes
         self._client = ServerClient(spec.base_url, probe_timeout_s)
-        self._deep_timeout = deep_timeout_s
         self._confirmed = False
 
     def spawn(
@@ -117,12 +115,10 @@ class LaunchedServer:
                 return found.group(0).strip()[:300]
         return None
 
-    def deep_health(self) -> str:
-        # mlx-lm must not be sent a model name: it would try to load that model instead.
-        model = None if self.spec.flavor is Flavor.MLX_LM else self.served_model
-        return deep_health(
-            self.spec.base_url, self.spec.flavor, self._deep_timeout, lambda _: model
-        )
+    def deep_model(self, report: ServerReport) -> str | None:
+        """The served model; None for mlx-lm, which would try to load a model it is
+        sent by name instead of answering with its own."""
+        return None if self.spec.flavor is Flavor.MLX_LM else self.served_model
 
     def address_taken(self) -> str | None:
         host, port = self.spec.bind_host, self.spec.port

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from . import ollama
 from .errors import ProbeError
-from .probe import ServerClient, ServerReport, deep_health
+from .ollama_keep_alive import parse_keep_alive
+from .ollama_load import OllamaLoad
+from .probe import ServerClient, ServerReport
 from .server import AdapterKind, AdapterSettings
 from .spec import Flavor, InstanceSpec, Mode
 
@@ -81,16 +83,15 @@ class OllamaServer:
         self.adapter_id = spec.flavor.adapter_id(spec.mode)
         self.served_model: str | None = tag
         self.model_bytes = model_bytes
-        self.keep_alive = ollama.parse_keep_alive(settings.ollama_keep_alive)
+        self.keep_alive = parse_keep_alive(settings.ollama_keep_alive)
         self._probe_timeout = settings.probe_timeout_s
         self.probe_timeout_s = settings.probe_timeout_s
-        self._deep_timeout = settings.deep_timeout_s
         self._client = ServerClient(spec.base_url, settings.probe_timeout_s)
 
-    def begin_load(self, timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> ollama.OllamaLoad:
-        """Start loading the model in the background (see :class:`ollama.OllamaLoad`);
+    def begin_load(self, timeout_s: float = DEFAULT_LOAD_TIMEOUT_S) -> OllamaLoad:
+        """Start loading the model in the background (see :class:`~.ollama_load.OllamaLoad`);
         the load may take ``timeout_s`` seconds (see :func:`load_timeout_s`)."""
-        return ollama.OllamaLoad(
+        return OllamaLoad(
             self.spec.base_url,
             self.tag,
             self.keep_alive,
@@ -117,9 +118,9 @@ class OllamaServer:
     def probe(self) -> ServerReport:
         return self._client.probe(self.spec.flavor)
 
-    def deep_health(self) -> str:
-        tag = self.tag
-        return deep_health(self.spec.base_url, self.spec.flavor, self._deep_timeout, lambda _: tag)
+    def deep_model(self, report: ServerReport) -> str | None:
+        """The model's tag: Ollama loads what it is asked for."""
+        return self.tag
 
     def address_taken(self) -> str | None:
         return None  # Ollama's own address: we drive it, we never bind it

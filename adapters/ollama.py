@@ -1,18 +1,15 @@
-"""Ollama driven through its HTTP API: residency, load, unload (synchronous httpx).
+"""Ollama's HTTP API, as a client: residency, pulled models, load, unload (synchronous httpx).
 
 Source of the behaviour: ``reference/infer_lifecycle.rs.txt`` (``start_instance``,
 ``stop_instance``, ``unload_instance``: ``ollama::resident``, ``ollama::load``,
-``ollama::unload``, ``LoadState``, the ``we_loaded`` flag) and
-``reference/infer_config.rs.txt`` (``keep_alive``: ``5m``, ``30m``, ``-1``;
-default ``30m``).
+``ollama::unload``). The load in the background (``LoadState``, the
+``we_loaded`` flag) is :mod:`.ollama_load`; the forms of ``keep_alive`` are
+:mod:`.ollama_keep_alive`.
 
 The protocol, from Ollama's ``docs/api.md``: a model is loaded by
 ``POST /api/generate`` with a model and no prompt, and unloaded the same way
 with ``keep_alive`` 0 ("Load a model", "Unload a model"); ``GET /api/tags``
-lists pulled models, ``GET /api/ps`` the models in memory. ``keep_alive`` is
-read by ``api/types.go`` ``Duration.UnmarshalJSON``: a JSON number of seconds
-(negative: forever) or a Go duration string (``time.ParseDuration``; a string
-without a unit such as ``"-1"`` is refused with a 400).
+lists pulled models, ``GET /api/ps`` the models in memory.
 
 Ollama lists a model in ``/api/ps`` from the moment its runner is created,
 while it is still loading (``server/sched.go``), and an unload waits for a
@@ -28,11 +25,7 @@ Tags are matched ignoring a ``:latest`` suffix (``x`` is ``x:latest``). No
 
 from __future__ import annotations
 
-import contextlib
-import math
 import re
-import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,21 +33,17 @@ from typing import Any
 import httpx
 import msgspec
 
-from .errors import ProbeError, SpecError
-from .status import LoadKind, LoadState
+from .errors import ProbeError, excerpt
+from .ollama_keep_alive import DEFAULT_KEEP_ALIVE, load_keep_alive
+from .ollama_wire import byte_count, same_model
 
 __all__ = [
-    "DEFAULT_KEEP_ALIVE",
     "LOAD_TIMEOUT",
     "OllamaError",
-    "OllamaLoad",
     "load",
-    "load_keep_alive",
-    "parse_keep_alive",
     "pulled",
     "pulled_size",
     "resident",
-    "same_model",
     "unload",
     "wait_unloaded",
 ]
@@ -63,25 +52,9 @@ LOAD_TIMEOUT = 900.0
 """Seconds a load request may take when the caller gives none (a large model can take
 minutes; the reference's value). A node gives its instance kind's startup budget
 instead (``managed_ollama.load_timeout_s``)."""
-DEFAULT_KEEP_ALIVE = "30m"
-"""keep_alive sent with a load when none is configured (the reference's default)."""
 
 _MAX_BODY = 4 * 1024 * 1024  # bytes read from any answer
-_EXCERPT = 200  # characters of a body quoted in an error
-_FOREVER_NS = 2**63 - 1  # Go's largest time.Duration
-_UNIT_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9}
-_UNIT_NS |= {"m": 60 * 10**9, "h": 3600 * 10**9}
-_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-_UNIT = r"(?:ns|us|µs|μs|ms|s|m|h)"
-_DURATION = re.compile(rf"[-+]?(?:0|(?:{_NUMBER}{_UNIT})+)")
-_PART = re.compile(rf"({_NUMBER})({_UNIT})")
-_INTEGER = re.compile(r"[-+]?[0-9]+")
 _MODEL_NOT_FOUND = re.compile(r"model .* not found")  # routes.go: "model 'x' not found[, ...]"
-_FORMS = (
-    "a whole number of seconds (3600; negative keeps the model loaded forever; 0 unloads it) "
-    "or a Go duration string such as '30m', '1h30m', '10s' or '-1m' "
-    "(units ns, us, ms, s, m, h; a negative duration keeps the model loaded forever)"
-)
 
 Trace = Callable[[str, dict[str, Any]], None]
 
@@ -100,60 +73,7 @@ class OllamaError(ProbeError):
         self.status, self.error = status, error
 
 
-def same_model(a: str, b: str) -> bool:
-    """Whether two Ollama tags name the same model (``x`` is ``x:latest``)."""
-    return a.removesuffix(":latest") == b.removesuffix(":latest")
-
-
-def parse_keep_alive(value: str | int | float) -> str | int:
-    """Check a keep_alive and give the value to send to Ollama.
-
-    Whole numbers (also as strings: ``"-1"``, ``"3600"``) become an int, sent
-    as a JSON number, because Ollama refuses a string without a unit. Duration
-    strings are kept as they are. Fractions of a second as a number are
-    refused: older Ollama versions truncate them (``0.5`` would unload).
-
-    Raises:
-        SpecError: anything else (booleans, NaN, ``"5 m"``, ``"10x"``, a
-            duration Go cannot hold), naming the value and the allowed forms.
-    """
-    invalid = SpecError(f"keep_alive {value!r} is not valid: use {_FORMS}")
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise invalid
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise invalid
-    if isinstance(value, str) and not _INTEGER.fullmatch(value):
-        if _duration_ns(value) is None:
-            raise invalid
-        return value
-    seconds = int(value)
-    if seconds > _FOREVER_NS // 10**9:  # Go cannot hold it as a duration
-        raise invalid
-    return seconds
-
-
-def _duration_ns(text: str) -> int | None:
-    """Nanoseconds of a Go duration string, or None when Go would refuse it."""
-    if not _DURATION.fullmatch(text):
-        return None
-    total = 0.0
-    for number, unit in _PART.findall(text):
-        total += float(number) * _UNIT_NS[unit]
-    if total > _FOREVER_NS:
-        return None
-    return -int(total) if text.startswith("-") else int(total)
-
-
-def _is_zero(keep: str | int) -> bool:
-    return keep == 0 if isinstance(keep, int) else _duration_ns(keep) == 0
-
-
 # --- HTTP ------------------------------------------------------------------------------
-
-
-def _excerpt(body: bytes) -> str:
-    text = " ".join(body[: _EXCERPT * 4].decode("utf-8", errors="replace").split())
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "..."
 
 
 def _call(
@@ -200,21 +120,26 @@ def _decode(body: bytes) -> Any:
         return None
 
 
-def _listed(base_url: str, path: str, timeout: float) -> list[str]:
-    """Names under ``models[*].name`` (or ``.model``) of an ``/api/tags`` or ``/api/ps``."""
+def _listed(base_url: str, path: str, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+    """The entries of an ``/api/tags`` or ``/api/ps`` answer, each with its name
+    (``models[*].name``, else ``.model``); entries without one are left out.
+
+    Raises:
+        ProbeError: Ollama could not be asked, or did not answer a model list.
+    """
     status, body = _call(base_url, "GET", path, timeout)
     if status != 200:
-        raise ProbeError(f"{base_url}{path}: HTTP {status}: {_excerpt(body)}")
+        raise ProbeError(f"{base_url}{path}: HTTP {status}: {excerpt(body)}")
     doc = _decode(body)
     models = doc.get("models") if isinstance(doc, dict) else None
     if not isinstance(models, list):
-        raise ProbeError(f"{base_url}{path}: not an Ollama model list: {_excerpt(body)}")
-    names: list[str] = []
+        raise ProbeError(f"{base_url}{path}: not an Ollama model list: {excerpt(body)}")
+    entries: list[tuple[str, dict[str, Any]]] = []
     for item in models:
         name = (item.get("name") or item.get("model")) if isinstance(item, dict) else None
         if isinstance(name, str):
-            names.append(name)
-    return names
+            entries.append((name, item))
+    return entries
 
 
 # --- the operations --------------------------------------------------------------------
@@ -229,7 +154,7 @@ def resident(base_url: str, tag: str, timeout: float = 2.0) -> bool:
         ProbeError: Ollama could not be asked or did not answer a model list;
             "could not ask" is never reported as "not resident".
     """
-    return any(same_model(name, tag) for name in _listed(base_url, "/api/ps", timeout))
+    return any(same_model(name, tag) for name, _ in _listed(base_url, "/api/ps", timeout))
 
 
 def pulled(base_url: str, tag: str, timeout: float = 2.0) -> bool:
@@ -238,7 +163,7 @@ def pulled(base_url: str, tag: str, timeout: float = 2.0) -> bool:
     Raises:
         ProbeError: Ollama could not be asked or did not answer a model list.
     """
-    return any(same_model(name, tag) for name in _listed(base_url, "/api/tags", timeout))
+    return any(same_model(name, tag) for name, _ in _listed(base_url, "/api/tags", timeout))
 
 
 def pulled_size(base_url: str, tag: str, timeout: float = 2.0) -> int | None:
@@ -249,19 +174,9 @@ def pulled_size(base_url: str, tag: str, timeout: float = 2.0) -> int | None:
     Raises:
         ProbeError: Ollama could not be asked or did not answer a model list.
     """
-    status, body = _call(base_url, "GET", "/api/tags", timeout)
-    doc = _decode(body)
-    models = doc.get("models") if status == 200 and isinstance(doc, dict) else None
-    if not isinstance(models, list):
-        raise ProbeError(f"{base_url}/api/tags: not an Ollama model list: {_excerpt(body)}")
-    for item in models:
-        if not isinstance(item, dict):
-            continue
-        name = item.get("name") or item.get("model")
-        size = item.get("size")
-        if isinstance(name, str) and same_model(name, tag):
-            ok = isinstance(size, int) and not isinstance(size, bool) and size > 0
-            return size if ok else None
+    for name, item in _listed(base_url, "/api/tags", timeout):
+        if same_model(name, tag):
+            return byte_count(item.get("size")) or None
     return None
 
 
@@ -270,11 +185,15 @@ def load(
     tag: str,
     keep_alive: str | int | float = DEFAULT_KEEP_ALIVE,
     timeout: float = LOAD_TIMEOUT,
+    *,
+    trace: Trace | None = None,
 ) -> None:
     """Load ``tag`` into Ollama's memory for ``keep_alive``; blocks until it is loaded.
 
     Sends ``POST /api/generate`` with only ``model`` and ``keep_alive``.
     ``timeout`` (seconds) bounds connecting and the wait for the answer.
+    ``trace``: httpx's trace hook for the request (:class:`~.ollama_load.OllamaLoad`
+    keeps the socket with it, to cut the request off).
 
     Raises:
         SpecError: ``keep_alive`` is invalid, or zero (which would unload the
@@ -283,29 +202,7 @@ def load(
             with its own error text.
         ProbeError: Ollama could not be asked, or its answer was not a finished load.
     """
-    _load(base_url, tag, load_keep_alive(keep_alive), timeout, None)
-
-
-def load_keep_alive(keep_alive: str | int | float) -> str | int:
-    """:func:`parse_keep_alive` for a load: also refuses a zero duration (``0``,
-    ``"0"``, ``"0s"``, ``0.0``, ``"-0m"``), with which Ollama unloads the model
-    as soon as it is loaded. Negative values are Ollama's "forever" (its API
-    docs: "any negative number which will keep the model loaded in memory").
-
-    Raises:
-        SpecError: invalid (see :func:`parse_keep_alive`) or zero, with the reason.
-    """
-    keep = parse_keep_alive(keep_alive)
-    if _is_zero(keep):
-        raise SpecError(
-            f"keep_alive {keep_alive!r} would unload the model as soon as it is loaded: "
-            "give a positive duration, or a negative one to keep it loaded forever"
-        )
-    return keep
-
-
-def _load(base_url: str, tag: str, keep: str | int, timeout: float, trace: Trace | None) -> None:
-    payload = {"model": tag, "keep_alive": keep}
+    payload = {"model": tag, "keep_alive": load_keep_alive(keep_alive)}
     status, body = _call(base_url, "POST", "/api/generate", timeout, payload=payload, trace=trace)
     _check_done(base_url, tag, "load", status, body)
 
@@ -321,8 +218,8 @@ def _check_done(base_url: str, tag: str, verb: str, status: int, body: bytes) ->
     if status == 200 and error is None and isinstance(doc, dict) and doc.get("done") is True:
         return
     if status == 200 and error is None:
-        raise ProbeError(f"Ollama at {base_url} gave no finished {verb} of {tag}: {_excerpt(body)}")
-    text = error if isinstance(error, str) else _excerpt(body)
+        raise ProbeError(f"Ollama at {base_url} gave no finished {verb} of {tag}: {excerpt(body)}")
+    text = error if isinstance(error, str) else excerpt(body)
     hint = (
         f"; pull it first (ollama pull {tag}): infervisor never downloads" if status == 404 else ""
     )
@@ -373,161 +270,3 @@ def wait_unloaded(base_url: str, tag: str, timeout: float = 30.0, poll: float = 
         if left <= 0:
             return False
         time.sleep(min(poll, left))
-
-
-# --- a load in the background ----------------------------------------------------------
-
-
-class OllamaLoad:
-    """One load of ``tag`` run on a thread, as the reference's start task does.
-
-    First ``/api/ps`` is asked: a model already in memory (or being loaded)
-    belongs to whoever loaded it, so it is not loaded again and is not
-    :attr:`ours`. Otherwise the model is **ours from the moment we ask**:
-    :attr:`ours` turns True just before the load request is sent and stays
-    True if the load is aborted half way, so a stop during a load still
-    unloads it. A load that fails is not ours (it holds no memory).
-
-    States (:attr:`state`): LOADING until the thread ends, then DONE or
-    FAILED with the reason. :meth:`abort` gives up on the load. A load not
-    finished ``timeout`` seconds after :meth:`start` is given up the same way
-    (its connection is shut down, which Ollama takes as a cancel) and FAILED
-    with "not loaded within N s"; it stays :attr:`ours`, as an aborted one does.
-
-    Args:
-        base_url: Ollama's address (``http://127.0.0.1:11434``).
-        tag: the model, as Ollama names it.
-        keep_alive: how long Ollama keeps it loaded (see :func:`parse_keep_alive`).
-        timeout: seconds the whole load may take, from :meth:`start`.
-        probe_timeout: seconds the ``/api/ps`` question may take.
-
-    Raises:
-        SpecError: ``keep_alive`` is invalid or zero (raised here, not on the thread).
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        tag: str,
-        keep_alive: str | int | float = DEFAULT_KEEP_ALIVE,
-        *,
-        timeout: float = LOAD_TIMEOUT,
-        probe_timeout: float = 2.0,
-    ) -> None:
-        self.base_url, self.tag = base_url, tag
-        self._keep = load_keep_alive(keep_alive)
-        self._timeout, self._probe_timeout = timeout, probe_timeout
-        self._lock = threading.Lock()
-        self._state = LoadState(LoadKind.LOADING)
-        self._ours = self._aborted = self._timed_out = False
-        self._sock: socket.socket | None = None
-        self._thread = threading.Thread(target=self._run, name=f"ollama-load {tag}", daemon=True)
-        self._deadline = threading.Timer(timeout, self._time_out)
-        self._deadline.daemon = True
-
-    def start(self) -> OllamaLoad:
-        """Start the thread and the load's deadline; returns self. Returns at once."""
-        self._thread.start()
-        self._deadline.start()
-        return self
-
-    def _time_out(self) -> None:
-        """The deadline passed: give up on the load, as :meth:`abort` does."""
-        with self._lock:
-            if self._state.kind is not LoadKind.LOADING:
-                return
-            self._timed_out = True
-            sock = self._sock
-        if sock is not None:
-            _shutdown(sock)
-
-    @property
-    def state(self) -> LoadState:
-        """LOADING, DONE, or FAILED with the reason."""
-        with self._lock:
-            return self._state
-
-    @property
-    def ours(self) -> bool:
-        """This node asked Ollama to load the model, so only it may unload it."""
-        with self._lock:
-            return self._ours
-
-    @property
-    def aborted(self) -> bool:
-        """:meth:`abort` was called."""
-        with self._lock:
-            return self._aborted
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the thread ends or ``timeout`` seconds pass; True if it ended."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def abort(self) -> None:
-        """Give up on the load; returns at once.
-
-        If the request is in flight its connection is shut down, and Ollama
-        cancels a load whose client has gone. Whatever Ollama did, a load
-        already asked for stays :attr:`ours`: unload it to be sure.
-        """
-        with self._lock:
-            self._aborted = True
-            sock = self._sock
-        if sock is not None:
-            _shutdown(sock)
-
-    def _run(self) -> None:
-        try:
-            if resident(self.base_url, self.tag, self._probe_timeout):
-                self._end(LoadState(LoadKind.DONE))  # somebody else's model
-                return
-            with self._lock:
-                aborted, late = self._aborted, self._timed_out
-                self._ours = not (aborted or late)  # ours from the moment we ask
-            if aborted or late:
-                why = "aborted before it was asked" if aborted else self._late()
-                self._end(LoadState(LoadKind.FAILED, why))
-                return
-            # The deadline cuts the request off; httpx's own timeout is a backstop.
-            _load(self.base_url, self.tag, self._keep, self._timeout + 1.0, self._trace)
-        except OllamaError as e:  # Ollama refused the load: it holds nothing of ours
-            self._end(LoadState(LoadKind.FAILED, str(e)), failed=True, refused=True)
-            return
-        except Exception as e:  # noqa: BLE001 - the thread must always end the load
-            # Cut off or unreadable answer: it may well be loaded, so it stays ours.
-            self._end(LoadState(LoadKind.FAILED, f"{type(e).__name__}: {e}"), failed=True)
-            return
-        self._end(LoadState(LoadKind.DONE))
-
-    def _late(self) -> str:
-        return f"not loaded within {self._timeout:g} s (the load was given up)"
-
-    def _end(self, state: LoadState, *, failed: bool = False, refused: bool = False) -> None:
-        self._deadline.cancel()
-        with self._lock:
-            if failed and self._aborted:
-                state = LoadState(LoadKind.FAILED, f"aborted ({state.error})")
-            elif failed and not refused and self._timed_out:
-                state = LoadState(LoadKind.FAILED, self._late())
-            elif refused:
-                self._ours = False  # a load Ollama refused holds no memory
-            self._state, self._sock = state, None
-
-    def _trace(self, event: str, info: dict[str, Any]) -> None:
-        """httpx trace hook: keep the load's socket so :meth:`abort` can shut it down."""
-        if event != "connection.connect_tcp.complete":
-            return
-        sock = info["return_value"].get_extra_info("socket")
-        if not isinstance(sock, socket.socket):
-            return
-        with self._lock:
-            self._sock, given_up = sock, self._aborted or self._timed_out
-        if given_up:
-            _shutdown(sock)
-
-
-def _shutdown(sock: socket.socket) -> None:
-    """End a connection in both directions; wakes the thread blocked reading it."""
-    with contextlib.suppress(OSError):  # already closed
-        sock.shutdown(socket.SHUT_RDWR)

@@ -24,7 +24,8 @@ from .limits import ProcLimits
 from .llama_choice import resolve_llama_server
 from .managed_ollama import OllamaServer
 from .ports import port_in_use
-from .probe import HealthKind, ServerClient
+from .probe import HealthKind, ProbeTarget
+from .prober import HttpProber, Prober
 from .process import LaunchPlan
 from .registry import ModelRegistry, ResolvedModel, check_format
 from .server import AdapterSettings, Admission, ServerAdapter
@@ -44,8 +45,12 @@ def plan(
     registry: ModelRegistry,
     settings: AdapterSettings,
     enabled: tuple[str, ...] = ALL_ADAPTERS,
+    *,
+    prober: Prober | None = None,
 ) -> tuple[ServerAdapter, Admission]:
     """Admit ``spec`` and build its adapter, with the reference's notes.
+
+    ``prober`` asks an adopted server or Ollama whether it answers (None: over HTTP).
 
     Raises:
         SpecError: the spec is invalid.
@@ -53,6 +58,7 @@ def plan(
         RegistryError: the model is missing or fails its digest.
     """
     spec.validate()
+    prober = prober or HttpProber()  # no thread: it only checks
     adapter_id = spec.flavor.adapter_id(spec.mode)
     if adapter_id not in enabled:
         raise AdmissionRefused(
@@ -61,7 +67,7 @@ def plan(
     _check_port_range(spec, settings)
     notes = [f"endpoint {spec.base_url}"]
     if spec.mode is Mode.ADOPTED:
-        notes += _adopted_answers(spec, settings)
+        notes += _adopted_answers(spec, settings, prober)
         return _finish(build_adapter(spec, instance_id, registry, settings), notes)
     assert spec.model is not None  # validate() requires it when managed
     model = _resolve(registry, spec.model, "model")
@@ -70,7 +76,7 @@ def plan(
     if spec.draft_model:
         _resolve(registry, spec.draft_model, "draft model")
     if spec.flavor is Flavor.OLLAMA:
-        _ollama_has(spec, model, settings)
+        _ollama_has(spec, model, settings, prober)
     else:
         _address_free(spec)
     adapter = build_adapter(spec, instance_id, registry, settings)
@@ -96,7 +102,7 @@ def build_adapter(
         RegistryError, AdmissionRefused: the model or the serve program is gone.
     """
     if spec.mode is Mode.ADOPTED:
-        return AdoptedServer(spec, settings.probe_timeout_s, settings.deep_timeout_s)
+        return AdoptedServer(spec, settings.probe_timeout_s)
     assert spec.model is not None
     model = _locate(registry, spec.model, "model")
     check_format(spec.flavor, model)
@@ -159,9 +165,8 @@ def verify_weights(adapter: ServerAdapter, registry: ModelRegistry) -> str | Non
     return None
 
 
-def _adopted_answers(spec: InstanceSpec, settings: AdapterSettings) -> list[str]:
-    with ServerClient(spec.base_url, settings.probe_timeout_s) as client:
-        report = client.probe(spec.flavor)
+def _adopted_answers(spec: InstanceSpec, settings: AdapterSettings, prober: Prober) -> list[str]:
+    report = prober.check(ProbeTarget(spec.base_url, spec.flavor, settings.probe_timeout_s))
     if report.health.kind is HealthKind.UNREACHABLE:
         raise AdmissionRefused(
             f"no {spec.flavor.value} server answering at {spec.base_url}: {report.health.reason}"
@@ -173,10 +178,11 @@ def _adopted_answers(spec: InstanceSpec, settings: AdapterSettings) -> list[str]
     return notes
 
 
-def _ollama_has(spec: InstanceSpec, model: ResolvedModel, settings: AdapterSettings) -> None:
+def _ollama_has(
+    spec: InstanceSpec, model: ResolvedModel, settings: AdapterSettings, prober: Prober
+) -> None:
     tag = model.entry.ollama_tag or model.entry.name
-    with ServerClient(spec.base_url, settings.probe_timeout_s) as client:
-        report = client.probe(spec.flavor)
+    report = prober.check(ProbeTarget(spec.base_url, spec.flavor, settings.probe_timeout_s))
     if report.health.kind is HealthKind.UNREACHABLE:
         raise AdmissionRefused(
             f"ollama is not answering at {spec.base_url}; "
@@ -216,7 +222,6 @@ def _launched(
         served_model=served,
         model_bytes=model.entry.size_bytes,
         probe_timeout_s=settings.probe_timeout_s,
-        deep_timeout_s=settings.deep_timeout_s,
     )
 
 

@@ -15,9 +15,7 @@ or a :class:`ProbeError` where a caller asked for a completion.
 
 from __future__ import annotations
 
-import datetime
 import enum
-import re
 from collections.abc import Callable, Generator
 from functools import partial
 from typing import Any
@@ -25,8 +23,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from .errors import ProbeError
+from .errors import ProbeError, excerpt
 from .http_get import GetFailed, KeepAliveGet
+from .ollama_wire import RunningModel, running_models, same_model
 from .spec import Flavor
 
 __all__ = [
@@ -34,7 +33,7 @@ __all__ = [
     "Health",
     "HealthKind",
     "ProbeSteps",
-    "RunningModel",
+    "ProbeTarget",
     "ServerClient",
     "ServerReport",
     "deep_health",
@@ -42,8 +41,6 @@ __all__ = [
 
 #: A healthy server's model list is asked on every this many probes.
 MODELS_EVERY = 10
-
-_EXCERPT = 200  # characters of a body quoted in a reason
 
 
 class HealthKind(enum.StrEnum):
@@ -69,23 +66,14 @@ class Health(msgspec.Struct, frozen=True):
     node_late_s: float = 0.0
 
 
-class RunningModel(msgspec.Struct, frozen=True):
-    """One model Ollama holds in memory, as ``GET /api/ps`` lists it (Ollama's
-    docs/api.md "List Running Models").
+class ProbeTarget(msgspec.Struct, frozen=True):
+    """The server a probe asks: its ``base_url`` (``http://host:port``), its
+    ``flavor`` (which endpoints and how they are judged) and ``timeout_s``, the
+    seconds each request of the probe may take."""
 
-    Attributes:
-        name: the model's tag (``name``, else ``model``).
-        size_bytes: ``size``: the memory it takes (RAM and VRAM), bytes; 0 when absent.
-        size_vram_bytes: ``size_vram``: the part of it in VRAM, bytes; 0 when absent.
-        expires_at_ns: ``expires_at`` (RFC 3339) as ns since the epoch, UTC;
-            None when absent or unreadable. Ollama drops the model then unless
-            a request renews it (its ``keep_alive``).
-    """
-
-    name: str
-    size_bytes: int = 0
-    size_vram_bytes: int = 0
-    expires_at_ns: int | None = None
+    base_url: str
+    flavor: Flavor
+    timeout_s: float
 
 
 class ServerReport(msgspec.Struct, frozen=True):
@@ -104,7 +92,7 @@ class ServerReport(msgspec.Struct, frozen=True):
     def running_model(self, model: str) -> RunningModel | None:
         """Ollama's ``/api/ps`` entry for ``model`` (``:latest`` ignored), if listed."""
         for entry in self.running or ():
-            if _strip_latest(entry.name) == _strip_latest(model):
+            if same_model(entry.name, model):
                 return entry
         return None
 
@@ -117,18 +105,14 @@ class ServerReport(msgspec.Struct, frozen=True):
 
     def is_resident(self, model: str) -> bool:
         """Whether Ollama holds ``model`` in memory (``:latest`` ignored)."""
-        return any(_strip_latest(r) == _strip_latest(model) for r in self.resident)
+        return any(same_model(r, model) for r in self.resident)
 
     def _matches(self, listed: str, model: str) -> bool:
-        if listed == model or _strip_latest(listed) == _strip_latest(model):
+        if listed == model or same_model(listed, model):
             return True
         if self.flavor is Flavor.OLLAMA:
             return False
         return listed == f"{model}.gguf" or listed.endswith((f"/{model}", f"/{model}.gguf"))
-
-
-def _strip_latest(name: str) -> str:
-    return name.removesuffix(":latest")
 
 
 class _Reply(msgspec.Struct, frozen=True):
@@ -147,17 +131,12 @@ def _json(reply: _Reply) -> Any:
         return _NOT_JSON
 
 
-def _excerpt(body: bytes) -> str:
-    text = " ".join(body[: _EXCERPT * 4].decode("utf-8", errors="replace").split())
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "..."
-
-
 def _bad_body(reply: _Reply, limit: int) -> str | None:
     """Why a body cannot be judged (too big, not JSON), or None when it is JSON."""
     if reply.truncated:
         return f"HTTP {reply.status}: body larger than {limit} bytes"
     if _json(reply) is _NOT_JSON:
-        return f"HTTP {reply.status}: not JSON: {_excerpt(reply.body)!r}"
+        return f"HTTP {reply.status}: not JSON: {excerpt(reply.body)!r}"
     return None
 
 
@@ -178,7 +157,7 @@ def _judge_health(reply: _Reply, limit: int) -> Health:
         return Health(HealthKind.UP)
     if reply.status == 503 and _is_loading(_json(reply)):
         return Health(HealthKind.LOADING)
-    return Health(HealthKind.UNHEALTHY, f"HTTP {reply.status}: {_excerpt(reply.body)}")
+    return Health(HealthKind.UNHEALTHY, f"HTTP {reply.status}: {excerpt(reply.body)}")
 
 
 def _names(doc: Any, key: str, fields: tuple[str, ...]) -> list[str]:
@@ -300,14 +279,14 @@ class ServerClient:
             payload["model"] = model
         reply = self._fetch("POST", "/v1/completions", payload)
         if reply.status != 200:
-            raise ProbeError(f"completion refused: HTTP {reply.status}: {_excerpt(reply.body)}")
+            raise ProbeError(f"completion refused: HTTP {reply.status}: {excerpt(reply.body)}")
         doc: Any = None if _bad_body(reply, self._max_body) else _json(reply)
         try:
             text = doc["choices"][0]["text"]
         except (TypeError, KeyError, IndexError):
             text = None
         if not isinstance(text, str):
-            raise ProbeError(f"completion answer has no choices[0].text: {_excerpt(reply.body)}")
+            raise ProbeError(f"completion answer has no choices[0].text: {excerpt(reply.body)}")
         return text
 
     def tiny_completion(self, model: str | None) -> str:
@@ -317,63 +296,6 @@ class ServerClient:
             ProbeError: with the reason the completion failed.
         """
         return self.complete(model, "Hello", 1)
-
-
-def running_models(doc: Any) -> list[RunningModel] | None:
-    """The entries of an ``/api/ps`` answer; None when it is not a model list."""
-    items = doc.get("models") if isinstance(doc, dict) else None
-    if not isinstance(items, list):
-        return None
-    found: list[RunningModel] = []
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        name = next((item[f] for f in ("name", "model") if isinstance(item.get(f), str)), None)
-        if name is None:
-            continue
-        found.append(
-            RunningModel(
-                name=name,
-                size_bytes=_bytes(item.get("size")),
-                size_vram_bytes=_bytes(item.get("size_vram")),
-                expires_at_ns=_rfc3339_ns(item.get("expires_at")),
-            )
-        )
-    return found
-
-
-def _bytes(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-_FAR = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)  # beyond: "forever"
-
-
-def _rfc3339_ns(value: Any) -> int | None:
-    """ns since the epoch of an RFC 3339 time as Go writes it (nanosecond fractions,
-    ``Z`` or an offset); None when it is not one, or too far away to matter
-    (Ollama shows "forever" as a date thousands of years ahead)."""
-    if not isinstance(value, str):
-        return None
-    m = _RFC3339.fullmatch(value.strip())
-    if m is None:
-        return None
-    try:
-        base = datetime.datetime.fromisoformat(
-            m["base"] + (m["zone"] or "+00:00").replace("Z", "+00:00")
-        )
-    except ValueError:
-        return None
-    if base.tzinfo is None or base >= _FAR:
-        return None
-    fraction = (m["frac"] or "").ljust(9, "0")[:9]
-    return int(base.timestamp()) * 10**9 + int(fraction or "0")
-
-
-_RFC3339 = re.compile(
-    r"(?P<base>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2})"
-    r"(?:\.(?P<frac>\d+))?(?P<zone>Z|[+-]\d{2}:\d{2})"
-)
 
 
 def deep_health(
@@ -449,7 +371,7 @@ class ProbeSteps:
             return ServerReport(Health(HealthKind.UNREACHABLE, str(e)), flavor=Flavor.OLLAMA)
         why = _bad_body(reply, self.max_body)
         if why is None and reply.status != 200:
-            why = f"HTTP {reply.status}: {_excerpt(reply.body)}"
+            why = f"HTTP {reply.status}: {excerpt(reply.body)}"
         if why is not None:
             return ServerReport(Health(HealthKind.UNHEALTHY, why), flavor=Flavor.OLLAMA)
         doc = _json(reply)

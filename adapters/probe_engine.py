@@ -31,10 +31,13 @@ import h11
 import msgspec
 
 from .errors import ProbeError
-from .probe import Health, HealthKind, ProbeSteps, ServerReport, _Reply
+from .probe import Health, HealthKind, ProbeSteps, ProbeTarget, ServerReport, _Reply
 from .spec import Flavor
 
-__all__ = ["ProbeEngine"]
+__all__ = ["ProbeEngine", "ReportTo"]
+
+#: Called with a probe's report (on the engine's thread: keep it quick, an actor's ``tell``).
+ReportTo = Callable[[ServerReport], None]
 
 log = logging.getLogger(__name__)
 
@@ -206,23 +209,16 @@ class ProbeEngine:
         self._closed = False
         self._thread.start()
 
-    def probe(
-        self,
-        key: Hashable,
-        base_url: str,
-        flavor: Flavor,
-        timeout: float,
-        done: Callable[[ServerReport], None],
-    ) -> None:
-        """Probe the server ``key`` at ``base_url`` once; ``done(report)`` follows on
-        the engine's thread (never an exception: a failure is a report).
-        ``timeout``: seconds for each of the probe's requests. One probe per key
-        at a time: a second one while the first runs is answered at once as
-        unhealthy. After :meth:`close`, ``done`` is never called."""
+    def probe(self, key: Hashable, target: ProbeTarget, done: ReportTo) -> None:
+        """Probe the server ``key`` at ``target.base_url`` once; ``done(report)``
+        follows on the engine's thread (never an exception: a failure is a report).
+        ``target.timeout_s``: seconds for each of the probe's requests. One probe
+        per key at a time: a second one while the first runs is answered at once
+        as unhealthy. After :meth:`close`, ``done`` is never called."""
         if self._closed:
             return
         with contextlib.suppress(RuntimeError):  # closed meanwhile
-            self._loop.call_soon_threadsafe(self._start, key, base_url, flavor, timeout, done)
+            self._loop.call_soon_threadsafe(self._start, key, target, done)
 
     def forget(self, key: Hashable) -> None:
         """Close the connection kept for ``key`` (an instance that went away)."""
@@ -246,14 +242,8 @@ class ProbeEngine:
         finally:
             self._loop.close()
 
-    def _start(
-        self,
-        key: Hashable,
-        base_url: str,
-        flavor: Flavor,
-        timeout: float,
-        done: Callable[[ServerReport], None],
-    ) -> None:
+    def _start(self, key: Hashable, target: ProbeTarget, done: ReportTo) -> None:
+        base_url, flavor, timeout = target.base_url, target.flavor, target.timeout_s
         server = self._servers.get(key)
         if server is None or server.connection.base_url != base_url:
             if server is not None:
@@ -273,9 +263,7 @@ class ProbeEngine:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _probe(
-        self, server: _Server, flavor: Flavor, done: Callable[[ServerReport], None]
-    ) -> None:
+    async def _probe(self, server: _Server, flavor: Flavor, done: ReportTo) -> None:
         server.connection.late_s = 0.0
         try:
             report = await _drive(server, flavor)
@@ -338,7 +326,7 @@ def _report(kind: HealthKind, reason: str, flavor: Flavor) -> ServerReport:
     return ServerReport(Health(kind, reason), flavor=flavor)
 
 
-def _deliver(done: Callable[[ServerReport], None], report: ServerReport) -> None:
+def _deliver(done: ReportTo, report: ServerReport) -> None:
     try:
         done(report)
     except Exception:

@@ -39,7 +39,6 @@ class AdapterSettings(msgspec.Struct, frozen=True, kw_only=True):
         env_passthrough: parent environment names forwarded to servers.
         extra_env: environment entries added for every server.
         probe_timeout_s: per-request timeout of health probes, seconds.
-        deep_timeout_s: timeout of a deep health check (one real token), seconds.
         allowed_ports: inclusive port range instances may use, checked before
             any connection is made; None allows every port.
         ollama_keep_alive: ``keep_alive`` sent when loading an Ollama model
@@ -54,7 +53,6 @@ class AdapterSettings(msgspec.Struct, frozen=True, kw_only=True):
     env_passthrough: tuple[str, ...] = ("HOME", "PATH")
     extra_env: dict[str, str] = msgspec.field(default_factory=dict)
     probe_timeout_s: float = 2.0
-    deep_timeout_s: float = 300.0
     allowed_ports: tuple[int, int] | None = None
     ollama_keep_alive: str = "30m"
     run_as: tuple[int, int] | None = None
@@ -95,8 +93,10 @@ class ServerAdapter(Protocol):
         """Ask the server how it is (never raises: unreachable is a report)."""
         ...
 
-    def deep_health(self) -> str:
-        """The normal probe plus one real token; the token. Raises ProbeError."""
+    def deep_model(self, report: ServerReport) -> str | None:
+        """The model a deep health check (the probe plus one real token, made
+        through :meth:`~.prober.Prober.deep_health`) asks, from the probe's
+        report; None lets the server choose."""
         ...
 
     def address_taken(self) -> str | None:

@@ -62,7 +62,7 @@ from _harness import (
 from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.messages import Append
 from infervisor.actors.node import Node
-from infervisor.adapters.probe import HealthKind, ServerReport
+from infervisor.adapters.probe import HealthKind, ProbeTarget, ServerReport
 from infervisor.adapters.probe_engine import ProbeEngine
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.chain import EventDraft, MemoryChain, SqliteChain, encode_payload, schema
@@ -205,13 +205,13 @@ def engine_cpu_per_probe(urls: list[str], rounds: int) -> tuple[float, int]:
     try:
         for _ in range(2):  # connect and learn the model lists first
             for i, url in enumerate(urls):
-                engine.probe(i, url, Flavor.LLAMACPP, 5.0, deliver)
+                engine.probe(i, ProbeTarget(url, Flavor.LLAMACPP, 5.0), deliver)
             for _ in urls:
                 done.acquire()
         c = cpu_s()
         for _ in range(rounds):
             for i, url in enumerate(urls):
-                engine.probe(i, url, Flavor.LLAMACPP, 5.0, deliver)
+                engine.probe(i, ProbeTarget(url, Flavor.LLAMACPP, 5.0), deliver)
             for _ in urls:
                 done.acquire()
         return (cpu_s() - c) / (rounds * len(urls)), rounds * len(urls)

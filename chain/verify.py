@@ -119,7 +119,7 @@ def scan_chain(
 
 
 def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> VerifyReport:
-    """The verification loop: fast path per row, `check_row` for anything unusual."""
+    """The verification loop: genesis the careful way, then the fast path per row."""
     first = next(rows, None)
     if first is None:
         empty = Problem(seq=0, reason="bad genesis", detail="the chain is empty: no row at seq 0")
@@ -130,15 +130,20 @@ def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> Ve
     problem = check_row(genesis, None, None, lookups)
     if problem is not None:
         return _report(0, None, None, problem)
-    node_text = genesis.node.decode()
     if consume is not None:
-        consume(_event(genesis, node_text))
-    node = genesis.node
+        consume(_event(genesis, genesis.node.decode()))
+    return _walk_rest(rows, first, genesis, lookups, consume)
+
+
+def _walk_rest(
+    rows: Iterator[Any], first: Any, genesis: Row, lookups: Lookups, consume: Consumer | None
+) -> VerifyReport:
+    """Every row after genesis: inline checks, `_slow` for the first row that fails one."""
+    node, node_text = genesis.node, genesis.node.decode()
     node_part = _LENGTH(len(node)) + node
     sources: dict[object, tuple[str, bytes]] = {}
     kinds: dict[object, tuple[str, bytes]] = {}
     subjects: dict[object, tuple[str, bytes]] = {}
-    payload_hasher, event_hasher = _PAYLOAD_HASHER.copy, _EVENT_HASHER.copy
     seq_ts = _SEQ_TS
     expected: int = 1
     want_prev: bytes = genesis.hash
@@ -157,21 +162,14 @@ def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> Ve
             or src is None
             or knd is None
             or sub is None
+            or not _hashes_ok(
+                payload,
+                digest,
+                prev,
+                seq_ts(seq, ts_ns) + node_part + src[1] + knd[1] + sub[1],
+                event,
+            )
         ):
-            return _slow(raw, last, genesis, lookups, expected)
-        try:
-            hasher = payload_hasher()
-            hasher.update(payload)
-            bad = hasher.digest() != digest
-            if not bad:
-                hasher = event_hasher()
-                hasher.update(
-                    seq_ts(seq, ts_ns) + node_part + src[1] + knd[1] + sub[1] + digest + prev
-                )
-                bad = hasher.digest() != event
-        except TypeError:  # a column of an unexpected type: the careful path names it
-            bad = True
-        if bad:
             return _slow(raw, last, genesis, lookups, expected)
         if consume is not None:
             consume(
@@ -192,6 +190,26 @@ def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> Ve
     head = parse_row(last, expected - 1)
     assert not isinstance(head, Problem)
     return _report(expected, head, genesis, None)
+
+
+def _hashes_ok(payload: Any, digest: Any, prev: bytes, header: bytes, event: Any) -> bool:
+    """Whether the row's payload hash and event hash are those its columns give.
+
+    ``header``: the encoded header before the payload hash (seq, ts, node, source,
+    kind, subject), already checked. A column of an unexpected type is False: the
+    careful path names it.
+    """
+    try:
+        hasher = _PAYLOAD_HASHER.copy()
+        hasher.update(payload)
+        if hasher.digest() != digest:
+            return False
+        hasher = _EVENT_HASHER.copy()
+        hasher.update(header + digest + prev)
+    except TypeError:
+        return False
+    sealed: bool = hasher.digest() == event
+    return sealed
 
 
 def _text(

@@ -37,7 +37,7 @@ from infervisor.actors.core import effects as fx
 from infervisor.actors.core import observations as o
 from infervisor.actors.core.decision import Decision, RefusalKind
 from infervisor.actors.core.rules import Mode, Tracking
-from infervisor.adapters.probe import RunningModel
+from infervisor.adapters.ollama_wire import RunningModel
 from infervisor.adapters.spec import Flavor
 from infervisor.replay import Desired, LifecycleState, RestartPolicy, apply_instance
 from infervisor.replay import events as ev

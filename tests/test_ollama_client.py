@@ -17,7 +17,10 @@ from support import wait_until
 
 from infervisor.adapters import ollama
 from infervisor.adapters.errors import ProbeError, SpecError
-from infervisor.adapters.ollama import OllamaError, OllamaLoad
+from infervisor.adapters.ollama import OllamaError
+from infervisor.adapters.ollama_keep_alive import parse_keep_alive
+from infervisor.adapters.ollama_load import OllamaLoad
+from infervisor.adapters.ollama_wire import same_model
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.probe import HealthKind, ServerClient
 from infervisor.adapters.spec import Flavor
@@ -80,8 +83,8 @@ def finished(load: OllamaLoad) -> LoadState:
     ],
 )
 def test_parse_keep_alive_valid(value, sent) -> None:
-    assert ollama.parse_keep_alive(value) == sent
-    assert type(ollama.parse_keep_alive(value)) is type(sent)
+    assert parse_keep_alive(value) == sent
+    assert type(parse_keep_alive(value)) is type(sent)
 
 
 INVALID_STRINGS = ["", "abc", "5 m", "10x", "1.5", "m", ".s", "1h 30m", "99999999h", "1" * 14]
@@ -90,7 +93,7 @@ INVALID_STRINGS = ["", "abc", "5 m", "10x", "1.5", "m", ".s", "1h 30m", "9999999
 @pytest.mark.parametrize("value", [*INVALID_STRINGS, 0.5, float("nan"), True, 10**12, None, [30]])
 def test_parse_keep_alive_invalid_names_value_and_forms(value) -> None:
     with pytest.raises(SpecError) as err:
-        ollama.parse_keep_alive(value)
+        parse_keep_alive(value)
     message = str(err.value)
     assert repr(value) in message
     assert "number of seconds" in message
@@ -98,10 +101,10 @@ def test_parse_keep_alive_invalid_names_value_and_forms(value) -> None:
 
 
 def test_same_model_ignores_latest() -> None:
-    assert ollama.same_model("llama3", "llama3:latest")
-    assert ollama.same_model("llama3:latest", "llama3")
-    assert not ollama.same_model("llama3", "llama3:8b")
-    assert not ollama.same_model("llama3", "llama")
+    assert same_model("llama3", "llama3:latest")
+    assert same_model("llama3:latest", "llama3")
+    assert not same_model("llama3", "llama3:8b")
+    assert not same_model("llama3", "llama")
 
 
 @pytest.mark.parametrize("zero", [0, "0", "0s", "-0m"])

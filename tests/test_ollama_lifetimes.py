@@ -20,7 +20,7 @@ from test_ollama_node import reservations
 from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
 from infervisor.adapters.manifest import ModelFormat
-from infervisor.adapters.probe import RunningModel
+from infervisor.adapters.ollama_wire import RunningModel
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import SqliteChain
 from infervisor.replay import RestartPolicy, timeline
@@ -157,7 +157,8 @@ def test_the_probe_reads_ps_sizes_and_expiry(server: Any) -> None:
     import time
 
     from infervisor.adapters import ollama
-    from infervisor.adapters.probe import ServerClient, running_models
+    from infervisor.adapters.ollama_wire import running_models
+    from infervisor.adapters.probe import ServerClient
 
     srv = server(TAG, load_seconds=0.1, model_size=1000, loaded_size=3000)
     with ServerClient(srv.url) as client:

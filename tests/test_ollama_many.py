@@ -23,6 +23,7 @@ from infervisor.adapters import ollama
 from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.managed_ollama import DEFAULT_LOAD_TIMEOUT_S, load_timeout_s
 from infervisor.adapters.manifest import ModelFormat
+from infervisor.adapters.ollama_keep_alive import parse_keep_alive
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.adapters.status import LoadKind, LoadState, StatusState, map_report
@@ -192,7 +193,7 @@ def test_keep_alive_that_unloads_at_once_is_refused_with_the_reason(
 def test_keep_alive_seconds_may_be_a_toml_number(tmp_path: Path, toml: str, sent: Any) -> None:
     config = load_config(write_config(tmp_path, toml))
     keep = config.node.adapter_settings().ollama_keep_alive
-    assert ollama.parse_keep_alive(keep) == sent  # what the load sends
+    assert parse_keep_alive(keep) == sent  # what the load sends
 
 
 def test_keep_alive_fraction_is_refused(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ def adopted(port: int) -> AdoptedServer:
     spec = InstanceSpec(
         role="ext", flavor=Flavor.LLAMACPP, model="tiny", port=port, mode=Mode.ADOPTED
     )
-    return AdoptedServer(spec, probe_timeout_s=1.0, deep_timeout_s=1.0)
+    return AdoptedServer(spec, probe_timeout_s=1.0)
 
 
 def test_an_adopted_server_seen_on_loopback_only_is_not_labelled_lan() -> None:

@@ -35,7 +35,7 @@ from infervisor.actors.core.health import NODE_LATE_S
 from infervisor.actors.core.rules import Mode
 from infervisor.actors.supervisor import SupervisorActor
 from infervisor.actors.watchdog import CHECK_EVERY_S, PAUSE_AFTER_S, NodeFailure, Watchdog
-from infervisor.adapters.probe import Health, HealthKind, ServerReport
+from infervisor.adapters.probe import Health, HealthKind, ProbeTarget, ServerReport
 from infervisor.adapters.probe_engine import ProbeEngine
 from infervisor.adapters.spec import Flavor
 from infervisor.replay import LifecycleState
@@ -210,7 +210,7 @@ def test_the_engine_says_how_late_its_own_timeout_fired(
     reports: list[ServerReport] = []
     engine = ProbeEngine()
     try:
-        engine.probe("i", url, Flavor.LLAMACPP, timeout, reports.append)
+        engine.probe("i", ProbeTarget(url, Flavor.LLAMACPP, timeout), reports.append)
         wait_until(accepted.is_set, 20.0, "the probe's request in flight")
         held_until = time.monotonic() + timeout + NODE_LATE_S + 1.0
 

@@ -24,7 +24,7 @@ from support import wait_until
 from test_probe import server  # noqa: F401 - the fixture
 
 from infervisor.adapters.ports import free_port
-from infervisor.adapters.probe import HealthKind, ServerClient, ServerReport
+from infervisor.adapters.probe import HealthKind, ProbeTarget, ServerClient, ServerReport
 from infervisor.adapters.probe_engine import ProbeEngine
 from infervisor.adapters.spec import Flavor
 
@@ -75,7 +75,7 @@ class Reports:
 
 def probe_once(engine: ProbeEngine, url: str, flavor: Flavor, timeout: float = 2.0):  # type: ignore[no-untyped-def]
     reports = Reports()
-    engine.probe(url, url, flavor, timeout, reports.done(url))
+    engine.probe(url, ProbeTarget(url, flavor, timeout), reports.done(url))
     return reports.wait(url)
 
 
@@ -141,9 +141,9 @@ def test_a_hung_server_delays_no_other_probe(
     engine: ProbeEngine, hung: str, keepalive: str
 ) -> None:
     reports = Reports()
-    engine.probe("hung", hung, Flavor.LLAMACPP, 3.0, reports.done("hung"))
+    engine.probe("hung", ProbeTarget(hung, Flavor.LLAMACPP, 3.0), reports.done("hung"))
     for n in range(1, 6):  # five probes of a healthy server while the hung one waits
-        engine.probe("ok", keepalive, Flavor.LLAMACPP, 3.0, reports.done("ok"))
+        engine.probe("ok", ProbeTarget(keepalive, Flavor.LLAMACPP, 3.0), reports.done("ok"))
         assert reports.wait("ok", n).health.kind is HealthKind.UP
     assert reports.count("hung") == 0  # still waiting for its own timeout
     late = reports.wait("hung")
@@ -155,7 +155,7 @@ def test_one_connection_is_kept_between_probes(engine: ProbeEngine, keepalive: s
     reports = Reports()
     before = stats(keepalive)
     for n in range(1, 21):
-        engine.probe("k", keepalive, Flavor.LLAMACPP, 2.0, reports.done("k"))
+        engine.probe("k", ProbeTarget(keepalive, Flavor.LLAMACPP, 2.0), reports.done("k"))
         assert reports.wait("k", n).health.kind is HealthKind.UP
     after = stats(keepalive)
     assert after["health"] - before["health"] == 20
@@ -171,8 +171,8 @@ def stats(url: str) -> dict[str, int]:
 
 def test_a_probe_while_one_runs_is_refused_at_once(engine: ProbeEngine, hung: str) -> None:
     reports = Reports()
-    engine.probe("h", hung, Flavor.LLAMACPP, 3.0, reports.done("h"))
-    engine.probe("h", hung, Flavor.LLAMACPP, 3.0, reports.done("h"))
+    engine.probe("h", ProbeTarget(hung, Flavor.LLAMACPP, 3.0), reports.done("h"))
+    engine.probe("h", ProbeTarget(hung, Flavor.LLAMACPP, 3.0), reports.done("h"))
     first = reports.wait("h")
     assert first.health.reason == "a probe is still running"
     assert reports.wait("h", 2).health.kind is HealthKind.UNREACHABLE
@@ -181,9 +181,9 @@ def test_a_probe_while_one_runs_is_refused_at_once(engine: ProbeEngine, hung: st
 def test_after_close_no_report_is_delivered(hung: str) -> None:
     engine = ProbeEngine()
     reports = Reports()
-    engine.probe("h", hung, Flavor.LLAMACPP, 30.0, reports.done("h"))
+    engine.probe("h", ProbeTarget(hung, Flavor.LLAMACPP, 30.0), reports.done("h"))
     engine.close()
-    engine.probe("h", hung, Flavor.LLAMACPP, 30.0, reports.done("h"))
+    engine.probe("h", ProbeTarget(hung, Flavor.LLAMACPP, 30.0), reports.done("h"))
     assert reports.count("h") == 0
 
 
@@ -240,16 +240,16 @@ def test_a_server_that_closes_every_connection_is_a_plain_verdict_each_time(
     try:
         reports = Reports()
         for n in (1, 2):  # up, over one kept connection
-            engine.probe("f", flaky.url, Flavor.LLAMACPP, 5.0, reports.done("f"))
+            engine.probe("f", ProbeTarget(flaky.url, Flavor.LLAMACPP, 5.0), reports.done("f"))
             assert reports.wait("f", n).health.kind is HealthKind.UP
         flaky.turn_rude()
         for n in (3, 4, 5):  # the kept one is closed, and so is each new one
-            engine.probe("f", flaky.url, Flavor.LLAMACPP, 5.0, reports.done("f"))
+            engine.probe("f", ProbeTarget(flaky.url, Flavor.LLAMACPP, 5.0), reports.done("f"))
             report = reports.wait("f", n)
             assert report.health.kind is HealthKind.UNREACHABLE, report
             assert "closed the connection without answering" in report.health.reason
         flaky.rude.clear()
-        engine.probe("f", flaky.url, Flavor.LLAMACPP, 5.0, reports.done("f"))
+        engine.probe("f", ProbeTarget(flaky.url, Flavor.LLAMACPP, 5.0), reports.done("f"))
         assert reports.wait("f", 6).health.kind is HealthKind.UP  # and it recovers
     finally:
         flaky.close()
