@@ -30,11 +30,11 @@ from typing import Any
 import msgspec
 import pykka
 
-from infervisor.adapters.cgroups import Containment, no_containment
 from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.probe_engine import ProbeEngine
-from infervisor.adapters.proc_table import ProcessTable
+from infervisor.adapters.proc.containment import Containment, no_containment
+from infervisor.adapters.proc.table import ProcessTable
 from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft, StoredEvent

@@ -33,7 +33,7 @@ import msgspec
 import pykka
 
 from infervisor.adapters import planning
-from infervisor.adapters.errors import AdapterError
+from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.spec import Flavor, InstanceSpec

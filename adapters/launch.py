@@ -19,7 +19,7 @@ from types import MappingProxyType
 from .errors import AdmissionRefused, ProgramMissing, SpecError
 from .llama_choice import LLAMA_SERVER_VAR
 from .manifest import ModelFormat
-from .process import LaunchPlan, launch_env
+from .proc.plan import LaunchPlan, launch_env
 from .registry import ResolvedModel, check_format
 from .spec import Flavor, InstanceSpec
 

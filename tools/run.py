@@ -63,8 +63,9 @@ from infervisor.actors.errors import NodeError
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
 from infervisor.actors.watchdog import NodeFailure
-from infervisor.adapters.errors import AdapterError, RegistryError
-from infervisor.adapters.output import open_private
+from infervisor.adapters.errors import RegistryError
+from infervisor.adapters.proc.errors import AdapterError
+from infervisor.adapters.proc.output import open_private
 from infervisor.adapters.registry import ModelFormat, ModelRegistry
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode, instance_id
 from infervisor.chain import ChainError, SqliteChain, StoredEvent

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anyio
 
-from infervisor.adapters.output import log_paths
+from infervisor.adapters.proc.output import log_paths
 
 __all__ = ["CHUNK", "POLL_S", "STREAMS", "follow_log", "log_file"]
 
