@@ -38,6 +38,10 @@ from .table import ProcessEntry, ProcessTable
 
 __all__ = ["REAL", "Child", "RealSystem", "System"]
 
+# A zombie ("Z") stays listed until its parent reaps it, and one being torn
+# down shows "X": neither runs anything.
+_DEAD = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
 
 class Child(Protocol):
     """A process this node spawned (``subprocess.Popen`` in the real system)."""
@@ -245,7 +249,7 @@ class RealSystem:
 
     def is_live(self, pid: int) -> bool:
         try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            return psutil.Process(pid).status() not in _DEAD
         except psutil.Error:
             return False
 
