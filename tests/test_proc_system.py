@@ -25,7 +25,7 @@ from infervisor.adapters.proc.descendants import Descendants
 from infervisor.adapters.proc.fake import FakeSystem
 from infervisor.adapters.proc.identity import ProcessIdentity, boot_id
 from infervisor.adapters.proc.mounts import Hierarchy
-from infervisor.adapters.proc.system import REAL, Child, System
+from infervisor.adapters.proc.system import REAL, Child, Spawn, System
 from infervisor.adapters.proc.tree import ServerTree
 
 DEADLINE = 10.0  # s a real process is given to start or die
@@ -55,7 +55,7 @@ def real(tmp_path: Path) -> Iterator[tuple[System, Make]]:
         *, ignore: bool = False, child: bool = False, env: dict[str, str] | None = None
     ) -> int:
         args = [a for a, on in (("ignore", ignore), ("child", child)) if on]
-        proc = REAL.spawn([sys.executable, "-c", _SCRIPT, *args], env=env or {}, cwd=str(tmp_path))
+        proc = REAL.spawn(Spawn([sys.executable, "-c", _SCRIPT, *args], env or {}, str(tmp_path)))
         started.append(proc)
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"

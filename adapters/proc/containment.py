@@ -153,50 +153,65 @@ def detect(
         found = hierarchies(*_read_own())
     name = base_name(node_id, data_dir)
     why: list[str] = []
-    memory, memory_v2, mem_note = _memory(system, found, name)
-    v1 = {c: h for h in found if h.version == 1 for c in h.controllers}
-    cpuacct = os.path.join(v1["cpuacct"].own, name) if "cpuacct" in v1 else None
-    if mode in ("auto", "cgroup2"):
-        v2 = next((h for h in found if h.version == 2), None)
-        if v2 is None:
-            why.append("no cgroup v2 hierarchy is mounted")
-        elif (problem := _usable(system, os.path.join(v2.own, name), "cgroup.kill")) is not None:
-            why.append(f"cgroup v2 at {v2.mount}: {problem}")
-        else:
-            return Containment(
-                mode="cgroup2",
-                reason=f"cgroup v2 at {v2.mount}, writable, cgroup.kill present",
-                base=os.path.join(v2.own, name),
-                memory_base=memory,
-                memory_v2=memory_v2,
-                memory=mem_note,
-                system=system,
-            )
-    if mode in ("auto", "cgroup1"):
-        freezer = v1.get("freezer")
-        if freezer is None:
-            why.append("no cgroup v1 freezer hierarchy is mounted")
-        elif (
-            problem := _usable(system, os.path.join(freezer.own, name), "freezer.state")
-        ) is not None:
-            why.append(f"cgroup v1 freezer at {freezer.mount}: {problem}")
-        else:
-            return Containment(
-                mode="cgroup1",
-                reason=f"cgroup v1 freezer at {freezer.mount}, writable"
-                + (f" ({'; '.join(why)})" if why else ""),
-                base=os.path.join(freezer.own, name),
-                memory_base=None if memory_v2 else memory,
-                cpuacct_base=cpuacct,
-                memory=None if memory_v2 else mem_note,
-                system=system,
-            )
+    memory = _memory(system, found, name)
+    if mode in ("auto", "cgroup2") and (c := _cgroup2(system, found, name, memory, why)):
+        return c
+    if mode in ("auto", "cgroup1") and (c := _cgroup1(system, found, name, memory, why)):
+        return c
     return no_containment("no writable cgroup hierarchy (" + "; ".join(why) + ")")
 
 
-def _memory(
-    system: System, found: list[Hierarchy], name: str
-) -> tuple[str | None, bool, str | None]:
+_Memory = tuple[str | None, bool, str | None]  # base, is v2, description
+
+
+def _cgroup2(
+    system: System, found: list[Hierarchy], name: str, memory: _Memory, why: list[str]
+) -> Containment | None:
+    """cgroup v2 containment, or None (and why appended)."""
+    v2 = next((h for h in found if h.version == 2), None)
+    if v2 is None:
+        why.append("no cgroup v2 hierarchy is mounted")
+        return None
+    if (problem := _usable(system, os.path.join(v2.own, name), "cgroup.kill")) is not None:
+        why.append(f"cgroup v2 at {v2.mount}: {problem}")
+        return None
+    return Containment(
+        mode="cgroup2",
+        reason=f"cgroup v2 at {v2.mount}, writable, cgroup.kill present",
+        base=os.path.join(v2.own, name),
+        memory_base=memory[0],
+        memory_v2=memory[1],
+        memory=memory[2],
+        system=system,
+    )
+
+
+def _cgroup1(
+    system: System, found: list[Hierarchy], name: str, memory: _Memory, why: list[str]
+) -> Containment | None:
+    """cgroup v1 (freezer) containment, or None (and why appended)."""
+    v1 = {c: h for h in found if h.version == 1 for c in h.controllers}
+    freezer = v1.get("freezer")
+    if freezer is None:
+        why.append("no cgroup v1 freezer hierarchy is mounted")
+        return None
+    if (problem := _usable(system, os.path.join(freezer.own, name), "freezer.state")) is not None:
+        why.append(f"cgroup v1 freezer at {freezer.mount}: {problem}")
+        return None
+    base, memory_v2, note = memory
+    return Containment(
+        mode="cgroup1",
+        reason=f"cgroup v1 freezer at {freezer.mount}, writable"
+        + (f" ({'; '.join(why)})" if why else ""),
+        base=os.path.join(freezer.own, name),
+        memory_base=None if memory_v2 else base,
+        cpuacct_base=os.path.join(v1["cpuacct"].own, name) if "cpuacct" in v1 else None,
+        memory=None if memory_v2 else note,
+        system=system,
+    )
+
+
+def _memory(system: System, found: list[Hierarchy], name: str) -> _Memory:
     """Where the memory controller is: (base, is v2, description)."""
     for h in found:
         offered = (system.cg_read(os.path.join(h.own, "cgroup.controllers")) or "").split()

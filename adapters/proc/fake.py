@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
+from .system import Spawn
 from .table import ProcessEntry, ProcessTable, same_start
 
 __all__ = ["FakeChild", "FakeProcess", "FakeSystem"]
@@ -211,16 +212,8 @@ class FakeSystem:
                 self.exit(pid, sig=signal.SIGTERM)
 
     # ---------------------------------------------------------------- spawn and signals
-    def spawn(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        cwd: str,
-        stderr: int | None = None,
-        pass_fds: Sequence[int] = (),
-    ) -> FakeChild:
-        proc = self.start(ppid=os.getpid(), env=env)
+    def spawn(self, what: Spawn) -> FakeChild:
+        proc = self.start(ppid=os.getpid(), env=what.env)
         return FakeChild(self, proc.pid)
 
     def own_group(self) -> int:

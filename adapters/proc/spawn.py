@@ -40,7 +40,7 @@ from .records import (
     read_exit_record,
     read_launch_record,
 )
-from .system import REAL, Child
+from .system import REAL, Child, Spawn
 
 __all__ = ["LAUNCH_REPORT_TIMEOUT", "SHIM", "carriers", "kill_carriers", "launch"]
 
@@ -79,13 +79,8 @@ def _start_shim(cwd: str, token: str, err: int, out: int) -> Child:
     """The shim, started in a session of its own: stdin the configuration pipe,
     stdout the report pipe, stderr the server's stderr log; ``out`` (the stdout
     log) is passed on for the server. Raises OSError."""
-    return REAL.spawn(
-        [sys.executable, "-I", "-S", SHIM],
-        env={TOKEN_VAR: token},
-        cwd=cwd,
-        stderr=err,
-        pass_fds=(out,),
-    )
+    argv = [sys.executable, "-I", "-S", SHIM]
+    return REAL.spawn(Spawn(argv, {TOKEN_VAR: token}, cwd, stderr=err, pass_fds=(out,)))
 
 
 def _above_stdio(fd: int) -> int:

@@ -28,6 +28,7 @@ import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO, Protocol
 
 import psutil
@@ -36,11 +37,24 @@ from . import identity
 from .pidfd import PidHandle
 from .table import ProcessEntry, ProcessTable
 
-__all__ = ["REAL", "Child", "RealSystem", "System"]
+__all__ = ["REAL", "Child", "RealSystem", "Spawn", "System"]
 
 # A zombie ("Z") stays listed until its parent reaps it, and one being torn
 # down shows "X": neither runs anything.
 _DEAD = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """What to start: ``argv`` with exactly ``env`` in ``cwd``; its stderr goes
+    to descriptor ``stderr`` (None: this process's), and ``pass_fds`` stay open
+    in it."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    stderr: int | None = None
+    pass_fds: Sequence[int] = ()
 
 
 class Child(Protocol):
@@ -78,17 +92,9 @@ class System(Protocol):
         ...
 
     # ---------------------------------------------------------------- spawn
-    def spawn(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        cwd: str,
-        stderr: int | None = None,
-        pass_fds: Sequence[int] = (),
-    ) -> Child:
-        """Start ``argv`` in a new session (its own process group), stdin and
-        stdout pipes to this process, stderr to descriptor ``stderr``.
+    def spawn(self, what: Spawn) -> Child:
+        """Start ``what.argv`` in a new session (its own process group), stdin
+        and stdout pipes to this process (see :class:`Spawn`).
 
         Raises:
             OSError: it could not be started.
@@ -197,24 +203,16 @@ class RealSystem:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def spawn(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        cwd: str,
-        stderr: int | None = None,
-        pass_fds: Sequence[int] = (),
-    ) -> subprocess.Popen[bytes]:
+    def spawn(self, what: Spawn) -> subprocess.Popen[bytes]:
         try:
             return subprocess.Popen(
-                list(argv),
-                env=dict(env),
-                cwd=cwd,
+                list(what.argv),
+                env=dict(what.env),
+                cwd=what.cwd,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=stderr,
-                pass_fds=tuple(pass_fds),
+                stderr=what.stderr,
+                pass_fds=tuple(what.pass_fds),
                 start_new_session=True,
             )
         except subprocess.SubprocessError as e:
