@@ -149,7 +149,7 @@ def check_exec_size(plan: LaunchPlan) -> None:
     """Refuse a plan Linux could not exec, before it is placed (not at every spawn).
 
     The limits trampoline carries the whole environment as one JSON argument
-    (adapters/limits.py), so escapes in a spec's env values count several
+    (adapters/proc/limits.py), so escapes in a spec's env values count several
     times over. Checked on :meth:`LaunchPlan.argv`, which is what is exec'd.
 
     Raises:

@@ -4,7 +4,7 @@
 "filedescriptor out of range" once API connections had pushed the node past
 1,024 descriptors, and the instance stayed ``starting`` with its server
 untracked. Here the test process holds 1,100 descriptors and then spawns a
-managed process through adapters.process, so the shim's report pipe is
+managed process through adapters.proc.spawn, so the shim's report pipe is
 numbered above 1024. ``infervisor run`` also raises its own soft limit.
 """
 

@@ -1,4 +1,4 @@
-"""adapters.process: spawning, output to log files, exit reports, group termination,
+"""adapters.proc (handles, spawn, pgroup, descendants): spawning, output to log files, exit reports, group termination,
 descendants that escape the group."""
 
 from __future__ import annotations

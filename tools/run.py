@@ -213,7 +213,7 @@ def raise_descriptor_limit(api: ApiConfig) -> int:
     so the node is not the first to run out of descriptors (issue 17: 1,100
     API connections took a node with the usual soft limit of 1,024 to its
     end); warn when even the hard limit leaves too little beside the API's
-    caps. Managed servers get limits of their own (adapters/limits.py).
+    caps. Managed servers get limits of their own (adapters/proc/limits.py).
 
     Returns:
         The soft limit now in force (descriptors).

@@ -1,4 +1,4 @@
-"""An instance's captured output (adapters/output.py): the tail, then what is appended.
+"""An instance's captured output (adapters/proc/output.py): the tail, then what is appended.
 
 A server writes its stdout and stderr to files in its working directory
 ``<data_dir>/instances/<id>/``. The node's reader truncates a file that grows
