@@ -1,5 +1,5 @@
-"""adapters.proc (handles, spawn, pgroup, descendants): spawning, output to log files, exit reports, group termination,
-descendants that escape the group."""
+"""adapters.proc (handles, spawn, pgroup, descendants): spawning, output to log
+files, exit reports, group termination, descendants that escape the group."""
 
 from __future__ import annotations
 
