@@ -338,3 +338,19 @@ def _identity(system: FakeSystem, pid: int) -> ProcessIdentity:
     started = system.start_time(pid)
     assert started is not None
     return ProcessIdentity(pid, pid, started, system.boot_id())
+
+
+def test_memory_limit_usage_and_oom_kills_are_read_from_the_cgroup(tmp_path: Path) -> None:
+    system = FakeSystem(mounts=_FAKE_MOUNTS)
+    containment = detect("cgroup1", "n", str(tmp_path), _FAKE_HIERARCHIES["cgroup1"], system)
+    cgroup = containment.cgroup("chat-1", memory_max=1 << 30)
+    assert cgroup is not None
+    assert cgroup.memory is not None
+    cgroup.create()
+    server = os.path.join(cgroup.memory, "server")
+    assert (os.path.join(server, "memory.limit_in_bytes"), str(1 << 30)) in system.writes
+    system.start(rss=4096, cgroup=server)
+    assert cgroup.memory_bytes() == 4096
+    assert not cgroup.oom_kills()
+    system.oom(server, 2)
+    assert cgroup.oom_kills() == 2
