@@ -159,9 +159,11 @@ def script_plan(
 
 
 def stop(proc: ServerProcess, grace: float) -> ExitInfo:
-    """Stop ``proc`` as the node does: SIGTERM now, up to ``grace`` seconds for the
+    """Stop ``proc`` as the node does (``EffectRunner.terminate``, then ``kill``):
+    track its descendants and SIGTERM it now, up to ``grace`` seconds for the
     leader to exit (the decision core's ``kill`` timer), then SIGKILL whatever is
     left of its tree; how it ended."""
+    proc.track_descendants()
     proc.sigterm()
     proc.wait_exit(grace)
     return proc.kill_tree()
