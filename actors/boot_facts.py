@@ -15,18 +15,14 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from infervisor.adapters.cgroups import InstanceCgroup
 from infervisor.adapters.errors import ProbeError
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.ports import ListenerSnapshot, owned_listeners
-from infervisor.adapters.process import (
-    AttachedProcess,
-    LaunchEnded,
-    LaunchRunning,
-    ProcessIdentity,
-    read_exit_status,
-    recover_launch,
-)
+from infervisor.adapters.proc.cgroups import InstanceCgroup
+from infervisor.adapters.proc.handles import AttachedProcess
+from infervisor.adapters.proc.identity import ProcessIdentity
+from infervisor.adapters.proc.records import read_exit_status
+from infervisor.adapters.proc.recovery import LaunchEnded, LaunchRunning, recover_launch
 from infervisor.adapters.server import ServerAdapter
 from infervisor.replay import InstanceState
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pykka
 
-from infervisor.adapters.cgroups import Containment, no_containment
 from infervisor.adapters.prober import Prober
+from infervisor.adapters.proc.containment import Containment, no_containment
 from infervisor.adapters.spec import InstanceSpec
 
 from .append import ChainAppend

@@ -18,14 +18,15 @@ import msgspec
 
 from infervisor.adapters import ollama
 from infervisor.adapters.adopted import AdoptedServer
-from infervisor.adapters.errors import AdapterError, ProcessControlError, SpawnError
 from infervisor.adapters.launched import LaunchedServer
 from infervisor.adapters.managed_ollama import OllamaServer, load_timeout_s
 from infervisor.adapters.ollama_load import OllamaLoad
 from infervisor.adapters.planning import verify_weights
 from infervisor.adapters.probe import ProbeTarget
 from infervisor.adapters.prober import Prober
-from infervisor.adapters.process import ExitInfo, ServerProcess
+from infervisor.adapters.proc.errors import AdapterError, ProcessControlError, SpawnError
+from infervisor.adapters.proc.handles import ServerProcess
+from infervisor.adapters.proc.waiter import ExitInfo
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.status import LoadKind
@@ -194,7 +195,7 @@ class EffectRunner:
     def kill(self, _: fx.Kill) -> None:
         proc = self.proc
         if proc is not None:
-            self._thread("kill", lambda: _quietly(self.actor.iid, proc.terminate, 0.0))
+            self._thread("kill", lambda: _quietly(self.actor.iid, proc.kill_tree))
 
     def reap(self, e: fx.Reap) -> None:
         proc = self.proc
@@ -211,7 +212,7 @@ class EffectRunner:
                 else ""
             )
             try:
-                info = proc.terminate(0.0)
+                info = proc.kill_tree()
             except ProcessControlError as err:
                 note = f"{note}; {err}" if note else str(err)
                 info = proc.exit_info() or ExitInfo(proc.identity.pid, None, None, "")
@@ -341,10 +342,10 @@ class EffectRunner:
             self.load.abort()
 
 
-def _quietly(iid: str, fn: Callable[[float], Any], arg: float) -> None:
+def _quietly(iid: str, fn: Callable[[], Any]) -> None:
     """Run a SIGKILL pass; what survives it is logged (the reap reports it too)."""
     try:
-        fn(arg)
+        fn()
     except ProcessControlError as err:
         log.warning("%s: SIGKILL did not end everything: %s", iid, err)
 

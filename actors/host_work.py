@@ -18,12 +18,8 @@ import msgspec
 import pykka
 
 from infervisor.adapters import planning
-from infervisor.adapters.errors import (
-    AdapterError,
-    AddressTaken,
-    AdmissionRefused,
-    ProgramMissing,
-)
+from infervisor.adapters.errors import AddressTaken, AdmissionRefused, ProgramMissing
+from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id

@@ -30,11 +30,11 @@ from typing import Any
 import msgspec
 import pykka
 
-from infervisor.adapters.errors import AdapterError
 from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.probe import ProbeTarget, ServerReport
 from infervisor.adapters.prober import Prober
-from infervisor.adapters.proc_table import ProcessTable
+from infervisor.adapters.proc.errors import AdapterError
+from infervisor.adapters.proc.table import ProcessTable
 from infervisor.adapters.server import ServerAdapter
 from infervisor.replay import InstanceState, LifecycleState, apply_instance
 from infervisor.replay import events as ev

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from infervisor.adapters.ports import ListenerSnapshot
-from infervisor.adapters.proc_table import ProcessTable
+from infervisor.adapters.proc.table import ProcessTable
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft
 from infervisor.replay import ExitRecord, NodeState
@@ -141,7 +141,7 @@ class ReconcileTick(_Msg, frozen=True):
     this machine, with their owning pids, read once for every instance
     (:func:`~infervisor.adapters.ports.listener_snapshot`; None when the socket
     table could not be read). ``processes``: the tick's one read of the process
-    table (:class:`~infervisor.adapters.proc_table.ProcessTable`), from which
+    table (:class:`~infervisor.adapters.proc.table.ProcessTable`), from which
     each instance tracks its server's descendants and tree RSS.
     """
 

@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 import pykka
 
 from infervisor.adapters.capabilities import Capability, probe_capabilities
-from infervisor.adapters.cgroups import Containment, detect, no_containment
-from infervisor.adapters.errors import AdapterError
 from infervisor.adapters.prober import HttpProber, Prober
-from infervisor.adapters.process import boot_id
+from infervisor.adapters.proc.containment import Containment, detect, no_containment
+from infervisor.adapters.proc.errors import AdapterError
+from infervisor.adapters.proc.identity import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec, valid_token

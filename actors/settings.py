@@ -7,10 +7,10 @@ from typing import Any
 
 import msgspec
 
-from infervisor.adapters.cgroups import MODES as CONTAINMENT_MODES
 from infervisor.adapters.llama_choice import check_choice
 from infervisor.adapters.ollama_keep_alive import load_keep_alive
 from infervisor.adapters.planning import ALL_ADAPTERS
+from infervisor.adapters.proc.containment import MODES as CONTAINMENT_MODES
 from infervisor.adapters.server import AdapterSettings
 from infervisor.adapters.spec_env import check_env
 from infervisor.replay import RestartPolicy

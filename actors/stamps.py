@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from infervisor.adapters.process import boot_id
+from infervisor.adapters.proc.identity import boot_id
 from infervisor.replay.state import Stamp
 
 from .clock import Clock

@@ -34,8 +34,8 @@ import msgspec
 import pykka
 
 from infervisor.adapters import planning
-from infervisor.adapters.errors import AdapterError
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
+from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import AdapterKind, ServerAdapter
 from infervisor.adapters.spec import Flavor, InstanceSpec

@@ -39,7 +39,7 @@ import pykka
 
 from infervisor.adapters.errors import ProbeError
 from infervisor.adapters.ports import ListenerSnapshot, listener_snapshot
-from infervisor.adapters.proc_table import ProcessTable
+from infervisor.adapters.proc.system import REAL
 from infervisor.replay import events as ev
 from infervisor.replay.state import LeaseRecord, Stamp, elapsed_s
 
@@ -206,7 +206,7 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._check_lease()
                 self._fan_out(m.HealthTick())
             else:
-                tick = m.ReconcileTick(listeners=_listeners(), processes=ProcessTable.read())
+                tick = m.ReconcileTick(listeners=_listeners(), processes=REAL.table())
                 self._fan_out(tick)
         except Exception:
             log.exception("supervisor: the %s tick failed; the ticks go on", what)

@@ -9,7 +9,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from infervisor.adapters.errors import AdmissionRefused, SpawnError
+from infervisor.adapters.errors import AdmissionRefused
+from infervisor.adapters.proc.errors import SpawnError
 from infervisor.replay import InstanceState, LifecycleState
 
 from .core import observations as o

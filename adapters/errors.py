@@ -1,7 +1,10 @@
 """Errors raised by the adapters: what talks to model servers and processes.
 
-The tree (callers never see ``httpx``, ``OSError`` or ``psutil`` errors from
-an adapter; they are translated here, at the edge)::
+The root, :class:`AdapterError`, and the two errors of process supervision
+(``SpawnError``, ``ProcessControlError``) are in ``adapters/proc/errors.py``,
+which imports nothing from here. The tree (callers never see ``httpx``,
+``OSError`` or ``psutil`` errors from an adapter; they are translated at the
+edge)::
 
     AdapterError
      +-- SpecError          a spec field is invalid (names the field and what is allowed)
@@ -10,31 +13,27 @@ an adapter; they are translated here, at the edge)::
      |    |                 mismatch, budget, ...); nothing was changed
      |    +-- AddressTaken  something else already listens on the instance's address
      |    +-- ProgramMissing  the serve program is not installed or not executable
-     +-- SpawnError         the server process could not be launched
-     +-- ProcessControlError  a process group could not be signalled, or outlived SIGKILL
+     +-- SpawnError         (adapters/proc/errors.py) the server process could not be launched
+     +-- ProcessControlError  (adapters/proc/errors.py) a process group could not be
+     |                      signalled, or outlived SIGKILL
      +-- ProbeError         a server could not be asked (only where a caller needs the reason)
 """
 
 from __future__ import annotations
 
+from .proc.errors import AdapterError
+
 __all__ = [
-    "AdapterError",
     "AddressTaken",
     "AdmissionRefused",
     "ProbeError",
-    "ProcessControlError",
     "ProgramMissing",
     "RegistryError",
-    "SpawnError",
     "SpecError",
     "excerpt",
 ]
 
 _EXCERPT = 200  # characters of a body quoted in a message
-
-
-class AdapterError(Exception):
-    """Base of every error an adapter raises."""
 
 
 class SpecError(AdapterError, ValueError):
@@ -61,17 +60,8 @@ class AddressTaken(AdmissionRefused):
     """Something already listens on the instance's address; nothing is started over it."""
 
 
-class SpawnError(AdapterError):
-    """The server process could not be launched (missing program, bad cwd, ...)."""
-
-
 class ProbeError(AdapterError):
     """A server could not be probed."""
-
-
-class ProcessControlError(AdapterError):
-    """A process group could not be signalled (not permitted, or a protected group),
-    or members of it were still alive after SIGKILL and the confirmation deadline."""
 
 
 class ProgramMissing(AdmissionRefused):

@@ -19,7 +19,7 @@ from types import MappingProxyType
 from .errors import AdmissionRefused, ProgramMissing, SpecError
 from .llama_choice import LLAMA_SERVER_VAR
 from .manifest import ModelFormat
-from .process import LaunchPlan, launch_env
+from .proc.plan import LaunchPlan, launch_env
 from .registry import ResolvedModel, check_format
 from .spec import Flavor, InstanceSpec
 
@@ -149,7 +149,7 @@ def check_exec_size(plan: LaunchPlan) -> None:
     """Refuse a plan Linux could not exec, before it is placed (not at every spawn).
 
     The limits trampoline carries the whole environment as one JSON argument
-    (adapters/limits.py), so escapes in a spec's env values count several
+    (adapters/proc/limits.py), so escapes in a spec's env values count several
     times over. Checked on :meth:`LaunchPlan.argv`, which is what is exec'd.
 
     Raises:

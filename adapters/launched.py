@@ -13,11 +13,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from .cgroups import InstanceCgroup
-from .errors import ProbeError, SpawnError
+from .errors import ProbeError
 from .ports import port_in_use
 from .probe import Health, HealthKind, ServerClient, ServerReport
-from .process import ExitInfo, LaunchPlan, ManagedProcess
+from .proc.cgroups import InstanceCgroup
+from .proc.errors import SpawnError
+from .proc.handles import ManagedProcess
+from .proc.plan import LaunchPlan
+from .proc.waiter import ExitInfo
 from .server import AdapterKind
 from .spec import Flavor, InstanceSpec
 
@@ -64,7 +67,7 @@ class LaunchedServer:
             on_exit: called once with the exit report (see
                 :meth:`ManagedProcess.spawn`).
             token: the launch token the caller recorded before launching (see
-                :func:`~.process.recover_launch`); None: a fresh one, not put
+                :func:`~.proc.recovery.recover_launch`); None: a fresh one, not put
                 in the server's environment.
             cgroup: the instance's cgroups (None: no cgroups).
 

@@ -20,13 +20,13 @@ from .adopted import AdoptedServer
 from .errors import AddressTaken, AdmissionRefused, RegistryError
 from .launch import build_llamacpp_launch, build_mlx_launch, check_exec_size, resolve_program
 from .launched import LaunchedServer
-from .limits import ProcLimits
 from .llama_choice import resolve_llama_server
 from .managed_ollama import OllamaServer
 from .ports import port_in_use
 from .probe import HealthKind, ProbeTarget
 from .prober import HttpProber, Prober
-from .process import LaunchPlan
+from .proc.limits import ProcLimits
+from .proc.plan import LaunchPlan
 from .registry import ModelRegistry, ResolvedModel, check_format
 from .server import AdapterSettings, Admission, ServerAdapter
 from .spec import Flavor, InstanceSpec, Mode

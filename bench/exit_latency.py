@@ -63,7 +63,7 @@ from infervisor.actors import messages as m
 from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
-from infervisor.adapters import descendants, pgroup, process, watch
+from infervisor.adapters.proc import descendants, handles, pgroup, tree, waiter
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import EventDraft, SqliteChain, encode_payload
 from infervisor.replay import RestartPolicy
@@ -78,9 +78,9 @@ class Tracer:
     ``ManagedProcess._await_exit`` (stamp "reaped" when the waiter sees the
     exit), ``InstanceActor.run`` (stamp each observation type as the actor
     decides on it), ``InstanceActor._record`` (stamp "recorded" once the
-    decision's append returned), ``WatchedProcess.terminate`` (start and end), and times
-    ``Descendants.track``/``kill_all``, ``terminate_group`` and the process
-    table scan ``members_of``. A name that is gone is skipped (shown "n/a").
+    decision's append returned), ``WatchedProcess.kill_tree`` (start and end), and times
+    ``Descendants.track``/``kill_all``, ``kill_group_until_gone`` and the process
+    table scan ``group_members``. A name that is gone is skipped (shown "n/a").
     """
 
     def __init__(self) -> None:
@@ -127,20 +127,20 @@ class Tracer:
     def install(self) -> None:
         """Wrap the exit path's steps (see the class docstring)."""
         wraps: list[tuple[object, str, Callable[[Callable[..., Any]], Any]]] = [
-            (process.ManagedProcess, "_await_exit", lambda f: self.stamped(None, "reaped", f)),
+            (handles.ManagedProcess, "_await_exit", lambda f: self.stamped(None, "reaped", f)),
             (instance.InstanceActor, "run", self.by_message),
             (instance.InstanceActor, "_record", lambda f: self.stamped(None, "recorded", f)),
             (
-                watch.WatchedProcess,
-                "terminate",
-                lambda f: self.stamped("terminate.start", "terminate.end", f),
+                waiter.WatchedProcess,
+                "kill_tree",
+                lambda f: self.stamped("kill_tree.start", "kill_tree.end", f),
             ),
             (descendants.Descendants, "track", lambda f: self.timed("descendants.track", f)),
             (descendants.Descendants, "kill_all", lambda f: self.timed("descendants.kill_all", f)),
             # modules that imported a function by name hold their own binding: wrap each
-            (watch, "terminate_group", lambda f: self.timed("terminate_group", f)),
-            (pgroup, "members_of", lambda f: self.timed("members_of (process table)", f)),
-            (watch, "members_of", lambda f: self.timed("members_of (process table)", f)),
+            (tree, "kill_group_until_gone", lambda f: self.timed("kill_group_until_gone", f)),
+            (pgroup, "group_members", lambda f: self.timed("group_members (process table)", f)),
+            (tree, "group_members", lambda f: self.timed("group_members (process table)", f)),
         ]
         for owner, name, wrap in wraps:
             if hasattr(owner, name):
@@ -345,9 +345,9 @@ def report_trace(rounds: list[dict[str, float]]) -> None:
     """The traced split of reaped -> decided (ms over the kills)."""
     steps = [
         ("reaped", "ProcessExited", "waiter: scan, drain readers; actor gets ProcessExited"),
-        ("ProcessExited", "terminate.start", "actor decides Reap -> reap thread running"),
-        ("terminate.start", "terminate.end", "terminate(0.0) pass"),
-        ("terminate.end", "GroupGone", "GroupGone reaches the actor"),
+        ("ProcessExited", "kill_tree.start", "actor decides Reap -> reap thread running"),
+        ("kill_tree.start", "kill_tree.end", "kill_tree() pass"),
+        ("kill_tree.end", "GroupGone", "GroupGone reaches the actor"),
         ("GroupGone", "decided", "actor: decides and stamps the exited event"),
     ]
     rows: list[list[object]] = []

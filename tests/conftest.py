@@ -21,8 +21,8 @@ from support import FAKE_GGUF, PROGRAMS, make_launcher, ollama_server
 from infervisor.actors.clock import Clock, ManualClock
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
-from infervisor.adapters.cgroups import hierarchies
 from infervisor.adapters.ports import free_port
+from infervisor.adapters.proc.mounts import hierarchies
 from infervisor.replay import RestartPolicy
 
 

@@ -26,9 +26,11 @@ import msgspec
 import psutil
 import pytest
 
-from infervisor.adapters.pgroup import same_process
-from infervisor.adapters.pidfd import PidHandle
-from infervisor.adapters.process import ExitInfo, LaunchPlan, ProcessIdentity, launch_env
+from infervisor.adapters.proc.handles import ServerProcess
+from infervisor.adapters.proc.identity import ProcessIdentity, same_process
+from infervisor.adapters.proc.pidfd import PidHandle
+from infervisor.adapters.proc.plan import LaunchPlan, launch_env
+from infervisor.adapters.proc.waiter import ExitInfo
 
 PROGRAMS = Path(__file__).parent / "programs"
 OLLAMA_SERVER = Path(__file__).parent / "servers" / "ollama_server.py"
@@ -154,6 +156,17 @@ def script_plan(
         cwd=str(cwd),
         **kw,
     )
+
+
+def stop(proc: ServerProcess, grace: float) -> ExitInfo:
+    """Stop ``proc`` as the node does (``EffectRunner.terminate``, then ``kill``):
+    track its descendants and SIGTERM it now, up to ``grace`` seconds for the
+    leader to exit (the decision core's ``kill`` timer), then SIGKILL whatever is
+    left of its tree; how it ended."""
+    proc.track_descendants()
+    proc.sigterm()
+    proc.wait_exit(grace)
+    return proc.kill_tree()
 
 
 class Exits:

@@ -24,9 +24,10 @@ from conftest import NodeFactory
 from support import PROGRAMS, chain_rows, make_launcher, wait_until
 
 from infervisor.actors.node import Node
-from infervisor.adapters.cgroups import base_name, detect, hierarchies
 from infervisor.adapters.errors import AdmissionRefused, SpecError
 from infervisor.adapters.ports import free_port, port_in_use
+from infervisor.adapters.proc.containment import base_name, detect
+from infervisor.adapters.proc.mounts import hierarchies
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import SqliteChain
 from infervisor.replay import RestartPolicy
@@ -438,7 +439,8 @@ def test_a_server_forked_after_the_token_scan_is_ended_too(tmp_path, strays):
     import subprocess
     import sys
 
-    from infervisor.adapters.process import TOKEN_VAR, LaunchNeverStarted, recover_launch
+    from infervisor.adapters.proc.records import TOKEN_VAR
+    from infervisor.adapters.proc.recovery import LaunchNeverStarted, recover_launch
 
     token = "late-fork-1"
     forked = tmp_path / "forked.pid"

@@ -4,7 +4,7 @@
 "filedescriptor out of range" once API connections had pushed the node past
 1,024 descriptors, and the instance stayed ``starting`` with its server
 untracked. Here the test process holds 1,100 descriptors and then spawns a
-managed process through adapters.process, so the shim's report pipe is
+managed process through adapters.proc.spawn, so the shim's report pipe is
 numbered above 1024. ``infervisor run`` also raises its own soft limit.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support import Exits, script_plan
 
-from infervisor.adapters.process import ManagedProcess
+from infervisor.adapters.proc.handles import ManagedProcess
 from infervisor.tools.config import ApiConfig
 from infervisor.tools.run import raise_descriptor_limit
 
@@ -56,7 +56,7 @@ def test_a_managed_process_starts_and_exits_with_descriptors_above_1024(
         info = exits.wait()
         assert (info.exit_code, info.pid) == (0, proc.identity.pid)
     finally:
-        proc.terminate(0.0)
+        proc.kill_tree()
 
 
 def test_infervisor_run_raises_its_soft_descriptor_limit_to_the_hard_one() -> None:

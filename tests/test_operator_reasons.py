@@ -10,7 +10,8 @@ from pathlib import Path
 from support import PROGRAMS, wait_until
 
 from infervisor.adapters.adopted import AdoptedServer
-from infervisor.adapters.process import LaunchPlan, ManagedProcess, launch_env
+from infervisor.adapters.proc.handles import ManagedProcess
+from infervisor.adapters.proc.plan import LaunchPlan, launch_env
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 
 
@@ -49,7 +50,7 @@ def test_survivors_name_a_child_that_outlived_its_leader(tmp_path: Path) -> None
         assert proc.wait_exit(10) is not None
         assert proc.survivors() == [child]
     finally:
-        proc.terminate(0.0)
+        proc.kill_tree()
     assert proc.survivors() == []  # nothing of the group is left after the reap
 
 

@@ -1,5 +1,5 @@
-"""adapters.process: spawning, output to log files, exit reports, group termination,
-descendants that escape the group."""
+"""adapters.proc (handles, spawn, pgroup, descendants): spawning, output to log
+files, exit reports, group termination, descendants that escape the group."""
 
 from __future__ import annotations
 
@@ -12,23 +12,20 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import Exits, gone, kill_exact, printed_pid, script_plan, wait_until
+from support import Exits, gone, kill_exact, printed_pid, script_plan, stop, wait_until
 
-from infervisor.adapters.errors import ProcessControlError, SpawnError
-from infervisor.adapters.pidfd import PidHandle
-from infervisor.adapters.process import (
-    STDERR_LOG,
-    STDOUT_LOG,
-    LaunchPlan,
-    ManagedProcess,
-    ProcessIdentity,
-    find_process,
+from infervisor.adapters.proc.errors import ProcessControlError, SpawnError
+from infervisor.adapters.proc.handles import ManagedProcess
+from infervisor.adapters.proc.identity import ProcessIdentity, find_process
+from infervisor.adapters.proc.output import STDERR_LOG, STDOUT_LOG
+from infervisor.adapters.proc.pgroup import (
     group_members,
     kill_group,
-    launch_env,
-    terminate_identity,
+    kill_identity,
     tree_rss_bytes,
 )
+from infervisor.adapters.proc.pidfd import PidHandle
+from infervisor.adapters.proc.plan import LaunchPlan, launch_env
 
 DEADLINE = 10.0  # seconds any condition below is given to come true
 
@@ -45,7 +42,7 @@ def spawned(tmp_path: Path) -> Iterator[Callable[..., tuple[ManagedProcess, Exit
 
     yield spawn
     for proc in started:
-        proc.terminate(0.0)
+        proc.kill_tree()
 
 
 def test_launch_env_keeps_only_passthrough_and_extras(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,8 +68,8 @@ def test_on_exit_called_once_with_exit_code_and_tail(spawned) -> None:
     assert (info.exit_code, info.signal, info.pid) == (7, None, proc.identity.pid)
     assert "to stdout" in info.output_tail
     assert info.output_tail.rstrip().endswith("to stderr: giving up")
-    assert proc.terminate(1.0) == info  # idempotent on an exited process
-    assert proc.terminate(1.0) == info
+    assert proc.kill_tree() == info  # idempotent on an exited process
+    assert proc.kill_tree() == info
     assert exits.calls == [info]
     assert proc.exit_info() == info
 
@@ -101,7 +98,7 @@ def test_sigkill_from_outside_reports_the_signal(spawned) -> None:
 def test_terminate_escalates_to_sigkill_after_grace(spawned) -> None:
     proc, exits = spawned("ignore_sigterm.py")
     wait_until(lambda: "ready" in proc.output()[0], what="SIGTERM to be ignored")
-    info = proc.terminate(0.3)
+    info = stop(proc, 0.3)
     assert info.signal == signal.SIGKILL
     assert group_members(proc.identity.pgid) == []
     assert exits.calls == [info]
@@ -114,7 +111,7 @@ def test_terminate_kills_a_child_in_the_group(spawned) -> None:
     )
     child = int(proc.output()[0].split("child ")[1].split()[0])
     assert sorted(group_members(proc.identity.pgid)) == sorted([proc.identity.pid, child])
-    info = proc.terminate(0.3)
+    info = stop(proc, DEADLINE)
     assert info.signal == signal.SIGTERM  # the leader obeyed; its child needed SIGKILL
     assert group_members(proc.identity.pgid) == []
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
@@ -124,7 +121,7 @@ def test_terminate_kills_a_child_in_the_group(spawned) -> None:
 def test_terminate_races_natural_exit(spawned) -> None:
     for _ in range(5):
         proc, exits = spawned("exit_nonzero.py", "0")
-        info = proc.terminate(1.0)
+        info = stop(proc, 1.0)
         assert exits.wait() == info
         assert len(exits.calls) == 1
 
@@ -146,7 +143,7 @@ def test_find_process_refuses_a_different_start_time_or_boot(spawned) -> None:
     ident = proc.identity
     later = ProcessIdentity(ident.pid, ident.pgid, ident.start_time + 5.0, ident.boot_id)
     assert find_process(later) is None
-    assert not terminate_identity(later, 0.0)  # never signals a pid it cannot vouch for
+    assert not kill_identity(later)  # never signals a pid it cannot vouch for
     assert proc.exit_info() is None
     other_boot = ProcessIdentity(ident.pid, ident.pgid, ident.start_time, "not-this-boot")
     assert find_process(other_boot) is None
@@ -155,7 +152,7 @@ def test_find_process_refuses_a_different_start_time_or_boot(spawned) -> None:
 def test_terminate_identity_stops_a_recognised_group(spawned) -> None:
     proc, exits = spawned("ignore_sigterm.py")
     wait_until(lambda: "ready" in proc.output()[0], what="the program to start")
-    assert terminate_identity(proc.identity, 0.2)
+    assert kill_identity(proc.identity)
     assert exits.wait().signal == signal.SIGKILL
     assert find_process(proc.identity) is None
     assert tree_rss_bytes(proc.identity.pid) is None
@@ -270,7 +267,7 @@ def test_track_descendants_sees_a_child_in_the_group(spawned) -> None:
     child = printed_pid(proc.output()[0], "child")
     proc.track_descendants()
     assert set(proc.descendants()) == {child}
-    proc.terminate(0.3)
+    stop(proc, DEADLINE)
     assert child is not None
     assert gone(child, proc.descendants()[child])
 
@@ -283,7 +280,7 @@ def test_terminate_reaches_an_escaped_grandchild_once_tracked(
     assert {intermediate, grandchild} <= set(proc.descendants())
     release(tmp_path, intermediate, grandchild)
     assert grandchild not in group_members(proc.identity.pgid)
-    proc.terminate(0.5)
+    stop(proc, DEADLINE)
     assert gone(grandchild, started)
     assert group_members(proc.identity.pgid) == []
 
@@ -298,7 +295,7 @@ def test_an_escape_never_tracked_is_found_through_its_shim(spawned, strays, tmp_
     proc.track_descendants()
     assert grandchild in proc.descendants()
     assert proc.identity.pid not in proc.descendants()  # the server is no descendant of itself
-    proc.terminate(0.5)
+    stop(proc, DEADLINE)
     assert group_members(proc.identity.pgid) == []
     assert gone(grandchild, started)
 

@@ -26,20 +26,16 @@ from support import (
     printed_pid,
     script_plan,
     stand_in_node,
+    stop,
     wait_until,
 )
 
-from infervisor.adapters import pidfd
-from infervisor.adapters.descendants import RECORD
-from infervisor.adapters.process import (
-    STDOUT_LOG,
-    AttachedProcess,
-    ManagedProcess,
-    ProcessIdentity,
-    find_process,
-    group_members,
-    terminate_identity,
-)
+from infervisor.adapters.proc import pidfd
+from infervisor.adapters.proc.descendants import RECORD
+from infervisor.adapters.proc.handles import AttachedProcess, ManagedProcess
+from infervisor.adapters.proc.identity import ProcessIdentity, find_process
+from infervisor.adapters.proc.output import STDOUT_LOG
+from infervisor.adapters.proc.pgroup import group_members, kill_identity
 
 DEADLINE = 20.0  # s any condition below is given to come true
 
@@ -69,7 +65,7 @@ def orphaned(tmp_path: Path) -> Iterator[Callable[..., ProcessIdentity]]:
 
     yield orphan
     for identity in left:
-        terminate_identity(identity, 0.0)
+        kill_identity(identity)
         wait_until(lambda i=identity: find_process(i) is None, what="the orphan to be gone")
 
 
@@ -92,10 +88,10 @@ def test_server_keeps_logging_after_its_node_is_killed_and_is_reattached(
     wait_until(lambda: last_tick(proc.output()[0]) > at_attach + 3, what="the output to grow")
     assert proc.exit_info() is None
 
-    info = proc.terminate(1.0)
+    info = stop(proc, DEADLINE)
     assert (info.pid, info.exit_code, info.signal) == (identity.pid, None, None)
     assert info.output_tail.endswith(f"tick {last_tick(proc.output()[0])}\nstarted\n")
-    assert proc.terminate(1.0) == info
+    assert proc.kill_tree() == info
     assert exits.calls == [info]
     assert find_process(identity) is None
     assert group_members(identity.pgid) == []
@@ -113,7 +109,7 @@ def test_on_exit_fires_once_when_an_attached_server_is_killed_from_outside(
     assert (info.exit_code, info.signal) == (None, None)
     assert "tick" in info.output_tail
     assert proc.wait_exit(0.0) == info
-    assert proc.terminate(0.0) == info
+    assert proc.kill_tree() == info
     assert exits.calls == [info]
 
 
@@ -128,7 +124,7 @@ def test_attach_refuses_a_reused_pid_and_a_gone_one(tmp_path: Path) -> None:
         assert AttachedProcess.attach(other_boot, str(tmp_path), print) is None
         assert server.exit_info() is None  # nothing was signalled
     finally:
-        server.terminate(0.0)
+        server.kill_tree()
     exits.wait()
     assert AttachedProcess.attach(server.identity, str(tmp_path), print) is None
 
@@ -141,7 +137,7 @@ def test_attach_without_pidfds_waits_through_psutil(
     exits = Exits(DEADLINE)
     proc = AttachedProcess.attach(identity, str(tmp_path), exits)
     assert proc is not None
-    info = proc.terminate(1.0)
+    info = stop(proc, DEADLINE)
     assert exits.calls == [info]
     assert find_process(identity) is None
 
@@ -177,7 +173,7 @@ def test_descendants_recorded_by_the_dead_node_are_terminated(orphaned, tmp_path
         proc = AttachedProcess.attach(identity, str(tmp_path), exits)
         assert proc is not None
         assert grandchild in proc.descendants()
-        proc.terminate(0.5)
+        stop(proc, DEADLINE)
         assert gone(grandchild, started)
         assert exits.calls == [proc.exit_info()]
     finally:

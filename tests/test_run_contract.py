@@ -33,8 +33,8 @@ from test_run_resume import (
 )
 
 from infervisor.actors.view import describe, last_lines
-from infervisor.adapters.output import KEPT_SPAWNS, PREVIOUS, STDERR_LOG, create_logs
 from infervisor.adapters.ports import free_port
+from infervisor.adapters.proc.output import KEPT_SPAWNS, PREVIOUS, STDERR_LOG, create_logs
 from infervisor.adapters.spec import Flavor, instance_id
 from infervisor.replay import Desired, ExitRecord, InstanceState, LifecycleState, NodeState
 from infervisor.tools import extras

@@ -31,29 +31,30 @@ from support import (
     wait_until,
 )
 
-from infervisor.adapters import process
-from infervisor.adapters.errors import SpawnError
-from infervisor.adapters.process import (
+from infervisor.adapters.proc import spawn
+from infervisor.adapters.proc.errors import SpawnError
+from infervisor.adapters.proc.handles import ManagedProcess
+from infervisor.adapters.proc.identity import ProcessIdentity, find_process
+from infervisor.adapters.proc.output import STDOUT_LOG
+from infervisor.adapters.proc.pgroup import kill_identity
+from infervisor.adapters.proc.plan import LaunchPlan
+from infervisor.adapters.proc.records import (
     KEEP_LAUNCHES,
     LAUNCH_DIR,
-    STDOUT_LOG,
     TOKEN_VAR,
     ExitRecord,
-    LaunchEnded,
-    LaunchNeverStarted,
-    LaunchPlan,
     LaunchRecord,
-    LaunchRunning,
-    ManagedProcess,
-    ProcessIdentity,
-    find_process,
     launch_files,
     new_token,
     read_exit_record,
     read_exit_status,
     read_launch_record,
+)
+from infervisor.adapters.proc.recovery import (
+    LaunchEnded,
+    LaunchNeverStarted,
+    LaunchRunning,
     recover_launch,
-    terminate_identity,
 )
 
 DEADLINE = 20.0  # s any condition below is given to come true
@@ -71,7 +72,7 @@ def spawned(tmp_path: Path) -> Iterator[Callable[..., tuple[ManagedProcess, Exit
 
     yield spawn
     for proc in started:
-        proc.terminate(0.0)
+        proc.kill_tree()
 
 
 def carriers(token: str) -> list[psutil.Process]:
@@ -120,7 +121,7 @@ def orphaned(tmp_path: Path) -> Iterator[Callable[..., tuple[ProcessIdentity, st
     for token in tokens:
         launched = read_launch_record(str(tmp_path), token)
         if launched is not None:
-            terminate_identity(launched.identity(), 0.0)
+            kill_identity(launched.identity())
             wait_until(
                 lambda r=launched: gone(r.shim_pid, r.shim_start_time or 0.0),
                 what="the orphaned shim to be gone",
@@ -215,7 +216,7 @@ def test_a_killed_shim_leaves_the_exit_unknown_but_reported(spawned, tmp_path: P
     proc, exits = spawned("ignore_sigterm.py", token=token)
     wait_until(lambda: "ready" in proc.output()[0], what="the server")
     os.kill(proc.shim_pid, signal.SIGKILL)
-    info = proc.terminate(0.0)
+    info = proc.kill_tree()
     assert (info.exit_code, info.signal) == (None, None)
     assert exits.calls == [info]
     assert find_process(proc.identity) is None
@@ -261,7 +262,7 @@ def test_an_exec_failure_inside_the_shim_is_a_spawn_error(tmp_path: Path) -> Non
 def test_a_shim_that_does_not_report_in_time_leaves_nothing_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, explicit: bool
 ) -> None:
-    monkeypatch.setattr(process, "LAUNCH_REPORT_TIMEOUT", 0.0)
+    monkeypatch.setattr(spawn, "LAUNCH_REPORT_TIMEOUT", 0.0)
     token = new_token()
     plan = script_plan("ignore_sigterm.py", cwd=tmp_path)
     with pytest.raises(SpawnError, match="did not report within 0 s"):

@@ -27,8 +27,8 @@ from test_run_resume import NodeRun, end_runs
 
 from infervisor.actors.errors import BadArgument
 from infervisor.adapters.errors import RegistryError, SpecError
-from infervisor.adapters.output import create_logs, log_paths, rotate
 from infervisor.adapters.ports import free_port
+from infervisor.adapters.proc.output import create_logs, log_paths, rotate
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.spec import Flavor, InstanceSpec, valid_token
 from infervisor.adapters.spec_env import LLAMA_ARG_TUNING, MAX_ENV_KEYS, REFUSED_ENV

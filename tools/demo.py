@@ -23,7 +23,7 @@ from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.probe import ServerClient
-from infervisor.adapters.process import group_members
+from infervisor.adapters.proc.pgroup import group_members
 from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain

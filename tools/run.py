@@ -63,8 +63,9 @@ from infervisor.actors.errors import NodeError
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
 from infervisor.actors.watchdog import NodeFailure
-from infervisor.adapters.errors import AdapterError, RegistryError
-from infervisor.adapters.output import open_private
+from infervisor.adapters.errors import RegistryError
+from infervisor.adapters.proc.errors import AdapterError
+from infervisor.adapters.proc.output import open_private
 from infervisor.adapters.registry import ModelFormat, ModelRegistry
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode, instance_id
 from infervisor.chain import ChainError, SqliteChain, StoredEvent
@@ -212,7 +213,7 @@ def raise_descriptor_limit(api: ApiConfig) -> int:
     so the node is not the first to run out of descriptors (issue 17: 1,100
     API connections took a node with the usual soft limit of 1,024 to its
     end); warn when even the hard limit leaves too little beside the API's
-    caps. Managed servers get limits of their own (adapters/limits.py).
+    caps. Managed servers get limits of their own (adapters/proc/limits.py).
 
     Returns:
         The soft limit now in force (descriptors).

@@ -10,7 +10,8 @@ import sys
 
 import msgspec
 
-from infervisor.adapters.process import LaunchPlan, ManagedProcess, launch_env
+from infervisor.adapters.proc.handles import ManagedProcess
+from infervisor.adapters.proc.plan import LaunchPlan, launch_env
 
 cwd, token, program, *args = sys.argv[1:]
 plan = LaunchPlan(program=program, args=args, env=launch_env(), cwd=cwd)

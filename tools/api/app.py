@@ -46,7 +46,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage, Stream
 from infervisor.actors.errors import NodeError
 from infervisor.actors.ledger import LedgerView
 from infervisor.actors.node import VERSION, Node
-from infervisor.adapters.errors import AdapterError
+from infervisor.adapters.proc.errors import AdapterError
 from infervisor.chain.connect import connect_reader
 from infervisor.replay.callers import source_for
 

@@ -34,11 +34,10 @@ from infervisor.adapters.errors import (
     AddressTaken,
     AdmissionRefused,
     ProbeError,
-    ProcessControlError,
     RegistryError,
-    SpawnError,
     SpecError,
 )
+from infervisor.adapters.proc.errors import ProcessControlError, SpawnError
 from infervisor.adapters.spec import InstanceSpec
 
 from ..exit_codes import cut

@@ -1,4 +1,4 @@
-"""An instance's captured output (adapters/output.py): the tail, then what is appended.
+"""An instance's captured output (adapters/proc/output.py): the tail, then what is appended.
 
 A server writes its stdout and stderr to files in its working directory
 ``<data_dir>/instances/<id>/``. The node's reader truncates a file that grows
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anyio
 
-from infervisor.adapters.output import log_paths
+from infervisor.adapters.proc.output import log_paths
 
 __all__ = ["CHUNK", "POLL_S", "STREAMS", "follow_log", "log_file"]
 

@@ -21,7 +21,7 @@ import threading
 import psutil
 
 from .errors import ProcessControlError
-from .pgroup import same_process
+from .identity import same_process
 
 __all__ = ["PidHandle"]
 

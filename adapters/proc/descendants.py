@@ -9,7 +9,8 @@ reach it anyway; it sees only what was alive and still linked to the server
 
 The set is also written to ``server.descendants.json`` in the server's working
 directory, so a node that re-attaches after a crash knows what its predecessor
-saw. See ``docs/process-supervision.md``.
+saw. See ``docs/process-supervision.md``. The system is reached through a
+:class:`~.system.System` (the machine unless a test passes a fake).
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ import logging
 import os
 import signal
 import threading
-import time
 
 import msgspec
-import psutil
 
 from .errors import ProcessControlError
-from .pgroup import KILL_CONFIRM, ProcessIdentity, boot_id, find_process
-from .pidfd import PidHandle
-from .proc_table import ProcessTable
+from .identity import ProcessIdentity
+from .pgroup import KILL_CONFIRM
+from .system import REAL, System
+from .table import ProcessTable, same_start
 
 __all__ = ["RECORD", "Descendants"]
 
@@ -49,7 +49,8 @@ class Descendants:
     node left (if it was written during this boot), otherwise it is discarded.
     """
 
-    def __init__(self, cwd: str, *, resume: bool) -> None:
+    def __init__(self, cwd: str, *, resume: bool, system: System = REAL) -> None:
+        self._system = system
         self._path = os.path.join(cwd, RECORD)
         self._lock = threading.Lock()
         self._known: dict[int, float] = self._load() if resume else {}
@@ -67,22 +68,21 @@ class Descendants:
     ) -> None:
         """Add the live descendants of ``root`` and of every known descendant;
         forget known ones that are gone. With ``table`` (the reconcile tick's
-        snapshot) nothing is read from the system; without, psutil is asked.
+        snapshot) nothing is read from the system; without, the system is asked.
         ``skip``: a pid never remembered (the server, when ``root`` is its shim)."""
         if table is not None:
             self._track_in(root, table, skip)
             return
         with self._lock:
             before = dict(self._known)
-            roots = [p for p in (find_process(root),) if p is not None]
+            roots = [root.pid] if self._running(root.pid, root.start_time) else []
             for pid, started in before.items():
-                proc = find_process(ProcessIdentity(pid, 0, started, boot_id()))
-                if proc is None:
-                    del self._known[pid]
+                if self._running(pid, started):
+                    roots.append(pid)
                 else:
-                    roots.append(proc)
-            for proc in roots:
-                self._known.update(_children(proc))
+                    del self._known[pid]
+            for pid in roots:
+                self._known.update(self._system.children(pid))
             self._known.pop(root.pid, None)
             self._known.pop(skip or root.pid, None)
             if self._known != before:
@@ -106,26 +106,27 @@ class Descendants:
 
     def kill_all(self) -> None:
         """SIGKILL every known descendant still alive (each one identity-checked
-        through a :class:`PidHandle`) and block until none is left.
+        through ``System.signal_exact``: a pidfd on the machine) and block until
+        none is left.
 
         Raises:
             ProcessControlError: not permitted, or one outlived SIGKILL for 5 s.
         """
-        deadline = time.monotonic() + KILL_CONFIRM
+        system = self._system
+        deadline = system.monotonic() + KILL_CONFIRM
         while alive := self._alive():
-            if time.monotonic() >= deadline:
+            if system.monotonic() >= deadline:
                 raise ProcessControlError(f"descendants {sorted(alive)} outlived SIGKILL")
             for pid, started in alive.items():
-                _kill(pid, started)
-            time.sleep(_SCAN_INTERVAL)
+                system.signal_exact(pid, started, signal.SIGKILL)
+            system.sleep(_SCAN_INTERVAL)
+
+    def _running(self, pid: int, started: float) -> bool:
+        """``pid`` is live (not a zombie) and still the process started at ``started``."""
+        return self._system.is_live(pid) and same_start(self._system.start_time(pid), started)
 
     def _alive(self) -> dict[int, float]:
-        me = boot_id()
-        return {
-            pid: started
-            for pid, started in self.known().items()
-            if find_process(ProcessIdentity(pid, 0, started, me)) is not None
-        }
+        return {pid: t for pid, t in self.known().items() if self._running(pid, t)}
 
     def _load(self) -> dict[int, float]:
         try:
@@ -133,35 +134,13 @@ class Descendants:
                 record = msgspec.json.decode(f.read(), type=_Record)
         except (OSError, msgspec.DecodeError):
             return {}
-        return dict(record.known) if record.boot_id == boot_id() else {}
+        return dict(record.known) if record.boot_id == self._system.boot_id() else {}
 
     def _save(self) -> None:
         temporary = self._path + ".tmp"
         try:
             with open(temporary, "wb") as f:
-                f.write(msgspec.json.encode(_Record(boot_id(), self._known)))
+                f.write(msgspec.json.encode(_Record(self._system.boot_id(), self._known)))
             os.replace(temporary, self._path)
         except OSError as e:
             _log.warning("could not record the descendants in %s: %s", self._path, e)
-
-
-def _children(proc: psutil.Process) -> dict[int, float]:
-    found: dict[int, float] = {}
-    try:
-        kids = proc.children(recursive=True)
-    except psutil.Error:
-        return found
-    for kid in kids:
-        with contextlib.suppress(psutil.Error):
-            found[kid.pid] = kid.create_time()
-    return found
-
-
-def _kill(pid: int, started: float) -> None:
-    handle = PidHandle.open(pid, started)
-    if handle is None:
-        return
-    try:
-        handle.send(signal.SIGKILL)
-    finally:
-        handle.close()

@@ -1,6 +1,6 @@
 """The exit-status shim: the parent of one managed server, outliving the node.
 
-:meth:`infervisor.adapters.process.ManagedProcess.spawn` does not start a
+:meth:`infervisor.adapters.proc.handles.ManagedProcess.spawn` does not start a
 model server itself: it starts this file (``python -I -S shim.py``, in a
 session of its own), which starts the server as its child, records the launch
 and, once the server has ended, its exit status. The shim is the server's
@@ -21,7 +21,7 @@ What the node hands over:
 - fd 0: the launch configuration, one JSON object read to end of file:
   ``{"argv": [str, ...], "env": {str: str}, "stdout_fd": int, "cgroup_procs":
   [str, ...]}`` (``cgroup_procs`` optional: the ``cgroup.procs`` files the
-  server joins before ``exec``, see ``adapters/cgroups.py``);
+  server joins before ``exec``, see ``adapters/proc/cgroups.py``);
 - fd 1: the report pipe: the shim writes one byte, ``L`` once
   ``launch/<token>.json`` is durable, ``E`` once ``launch/<token>.exit.json``
   holds an error (the server could not be started), then closes it;

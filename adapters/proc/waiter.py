@@ -1,16 +1,16 @@
-"""What a spawned and a re-attached server process share: output tails, the
-exit report, descendant tracking and termination.
+"""The waiter: what a spawned and a re-attached server process share (output
+tails, the exit report, descendant tracking, signals to the tree).
 
 Threads per process: two :class:`~.output.LogReader` follow the log files, one
 waiter blocks until the server exits (how is up to the subclass: ``wait()``
 on our own child, a pidfd on an adopted one), lets the readers finish, and
-reports the exit once. :mod:`.process` holds the two concrete classes.
+reports the exit once. :mod:`.handles` holds the two concrete classes; the
+signals go to a :class:`~.tree.ServerTree`.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -20,24 +20,17 @@ import msgspec
 from .cgroups import InstanceCgroup
 from .descendants import Descendants
 from .errors import ProcessControlError
+from .identity import ProcessIdentity, find_process
 from .output import LogReader, Tail, exit_tail, log_paths
-from .pgroup import (
-    KILL_CONFIRM,
-    ProcessIdentity,
-    find_process,
-    group_members,
-    members_of,
-    signal_group,
-    terminate_group,
-)
-from .proc_table import ProcessTable
+from .pgroup import KILL_CONFIRM
+from .system import REAL
+from .table import ProcessTable
+from .tree import ServerTree
 
-__all__ = ["OUTPUT_LIMIT", "ExitInfo", "WatchedProcess"]
+__all__ = ["ExitInfo", "WatchedProcess"]
 
-OUTPUT_LIMIT = 1024 * 1024  # bytes of each stream kept, in memory and on disk
 _READER_DRAIN = 0.5  # s an exit report waits for the readers to reach end of output
 _FALLBACK_POLL = 0.5  # s between identity checks should waiting itself fail
-_SETTLE_POLL = 0.02  # s between looks at what is left of a server's tree
 
 _log = logging.getLogger(__name__)
 
@@ -62,7 +55,7 @@ class ExitInfo(msgspec.Struct, frozen=True):
 
 
 class WatchedProcess:
-    """Base of :class:`~.process.ManagedProcess` and :class:`~.process.AttachedProcess`.
+    """Base of :class:`~.handles.ManagedProcess` and :class:`~.handles.AttachedProcess`.
 
     A subclass sets what its :meth:`_await_exit` needs, then calls
     ``super().__init__``, which starts the threads. ``cgroup``: the
@@ -96,6 +89,9 @@ class WatchedProcess:
         self._at_exit: dict[int, float] | None = None  # the group when the exit was seen
         self._terminating = threading.Lock()
         self._descendants = Descendants(cwd, resume=resume)
+        self._tree = ServerTree(
+            REAL, identity.pgid, cgroup, self._descendants, lambda: self._at_exit
+        )
         self._readers = [
             self._thread(LogReader(path, tail, output_limit, self._stop_reading, resume=resume).run)
             for path, tail in zip(log_paths(cwd), (self._out, self._err), strict=True)
@@ -120,7 +116,7 @@ class WatchedProcess:
             while find_process(self.identity) is not None:
                 time.sleep(_FALLBACK_POLL)
             code, sig = None, None
-        self._at_exit = members_of(self.identity.pgid)
+        self._at_exit = REAL.group_members(self.identity.pgid)
         # What the server wrote is read first; a descendant that keeps writing
         # delays the report by at most _READER_DRAIN seconds.
         self._stop_reading.set()
@@ -173,81 +169,48 @@ class WatchedProcess:
         """Live members of the server's process group once its leader has exited
         (those that outlived it; ``[]`` before the exit is seen). Scans the
         process table."""
-        if self._at_exit is None:
-            return []
-        found = set(group_members(self.identity.pgid, self._at_exit))
-        if self.cgroup is not None:
-            found |= self.cgroup.server_members()
-        return sorted(found - {self.identity.pid})
+        return self._tree.survivors(self.identity.pid)
 
     def settle(self, grace: float) -> None:
         """Wait up to ``grace`` seconds, signalling nothing, for what is left of
         the server's tree (its group, its cgroup) to end by itself: a stop gives
         its grace to the children too, after the leader has exited."""
-        deadline = time.monotonic() + max(grace, 0.0)
-        while time.monotonic() < deadline and self._tree_left():
-            time.sleep(_SETTLE_POLL)
-
-    def _tree_left(self) -> bool:
-        if self.cgroup is not None and self.cgroup.server_members():
-            return True
-        return bool(group_members(self.identity.pgid, self._at_exit))
+        self._tree.settle(grace)
 
     def sigterm(self) -> None:
         """SIGTERM the server's process group and, with a cgroup, every other
-        member of it (a ``setsid`` daemon is asked to end too, as systemd stops
-        a unit); returns at once.
+        member of it; returns at once (see :meth:`~.tree.ServerTree.sigterm`).
 
         Raises:
             ProcessControlError: the group could not be signalled.
         """
-        signal_group(self.identity.pgid, signal.SIGTERM, self._at_exit)
-        if self.cgroup is not None:
-            self.cgroup.signal_outside_group(signal.SIGTERM, self.identity.pgid)
+        self._tree.sigterm()
 
     def kill(self) -> None:
-        """SIGKILL the process group (and the cgroup) now (a second stop
-        escalates); returns at once.
+        """SIGKILL the process group (and the cgroup) now; returns at once.
 
         Raises:
             ProcessControlError: the group could not be signalled.
         """
-        if self.cgroup is not None:
-            self.cgroup.kill(wait=False)
-        signal_group(self.identity.pgid, signal.SIGKILL, self._at_exit)
+        self._tree.kill()
 
-    def terminate(self, grace: float) -> ExitInfo:
-        """Stop the server and everything it started; return how it ended (blocking).
+    def kill_tree(self) -> ExitInfo:
+        """SIGKILL the server and everything it started; return how it ended (blocking).
 
-        Tracks the descendants once more, then SIGTERM to the group, up to
-        ``grace`` seconds for it to go, SIGKILL until no member is left
-        (deadline 5 s); then SIGKILL to every tracked descendant still alive,
-        until none is (deadline 5 s). With a cgroup, the grace lasts until the
-        whole cgroup is empty (not only the group), then everything left in it
-        is killed (``cgroup.kill``, or the v1 freezer way) until it is empty.
-        Idempotent, and safe once the process has exited by itself; concurrent
-        calls are serialised.
+        Tracks the descendants once more, then kills the cgroup until it is
+        empty, the group until it has no member, and every tracked descendant
+        (see :meth:`~.tree.ServerTree.kill_all`), and waits for the exit report.
+        No SIGTERM and no grace: a stop's SIGTERM is :meth:`sigterm`, its grace
+        the decision core's ``kill`` timer. Idempotent, and safe once the
+        process has exited by itself; concurrent calls are serialised.
 
         Raises:
             ProcessControlError: something could not be signalled or outlived SIGKILL.
         """
         with self._terminating:
             self.track_descendants()
-            if self.cgroup is not None:
-                self._terminate_cgroup(self.cgroup, grace)
-            # Asked before every signal: the exit may be seen during the grace period.
-            terminate_group(self.identity.pgid, grace, lambda: self._at_exit)
-            self._descendants.kill_all()
+            self._tree.kill_all()
             info = self.wait_exit(KILL_CONFIRM)
         if info is None:
             raise ProcessControlError(f"pid {self.identity.pid} did not exit after SIGKILL")
         return info
-
-    def _terminate_cgroup(self, cgroup: InstanceCgroup, grace: float) -> None:
-        """SIGTERM to the group and to every other member of the cgroup (as
-        systemd stops a unit), the grace to the whole cgroup, then kill it all."""
-        self.sigterm()
-        deadline = time.monotonic() + max(grace, 0.0)
-        while time.monotonic() < deadline and cgroup.server_members():
-            time.sleep(_SETTLE_POLL)
-        cgroup.kill()

@@ -29,6 +29,7 @@ import threading
 __all__ = [
     "KEPT_SPAWNS",
     "LOG_MODE",
+    "OUTPUT_LIMIT",
     "STDERR_LOG",
     "STDOUT_LOG",
     "LogReader",
@@ -40,6 +41,8 @@ __all__ = [
     "rotate",
 ]
 
+#: Bytes of each stream kept by default, in memory and on disk.
+OUTPUT_LIMIT = 1024 * 1024
 STDOUT_LOG = "server.stdout.log"
 STDERR_LOG = "server.stderr.log"
 PREVIOUS = ".earlier"  # suffix of the saved tail of a truncated log (this spawn's)

@@ -5,7 +5,7 @@ that leave its process group) and the resident memory of its process tree
 (for status). Asking psutil per instance scans ``/proc`` once per instance; a
 node with a thousand instances would scan it a thousand times a tick. The
 supervisor reads the table once per reconcile tick instead
-(:meth:`ProcessTable.read`) and hands the snapshot to every instance, which
+(:meth:`~.system.System.table`) and hands the snapshot to every instance, which
 answers both questions from it without touching the system. Status and list
 then report the memory seen at the last tick.
 """
@@ -15,13 +15,17 @@ from __future__ import annotations
 import contextlib
 from typing import NamedTuple
 
-import psutil
+__all__ = ["START_SLACK", "ProcessEntry", "ProcessTable", "same_start"]
 
-__all__ = ["ProcessEntry", "ProcessTable"]
+#: Seconds within which two start times name the same process: psutil derives
+#: them from clock ticks since boot plus ``/proc/stat``'s ``btime``, which is
+#: whole seconds and follows wall-clock steps.
+START_SLACK = 1.0
 
-# As pgroup.same_process: the same process when the start times agree within
-# this (seconds); psutil derives them from clock ticks since boot.
-_SAME_START_S = 1.0
+
+def same_start(seen: float | None, recorded: float) -> bool:
+    """Whether a start time read now is the recorded one (within :data:`START_SLACK`)."""
+    return seen is not None and abs(seen - recorded) <= START_SLACK
 
 
 class ProcessEntry(NamedTuple):
@@ -46,23 +50,10 @@ class ProcessTable:
         for pid, entry in entries.items():
             self._children.setdefault(entry.ppid, []).append(pid)
 
-    @classmethod
-    def read(cls) -> ProcessTable:
-        """Read every process's parent, start time and RSS (one pass over /proc)."""
-        entries: dict[int, ProcessEntry] = {}
-        for proc in psutil.process_iter(["ppid", "create_time", "memory_info", "status"]):
-            info = proc.info
-            memory = info.get("memory_info")
-            ppid, started = info.get("ppid"), info.get("create_time")
-            if ppid is None or started is None or info.get("status") == psutil.STATUS_ZOMBIE:
-                continue  # gone, not readable while we looked, or dead
-            entries[proc.pid] = ProcessEntry(ppid, started, memory.rss if memory else 0)
-        return cls(entries)
-
     def is_alive(self, pid: int, started: float) -> bool:
         """Whether ``pid`` is in the table with this start time (not a reused pid)."""
         entry = self.entries.get(pid)
-        return entry is not None and abs(entry.started - started) < _SAME_START_S
+        return entry is not None and same_start(entry.started, started)
 
     def descendants(self, pid: int) -> dict[int, float]:
         """Every live descendant of ``pid`` (not ``pid`` itself): pid -> start time."""
