@@ -138,8 +138,7 @@ class SupervisorActor(pykka.ThreadingActor):
             case m.WatchedBy(host=host):
                 self._host = host
             case m.Heard(controller=controller):
-                self._check_renewal()
-                self._decide_lease(rule.ControllerHeard(controller))
+                self._heard(controller)
             case m.IsSettled():
                 return True  # answered after the ticks before it were told (Node.settled)
             case m.ShuttingDown():
@@ -187,6 +186,11 @@ class SupervisorActor(pykka.ThreadingActor):
         if timer is None or timer.fired_at is None:
             return 0.0
         return timer.fired_at - timer.due
+
+    def _heard(self, controller: str) -> None:
+        """A controller other than this node was heard: the lease is renewed."""
+        self._check_renewal()
+        self._decide_lease(rule.ControllerHeard(controller))
 
     def _decide_lease(
         self, seen: rule.LeaseObservation, registered: pykka.ActorRef[Any] | None = None
