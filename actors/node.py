@@ -11,6 +11,10 @@ A refused verb raises and leaves state as it was; the chain is left as it was
 too, except for refusals the node records for the audit: a taken address (at
 placement or start), a memory budget that does not fit, and a launch that
 failed (recorded as an exit).
+
+This module holds the verbs, ``open`` and ``shutdown``; the node's actors are
+started and stopped in :mod:`.node_boot`, and the read views (status, list,
+ledger, append health) are :class:`~.node_views.NodeViews`, its base.
 """
 
 from __future__ import annotations
