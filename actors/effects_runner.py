@@ -33,6 +33,7 @@ from infervisor.adapters.status import LoadKind
 from infervisor.replay.state import Stamp
 
 from .clock import RealClock, Timer
+from .core import admission
 from .core import effects as fx
 from .core import observations as o
 from .core.common import remaining_s
@@ -94,46 +95,35 @@ class EffectRunner:
 
     # ------------------------------------------------------------------ starts
     def check_start(self, e: fx.CheckStart) -> o.Observation:
-        """The address, then the weights (blocking this instance only while a
-        changed model is hashed), then the memory; the first refusal wins. An
-        Ollama model's memory is the size Ollama reports (``/api/tags``), else
-        the registry's, plus the node's overhead."""
+        """Run the checks the core names (:func:`~.core.admission.next_start_check`:
+        the address, then the weights, blocking this instance only while a changed
+        model is hashed, then the memory) until one refuses."""
+        found: dict[admission.StartCheck, str | None] = {}
+        reserved = 0
+        while (check := admission.next_start_check(e, found)) is not None:
+            if check is admission.StartCheck.MEMORY:
+                found[check], reserved = self._reserve_memory()
+            else:
+                found[check] = self._start_check(check)
+        return admission.start_checked(e, found, reserved)
+
+    def _start_check(self, check: admission.StartCheck) -> str | None:
+        """The address taken (``host:port``), or why the weights must not be launched."""
         adapter = self.actor.adapter
-        if e.weights_only:
-            registry = ModelRegistry(self.actor.ctx.settings.registry_path)
-            return o.StartChecked(
-                by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb,
-                model_refusal=verify_weights(adapter, registry), precheck=True,
-            )  # fmt: skip
-        taken = adapter.address_taken()
-        if taken is not None:
-            return o.StartChecked(
-                by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb, taken=taken
-            )
-        registry = ModelRegistry(self.actor.ctx.settings.registry_path)
-        model_refusal = verify_weights(adapter, registry)
-        if model_refusal is not None:
-            return o.StartChecked(
-                by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb,
-                model_refusal=model_refusal,
-            )  # fmt: skip
-        size = adapter.model_bytes
-        if isinstance(adapter, OllamaServer):
-            size = adapter.reported_size() or size  # /api/tags, else the registry's size
+        if check is admission.StartCheck.ADDRESS:
+            return adapter.address_taken()
+        return verify_weights(adapter, ModelRegistry(self.actor.ctx.settings.registry_path))
+
+    def _reserve_memory(self) -> tuple[str | None, int]:
+        """Reserve the model's memory: (why it does not fit, or None; the bytes held).
+        An Ollama model's size is the one Ollama reports, else the registry's."""
+        adapter = self.actor.adapter
+        reported = adapter.reported_size() if isinstance(adapter, OllamaServer) else None
         try:
-            reserved = self.actor.memory.reserve(size)
+            size = admission.start_memory_bytes(adapter.model_bytes, reported)
+            return None, self.actor.memory.reserve(size)
         except BudgetExceeded as err:
-            return o.StartChecked(
-                by=e.by,
-                reset_budget=e.reset_budget,
-                attempt=e.attempt,
-                verb=e.verb,
-                memory_refusal=str(err),
-            )
-        return o.StartChecked(
-            by=e.by, reset_budget=e.reset_budget, attempt=e.attempt, verb=e.verb,
-            reserved_bytes=reserved,
-        )  # fmt: skip
+            return str(err), 0
 
     def check_answers(self, e: fx.CheckAnswers) -> o.Observation:
         adapter = self.actor.adapter
@@ -150,11 +140,10 @@ class EffectRunner:
         assert isinstance(adapter, LaunchedServer)
         limit = adapter.spec.memory_max_bytes
         cgroup = self.actor.ctx.containment.cgroup(self.actor.iid, limit)
-        if limit is not None and (cgroup is None or cgroup.memory is None):
-            why = f"no memory cgroup to enforce memory_max_bytes {limit} on this node"
-            return o.SpawnFailed(
-                token=e.token, reason=f"cannot start {adapter.plan.program}: {why}"
-            )
+        enforceable = cgroup is not None and cgroup.memory is not None
+        refusal = admission.spawn_limit_refusal(limit, adapter.plan.program, enforceable)
+        if refusal is not None:
+            return o.SpawnFailed(token=e.token, reason=refusal)
         try:
             proc = adapter.spawn(self.on_exit, e.token, cgroup)
         except SpawnError as err:

@@ -76,6 +76,7 @@ from infervisor.replay import (
 from . import host_work as work
 from . import messages as m
 from .context import InstanceContext
+from .core import admission
 from .errors import InvalidState, UnknownInstance
 from .host_work import ASK_TIMEOUT_S, Placement, PlacementOutcome, Rebuilt
 from .instance import InstanceActor
@@ -242,13 +243,9 @@ class HostActor(pykka.ThreadingActor):
         """
         spec = msg.spec
         spec.validate()
-        known = sorted({*DEFAULT_KINDS, *self.ctx.settings.kinds})
-        if spec.kind not in known:  # the judge of an unknown kind would be "process"
-            raise SpecError(
-                f"kind {spec.kind!r} is not a kind of this node: one of {', '.join(known)} "
-                f"(or define it in [node.kinds.{spec.kind}])",
-                field="kind",
-            )
+        unknown = admission.kind_refusal(spec.kind, {*DEFAULT_KINDS, *self.ctx.settings.kinds})
+        if unknown is not None:  # the judge of an unknown kind would be "process"
+            raise SpecError(unknown, field="kind")
         try:
             self.ctx.settings.supervision(spec.kind, spec.restart)
         except ValueError as e:
@@ -262,34 +259,21 @@ class HostActor(pykka.ThreadingActor):
         return iid, answer
 
     def _refuse_busy(self, iid: str) -> None:
-        if self._booting:
-            raise InvalidState("the node is still rebuilding its instances from the chain")
-        if iid in self._unbuilt:
-            raise InvalidState(
-                f"{iid} is placed but cannot be started ({self._unbuilt[iid]}); nothing "
-                "recorded: fix that and start it (then place it again), or unload it"
-            )
-        if iid in self._unloading:
-            raise InvalidState(f"{iid} is being unloaded; place it again once that is answered")
-        if iid in self._placing:
-            raise InvalidState(
-                f"a placement of {iid} is already in progress; this one is refused "
-                "(nothing recorded): place it again once that one is answered"
-            )
+        busy = admission.placement_busy(
+            iid,
+            booting=self._booting,
+            unbuilt=self._unbuilt.get(iid),
+            unloading=iid in self._unloading,
+            placing=iid in self._placing,
+        )
+        if busy is not None:
+            raise InvalidState(busy)
 
     def _refuse_shared_address(self, spec: InstanceSpec) -> None:
-        """The one-address rule binds adapters that bind their port (managed
-        llama.cpp, mlx-lm); Ollama instances share Ollama's (``address_conflict``)."""
-        from infervisor.adapters.managed_ollama import address_conflict  # noqa: PLC0415
-
         placing = ((iid, p.spec) for iid, p in self._placing.items())
-        for other_id, other in [*self._specs.items(), *placing]:
-            why = address_conflict(spec, other)
-            if why is not None:
-                raise AddressTaken(
-                    f"{spec.bind_host}:{spec.port} is already used by another instance "
-                    f"({other_id}): {why}"
-                )
+        taken = admission.shared_address(spec, [*self._specs.items(), *placing])
+        if taken is not None:
+            raise AddressTaken(taken)
 
     def _admitted(self, iid: str, job: Future[tuple[InstanceState, ServerAdapter]]) -> None:
         pending = self._placing.pop(iid)

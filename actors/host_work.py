@@ -18,7 +18,7 @@ import msgspec
 import pykka
 
 from infervisor.adapters import planning
-from infervisor.adapters.errors import AddressTaken, AdmissionRefused, ProgramMissing
+from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
@@ -30,6 +30,7 @@ from infervisor.replay import events as ev
 from . import messages as m
 from .append import Entry
 from .context import InstanceContext
+from .core import admission as admission_rules
 from .errors import InvalidState
 from .stand_in import record_unbuilt
 
@@ -68,14 +69,13 @@ def admit_and_record(
     spec = msg.spec
     try:
         adapter, _ = _plan(ctx, registry, spec, iid)
-    except (AddressTaken, ProgramMissing) as e:
-        # The node's own condition, not the caller's mistake: recorded for the audit.
-        refused = ev.AdmissionRefused(reason=str(e), spec=msgspec.to_builtins(spec))
-        append(ctx, iid, refused, msg.source)
+    except Exception as e:
+        refused = admission_rules.placement_event(spec, msg.placed_by, msg.generation, e)
+        if refused is not None:
+            append(ctx, iid, refused, msg.source)
         raise
-    event = ev.Placed(
-        spec=msgspec.to_builtins(spec), placed_by=msg.placed_by, generation=msg.generation
-    )
+    event = admission_rules.placement_event(spec, msg.placed_by, msg.generation, None)
+    assert isinstance(event, ev.Placed)
     try:
         stored = append(ctx, iid, event, msg.source)
     except BaseException:
@@ -115,13 +115,8 @@ def admit_many_and_record(
     entries: list[Entry] = []
     events: list[ev.Event | None] = []
     for (iid, msg), planned in zip(batch, plans, strict=True):
-        event: ev.Event | None = None
-        if isinstance(planned, AddressTaken | ProgramMissing):
-            # The node's own condition, not the caller's mistake: recorded for the audit.
-            event = ev.AdmissionRefused(reason=str(planned), spec=msgspec.to_builtins(msg.spec))
-        elif not isinstance(planned, Exception):
-            spec = msgspec.to_builtins(msg.spec)
-            event = ev.Placed(spec=spec, placed_by=msg.placed_by, generation=msg.generation)
+        refused = planned if isinstance(planned, Exception) else None
+        event = admission_rules.placement_event(msg.spec, msg.placed_by, msg.generation, refused)
         events.append(event)
         if event is not None:
             entries.append(Entry(event, msg.source, iid))
@@ -164,12 +159,12 @@ def _plan(
     ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec, iid: str
 ) -> tuple[ServerAdapter, Admission]:
     settings = ctx.settings
-    if spec.memory_max_bytes is not None and ctx.containment.memory is None:
-        raise AdmissionRefused(
-            f"memory_max_bytes {spec.memory_max_bytes}: this node has no memory cgroup to "
-            f"enforce it ({ctx.containment.mode}: {ctx.containment.reason}); place it "
-            "without a limit, or on a node with cgroups (docs/process-supervision.md)"
-        )
+    containment = ctx.containment
+    refusal = admission_rules.placement_limit_refusal(
+        spec.memory_max_bytes, containment.memory is not None, containment.mode, containment.reason
+    )
+    if refusal is not None:
+        raise AdmissionRefused(refusal)
     adapters = settings.adapter_settings()
     return planning.plan(spec, iid, registry, adapters, settings.adapters, prober=ctx.engine)
 

@@ -18,6 +18,8 @@ import pykka
 
 from infervisor.adapters.errors import AdmissionRefused
 
+from .core.admission import fit_memory
+
 __all__ = [
     "BudgetExceeded",
     "LedgerActor",
@@ -87,17 +89,11 @@ class LedgerActor(pykka.ThreadingActor):
         raise TypeError(f"LedgerActor does not take {type(message).__name__}")
 
     def _reserve(self, iid: str, size: int) -> int:
-        if iid in self.held:
-            return self.held[iid]  # already holds its memory (a retried start)
-        needed = size + self.overhead
-        in_use = sum(self.held.values())
-        if in_use + needed > self.budget:
-            raise BudgetExceeded(
-                f"memory budget {self.budget} bytes, {in_use} in use, {needed} needed "
-                f"({size} model + {self.overhead} overhead): does not fit"
-            )
-        self.held[iid] = needed
-        return needed
+        fit = fit_memory(self.budget, self.overhead, self.held, iid, size)
+        if fit.refusal is not None:
+            raise BudgetExceeded(fit.refusal)
+        self.held[iid] = fit.held_bytes
+        return fit.held_bytes
 
 
 def reserve(ledger: pykka.ActorRef[Any], instance_id: str, model_bytes: int) -> int:

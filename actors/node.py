@@ -11,6 +11,10 @@ A refused verb raises and leaves state as it was; the chain is left as it was
 too, except for refusals the node records for the audit: a taken address (at
 placement or start), a memory budget that does not fit, and a launch that
 failed (recorded as an exit).
+
+This module holds the verbs, ``open`` and ``shutdown``; the node's actors are
+started and stopped in :mod:`.node_boot`, and the read views (status, list,
+ledger, append health) are :class:`~.node_views.NodeViews`, its base.
 """
 
 from __future__ import annotations
@@ -19,19 +23,16 @@ import builtins
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pykka
 
 from infervisor.adapters.capabilities import Capability, probe_capabilities
-from infervisor.adapters.prober import HttpProber, Prober
-from infervisor.adapters.proc.containment import Containment, detect, no_containment
+from infervisor.adapters.prober import Prober
 from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.proc.identity import boot_id
 from infervisor.adapters.registry import ModelRegistry
@@ -39,36 +40,29 @@ from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec, valid_token
 from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.chain.boot import check_node_chain
-from infervisor.chain.errors import ChainTampered
-from infervisor.replay import NodeState, fold
 from infervisor.replay import events as ev
 from infervisor.replay.policy import check_duration
-from infervisor.replay.queries import read_chain
-from infervisor.replay.state import LeaseRecord
 
 from . import messages as m
-from .append import WriterAppend
-from .append_health import AppendHealth, AppendStatus
-from .chain_writer import ChainWriter, CommitLatency, LatencySnapshot
 from .clock import Clock, RealClock
-from .context import InstanceContext
 from .errors import BadArgument, InvalidState, VerbTimeout
-from .host import HostActor
 from .host_work import Placement, PlacementOutcome
-from .ledger import LedgerActor, LedgerView, snapshot
-from .routes import Routes
+from .node_boot import (
+    ASK_TIMEOUT_S,
+    NodeActors,
+    append_node_event,
+    end_unknown,
+    rebuild_verified,
+    start_actors,
+    stop_actors,
+)
+from .node_views import NodeViews
 from .settings import NodeSettings
-from .supervisor import SupervisorActor
-from .watchdog import NodeFailure, Watchdog, stall_after
 
-__all__ = ["Node", "NodeActors", "Placement", "PlacementOutcome"]
+__all__ = ["Node", "Placement", "PlacementOutcome"]
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
-#: Health probes of all instances share these threads (one per instance cost twice
-#: the CPU per probe at 300 instances: bench/supervision_cost.py).
-PROBE_WORKERS = 8
-ASK_TIMEOUT_S = 60.0
 #: How long ``place`` and ``admit`` wait for admission, seconds (a model's first
 #: admission reads all of its weights to check their digest).
 PLACE_WAIT_S = 300.0
@@ -79,28 +73,7 @@ UNLOAD_WAIT_S = 60.0
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class NodeActors:
-    """The node-wide actors (the ledger only when the node has a memory budget)
-    and the routes the host publishes."""
-
-    writer: pykka.ActorRef[Any]
-    supervisor: pykka.ActorRef[Any]
-    host: pykka.ActorRef[Any]
-    ledger: pykka.ActorRef[Any] | None = None
-    probes: ThreadPoolExecutor | None = None
-    routes: Routes = field(default_factory=Routes)
-    watchdog: Watchdog | None = None
-    engine: Prober | None = None
-    #: The chain writer's commit latency histogram (shared with it by reference).
-    commit_latency: CommitLatency | None = None
-    #: Whether the chain takes appends (the writer reports, anyone reads).
-    append_health: AppendHealth | None = None
-    #: How this node contains its managed servers (cgroups or process groups).
-    containment: Containment = field(default_factory=no_containment)
-
-
-class Node:
+class Node(NodeViews):
     """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``).
 
     Every verb naming an instance raises ``UnknownInstance`` when there is no
@@ -160,19 +133,19 @@ class Node:
         # Refuses a tampered chain: against the last signed checkpoint (reading only
         # what came after it), then every event verified as the replay reads it.
         check_node_chain(settings.chain_path, settings.node_id)
-        state = _rebuild_verified(settings.chain_path)
-        actors = _start_actors(settings, clock, on_event, state.lease, prober)
+        state = rebuild_verified(settings.chain_path)
+        actors = start_actors(settings, clock, on_event, state.lease, prober)
         try:
             event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
-            _append(actors.writer, clock, event)
+            append_node_event(actors.writer, clock, event)
             booted: Future[list[str]] = actors.host.ask(
                 m.BootAll(state=state), block=True, timeout=ASK_TIMEOUT_S
             )
             booted.result()
         except BaseException:
-            _stop_actors(actors)
+            stop_actors(actors)
             raise
-        _end_unknown(actors, clock, set(state.instances))
+        end_unknown(actors, clock, set(state.instances))
         return cls(settings, clock, actors)
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -182,7 +155,7 @@ class Node:
         try:
             self._stop_and_record(stop_servers, reason)
         finally:
-            _stop_actors(self._actors)
+            stop_actors(self._actors)
 
     def _stop_and_record(self, stop_servers: bool, reason: str) -> None:
         with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
@@ -195,24 +168,7 @@ class Node:
                 except (VerbTimeout, AdapterError) as e:
                     # Recorded as stopping; the shutdown itself must still complete.
                     log.error("shutdown: a server did not stop cleanly: %s", e)  # noqa: TRY400
-        _append(self._writer, self.clock, ev.NodeStopped(reason=reason))
-
-    @property
-    def containment(self) -> Containment:
-        """How this node contains its managed servers: ``mode`` and ``reason``."""
-        return self._actors.containment
-
-    @property
-    def failure(self) -> NodeFailure | None:
-        """Why the node stopped working (a node-wide actor died, or the supervisor's
-        ticks stopped), or None while it works. A failed node stays failed."""
-        return None if self._actors.watchdog is None else self._actors.watchdog.failure
-
-    def wait_failed(self, timeout_s: float | None = None) -> NodeFailure | None:
-        """Block until the node fails (its failure) or ``timeout_s`` seconds pass (None)."""
-        if self._actors.watchdog is None:
-            return None
-        return self._actors.watchdog.wait_failed(timeout_s)
+        append_node_event(self._writer, self.clock, ev.NodeStopped(reason=reason))
 
     def __enter__(self) -> Node:
         return self
@@ -376,10 +332,6 @@ class Node:
         """Adapter ids whose capability probe passed (empty before the first probe)."""
         return [c.adapter_id for c in self._capabilities if c.ok]
 
-    def ledger(self) -> LedgerView | None:
-        """The memory budget and each instance's reservation (None without a budget)."""
-        return snapshot(self._ledger) if self._ledger is not None else None
-
     def start(self, instance_id: str, *, by: str = "operator") -> m.InstanceView:
         """Start the server; an operator start resets the restart budget.
 
@@ -460,240 +412,6 @@ class Node:
         answer: Future[None] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         wait = self.settings.stop_grace_s + UNLOAD_WAIT_S
         _answer(answer, wait, f"the unload of {instance_id}")
-
-    def status(self, instance_id: str) -> m.InstanceView:
-        """The instance's view (never waits for a probe, nor for the host).
-
-        Raises:
-            UnknownInstance, InvalidState: no such instance, or it is being unloaded.
-        """
-        view: m.InstanceView = self._ask(self._ref(instance_id), m.GetStatus())
-        return view
-
-    def list(self) -> builtins.list[m.InstanceView]:
-        """Every routed instance's view, ordered by id (asked of all at once).
-
-        Instances being unloaded are not listed, nor one whose actor ended
-        between the snapshot of the routes and its answer (unloaded meanwhile).
-        """
-        refs = self._routes.current.refs
-        asked = [(iid, refs[iid].ask(m.GetStatus(), block=False)) for iid in sorted(refs)]
-        views = []
-        for _, reply in asked:
-            try:
-                views.append(reply.get(timeout=ASK_TIMEOUT_S))
-            except pykka.ActorDeadError:
-                continue
-        return views
-
-    def wait_for(
-        self,
-        instance_id: str,
-        predicate: Callable[[m.InstanceView], bool],
-        timeout_s: float,
-        *,
-        poll_s: float = 0.05,
-    ) -> m.InstanceView:
-        """Poll ``status`` until ``predicate`` holds (real time, ``timeout_s`` seconds).
-
-        Raises:
-            VerbTimeout: naming the last state seen.
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            view = self.status(instance_id)
-            if predicate(view):
-                return view
-            if time.monotonic() >= deadline:
-                raise VerbTimeout(
-                    f"{instance_id}: condition not met in {timeout_s:g} s "
-                    f"(now {view.lifecycle}: {view.reason})"
-                )
-            time.sleep(poll_s)
-
-    def settled(self, instance_id: str) -> bool:
-        """True when no probe or termination of the instance is in flight.
-
-        Raises:
-            UnknownInstance, InvalidState: no such instance, or it is being unloaded.
-        """
-        ref = self._ref(instance_id)
-        # The supervisor first: once it answers, every tick it handled before has been
-        # told to the instance, whose mailbox then holds it ahead of this question.
-        self._supervisor.ask(m.IsSettled(), timeout=ASK_TIMEOUT_S)
-        answer: bool = self._ask(ref, m.IsSettled())
-        return answer
-
-    def rebuild(self) -> NodeState:
-        """The node state replayed from the chain file alone."""
-        return _rebuild(self.settings.chain_path)
-
-    def live_states(self) -> dict[str, Any]:
-        """Each routed instance actor's sourced state (for comparing with :meth:`rebuild`)."""
-        refs = self._routes.current.refs
-        return {iid: ref.proxy().state.get(timeout=ASK_TIMEOUT_S) for iid, ref in refs.items()}
-
-    # ------------------------------------------------------------------ metrics
-    def append_latency(self) -> LatencySnapshot:
-        """The chain writer's group-commit latency histogram, read now without
-        asking the writer: (bucket upper bounds in seconds, cumulative count at
-        or below each bound, count of transactions, their total in seconds).
-
-        Each observation is one transaction, from ``BEGIN`` to ``COMMIT`` done.
-        All zeros when the node was started without the histogram.
-        """
-        latency = self._actors.commit_latency
-        if latency is None:
-            return CommitLatency().snapshot()
-        return latency.snapshot()
-
-    def append_status(self) -> AppendStatus:
-        """Whether the chain takes appends now, read without asking the writer
-        (which may be waiting on another process's write lock): ``writable``,
-        the last ``error``, ``since_ns`` (when the refusals began, ns since the
-        epoch, UTC) and the count of failed append transactions. While the
-        chain refuses writes, instances keep their observations waiting (in
-        order) and refuse verbs with ``RecordFailed``.
-        """
-        health = self._actors.append_health
-        return AppendStatus(True, None, None, 0) if health is None else health.snapshot()
-
-    # ------------------------------------------------------------------ plumbing
-    def _ref(self, instance_id: str) -> pykka.ActorRef[Any]:
-        """The instance's actor, from the routes the host published (never asks it)."""
-        return self._routes.current.lookup(instance_id)
-
-    def _refs(self) -> builtins.list[pykka.ActorRef[Any]]:
-        return list(self._routes.current.refs.values())
-
-    @staticmethod
-    def _ask(ref: pykka.ActorRef[Any], msg: Any) -> Any:
-        return ref.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
-
-
-def _start_actors(
-    settings: NodeSettings,
-    clock: Clock,
-    on_event: Callable[[StoredEvent], None] | None,
-    lease: LeaseRecord | None = None,
-    prober: Prober | None = None,
-) -> NodeActors:
-    commit_latency = CommitLatency()
-    append_health = AppendHealth()
-    writer = ChainWriter.start(
-        settings.chain_path,
-        settings.node_id,
-        on_event,
-        checkpoint_every_events=settings.checkpoint_every_events,
-        checkpoint_every_s=settings.checkpoint_every_s,
-        latency=commit_latency,
-        health=append_health,
-    )
-    ledger = None
-    if settings.memory_budget_bytes is not None:
-        ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
-    probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
-    engine = prober or HttpProber()
-    relay = _GoneRelay()
-    containment = detect(settings.containment, settings.node_id, settings.data_dir)
-    log.info("containment: %s (%s)", containment.mode, containment.reason)
-    ctx = InstanceContext(
-        settings.node_id, WriterAppend(writer, clock), clock, settings, ledger, probes, engine,
-        gone=relay.tell,
-        containment=containment,
-    )  # fmt: skip
-    watchdog = Watchdog(clock, stall_after(settings.tick_s))
-    clock.on_error = watchdog.clock_error
-    supervisor = SupervisorActor.start(
-        clock,
-        settings.tick_s,
-        settings.reconcile_interval_s,
-        settings.lease_s,
-        writer=writer,
-        lease=lease,
-        watchdog=watchdog,
-    )
-    routes = Routes()
-    host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor, routes)
-    relay.host = host
-    supervisor.tell(m.WatchedBy(host=host))
-    watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
-    return NodeActors(
-        writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
-        append_health, containment,
-    )  # fmt: skip
-
-
-class _GoneRelay:
-    """Tells the host an instance unloaded itself (the host starts after the
-    context its instances share, so the context holds this, not the host)."""
-
-    def __init__(self) -> None:
-        self.host: pykka.ActorRef[Any] | None = None
-
-    def tell(self, iid: str) -> None:
-        if self.host is not None:
-            with contextlib.suppress(pykka.ActorDeadError):
-                self.host.tell(m.InstanceGone(instance_id=iid))
-
-
-def _end_unknown(actors: NodeActors, clock: Clock, known: set[str]) -> None:
-    """Kill and remove the cgroups of instances the chain does not have (one
-    unloaded while its last node died, say): nothing runs unrecorded. What is
-    killed is recorded first (``node.strays_ended``: the chain has no instance
-    to record it on); an empty cgroup is only removed."""
-    for iid in actors.containment.instances():
-        cgroup = actors.containment.cgroup(iid)
-        if iid in known or cgroup is None:
-            continue
-        if left := sorted(cgroup.members()):
-            found = ev.NodeStraysEnded(instance_id=iid, pids=left, cgroup=cgroup.tree)
-            _append(actors.writer, clock, found)
-        try:
-            cgroup.kill(everything=True)
-        except AdapterError as e:
-            log.error("the cgroup of unknown instance %s could not be emptied: %s", iid, e)  # noqa: TRY400
-            continue
-        cgroup.remove()
-
-
-def _stop_actors(actors: NodeActors) -> None:
-    """Stop in dependency order: the watchdog and ticks first, the writer last."""
-    if actors.watchdog is not None:
-        actors.watchdog.stop()
-    actors.supervisor.stop()
-    actors.host.stop()
-    if actors.ledger is not None:
-        actors.ledger.stop()
-    actors.writer.stop()
-    actors.containment.remove_empty()  # the cgroups of servers that ended
-    if actors.probes is not None:
-        actors.probes.shutdown(wait=False, cancel_futures=True)
-    if actors.engine is not None:
-        actors.engine.close()
-
-
-def _rebuild_verified(path: Path) -> NodeState:
-    """The node state replayed from the chain, each event verified in the same pass.
-
-    Raises:
-        ChainTampered: an event that does not verify (a payload altered in place
-            below the last checkpoint, which the checkpoint check does not read).
-    """
-    read = read_chain(path)
-    problem = read.report.problem
-    if problem is not None:
-        raise ChainTampered(str(path), problem.seq, problem.reason, problem.detail)
-    return read.state
-
-
-def _rebuild(path: Path) -> NodeState:
-    with SqliteChain.open_readonly(path) as chain:
-        return fold(chain.node_id, chain.events())
-
-
-def _append(writer: pykka.ActorRef[Any], clock: Clock, event: ev.Event) -> None:
-    WriterAppend(writer, clock).append([event], source="node")
 
 
 def _wait(fut: Future[m.InstanceView], timeout: float) -> m.InstanceView:

@@ -61,7 +61,8 @@ from infervisor.actors.boot_facts import owned_beyond
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.errors import RecordFailed
 from infervisor.actors.kinds import KindSettings
-from infervisor.actors.node import Node, _stop_actors
+from infervisor.actors.node import Node
+from infervisor.actors.node_boot import stop_actors
 from infervisor.adapters.ports import free_port, listener_snapshot, port_in_use, wide_listeners
 from infervisor.chain import SqliteChain, verify_chain
 from infervisor.replay import RestartPolicy
@@ -75,7 +76,7 @@ pytestmark = CRASH_LEAVES_SOCKETS
 
 def crash(node: Node) -> None:
     """End the node's actors as a SIGKILL would: servers keep running, nothing recorded."""
-    _stop_actors(node._actors)
+    stop_actors(node._actors)
 
 
 def reopen(nodes: NodeFactory, node: Node, clock: ManualClock, iid: str, port: int) -> Rig:

@@ -19,8 +19,9 @@ from support import wait_until
 
 from infervisor.actors import messages as m
 from infervisor.actors.clock import ManualClock
+from infervisor.actors.core import lease as rule
+from infervisor.actors.core.lease import RENEW_FRACTION
 from infervisor.actors.node import Node
-from infervisor.actors.supervisor import RENEW_FRACTION, LeaseKeeper
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import SqliteChain
@@ -55,8 +56,34 @@ def stamp(mono_s: float, boot: str = "b1", wall_s: float = 1_000.0) -> Stamp:
     return Stamp(wall_ns=int(wall_s * 1e9), mono_s=mono_s, boot_id=boot)
 
 
+class Keeper:
+    """The core's lease rules fed one observation at a time, as the supervisor does."""
+
+    def __init__(self, now: Stamp, since: LeaseRecord | None) -> None:
+        policy = rule.LeasePolicy(lease_s=LEASE_S, pause_after_s=3.0)
+        self.lease = rule.lease_at_boot(policy, now, since)
+
+    def feed(self, seen: rule.LeaseObservation, now_s: float) -> rule.LeaseDecision:
+        decision = rule.decide_lease(self.lease, seen, stamp(now_s))
+        self.lease = decision.lease
+        return decision
+
+    def expired(self, now_s: float) -> float | None:
+        lapsed = self.feed(rule.HealthTickFired(late_s=0.0), now_s).lapsed
+        return None if lapsed is None else lapsed.silent_s
+
+    def silence(self, now_s: float) -> float | None:
+        return rule.silence_s(self.lease, now_s)
+
+    def heard(self, now_s: float) -> bool:
+        return bool(self.feed(rule.ControllerHeard("ctl"), now_s).events)
+
+    def not_recorded(self) -> None:
+        self.feed(rule.RenewalFailed(), 0.0)
+
+
 def test_keeper_runs_the_lease_from_the_recorded_renewal() -> None:
-    keeper = LeaseKeeper(LEASE_S, stamp(100.0), LeaseRecord(controller="ctl", at=stamp(95.0)))
+    keeper = Keeper(stamp(100.0), LeaseRecord(controller="ctl", at=stamp(95.0)))
     assert keeper.expired(104.9) is None
     assert keeper.expired(105.5) == pytest.approx(10.5)
     assert keeper.expired(106.0) is None  # told once
@@ -65,12 +92,12 @@ def test_keeper_runs_the_lease_from_the_recorded_renewal() -> None:
 
 def test_keeper_across_boots_uses_wall_time() -> None:
     since = LeaseRecord(controller="ctl", at=stamp(5_000.0, boot="old", wall_s=1_000.0))
-    keeper = LeaseKeeper(LEASE_S, stamp(3.0, boot="new", wall_s=1_030.0), since)
+    keeper = Keeper(stamp(3.0, boot="new", wall_s=1_030.0), since)
     assert keeper.silence(3.0) == pytest.approx(30.0)
 
 
 def test_keeper_without_a_record_runs_from_boot_and_records_the_first() -> None:
-    keeper = LeaseKeeper(LEASE_S, stamp(50.0), None)
+    keeper = Keeper(stamp(50.0), None)
     assert keeper.silence(60.0) is None
     assert keeper.heard(60.0)
     assert not keeper.heard(60.0 + LEASE_S * RENEW_FRACTION - 0.1)

@@ -59,7 +59,8 @@ from support import (
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.errors import InvalidState, VerbRefused
 from infervisor.actors.kinds import KindSettings
-from infervisor.actors.node import Node, _stop_actors
+from infervisor.actors.node import Node
+from infervisor.actors.node_boot import stop_actors
 from infervisor.actors.settings import NodeSettings
 from infervisor.adapters import ollama
 from infervisor.adapters.errors import AdmissionRefused
@@ -457,7 +458,7 @@ class NodeCrashAnywhere(RuleBasedStateMachine):
     @rule()
     def crash_and_reopen(self) -> None:
         before = {iid: s.restarts for iid, s in self.node.live_states().items()}
-        _stop_actors(self.node._actors)
+        stop_actors(self.node._actors)
         self.old_nodes.append(self.node)
         self.node = Node.open(self.settings, self.clock)
         for iid in self.iids.values():

@@ -1,0 +1,211 @@
+"""The node's actors: how they are started, the chain replayed and checked for
+them, instances the chain does not have ended, and how they are stopped.
+
+:class:`~.node.Node` opens and shuts down through these; nothing here takes a
+verb.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from infervisor.adapters.prober import HttpProber, Prober
+from infervisor.adapters.proc.containment import Containment, detect, no_containment
+from infervisor.adapters.proc.errors import AdapterError
+from infervisor.adapters.registry import ModelRegistry
+from infervisor.chain import SqliteChain, StoredEvent
+from infervisor.chain.errors import ChainTampered
+from infervisor.replay import NodeState, fold
+from infervisor.replay import events as ev
+from infervisor.replay.queries import read_chain
+from infervisor.replay.state import LeaseRecord
+
+from . import messages as m
+from .append import WriterAppend
+from .append_health import AppendHealth
+from .chain_writer import ChainWriter, CommitLatency
+from .clock import Clock
+from .context import InstanceContext
+from .host import HostActor
+from .ledger import LedgerActor
+from .routes import Routes
+from .settings import NodeSettings
+from .supervisor import SupervisorActor
+from .watchdog import Watchdog, stall_after
+
+__all__ = [
+    "ASK_TIMEOUT_S",
+    "NodeActors",
+    "append_node_event",
+    "end_unknown",
+    "rebuild",
+    "rebuild_verified",
+    "start_actors",
+    "stop_actors",
+]
+
+log = logging.getLogger(__name__)
+#: Health probes of all instances share these threads (one per instance cost twice
+#: the CPU per probe at 300 instances: bench/supervision_cost.py).
+PROBE_WORKERS = 8
+#: The longest the node waits for one answer of one of its actors, seconds.
+ASK_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class NodeActors:
+    """The node-wide actors (the ledger only when the node has a memory budget)
+    and the routes the host publishes."""
+
+    writer: pykka.ActorRef[Any]
+    supervisor: pykka.ActorRef[Any]
+    host: pykka.ActorRef[Any]
+    ledger: pykka.ActorRef[Any] | None = None
+    probes: ThreadPoolExecutor | None = None
+    routes: Routes = field(default_factory=Routes)
+    watchdog: Watchdog | None = None
+    engine: Prober | None = None
+    #: The chain writer's commit latency histogram (shared with it by reference).
+    commit_latency: CommitLatency | None = None
+    #: Whether the chain takes appends (the writer reports, anyone reads).
+    append_health: AppendHealth | None = None
+    #: How this node contains its managed servers (cgroups or process groups).
+    containment: Containment = field(default_factory=no_containment)
+
+
+def start_actors(
+    settings: NodeSettings,
+    clock: Clock,
+    on_event: Callable[[StoredEvent], None] | None,
+    lease: LeaseRecord | None = None,
+    prober: Prober | None = None,
+) -> NodeActors:
+    """Start the node-wide actors on ``settings``: the chain writer, the ledger (with
+    a memory budget), the supervisor (``lease``: the chain's last renewal), the host,
+    the watchdog over them, and the probe threads; the containment detected."""
+    commit_latency = CommitLatency()
+    append_health = AppendHealth()
+    writer = ChainWriter.start(
+        settings.chain_path,
+        settings.node_id,
+        on_event,
+        checkpoint_every_events=settings.checkpoint_every_events,
+        checkpoint_every_s=settings.checkpoint_every_s,
+        latency=commit_latency,
+        health=append_health,
+    )
+    ledger = None
+    if settings.memory_budget_bytes is not None:
+        ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
+    probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
+    engine = prober or HttpProber()
+    relay = _GoneRelay()
+    containment = detect(settings.containment, settings.node_id, settings.data_dir)
+    log.info("containment: %s (%s)", containment.mode, containment.reason)
+    ctx = InstanceContext(
+        settings.node_id, WriterAppend(writer, clock), clock, settings, ledger, probes, engine,
+        gone=relay.tell, containment=containment,
+    )  # fmt: skip
+    watchdog = Watchdog(clock, stall_after(settings.tick_s))
+    clock.on_error = watchdog.clock_error
+    supervisor = SupervisorActor.start(
+        clock,
+        settings.tick_s,
+        settings.reconcile_interval_s,
+        settings.lease_s,
+        writer=writer,
+        lease=lease,
+        watchdog=watchdog,
+    )
+    routes = Routes()
+    host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor, routes)
+    relay.host = host
+    supervisor.tell(m.WatchedBy(host=host))
+    watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
+    return NodeActors(
+        writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
+        append_health, containment,
+    )  # fmt: skip
+
+
+class _GoneRelay:
+    """Tells the host an instance unloaded itself (the host starts after the
+    context its instances share, so the context holds this, not the host)."""
+
+    def __init__(self) -> None:
+        self.host: pykka.ActorRef[Any] | None = None
+
+    def tell(self, iid: str) -> None:
+        if self.host is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self.host.tell(m.InstanceGone(instance_id=iid))
+
+
+def end_unknown(actors: NodeActors, clock: Clock, known: set[str]) -> None:
+    """Kill and remove the cgroups of instances the chain does not have (one
+    unloaded while its last node died, say): nothing runs unrecorded. What is
+    killed is recorded first (``node.strays_ended``: the chain has no instance
+    to record it on); an empty cgroup is only removed."""
+    for iid in actors.containment.instances():
+        cgroup = actors.containment.cgroup(iid)
+        if iid in known or cgroup is None:
+            continue
+        if left := sorted(cgroup.members()):
+            found = ev.NodeStraysEnded(instance_id=iid, pids=left, cgroup=cgroup.tree)
+            append_node_event(actors.writer, clock, found)
+        try:
+            cgroup.kill(everything=True)
+        except AdapterError as e:
+            log.error("the cgroup of unknown instance %s could not be emptied: %s", iid, e)  # noqa: TRY400
+            continue
+        cgroup.remove()
+
+
+def stop_actors(actors: NodeActors) -> None:
+    """Stop the node-wide actors in dependency order: the watchdog and ticks
+    first, the writer last."""
+    if actors.watchdog is not None:
+        actors.watchdog.stop()
+    actors.supervisor.stop()
+    actors.host.stop()
+    if actors.ledger is not None:
+        actors.ledger.stop()
+    actors.writer.stop()
+    actors.containment.remove_empty()  # the cgroups of servers that ended
+    if actors.probes is not None:
+        actors.probes.shutdown(wait=False, cancel_futures=True)
+    if actors.engine is not None:
+        actors.engine.close()
+
+
+def rebuild_verified(path: Path) -> NodeState:
+    """The node state replayed from the chain, each event verified in the same pass.
+
+    Raises:
+        ChainTampered: an event that does not verify (a payload altered in place
+            below the last checkpoint, which the checkpoint check does not read).
+    """
+    read = read_chain(path)
+    problem = read.report.problem
+    if problem is not None:
+        raise ChainTampered(str(path), problem.seq, problem.reason, problem.detail)
+    return read.state
+
+
+def rebuild(path: Path) -> NodeState:
+    """The node state replayed from the chain file alone."""
+    with SqliteChain.open_readonly(path) as chain:
+        return fold(chain.node_id, chain.events())
+
+
+def append_node_event(writer: pykka.ActorRef[Any], clock: Clock, event: ev.Event) -> None:
+    """Append a node-wide event (source ``node``, no subject) and wait until it is durable."""
+    WriterAppend(writer, clock).append([event], source="node")
