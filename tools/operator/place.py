@@ -17,7 +17,7 @@ import msgspec
 
 from ..api.errors import ApiError
 from ..clikit.command import Command
-from ..clikit.failure import echo_json, fail
+from ..clikit.failure import Failure, echo_json, fail
 from ..clikit.schemas import place_record
 from .target import Target, api_failure, connected, node_command
 
@@ -69,20 +69,12 @@ _PLACE_FLAGS = {
 def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     target: Target,
     fragment: Path | None,
-    role: str | None,
-    flavor: str | None,
-    port: int | None,
-    model: str | None,
-    mode: str | None,
-    host: str | None,
-    ctx_size: int | None,
-    kind: str | None,
     env: tuple[str, ...],
-    draft_model: str | None,
     controller: str | None,
     generation: int | None,
     start_it: bool,
     as_json: bool,
+    **spec_flags: Any,
 ) -> None:
     """Place an instance on the node: from --file FRAGMENT.toml, or from the flags.
 
@@ -105,25 +97,13 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     memory budget); 2 when the fragment, a key or a flag is wrong; 3 when no
     node runs on WHERE (or answers at --url).
     """
-    flags: dict[str, Any] = {
-        "role": role,
-        "flavor": flavor,
-        "port": port,
-        "model": model,
-        "mode": mode,
-        "host": host,
-        "ctx_size": ctx_size,
-        "kind": kind,
-        "draft_model": draft_model,
-    }
+    # --role, --flavor, --port, --model, --mode, --host, --ctx-size, --kind, --draft-model
+    flags = {key: value for key, value in spec_flags.items() if value is not None}
     if env:
         flags["env"] = dict(_env_pair(item) for item in env)
     if generation is not None and controller is None:
         fail("--generation needs --controller ID", "usage", "--generation")
-    try:
-        spec, start_key = _spec_of(fragment, {k: v for k, v in flags.items() if v is not None})
-    except _SpecInput as e:
-        fail(str(e), e.code, e.field)
+    spec, start_key = _spec_of(fragment, flags)
     with connected(target) as client:
         try:
             answer = client.place(
@@ -153,19 +133,11 @@ def _env_pair(item: str) -> tuple[str, str]:
     return key, value
 
 
-class _SpecInput(Exception):
-    """A fragment or flag that makes no InstanceSpec: ``code`` and ``field`` for fail."""
-
-    def __init__(self, message: str, code: str, field: str | None) -> None:
-        super().__init__(message)
-        self.code, self.field = code, field
-
-
 def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
     """The InstanceSpec of the fragment's keys with ``flags`` over them, and its ``start``.
 
     Raises:
-        _SpecInput: the fragment cannot be read, or a key is unknown or mistyped
+        Failure: the fragment cannot be read, or a key is unknown or mistyped
             (named, with the allowed keys or values: tools/node/config.py's messages).
     """
     from ..node import config as config_module  # noqa: PLC0415 - keeps --help fast
@@ -180,15 +152,15 @@ def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
             )
         except OSError as e:
             message = f"--file {fragment}: cannot read: {e.strerror or e}"
-            raise _SpecInput(message, "bad_path", "--file") from e
+            raise Failure(message, "bad_path", "--file") from e
         except UnicodeDecodeError as e:
-            raise _SpecInput(f"--file {fragment}: not valid TOML: {e}", "bad_spec", "--file") from e
+            raise Failure(f"--file {fragment}: not valid TOML: {e}", "bad_spec", "--file") from e
         except config_module.ConfigError as e:
-            raise _SpecInput(str(e), "bad_spec", "--file") from e
+            raise Failure(str(e), "bad_spec", "--file") from e
         if "instances" in raw:
             tables = raw.pop("instances")
             if raw or not isinstance(tables, list) or len(tables) != 1:
-                raise _SpecInput(
+                raise Failure(
                     f"{fragment}: give the instance's keys flat, or in exactly one "
                     "[[instances]] table (and nothing beside it)",
                     "bad_spec",
@@ -203,7 +175,7 @@ def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
         message, key = _explain_spec(str(e), entry_type, config_module)
         flag = _PLACE_FLAGS.get(key or "") if key in flags or fragment is None else None
         # A whole-document error names the fragment: a bad_spec always names a field.
-        raise _SpecInput(f"{where}: {message}", "bad_spec", flag or key or "--file") from e
+        raise Failure(f"{where}: {message}", "bad_spec", flag or key or "--file") from e
     return entry.spec(), raw.get("start") is True  # the config's default is True
 
 
