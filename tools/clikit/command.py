@@ -11,7 +11,9 @@ let through.
 
 from __future__ import annotations
 
+import importlib
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -20,7 +22,15 @@ from ..exit_codes import EPILOG, cut
 from .failure import Failure, echo_json, fail
 from .schemas import ErrorBody, ErrorRecord
 
-__all__ = ["SECONDS", "UNVERIFIED_HELP", "Command", "FiniteRange", "Group", "Seconds"]
+__all__ = [
+    "SECONDS",
+    "UNVERIFIED_HELP",
+    "Command",
+    "FiniteRange",
+    "Group",
+    "LazyGroup",
+    "Seconds",
+]
 
 UNVERIFIED_HELP = (
     "Read a chain that does not verify anyway, as stored; the output is marked "
@@ -82,6 +92,32 @@ class Group(click.Group):
 
 
 Group.group_class = Group
+
+
+class LazyGroup(Group):
+    """A :class:`Group` whose commands are imported when first asked for.
+
+    ``lazy`` maps each command's name to ``"module:attribute"`` (a module
+    relative to ``package``). Only this group's own ``--help`` and the command
+    that runs import them, so the root ``--help`` and the other commands do not
+    pay for their libraries (click's documented pattern, "Lazily Loading
+    Subcommands")."""
+
+    def __init__(self, *args: Any, lazy: Mapping[str, str], package: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy)
+        self.package = package
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module, attribute = self.lazy.pop(cmd_name).split(":")
+            command = getattr(importlib.import_module(module, self.package), attribute)
+            assert isinstance(command, click.Command), f"{module}:{attribute} is no command"
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
 
 
 class Seconds(click.ParamType[float]):
