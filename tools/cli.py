@@ -83,25 +83,16 @@ def cli(verbose: bool) -> None:
     )
 
 
-for _command in (
-    demo,
-    run,
-    chain,
-    replay,
-    timeline,
-    status,
-    place,
-    start,
-    stop,
-    restart,
-    unload,
-    logs,
-    watch,
-    health,
-    events,
-    audit,
-):
-    cli.add_command(_command)
+#: The commands, by who uses them.
+BY_USER: dict[str, tuple[click.Command, ...]] = {
+    "newcomer": (demo,),
+    "node": (run,),
+    "operator": (status, place, start, stop, restart, unload, logs, watch, health),
+    "auditor": (chain, replay, timeline, events, audit),
+}
+for _commands in BY_USER.values():
+    for _command in _commands:
+        cli.add_command(_command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
