@@ -3,12 +3,12 @@
 Each command is declared once, in the module with its body: the operator's
 verbs in :mod:`.operator`, the auditor's and analyst's offline reads in
 :mod:`.audit`, ``infervisor run`` in :mod:`.node`, ``infervisor demo`` in
-:mod:`.demo`. Every command exits by one table (:mod:`.exit_codes`,
-docs/cli.md): 0 done or already so; 1 refused or invalid; 2 usage; 3 no node
-takes verbs there. Bad input is reported in one line, never a traceback;
-with ``--json`` the error is also printed on stdout as one object
-(``{"error": {"code", "message", "field"}}``, :mod:`.clikit`). JSON output
-follows the schemas of :mod:`.clikit.schemas`.
+:mod:`.demo`. Every command exits by one table (docs/cli.md): 0 done or
+already so; 1 refused or invalid; 2 usage; 3 no node takes verbs there. Bad
+input is reported in one line, never a traceback; with ``--json`` the error
+is also printed on stdout as one object (``{"error": {"code", "message",
+"field"}}``, :mod:`.clikit`). JSON output follows the schemas of
+:mod:`.clikit.schemas`.
 """
 
 from __future__ import annotations

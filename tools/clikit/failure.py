@@ -1,10 +1,10 @@
 """The command line's one error path, and its JSON output.
 
 A command reports a refusal with :func:`fail`, or raises :class:`Failure`
-from its work (its :class:`~.command.Command` sends that to :func:`fail`): the message on stderr,
-and under ``--json`` also one object on stdout (``{"error": {"code",
-"message", "field"}}``, docs/cli.md); then it exits by the code's status in
-the exit table (:mod:`infervisor.tools.exit_codes`). Never a traceback.
+from its work (its :class:`~.command.Command` sends that to :func:`fail`):
+the message on stderr, and under ``--json`` also one object on stdout
+(``{"error": {"code", "message", "field"}}``); then it exits by the code's
+status in the exit table of docs/cli.md. Never a traceback.
 """
 
 from __future__ import annotations

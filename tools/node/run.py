@@ -21,15 +21,16 @@ Exit status: 0 after a clean stop; 1 when a server could not be stopped; 2
 when the node cannot run as configured (the data_dir cannot be created or is
 used by another run, the chain belongs to another node, a model file is
 missing): reported in one line, and found before anything is created or
-recorded where it can be (:func:`preflight`). 3 when the node failed while running (one of its
-node-wide actors died, or the supervisor stopped ticking: see
+recorded where it can be (:func:`.boot.preflight`). 3 when the node failed
+while running (one of its node-wide actors died, or the supervisor stopped
+ticking: see
 :mod:`infervisor.actors.watchdog`): the cause is named in one line, the node
 is shut down as far as it still can be, and the next run resumes from the
 chain (a managed server it could not stop is re-attached then). A node never
 runs on without its ticks.
 
 While it runs, operators and controllers reach it through its control API
-(:mod:`.api`, docs/api.md) on ``<data_dir>/api.sock`` and, when ``[api] tcp``
+(:mod:`infervisor.tools.api`, docs/api.md) on ``<data_dir>/api.sock`` and, when ``[api] tcp``
 is set, a loopback TCP port with bearer tokens: the listeners are open from
 the moment the run lock is held (requests are answered 503 "starting" until
 the node is open) until the node is shut down; once the shutdown begins,
