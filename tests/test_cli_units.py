@@ -1,15 +1,19 @@
-"""Pieces of the operator commands that need no node: ages, rows, watch lines, tokens."""
+"""Pieces of the commands that need no node: ages, rows, watch lines, tokens, lazy loading."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 
 from infervisor.replay import events as ev
 from infervisor.tools.api.wire import WatchEvent
+from infervisor.tools.cli import cli
 from infervisor.tools.clikit.schemas import InstanceRecord
 from infervisor.tools.operator import status, target, watch
 
@@ -72,3 +76,21 @@ def test_a_token_file_is_the_bare_secret_or_the_nodes_tokens(tmp_path: Path) -> 
     with pytest.raises(SystemExit) as ended:
         target.token_of(None, tokens, "nobody")
     assert ended.value.code == 2
+
+
+def test_the_command_line_loads_a_commands_libraries_only_when_it_runs() -> None:
+    """The root group and its --help do not import the node, its API or the chain
+    group's checkpoint and bundle libraries; `chain --help` lists every chain command."""
+    heavy = ("infervisor.actors.node", "litestar", "infervisor.chain.bundle")
+    probe = (
+        "import sys; from infervisor.tools.cli import cli; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert loaded.stdout.strip() == "[]"
+    listed = CliRunner().invoke(cli, ["chain", "--help"]).output
+    for name in ("verify", "prove", "consistency", "checkpoint", "backup", "rotate-key",
+                 "export", "verify-bundle"):  # fmt: skip
+        assert f"  {name} " in listed
