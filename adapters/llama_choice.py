@@ -7,7 +7,7 @@ it once, when it reads its configuration (:func:`resolve_llama_server`), so a
 change what runs. The launch plan then sets :data:`LLAMA_SERVER_VAR` to the
 resolved value last, after the node's and the spec's env (a spec may not set
 it: adapters/spec_env.py), and ``infervisor-llama-server`` execs exactly that
-(tools/launcher.py).
+(tools/servers/launcher.py).
 
 Errors: :class:`~.errors.ProgramMissing` for a path that is not an executable
 file; ``ValueError`` for a value that is none of the forms.

@@ -110,7 +110,7 @@ def port() -> int:
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's tiny random-weight GGUF, generated once per session."""
-    from infervisor.tools.tinymodel import generate_tiny_gguf
+    from infervisor.tools.servers.tinymodel import generate_tiny_gguf
 
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
     generate_tiny_gguf(path, seed=0)

@@ -27,7 +27,7 @@ from test_openapi_doc import Contract
 from test_run_resume import MODEL_BYTES, NodeRun, cli, end_runs
 
 from infervisor.adapters.ports import free_port
-from infervisor.tools.config import ConfigError, load_config
+from infervisor.tools.node.config import ConfigError, load_config
 
 NOBODY = 65534
 

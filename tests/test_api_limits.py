@@ -20,7 +20,7 @@ from support import wait_until
 
 from infervisor.tools.api.limits import ConnectionLimits, Phase
 from infervisor.tools.api.server import ApiServer, socket_path
-from infervisor.tools.config import ConfigError, load_config
+from infervisor.tools.node.config import ConfigError, load_config
 
 DEADLINE_S = 20.0
 GET = b"GET /v1/node HTTP/1.1\r\nHost: node\r\n\r\n"

@@ -37,7 +37,7 @@ from infervisor.tools.api.scopes import (
     token_scopes,
 )
 from infervisor.tools.api.server import ApiServer, socket_path
-from infervisor.tools.config import ConfigError, load_config
+from infervisor.tools.node.config import ConfigError, load_config
 
 TOKENS = {"ro": Scope.READ, "ops": Scope.OPERATE, "ctl": Scope.CONTROL}
 MODEL_BYTES = b"GGUF" + struct.pack("<IQQ", 3, 0, 0) + bytes(40)

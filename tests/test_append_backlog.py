@@ -36,7 +36,7 @@ from infervisor.chain.connect import immediate
 from infervisor.chain.errors import ChainIOError
 from infervisor.replay import RestartPolicy
 from infervisor.tools.api.wire import NodeInfo
-from infervisor.tools.cli import _chain_refusal
+from infervisor.tools.operator.status import chain_refusal
 
 DISK_FULL = "injected: database or disk is full"
 
@@ -240,8 +240,8 @@ def test_status_warns_while_the_chain_refuses_writes() -> None:
         lease_s=None, chain_writable=False, chain_error=f"ChainIOError: {DISK_FULL}",
         chain_failing_since_ns=1_800_000_000 * 10**9, chain_append_failures=4,
     )  # fmt: skip
-    warning = _chain_refusal(info)
+    warning = chain_refusal(info)
     assert warning is not None
     assert "refuses writes since 2027-01-15T08:00:00+00:00" in warning
     assert DISK_FULL in warning and "free disk space" in warning
-    assert _chain_refusal(msgspec.structs.replace(info, chain_writable=True)) is None
+    assert chain_refusal(msgspec.structs.replace(info, chain_writable=True)) is None

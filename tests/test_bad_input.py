@@ -74,7 +74,7 @@ def test_demo_names_a_folder_it_cannot_create() -> None:
 
 
 def test_a_config_naming_an_unknown_kind_is_refused_with_the_kinds(tmp_path: Path) -> None:
-    from infervisor.tools.config import ConfigError, load_config
+    from infervisor.tools.node.config import ConfigError, load_config
 
     path = tmp_path / "node.toml"
     path.write_text(

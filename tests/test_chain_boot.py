@@ -16,8 +16,9 @@ from infervisor.chain import ChainError, SqliteChain, verify_chain
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.checkpoint_store import read_stored
 from infervisor.chain.errors import ChainTampered, CheckpointError
-from infervisor.tools.config import NodeConfig
-from infervisor.tools.run import RunError, open_node
+from infervisor.tools.node.boot import open_node
+from infervisor.tools.node.config import NodeConfig
+from infervisor.tools.node.lock import RunError
 
 
 def test_a_good_chain_passes_verifying_only_past_the_checkpoint(tmp_path: Path) -> None:

@@ -30,10 +30,8 @@ from infervisor.actors.messages import InstanceView
 from infervisor.chain import EventDraft, SqliteChain
 from infervisor.replay import events as ev
 from infervisor.replay import kind_of
-from infervisor.tools import cli as cli_module
 from infervisor.tools.cli import cli as cli_group
-from infervisor.tools.exit_codes import CODES, MAX_VALUE, Exit, exit_for
-from infervisor.tools.schemas import (
+from infervisor.tools.clikit.schemas import (
     ERROR_SCHEMA,
     INSTANCE_SCHEMA,
     PLACE_SCHEMA,
@@ -46,6 +44,9 @@ from infervisor.tools.schemas import (
     TimelineRecord,
     VerbRecord,
 )
+from infervisor.tools.exit_codes import CODES, MAX_VALUE, Exit, exit_for
+from infervisor.tools.operator.progress import Progress
+from infervisor.tools.operator.verbs import wait_running
 
 DOC = Path(__file__).parents[1] / "docs" / "cli.md"
 
@@ -382,7 +383,7 @@ def test_start_wait_exits_1_with_the_reason_when_the_start_fails(
 ) -> None:
     client = Polled(view("starting", 5), view("restarting", 7, "exit code 1: bad magic"))
     with pytest.raises(SystemExit) as ended:
-        cli_module._wait_running(client, view("starting", 4), 60.0, cli_module._Progress())  # type: ignore[arg-type]
+        wait_running(client, view("starting", 4), 60.0, Progress())  # type: ignore[arg-type]
     assert ended.value.code == Exit.REFUSED
     err = capsys.readouterr().err
     assert "chat-1 did not start: restarting: exit code 1: bad magic" in err
@@ -391,5 +392,5 @@ def test_start_wait_exits_1_with_the_reason_when_the_start_fails(
 
 def test_start_wait_answers_once_running() -> None:
     client = Polled(view("starting", 5), view("running", 6, "serving"))
-    done = cli_module._wait_running(client, view("starting", 4), 60.0, cli_module._Progress())  # type: ignore[arg-type]
+    done = wait_running(client, view("starting", 4), 60.0, Progress())  # type: ignore[arg-type]
     assert (done.lifecycle, client.views) == ("running", [])

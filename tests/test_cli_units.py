@@ -1,17 +1,21 @@
-"""Pieces of the operator commands that need no node: ages, rows, watch lines, tokens."""
+"""Pieces of the commands that need no node: ages, rows, watch lines, tokens, lazy loading."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 
 from infervisor.replay import events as ev
-from infervisor.tools import cli as cli_module
 from infervisor.tools.api.wire import WatchEvent
-from infervisor.tools.schemas import InstanceRecord
+from infervisor.tools.cli import cli
+from infervisor.tools.clikit.schemas import InstanceRecord
+from infervisor.tools.operator import status, target, watch
 
 
 @pytest.mark.parametrize(
@@ -19,7 +23,7 @@ from infervisor.tools.schemas import InstanceRecord
     [(0, "0s"), (42.9, "42s"), (60, "1m"), (359, "5m"), (3 * 3600 + 5, "3h"), (2 * 86400, "2d")],
 )
 def test_ages_read_as_kubectl_shows_them(seconds: float, shown: str) -> None:
-    assert cli_module.age(seconds) == shown
+    assert status.age(seconds) == shown
 
 
 def record(**fields: object) -> InstanceRecord:
@@ -36,14 +40,12 @@ def record(**fields: object) -> InstanceRecord:
 
 def test_a_row_shows_restarts_against_the_budget_and_memory_in_mib() -> None:
     now = 1_000_000_000 + 300 * 10**9
-    row = cli_module._row(
-        record(max_restarts=5, reserved_bytes=512 * 2**20, rss_bytes=300 * 2**20), now
-    )
+    row = status.row(record(max_restarts=5, reserved_bytes=512 * 2**20, rss_bytes=300 * 2**20), now)
     assert row == (
         "chat-1", "llamacpp", "managed", "running", "running", "5m", "1/5",
         "http://127.0.0.1:8080", "512/300",
     )  # fmt: skip
-    offline = cli_module._row(record(source="chain", reserved_bytes=None), now)
+    offline = status.row(record(source="chain", reserved_bytes=None), now)
     assert (offline[6], offline[8]) == ("1/-", "-/?")
 
 
@@ -54,23 +56,41 @@ def test_a_watch_line_is_the_run_output_line() -> None:
         seq=7, ts_ns=1, node="n1", source="operator", kind="instance.stop_requested",
         subject="chat-1", payload=payload, hash="00" * 32, prev_hash="11" * 32,
     )  # fmt: skip
-    line = cli_module._watch_line(event)
+    line = watch.watch_line(event)
     assert line.startswith("[7] instance.stop_requested chat-1: ")
     genesis = WatchEvent(
         seq=0, ts_ns=1, node="n1", source="node", kind="chain.genesis", subject="",
         payload={}, hash="00" * 32, prev_hash="00" * 32,
     )  # fmt: skip
-    assert cli_module._watch_line(genesis) == "[0] chain.genesis: the chain of node n1 begins"
+    assert watch.watch_line(genesis) == "[0] chain.genesis: the chain of node n1 begins"
 
 
 def test_a_token_file_is_the_bare_secret_or_the_nodes_tokens(tmp_path: Path) -> None:
     bare = tmp_path / "secret"
     bare.write_text("s3cret\n")
-    assert cli_module._token_of(None, bare, "operator") == "s3cret"
+    assert target.token_of(None, bare, "operator") == "s3cret"
     tokens = tmp_path / "api-tokens.json"
     tokens.write_text(json.dumps({"operator": "a", "controller": "b"}))
-    assert cli_module._token_of(None, tokens, "controller") == "b"
-    assert cli_module._token_of("given", tokens, "operator") == "given"
+    assert target.token_of(None, tokens, "controller") == "b"
+    assert target.token_of("given", tokens, "operator") == "given"
     with pytest.raises(SystemExit) as ended:
-        cli_module._token_of(None, tokens, "nobody")
+        target.token_of(None, tokens, "nobody")
     assert ended.value.code == 2
+
+
+def test_the_command_line_loads_a_commands_libraries_only_when_it_runs() -> None:
+    """The root group and its --help do not import the node, its API or the chain
+    group's checkpoint and bundle libraries; `chain --help` lists every chain command."""
+    heavy = ("infervisor.actors.node", "litestar", "infervisor.chain.bundle")
+    probe = (
+        "import sys; from infervisor.tools.cli import cli; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert loaded.stdout.strip() == "[]"
+    listed = CliRunner().invoke(cli, ["chain", "--help"]).output
+    for name in ("verify", "prove", "consistency", "checkpoint", "backup", "rotate-key",
+                 "export", "verify-bundle"):  # fmt: skip
+        assert f"  {name} " in listed

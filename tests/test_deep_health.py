@@ -163,7 +163,7 @@ def test_health_cli_runs_a_deep_check_on_demand(node_for: Any, tmp_path: Path) -
 
 
 def test_deep_interval_is_a_kind_option_of_the_config(tmp_path: Path) -> None:
-    from infervisor.tools.config import ConfigError, load_config
+    from infervisor.tools.node.config import ConfigError, load_config
 
     path = tmp_path / "node.toml"
     base = '[node]\nnode_id = "n1"\ndata_dir = "data"\n[node.kinds.chat]\n'

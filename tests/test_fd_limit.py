@@ -19,8 +19,8 @@ import pytest
 from support import Exits, script_plan
 
 from infervisor.adapters.proc.handles import ManagedProcess
-from infervisor.tools.config import ApiConfig
-from infervisor.tools.run import raise_descriptor_limit
+from infervisor.tools.node.boot import raise_descriptor_limit
+from infervisor.tools.node.config import ApiConfig
 
 #: Descriptors held open before the spawn: more than select()'s FD_SETSIZE.
 HELD = 1100

@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from infervisor.tools.tinymodel import generate_tiny_gguf
+from infervisor.tools.servers.tinymodel import generate_tiny_gguf
 
 LAUNCHER = Path(sys.executable).with_name("infervisor-llama-server")
 READY_DEADLINE_S = 60.0

@@ -23,7 +23,7 @@ from infervisor.adapters.probe import HealthKind, ServerClient
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain
 from infervisor.replay import RestartPolicy, timeline
-from infervisor.tools.tinymodel import TinyDims, generate_tiny_gguf
+from infervisor.tools.servers.tinymodel import TinyDims, generate_tiny_gguf
 
 pytestmark = pytest.mark.slow
 

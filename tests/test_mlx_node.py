@@ -26,7 +26,7 @@ from infervisor.adapters.manifest import ModelFormat
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import RestartPolicy, timeline
-from infervisor.tools.tinymlx import generate_tiny_mlx
+from infervisor.tools.servers.tinymlx import generate_tiny_mlx
 
 pytestmark = [
     pytest.mark.slow,

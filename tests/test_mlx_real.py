@@ -35,7 +35,7 @@ import psutil
 import pytest
 from support import pids_of_group, run_tool
 
-from infervisor.tools.tinymlx import (
+from infervisor.tools.servers.tinymlx import (
     SPECIAL_TOKENS,
     TinyMlxDims,
     byte_alphabet,
@@ -208,7 +208,7 @@ def test_heads_must_divide_hidden(tmp_path: Path) -> None:
 
 def test_command_line_writes_the_directory(tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    assert run_tool("tinymlx", str(out), "--seed", "3") == str(out)
+    assert run_tool("servers.tinymlx", str(out), "--seed", "3") == str(out)
     api = generate_tiny_mlx(tmp_path / "api", seed=3)
     assert (out / "model.safetensors").read_bytes() == (api / "model.safetensors").read_bytes()
 

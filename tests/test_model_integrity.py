@@ -16,7 +16,7 @@ from test_faults import count, history, listening, nothing_left, of_kind, rig, t
 from infervisor.adapters.errors import AdmissionRefused, RegistryError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.replay import RestartPolicy
-from infervisor.tools.config import ConfigError, load_config
+from infervisor.tools.node.config import ConfigError, load_config
 
 POLICY = RestartPolicy(max_restarts=3, base_s=1.0, cap_s=3.0, stable_after_s=30.0)
 #: A valid GGUF (version 3, no tensors, no metadata) followed by payload bytes to flip.

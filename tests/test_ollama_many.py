@@ -28,7 +28,7 @@ from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.adapters.status import LoadKind, LoadState, StatusState, map_report
 from infervisor.replay import RestartPolicy
-from infervisor.tools.config import ConfigError, load_config
+from infervisor.tools.node.config import ConfigError, load_config
 
 A, B = "tinyllama", "qwen:0.5b"
 RESERVED = 4096
@@ -266,7 +266,7 @@ ollama_tag = "b:latest"
 def test_a_config_may_put_two_ollama_models_on_one_ollama_but_not_two_llama_servers(
     tmp_path: Path,
 ) -> None:
-    from infervisor.tools.config import ConfigError, load_config
+    from infervisor.tools.node.config import ConfigError, load_config
 
     ollama = 'role = "{r}"\nflavor = "ollama"\nmode = "managed"\nmodel = "{m}"\nport = 11434'
     loaded = load_config(

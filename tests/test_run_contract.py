@@ -37,10 +37,10 @@ from infervisor.adapters.ports import free_port
 from infervisor.adapters.proc.output import KEPT_SPAWNS, PREVIOUS, STDERR_LOG, create_logs
 from infervisor.adapters.spec import Flavor, instance_id
 from infervisor.replay import Desired, ExitRecord, InstanceState, LifecycleState, NodeState
-from infervisor.tools import extras
-from infervisor.tools.config import load_config
-from infervisor.tools.demo import run_demo
-from infervisor.tools.run import LOG_FILE
+from infervisor.tools.demo.steps import run_demo
+from infervisor.tools.node.boot import LOG_FILE
+from infervisor.tools.node.config import load_config
+from infervisor.tools.servers import extras
 
 #: A Python logging line (the format the command line configures).
 LOGGING_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR)")

@@ -32,8 +32,8 @@ from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.ports import free_port
 from infervisor.chain import ChainError, SqliteChain
 from infervisor.replay import NodeState, RestartPolicy, rebuild
-from infervisor.tools.config import ApiConfig, InstanceEntry, ModelEntryConfig, load_config
-from infervisor.tools.run import LOCK_FILE
+from infervisor.tools.node.config import ApiConfig, InstanceEntry, ModelEntryConfig, load_config
+from infervisor.tools.node.lock import LOCK_FILE
 
 INFERVISOR = Path(sys.executable).parent / "infervisor"
 EXAMPLE = Path(__file__).parents[1] / "examples" / "node.toml"

@@ -24,8 +24,8 @@ from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
 from infervisor.actors.supervisor import SupervisorActor
 from infervisor.actors.watchdog import CHECK_EVERY_S, NodeFailure, Watchdog
-from infervisor.tools import run
-from infervisor.tools.config import NodeConfig
+from infervisor.tools.node import boot, run
+from infervisor.tools.node.config import NodeConfig
 
 DEADLINE_S = 20.0
 
@@ -301,14 +301,14 @@ def test_run_exits_non_zero_when_its_writer_dies(
 ) -> None:
     settings = nodes.settings(fake_llama, fake_model, data_dir=str(tmp_path / "run-data"))
     opened: list[Node] = []
-    open_node = run.open_node
+    open_node = boot.open_node
 
     def keep(*args: Any, **kwargs: Any) -> Node:
         node = open_node(*args, **kwargs)
         opened.append(node)
         return node
 
-    monkeypatch.setattr(run, "open_node", keep)
+    monkeypatch.setattr(boot, "open_node", keep)
     said: list[str] = []
     running = threading.Event()
 

@@ -8,7 +8,7 @@ import gguf
 import pytest
 from support import run_tool
 
-from infervisor.tools.tinymodel import TinyDims, generate_tiny_gguf
+from infervisor.tools.servers.tinymodel import TinyDims, generate_tiny_gguf
 
 N_VOCAB = 3 + 256 + 1 + 94  # control, bytes, SentencePiece space, printable ASCII
 
@@ -51,5 +51,5 @@ def test_heads_must_divide_embedding(tmp_path: Path) -> None:
 
 def test_command_line_writes_the_file(tmp_path: Path) -> None:
     out = tmp_path / "cli.gguf"
-    assert run_tool("tinymodel", str(out), "--seed", "3") == str(out)
+    assert run_tool("servers.tinymodel", str(out), "--seed", "3") == str(out)
     assert out.read_bytes() == generate_tiny_gguf(tmp_path / "api.gguf", seed=3).read_bytes()

@@ -35,8 +35,10 @@ from infervisor.adapters.spec_env import LLAMA_ARG_TUNING, MAX_ENV_KEYS, REFUSED
 from infervisor.chain.backup import backup_chain
 from infervisor.chain.bundle import export_bundle
 from infervisor.tools.api.errors import answer_for
-from infervisor.tools.config import ConfigError, ModelEntryConfig, load_config
-from infervisor.tools.run import RunError, diagnostics_to, register_models
+from infervisor.tools.node.boot import diagnostics_to
+from infervisor.tools.node.config import ConfigError, ModelEntryConfig, load_config
+from infervisor.tools.node.lock import RunError
+from infervisor.tools.node.models import register_models
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

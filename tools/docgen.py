@@ -76,7 +76,7 @@ def render_cli_codes() -> str:
 
 def render_cli_schemas() -> str:
     """Markdown: each JSON Schema of the command line's objects, by name."""
-    from .schemas import SCHEMAS  # noqa: PLC0415
+    from .clikit.schemas import SCHEMAS  # noqa: PLC0415
 
     return "\n\n".join(
         f"### {name}\n\n```json\n{json.dumps(schema, indent=2)}\n```"

@@ -1,4 +1,4 @@
-"""``infervisor demo``: the main job end to end, offline, on a real llama.cpp server.
+"""``infervisor demo``: the steps of the main job end to end, offline, on a real llama.cpp server.
 
 Steps: generate the tiny model, register it, open a node, place and start
 one managed llama.cpp instance on a free loopback port (progress shown while
@@ -29,7 +29,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain
 from infervisor.replay import RestartPolicy, TimelineEntry, timeline
 
-from .extras import EXTRAS, missing_extra
+from ..servers.extras import EXTRAS, missing_extra
 
 __all__ = ["DemoReport", "StepResult", "run_demo"]
 
@@ -154,10 +154,10 @@ def _run(demo: _Demo) -> None:
 def _generate(flavor: Flavor, registry: Path) -> Path:
     """The tiny model for the flavor, written into the registry folder."""
     if flavor is Flavor.MLX_LM:
-        from .tinymlx import generate_tiny_mlx  # noqa: PLC0415 - needs the mlx extra
+        from ..servers.tinymlx import generate_tiny_mlx  # noqa: PLC0415 - needs the mlx extra
 
         return generate_tiny_mlx(registry / "tiny-mlx", seed=0)
-    from .tinymodel import generate_tiny_gguf  # noqa: PLC0415 - needs the llamacpp extra
+    from ..servers.tinymodel import generate_tiny_gguf  # noqa: PLC0415 - needs the llamacpp extra
 
     return generate_tiny_gguf(registry / "tiny.gguf", seed=0)
 

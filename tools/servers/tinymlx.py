@@ -4,7 +4,7 @@
 generates text from it, with ``HF_HUB_OFFLINE=1`` and nothing from the hub.
 The weights are random, but one residual dimension is held at a constant
 positive value so that the output projection can push every token that is not
-printable ASCII far down (:mod:`infervisor.tools.tinyweights`): a completion
+printable ASCII far down (:mod:`infervisor.tools.servers.tinyweights`): a completion
 is printable ASCII, never ends early on an end-of-sequence token and is
 always valid UTF-8.
 
@@ -22,7 +22,7 @@ Vocabulary (GPT-2 byte-to-unicode alphabet, one token per byte)::
     257      <|im_start|>
     258      <|im_end|>      (also eos: ends a chat turn)
 
-Usage: ``python -m infervisor.tools.tinymlx OUTDIR [--seed N]``.
+Usage: ``python -m infervisor.tools.servers.tinymlx OUTDIR [--seed N]``.
 """
 
 from __future__ import annotations
@@ -265,9 +265,9 @@ def generate_tiny_mlx(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m infervisor.tools.tinymlx OUTDIR [--seed N]``."""
+    """Command line: ``python -m infervisor.tools.servers.tinymlx OUTDIR [--seed N]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m infervisor.tools.tinymlx",
+        prog="python -m infervisor.tools.servers.tinymlx",
         description="Write a tiny random-weight llama model directory for mlx_lm.",
     )
     parser.add_argument("out", type=Path, help="output directory (created if missing)")

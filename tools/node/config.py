@@ -38,7 +38,7 @@ from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
 from infervisor.replay import RestartPolicy
 
-from .api.scopes import ApiToken
+from ..api.scopes import ApiToken
 
 __all__ = [
     "ApiConfig",
@@ -352,7 +352,7 @@ def _check(config: NodeConfig, path: Path) -> None:
 
 def _check_api(config: NodeConfig, path: Path) -> None:
     """``[api] tcp`` parses, is loopback (unless allowed) and is no instance's port."""
-    from .api.auth import ApiConfigError, parse_tcp  # noqa: PLC0415 - keeps the CLI light
+    from ..api.auth import ApiConfigError, parse_tcp  # noqa: PLC0415 - keeps the CLI light
 
     if config.api.tcp is None:
         return
@@ -373,7 +373,7 @@ def _check_api(config: NodeConfig, path: Path) -> None:
 
 def _check_tokens(api: ApiConfig, path: Path) -> None:
     """Each token name is plain and given once."""
-    from .api.auth import valid_token_name  # noqa: PLC0415 - keeps the CLI light
+    from ..api.auth import valid_token_name  # noqa: PLC0415 - keeps the CLI light
 
     names = [t.name if isinstance(t, ApiToken) else t for t in api.tokens]
     for name in names:

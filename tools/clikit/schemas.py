@@ -18,7 +18,7 @@ from infervisor.actors.messages import InstanceView
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.replay import InstanceState, TimelineEntry
 
-from .api.wire import ErrorBody, ErrorEnvelope
+from ..api.wire import ErrorBody, ErrorEnvelope
 
 __all__ = [
     "ERROR_SCHEMA",

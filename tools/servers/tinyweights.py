@@ -1,7 +1,7 @@
 """Random llama weights that keep a tiny model's output printable, for both tiny generators.
 
-:mod:`infervisor.tools.tinymodel` (GGUF, llama.cpp) and
-:mod:`infervisor.tools.tinymlx` (safetensors, mlx_lm) write the same network
+:mod:`infervisor.tools.servers.tinymodel` (GGUF, llama.cpp) and
+:mod:`infervisor.tools.servers.tinymlx` (safetensors, mlx_lm) write the same network
 under different tensor names. The weights are random, but one residual
 dimension (``BIAS_DIM``) is held at ``BIAS_VALUE`` in every token embedding,
 and the blocks never write to it, so the output projection can push every

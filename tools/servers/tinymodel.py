@@ -4,7 +4,7 @@ llama.cpp loads it in well under a second and generates text from it. The
 text is random printable ASCII: the weights are random, but one residual
 dimension is held at a constant positive value so that the output projection
 can push every token that is not printable ASCII or a space (control tokens,
-``<unk>``, raw bytes) far down (:mod:`infervisor.tools.tinyweights`). A
+``<unk>``, raw bytes) far down (:mod:`infervisor.tools.servers.tinyweights`). A
 completion therefore never ends early on ``</s>`` and is always valid UTF-8.
 
 Vocabulary (SentencePiece-style, ``tokenizer.ggml.model = "llama"``)::
@@ -14,7 +14,7 @@ Vocabulary (SentencePiece-style, ``tokenizer.ggml.model = "llama"``)::
     259       U+2581 (the SentencePiece space)
     260..353  '!' .. '~'                (NORMAL, printable ASCII)
 
-Usage: ``python -m infervisor.tools.tinymodel OUT.gguf [--seed N]``.
+Usage: ``python -m infervisor.tools.servers.tinymodel OUT.gguf [--seed N]``.
 """
 
 from __future__ import annotations
@@ -159,9 +159,9 @@ def generate_tiny_gguf(path: Path, *, seed: int = 0, dims: TinyDims | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m infervisor.tools.tinymodel OUT.gguf [--seed N]``."""
+    """Command line: ``python -m infervisor.tools.servers.tinymodel OUT.gguf [--seed N]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m infervisor.tools.tinymodel",
+        prog="python -m infervisor.tools.servers.tinymodel",
         description="Write a tiny random-weight llama GGUF model for tests.",
     )
     parser.add_argument("out", type=Path, help="output .gguf file")

@@ -1,0 +1,100 @@
+"""``infervisor chain export`` and ``chain verify-bundle``: the chain as a bundle
+directory (events.jsonl, checkpoints, node.pub, manifest.json) that an auditor
+verifies with no database (docs/chain-format.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import msgspec
+
+from infervisor.chain import ChainError, verify_chain
+from infervisor.chain.bundle import export_bundle, verify_bundle
+from infervisor.chain.errors import BundleError, CheckpointError
+
+from ..clikit.command import Command
+from ..clikit.failure import Failure, echo_json
+from ..node.where import chain_of
+from .chain_inputs import KEY_HELP, warn
+
+__all__ = ["export", "verify_bundle_cmd"]
+
+
+@click.command("export", cls=Command)
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
+@click.option("--key", help=KEY_HELP + " Default: node.pub beside the chain.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def export(where: Path, out: Path, key: str | None, as_json: bool) -> None:
+    """Write the chain in WHERE as a bundle directory OUT (new or empty).
+
+    OUT gets events.jsonl (every field and hash), checkpoints/, node.pub and
+    manifest.json (counts, SHA-256 of each file): docs/chain-format.md.
+    """
+    db = chain_of(where)
+    try:
+        manifest = export_bundle(db, out, key)
+    except BundleError as e:
+        raise Failure(str(e), "bad_path", "OUT") from e
+    except CheckpointError as e:
+        raise Failure(str(e), "bad_key", "--key") from e
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+    if as_json:
+        echo_json({"bundle": str(out), **manifest})
+    else:
+        key_note = "with the node's public key" if manifest["key"] else "without a public key"
+        click.echo(
+            f"exported {manifest['events']} events and {len(manifest['checkpoints'])} "
+            f"checkpoint(s) of node {manifest['node']} to {out} ({key_note})"
+        )
+        if not manifest["key"]:
+            warn("no node.pub beside the chain: verify-bundle will need --key PUBKEY")
+    try:
+        problem = verify_chain(db).problem
+    except ChainError:
+        problem = None  # it was read just now; verify-bundle will say what is wrong
+    if problem is not None:
+        warn(
+            f"the chain does not verify (INVALID at seq {problem.seq}: {problem.reason}); "
+            "the bundle holds it as stored, and verify-bundle will refuse it"
+        )
+    sys.exit(0)
+
+
+@click.command("verify-bundle", cls=Command)
+@click.argument("bundle", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--key", help=KEY_HELP + " Default: the bundle's node.pub.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def verify_bundle_cmd(bundle: Path, key: str | None, as_json: bool) -> None:
+    """Verify an export bundle with no database: events, checkpoints, manifest.
+
+    Exit 0 when valid; 1 when not, naming the sequence number and the reason.
+    """
+    if not (bundle / "manifest.json").is_file():
+        raise Failure(f"{bundle}: not a bundle (no manifest.json)", "bad_path", "BUNDLE")
+    try:
+        report = verify_bundle(bundle, key)
+    except BundleError as e:
+        if as_json:
+            echo_json({"ok": False, "seq": e.seq, "reason": e.reason, "detail": str(e)})
+        else:
+            where = f" at seq {e.seq}" if e.seq is not None else ""
+            click.echo(f"INVALID{where}: {e.reason}: {e}")
+        sys.exit(1)
+    if as_json:
+        echo_json({"ok": True, **msgspec.to_builtins(report)})
+    else:
+        click.echo(
+            f"ok: {report.events} events, node {report.node}, head seq {report.head_seq} "
+            f"{report.head_hash}; {len(report.checkpoints)} checkpoints verified "
+            f"(covering seq 0..{report.covered - 1})"
+            if report.covered
+            else f"ok: {report.events} events, node {report.node}, head seq {report.head_seq} "
+            f"{report.head_hash}; no checkpoint"
+        )
+    if report.warning:
+        warn(report.warning)
+    sys.exit(0)

@@ -1,0 +1,137 @@
+"""What the ``chain`` commands read besides the chain's rows: checkpoint files,
+public keys (and the rotations the chain records), the stored event hashes.
+
+Each reader raises :class:`~infervisor.tools.clikit.failure.Failure` naming
+the option and the file at fault. Checkpoints, proofs, bundles:
+docs/chain-format.md, sections 8 to 12.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from infervisor.chain import ChainError, verify_chain
+from infervisor.chain.checkpoint import (
+    Checkpoint,
+    compare,
+    load_verifier,
+    parse_checkpoint_text,
+    read_checkpoint_by,
+)
+from infervisor.chain.connect import connect_reader, translated
+from infervisor.chain.errors import CheckpointError, NoteError
+from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
+from infervisor.chain.note import Verifier, split_note
+
+from ..clikit.failure import Failure
+
+__all__ = [
+    "KEY_HELP",
+    "matches",
+    "read_checkpoint",
+    "read_text",
+    "refuse_invalid",
+    "stored_hashes",
+    "trusted",
+    "verifier",
+    "warn",
+]
+
+KEY_HELP = "The node's public key: a key string, or a file (DATA_DIR/node.pub)."
+"""The start of every --key option's help."""
+
+
+def warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def read_text(path: Path, field: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise Failure(
+            f"{field} {path}: cannot read it: {e.strerror or e}", "bad_path", field
+        ) from e
+
+
+def verifier(key: str) -> Verifier:
+    try:
+        return load_verifier(key)
+    except CheckpointError as e:
+        raise Failure(str(e), "bad_key", "--key") from e
+
+
+def trusted(db: Path, key: str) -> list[Verifier]:
+    """``key`` and every key the chain's recorded rotations link to it (a rotation
+    note is signed by both of its keys: chain/keys.py ``trusted_keys``)."""
+    anchor = verifier(key)
+    try:
+        conn = connect_reader(str(db), text_as_bytes=True)
+        try:
+            with translated(str(db), "read"):
+                rows = conn.execute(
+                    "SELECT kind, payload FROM events WHERE kind = ? ORDER BY seq",
+                    (KEY_ROTATED_KIND,),
+                ).fetchall()
+        finally:
+            conn.close()
+    except ChainError:
+        return [anchor]
+    return trusted_keys(anchor, rotations_in((k, bytes(p)) for k, p in rows))
+
+
+def read_checkpoint(path: Path, key: str | None, db: Path) -> Checkpoint:
+    """The checkpoint in FILE: its signature verified with `key` (or a key the chain's
+    rotations link to it), or only parsed without one."""
+    note = read_text(path, "--checkpoint")
+    try:
+        if key is not None:
+            return read_checkpoint_by(note, trusted(db, key))
+        text, _ = split_note(note)
+        node, size, root, head = parse_checkpoint_text(text)
+    except (CheckpointError, NoteError) as e:
+        raise Failure(f"--checkpoint {path}: {e}", "checkpoint_invalid", "--checkpoint") from e
+    return Checkpoint(node, size, root, head, note.decode("utf-8"))
+
+
+def stored_hashes(db: Path) -> list[bytes]:
+    """The stored hash of every event, seq order, one snapshot."""
+    try:
+        conn = connect_reader(str(db))
+        try:
+            with translated(str(db), "read"):
+                rows = conn.execute("SELECT hash FROM events ORDER BY seq")
+                return [h if isinstance(h, bytes) else b"" for (h,) in rows]  # bad: verify names
+        finally:
+            conn.close()
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+
+
+def matches(db: Path, hashes: list[bytes], cp: Checkpoint, field: str) -> None:
+    mismatch = compare(hashes, cp)
+    if mismatch is not None:
+        raise Failure(f"{db} does not match {field}: {mismatch}", "checkpoint_invalid", field)
+
+
+def refuse_invalid(db: Path, what: str) -> None:
+    """Refuse to make ``what`` of a chain whose rows do not verify: it would prove
+    the hashes as stored, not the events as they happened.
+
+    Raises:
+        Failure: ``chain_invalid`` (exit 1) naming the first bad seq, or
+            ``chain_unreadable`` when the file is not a chain.
+    """
+    try:
+        report = verify_chain(db)
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+    if report.problem is not None:
+        p = report.problem
+        raise Failure(
+            f"{db} does not verify (INVALID at seq {p.seq}: {p.reason}): {what} of it would "
+            "prove the hashes as stored, not the events; see infervisor chain verify",
+            "chain_invalid",
+        )

@@ -1,0 +1,75 @@
+"""``infervisor audit``: the chain replayed through the lifecycle rules, every
+forbidden transition reported with its sequence number (replay/audit.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from infervisor.chain import ChainError
+from infervisor.replay.audit import AuditReport, audit_chain
+from infervisor.replay.policy import RestartPolicy
+
+from ..clikit.command import Command, FiniteRange
+from ..clikit.failure import echo_json, fail
+from ..node.where import chain_of
+from .offline import iso
+
+__all__ = ["audit"]
+
+
+@click.command("audit", cls=Command)
+@click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    help="The node's restart budget (its config's restart.max_restarts); without it the "
+    "budget is checked only where the chain records it.",
+)
+@click.option(
+    "--window",
+    "window_s",
+    type=FiniteRange(min=0, min_open=True, max=7 * 24 * 3600.0),
+    help="The budget's window in seconds (restart.window_s); needs --max-restarts.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def audit(where: Path, max_restarts: int | None, window_s: float | None, as_json: bool) -> None:
+    """Replay the chain in WHERE through the lifecycle rules; report every forbidden transition.
+
+    Flags, with sequence numbers: a restart after an operator (or
+    controller) stop, a restart beyond the budget, a start of an exposed
+    instance, an event for an instance never placed (or already unloaded),
+    time going backwards, and any other transition the lifecycle table
+    forbids. The chain is verified in the same pass. Exit 0 when there is
+    nothing to report; 1 when something was found or the chain does not
+    verify; 2 when WHERE cannot be read.
+    """
+    db = chain_of(where)
+    if window_s is not None and max_restarts is None:
+        fail("--window needs --max-restarts", "usage", "--window")
+    policy = None
+    if max_restarts is not None:
+        policy = RestartPolicy(max_restarts=max_restarts, window_s=window_s)
+    try:
+        report = audit_chain(db, policy)
+    except ChainError as e:
+        fail(str(e), "chain_unreadable")
+    if as_json:
+        echo_json(report)
+    else:
+        _print_audit(db, report)
+    sys.exit(0 if report.ok else 1)
+
+
+def _print_audit(db: Path, report: AuditReport) -> None:
+    v = report.verify
+    if v.problem is not None:
+        p = v.problem
+        click.echo(f"INVALID chain at seq {p.seq}: {p.reason}: {p.detail} (audited as stored)")
+    found = len(report.findings)
+    click.echo(f"audit of {db}: {report.events} events, {found} finding{'s' * (found != 1)}")
+    for f in report.findings:
+        who = f.instance or "(node)"
+        click.echo(f"  seq {f.seq:>6} {iso(f.ts_ns)} {who}: {f.rule}: {f.detail}")

@@ -1,0 +1,157 @@
+"""The command class of every ``infervisor`` command, and its parameter types.
+
+:class:`Command` ends each ``--help`` with the exit-status table, under
+``--json`` also prints a usage error as one JSON object on stdout, and
+reports a :class:`~.failure.Failure` its callback raises on the one error
+path (:func:`~.failure.fail`);
+:class:`Group` makes its subcommands such commands. :data:`SECONDS` and
+:class:`FiniteRange` refuse NaN and infinity, which click's own number types
+let through.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from ..exit_codes import EPILOG, cut
+from .failure import Failure, echo_json, fail
+from .schemas import ErrorBody, ErrorRecord
+
+__all__ = [
+    "SECONDS",
+    "UNVERIFIED_HELP",
+    "Command",
+    "FiniteRange",
+    "Group",
+    "LazyGroup",
+    "Seconds",
+]
+
+UNVERIFIED_HELP = (
+    "Read a chain that does not verify anyway, as stored; the output is marked "
+    "(a first line in text; a verified/problem wrapper in --json)."
+)
+"""The help of every --unverified option (status, replay, timeline, events)."""
+
+
+def _usage_field(e: click.UsageError) -> str | None:
+    param = getattr(e, "param", None)
+    if param is None:
+        return None
+    if isinstance(param, click.Option) and param.opts:
+        return max(param.opts, key=len)
+    return str(param.human_readable_name)
+
+
+class Command(click.Command):
+    """A command whose --help ends with the exit-status table, whose usage
+    errors are also one JSON object on stdout under --json, and whose
+    callback's :class:`~.failure.Failure` exits through :func:`~.failure.fail`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EPILOG)
+        super().__init__(*args, **kwargs)
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        as_json = "--json" in args
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:
+            if as_json:
+                code = "bad_value" if isinstance(e, click.BadParameter) else "usage"
+                body = ErrorBody(code=code, message=cut(e.format_message()), field=_usage_field(e))
+                echo_json(ErrorRecord(error=body))
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Failure as e:
+            fail(str(e), e.code, e.field)
+
+
+class Group(click.Group):
+    """A group of :class:`Command` (and of groups like itself), with the exit table too."""
+
+    command_class = Command
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EPILOG)
+        super().__init__(*args, **kwargs)
+
+
+Group.group_class = Group
+
+
+class LazyGroup(Group):
+    """A :class:`Group` whose commands are imported when first asked for.
+
+    ``lazy`` maps each command's name to ``"module:attribute"`` (a module
+    relative to ``package``). Only this group's own ``--help`` and the command
+    that runs import them, so the root ``--help`` and the other commands do not
+    pay for their libraries (click's documented pattern, "Lazily Loading
+    Subcommands")."""
+
+    def __init__(self, *args: Any, lazy: Mapping[str, str], package: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy)
+        self.package = package
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module, attribute = self.lazy.pop(cmd_name).split(":")
+            command = getattr(importlib.import_module(module, self.package), attribute)
+            assert isinstance(command, click.Command), f"{module}:{attribute} is no command"
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+class Seconds(click.ParamType[float]):
+    """A finite, non-negative number of seconds (NaN and infinity refused), at most ``max_s``."""
+
+    name = "seconds"
+
+    def __init__(self, max_s: float | None = None) -> None:
+        self.max_s = max_s
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{cut(repr(str(value)))} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{cut(repr(str(value)))} is not a finite number of seconds >= 0", param, ctx)
+        if self.max_s is not None and number > self.max_s:
+            self.fail(f"{number:g} s is more than the {self.max_s:g} s allowed", param, ctx)
+        return number
+
+
+SECONDS = Seconds()
+
+
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, refusing NaN too (every comparison with NaN is false, so
+    the range alone lets it through)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return number

@@ -1,0 +1,200 @@
+"""``infervisor place``: an instance placed on the running node, from a TOML
+fragment (the keys of a config's [[instances]] table) or from flags.
+
+The fragment and flags are checked here with the config's own types
+(tools/node/config.py), so a wrong key is refused naming it and the allowed
+keys or values before anything is sent.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from ..api.errors import ApiError
+from ..clikit.command import Command
+from ..clikit.failure import Failure, echo_json, fail
+from ..clikit.schemas import place_record
+from .target import Target, api_failure, connected, node_command
+
+__all__ = ["place"]
+
+_PLACE_FLAGS = {
+    "role": "--role",
+    "flavor": "--flavor",
+    "port": "--port",
+    "model": "--model",
+    "mode": "--mode",
+    "host": "--host",
+    "ctx_size": "--ctx-size",
+    "kind": "--kind",
+    "env": "--env",
+    "draft_model": "--draft-model",
+}
+
+
+@click.command(cls=Command)
+@click.option(
+    "--file",
+    "fragment",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FRAGMENT.toml",
+    help="The instance as TOML: the keys of a config's [[instances]] table, flat or "
+    "in one [[instances]] table.",
+)
+@click.option("--role", help="The instance's job (a plain token): first part of its id.")
+@click.option("--flavor", type=click.Choice(["llamacpp", "mlx-lm", "ollama"]))
+@click.option("--port", type=click.IntRange(1, 65535), help="The server's TCP port.")
+@click.option("--model", help="The model's registry name (managed: required).")
+@click.option("--mode", type=click.Choice(["managed", "adopted"]), help="[default: managed]")
+@click.option("--host", help="The address it listens on (managed: loopback only).")
+@click.option("--ctx-size", type=click.IntRange(min=1), help="Context length in tokens.")
+@click.option("--kind", help="Workload kind (health interval and judgement).")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Repeatable.")
+@click.option("--draft-model", help="A draft model's registry name (speculative decoding).")
+@click.option("--controller", metavar="ID", help="Place as this controller (with --generation).")
+@click.option(
+    "--generation",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="The controller's placement generation: an older one is ignored.",
+)
+@click.option("--start", "start_it", is_flag=True, help="Start it once placed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+@node_command("[WHERE]", 0, token_name="controller")  # noqa: S106 -- a name, not a secret
+def place(  # noqa: PLR0917 - one parameter per option, as click passes them
+    target: Target,
+    fragment: Path | None,
+    env: tuple[str, ...],
+    controller: str | None,
+    generation: int | None,
+    start_it: bool,
+    as_json: bool,
+    **spec_flags: Any,
+) -> None:
+    """Place an instance on the node: from --file FRAGMENT.toml, or from the flags.
+
+    The fragment holds the keys of an [[instances]] table of the node's
+    config (role, flavor, port, mode, model, host, ctx_size, draft_model,
+    env, kind, continuous, restart, start), flat or in one [[instances]]
+    table; flags given beside it override its keys. An unknown or mistyped
+    key is refused naming it and the allowed keys or values; nothing is
+    sent. As the node itself by default, or as --controller ID at
+    --generation N (an older generation than the last one is ignored).
+    --start (or `start = true` in the fragment) starts it once placed.
+
+    Prints the outcome (applied, unchanged: the same spec again, or
+    ignored: a stale generation), the instance id and the seq and hash of
+    its last event in the chain (--json: the whole answer).
+
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    Exit 0 once placed; 1 when the node refuses (port taken, admission or
+    memory budget); 2 when the fragment, a key or a flag is wrong; 3 when no
+    node runs on WHERE (or answers at --url).
+    """
+    # --role, --flavor, --port, --model, --mode, --host, --ctx-size, --kind, --draft-model
+    flags = {key: value for key, value in spec_flags.items() if value is not None}
+    if env:
+        flags["env"] = dict(_env_pair(item) for item in env)
+    if generation is not None and controller is None:
+        fail("--generation needs --controller ID", "usage", "--generation")
+    spec, start_key = _spec_of(fragment, flags)
+    with connected(target) as client:
+        try:
+            answer = client.place(
+                spec,
+                controller=controller,
+                generation=generation or 0,
+                start=start_it or start_key,
+            )
+        except ApiError as e:
+            field = (e.field or "").removeprefix("spec.")
+            named = {e.field or "": _PLACE_FLAGS[field]} if field in _PLACE_FLAGS else {}
+            api_failure(e, named if fragment is None else {})
+    if as_json:
+        echo_json(place_record(answer))
+        return
+    v = answer.instance
+    click.echo(
+        f"{answer.instance_id}: {answer.outcome} (generation {answer.generation}); "
+        f"{v.lifecycle} (wanted {v.desired}); seq {answer.seq} hash {answer.hash}"
+    )
+
+
+def _env_pair(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        fail(f"--env {item!r}: expected KEY=VALUE", "bad_value", "--env")
+    return key, value
+
+
+def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
+    """The InstanceSpec of the fragment's keys with ``flags`` over them, and its ``start``.
+
+    Raises:
+        Failure: the fragment cannot be read, or a key is unknown or mistyped
+            (named, with the allowed keys or values: tools/node/config.py's messages).
+    """
+    from ..node import config as config_module  # noqa: PLC0415 - keeps --help fast
+
+    raw: dict[str, Any] = {}
+    where = "the flags"
+    if fragment is not None:
+        where = str(fragment)
+        try:
+            raw = config_module.parse_toml(
+                fragment.read_text(encoding="utf-8"), f"--file {fragment}"
+            )
+        except OSError as e:
+            message = f"--file {fragment}: cannot read: {e.strerror or e}"
+            raise Failure(message, "bad_path", "--file") from e
+        except UnicodeDecodeError as e:
+            raise Failure(f"--file {fragment}: not valid TOML: {e}", "bad_spec", "--file") from e
+        except config_module.ConfigError as e:
+            raise Failure(str(e), "bad_spec", "--file") from e
+        if "instances" in raw:
+            tables = raw.pop("instances")
+            if raw or not isinstance(tables, list) or len(tables) != 1:
+                raise Failure(
+                    f"{fragment}: give the instance's keys flat, or in exactly one "
+                    "[[instances]] table (and nothing beside it)",
+                    "bad_spec",
+                    "--file",
+                )
+            raw = dict(tables[0])
+    raw.update(flags)
+    entry_type = config_module.InstanceEntry
+    try:
+        entry = msgspec.convert(raw, entry_type)
+    except msgspec.ValidationError as e:
+        message, key = _explain_spec(str(e), entry_type, config_module)
+        flag = _PLACE_FLAGS.get(key or "") if key in flags or fragment is None else None
+        # A whole-document error names the fragment: a bad_spec always names a field.
+        raise Failure(f"{where}: {message}", "bad_spec", flag or key or "--file") from e
+    return entry.spec(), raw.get("start") is True  # the config's default is True
+
+
+_SPEC_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
+_SPEC_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+_SPEC_MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
+
+
+def _explain_spec(message: str, cls: Any, config_module: Any) -> tuple[str, str | None]:
+    """A msgspec message about an instance's keys in TOML terms, and the key at fault."""
+    match = _SPEC_AT.match(message)
+    what, path = (match["what"], match["path"] or "") if match else (message, "")
+    if unknown := _SPEC_UNKNOWN.match(what):
+        key = unknown["key"]
+        return f"unknown key `{key}`; {config_module._allowed(cls, key)}", key
+    if missing := _SPEC_MISSING.match(what):
+        key = missing["key"]
+        flag = _PLACE_FLAGS.get(key)
+        return f"missing key `{key}`" + (f" (or {flag})" if flag else ""), key
+    key = path.split(".")[0].split("[")[0] or None
+    hint = config_module._enum_hint(cls, key) if what.startswith("Invalid enum value") else ""
+    return f"key `{key}`: {what[:1].lower()}{what[1:]}{hint}", key

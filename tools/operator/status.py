@@ -1,0 +1,285 @@
+"""``infervisor status``: the node's instances, one line each (or one in detail),
+from the running node, else replayed from its chain; ``-w`` keeps it live."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from infervisor.actors.messages import InstanceView
+
+from ..api.errors import ApiError, NoAnswer, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
+from ..api.wire import NodeInfo
+from ..audit.offline import print_marker, read_offline, wrap
+from ..clikit.command import UNVERIFIED_HELP, Command
+from ..clikit.failure import echo_json, fail, say_line
+from ..clikit.names import chain_roles, resolve
+from ..clikit.schemas import InstanceRecord, from_state, from_view
+from ..node.where import where
+from .target import Target, api_failure, node_command, view_of
+
+__all__ = ["age", "chain_refusal", "row", "status"]
+
+_COLUMNS = (
+    "INSTANCE",
+    "FLAVOR",
+    "MODE",
+    "STATE",
+    "WANTED",
+    "SINCE",
+    "RESTARTS",
+    "ENDPOINT",
+    "MEM MiB",
+)
+_MIB = 1024 * 1024
+
+
+@click.command(cls=Command)
+@click.option("--json", "as_json", is_flag=True, help="Print the instances as JSON.")
+@click.option("--unverified", is_flag=True, help="From the chain: " + UNVERIFIED_HELP)
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="Keep it live: redraw on each chain event and every 2 s (Ctrl-C ends it).",
+)
+@node_command("[WHERE] [INSTANCE]", 1)
+def status(target: Target, as_json: bool, unverified: bool, watch: bool) -> None:
+    """Show the node's instances (or only INSTANCE): one line each, like `kubectl get`.
+
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    INSTANCE is an instance id or a role naming one instance. Columns:
+    INSTANCE, FLAVOR, MODE, STATE (lifecycle), WANTED (running or stopped),
+    SINCE (how long in that state: 42s, 5m, 3h, 2d), RESTARTS (used/budget),
+    ENDPOINT, MEM MiB (reserved by the budget/observed resident). With
+    INSTANCE, its details follow (health, pid, reason, last exit, the memory
+    limit and OOM kills, the tree's memory and CPU from its cgroup, and how
+    the node contains its servers).
+
+    While the node's chain refuses writes (disk full, write lock held
+    elsewhere), a warning on stderr says so and since when.
+
+    When no node runs on WHERE, the state is replayed from DATA_DIR/chain.db
+    instead, and stderr says so; health and memory are then unknown. The
+    chain is verified in the same pass: one that does not verify is refused
+    (exit 1) unless --unverified (output marked). --json prints the same
+    objects either way (docs/cli.md, schema "instance"), with "source":
+    "node" or "chain"; what only the node knows is null from the chain.
+
+    -w/--watch redraws the table on each chain event and at least every 2 s:
+    on a terminal the screen is cleared first; in a pipe each table follows
+    a blank line (each --json answer is one line). Ctrl-C ends it (exit 0).
+
+    Exit 0; 1 when INSTANCE is not placed (the message names those that are);
+    2 when WHERE names nothing; 3 when it has neither a running node nor a chain.
+    """
+    instance = target.rest[0] if target.rest else None
+    if not watch:
+        _show_status(target, instance, as_json, unverified, compact=False)
+        return
+    _watch_status(target, instance, as_json, unverified)
+
+
+def _show_status(
+    target: Target, instance: str | None, as_json: bool, unverified: bool, *, compact: bool
+) -> None:
+    """Print the status once (``compact``: a --json answer on one line)."""
+    try:
+        with target.client() as client:
+            views = [view_of(client, instance)] if instance else client.list()
+            refusal = chain_refusal(client.node())
+    except NoAnswer as e:  # a node holds the data directory: its chain is not the answer
+        api_failure(e)
+    except NodeUnavailable as e:
+        if target.where is None:
+            api_failure(e)
+        folder, db = where(target.where)
+        _status_from_chain(folder, db, instance, as_json, e, unverified=unverified)
+        return
+    except ApiError as e:
+        api_failure(e)
+    if refusal is not None:
+        click.echo(f"warning: {refusal}", err=True)
+    if as_json:
+        records = [from_view(v) for v in views]
+        answer: Any = records[0] if instance else records
+        say_line(answer) if compact else echo_json(answer)
+        return
+    _print_table([row(from_view(v)) for v in views])
+    if instance:
+        _print_details(views[0])
+        with contextlib.suppress(ApiError, NodeUnavailable), target.client() as client:
+            node = client.node()
+            click.echo(f"  contained  {node.containment}: {node.containment_reason}")
+
+
+def chain_refusal(info: NodeInfo) -> str | None:
+    """What to warn of while the node's chain refuses writes (None while it takes them)."""
+    if info.chain_writable:
+        return None
+    since = ""
+    if info.chain_failing_since_ns is not None:
+        at = dt.datetime.fromtimestamp(info.chain_failing_since_ns / 1e9, dt.UTC)
+        since = f" since {at.isoformat(timespec='seconds')}"
+    return (
+        f"the node's chain refuses writes{since} ({info.chain_error}): observations wait, "
+        "in order, and verbs are refused until it takes them again (free disk space, or "
+        "end what holds chain.db's write lock)"
+    )
+
+
+def _watch_status(target: Target, instance: str | None, as_json: bool, unverified: bool) -> None:
+    """Redraw on each chain event (the watch stream, on a thread) and every 2 s."""
+    terminal = sys.stdout.isatty() and not as_json
+    wake: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def listen() -> None:
+        with contextlib.suppress(Exception), target.client() as client:
+            for event in client.events(None):
+                wake.put(event.seq)
+
+    listener: threading.Thread | None = None
+    first = True
+    try:
+        while True:
+            if listener is None or not listener.is_alive():
+                listener = threading.Thread(target=listen, name="status-watch", daemon=True)
+                listener.start()
+            if terminal:
+                click.echo("\x1b[H\x1b[2J", nl=False)
+            elif not first and not as_json:
+                click.echo("")
+            _show_status(target, instance, as_json, unverified, compact=True)
+            sys.stdout.flush()
+            first = False
+            with contextlib.suppress(queue.Empty):
+                wake.get(timeout=_REDRAW_S)
+                while True:  # one redraw for a burst of events
+                    wake.get_nowait()
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+_REDRAW_S = 2.0
+
+
+def _status_from_chain(
+    folder: Path,
+    db: Path,
+    instance: str | None,
+    as_json: bool,
+    why: NodeUnavailable,
+    *,
+    unverified: bool = False,
+) -> None:
+    if not db.is_file():
+        if not isinstance(why, NotRunning):
+            api_failure(why)  # a new node still opening: no chain yet
+        fail(
+            f"no node is running on {folder}, and it holds no chain ({db}): give a node's "
+            "data directory, its config file (.toml) or its chain file",
+            "no_node",
+        )
+    read = read_offline(db, unverified=unverified)
+    state = read.state
+    click.echo(f"{_unavailable(why)}; state replayed from the chain", err=True)
+    records = [from_state(inst) for _, inst in sorted(state.instances.items())]
+    if instance:
+        iid = resolve(instance, chain_roles(state), f"in {db}")
+        records = [r for r in records if r.instance_id == iid]
+    answer: Any = records[0] if instance else records
+    if as_json:
+        echo_json(wrap(read, answer) if unverified else answer)
+        return
+    if unverified:
+        print_marker(db, read)
+    _print_table([row(r) for r in records])
+
+
+_UNAVAILABLE: dict[type[NodeUnavailable], str] = {
+    NotRunning: "no node running",
+    NodeStarting: "node starting",
+    NodeStopping: "node stopping",
+}
+
+
+def _unavailable(why: NodeUnavailable) -> str:
+    return _UNAVAILABLE.get(type(why), str(why))
+
+
+def age(seconds: float) -> str:
+    """A duration as `kubectl get` shows ages: 42s, 5m, 3h, 2d (rounded down)."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def row(r: InstanceRecord, now_ns: int | None = None) -> tuple[str, ...]:
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    offline = r.source == "chain"
+    memory = f"{_mib(r.reserved_bytes)}/{'?' if offline else _mib(r.rss_bytes)}"
+    budget = "-" if r.max_restarts is None else str(r.max_restarts)
+    since = age((now_ns - r.since_ns) / 1e9) if r.since_ns else "-"
+    return (
+        r.instance_id,
+        r.flavor or "?",
+        r.mode or "?",
+        r.lifecycle,
+        r.desired,
+        since,
+        f"{r.restarts}/{budget}",
+        r.endpoint or "-",
+        memory,
+    )
+
+
+def _mib(size: int | None) -> str:
+    return "-" if size is None else f"{size / _MIB:.0f}"
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    lines = [_COLUMNS, *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS) - 1)]
+    for line in lines:
+        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
+        click.echo("  ".join([*cells, line[-1]]).rstrip())
+
+
+def _print_details(v: InstanceView) -> None:
+    click.echo(f"\n  endpoint   {v.endpoint} ({v.exposure})")
+    click.echo(f"  model      {v.model or '-'}")
+    click.echo(f"  pid        {v.pid if v.pid is not None else '-'}")
+    click.echo(f"  reason     {v.reason or '-'}")
+    click.echo(f"  status     {v.status or '-'}{f': {v.status_detail}' if v.status_detail else ''}")
+    health = v.health or "unknown"
+    click.echo(f"  health     {health}{f': {v.health_reason}' if v.health_reason else ''}")
+    if v.probe_latency_s is not None:
+        click.echo(f"  probe      {v.probe_latency_s * 1000:.0f} ms, {v.misses} missed in a row")
+    if v.last_exit is not None:
+        e = v.last_exit
+        how = f"signal {e.signal}" if e.signal is not None else f"exit code {e.exit_code}"
+        pid = f"pid {e.pid}, " if e.pid is not None else ""
+        click.echo(f"  last exit  {pid}{how}: {e.reason}")
+    _print_accounting(v)
+
+
+def _print_accounting(v: InstanceView) -> None:
+    """The memory limit, OOM kills, and the tree's memory and CPU from its cgroup."""
+    if v.memory_max_bytes is not None or v.oom_kills:
+        limit = f"{v.memory_max_bytes} bytes" if v.memory_max_bytes is not None else "none"
+        click.echo(f"  mem limit  {limit}, {v.oom_kills} OOM kill(s)")
+    if v.cgroup_memory_bytes is not None or v.cpu_seconds is not None:
+        mem = f"{v.cgroup_memory_bytes / 2**20:.1f} MiB" if v.cgroup_memory_bytes else "-"
+        cpu = f"{v.cpu_seconds:.2f} s CPU" if v.cpu_seconds is not None else "- CPU"
+        click.echo(f"  cgroup     {mem}, {cpu} (the whole process tree)")
