@@ -31,8 +31,8 @@ from infervisor.chain import EventDraft, SqliteChain
 from infervisor.replay import events as ev
 from infervisor.replay import kind_of
 from infervisor.tools import cli as cli_module
+from infervisor.tools.api.exit_codes import CODES, MAX_VALUE, Exit, exit_for
 from infervisor.tools.cli import cli as cli_group
-from infervisor.tools.exit_codes import CODES, MAX_VALUE, Exit, exit_for
 from infervisor.tools.schemas import (
     ERROR_SCHEMA,
     INSTANCE_SCHEMA,

@@ -2,7 +2,7 @@
 
 Each function does one command's work and prints its answer (text, or one
 JSON object with ``as_json``); it returns the exit status, or raises
-:class:`Failure` (code from :mod:`.exit_codes`, message, field) for the CLI
+:class:`Failure` (code from :mod:`.api.exit_codes`, message, field) for the CLI
 to report through its one error path.
 
 Checkpoints, proofs, bundles: docs/chain-format.md, sections 8 to 12.

@@ -1,6 +1,6 @@
 """The ``infervisor`` command line: a thin layer over the library.
 
-Every command exits by one table (:mod:`.exit_codes`, docs/cli.md): 0 done or
+Every command exits by one table (:mod:`.api.exit_codes`, docs/cli.md): 0 done or
 already so; 1 refused or invalid; 2 usage; 3 no node takes verbs there. Bad
 input is reported in one line, never a traceback; with ``--json`` the error
 is also printed on stdout as one object (``{"error": {"code", "message",
@@ -48,8 +48,8 @@ from .api.errors import (
     NodeUnavailable,
     NotRunning,
 )
+from .api.exit_codes import EPILOG, cut, exit_for
 from .api.wire import NodeInfo, WatchEvent
-from .exit_codes import EPILOG, cut, exit_for
 from .schemas import (
     ErrorBody,
     ErrorRecord,

@@ -2,7 +2,7 @@
 
 A command's work raises :class:`Failure`; ``tools/cli.py`` reports it on the
 error path of docs/cli.md (the message, the code's exit status from
-:mod:`.exit_codes`, the field at fault).
+:mod:`.api.exit_codes`, the field at fault).
 """
 
 from __future__ import annotations
