@@ -18,6 +18,7 @@ from pathlib import Path
 
 from litestar.datastructures import State
 from litestar.di import NamedDependency
+from litestar.params import SkipValidation
 
 from infervisor.actors.node import Node
 from infervisor.chain.connect import connect_reader
@@ -28,7 +29,15 @@ from .gate import Gate, Phase
 from .idempotency import IdempotencyStore
 from .watch import WatchHub
 
-__all__ = ["ApiContext", "changing", "last_of", "provide_api", "reading", "require_open"]
+__all__ = [
+    "AdmittedNode",
+    "ApiContext",
+    "changing",
+    "last_of",
+    "provide_api",
+    "reading",
+    "require_open",
+]
 
 
 @dataclass
@@ -46,6 +55,10 @@ class ApiContext:
     idempotency: IdempotencyStore = field(default_factory=IdempotencyStore)
     metrics: Callable[[], tuple[bytes, str]] | None = None
 
+
+#: A route's parameter ``node``: the node the gate admitted. The app gives it, never
+#: a caller, so Litestar does not validate it (a test may give a stand-in).
+AdmittedNode = NamedDependency[SkipValidation[Node]]
 
 #: The key of the app's state that holds the context.
 STATE_KEY = "api"

@@ -9,14 +9,13 @@ from typing import Annotated, Any
 
 from litestar import Controller, MediaType, get, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody, QueryParameter
+from litestar.params import JSONBody, QueryParameter, SkipValidation
 from litestar.response import Stream
 
 from infervisor.actors.errors import NodeError
-from infervisor.actors.node import Node
 from infervisor.adapters.errors import AdapterError
 
-from ..context import ApiContext, last_of
+from ..context import AdmittedNode, ApiContext, last_of
 from ..errors import ApiError, answer_for
 from ..logs import STREAMS, follow_log, log_file
 from ..openapi import BODIED, POSTED, responses, text
@@ -42,8 +41,9 @@ _VERB: dict[str, Any] = {
     "responses": responses(*BODIED, 404, 504),
     "dependencies": VERB_DEPENDENCIES,
 }
-#: A verb route's parameters, named short so that its signature reads on one line.
-Verb = NamedDependency[VerbCall]
+#: A verb route's parameters, named short so that its signature reads on one line (the
+#: app gives the verb, never a caller: not validated).
+Verb = NamedDependency[SkipValidation[VerbCall]]
 Body = JSONBody[VerbRequest | None]
 Key = IdempotencyKey
 
@@ -54,7 +54,7 @@ class InstanceController(Controller):
     path = f"{PREFIX}/instances"
 
     @get(operation_id="listInstances", sync_to_thread=True, responses=responses())
-    def list_instances(self, node: NamedDependency[Node]) -> list[InstanceView]:
+    def list_instances(self, node: AdmittedNode) -> list[InstanceView]:
         """Every instance's view, ordered by id."""
         return node.list()
 
@@ -64,7 +64,7 @@ class InstanceController(Controller):
         sync_to_thread=True,
         responses=responses(404),
     )
-    def get_instance(self, node: NamedDependency[Node], instance_id: InstanceId) -> InstanceView:
+    def get_instance(self, node: AdmittedNode, instance_id: InstanceId) -> InstanceView:
         """One instance's view."""
         return node.status(instance_id)
 
@@ -156,7 +156,7 @@ class InstanceController(Controller):
         responses=responses(*POSTED, 404, 502, 504),
     )
     def check_instance_deep_health(
-        self, node: NamedDependency[Node], instance_id: InstanceId, idempotency_key: Key = None
+        self, node: AdmittedNode, instance_id: InstanceId, idempotency_key: Key = None
     ) -> TokenAnswer:
         """The normal probe plus one real generated token."""
         return TokenAnswer(instance_id=instance_id, token=node.deep_health(instance_id))
@@ -174,7 +174,7 @@ class InstanceController(Controller):
         self,
         *,
         api: NamedDependency[ApiContext],
-        node: NamedDependency[Node],
+        node: AdmittedNode,
         instance_id: InstanceId,
         stream: Annotated[str, QueryParameter(description="stderr or stdout")] = "stderr",
         follow: Annotated[

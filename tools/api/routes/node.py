@@ -8,9 +8,9 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import JSONBody
 
 from infervisor.actors.ledger import LedgerView
-from infervisor.actors.node import VERSION, Node
+from infervisor.actors.node import VERSION
 
-from ..context import ApiContext, changing, last_of
+from ..context import AdmittedNode, ApiContext, changing, last_of
 from ..openapi import BODIED, responses
 from ..wire import HeartbeatAnswer, HeartbeatRequest, NodeInfo
 from .params import PREFIX, IdempotencyKey
@@ -24,7 +24,7 @@ class NodeController(Controller):
     path = PREFIX
 
     @get("/node", operation_id="getNode", sync_to_thread=True, responses=responses())
-    def get_node(self, api: NamedDependency[ApiContext], node: NamedDependency[Node]) -> NodeInfo:
+    def get_node(self, api: NamedDependency[ApiContext], node: AdmittedNode) -> NodeInfo:
         """The node, its phase and its chain head; 503 while it starts (a readiness check)."""
         seq, digest = last_of(api.chain_path)
         health = node.append_status()
@@ -46,7 +46,7 @@ class NodeController(Controller):
         )
 
     @get("/ledger", operation_id="getLedger", sync_to_thread=True, responses=responses())
-    def get_ledger(self, node: NamedDependency[Node]) -> LedgerView | None:
+    def get_ledger(self, node: AdmittedNode) -> LedgerView | None:
         """The memory budget and each reservation, bytes (null: the node has no budget)."""
         return node.ledger()
 
@@ -60,7 +60,7 @@ class NodeController(Controller):
     )
     def send_heartbeat(
         self,
-        node: NamedDependency[Node],
+        node: AdmittedNode,
         data: JSONBody[HeartbeatRequest],
         idempotency_key: IdempotencyKey = None,
     ) -> HeartbeatAnswer:

@@ -21,7 +21,7 @@ from infervisor.actors.node import Node
 from infervisor.replay.callers import source_for
 
 from ..auth import Caller, authorize
-from ..context import ApiContext, changing, last_of
+from ..context import AdmittedNode, ApiContext, changing, last_of
 from ..scopes import Scope
 from ..wire import VerbAnswer, VerbRequest
 
@@ -80,7 +80,7 @@ class VerbCall:
 
 
 def provide_verb(
-    api: NamedDependency[ApiContext], node: NamedDependency[Node], request: Request[Any, Any, Any]
+    api: NamedDependency[ApiContext], node: AdmittedNode, request: Request[Any, Any, Any]
 ) -> VerbCall:
     """The dependency ``verb``."""
     return VerbCall(api, node, request)
