@@ -30,6 +30,7 @@ from infervisor.actors.messages import InstanceView
 from infervisor.chain import EventDraft, SqliteChain
 from infervisor.replay import events as ev
 from infervisor.replay import kind_of
+from infervisor.tools.api.exit_codes import CODES, MAX_VALUE, Exit, exit_for
 from infervisor.tools.cli import cli as cli_group
 from infervisor.tools.clikit.schemas import (
     ERROR_SCHEMA,
@@ -44,7 +45,6 @@ from infervisor.tools.clikit.schemas import (
     TimelineRecord,
     VerbRecord,
 )
-from infervisor.tools.exit_codes import CODES, MAX_VALUE, Exit, exit_for
 from infervisor.tools.operator.progress import Progress
 from infervisor.tools.operator.verbs import wait_running
 

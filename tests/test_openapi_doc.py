@@ -266,3 +266,34 @@ def test_the_file_is_pretty_and_key_sorted() -> None:
     raw = DOC.read_bytes()
     sorted_keys(json.loads(raw), "")
     assert raw.endswith(b"}\n") and b'\n  "components": {' in raw
+
+
+def test_every_operation_has_a_name_and_docs_api_md_gives_it(doc: dict[str, Any]) -> None:
+    named = {
+        (method, path): operation["operationId"] for path, method, operation in operations(doc)
+    }
+    assert sorted(named.values()) == sorted(
+        [
+            "getNode",
+            "getLedger",
+            "sendHeartbeat",
+            "listInstances",
+            "getInstance",
+            "placeInstance",
+            "startInstance",
+            "stopInstance",
+            "restartInstance",
+            "unloadInstance",
+            "checkInstanceDeepHealth",
+            "getInstanceLogs",
+            "watchEvents",
+            "getMetrics",
+        ]
+    )
+    api_md = (DOC.parent / "api.md").read_text()
+    for (method, path), name in named.items():
+        route = path.replace("{instance_id}", "{id}")
+        row = re.search(
+            rf"^\| `{method.upper()} {re.escape(route)}[?`][^|]*\| `(\w+)` \|", api_md, re.M
+        )
+        assert row is not None and row[1] == name, f"docs/api.md: {method} {path} is not {name}"

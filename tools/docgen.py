@@ -67,7 +67,7 @@ def render_rule_table() -> str:
 
 def render_cli_codes() -> str:
     """Markdown: every error code of the command line and the exit status it gives."""
-    from .exit_codes import CODES  # noqa: PLC0415 - the CLI's modules load only when asked
+    from .api.exit_codes import CODES  # noqa: PLC0415 - the CLI's modules load only when asked
 
     rows = ["| code | exit |", "|---|---|"]
     rows += [f"| `{code}` | {int(status)} |" for code, status in CODES.items()]

@@ -5,8 +5,8 @@
   (403). The identity is ``uid=N(name)``.
 - On TCP every request needs ``Authorization: Bearer <secret>`` (RFC 6750)
   of a named token, sent once (a second ``Authorization`` header is refused,
-  400: tools/api/app.py); the identity is ``token=<name> (scope <scope>)``. Secrets are generated
-  on first run (``secrets.token_urlsafe``, 256 bits) into
+  400: tools/api/middleware.py); the identity is ``token=<name> (scope <scope>)``.
+  Secrets are generated on first run (``secrets.token_urlsafe``, 256 bits) into
   ``<data_dir>/api-tokens.json``, mode 0600, and compared with
   ``hmac.compare_digest`` against every token, so the time taken does not
   say which one, nor how much of it, matched.

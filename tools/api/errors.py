@@ -40,7 +40,7 @@ from infervisor.adapters.errors import (
 from infervisor.adapters.proc.errors import ProcessControlError, SpawnError
 from infervisor.adapters.spec import InstanceSpec
 
-from ..exit_codes import cut
+from .exit_codes import cut
 from .wire import ErrorBody
 
 __all__ = [

@@ -117,48 +117,19 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
         if key is None:
             await app(scope, receive, send)
             return
-        if not key.strip():
-            await _send_error(
-                send,
-                400,
-                ErrorBody(
-                    code="bad_request",
-                    field="Idempotency-Key",
-                    message="an Idempotency-Key is empty: send a unique key per request "
-                    "(e.g. a UUID), or no header",
-                ),
-            )
-            return
-        if len(key) > MAX_KEY_LENGTH:
-            await _send_error(
-                send,
-                400,
-                ErrorBody(
-                    code="bad_request",
-                    field="Idempotency-Key",
-                    message=f"an Idempotency-Key is at most {MAX_KEY_LENGTH} bytes",
-                ),
-            )
+        refused = _bad_key(key)
+        if refused is not None:
+            await _send_error(send, 400, refused)
             return
         try:
             body = await read_body(receive, limit=MAX_BODY)
         except BodyCut:
             return  # the caller is gone: nothing done, nothing to answer
         if body is None:
-            await _send_error(
-                send,
-                413,
-                ErrorBody(
-                    code="too_large",
-                    field="body",
-                    message=f"the body is larger than {MAX_BODY} bytes",
-                ),
-            )
+            await _send_error(send, 413, _TOO_LARGE)
             return
         slot = (str(scope.get("infervisor.identity", "")), key)
-        fingerprint = hashlib.sha256(
-            b"\0".join([scope["method"].encode(), scope["path"].encode(), body])
-        ).digest()
+        fingerprint = _fingerprint(scope, body)
         found = store.begin(slot, fingerprint)
         if isinstance(found, ErrorBody):
             status = 422 if found.code == "idempotency_mismatch" else 409
@@ -174,6 +145,36 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
             store.finish(slot, stored)  # status 0: the app failed before answering
 
     return middleware
+
+
+_TOO_LARGE = ErrorBody(
+    code="too_large", field="body", message=f"the body is larger than {MAX_BODY} bytes"
+)
+
+
+def _bad_key(key: bytes) -> ErrorBody | None:
+    """The 400 for a key that cannot name a request (empty, too long); None: it can."""
+    if not key.strip():
+        return ErrorBody(
+            code="bad_request",
+            field="Idempotency-Key",
+            message="an Idempotency-Key is empty: send a unique key per request "
+            "(e.g. a UUID), or no header",
+        )
+    if len(key) > MAX_KEY_LENGTH:
+        return ErrorBody(
+            code="bad_request",
+            field="Idempotency-Key",
+            message=f"an Idempotency-Key is at most {MAX_KEY_LENGTH} bytes",
+        )
+    return None
+
+
+def _fingerprint(scope: Scope, body: bytes) -> bytes:
+    """What makes two requests the same one: method, path and body (SHA-256)."""
+    return hashlib.sha256(
+        b"\0".join([scope["method"].encode(), scope["path"].encode(), body])
+    ).digest()
 
 
 def _key(scope: Scope) -> bytes | None:

@@ -1,7 +1,7 @@
 """docs/openapi.json: write or check the control API's OpenAPI document.
 
 ``python -m infervisor.tools.api.openapi_cli --write`` regenerates it from the
-routes (tools/api/app.py); ``--check`` exits 1 when the checked-in file
+routes (tools/api/routes/); ``--check`` exits 1 when the checked-in file
 differs; with neither, the document goes to standard output.
 """
 
@@ -11,7 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .app import ApiContext, build_app, openapi_document
+from .app import build_app
+from .context import ApiContext
+from .openapi import openapi_document
 
 __all__ = ["DOC", "REGENERATE", "document", "main"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from ..exit_codes import EPILOG, cut
+from ..api.exit_codes import EPILOG, cut
 from .failure import Failure, echo_json, fail
 from .schemas import ErrorBody, ErrorRecord
 

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import click
 import msgspec
 
-from ..exit_codes import cut, exit_for
+from ..api.exit_codes import cut, exit_for
 from .schemas import ErrorBody, ErrorRecord
 
 __all__ = ["Failure", "echo_json", "fail", "json_mode", "say_line"]

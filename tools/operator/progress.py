@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from ..exit_codes import cut
+from ..api.exit_codes import cut
 
 __all__ = ["Progress", "countdown", "elapsed", "ticking"]
 

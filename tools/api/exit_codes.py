@@ -1,6 +1,10 @@
-"""The exit statuses of every ``infervisor`` command, and the error codes of ``--json``.
+"""The control API's error codes and the exit status each gives: the table the
+command line follows (its exit statuses and the codes of ``--json``).
 
-One table for the whole command line (documented in docs/cli.md and in each
+It lives with the API because the API's answers carry these codes
+(tools/api/errors.py); the command line, a client of the API, maps a code to
+its exit status here, so the API depends on nothing of the command line. One
+table for the whole command line (documented in docs/cli.md and in each
 command's ``--help``)::
 
     0  done, or already so (a start of a running instance, a stop of a stopped one)
@@ -13,8 +17,8 @@ command's ``--help``)::
        shutting down): try again once
        `infervisor run` is up
 
-The control API's error codes (tools/api/errors.py) are in the same table,
-so an answer's ``code`` gives the exit status directly.
+The command line's own codes (``usage``, ``bad_path``, ``chain_invalid``, ...) are
+in the same table, so an answer's ``code`` gives the exit status directly.
 
 With ``--json`` an error is also printed on stdout as one object,
 ``{"error": {"code": CODE, "message": MESSAGE, "field": FLAG_OR_NULL}}``;

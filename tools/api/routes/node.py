@@ -1,0 +1,70 @@
+"""The node as a resource: its phase and chain head, its memory ledger, and the
+heartbeats that renew a controller's lease."""
+
+from __future__ import annotations
+
+from litestar import Controller, get, post
+from litestar.di import NamedDependency, Provide
+from litestar.params import JSONBody
+
+from infervisor.actors.ledger import LedgerView
+from infervisor.actors.node import VERSION
+
+from ..context import AdmittedNode, ApiContext, changing, last_of
+from ..openapi import BODIED, responses
+from ..wire import HeartbeatAnswer, HeartbeatRequest, NodeInfo
+from .params import PREFIX, IdempotencyKey
+
+__all__ = ["NodeController"]
+
+
+class NodeController(Controller):
+    """``GET /v1/node``, ``GET /v1/ledger``, ``POST /v1/heartbeat``."""
+
+    path = PREFIX
+
+    @get("/node", operation_id="getNode", sync_to_thread=True, responses=responses())
+    def get_node(self, api: NamedDependency[ApiContext], node: AdmittedNode) -> NodeInfo:
+        """The node, its phase and its chain head; 503 while it starts (a readiness check)."""
+        seq, digest = last_of(api.chain_path)
+        health = node.append_status()
+        return NodeInfo(
+            node_id=api.node_id,
+            version=VERSION,
+            phase=api.gate.phase.value,
+            head_seq=seq,
+            head_hash=digest,
+            instances=len(node.list()),
+            lease_s=node.settings.lease_s,
+            chain_writable=health.writable,
+            chain_error=health.error,
+            chain_failing_since_ns=health.since_ns,
+            chain_append_failures=health.failures,
+            containment=node.containment.mode,
+            containment_reason=node.containment.reason,
+            memory_cgroup=node.containment.memory,
+        )
+
+    @get("/ledger", operation_id="getLedger", sync_to_thread=True, responses=responses())
+    def get_ledger(self, node: AdmittedNode) -> LedgerView | None:
+        """The memory budget and each reservation, bytes (null: the node has no budget)."""
+        return node.ledger()
+
+    @post(
+        "/heartbeat",
+        operation_id="sendHeartbeat",
+        sync_to_thread=True,
+        status_code=200,
+        responses=responses(*BODIED),
+        dependencies={"node": Provide(changing)},
+    )
+    def send_heartbeat(
+        self,
+        node: AdmittedNode,
+        data: JSONBody[HeartbeatRequest],
+        idempotency_key: IdempotencyKey = None,
+    ) -> HeartbeatAnswer:
+        """Renew ``controller``'s lease (``node.lease_renewed`` is recorded at most
+        once per fraction of the lease, actors/supervisor.py)."""
+        node.heartbeat(data.controller)
+        return HeartbeatAnswer(controller=data.controller, lease_s=node.settings.lease_s)
