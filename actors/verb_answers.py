@@ -12,6 +12,7 @@ from infervisor.adapters.errors import AdmissionRefused, SpawnError
 from infervisor.replay import InstanceState, LifecycleState
 
 from .core import observations as o
+from .core.common import unloading
 from .core.decision import Refusal, RefusalKind
 from .core.rules import Mode, Rules
 from .errors import InvalidState, VerbFailed, VerbRefused
@@ -37,8 +38,7 @@ def stopped(state: InstanceState | None, rules: Rules) -> bool:
         return True
     if rules.mode is Mode.PROCESS:
         return state.process is None and state.lifecycle is not S.STOPPING
-    unloading = state.ollama_owned is True and state.reserved_bytes > 0
-    return not (state.lifecycle is S.STOPPED and unloading)
+    return not unloading(state)
 
 
 def restarted(state: InstanceState | None, rules: Rules) -> bool:

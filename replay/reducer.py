@@ -269,6 +269,7 @@ def _on_starting(inst: InstanceState, stored: StoredEvent, e: ev.Starting) -> di
         then="",
         then_by="",
         refusal="",
+        unload_error="",
         up_since=None,
         reserved_bytes=e.reserved_bytes,
         **budget,
@@ -339,6 +340,7 @@ def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> d
         then=then,
         then_by=then_by if then else "",
         terminating=terminating,
+        unload_error="",
     )
 
 
@@ -373,6 +375,12 @@ def _on_released(inst: InstanceState, stored: StoredEvent, e: ev.MemoryReleased)
     return dict(reserved_bytes=0)
 
 
+def _on_unload_failed(
+    inst: InstanceState, stored: StoredEvent, e: ev.UnloadFailed
+) -> dict[str, Any]:
+    return dict(unload_error=e.error)
+
+
 #: What each kind of event changes besides the transition (applied in one replace).
 _UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], dict[str, Any]]] = {
     ev.Starting: _on_starting,
@@ -393,6 +401,7 @@ _UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], dict[str, 
     ev.MemoryReleased: _on_released,
     ev.ModelDropped: _on_dropped,
     ev.MemoryCorrected: _on_corrected,
+    ev.UnloadFailed: _on_unload_failed,
 }
 
 

@@ -135,6 +135,9 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             only it may unload it), False when it was somebody else's, None
             before a load was decided.
         reserved_bytes: what the residency ledger holds for it, bytes.
+        unload_error: why Ollama did not unload this node's model when a stop
+            asked it to (``instance.unload_failed``); while set no unload is in
+            flight. A stop (which asks again) or a start clears it.
         refusal: the cause of the last refused start, until a start succeeds
             (a refusal is recorded once per cause).
         oom_kills: exits recorded as OOM kills under the instance's memory
@@ -166,6 +169,7 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ollama_owned: bool | None = None
     reserved_bytes: int = 0
     refusal: str = ""
+    unload_error: str = ""
 
 
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,7 +14,7 @@ from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.state import Stamp, later
 
-from .common import STARTABLE, after_exit, describe_exit, try_start
+from .common import STARTABLE, after_exit, describe_exit, try_start, unloading
 from .decision import Draft
 from .effects import ArmTimer, CheckResident, EndStrays, Terminate, UnloadModel
 from .observations import BootSeen, ProcessAlive, ProcessGone
@@ -124,7 +124,7 @@ def _boot_ollama(d: Draft) -> None:
     if inst.lifecycle is S.STARTING:
         d.do(CheckResident())  # go on with the start
         return
-    if inst.lifecycle is S.STOPPED and inst.ollama_owned and inst.reserved_bytes:
+    if unloading(inst):
         d.do(UnloadModel())  # an unload was in flight
         return
     _resume(d)

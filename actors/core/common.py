@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import signal
 
-from infervisor.replay import Desired, LifecycleState
+from infervisor.replay import Desired, InstanceState, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import role_of
-from infervisor.replay.policy import Exhausted, decide_restart, jitter_unit
+from infervisor.replay.policy import (
+    Exhausted,
+    RestartPolicy,
+    decide_restart,
+    jitter_unit,
+    restarts_in_window,
+)
 from infervisor.replay.state import Stamp, later
 
 from .decision import Draft, RefusalKind
@@ -19,16 +25,48 @@ from .rules import Mode
 __all__ = [
     "STARTABLE",
     "after_exit",
+    "armed_kill",
     "begin_termination",
     "describe_exit",
     "remaining_s",
+    "scheduled_attempt",
     "start_checked",
     "try_start",
+    "unloading",
 ]
 
 S = LifecycleState
 #: States a start may leave.
 STARTABLE = frozenset({S.LOADED, S.STOPPED, S.EXITED, S.FAILED, S.FINISHED, S.RESTARTING})
+
+
+def unloading(inst: InstanceState) -> bool:
+    """An unload of this node's Ollama model is in flight: stopped, the model
+    ours and still reserved, and no failure of the unload recorded."""
+    return (
+        inst.lifecycle is S.STOPPED
+        and inst.ollama_owned is True
+        and inst.reserved_bytes > 0
+        and not inst.unload_error
+    )
+
+
+def armed_kill(inst: InstanceState) -> Stamp | None:
+    """When the SIGKILL of a termination in flight is due (None: none in flight)."""
+    term = inst.terminating
+    if term is None or inst.process is None:
+        return None
+    return later(term.at, term.grace_s)
+
+
+def scheduled_attempt(inst: InstanceState, policy: RestartPolicy) -> int:
+    """The attempt number the scheduled restart was recorded with
+    (``instance.restart_scheduled``), so its ``instance.starting`` says the same:
+    the restarts counted in the window at the moment it was decided (all of
+    them since the last clear when the policy has no window)."""
+    if policy.window_s is None or not inst.restart_stamps:
+        return inst.restarts
+    return restarts_in_window(inst, policy, inst.restart_stamps[-1])
 
 
 def remaining_s(due: Stamp, now: Stamp) -> float:

@@ -17,7 +17,7 @@ from infervisor.replay.state import elapsed_s
 
 from ..kinds import HealthSample, Healthy, Unhealthy, judge
 from . import ollama
-from .common import after_exit, begin_termination, try_start
+from .common import after_exit, begin_termination, try_start, unloading
 from .decision import Draft
 from .observations import DeepChecked, ProbeResult, Tick
 from .process import restart_due
@@ -267,9 +267,17 @@ def _uptime(d: Draft) -> float:
 
 
 def _stable_check(d: Draft) -> None:
-    """Up for the stability period: the restart count clears (every managed kind)."""
+    """Up for the stability period and healthy at this moment: the restart count clears.
+
+    Called on a probe that answered up (a ``process`` kind, which has no probe,
+    on the tick: a live process is its health). A server with a missed probe or
+    a failed deep check still counted is not stable, however long it has run
+    (``reference/infer_lifecycle.rs.txt``: the count clears only on a probe
+    answering ``Health::Up`` after ``stable_after``)."""
     inst = d.inst
     if inst.lifecycle is not S.RUNNING or not inst.restarts or d.rules.mode is Mode.ADOPTED:
+        return
+    if d.tracking.misses or d.tracking.deep_misses:
         return
     uptime = _uptime(d)
     if inst.up_since is not None and uptime >= d.rules.supervision.restart.stable_after_s:
@@ -281,20 +289,16 @@ def tick(d: Draft, _: Tick) -> None:
     inst = d.inst
     if d.rules.mode is Mode.ADOPTED:
         return
-    _stable_check(d)
+    if d.rules.mode is Mode.PROCESS and d.rules.supervision.probe == "process":
+        _stable_check(d)  # no probe to wait for: a live process is healthy
     if inst.desired is not Desired.RUNNING or inst.exposed:
         return
     if inst.lifecycle is S.EXITED:
         after_exit(d)
     elif inst.lifecycle is S.RESTARTING:
         restart_due(d)
-    elif inst.lifecycle in (S.STOPPED, S.LOADED) and not _unload_in_flight(d):
+    elif inst.lifecycle in (S.STOPPED, S.LOADED) and not unloading(inst):
         try_start(d, inst.then_by or "supervisor" if inst.then == "restart" else "supervisor")
-
-
-def _unload_in_flight(d: Draft) -> bool:
-    inst = d.inst
-    return d.rules.mode is Mode.OLLAMA and inst.ollama_owned is True and inst.reserved_bytes > 0
 
 
 def _models_note(report: ServerReport | None) -> str:

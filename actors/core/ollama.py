@@ -25,7 +25,7 @@ from infervisor.adapters.probe import ServerReport
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 
-from .common import after_exit
+from .common import after_exit, unloading
 from .decision import Draft, RefusalKind
 from .effects import AbortLoad, LoadModel
 from .observations import OllamaListed, OllamaLoadEnded, OllamaResidency, OllamaUnloadEnded
@@ -133,7 +133,11 @@ def _load_failed(d: Draft, error: str, *, refused: bool) -> None:
 
 
 def unload_ended(d: Draft, u: OllamaUnloadEnded) -> None:
-    """Memory counts as released only once Ollama no longer lists the model."""
+    """Memory counts as released only once Ollama no longer lists the model.
+
+    A failed unload is recorded (``instance.unload_failed``): the model stays
+    this node's and reserved, but nothing is in flight any more, so a start
+    proceeds (and finds it resident) and another stop asks Ollama again."""
     inst = d.inst
     if inst.lifecycle is not S.STOPPED:
         return
@@ -143,5 +147,7 @@ def unload_ended(d: Draft, u: OllamaUnloadEnded) -> None:
         if inst.ollama_owned:
             d.emit(ev.ModelClaimed(ours=False))
     elif inst.then != "unload":  # an unloaded instance is forgotten all the same
+        if unloading(inst):
+            d.emit(ev.UnloadFailed(error=u.error or "no reason given"))
         d.refuse(RefusalKind.FAILED, f"unload failed: {u.error}")
     after_exit(d)

@@ -9,7 +9,14 @@ from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.state import later
 
-from .common import after_exit, begin_termination, describe_exit, remaining_s, try_start
+from .common import (
+    after_exit,
+    begin_termination,
+    describe_exit,
+    remaining_s,
+    scheduled_attempt,
+    try_start,
+)
 from .decision import Draft, RefusalKind
 from .effects import ArmTimer, CancelTimer, Kill, Reap
 from .observations import (
@@ -133,7 +140,7 @@ def restart_due(d: Draft) -> None:
     if due is not None and remaining_s(due, d.now) > 1e-3:
         d.do(ArmTimer(name="restart", due=due))
         return
-    try_start(d, "supervisor", attempt=inst.restarts)
+    try_start(d, "supervisor", attempt=scheduled_attempt(inst, d.rules.supervision.restart))
 
 
 def listeners_seen(d: Draft, seen: ListenersSeen) -> None:

@@ -8,12 +8,20 @@ and ``reference/host_supervise.rs.txt`` (``expire_lease``).
 from __future__ import annotations
 
 from infervisor.adapters.adopted import STOP_REFUSAL
-from infervisor.replay import LIVE_STATES, Desired, LifecycleState
+from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import role_of
 
 from . import common
-from .common import STARTABLE, after_exit, begin_termination, try_start
+from .common import (
+    STARTABLE,
+    after_exit,
+    armed_kill,
+    begin_termination,
+    remaining_s,
+    try_start,
+    unloading,
+)
 from .decision import Draft, RefusalKind
 from .effects import (
     AbortLoad,
@@ -77,7 +85,7 @@ def start_verb(d: Draft, v: StartVerb) -> None:
             f"({', '.join(inst.exposed)}); reload the instance",
         )
         return
-    if mode is Mode.OLLAMA and inst.ollama_owned is True and inst.reserved_bytes > 0:
+    if unloading(inst):
         d.refuse(
             RefusalKind.INVALID_STATE,
             f"{inst.instance_id} is unloading its model: start it once the unload has ended",
@@ -176,10 +184,11 @@ def unload_verb(d: Draft, v: UnloadVerb) -> None:
             d.do(RemoveWorkdir())
         return
     if mode is Mode.PROCESS and inst.lifecycle is S.STOPPING:
-        d.emit(
-            ev.StopRequested(by=v.by, grace_s=v.grace_s, reason="unload", then="unload", at=d.now)
-        )
-        begin_termination(d, v.grace_s)
+        kill_due = armed_kill(inst)
+        grace = v.grace_s if kill_due is None else min(v.grace_s, remaining_s(kill_due, d.now))
+        grace = max(0.0, grace)  # the stop's kill holds when it is sooner
+        d.emit(ev.StopRequested(by=v.by, grace_s=grace, reason="unload", then="unload", at=d.now))
+        begin_termination(d, grace)
         return
     _stop(d, v.by, v.grace_s, "unload", then="unload")
 
@@ -198,7 +207,10 @@ def lease_lapsed(d: Draft, lease: LeaseLapsed) -> None:
     inst, rules = d.inst, d.rules
     if rules.mode is Mode.ADOPTED or not rules.continuous or inst.placed_by == rules.node_id:
         return
-    if inst.desired is not Desired.RUNNING or inst.lifecycle not in LIVE_STATES:
+    # Wanted running is what a controller's placement holds, whatever the
+    # lifecycle: a restart whose start was refused (stopped, a restart pending)
+    # or an exit awaiting its restart would otherwise start with no controller.
+    if inst.desired is not Desired.RUNNING:
         return
     why = f"controller lease expired: no controller heard for {lease.silent_s:.1f} s"
     _stop(d, "lease", rules.stop_grace_s, why, then="")
@@ -214,13 +226,18 @@ def _has_something(d: Draft) -> bool:
 
 def _stop(d: Draft, by: str, grace_s: float, reason: str, *, then: str) -> None:
     inst = d.inst
-    if not _has_something(d) and (by == "shutdown" or inst.lifecycle is S.STOPPED):
+    settled = inst.lifecycle is S.STOPPED and inst.then != "restart"  # nothing pending
+    if not _has_something(d) and (by == "shutdown" or settled):
         d.do(CancelTimer(name="restart"))
         return  # nothing to stop; a shutdown leaves the state as the chain says
     escalate = d.rules.mode is Mode.PROCESS and inst.lifecycle is S.STOPPING
     was_starting = inst.lifecycle is S.STARTING
+    kill_due = armed_kill(inst)
     if escalate:
         grace_s = 0.0  # recorded as it is done, so a boot kills at once too
+    elif kill_due is not None:
+        # A kill already armed (a health kill) holds: a stop never pushes it later.
+        grace_s = min(grace_s, max(0.0, remaining_s(kill_due, d.now)))
     d.emit(ev.StopRequested(by=by, grace_s=grace_s, reason=reason, then=then, at=d.now))
     d.do(CancelTimer(name="restart"))
     if d.rules.mode is Mode.PROCESS:
