@@ -40,6 +40,7 @@ from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import EventDraft, StoredEvent
 from infervisor.replay import InstanceState, LifecycleState, apply_instance, kind_of
 from infervisor.replay import events as ev
+from infervisor.replay.callers import Role
 from infervisor.replay.state import Stamp
 
 from . import messages as m
@@ -50,6 +51,7 @@ from .clock import Clock
 from .core import observations as o
 from .core.decide import decide
 from .core.decision import Decision, Refusal, RefusalKind, Situation
+from .core.effects import Timer
 from .core.health import probe_token, wants_deep, wants_probe
 from .core.rules import Mode, Rules, Tracking
 from .effects_runner import EffectRunner, TimerFired
@@ -180,7 +182,7 @@ class InstanceActor(pykka.ThreadingActor):
                 self._decide_verb(o.StartVerb(by=by))
                 return self.view()
             case m.Stop(by=by, grace_s=grace, reason=reason):
-                if by == "shutdown":
+                if by == Role.SHUTDOWN:
                     self._closing = True
                 grace = s.stop_grace_s if grace is None else grace
                 return self._await(o.StopVerb(by=by, grace_s=grace, reason=reason), answers.stopped)
@@ -226,7 +228,7 @@ class InstanceActor(pykka.ThreadingActor):
             case TimerFired(name=name, gen=gen):
                 # A node shutting down starts nothing again, but still ends what it stops.
                 current = self.effects.timer_current(name, gen)
-                if current and (name == "kill" or not self._closing):
+                if current and (name == Timer.KILL or not self._closing):
                     self.run(o.TimerDue(name=name))
             case _Retry():
                 self._drain()

@@ -10,6 +10,7 @@ from typing import Any
 
 from infervisor.adapters.errors import AdmissionRefused, SpawnError
 from infervisor.replay import InstanceState, LifecycleState
+from infervisor.replay.state import Then
 
 from .core import observations as o
 from .core.common import unloading
@@ -43,7 +44,7 @@ def stopped(state: InstanceState | None, rules: Rules) -> bool:
 
 def restarted(state: InstanceState | None, rules: Rules) -> bool:
     """A restart is answered once its start is recorded (or it was dropped)."""
-    return state is None or state.then != "restart"
+    return state is None or state.then != Then.RESTART
 
 
 def is_verb(obs: o.Observation) -> bool:

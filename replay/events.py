@@ -19,7 +19,7 @@ import msgspec
 
 from infervisor.chain import StoredEvent, encode_payload
 
-from .state import Stamp
+from .state import Stamp, Then
 
 __all__ = [
     "EVENT_TYPES",
@@ -253,7 +253,7 @@ class StopRequested(_Event, frozen=True, tag="instance.stop_requested"):
     by: str
     grace_s: float
     reason: str = ""
-    then: str = ""
+    then: Then = Then.NOTHING
     at: Stamp | None = None
 
 
@@ -402,10 +402,7 @@ Event = (
     | InstanceEvent
 )
 
-EVENT_TYPES: dict[str, type[Any]] = {
-    t.__struct_config__.tag: t  # type: ignore[misc]
-    for t in get_args(Event)
-}
+EVENT_TYPES: dict[str, type[Any]] = {t.__struct_config__.tag: t for t in get_args(Event)}
 
 #: ``(kind, from_version) -> function`` upgrading a raw payload mapping one version.
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}

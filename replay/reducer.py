@@ -16,6 +16,7 @@ import msgspec
 from infervisor.chain import GENESIS_KIND, StoredEvent
 
 from . import events as ev
+from .callers import Role
 from .lifecycle import (
     LIVE_STATES,
     TRANSITIONS,
@@ -33,6 +34,7 @@ from .state import (
     NodeState,
     ProcessRecord,
     Termination,
+    Then,
 )
 
 __all__ = ["Folder", "ReplayError", "apply", "apply_instance", "fold", "reason_of"]
@@ -266,7 +268,7 @@ def _on_starting(inst: InstanceState, stored: StoredEvent, e: ev.Starting) -> di
         launch_token=e.launch_token,
         restart_due=None,
         terminating=None,
-        then="",
+        then=Then.NOTHING,
         then_by="",
         refusal="",
         unload_error="",
@@ -307,7 +309,7 @@ def _on_restart(inst: InstanceState, stored: StoredEvent, e: ev.RestartScheduled
 
 
 def _on_held(inst: InstanceState, stored: StoredEvent, e: ev.InstanceEvent) -> dict[str, Any]:
-    return dict(desired=Desired.STOPPED, restart_due=None, then="")
+    return dict(desired=Desired.STOPPED, restart_due=None, then=Then.NOTHING)
 
 
 def _on_stable(inst: InstanceState, stored: StoredEvent, e: ev.StableAgain) -> dict[str, Any]:
@@ -315,7 +317,9 @@ def _on_stable(inst: InstanceState, stored: StoredEvent, e: ev.StableAgain) -> d
 
 
 def _on_exposed(inst: InstanceState, stored: StoredEvent, e: ev.Exposed) -> dict[str, Any]:
-    return dict(desired=Desired.STOPPED, exposed=tuple(e.addresses), restart_due=None, then="")
+    return dict(
+        desired=Desired.STOPPED, exposed=tuple(e.addresses), restart_due=None, then=Then.NOTHING
+    )
 
 
 def _on_replaced(inst: InstanceState, stored: StoredEvent, e: ev.Replaced) -> dict[str, Any]:
@@ -323,7 +327,7 @@ def _on_replaced(inst: InstanceState, stored: StoredEvent, e: ev.Replaced) -> di
 
 
 def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> dict[str, Any]:
-    keeps_wanted = e.by == "shutdown" or e.then == "restart"
+    keeps_wanted = e.by == Role.SHUTDOWN or e.then == Then.RESTART
     desired = inst.desired if keeps_wanted else Desired.STOPPED
     terminating = inst.terminating
     if inst.process is not None and e.at is not None:
@@ -332,7 +336,7 @@ def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> d
             cause=f"stopped by {e.by}{why}", grace_s=e.grace_s, by=e.by, at=e.at
         )
     then, then_by = e.then, e.by
-    if e.by == "shutdown" and not e.then:
+    if e.by == Role.SHUTDOWN and not e.then:
         then, then_by = inst.then, inst.then_by  # a shutdown leaves a pending restart pending
     return dict(
         desired=desired,
@@ -345,7 +349,7 @@ def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> d
 
 
 def _on_terminating(inst: InstanceState, stored: StoredEvent, e: ev.Terminating) -> dict[str, Any]:
-    record = Termination(cause=e.cause, grace_s=e.grace_s, by="supervisor", at=e.at)
+    record = Termination(cause=e.cause, grace_s=e.grace_s, by=Role.SUPERVISOR, at=e.at)
     return dict(terminating=record)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "ProcessRecord",
     "Stamp",
     "Termination",
+    "Then",
     "elapsed_s",
     "later",
 ]
@@ -37,6 +38,16 @@ class Desired(enum.StrEnum):
 
     RUNNING = "running"
     STOPPED = "stopped"
+
+
+class Then(enum.StrEnum):
+    """What follows a stop in flight (``instance.stop_requested``'s ``then``).
+
+    A StrEnum: the chain stores the same strings as before."""
+
+    NOTHING = ""  # the stop is all
+    RESTART = "restart"  # an operator restart: start again once stopped
+    UNLOAD = "unload"  # forget the instance once stopped
 
 
 class Stamp(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -164,7 +175,7 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     restart_due: Stamp | None = None
     up_since: Stamp | None = None
     terminating: Termination | None = None
-    then: str = ""
+    then: Then = Then.NOTHING
     then_by: str = ""
     ollama_owned: bool | None = None
     reserved_bytes: int = 0
