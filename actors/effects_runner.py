@@ -33,7 +33,7 @@ from .clock import RealClock, Timer
 from .core import effects as fx
 from .core import observations as o
 from .core.common import remaining_s
-from .kinds import Supervision
+from .core.supervision import Supervision
 from .ledger import BudgetExceeded, Reservation
 
 __all__ = ["EffectRunner", "Owner", "TimerFired"]

@@ -54,9 +54,9 @@ from .core.decision import Decision, Refusal, RefusalKind, Situation
 from .core.effects import Timer
 from .core.health import probe_token, wants_deep, wants_probe
 from .core.rules import Mode, Rules, Tracking
+from .core.supervision import Supervision
 from .effects_runner import EffectRunner, TimerFired
 from .errors import InvalidState, RecordFailed, VerbFailed
-from .kinds import Supervision
 from .ledger import Reservation
 from .settings import NodeSettings
 from .stamps import now_stamp
@@ -607,7 +607,5 @@ def rules_for(
         node_id=ctx.node_id,
         stop_grace_s=s.stop_grace_s,
         health_kill_grace_s=s.health_kill_grace_s,
-        unload_grace_s=s.stop_grace_s,
-        retry_s=s.reconcile_interval_s,
         reserve_overhead_bytes=s.reserve_overhead_bytes,
     )

@@ -23,11 +23,7 @@ def _restarted_once(kind: str) -> Sim:
     sim = Sim(rules=make_rules(Mode.PROCESS, kind=kind))
     sim.start()
     sim.probe(up())
-    sim.gone(exit_code=1)
-    sim.clock.advance(10)
-    sim.feed(o.TimerDue(name="restart"))
-    sim.checked()
-    sim.spawn_ok()
+    sim.crash_and_restart()
     sim.probe(up())
     assert sim.inst.lifecycle is S.RUNNING and sim.inst.restarts == 1
     return sim
@@ -57,12 +53,19 @@ def test_a_server_whose_probes_miss_keeps_its_restart_budget() -> None:
 
 
 # ---------------------------------------------------------------- a failed Ollama unload
-def _ollama_stopped_with_failed_unload() -> Sim:
+def _ollama_loaded() -> Sim:
+    """A model this node loaded, running, 1000 bytes reserved."""
     sim = Sim(rules=make_rules(Mode.OLLAMA))
     sim.feed(o.StartVerb(by="operator"))
     sim.checked(reserved_bytes=1000)
     sim.feed(o.OllamaResidency(resident=False))
     sim.feed(o.OllamaLoadEnded(ok=True))
+    assert sim.inst.lifecycle is S.RUNNING and sim.inst.ollama_owned is True
+    return sim
+
+
+def _ollama_stopped_with_failed_unload() -> Sim:
+    sim = _ollama_loaded()
     sim.feed(o.StopVerb(by="operator", grace_s=5))
     assert fx.UnloadModel() in sim.last.effects  # type: ignore[union-attr]
     sim.feed(o.OllamaUnloadEnded(ok=False, error="connection refused"))
@@ -165,11 +168,7 @@ def test_window_mode_restart_and_start_say_the_same_attempt() -> None:
 
 def test_a_refused_verb_is_not_a_failure_of_the_unload() -> None:
     """An unloaded instance is forgotten whatever Ollama answered (unchanged)."""
-    sim = Sim(rules=make_rules(Mode.OLLAMA))
-    sim.feed(o.StartVerb(by="operator"))
-    sim.checked(reserved_bytes=1000)
-    sim.feed(o.OllamaResidency(resident=False))
-    sim.feed(o.OllamaLoadEnded(ok=True))
+    sim = _ollama_loaded()
     sim.feed(o.UnloadVerb(by="operator", grace_s=5))
     d = sim.feed(o.OllamaUnloadEnded(ok=False, error="timeout"))
     assert d.refusal is None or d.refusal.kind is not RefusalKind.FAILED

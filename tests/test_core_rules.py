@@ -648,11 +648,7 @@ def test_stable_after_zero_is_refused() -> None:
 
 def test_stability_reset_process_kind_on_tick() -> None:
     sim = running(process_sim())
-    sim.gone(exit_code=1)
-    sim.clock.advance(10)
-    sim.feed(o.TimerDue(name="restart"))
-    sim.checked()
-    sim.spawn_ok()
+    sim.crash_and_restart()
     assert sim.inst.restarts == 1 and sim.inst.lifecycle is S.RUNNING
     stable = sim.rules.supervision.restart.stable_after_s
     sim.clock.advance(stable - 1)
@@ -665,11 +661,7 @@ def test_stability_reset_process_kind_on_tick() -> None:
 
 def test_stability_reset_http_kind_on_healthy_probe() -> None:
     sim = running(http_sim())
-    sim.gone(exit_code=1)
-    sim.clock.advance(10)
-    sim.feed(o.TimerDue(name="restart"))
-    sim.checked()
-    sim.spawn_ok()
+    sim.crash_and_restart()
     sim.probe(up())
     assert sim.inst.restarts == 1 and sim.inst.lifecycle is S.RUNNING
     sim.clock.advance(sim.rules.supervision.restart.stable_after_s - 1)

@@ -124,7 +124,6 @@ def _rules(slot: str) -> Rules:
         node_id=NODE_ID,
         stop_grace_s=2.0,
         health_kill_grace_s=1.0,
-        unload_grace_s=2.0,
         exposure_grace_s=1.0,
     )
 

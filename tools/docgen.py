@@ -48,10 +48,11 @@ def render_transition_table() -> str:
 
 def render_status_table() -> str:
     """Markdown: every case of ``map_report`` in the order it is tried."""
-    rows = ["| # | when | state | detail |", "|---|---|---|---|"]
+    rows = ["| # | when | state | detail | phase |", "|---|---|---|---|---|"]
     for i, case in enumerate(MAP_REPORT_CASES, 1):
         detail = f"`{case.detail}`" if case.detail else "—"
-        rows.append(f"| {i} | {case.description} | `{case.state}` | {detail} |")
+        row = f"| {i} | {case.description} | `{case.state}` | {detail} | `{case.phase}` |"
+        rows.append(row)
     return "\n".join(rows)
 
 

@@ -9,23 +9,22 @@ answer, never started, stopped nor restarted by the node).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from infervisor.adapters.adopted import STOP_REFUSAL
 from infervisor.adapters.probe import HealthKind
-from infervisor.adapters.status import map_report
+from infervisor.adapters.status import classify
 from infervisor.replay import LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role, role_of
 
-from ..kinds import HealthSample, Healthy, Unhealthy, judge
 from . import observations as o
 from . import verbs
 from .common import resets_budget
-from .decision import Draft, RefusalKind
+from .decision import Draft, RefusalKind, Rule
 from .effects import CancelTimer, CheckAnswers, Timer
 from .health import deep_checked, judged, said, set_misses, starting_for
+from .supervision import HealthSample, Healthy, Unhealthy, judge
 
 __all__ = ["RULES"]
 
@@ -94,9 +93,9 @@ def probe_result(d: Draft, p: o.ProbeResult) -> None:
     inst, rules, health = d.inst, d.rules, p.report.health
     starting = inst.lifecycle is S.STARTING
     # No model check and no process: up is serving, unreachable is a miss.
-    status = map_report(rules.flavor, None, p.report, alive=False, adopted=True, load=None)
+    status, phase = classify(rules.flavor, None, p.report, alive=False, adopted=True, load=None)
     sample = HealthSample(
-        status=status, continuous=True, starting=starting, elapsed_s=starting_for(d)
+        phase=phase, status=status, continuous=True, starting=starting, elapsed_s=starting_for(d)
     )
     verdict = judge(rules.supervision, sample)
     if isinstance(verdict, Healthy):
@@ -136,7 +135,7 @@ def untouched(d: Draft, _: o.Observation) -> None:
 
 
 #: Every observation of an adopted server and the rule that decides it.
-RULES: dict[type[Any], Callable[[Draft, Any], None]] = {
+RULES: dict[type[Any], Rule] = {
     o.StartVerb: start_verb,
     o.AnswersChecked: answers_checked,
     o.StopVerb: stop_verb,

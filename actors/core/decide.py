@@ -11,20 +11,17 @@ See ``docs/lifecycle.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from infervisor.replay.callers import Role
 
 from . import adopted, ollama, process
 from . import observations as o
-from .decision import Decision, Draft, Situation
+from .decision import Decision, Draft, Rule, Situation
 from .effects import Effect
 from .rules import Mode
 
 __all__ = ["ON_UNLOAD", "RULES", "decide", "source_of"]
-
-Rule = Callable[[Draft, Any], None]
 
 #: Every mode, every observation it meets, and the rule that decides it: what an
 #: instance of one mode does reads in its own table (docs/lifecycle.md is

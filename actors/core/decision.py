@@ -8,6 +8,8 @@ same decision sees what the chain will say once the events are appended.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -19,7 +21,7 @@ from infervisor.replay.state import Stamp
 from .effects import Effect
 from .rules import Rules, Tracking
 
-__all__ = ["Decision", "Draft", "Refusal", "RefusalKind", "Situation"]
+__all__ = ["Decision", "Draft", "Refusal", "RefusalKind", "Rule", "Situation"]
 
 
 class RefusalKind(enum.StrEnum):
@@ -134,3 +136,7 @@ class Draft:
             tracking=self.tracking,
             source=self.source,
         )
+
+
+#: A rule: decides one observation into the draft (``rule(draft, observation)``).
+Rule = Callable[[Draft, Any], None]

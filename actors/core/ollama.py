@@ -19,7 +19,6 @@ memory than was reserved has its reservation corrected (:func:`listed`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -33,7 +32,7 @@ from . import observations as o
 from . import verbs
 from .boot import boot_ollama
 from .common import after_exit, record_stop, start_checked, timer_due, unloading
-from .decision import Draft, RefusalKind
+from .decision import Draft, RefusalKind, Rule
 from .effects import AbortLoad, CancelTimer, CheckResident, LoadModel, Timer, UnloadModel
 from .health import (
     deep_checked,
@@ -264,22 +263,23 @@ def tick(d: Draft, _: o.Tick) -> None:
     reconcile(d)
 
 
-#: Every observation of a managed Ollama model and the rule that decides it.
-RULES: dict[type[Any], Callable[[Draft, Any], None]] = {
+#: Every observation of a managed Ollama model and the rule that decides it,
+#: in the order of a model's life: its start, its load, its health, its stop.
+RULES: dict[type[Any], Rule] = {
     o.StartVerb: verbs.start_verb,
+    o.StartChecked: checked,
+    o.OllamaResidency: residency,
+    o.OllamaLoadEnded: load_ended,
+    o.ProbeResult: probe_result,
+    o.OllamaListed: listed,
+    o.DeepChecked: deep_result,
+    o.Tick: tick,
+    o.TimerDue: timer_due,
     o.StopVerb: stop_verb,
+    o.OllamaUnloadEnded: unload_ended,
     o.RestartVerb: restart_verb,
     o.UnloadVerb: unload_verb,
     o.PlacementVerb: verbs.placement,
     o.LeaseLapsed: lease_lapsed,
-    o.StartChecked: checked,
-    o.TimerDue: timer_due,
-    o.ProbeResult: probe_result,
-    o.DeepChecked: deep_result,
-    o.Tick: tick,
-    o.OllamaResidency: residency,
-    o.OllamaLoadEnded: load_ended,
-    o.OllamaUnloadEnded: unload_ended,
-    o.OllamaListed: listed,
     o.BootSeen: boot_ollama,
 }

@@ -9,16 +9,14 @@ the policy) and ``reference/host_supervise.rs.txt`` (``judge``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from infervisor.adapters.probe import HealthKind
-from infervisor.adapters.status import map_report
+from infervisor.adapters.status import classify
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.state import Then, later
 
-from ..kinds import HealthSample, Healthy, Unhealthy, judge
 from . import observations as o
 from . import verbs
 from .boot import boot_process
@@ -32,7 +30,7 @@ from .common import (
     start_checked,
     timer_due,
 )
-from .decision import Draft, RefusalKind
+from .decision import Draft, RefusalKind, Rule
 from .effects import CancelTimer, CheckStart, Kill, Reap, RemoveWorkdir, Spawn, Timer
 from .health import (
     deep_checked,
@@ -44,6 +42,7 @@ from .health import (
     uptime,
 )
 from .observations import GroupGone, ListenersSeen, ProcessExited, SpawnFailed, SpawnSucceeded
+from .supervision import HealthSample, Healthy, Unhealthy, judge
 
 __all__ = ["ON_UNLOAD", "RULES", "stop"]
 
@@ -220,11 +219,15 @@ def probe_result(d: Draft, p: o.ProbeResult) -> None:
     if p.failure is not None and starting:
         _miss(d, f"the server reported: {p.failure}", at_once=True)
         return
-    status = map_report(
+    status, phase = classify(
         rules.flavor, rules.served_model, p.report, alive=True, adopted=False, load=None
     )
     sample = HealthSample(
-        status=status, continuous=rules.continuous, starting=starting, elapsed_s=uptime(d)
+        status=status,
+        phase=phase,
+        continuous=rules.continuous,
+        starting=starting,
+        elapsed_s=uptime(d),
     )
     verdict = judge(rules.supervision, sample)
     if isinstance(verdict, Unhealthy):
@@ -276,7 +279,7 @@ def tick(d: Draft, _: o.Tick) -> None:
 
 
 #: Every observation of a managed process and the rule that decides it.
-RULES: dict[type[Any], Callable[[Draft, Any], None]] = {
+RULES: dict[type[Any], Rule] = {
     o.StartVerb: verbs.start_verb,
     o.StopVerb: stop_verb,
     o.RestartVerb: restart_verb,
