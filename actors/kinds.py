@@ -15,7 +15,7 @@ import msgspec
 from infervisor.replay import RestartPolicy
 from infervisor.replay.policy import check_duration
 
-from .core.supervision import Supervision
+from .core.supervision import ProbeMethod, Supervision
 
 __all__ = ["DEFAULT_KINDS", "KindSettings", "supervision_for"]
 
@@ -97,7 +97,7 @@ def supervision_for(
         startup_deadline_s=spec.startup_deadline_s,
         startup_cap_s=spec.startup_cap_s,
         restart=restart,
-        probe=spec.probe,
+        probe=ProbeMethod(spec.probe),
         deep_interval_s=spec.deep_interval_s,
     )
 

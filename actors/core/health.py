@@ -23,6 +23,7 @@ from .common import after_exit, restart_due, try_start, unloading
 from .decision import Draft
 from .observations import DeepChecked, ProbeResult
 from .rules import Mode, Rules
+from .supervision import ProbeMethod
 
 __all__ = [
     "NODE_LATE_S",
@@ -53,7 +54,7 @@ def _probes_process(inst: InstanceState, rules: Rules) -> bool:
     return (
         inst.process is not None
         and inst.terminating is None
-        and rules.supervision.probe == "http"
+        and rules.supervision.probe is ProbeMethod.HTTP
         and inst.lifecycle in (S.STARTING, S.RUNNING)
     )
 

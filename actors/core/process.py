@@ -42,7 +42,7 @@ from .health import (
     uptime,
 )
 from .observations import GroupGone, ListenersSeen, ProcessExited, SpawnFailed, SpawnSucceeded
-from .supervision import HealthSample, Healthy, Unhealthy, judge
+from .supervision import HealthSample, Healthy, ProbeMethod, Unhealthy, judge
 
 __all__ = ["ON_UNLOAD", "RULES", "stop"]
 
@@ -65,7 +65,7 @@ def spawned(d: Draft, s: SpawnSucceeded) -> None:
             at=d.now,
         )
     )
-    if d.rules.supervision.probe == "process":
+    if d.rules.supervision.probe is ProbeMethod.PROCESS:
         d.emit(ev.Ready(detail="alive (process kind: a live process is healthy)", at=d.now))
 
 
@@ -273,7 +273,7 @@ def deep_result(d: Draft, c: o.DeepChecked) -> None:
 def tick(d: Draft, _: o.Tick) -> None:
     """Reconcile toward the desired state; a ``process`` kind (no probe: a live
     process is its health) clears its restart budget once up long enough."""
-    if d.rules.supervision.probe == "process":
+    if d.rules.supervision.probe is ProbeMethod.PROCESS:
         stable_check(d)
     reconcile(d)
 

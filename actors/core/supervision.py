@@ -13,12 +13,30 @@ mapped, never the detail text meant for people.
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from infervisor.adapters.status import InstanceStatus, Phase, StatusState
 from infervisor.replay import RestartPolicy
 
-__all__ = ["Finished", "HealthSample", "Healthy", "Supervision", "Unhealthy", "Verdict", "judge"]
+__all__ = [
+    "Finished",
+    "HealthSample",
+    "Healthy",
+    "ProbeMethod",
+    "Supervision",
+    "Unhealthy",
+    "Verdict",
+    "judge",
+]
+
+
+class ProbeMethod(enum.StrEnum):
+    """How an instance's health is known (a kind's ``probe`` setting)."""
+
+    HTTP = "http"  # ask the server's health endpoint
+    PROCESS = "process"  # a live process is healthy (workloads that serve nothing)
 
 
 class Supervision(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,7 +49,7 @@ class Supervision(msgspec.Struct, frozen=True, kw_only=True):
     startup_deadline_s: float
     startup_cap_s: float
     restart: RestartPolicy
-    probe: str
+    probe: ProbeMethod
     deep_interval_s: float = 0.0
 
 
