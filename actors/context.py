@@ -17,7 +17,7 @@ from infervisor.adapters.spec import InstanceSpec
 from .append import ChainAppend
 from .clock import Clock
 from .core.rules import Mode, Rules
-from .kinds import Supervision
+from .core.supervision import Supervision
 from .settings import NodeSettings
 
 __all__ = ["InstanceContext", "rules_for"]
@@ -69,7 +69,5 @@ def rules_for(
         node_id=ctx.node_id,
         stop_grace_s=s.stop_grace_s,
         health_kill_grace_s=s.health_kill_grace_s,
-        unload_grace_s=s.stop_grace_s,
-        retry_s=s.reconcile_interval_s,
         reserve_overhead_bytes=s.reserve_overhead_bytes,
     )

@@ -37,7 +37,7 @@ from .core import admission
 from .core import effects as fx
 from .core import observations as o
 from .core.common import remaining_s
-from .kinds import Supervision
+from .core.supervision import Supervision
 from .ledger import BudgetExceeded, Reservation
 
 __all__ = ["EffectRunner", "Owner", "TimerFired"]
@@ -49,7 +49,7 @@ _PHYSICAL = RealClock()
 class TimerFired(msgspec.Struct, frozen=True):
     """A timer armed by the core fired (``gen`` tells a stale one from the current)."""
 
-    name: str
+    name: fx.Timer
     gen: int
 
 
@@ -81,7 +81,7 @@ class EffectRunner:
         self.actor = actor
         self.proc: ServerProcess | None = None
         self.load: OllamaLoad | None = None
-        self.timers: dict[str, tuple[int, Timer]] = {}
+        self.timers: dict[fx.Timer, tuple[int, Timer]] = {}
         self._timer_gen = 0
         self.inflight = 0
         self._lock = threading.Lock()
@@ -223,7 +223,7 @@ class EffectRunner:
         fire = lambda: actor.tell_self(TimerFired(name=e.name, gen=gen))  # noqa: E731
         # A grace period is physical: a process takes the time it takes to exit,
         # whatever clock the node was given, so kill timers run in real time.
-        clock = _PHYSICAL if e.name == "kill" else actor.ctx.clock
+        clock = _PHYSICAL if e.name == fx.Timer.KILL else actor.ctx.clock
         self.timers[e.name] = (gen, clock.call_later(delay, fire))
 
     def cancel_timer(self, e: fx.CancelTimer) -> None:
@@ -231,7 +231,7 @@ class EffectRunner:
         if armed is not None:
             armed[1].cancel()
 
-    def timer_current(self, name: str, gen: int) -> bool:
+    def timer_current(self, name: fx.Timer, gen: int) -> bool:
         """True when a fired timer is the one armed last under that name."""
         armed = self.timers.get(name)
         if armed is None or armed[0] != gen:

@@ -38,6 +38,7 @@ from infervisor.adapters.proc.table import ProcessTable
 from infervisor.adapters.server import ServerAdapter
 from infervisor.replay import InstanceState, LifecycleState, apply_instance
 from infervisor.replay import events as ev
+from infervisor.replay.callers import Role
 from infervisor.replay.state import Stamp
 
 from . import messages as m
@@ -49,6 +50,7 @@ from .core import observations as o
 from .core.common import STARTABLE
 from .core.decide import decide
 from .core.decision import Decision, Situation
+from .core.effects import Timer
 from .core.rules import Mode, Rules, Tracking
 from .core.unbuilt import refuse_start, start_refusal, stop_refusal
 from .effects_runner import EffectRunner, TimerFired
@@ -162,7 +164,7 @@ class InstanceActor(pykka.ThreadingActor):
                 self._decide_verb(o.StartVerb(by=by))
                 return self.view()
             case m.Stop(by=by, grace_s=grace, reason=reason):
-                if by == "shutdown":
+                if by == Role.SHUTDOWN:
                     self._closing = True
                 grace = s.stop_grace_s if grace is None else grace
                 return self._await(o.StopVerb(by=by, grace_s=grace, reason=reason), answers.stopped)
@@ -204,7 +206,7 @@ class InstanceActor(pykka.ThreadingActor):
             case TimerFired(name=name, gen=gen):
                 # A node shutting down starts nothing again, but still ends what it stops.
                 current = self.effects.timer_current(name, gen)
-                if current and (name == "kill" or not self._closing):
+                if current and (name == Timer.KILL or not self._closing):
                     self.run(o.TimerDue(name=name))
             case _Retry():
                 self._drain()
@@ -398,7 +400,7 @@ class InstanceActor(pykka.ThreadingActor):
         refusal = stop_refusal(self.state, self.rules, stand_in.problem)
         if refusal is None:
             return verb
-        if isinstance(verb, o.StopVerb) and verb.by == "shutdown":
+        if isinstance(verb, o.StopVerb) and verb.by == Role.SHUTDOWN:
             return None  # nothing of it could be stopped: the chain stays as it says
         raise answers.refusal_error(refusal)
 

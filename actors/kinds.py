@@ -1,14 +1,9 @@
-"""Workload kinds: what "healthy" means for an instance, and how often to ask.
+"""Workload kinds as configured: each kind's health spec and restart policy,
+the built-in kinds, and the effective supervision of one instance (its kind's
+spec over the node's defaults). Unknown kinds fall back to the process kind.
 
-A kind gives its health spec (poll interval in seconds, miss limit, startup
-allowance) and a judge that turns a status sample into a verdict: healthy,
-unhealthy with a reason, or finished. Unknown kinds fall back to the process
-judge. Source: ``reference/host_supervise.rs.txt`` (``judge``, ``HealthSpec``,
-``sample``: a one-shot run that exits 0 is finished, never restarted).
-
-The inference kind counts "loading" (and "not listening yet") as healthy
-until its startup deadline, like a startup probe; a server still reporting
-loading keeps the deadline extended, up to a hard cap.
+What the spec means when a probe is judged is the core's
+(``actors/core/supervision.py``).
 """
 
 from __future__ import annotations
@@ -17,21 +12,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from infervisor.adapters.status import InstanceStatus, StatusState
 from infervisor.replay import RestartPolicy
 from infervisor.replay.policy import check_duration
 
-__all__ = [
-    "DEFAULT_KINDS",
-    "Finished",
-    "HealthSample",
-    "Healthy",
-    "KindSettings",
-    "Supervision",
-    "Unhealthy",
-    "Verdict",
-    "judge",
-]
+from .core.supervision import ProbeMethod, Supervision
+
+__all__ = ["DEFAULT_KINDS", "KindSettings", "supervision_for"]
 
 
 class KindSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -85,76 +71,6 @@ DEFAULT_KINDS: dict[str, KindSettings] = {
 }
 
 
-class HealthSample(msgspec.Struct, frozen=True, kw_only=True):
-    """What a probe found, as the judge sees it. ``elapsed_s``: since the process started."""
-
-    status: InstanceStatus
-    continuous: bool
-    starting: bool
-    elapsed_s: float
-
-
-class Healthy(msgspec.Struct, frozen=True):
-    """Counts as an answer; ``serving`` is False while loading within the allowance."""
-
-    serving: bool = True
-
-
-class Unhealthy(msgspec.Struct, frozen=True):
-    """Counts as a miss."""
-
-    reason: str
-
-
-class Finished(msgspec.Struct, frozen=True):
-    """A one-shot run ended cleanly: never restarted."""
-
-
-Verdict = Healthy | Unhealthy | Finished
-
-
-def judge(kind: Supervision, sample: HealthSample) -> Verdict:
-    """The kind's verdict on one sample (the process judge when no startup allowance)."""
-    st = sample.status
-    if st.state is StatusState.EXITED:
-        if st.exit_code == 0 and not sample.continuous:
-            return Finished()
-        return Unhealthy(st.detail or f"exited with code {st.exit_code}")
-    if st.state in (StatusState.RUNNING, StatusState.LOADED):
-        return Healthy()
-    return _degraded(kind, sample)
-
-
-def _degraded(kind: Supervision, sample: HealthSample) -> Verdict:
-    detail = sample.status.detail or "degraded"
-    loading = detail == "loading model"
-    not_yet = detail.startswith("starting:")
-    if not sample.starting:
-        return Unhealthy(detail)  # the startup allowance is for starting only
-    if sample.elapsed_s <= kind.startup_deadline_s and (loading or not_yet):
-        return Healthy(serving=False)
-    if loading and sample.elapsed_s <= kind.startup_cap_s:
-        return Healthy(serving=False)  # still loading: the deadline extends, up to the cap
-    if loading or not_yet:
-        limit = kind.startup_cap_s if loading else kind.startup_deadline_s
-        return Unhealthy(f"{detail} after {sample.elapsed_s:.0f} s (startup allowance {limit:g} s)")
-    return Unhealthy(detail)
-
-
-class Supervision(msgspec.Struct, frozen=True, kw_only=True):
-    """One instance's effective supervision: its kind's spec over the node's defaults,
-    and the restart policy (instance override, else kind, else node)."""
-
-    kind: str
-    interval_s: float
-    miss_limit: int
-    startup_deadline_s: float
-    startup_cap_s: float
-    restart: RestartPolicy
-    probe: str
-    deep_interval_s: float = 0.0
-
-
 def supervision_for(
     kind: str,
     kinds: dict[str, KindSettings],
@@ -181,7 +97,7 @@ def supervision_for(
         startup_deadline_s=spec.startup_deadline_s,
         startup_cap_s=spec.startup_cap_s,
         restart=restart,
-        probe=spec.probe,
+        probe=ProbeMethod(spec.probe),
         deep_interval_s=spec.deep_interval_s,
     )
 

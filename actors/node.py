@@ -41,6 +41,7 @@ from infervisor.adapters.spec import InstanceSpec, valid_token
 from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.chain.boot import check_node_chain
 from infervisor.replay import events as ev
+from infervisor.replay.callers import Role
 from infervisor.replay.policy import check_duration
 
 from . import messages as m
@@ -161,7 +162,9 @@ class Node(NodeViews):
         with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
             self._actors.supervisor.ask(m.ShuttingDown(), timeout=ASK_TIMEOUT_S)
         if stop_servers:
-            futures = [self._ask(ref, m.Stop(by="shutdown", reason=reason)) for ref in self._refs()]
+            futures = [
+                self._ask(ref, m.Stop(by=Role.SHUTDOWN, reason=reason)) for ref in self._refs()
+            ]
             for fut in futures:
                 try:
                     _wait(fut, self.settings.stop_grace_s + 30)

@@ -25,6 +25,7 @@ from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.chain.errors import ChainTampered
 from infervisor.replay import NodeState, fold
 from infervisor.replay import events as ev
+from infervisor.replay.callers import Role
 from infervisor.replay.queries import read_chain
 from infervisor.replay.state import LeaseRecord
 
@@ -208,4 +209,4 @@ def rebuild(path: Path) -> NodeState:
 
 def append_node_event(writer: pykka.ActorRef[Any], clock: Clock, event: ev.Event) -> None:
     """Append a node-wide event (source ``node``, no subject) and wait until it is durable."""
-    WriterAppend(writer, clock).append([event], source="node")
+    WriterAppend(writer, clock).append([event], source=Role.NODE)

@@ -16,7 +16,8 @@ from infervisor.adapters.spec_env import check_env
 from infervisor.replay import RestartPolicy
 from infervisor.replay.policy import check_duration
 
-from .kinds import KindSettings, Supervision, supervision_for
+from .core.supervision import Supervision
+from .kinds import KindSettings, supervision_for
 
 __all__ = ["NodeSettings"]
 

@@ -12,8 +12,10 @@ from typing import Any
 from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.proc.errors import SpawnError
 from infervisor.replay import InstanceState, LifecycleState
+from infervisor.replay.state import Then
 
 from .core import observations as o
+from .core.common import unloading
 from .core.decision import Refusal, RefusalKind
 from .core.rules import Mode, Rules
 from .errors import InvalidState, VerbFailed, VerbRefused
@@ -73,13 +75,12 @@ def stopped(state: InstanceState | None, rules: Rules) -> bool:
         return True
     if rules.mode is Mode.PROCESS:
         return state.process is None and state.lifecycle is not S.STOPPING
-    unloading = state.ollama_owned is True and state.reserved_bytes > 0
-    return not (state.lifecycle is S.STOPPED and unloading)
+    return not unloading(state)
 
 
 def restarted(state: InstanceState | None, rules: Rules) -> bool:
     """A restart is answered once its start is recorded (or it was dropped)."""
-    return state is None or state.then != "restart"
+    return state is None or state.then != Then.RESTART
 
 
 def is_verb(obs: o.Observation) -> bool:

@@ -14,8 +14,8 @@ from infervisor.replay.state import Stamp
 
 from .core.health import wants_probe
 from .core.rules import Mode, Rules, Tracking
+from .core.supervision import Supervision
 from .effects_runner import EffectRunner
-from .kinds import Supervision
 from .messages import InstanceView
 from .stand_in import UnbuiltServer
 

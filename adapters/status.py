@@ -9,7 +9,7 @@ those rows, so a table generated from them cannot drift from the code.
 from __future__ import annotations
 
 import enum
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -21,8 +21,10 @@ __all__ = [
     "InstanceStatus",
     "LoadKind",
     "LoadState",
+    "Phase",
     "StatusCase",
     "StatusState",
+    "classify",
     "map_report",
 ]
 
@@ -35,6 +37,18 @@ class StatusState(enum.StrEnum):
     DEGRADED = "degraded"
     EXITED = "exited"
     UNKNOWN = "unknown"
+
+
+class Phase(enum.StrEnum):
+    """Where a server stands in coming up, as its probe report says: the one
+    health vocabulary from the probe to the verdict (the health judge reads it,
+    never the detail text, which is for people)."""
+
+    SERVING = "serving"  # answers, with what it should serve (or idle, by design)
+    LOADING = "loading"  # answers that it is loading its model
+    STARTING = "starting"  # not listening yet while its process lives
+    FAULTY = "faulty"  # answers, but unhealthy or without the model it should have
+    DOWN = "down"  # does not answer and no process of it lives
 
 
 class InstanceStatus(msgspec.Struct, frozen=True):
@@ -61,7 +75,8 @@ class LoadState(msgspec.Struct, frozen=True):
 
 
 class StatusCase(NamedTuple):
-    """One outcome of ``map_report``: when it applies, the state, the detail template.
+    """One outcome of ``map_report``: when it applies, the state, the detail
+    template, and the server's :class:`Phase`.
 
     Template fields: ``{reason}`` (the health reason), ``{model}``, ``{error}``
     (the load error); a None template means no detail.
@@ -70,6 +85,7 @@ class StatusCase(NamedTuple):
     description: str
     state: StatusState
     detail: str | None
+    phase: Phase = Phase.SERVING
 
     def status(self, **fields: str) -> InstanceStatus:
         detail = None if self.detail is None else self.detail.format(**fields)
@@ -77,22 +93,34 @@ class StatusCase(NamedTuple):
 
 
 _S = StatusState
-LOADING = StatusCase("server is loading its model", _S.DEGRADED, "loading model")
-UNHEALTHY = StatusCase("server answers unhealthy", _S.DEGRADED, "{reason}")
+_P = Phase
+LOADING = StatusCase("server is loading its model", _S.DEGRADED, "loading model", _P.LOADING)
+UNHEALTHY = StatusCase("server answers unhealthy", _S.DEGRADED, "{reason}", _P.FAULTY)
 STARTING = StatusCase(
-    "unreachable while the process is alive", _S.DEGRADED, "starting: not listening yet ({reason})"
+    "unreachable while the process is alive",
+    _S.DEGRADED,
+    "starting: not listening yet ({reason})",
+    _P.STARTING,
 )
 GONE_ADOPTED = StatusCase(
     "unreachable, adopted server",
     _S.EXITED,
     "unreachable ({reason}); adopted servers are not restarted",
+    _P.DOWN,
 )
-GONE = StatusCase("unreachable, no live process", _S.EXITED, "unreachable ({reason})")
-NOT_PULLED = StatusCase("Ollama up, model not pulled", _S.DEGRADED, "model {model} is not pulled")
+GONE = StatusCase("unreachable, no live process", _S.EXITED, "unreachable ({reason})", _P.DOWN)
+NOT_PULLED = StatusCase(
+    "Ollama up, model not pulled", _S.DEGRADED, "model {model} is not pulled", _P.FAULTY
+)
 RESIDENT = StatusCase("Ollama up, model resident", _S.RUNNING, "model resident")
-LOAD_FAILED = StatusCase("Ollama up, the load failed", _S.DEGRADED, "load failed: {error}")
+LOAD_FAILED = StatusCase(
+    "Ollama up, the load failed", _S.DEGRADED, "load failed: {error}", _P.FAULTY
+)
 OLLAMA_LOADING = StatusCase(
-    "Ollama up, this node's load is under way (resident or not yet)", _S.DEGRADED, "loading model"
+    "Ollama up, this node's load is under way (resident or not yet)",
+    _S.DEGRADED,
+    "loading model",
+    _P.LOADING,
 )
 UP_ADOPTED = StatusCase(
     "Ollama up, adopted, model not resident", _S.RUNNING, "server up; model not resident"
@@ -102,6 +130,7 @@ NOT_LISTED = StatusCase(
     "up, the server lists models but not this one",
     _S.DEGRADED,
     "model {model} is not listed by the server",
+    _P.FAULTY,
 )
 UP = StatusCase("up (model listed, none listed, or no model to check)", _S.RUNNING, None)
 
@@ -123,6 +152,14 @@ MAP_REPORT_CASES: Final[list[StatusCase]] = [
 
 
 def map_report(
+    flavor: Flavor, model: str | None, report: ServerReport, **where: Any
+) -> InstanceStatus:
+    """The instance status a probe report means; ``where``: ``alive``, ``adopted``
+    and ``load``, as :func:`classify` takes them."""
+    return classify(flavor, model, report, **where)[0]
+
+
+def classify(
     flavor: Flavor,
     model: str | None,
     report: ServerReport,
@@ -130,8 +167,8 @@ def map_report(
     alive: bool,
     adopted: bool,
     load: LoadState | None,
-) -> InstanceStatus:
-    """The instance status a probe report means.
+) -> tuple[InstanceStatus, Phase]:
+    """The instance status a probe report means, and the server's :class:`Phase`.
 
     Args:
         flavor: the server software probed.
@@ -142,34 +179,37 @@ def map_report(
         load: progress of an Ollama load this node asked for, if any.
     """
     if report.health.kind is not HealthKind.UP:
-        return _not_up(report.health, alive=alive, adopted=adopted)
-    if flavor is Flavor.OLLAMA and model is not None:
-        return _ollama_up(model, report, adopted=adopted, load=load)
-    if model is not None and report.models and not report.lists(model):
-        return NOT_LISTED.status(model=model)
-    return UP.status()
+        case, fields = _not_up(report.health, alive=alive, adopted=adopted)
+    elif flavor is Flavor.OLLAMA and model is not None:
+        case, fields = _ollama_up(model, report, adopted=adopted, load=load)
+    elif model is not None and report.models and not report.lists(model):
+        case, fields = NOT_LISTED, {"model": model}
+    else:
+        case, fields = UP, {}
+    return case.status(**fields), case.phase
 
 
-def _not_up(health: Health, *, alive: bool, adopted: bool) -> InstanceStatus:
+def _not_up(health: Health, *, alive: bool, adopted: bool) -> tuple[StatusCase, dict[str, str]]:
     if health.kind is HealthKind.LOADING:
-        return LOADING.status()
+        return LOADING, {}
+    reason = {"reason": health.reason}
     if health.kind is HealthKind.UNHEALTHY:
-        return UNHEALTHY.status(reason=health.reason)
+        return UNHEALTHY, reason
     if alive:
-        return STARTING.status(reason=health.reason)
-    return (GONE_ADOPTED if adopted else GONE).status(reason=health.reason)
+        return STARTING, reason
+    return (GONE_ADOPTED if adopted else GONE), reason
 
 
 def _ollama_up(
     model: str, report: ServerReport, *, adopted: bool, load: LoadState | None
-) -> InstanceStatus:
+) -> tuple[StatusCase, dict[str, str]]:
     if not report.lists(model):
-        return NOT_PULLED.status(model=model)
+        return NOT_PULLED, {"model": model}
     # Before residency: Ollama lists a model in /api/ps while it is still loading.
     if load is not None and load.kind is LoadKind.LOADING:
-        return OLLAMA_LOADING.status()
+        return OLLAMA_LOADING, {}
     if report.is_resident(model):
-        return RESIDENT.status()
+        return RESIDENT, {}
     if load is not None and load.kind is LoadKind.FAILED:
-        return LOAD_FAILED.status(error=load.error)
-    return (UP_ADOPTED if adopted else UP_IDLE).status()
+        return LOAD_FAILED, {"error": load.error}
+    return (UP_ADOPTED if adopted else UP_IDLE), {}

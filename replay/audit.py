@@ -38,11 +38,11 @@ import msgspec
 from infervisor.chain import GENESIS_KIND, StoredEvent, VerifyReport, scan_chain
 
 from . import events as ev
-from .callers import role_of
+from .callers import Role, role_of
 from .events import EventDecodeError
 from .policy import RestartPolicy, restarts_in_window
 from .reducer import Folder, ReplayError
-from .state import Desired, InstanceState, Stamp
+from .state import Desired, InstanceState, Stamp, Then
 
 __all__ = ["AuditReport", "Finding", "Rule", "audit_chain", "audit_events"]
 
@@ -55,9 +55,9 @@ Rule = Literal[
     "illegal transition",
 ]
 
-_AUTOMATIC = frozenset({"supervisor", "boot"})
+_AUTOMATIC = frozenset({Role.SUPERVISOR, Role.BOOT})
 """Roles whose starts are automatic (not an explicit verb)."""
-_EXPLICIT = frozenset({"operator", "controller"})
+_EXPLICIT = frozenset({Role.OPERATOR, Role.CONTROLLER})
 """Roles whose stops hold an instance until an explicit start."""
 
 
@@ -213,7 +213,7 @@ class _Auditor:
             self._exposed[subject] = stored.seq
             self._holds[subject] = _Hold(why="exposed", seq=stored.seq)
         elif kind is ev.StopRequested:
-            if role_of(event.by) in _EXPLICIT and event.then != "restart":
+            if role_of(event.by) in _EXPLICIT and event.then != Then.RESTART:
                 self._holds[subject] = _Hold(why="stop", seq=stored.seq, by=event.by)
         elif kind is ev.Failed:
             self._holds[subject] = _Hold(why="failed", seq=stored.seq)

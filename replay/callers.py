@@ -17,9 +17,24 @@ column in docs/forensics.md's views.
 
 from __future__ import annotations
 
-__all__ = ["ROLES", "identity_of", "role_of", "source_for"]
+import enum
 
-ROLES = ("operator", "controller", "config", "supervisor", "node", "shutdown", "lease", "boot")
+__all__ = ["Role", "identity_of", "role_of", "source_for"]
+
+
+class Role(enum.StrEnum):
+    """Which part of the system decided: the role part of an event's source.
+
+    A StrEnum, so a source stored in the chain is the same string as before."""
+
+    OPERATOR = "operator"  # a person through the CLI or the API: a start resets the budget
+    CONTROLLER = "controller"  # a placement controller (subject to the lease)
+    CONFIG = "config"  # the node's configuration file
+    SUPERVISOR = "supervisor"  # the node's own supervision (restarts, health kills)
+    NODE = "node"  # the node itself (boot)
+    SHUTDOWN = "shutdown"  # the node stopping: leaves instances wanted as they were
+    LEASE = "lease"  # a lapsed controller lease
+    BOOT = "boot"  # a start the boot decided
 
 
 def source_for(role: str, identity: str | None = None) -> str:

@@ -13,13 +13,13 @@ The instance spec travels as a plain mapping: ``replay`` does not depend on
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
 from infervisor.chain import StoredEvent, encode_payload
 
-from .state import Stamp
+from .state import Stamp, Then
 
 __all__ = [
     "EVENT_TYPES",
@@ -57,6 +57,7 @@ __all__ = [
     "StraysEnded",
     "Terminating",
     "Unhealthy",
+    "UnloadFailed",
     "Unloaded",
     "decode_event",
     "encode_event",
@@ -252,7 +253,7 @@ class StopRequested(_Event, frozen=True, tag="instance.stop_requested"):
     by: str
     grace_s: float
     reason: str = ""
-    then: str = ""
+    then: Then = Then.NOTHING
     at: Stamp | None = None
 
 
@@ -300,6 +301,16 @@ class MemoryReleased(_Event, frozen=True, tag="instance.memory_released"):
     confirmed gone from memory)."""
 
     bytes: int
+
+
+class UnloadFailed(_Event, frozen=True, tag="instance.unload_failed"):
+    """Ollama did not unload this node's model when a stop asked it to (``error``:
+    its answer, or why none came). The model may still be resident: it stays
+    this node's, and so does its reservation, but no unload is in flight any
+    more, so a start may proceed (it finds the model resident) and another
+    stop asks Ollama again."""
+
+    error: str
 
 
 class LeaseRenewed(_Event, frozen=True, tag="node.lease_renewed"):
@@ -376,6 +387,7 @@ InstanceEvent = (
     | ModelDropped
     | MemoryCorrected
     | MemoryReleased
+    | UnloadFailed
     | Exposed
     | StraysEnded
     | Unloaded
@@ -390,42 +402,7 @@ Event = (
     | InstanceEvent
 )
 
-EVENT_TYPES: dict[str, type[Any]] = {
-    t.__struct_config__.tag: t  # type: ignore[misc]
-    for t in (
-        NodeStarted,
-        NodeStopped,
-        NodeStraysEnded,
-        KeyRotated,
-        Placed,
-        Replaced,
-        PlacementIgnored,
-        Starting,
-        Spawned,
-        Reattached,
-        StartRefused,
-        Ready,
-        Unhealthy,
-        Recovered,
-        DeepHealthFailed,
-        Exited,
-        RestartScheduled,
-        Failed,
-        Finished,
-        StableAgain,
-        StopRequested,
-        Terminating,
-        ModelClaimed,
-        ModelDropped,
-        MemoryCorrected,
-        MemoryReleased,
-        Exposed,
-        StraysEnded,
-        AdmissionRefused,
-        LeaseRenewed,
-        Unloaded,
-    )
-}
+EVENT_TYPES: dict[str, type[Any]] = {t.__struct_config__.tag: t for t in get_args(Event)}
 
 #: ``(kind, from_version) -> function`` upgrading a raw payload mapping one version.
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}

@@ -59,6 +59,7 @@ REASONS: dict[type[Any], Callable[[Any], str]] = {
         "model loaded by this node" if e.ours else "model already resident: not ours to unload"
     ),
     ev.MemoryReleased: lambda e: f"memory released ({e.bytes} bytes)",
+    ev.UnloadFailed: lambda e: f"ollama did not unload the model: {e.error}; it is kept reserved",
     ev.ModelDropped: lambda e: (
         "ollama dropped the model: "
         + ("its keep_alive ran out" if e.expired else "before its keep_alive ran out")

@@ -16,6 +16,7 @@ import msgspec
 from infervisor.chain import GENESIS_KIND, StoredEvent
 
 from . import events as ev
+from .callers import Role
 from .lifecycle import (
     LIVE_STATES,
     TRANSITIONS,
@@ -33,6 +34,7 @@ from .state import (
     NodeState,
     ProcessRecord,
     Termination,
+    Then,
 )
 
 __all__ = ["Folder", "ReplayError", "apply", "apply_instance", "fold", "reason_of"]
@@ -266,9 +268,10 @@ def _on_starting(inst: InstanceState, stored: StoredEvent, e: ev.Starting) -> di
         launch_token=e.launch_token,
         restart_due=None,
         terminating=None,
-        then="",
+        then=Then.NOTHING,
         then_by="",
         refusal="",
+        unload_error="",
         up_since=None,
         reserved_bytes=e.reserved_bytes,
         **budget,
@@ -306,7 +309,7 @@ def _on_restart(inst: InstanceState, stored: StoredEvent, e: ev.RestartScheduled
 
 
 def _on_held(inst: InstanceState, stored: StoredEvent, e: ev.InstanceEvent) -> dict[str, Any]:
-    return dict(desired=Desired.STOPPED, restart_due=None, then="")
+    return dict(desired=Desired.STOPPED, restart_due=None, then=Then.NOTHING)
 
 
 def _on_stable(inst: InstanceState, stored: StoredEvent, e: ev.StableAgain) -> dict[str, Any]:
@@ -314,7 +317,9 @@ def _on_stable(inst: InstanceState, stored: StoredEvent, e: ev.StableAgain) -> d
 
 
 def _on_exposed(inst: InstanceState, stored: StoredEvent, e: ev.Exposed) -> dict[str, Any]:
-    return dict(desired=Desired.STOPPED, exposed=tuple(e.addresses), restart_due=None, then="")
+    return dict(
+        desired=Desired.STOPPED, exposed=tuple(e.addresses), restart_due=None, then=Then.NOTHING
+    )
 
 
 def _on_replaced(inst: InstanceState, stored: StoredEvent, e: ev.Replaced) -> dict[str, Any]:
@@ -322,7 +327,7 @@ def _on_replaced(inst: InstanceState, stored: StoredEvent, e: ev.Replaced) -> di
 
 
 def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> dict[str, Any]:
-    keeps_wanted = e.by == "shutdown" or e.then == "restart"
+    keeps_wanted = e.by == Role.SHUTDOWN or e.then == Then.RESTART
     desired = inst.desired if keeps_wanted else Desired.STOPPED
     terminating = inst.terminating
     if inst.process is not None and e.at is not None:
@@ -331,7 +336,7 @@ def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> d
             cause=f"stopped by {e.by}{why}", grace_s=e.grace_s, by=e.by, at=e.at
         )
     then, then_by = e.then, e.by
-    if e.by == "shutdown" and not e.then:
+    if e.by == Role.SHUTDOWN and not e.then:
         then, then_by = inst.then, inst.then_by  # a shutdown leaves a pending restart pending
     return dict(
         desired=desired,
@@ -339,11 +344,12 @@ def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> d
         then=then,
         then_by=then_by if then else "",
         terminating=terminating,
+        unload_error="",
     )
 
 
 def _on_terminating(inst: InstanceState, stored: StoredEvent, e: ev.Terminating) -> dict[str, Any]:
-    record = Termination(cause=e.cause, grace_s=e.grace_s, by="supervisor", at=e.at)
+    record = Termination(cause=e.cause, grace_s=e.grace_s, by=Role.SUPERVISOR, at=e.at)
     return dict(terminating=record)
 
 
@@ -373,6 +379,12 @@ def _on_released(inst: InstanceState, stored: StoredEvent, e: ev.MemoryReleased)
     return dict(reserved_bytes=0)
 
 
+def _on_unload_failed(
+    inst: InstanceState, stored: StoredEvent, e: ev.UnloadFailed
+) -> dict[str, Any]:
+    return dict(unload_error=e.error)
+
+
 #: What each kind of event changes besides the transition (applied in one replace).
 _UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], dict[str, Any]]] = {
     ev.Starting: _on_starting,
@@ -393,6 +405,7 @@ _UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], dict[str, 
     ev.MemoryReleased: _on_released,
     ev.ModelDropped: _on_dropped,
     ev.MemoryCorrected: _on_corrected,
+    ev.UnloadFailed: _on_unload_failed,
 }
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "ProcessRecord",
     "Stamp",
     "Termination",
+    "Then",
     "elapsed_s",
     "later",
 ]
@@ -37,6 +38,16 @@ class Desired(enum.StrEnum):
 
     RUNNING = "running"
     STOPPED = "stopped"
+
+
+class Then(enum.StrEnum):
+    """What follows a stop in flight (``instance.stop_requested``'s ``then``).
+
+    A StrEnum: the chain stores the same strings as before."""
+
+    NOTHING = ""  # the stop is all
+    RESTART = "restart"  # an operator restart: start again once stopped
+    UNLOAD = "unload"  # forget the instance once stopped
 
 
 class Stamp(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -135,6 +146,9 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             only it may unload it), False when it was somebody else's, None
             before a load was decided.
         reserved_bytes: what the residency ledger holds for it, bytes.
+        unload_error: why Ollama did not unload this node's model when a stop
+            asked it to (``instance.unload_failed``); while set no unload is in
+            flight. A stop (which asks again) or a start clears it.
         refusal: the cause of the last refused start, until a start succeeds
             (a refusal is recorded once per cause).
         oom_kills: exits recorded as OOM kills under the instance's memory
@@ -161,11 +175,12 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     restart_due: Stamp | None = None
     up_since: Stamp | None = None
     terminating: Termination | None = None
-    then: str = ""
+    then: Then = Then.NOTHING
     then_by: str = ""
     ollama_owned: bool | None = None
     reserved_bytes: int = 0
     refusal: str = ""
+    unload_error: str = ""
 
 
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,7 +19,8 @@ from infervisor.actors.core import observations as o
 from infervisor.actors.core.decide import decide
 from infervisor.actors.core.decision import Decision, Situation
 from infervisor.actors.core.rules import Mode, Rules, Tracking
-from infervisor.actors.kinds import KindSettings, Supervision, supervision_for
+from infervisor.actors.core.supervision import Supervision
+from infervisor.actors.kinds import KindSettings, supervision_for
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.spec import Flavor
 from infervisor.chain import StoredEvent
@@ -153,7 +154,6 @@ def make_rules(
         node_id="node-1",
         stop_grace_s=10.0,
         health_kill_grace_s=4.0,
-        unload_grace_s=5.0,
     )
 
 
@@ -248,6 +248,14 @@ class Sim:
         if self.rules.mode is Mode.PROCESS:
             return self.spawn_ok()
         return self.last  # type: ignore[return-value]
+
+    def crash_and_restart(self) -> Decision:
+        """The server exits 1; its restart falls due and is spawned (process mode)."""
+        self.gone(exit_code=1)
+        self.clock.advance(10)
+        self.feed(o.TimerDue(name=fx.Timer.RESTART))
+        self.checked()
+        return self.spawn_ok()
 
     def probe(self, report: ServerReport) -> Decision:
         token = self.inst.process.pid if self.inst.process is not None else 0

@@ -124,7 +124,6 @@ def _rules(slot: str) -> Rules:
         node_id=NODE_ID,
         stop_grace_s=2.0,
         health_kill_grace_s=1.0,
-        unload_grace_s=2.0,
         exposure_grace_s=1.0,
     )
 
@@ -160,6 +159,7 @@ class World:
     next_pid: int = 1000
     taken: set[str] = field(default_factory=set)  # slots whose port somebody else holds
     ollama_resident: bool = False
+    ollama_unload_fails: bool = False  # Ollama answers an unload with an error
     wall_ns: int = 1_700_000_000 * 10**9
     mono_s: float = 100.0
 
@@ -390,6 +390,8 @@ class SimNode:
         elif what == "load":
             w.ollama_resident = True
             obs = o.OllamaLoadEnded(ok=True)
+        elif what == "unload" and w.ollama_unload_fails:
+            obs = o.OllamaUnloadEnded(ok=False, error="ollama refused the unload")
         elif what == "unload":
             w.ollama_resident = False
             obs = o.OllamaUnloadEnded(ok=True)
@@ -684,6 +686,11 @@ class CrashAnywhere(RuleBasedStateMachine):
         if self._live("ollama"):
             self.node.run("ollama", o.OllamaListed(listed=False))
 
+    @rule(fails=st.booleans())
+    def ollama_unload_answers(self, fails: bool) -> None:
+        """From now on Ollama refuses unloads (the model stays resident), or does them."""
+        self.node.world.ollama_unload_fails = fails
+
     @rule()
     def exposed(self) -> None:
         iid = self.node.slot_iid["llama"]
@@ -752,7 +759,7 @@ class CrashAnywhere(RuleBasedStateMachine):
             node.pending.popleft()  # lost in flight; the world acted on it already
             if head[1] == "load":
                 node.world.ollama_resident = True
-            elif head[1] == "unload":
+            elif head[1] == "unload" and not node.world.ollama_unload_fails:
                 node.world.ollama_resident = False
             twin.deliver_one()
         event(f"crash during {during}{' (interrupted)' if interrupted else ''}")

@@ -25,6 +25,7 @@ from infervisor.replay.lifecycle import LIVE_STATES, TRANSITIONS
 
 __all__ = [
     "GENERATORS",
+    "first_paragraph",
     "refresh",
     "render_api_scopes",
     "render_cli_codes",
@@ -47,22 +48,31 @@ def render_transition_table() -> str:
 
 def render_status_table() -> str:
     """Markdown: every case of ``map_report`` in the order it is tried."""
-    rows = ["| # | when | state | detail |", "|---|---|---|---|"]
+    rows = ["| # | when | state | detail | phase |", "|---|---|---|---|---|"]
     for i, case in enumerate(MAP_REPORT_CASES, 1):
         detail = f"`{case.detail}`" if case.detail else "—"
-        rows.append(f"| {i} | {case.description} | `{case.state}` | {detail} |")
+        row = f"| {i} | {case.description} | `{case.state}` | {detail} | `{case.phase}` |"
+        rows.append(row)
     return "\n".join(rows)
+
+
+def first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph, whole, on one line (sentences are never cut)."""
+    paragraph = (doc or "").strip().split("\n\n", 1)[0]
+    return " ".join(paragraph.split()).replace("|", "\\|")
 
 
 def render_rule_table() -> str:
-    """Markdown: every observation the decision core takes and the rule that decides it."""
-    rows = ["| observation | rule | what it decides |", "|---|---|---|"]
-    for obs, rule in RULES.items():
-        doc = (obs.__doc__ or "").strip().splitlines()[0]
-        what = (rule.__doc__ or "").strip().splitlines()[0]
-        where = f"`{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}`"
-        rows.append(f"| `{obs.__name__}`: {doc} | {where} | {what} |")
-    return "\n".join(rows)
+    """Markdown: per mode, every observation it takes and the rule that decides it."""
+    parts: list[str] = []
+    for mode, table in RULES.items():
+        rows = [f"**{mode}**", "", "| observation | rule | what it decides |", "|---|---|---|"]
+        for obs, rule in table.items():
+            where = f"`{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}`"
+            doc, what = first_paragraph(obs.__doc__), first_paragraph(rule.__doc__)
+            rows.append(f"| `{obs.__name__}`: {doc} | {where} | {what} |")
+        parts.append("\n".join(rows))
+    return "\n\n".join(parts)
 
 
 def render_cli_codes() -> str:

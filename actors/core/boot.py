@@ -12,29 +12,25 @@ from __future__ import annotations
 
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
+from infervisor.replay.callers import Role
 from infervisor.replay.state import Stamp, later
 
-from .common import STARTABLE, after_exit, describe_exit, try_start
+from .common import STARTABLE, after_exit, describe_exit, restart_due, try_start, unloading
 from .decision import Draft
-from .effects import ArmTimer, CheckResident, EndStrays, Terminate, UnloadModel
+from .effects import ArmTimer, CheckResident, EndStrays, Terminate, Timer, UnloadModel
 from .observations import BootSeen, ProcessAlive, ProcessGone
-from .process import restart_due
-from .rules import Mode
 
-__all__ = ["boot"]
+__all__ = ["boot_ollama", "boot_process"]
 
 S = LifecycleState
 _HAD_PROCESS = frozenset({S.STARTING, S.RUNNING, S.UNHEALTHY, S.STOPPING})
 
 
-def boot(d: Draft, b: BootSeen) -> None:
-    """Decide, from the recorded state and what became of its process, what follows."""
-    mode = d.rules.mode
-    if mode is Mode.ADOPTED:
-        return  # re-adopted as it is; health ticks say whether it still answers
-    if mode is Mode.OLLAMA:
-        _boot_ollama(d)
-        return
+def boot_process(d: Draft, b: BootSeen) -> None:
+    """Account for the recorded process: re-attach a live one (resuming a
+    termination in flight), record one that ended, relaunch a launch the node
+    died before, end stray processes in its cgroup; then resume what the live
+    node would have done."""
     if b.strays:
         # Nothing claims them: end them, recorded, before anything starts.
         d.emit(ev.StraysEnded(pids=list(b.strays), cgroup=b.cgroup))
@@ -63,7 +59,7 @@ def _relaunch(d: Draft) -> None:
     restart, so it spends no budget."""
     why = "the launch was interrupted before it ran (the node stopped): starting it again"
     d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why))
-    try_start(d, "boot")
+    try_start(d, Role.BOOT)
 
 
 def _reattach(d: Draft, p: ProcessAlive) -> None:
@@ -86,9 +82,9 @@ def _reattach(d: Draft, p: ProcessAlive) -> None:
     d.emit(ev.Reattached(pid=p.pid, up_since=started))
     term = inst.terminating
     if term is not None:
-        d.do(Terminate(), ArmTimer(name="kill", due=later(term.at, term.grace_s)))
+        d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(term.at, term.grace_s)))
     elif inst.lifecycle is S.STOPPING:
-        d.do(Terminate(), ArmTimer(name="kill", due=later(d.now, d.rules.stop_grace_s)))
+        d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, d.rules.stop_grace_s)))
 
 
 def _gone(d: Draft, p: ProcessGone) -> None:
@@ -114,17 +110,19 @@ def _resume(d: Draft) -> None:
     elif inst.lifecycle is S.RESTARTING:
         restart_due(d)
     elif inst.lifecycle in STARTABLE:
-        try_start(d, "boot")
+        try_start(d, Role.BOOT)
 
 
-def _boot_ollama(d: Draft) -> None:
+def boot_ollama(d: Draft, _: BootSeen) -> None:
+    """A loaded model comes back with the fold; a start or an unload in flight goes
+    on; otherwise resume what the live node would have done."""
     inst = d.inst
     if inst.lifecycle in (S.RUNNING, S.UNHEALTHY):
         return  # still loaded: its reservation comes back with the fold
     if inst.lifecycle is S.STARTING:
         d.do(CheckResident())  # go on with the start
         return
-    if inst.lifecycle is S.STOPPED and inst.ollama_owned and inst.reserved_bytes:
+    if unloading(inst):
         d.do(UnloadModel())  # an unload was in flight
         return
     _resume(d)

@@ -1,34 +1,77 @@
-"""Rules every kind shares: the restart policy after an exit, what follows a
-stop, starts and their refusals, terminations, and time arithmetic."""
+"""What every mode shares: the restart policy after an exit, what follows a
+stop, starts and their refusals, recording a stop, terminations, the restart
+timer, and time arithmetic. No function here looks at the mode: what differs
+is passed in by the mode's own rules (process.py, ollama.py, adopted.py)."""
 
 from __future__ import annotations
 
 import signal
 
-from infervisor.replay import Desired, LifecycleState
+from infervisor.replay import Desired, InstanceState, LifecycleState
 from infervisor.replay import events as ev
-from infervisor.replay.callers import role_of
-from infervisor.replay.policy import Exhausted, decide_restart, jitter_unit
-from infervisor.replay.state import Stamp, later
+from infervisor.replay.callers import Role, role_of
+from infervisor.replay.policy import (
+    Exhausted,
+    RestartPolicy,
+    decide_restart,
+    jitter_unit,
+    restarts_in_window,
+)
+from infervisor.replay.state import Stamp, Then, later
 
 from .decision import Draft, RefusalKind
-from .effects import ArmTimer, CancelTimer, CheckResident, CheckStart, RemoveWorkdir, Spawn
-from .observations import StartChecked
-from .rules import Mode
+from .effects import ArmTimer, CancelTimer, CheckStart, Effect, Kill, Terminate, Timer
+from .observations import StartChecked, TimerDue
 
 __all__ = [
     "STARTABLE",
     "after_exit",
+    "armed_kill",
     "begin_termination",
     "describe_exit",
+    "record_stop",
     "remaining_s",
+    "resets_budget",
+    "restart_due",
+    "scheduled_attempt",
     "start_checked",
+    "timer_due",
     "try_start",
+    "unloading",
 ]
 
 S = LifecycleState
 #: States a start may leave.
 STARTABLE = frozenset({S.LOADED, S.STOPPED, S.EXITED, S.FAILED, S.FINISHED, S.RESTARTING})
+
+
+def unloading(inst: InstanceState) -> bool:
+    """An unload of this node's Ollama model is in flight: stopped, the model
+    ours and still reserved, and no failure of the unload recorded."""
+    return (
+        inst.lifecycle is S.STOPPED
+        and inst.ollama_owned is True
+        and inst.reserved_bytes > 0
+        and not inst.unload_error
+    )
+
+
+def armed_kill(inst: InstanceState) -> Stamp | None:
+    """When the SIGKILL of a termination in flight is due (None: none in flight)."""
+    term = inst.terminating
+    if term is None or inst.process is None:
+        return None
+    return later(term.at, term.grace_s)
+
+
+def scheduled_attempt(inst: InstanceState, policy: RestartPolicy) -> int:
+    """The attempt number the scheduled restart was recorded with
+    (``instance.restart_scheduled``), so its ``instance.starting`` says the same:
+    the restarts counted in the window at the moment it was decided (all of
+    them since the last clear when the policy has no window)."""
+    if policy.window_s is None or not inst.restart_stamps:
+        return inst.restarts
+    return restarts_in_window(inst, policy, inst.restart_stamps[-1])
 
 
 def remaining_s(due: Stamp, now: Stamp) -> float:
@@ -53,9 +96,7 @@ def describe_exit(exit_code: int | None, sig: int | None) -> str:
 
 def begin_termination(d: Draft, grace_s: float) -> None:
     """SIGTERM now; the ``kill`` timer brings SIGKILL after ``grace_s``."""
-    from .effects import Terminate  # noqa: PLC0415 - keeps this module's imports short
-
-    d.do(Terminate(), ArmTimer(name="kill", due=later(d.now, grace_s)))
+    d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, grace_s)))
 
 
 def after_exit(d: Draft) -> None:
@@ -88,34 +129,37 @@ def _schedule_restart(d: Draft, reason: str) -> None:
             attempt=decision.attempt, delay_s=decision.delay_s, reason=reason, at=d.now, due=due
         )
     )
-    d.do(ArmTimer(name="restart", due=due))
+    d.do(ArmTimer(name=Timer.RESTART, due=due))
 
 
 def _follow_stop(d: Draft) -> None:
     """What the stop was for: an unload forgets, a restart starts again."""
     inst = d.inst
-    if inst.then == "unload":
-        d.emit(ev.Unloaded(by=inst.then_by or "operator"))
-        if d.rules.mode is Mode.PROCESS:
-            d.do(RemoveWorkdir())
-    elif inst.then == "restart":
-        by = inst.then_by or "operator"
-        d.do(CheckStart(by=by, reset_budget=role_of(by) == "operator", attempt=0, verb=False))
+    if inst.then == Then.UNLOAD:
+        d.emit(ev.Unloaded(by=inst.then_by or Role.OPERATOR))
+    elif inst.then == Then.RESTART:
+        try_start(d, inst.then_by or Role.OPERATOR)
+
+
+def resets_budget(by: str) -> bool:
+    """Only an operator's start clears the restart budget (``RestartPolicy``)."""
+    return role_of(by) == Role.OPERATOR
 
 
 def try_start(d: Draft, by: str, *, attempt: int = 0, verb: bool = False) -> None:
     """Ask for the start checks (address, memory); :func:`start_checked` goes on."""
-    d.do(CheckStart(by=by, reset_budget=role_of(by) == "operator", attempt=attempt, verb=verb))
+    d.do(CheckStart(by=by, reset_budget=resets_budget(by), attempt=attempt, verb=verb))
 
 
-def start_checked(d: Draft, c: StartChecked) -> None:
-    """Start over a free address, on verified weights, with the memory reserved;
+def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> None:
+    """Start over a free address, on verified weights, with the memory reserved,
+    then ``launch`` (a spawn with launch ``token``, or Ollama's residency check);
     or record the refusal once per cause (a refused restart keeps its attempt
     and is tried again)."""
     inst = d.inst
     if inst.lifecycle not in STARTABLE or inst.exposed:
         return
-    if not c.verb and inst.desired is not Desired.RUNNING and inst.then != "restart":
+    if not c.verb and inst.desired is not Desired.RUNNING and inst.then != Then.RESTART:
         return  # stopped meanwhile
     refusal = _refusal(c)
     if refusal is not None:
@@ -124,11 +168,9 @@ def start_checked(d: Draft, c: StartChecked) -> None:
         if c.verb:
             admission = c.taken is not None or c.model_refusal is not None
             d.refuse(RefusalKind.ADMISSION if admission else RefusalKind.MEMORY, refusal)
-        elif inst.then == "restart":
+        elif inst.then == Then.RESTART:
             d.refuse(RefusalKind.FAILED, refusal)  # answers a restart verb still waiting
         return
-    process = d.rules.mode is Mode.PROCESS
-    token = f"{inst.instance_id[:12]}-{inst.last_seq + 1}" if process else ""
     d.emit(
         ev.Starting(
             by=c.by,
@@ -139,8 +181,7 @@ def start_checked(d: Draft, c: StartChecked) -> None:
             at=d.now,
         )
     )
-    d.do(CancelTimer(name="restart"))
-    d.do(Spawn(token=token) if process else CheckResident())
+    d.do(CancelTimer(name=Timer.RESTART), launch)
 
 
 def _refusal(c: StartChecked) -> str | None:
@@ -149,3 +190,60 @@ def _refusal(c: StartChecked) -> str | None:
     if c.model_refusal is not None:
         return f"weights refused before launch: {c.model_refusal}"
     return c.memory_refusal
+
+
+def record_stop(
+    d: Draft,
+    by: str,
+    grace_s: float,
+    reason: str,
+    *,
+    then: Then,
+    holds_something: bool,
+    escalate: bool = False,
+) -> float | None:
+    """Record a stop (``instance.stop_requested``); the grace recorded, or None
+    when there was nothing to stop (a shutdown leaves the state as the chain
+    says; a stopped instance with no restart pending stays as it is).
+
+    ``holds_something``: a server process, or a model Ollama holds for us.
+    ``escalate``: a second stop while stopping, recorded with grace 0 so a boot
+    kills at once too. A kill already armed (a health kill) holds: a stop
+    never pushes the SIGKILL later, so the grace is at most what is left."""
+    inst = d.inst
+    settled = inst.lifecycle is S.STOPPED and inst.then != Then.RESTART
+    if not holds_something and (by == Role.SHUTDOWN or settled):
+        d.do(CancelTimer(name=Timer.RESTART))
+        return None
+    kill_due = armed_kill(inst)
+    if escalate:
+        grace_s = 0.0
+    elif kill_due is not None:
+        grace_s = min(grace_s, max(0.0, remaining_s(kill_due, d.now)))
+    d.emit(ev.StopRequested(by=by, grace_s=grace_s, reason=reason, then=then, at=d.now))
+    d.do(CancelTimer(name=Timer.RESTART))
+    return grace_s
+
+
+def timer_due(d: Draft, t: TimerDue) -> None:
+    """``kill``: SIGKILL once the grace is over; ``restart``: start once due."""
+    if t.name == Timer.KILL:
+        if d.inst.process is not None and d.inst.terminating is not None:
+            d.do(Kill())  # the grace is over (kill timers run in real time)
+    elif t.name == Timer.RESTART:
+        restart_due(d)
+
+
+def restart_due(d: Draft) -> None:
+    """Start a scheduled restart once its backoff is over (honoured across boots)."""
+    inst = d.inst
+    if inst.lifecycle is not S.RESTARTING or inst.desired is not Desired.RUNNING:
+        return
+    if inst.process is not None:
+        return
+    due = inst.restart_due
+    if due is not None and remaining_s(due, d.now) > 1e-3:
+        d.do(ArmTimer(name=Timer.RESTART, due=due))
+        return
+    policy = d.rules.supervision.restart
+    try_start(d, Role.SUPERVISOR, attempt=scheduled_attempt(inst, policy))

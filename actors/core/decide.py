@@ -11,40 +11,28 @@ See ``docs/lifecycle.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from . import boot, health, ollama, process, verbs
+from infervisor.replay.callers import Role
+
+from . import adopted, ollama, process
 from . import observations as o
-from .decision import Decision, Draft, Situation
+from .decision import Decision, Draft, Rule, Situation
+from .effects import Effect
+from .rules import Mode
 
-__all__ = ["RULES", "decide", "source_of"]
+__all__ = ["ON_UNLOAD", "RULES", "decide", "source_of"]
 
-#: Every observation and the rule that decides it (docs/lifecycle.md is generated from it).
-RULES: dict[type[Any], Callable[[Draft, Any], None]] = {
-    o.StartVerb: verbs.start_verb,
-    o.StopVerb: verbs.stop_verb,
-    o.RestartVerb: verbs.restart_verb,
-    o.UnloadVerb: verbs.unload_verb,
-    o.PlacementVerb: verbs.placement,
-    o.AnswersChecked: verbs.answers_checked,
-    o.LeaseLapsed: verbs.lease_lapsed,
-    o.StartChecked: verbs.start_checked,
-    o.SpawnSucceeded: process.spawned,
-    o.SpawnFailed: process.spawn_failed,
-    o.ProcessExited: process.process_exited,
-    o.GroupGone: process.group_gone,
-    o.TimerDue: process.timer_due,
-    o.ListenersSeen: process.listeners_seen,
-    o.ProbeResult: health.probe_result,
-    o.DeepChecked: health.deep_checked,
-    o.Tick: health.tick,
-    o.OllamaResidency: ollama.residency,
-    o.OllamaLoadEnded: ollama.load_ended,
-    o.OllamaUnloadEnded: ollama.unload_ended,
-    o.OllamaListed: ollama.listed,
-    o.BootSeen: boot.boot,
+#: Every mode, every observation it meets, and the rule that decides it: what an
+#: instance of one mode does reads in its own table (docs/lifecycle.md is
+#: generated from it). An observation a mode's table lacks decides nothing.
+RULES: dict[Mode, dict[type[Any], Rule]] = {
+    Mode.PROCESS: process.RULES,
+    Mode.OLLAMA: ollama.RULES,
+    Mode.ADOPTED: adopted.RULES,
 }
+#: What forgetting an instance cleans up, per mode (a process's working directory).
+ON_UNLOAD: dict[Mode, tuple[Effect, ...]] = {Mode.PROCESS: process.ON_UNLOAD}
 
 
 def source_of(observation: o.Observation) -> str:
@@ -57,10 +45,10 @@ def source_of(observation: o.Observation) -> str:
         case o.PlacementVerb(by=by):
             return by
         case o.LeaseLapsed():
-            return "lease"
+            return Role.LEASE
         case o.BootSeen():
-            return "node"
-    return "supervisor"
+            return Role.NODE
+    return Role.SUPERVISOR
 
 
 def decide(situation: Situation, observation: o.Observation) -> Decision:
@@ -70,6 +58,9 @@ def decide(situation: Situation, observation: o.Observation) -> Decision:
         ReplayError: a rule produced an event the lifecycle table forbids (a
             bug in a rule: nothing is appended).
     """
-    draft = Draft(situation, source_of(observation))
-    RULES[type(observation)](draft, observation)
+    mode = situation.rules.mode
+    draft = Draft(situation, source_of(observation), ON_UNLOAD.get(mode, ()))
+    rule = RULES[mode].get(type(observation))
+    if rule is not None:
+        rule(draft, observation)
     return draft.build()

@@ -8,6 +8,8 @@ same decision sees what the chain will say once the events are appended.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -19,7 +21,7 @@ from infervisor.replay.state import Stamp
 from .effects import Effect
 from .rules import Rules, Tracking
 
-__all__ = ["Decision", "Draft", "Refusal", "RefusalKind", "Situation"]
+__all__ = ["Decision", "Draft", "Refusal", "RefusalKind", "Rule", "Situation"]
 
 
 class RefusalKind(enum.StrEnum):
@@ -64,10 +66,16 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Draft:
-    """Accumulates one decision; :attr:`state` is the state after the events so far."""
+    """Accumulates one decision; :attr:`state` is the state after the events so far.
 
-    def __init__(self, sit: Situation, source: str = "supervisor") -> None:
+    ``on_unload``: the effects the instance's mode runs once it is forgotten
+    (``instance.unloaded``), after those added before it."""
+
+    def __init__(
+        self, sit: Situation, source: str = "supervisor", on_unload: tuple[Effect, ...] = ()
+    ) -> None:
         self.sit = sit
+        self.on_unload = on_unload
         self.source = source
         self.rules = sit.rules
         self.now = sit.now
@@ -100,6 +108,8 @@ class Draft:
         )
         self.state = apply_instance(self.state, stored, event)
         self.events.append(event)
+        if isinstance(event, ev.Unloaded):
+            self.effects.extend(self.on_unload)  # the mode's clean-up (a process's workdir)
         if isinstance(event, ev.Starting) and self.tracking.deep_misses:
             # a new start counts deep health checks from zero
             self.tracking = msgspec.structs.replace(self.tracking, deep_misses=0)
@@ -126,3 +136,7 @@ class Draft:
             tracking=self.tracking,
             source=self.source,
         )
+
+
+#: A rule: decides one observation into the draft (``rule(draft, observation)``).
+Rule = Callable[[Draft, Any], None]

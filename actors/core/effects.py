@@ -7,6 +7,8 @@ observation at once, the others report back later as messages.
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from infervisor.replay.state import Stamp
@@ -26,8 +28,16 @@ __all__ = [
     "RemoveWorkdir",
     "Spawn",
     "Terminate",
+    "Timer",
     "UnloadModel",
 ]
+
+
+class Timer(enum.StrEnum):
+    """The timers the core arms: what falls due (:class:`TimerDue`)."""
+
+    KILL = "kill"  # the grace of a termination is over: SIGKILL
+    RESTART = "restart"  # a scheduled restart's backoff is over: start
 
 
 class _Effect(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,14 +90,14 @@ class EndStrays(_Effect, frozen=True):
 class ArmTimer(_Effect, frozen=True):
     """Feed back :class:`TimerDue` named ``name`` at ``due`` (replaces one armed)."""
 
-    name: str
+    name: Timer
     due: Stamp
 
 
 class CancelTimer(_Effect, frozen=True):
     """Forget the timer ``name`` (a no-op when none is armed)."""
 
-    name: str
+    name: Timer
 
 
 class CheckResident(_Effect, frozen=True):

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from infervisor.replay import events as ev
+from infervisor.replay.callers import Role
 from infervisor.replay.state import LeaseRecord, Stamp, elapsed_s
 
 from . import observations as o
@@ -62,7 +63,7 @@ __all__ = [
 #: A heard controller is recorded at most once per this fraction of the lease.
 RENEW_FRACTION = 0.25
 #: The source of a recorded renewal on the chain.
-RENEWAL_SOURCE = "controller"
+RENEWAL_SOURCE = Role.CONTROLLER
 
 
 class LeasePolicy(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,6 +12,8 @@ import msgspec
 
 from infervisor.adapters.probe import ServerReport
 
+from .effects import Timer
+
 __all__ = [
     "AnswersChecked",
     "BootSeen",
@@ -191,7 +193,7 @@ class ListenersSeen(_Obs, frozen=True):
 class TimerDue(_Obs, frozen=True):
     """A timer the core armed fell due: ``restart`` or ``kill``."""
 
-    name: str
+    name: Timer
 
 
 class Tick(_Obs, frozen=True):

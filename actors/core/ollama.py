@@ -19,18 +19,36 @@ memory than was reserved has its reservation corrected (:func:`listed`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from infervisor.adapters.probe import ServerReport
+from infervisor.adapters.probe import HealthKind, ServerReport
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
+from infervisor.replay.state import Then
 
-from .common import after_exit
-from .decision import Draft, RefusalKind
-from .effects import AbortLoad, LoadModel
+from . import observations as o
+from . import verbs
+from .boot import boot_ollama
+from .common import after_exit, record_stop, start_checked, timer_due, unloading
+from .decision import Draft, RefusalKind, Rule
+from .effects import AbortLoad, CancelTimer, CheckResident, LoadModel, Timer, UnloadModel
+from .health import (
+    deep_checked,
+    judged,
+    reconcile,
+    set_misses,
+    stable_check,
+    starting_for,
+    watched_miss,
+)
 from .observations import OllamaListed, OllamaLoadEnded, OllamaResidency, OllamaUnloadEnded
 
-__all__ = ["listed", "load_ended", "load_progress", "residency", "unload_ended"]
+__all__ = ["RULES", "listed", "load_ended", "load_progress", "residency", "stop", "unload_ended"]
+
+#: What an unhealthy reason adds: this node does not restart Ollama itself.
+_NOT_OURS = "infervisor does not start ollama"
 
 S = LifecycleState
 
@@ -133,7 +151,11 @@ def _load_failed(d: Draft, error: str, *, refused: bool) -> None:
 
 
 def unload_ended(d: Draft, u: OllamaUnloadEnded) -> None:
-    """Memory counts as released only once Ollama no longer lists the model."""
+    """Memory counts as released only once Ollama no longer lists the model.
+
+    A failed unload is recorded (``instance.unload_failed``): the model stays
+    this node's and reserved, but nothing is in flight any more, so a start
+    proceeds (and finds it resident) and another stop asks Ollama again."""
     inst = d.inst
     if inst.lifecycle is not S.STOPPED:
         return
@@ -142,6 +164,122 @@ def unload_ended(d: Draft, u: OllamaUnloadEnded) -> None:
             d.emit(ev.MemoryReleased(bytes=inst.reserved_bytes))
         if inst.ollama_owned:
             d.emit(ev.ModelClaimed(ours=False))
-    elif inst.then != "unload":  # an unloaded instance is forgotten all the same
+    elif inst.then != Then.UNLOAD:  # an unloaded instance is forgotten all the same
+        if unloading(inst):
+            d.emit(ev.UnloadFailed(error=u.error or "no reason given"))
         d.refuse(RefusalKind.FAILED, f"unload failed: {u.error}")
     after_exit(d)
+
+
+# ---------------------------------------------------------------- verbs
+def _holds(d: Draft) -> bool:
+    """A model loading or loaded, or one of ours Ollama may still hold."""
+    inst = d.inst
+    return inst.lifecycle in verbs.UP or (inst.ollama_owned is True and inst.reserved_bytes > 0)
+
+
+def stop(d: Draft, by: str, grace_s: float, reason: str, then: Then) -> None:
+    """Abort a load in flight; unload only what this node loaded (memory is
+    released once Ollama no longer lists it); release the reservation of a
+    model that was somebody else's."""
+    was_starting = d.inst.lifecycle is S.STARTING
+    if record_stop(d, by, grace_s, reason, then=then, holds_something=_holds(d)) is None:
+        return
+    if was_starting:
+        d.do(AbortLoad())
+    inst = d.inst
+    if inst.ollama_owned is True:
+        d.do(UnloadModel())
+        return
+    if inst.reserved_bytes:
+        d.emit(ev.MemoryReleased(bytes=inst.reserved_bytes))
+    after_exit(d)
+
+
+def stop_verb(d: Draft, v: o.StopVerb) -> None:
+    """Stop: abort a load, unload a model of ours (never one that was resident already)."""
+    stop(d, v.by, v.grace_s, v.reason, Then.NOTHING)
+
+
+def restart_verb(d: Draft, v: o.RestartVerb) -> None:
+    """Stop (unload) when anything is loaded, then load again: one decision; restarts coalesce."""
+    verbs.restart(d, v, holds_something=_holds(d), stop=stop)
+
+
+def unload_verb(d: Draft, v: o.UnloadVerb) -> None:
+    """Unload a model of ours, then forget the instance; one not loaded is forgotten at once."""
+    if _holds(d):
+        stop(d, v.by, v.grace_s, "unload", Then.UNLOAD)
+        return
+    d.do(CancelTimer(name=Timer.RESTART), CancelTimer(name=Timer.KILL))
+    d.emit(ev.Unloaded(by=v.by))
+
+
+def lease_lapsed(d: Draft, lease: o.LeaseLapsed) -> None:
+    """Stop (unload) a continuous instance another node placed; it stays stopped."""
+    verbs.lease_lapsed(d, lease, stop)
+
+
+def checked(d: Draft, c: o.StartChecked) -> None:
+    """A start's checks came back: start by asking whether the model is resident."""
+    start_checked(d, c, token="", launch=CheckResident())
+
+
+# ---------------------------------------------------------------- health
+def probe_result(d: Draft, p: o.ProbeResult) -> None:
+    """Ollama answers: a load in flight is given its startup allowance; an answer
+    clears the misses, recovers an unhealthy model (when its deep checks give a
+    token) and clears the restart budget once up long enough; misses make a
+    running model unhealthy (never restarted by this node)."""
+    if not judged(d, p):
+        return
+    inst, health = d.inst, p.report.health
+    if health.kind is not HealthKind.UP:
+        watched_miss(d, health, _NOT_OURS)
+        return
+    if inst.lifecycle is S.STARTING:
+        load_progress(d, p.report, starting_for(d))
+        if d.inst.lifecycle is not S.STARTING:
+            return
+    set_misses(d, 0)
+    if inst.lifecycle is S.UNHEALTHY and d.tracking.deep_misses == 0:
+        d.emit(ev.Recovered(detail="ollama answers again"))
+    else:
+        stable_check(d)
+
+
+def _unhealthy(d: Draft, misses: int, reason: str) -> None:
+    d.emit(ev.Unhealthy(misses=misses, reason=f"{reason}; {_NOT_OURS}"))
+
+
+def deep_result(d: Draft, c: o.DeepChecked) -> None:
+    """A failed deep check counts like a miss: ``miss_limit`` in a row make the
+    model unhealthy (it is not restarted); a token clears them and recovers it."""
+    deep_checked(d, c, _unhealthy)
+
+
+def tick(d: Draft, _: o.Tick) -> None:
+    """Reconcile toward the desired state (load again after an exit or a refusal)."""
+    reconcile(d)
+
+
+#: Every observation of a managed Ollama model and the rule that decides it,
+#: in the order of a model's life: its start, its load, its health, its stop.
+RULES: dict[type[Any], Rule] = {
+    o.StartVerb: verbs.start_verb,
+    o.StartChecked: checked,
+    o.OllamaResidency: residency,
+    o.OllamaLoadEnded: load_ended,
+    o.ProbeResult: probe_result,
+    o.OllamaListed: listed,
+    o.DeepChecked: deep_result,
+    o.Tick: tick,
+    o.TimerDue: timer_due,
+    o.StopVerb: stop_verb,
+    o.OllamaUnloadEnded: unload_ended,
+    o.RestartVerb: restart_verb,
+    o.UnloadVerb: unload_verb,
+    o.PlacementVerb: verbs.placement,
+    o.LeaseLapsed: lease_lapsed,
+    o.BootSeen: boot_ollama,
+}

@@ -10,7 +10,7 @@ import msgspec
 
 from infervisor.adapters.spec import Flavor
 
-from ..kinds import Supervision
+from .supervision import Supervision
 
 __all__ = ["Mode", "Rules", "Tracking"]
 
@@ -35,9 +35,7 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True):
         node_id: this node (the lease spares what it placed itself).
         stop_grace_s: default grace of a stop.
         health_kill_grace_s: grace of a health kill.
-        unload_grace_s: grace of the stop an unload makes.
         exposure_grace_s: grace of a stop for listening beyond loopback.
-        retry_s: how soon a refused start is tried again.
         reserve_overhead_bytes: added to a model's size when memory is
             reserved for it (the node's ``reserve_overhead_bytes``), bytes.
     """
@@ -50,9 +48,7 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     stop_grace_s: float
     health_kill_grace_s: float
-    unload_grace_s: float = 5.0
     exposure_grace_s: float = 3.0
-    retry_s: float = 5.0
     reserve_overhead_bytes: int = 0
 
 
