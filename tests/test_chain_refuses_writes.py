@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from support import PROGRAMS, make_launcher, wait_until
-from test_crash_regressions import alive, consistent
-from test_faults import history, nothing_left
+from test_crash_recovery import alive, consistent
 from test_group_commit import TIMEOUT_S, Gate, draft, hold, stored_subjects
+from test_misbehaving_servers import history, nothing_left
 
 from infervisor.actors import messages as m
 from infervisor.actors.append_health import AppendHealth

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from conftest import NodeFactory
 from support import FAKE_GGUF, PROGRAMS, gguf_registry, make_launcher
-from test_node_fake_server import spec
+from test_managed_lifecycle import spec
 
 from infervisor.actors.errors import InvalidState, UnknownInstance
 from infervisor.actors.node import Node, PlacementOutcome

@@ -1,7 +1,7 @@
 """A pause is not a death, and the CLI never hangs (issue 17, item 4).
 
 A node stopped with SIGSTOP (as a frozen cgroup or a paused VM stops it) is a
-real ``infervisor run`` with the fake llama-protocol server (test_control's
+real ``infervisor run`` with the fake llama-protocol server (test_operator_cli's
 ``start_node``); a node that takes connections and never answers is also a
 bare listening Unix socket, which is what a stopped node's socket is to a
 client (the kernel queues the connection). Synchronisation is by condition
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_control import Started, live_views, role_of, start_node  # noqa: F401 - a fixture
+from test_operator_cli import Started, live_views, role_of, start_node  # noqa: F401 - a fixture
 from test_run_resume import INFERVISOR, cli, put_model
 
 from infervisor.tools.api.client import ApiClient, socket_path

@@ -38,7 +38,7 @@ from support import (
     pids_of_group,
     wait_until,
 )
-from test_faults import (
+from test_misbehaving_servers import (
     PLACED,
     TICK,
     Rig,
