@@ -99,7 +99,7 @@ def reopen_real(nodes: NodeFactory, node: Node, iid: str) -> Node:
 def running_ollama(node: Node, srv: OllamaTestServer, spec: InstanceSpec | None = None) -> str:
     iid = node.place(spec or managed(srv))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     return iid
 
 

@@ -27,7 +27,7 @@ from infervisor.chain import SqliteChain
 
 
 def running(node: Node, iid: str) -> None:
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
 
 
 def kinds_of(node: Node, iid: str) -> list[str]:

@@ -41,7 +41,7 @@ from infervisor.adapters.process import (
     terminate_identity,
 )
 
-DEADLINE = 20.0  # s any condition below is given to come true
+DEADLINE = 60.0  # s any condition below is given to come true (generous at load 10)
 
 
 def last_tick(text: str) -> int:
