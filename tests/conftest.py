@@ -143,9 +143,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files holding a slow test first, the one with the longest timeout marker
     first among them (their order otherwise kept): xdist hands whole files to
-    workers in this order (``--dist loadfile --no-loadscope-reorder``: pyproject.toml),
-    and a minute-long kill loop
-    handed out last would run alone at the end while the other workers idle.
+    workers in this order (``--dist loadfile --no-loadscope-reorder``:
+    pyproject.toml), and a minute-long kill loop handed out last would run
+    alone at the end while the other workers idle.
     Longest first is how a fixed set of jobs is spread over few workers."""
     weight: dict[object, float] = {}
     for item in items:
