@@ -7,6 +7,7 @@ no process it started is left behind.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -50,7 +51,7 @@ def _no_leftover_children() -> Iterator[None]:
         now = psutil.Process().children(recursive=True)
         return [p.pid for p in now if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # generous at load 10: only a bound on a hang
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not leftovers(), f"processes left behind: {leftovers()}"
@@ -142,8 +143,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files holding a slow test first, the one with the longest timeout marker
     first among them (their order otherwise kept): xdist hands whole files to
-    workers in this order (``--dist loadfile``), and a minute-long kill loop
-    handed out last would run alone at the end while the other workers idle.
+    workers in this order (``--dist loadfile --no-loadscope-reorder``:
+    pyproject.toml), and a minute-long kill loop handed out last would run
+    alone at the end while the other workers idle.
     Longest first is how a fixed set of jobs is spread over few workers."""
     weight: dict[object, float] = {}
     for item in items:
@@ -154,21 +156,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: -weight.get(item.path, 0.0))
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Leave no empty cgroup of the nodes the tests ran behind (their data
-    directories are gone, so nobody else would remove them): a node killed
-    on purpose does not remove its own. Only empty cgroups are removed (rmdir
-    refuses any other), bottom-up, under ``infervisor-*`` bases; by the main
-    process only, once every xdist worker has finished."""
-    if hasattr(session.config, "workerinput"):
-        return
+@pytest.fixture(scope="session", autouse=True)
+def _no_leftover_cgroups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Leave no empty cgroup of the nodes this session's tests ran behind: a node
+    killed on purpose does not remove its own. Only the bases of data
+    directories under this session's temporary folder are touched (a base is
+    named after its data directory's digest: adapters/cgroups.py ``base_name``),
+    so a suite running beside this one (another checkout, CI) keeps the empty
+    ``server`` cgroup its node has just made for a launch. Only empty cgroups
+    are removed (rmdir refuses any other), bottom-up; each xdist worker
+    removes those of its own folder when its session ends."""
+    yield
+    ours = _digests(tmp_path_factory.getbasetemp())
     for hierarchy in hierarchies(*_own_cgroups()):
         with contextlib.suppress(OSError):
             for entry in os.scandir(hierarchy.own):
-                if entry.is_dir() and entry.name.startswith("infervisor-"):
+                if entry.is_dir() and _base_digest(entry.name) in ours:
                     for path, _, _ in os.walk(entry.path, topdown=False):
                         with contextlib.suppress(OSError):
                             os.rmdir(path)
+
+
+def _digests(root: Path) -> set[str]:
+    """The base-name digest of every folder under ``root`` (any may be a data directory)."""
+    found = set()
+    for path, _, _ in os.walk(root):
+        found.add(hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:8])
+    return found
+
+
+def _base_digest(name: str) -> str | None:
+    """The data directory digest of a node's base cgroup name (``infervisor-ID-DIGEST``)."""
+    return name.rsplit("-", 1)[-1] if name.startswith("infervisor-") else None
 
 
 def _own_cgroups() -> tuple[str, str]:

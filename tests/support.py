@@ -89,7 +89,7 @@ def stand_in_node(*argv: str) -> tuple[subprocess.Popen[bytes], ProcessIdentity]
     return node, msgspec.json.decode(line, type=ProcessIdentity)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy, or fail naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -325,7 +325,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def managed_fakes_running(
-    node: Any, clock: Any, count: int, role: str, timeout: float = 20.0
+    node: Any, clock: Any, count: int, role: str, timeout: float = 60.0
 ) -> list[str]:
     """Place ``count`` managed fake llama instances (model "tiny", distinct ports),
     start them, and advance the manual ``clock`` a health interval at a time (each

@@ -65,11 +65,11 @@ def test_an_adopted_server_still_loading_is_starting_until_it_serves(
         assert (view.health, view.status_detail) == ("loading", "loading model")
 
         (cwd / "serve").write_text("")  # the model is loaded: it serves
-        view = node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+        view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
         assert "adopted server answers" in view.reason
         kinds = [e.kind for e in timeline(settings.chain_path, iid)]
         assert kinds == ["instance.placed", "instance.starting", "instance.ready"], kinds
-        node.wait_for(iid, lambda v: v.health == "up", 20)
+        node.wait_for(iid, lambda v: v.health == "up", 60)
         # Never signalled: the same process, still running.
         assert server.alive()
         assert psutil.Process(server.pid).create_time() == born

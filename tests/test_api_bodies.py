@@ -219,7 +219,7 @@ def test_a_watch_reads_through_keep_alives(
 
         watcher = threading.Thread(target=follow)
         watcher.start()
-        wait_until(lambda: failed or any(e.kind == "node.started" for e in seen), 10)
+        wait_until(lambda: failed or any(e.kind == "node.started" for e in seen), 60)
         with (
             httpx.Client(
                 transport=httpx.HTTPTransport(uds=str(socket_path(data))), base_url="http://node"

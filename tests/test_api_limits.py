@@ -22,7 +22,7 @@ from infervisor.tools.api.limits import ConnectionLimits, Phase
 from infervisor.tools.api.server import ApiServer, socket_path
 from infervisor.tools.node.config import ConfigError, load_config
 
-DEADLINE_S = 20.0
+DEADLINE_S = 60.0  # a bound on a hang, never a measurement: generous at load 10
 GET = b"GET /v1/node HTTP/1.1\r\nHost: node\r\n\r\n"
 #: A stop whose body never finishes: the connection waits in Phase.BODY.
 HALF_POST = (

@@ -21,9 +21,9 @@ from typing import Any
 import msgspec
 import pytest
 from support import wait_until
-from test_crash_regressions import POLICY, alive, consistent, server_pid
-from test_crash_regressions_more import SLOW, retries_until
-from test_faults import count, history, listening, nothing_left, rig, tick_to
+from test_crash_recovery import POLICY, alive, consistent, server_pid
+from test_crash_recovery_ownership import SLOW, retries_until
+from test_misbehaving_servers import count, history, listening, nothing_left, rig, tick_to
 
 from infervisor.actors import messages as m
 from infervisor.actors.backlog import COALESCED, RETRY_CAP_S, Backlog

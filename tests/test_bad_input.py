@@ -40,7 +40,7 @@ def test_a_stop_with_a_bad_grace_is_refused_and_not_recorded(nodes, fake_llama, 
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
     iid = node.place(InstanceSpec(role="c", flavor=Flavor.LLAMACPP, model="tiny", port=free_port()))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     head = node.rebuild().head_seq
     with pytest.raises(BadArgument, match="grace_s"):
         node.stop(iid, grace_s=grace)

@@ -2,7 +2,7 @@
 
 Chains are crafted with `SqliteChain.append_many` of real event kinds
 (replay/events.py); the fault suite's own chains are audited in its teardown
-(tests/test_faults.py) and must give no finding.
+(tests/test_misbehaving_servers.py) and must give no finding.
 """
 
 from __future__ import annotations

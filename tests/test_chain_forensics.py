@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 from conftest import NodeFactory
 from support import wait_until
 from test_cli import CHAT, IDLE, NODE, TAMPERED_SEQ, build_chain, tamper
-from test_faults import count, restart_at_its_time, rig, wait_kind
+from test_misbehaving_servers import count, restart_at_its_time, rig, wait_kind
 
 from infervisor.actors.clock import ManualClock
 from infervisor.chain import ChainFormatError, SqliteChain

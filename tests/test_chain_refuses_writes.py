@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from support import PROGRAMS, make_launcher, wait_until
-from test_crash_regressions import alive, consistent
-from test_faults import history, nothing_left
+from test_crash_recovery import alive, consistent
 from test_group_commit import TIMEOUT_S, Gate, draft, hold, stored_subjects
+from test_misbehaving_servers import history, nothing_left
 
 from infervisor.actors import messages as m
 from infervisor.actors.append_health import AppendHealth
@@ -91,7 +91,7 @@ def _running(nodes: Any, tmp_path: Path, fake_model: Path, **settings: Any) -> t
     port = free_port()
     iid = node.place(InstanceSpec(role="chat", flavor=Flavor.LLAMACPP, model="tiny", port=port))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     wait_until(lambda: port_in_use("127.0.0.1", port), 20, "the server listening")
     return node, iid
 
@@ -149,7 +149,7 @@ def _told_true(node: Node, iid: str, before: int, pid: int) -> None:
     told = after[: kinds.index("spawned")]  # what follows the new server is its own story
     assert not [s for s in told if s.kind in INVENTED or "unknown" in s.reason], kinds
     assert _metrics(node)["infervisor_chain_append_failing"] == 0
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert "fault" not in node.status(iid).reason
     consistent(node)
 
@@ -179,7 +179,7 @@ def test_a_held_write_lock_while_a_server_is_killed(nodes, tmp_path, fake_model,
     first = node.status(iid).pid
     assert first is not None
     os.kill(first, signal.SIGKILL)
-    node.wait_for(iid, lambda v: v.pid not in (None, first) and v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.pid not in (None, first) and v.lifecycle == "running", 60)
     pid = node.status(iid).pid
     assert pid is not None
     before = len(history(node, iid))

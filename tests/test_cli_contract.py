@@ -5,7 +5,7 @@ config file or the chain file.
 
 Offline checks run on a chain built event by event (test_cli.build_chain);
 the node's side runs a real ``infervisor run`` with the fake llama server
-(test_control.start_node; the CLI is the HTTP API's client). Synchronisation
+(test_operator_cli.start_node; the CLI is the HTTP API's client). Synchronisation
 is by condition and deadline.
 """
 
@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 from test_cli import CHAT, IDLE, NOW, build_chain, spec, tamper
-from test_control import Started, start_node  # noqa: F401 - a fixture
+from test_operator_cli import Started, start_node  # noqa: F401 - a fixture
 from test_run_resume import EXIT_DEADLINE_S, INFERVISOR, cli, put_model, write_config
 
 from infervisor.actors.messages import InstanceView

@@ -101,7 +101,7 @@ def test_mlx_whose_completions_fail_is_unhealthy(node_for: Any, tmp_path: Path) 
         wait_until(lambda: _answers(f"http://127.0.0.1:{port}"), 20, "the mlx server")
         iid = node.place(spec)
         node.start(iid)
-        view = node.wait_for(iid, lambda v: v.lifecycle == "unhealthy", 20)
+        view = node.wait_for(iid, lambda v: v.lifecycle == "unhealthy", 60)
         assert "deep health: no token of completion" in view.reason
         assert "adopted servers are not restarted" in view.reason
         assert reasons(node, iid, "instance.deep_health_failed")
@@ -121,7 +121,7 @@ def test_ollama_whose_completions_fail_is_unhealthy(node_for: Any, tmp_path: Pat
         )
         iid = node.place(spec)
         node.start(iid)
-        view = node.wait_for(iid, lambda v: v.lifecycle == "unhealthy", 20)
+        view = node.wait_for(iid, lambda v: v.lifecycle == "unhealthy", 60)
         assert "deep health: no token of completion" in view.reason
         assert "llama runner process no longer running" in view.reason
         assert kinds(node, iid).count("instance.deep_health_failed") == 2  # miss_limit
@@ -141,7 +141,7 @@ def test_health_cli_runs_a_deep_check_on_demand(node_for: Any, tmp_path: Path) -
             )
             iid = node.place(spec)
             node.start(iid)
-            node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+            node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
         control = ApiServer.listen(data, Path(node.settings.chain_path), node.settings.node_id)
         try:
             control.serve(node)

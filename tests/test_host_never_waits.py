@@ -68,7 +68,7 @@ def workdir(node: Node, iid: str) -> Path:
 
 
 def running(node: Node, iid: str) -> m.InstanceView:
-    return node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    return node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
 
 
 def kinds(node: Node, iid: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""SIGKILL `infervisor run` 50 times at random moments while three servers crash-loop.
+"""SIGKILL `infervisor run` 16 times at chosen moments while three servers crash-loop.
 
 One data directory, three managed instances (fake llama servers of
 tests/programs/kill_loop_server.py): ``flap`` answers health, then exits 1
@@ -8,15 +8,16 @@ policy is base 0.3 s, cap 1.5 s, a budget that is never spent, and
 ``stable_after_s = 0.5`` so the flapper's backoff keeps resetting (delays of
 0.3, 0.6, 1.2 and 1.5 s all occur).
 
-The node is SIGKILLed (only it: the servers live on under their shims) at
-moments picked by a seeded random (``KILL_LOOP_SEED`` picks another): the
-first kill right as the one-shot exits, then right after an
+The node is SIGKILLed (only it: the servers live on under their shims): the
+first kill right as the one-shot exits, then, in turn, right after an
 ``instance.starting`` is appended, during a backoff (right after an
 ``instance.restart_scheduled``), while a server answers (right after an
-``instance.ready``), right after boot, or at a random time after launch
-(which includes the boot itself). At every kill point the test checks that
-each port has at most one listener and that it carries the launch token of
-the instance's last recorded ``instance.starting``.
+``instance.ready``), right after boot, and at a random time after launch
+(which includes the boot itself); each moment three times, the delays after
+the event picked by a seeded random (``KILL_LOOP_SEED`` picks another). The
+test counts the moments it reached and fails if one never was. At every kill
+point the test checks that each port has at most one listener and that it
+carries the launch token of the instance's last recorded ``instance.starting``.
 
 Final states come from a reference run without kills (another data dir, the
 same config), settled the same way: the file ``kill_loop_stay`` in each
@@ -33,6 +34,7 @@ import os
 import random
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,10 +57,13 @@ from infervisor.adapters.ports import free_port
 from infervisor.replay import NodeState
 
 SEED = int(os.environ.get("KILL_LOOP_SEED", "20261201"))  # set it to replay another run
-KILLS = 40  # the whole test takes 45-60 s on 2 cores (it prints its timings with -s)
+#: The moments a kill is aimed at after the first (in this order, round after round).
+MOMENTS = ("starting", "backoff", "ready", "boot", "random")
+ROUNDS = 3
+KILLS = 1 + ROUNDS * len(MOMENTS)  # it prints its timings with -s
 EPSILON_S = 0.05
-SETTLE_S = 40.0
-STEP_S = 20.0
+SETTLE_S = 90.0
+STEP_S = 60.0
 ROLES = ("flap", "batch", "atonce")
 BATCH_EXIT_AFTER_S = 1.0
 EXPECTED_FINAL = {"flap": "stopped", "batch": "finished", "atonce": "stopped"}
@@ -294,8 +299,11 @@ def finals(state: NodeState) -> dict[str, str | None]:
     return {role: lifecycle(state, role) for role in ROLES}
 
 
-def pick_moment(rng: random.Random, kill: int, db: Path) -> tuple[str, Callable[[NodeRun], None]]:
-    """A strategy name and a function that waits (on the running node) until the kill moment."""
+def pick_moment(
+    rng: random.Random, kill: int, db: Path
+) -> tuple[str, str, Callable[[NodeRun], None]]:
+    """The moment (``one-shot`` or one of :data:`MOMENTS`), its description and a
+    function that waits (on the running node) until it comes."""
     starting_before = last_seq(db, "instance.starting")
     scheduled_before = last_seq(db, "instance.restart_scheduled")
     booted_before = last_seq(db, "node.started")
@@ -323,18 +331,26 @@ def pick_moment(rng: random.Random, kill: int, db: Path) -> tuple[str, Callable[
             exit_ns = spawned[-1] + BATCH_EXIT_AFTER_S * 1e9
             time.sleep(max(0.0, (exit_ns - time.time_ns()) / 1e9 + rng.uniform(-0.08, 0.12)))
 
-        return "one-shot exiting", one_shot_exiting
-    choice = rng.choice(["starting", "starting", "backoff", "ready", "boot", "random", "random"])
+        return "one-shot", "one-shot exiting", one_shot_exiting
+    choice = MOMENTS[(kill - 1) % len(MOMENTS)]
     if choice == "starting":
-        return "right after instance.starting", after("instance.starting", starting_before, 0.03)
+        return (
+            choice,
+            "right after instance.starting",
+            after("instance.starting", starting_before, 0.03),
+        )
     if choice == "backoff":
-        return "during a backoff", after("instance.restart_scheduled", scheduled_before, 0.4)
+        return (
+            choice,
+            "during a backoff",
+            after("instance.restart_scheduled", scheduled_before, 0.4),
+        )
     if choice == "ready":
-        return "while a server answers", after("instance.ready", ready_before, 0.3)
+        return choice, "while a server answers", after("instance.ready", ready_before, 0.3)
     if choice == "boot":
-        return "right after boot", after("node.started", booted_before, 0.2)
+        return choice, "right after boot", after("node.started", booted_before, 0.2)
     delay = rng.uniform(0.0, 1.5)
-    return f"{delay:.2f} s after launch", lambda _run: time.sleep(delay)
+    return choice, f"{delay:.2f} s after launch", lambda _run: time.sleep(delay)
 
 
 # ---------------------------------------------------------------- the test
@@ -376,12 +392,14 @@ def test_sigkill_loop_keeps_every_promise(tmp_path: Path) -> None:
         config = write_kill_loop_config(tmp_path, program, "data", list(ports.values()))
         rng = random.Random(SEED)
         log: list[str] = []
+        reached: Counter[str] = Counter()
         batch_finished = False
         listeners_seen = 0
         for kill in range(KILLS):
-            name, wait = pick_moment(rng, kill, db)
+            moment, name, wait = pick_moment(rng, kill, db)
             node = runs(config)
             wait(node)
+            reached[moment] += 1  # the wait raises when its moment never comes
             node.proc.send_signal(signal.SIGKILL)
             node.proc.wait(timeout=20)
             head = max((r[0] for r in chain_rows(db)), default=-1)
@@ -407,6 +425,7 @@ def test_sigkill_loop_keeps_every_promise(tmp_path: Path) -> None:
         ids = ids_by_role(db)
         check_one_shot(db, ids["batch"])
         assert finals(state) == reference, "\n".join(log)
+        assert set(reached) == {"one-shot", *MOMENTS}, reached
         assert by_role(state.instances, "batch")[1].lifecycle == "finished"
         boots = sum(1 for e in events_of(db) if e.kind == "node.started")
         assert boots > KILLS // 2  # most kills hit a node that had booted

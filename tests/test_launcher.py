@@ -27,7 +27,7 @@ from infervisor.tools.servers.tinymodel import generate_tiny_gguf
 
 LAUNCHER = Path(sys.executable).with_name("infervisor-llama-server")
 READY_DEADLINE_S = 60.0
-EXIT_DEADLINE_S = 30.0
+EXIT_DEADLINE_S = 60.0
 LOADING_503 = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
 
 

@@ -32,7 +32,7 @@ def spec(role: str, port: int) -> InstanceSpec:
 
 
 def running(node: Node, iid: str) -> InstanceView:
-    return node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    return node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
 
 
 # --- the ledger -----------------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_managed_server_beyond_loopback_is_stopped_and_held_until_reloaded(
     assert clock.monotonic() < settings.reconcile_interval_s  # no reconcile yet
 
     clock.advance(settings.reconcile_interval_s)  # one reconcile tick
-    view = node.wait_for(iid, lambda v: v.lifecycle == "stopped", 20)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "stopped", 60)
     assert view.desired == "stopped"
     assert view.exposure == "stopped: listened beyond loopback on 0.0.0.0"
     assert first.pid is not None and pids_of_group(first.pid) == []

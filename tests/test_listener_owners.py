@@ -32,7 +32,7 @@ from infervisor.adapters.ports import (
 )
 
 PROGRAM = PROGRAMS / "owner_listen.py"
-DEADLINE = 20.0  # s for a listener program to start or to end
+DEADLINE = 60.0  # s for a listener program to start or to end (generous at load 10)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def test_an_instance_that_stops_shows_its_new_state(node: Node) -> None:
         samples
     )
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     node.stop(iid)
     samples, _ = parse(metrics.render()[0])
     assert of(samples, "infervisor_instance_state", **labels, state="stopped") == 1

@@ -110,7 +110,7 @@ def test_adopted_mlx_is_observed_and_stop_is_refused(
     assert notes[:2] == [f"endpoint {their_mlx.base_url}", "adopting running server (up)"]
     iid = node.place(spec)
     assert node.start(iid).lifecycle == "running"
-    node.wait_for(iid, lambda v: v.health == "up", 20)
+    node.wait_for(iid, lambda v: v.health == "up", 60)
     with pytest.raises(VerbRefused, match="observes it and never stops it"):
         node.stop(iid)
     assert their_mlx.alive()

@@ -48,7 +48,7 @@ needs_mlx_lm = pytest.mark.skipif(
     reason="mlx-lm is not installed (on Linux: pip install 'mlx-lm[cpu]')",
 )
 READY_DEADLINE_S = 60.0
-EXIT_DEADLINE_S = 10.0
+EXIT_DEADLINE_S = 30.0
 ONE_TOKEN = {"prompt": "Hello", "max_tokens": 1}
 DIED = {"error": "generation thread died"}
 DIED_LOG = "ERROR - mlx_lm.server generation thread died: "

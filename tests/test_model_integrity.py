@@ -10,8 +10,17 @@ from pathlib import Path
 
 import pytest
 from support import FAKE_GGUF, gguf_registry, wait_until
-from test_crash_regressions import crash, reopen
-from test_faults import count, history, listening, nothing_left, of_kind, rig, tick_to, wait_kind
+from test_crash_recovery import crash, reopen
+from test_misbehaving_servers import (
+    count,
+    history,
+    listening,
+    nothing_left,
+    of_kind,
+    rig,
+    tick_to,
+    wait_kind,
+)
 
 from infervisor.adapters.errors import AdmissionRefused, RegistryError
 from infervisor.adapters.registry import ModelRegistry

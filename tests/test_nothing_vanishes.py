@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from conftest import NodeFactory
 from support import FAKE_GGUF, PROGRAMS, gguf_registry, make_launcher
-from test_node_fake_server import spec
+from test_managed_lifecycle import spec
 
 from infervisor.actors.errors import InvalidState, UnknownInstance
 from infervisor.actors.node import Node, PlacementOutcome
@@ -27,7 +27,7 @@ from infervisor.chain import SqliteChain
 
 
 def running(node: Node, iid: str) -> None:
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
 
 
 def kinds_of(node: Node, iid: str) -> list[str]:

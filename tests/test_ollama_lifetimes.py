@@ -107,7 +107,7 @@ def test_a_model_ollama_dropped_is_recorded_released_and_reloaded(
     srv = server(TAG, load_seconds=0.1)
     iid = node.place(managed(srv.port))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     wait_until(lambda: "instance.model_dropped" in kinds(node, iid), 20, "the drop recorded")
     wait_until(lambda: kinds(node, iid).count("instance.ready") >= 2, 20, "the model reloaded")
     seen = events(node, iid)
@@ -129,7 +129,7 @@ def test_memory_is_reserved_from_tags_and_corrected_from_ps(node: Node, server: 
     srv = server(TAG, load_seconds=0.1, model_size=1000, loaded_size=50_000)
     iid = node.place(managed(srv.port))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     wait_until(lambda: reservations(node).get(iid) == 50_000 + OVERHEAD, 20, "the correction")
     seen = events(node, iid)
     [starting] = [e for e in seen if isinstance(e, ev.Starting)]

@@ -81,7 +81,7 @@ def test_two_managed_models_on_one_ollama_are_independent(node: Node, server: An
     node.start(ia)
     node.start(ib)
     for iid in (ia, ib):
-        view = node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+        view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
         assert "loaded by this node" in view.reason
     assert resident(srv, A)
     assert resident(srv, B)
@@ -106,7 +106,7 @@ def test_managed_and_adopted_ollama_share_the_address(node: Node, server: Any) -
     managed = node.place(spec(srv, "a"))
     watched = node.place(spec(srv, "b", mode=Mode.ADOPTED))
     node.start(managed)
-    node.wait_for(managed, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(managed, lambda v: v.lifecycle == "running", 60)
     assert node.start(watched).lifecycle == "running"
     node.stop(managed)
     assert node.status(watched).lifecycle == "running"
@@ -145,7 +145,7 @@ def test_a_load_longer_than_the_cap_fails_at_the_cap_and_is_retried(
     srv = server(A, load_seconds=30.0)
     iid = node.place(spec(srv, "a", kind="quick"))
     node.start(iid)
-    view = node.wait_for(iid, lambda v: v.lifecycle == "failed", 30)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "failed", 60)
     assert "restart budget spent (1 restarts)" in view.reason
     assert "load failed: not loaded within 1 s" in view.reason
     events = kinds(node, iid)
@@ -159,7 +159,7 @@ def test_a_load_within_the_cap_completes(node: Node, server: Any) -> None:
     srv = server(A, load_seconds=2.0)
     iid = node.place(spec(srv, "a"))  # inference: cap 900 s
     node.start(iid)
-    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 30)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert "loaded by this node" in view.reason
     assert node.status(iid).restarts == 0
 
@@ -227,7 +227,7 @@ def test_status_says_loading_during_a_load(node: Node, server: Any) -> None:
         seen.append((v.lifecycle, v.status_detail))
         return v.lifecycle == "starting" and v.status_detail == "loading model"
 
-    view = node.wait_for(iid, loading, 20)
+    view = node.wait_for(iid, loading, 60)
     assert view.status == "degraded"
     assert ("starting", "model resident") not in seen
     assert node.stop(iid).lifecycle == "stopped"

@@ -110,10 +110,10 @@ def test_start_loads_runs_and_stop_unloads_and_releases(node: Node, server: Any)
     assert started.lifecycle == "starting"  # the load runs in the background
     assert started.reserved_bytes == RESERVED
     assert reservations(node) == {iid: RESERVED}
-    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert view.reason.endswith(f"(model {TAG} loaded by this node)")
     assert resident(srv)
-    node.wait_for(iid, lambda v: v.status_detail == "model resident", 20)
+    node.wait_for(iid, lambda v: v.status_detail == "model resident", 60)
 
     stopped = node.stop(iid)
     assert stopped.lifecycle == "stopped"
@@ -132,7 +132,7 @@ def test_model_already_resident_is_not_ours_to_unload(node: Node, server: Any) -
     srv = server(TAG, resident=TAG)
     iid = node.place(managed(srv))
     node.start(iid)
-    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert "already resident: not ours to unload" in view.reason
     assert node.stop(iid).lifecycle == "stopped"
     assert resident(srv)  # somebody else's model stays loaded
@@ -155,7 +155,7 @@ def test_failed_load_is_an_exit_under_the_restart_policy(node: Node, server: Any
     srv = server(fail_load=TAG, load_seconds=0.2)
     iid = node.place(managed(srv))
     node.start(iid)
-    view = node.wait_for(iid, lambda v: v.lifecycle in ("restarting", "failed"), 20)
+    view = node.wait_for(iid, lambda v: v.lifecycle in ("restarting", "failed"), 60)
     assert "load failed: " in view.reason
     assert "HTTP 500" in view.reason
     assert "instance.restart_scheduled" in kinds(node, iid)
@@ -170,7 +170,7 @@ def test_unload_forgets_and_releases_even_when_ollama_is_gone(node: Node, server
     srv = server(TAG, load_seconds=0.2)
     iid = node.place(managed(srv))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert reservations(node) == {iid: RESERVED}
     srv.kill()
     node.unload(iid)
@@ -192,7 +192,7 @@ def test_adopted_ollama_is_observed_and_stop_is_refused(node: Node, server: Any)
     assert "version 0.6.8" in notes
     iid = node.place(spec)
     assert node.start(iid).lifecycle == "running"
-    view = node.wait_for(iid, lambda v: v.status_detail is not None, 20)
+    view = node.wait_for(iid, lambda v: v.status_detail is not None, 60)
     assert (view.status, view.status_detail) == ("running", "server up; model not resident")
     with pytest.raises(VerbRefused, match="observes it and never stops it"):
         node.stop(iid)

@@ -22,7 +22,7 @@ from infervisor.actors.clock import ManualClock
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 
 HUNG = 12
-DEADLINE = 20.0
+DEADLINE = 60.0  # a bound on a hang, never a measurement: generous at load 10
 
 
 def test_hung_servers_do_not_hold_up_a_healthy_ones_probes(

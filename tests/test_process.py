@@ -27,7 +27,7 @@ from infervisor.adapters.proc.pgroup import (
 from infervisor.adapters.proc.pidfd import PidHandle
 from infervisor.adapters.proc.plan import LaunchPlan, launch_env
 
-DEADLINE = 10.0  # seconds any condition below is given to come true
+DEADLINE = 60.0  # seconds any condition below is given to come true (generous at load 10)
 
 
 @pytest.fixture

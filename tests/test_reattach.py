@@ -37,7 +37,7 @@ from infervisor.adapters.proc.identity import ProcessIdentity, find_process
 from infervisor.adapters.proc.output import STDOUT_LOG
 from infervisor.adapters.proc.pgroup import group_members, kill_identity
 
-DEADLINE = 20.0  # s any condition below is given to come true
+DEADLINE = 60.0  # s any condition below is given to come true (generous at load 10)
 
 
 def last_tick(text: str) -> int:

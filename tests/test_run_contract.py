@@ -93,7 +93,7 @@ def test_an_instance_whose_program_is_missing_leaves_the_others_running(
     def others_placed(s: NodeState) -> bool:
         return lifecycle(s, "chat") == "running" and lifecycle(s, "embed") is not None
 
-    run.until_state(db, "chat running and embed (after the bad one) placed", others_placed, 20)
+    run.until_state(db, "chat running and embed (after the bad one) placed", others_placed, 60)
     run.until("the node running", lambda: "SIGTERM stops it" in run.output())
     assert run.stop() == 0, run.output()
     out = run.output()

@@ -373,7 +373,7 @@ def test_a_node_runs_the_server_resolved_at_config_load_and_refuses_env_path(
     port = free_port()
     iid = node.place(spec(port=port))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert f"--port {port}" in (tmp_path / "good.ran").read_text()
     workdir = Path(node.settings.data_dir) / "instances" / iid
     written = {p.name: mode(p) for p in workdir.rglob("*") if p.is_file()}

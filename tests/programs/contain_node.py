@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
@@ -42,16 +43,28 @@ settings = NodeSettings(
     stop_grace_s=2.0,
     restart=RestartPolicy(base_s=0.1, cap_s=0.5, max_restarts=1000, stable_after_s=60.0),
 )
-node = Node.open(settings, on_event=on_event)
-if not node.list():
-    node.registry.adopt("tiny", os.path.join(cfg["registry_dir"], "tiny.gguf"))
-    spec = InstanceSpec(port=cfg["port"], role="chat", flavor=Flavor.LLAMACPP, model="tiny")
-    node.start(node.place(spec))
-iid = node.list()[0].instance_id
-view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60.0)
-print(json.dumps({"iid": iid, "pid": view.pid}), flush=True)
-if sys.stdin.readline().strip() == "restart":
-    armed.set()
-    node.restart(iid)
-    signal.pause()  # the timer ends this process
-node.shutdown()
+
+
+def main() -> None:
+    node = Node.open(settings, on_event=on_event)
+    if not node.list():
+        node.registry.adopt("tiny", os.path.join(cfg["registry_dir"], "tiny.gguf"))
+        spec = InstanceSpec(port=cfg["port"], role="chat", flavor=Flavor.LLAMACPP, model="tiny")
+        node.start(node.place(spec))
+    iid = node.list()[0].instance_id
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60.0)
+    print(json.dumps({"iid": iid, "pid": view.pid}), flush=True)
+    if sys.stdin.readline().strip() == "restart":
+        armed.set()
+        node.restart(iid)
+        signal.pause()  # the timer ends this process
+    node.shutdown()
+
+
+try:
+    main()
+except BaseException:
+    # The actors' threads would keep a node whose test has gone (a closed pipe)
+    # alive for ever: end at once, as the SIGKILL this program stands for would.
+    traceback.print_exc()
+    os._exit(1)

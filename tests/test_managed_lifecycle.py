@@ -42,7 +42,7 @@ def node(nodes: NodeFactory, fake_llama: str, fake_model: Path):
 
 
 def running(node, iid):
-    return node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    return node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
 
 
 def chain_len(node) -> int:
@@ -76,7 +76,7 @@ def test_sigkill_is_recorded_and_restarted_after_backoff(node):
     node.start(iid)
     first = running(node, iid)
     os.kill(first.pid, signal.SIGKILL)
-    again = node.wait_for(iid, lambda v: v.lifecycle == "running" and v.pid != first.pid, 20)
+    again = node.wait_for(iid, lambda v: v.lifecycle == "running" and v.pid != first.pid, 60)
     assert again.restarts == 1
     assert again.last_exit is not None and again.last_exit.signal == 9
     entries = timeline(node.settings.chain_path, iid)
@@ -156,7 +156,7 @@ def test_unhealthy_server_is_killed_and_restarted(node, tmp_path):
     first = running(node, iid)
     workdir = Path(node.settings.data_dir) / "instances" / iid
     (workdir / "health").write_text("fail")
-    again = node.wait_for(iid, lambda v: v.pid not in (None, first.pid), 20)
+    again = node.wait_for(iid, lambda v: v.pid not in (None, first.pid), 60)
     (Path(node.settings.data_dir) / "instances" / iid / "health").write_text("ok")
     running(node, iid)
     path = [(e.frm, e.to) for e in timeline(node.settings.chain_path, iid) if e.frm != e.to]
@@ -179,14 +179,14 @@ def test_budget_spent_leaves_failed_until_operator_start(nodes, tmp_path, fake_m
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
     iid = node.place(spec(free_port()))
     node.start(iid)
-    failed = node.wait_for(iid, lambda v: v.lifecycle == "failed", 20)
+    failed = node.wait_for(iid, lambda v: v.lifecycle == "failed", 60)
     assert failed.restarts == 2
     assert "restart budget spent" in failed.reason
     assert failed.desired == "stopped"
     # An operator start resets the budget.
     node.start(iid)
     assert node.status(iid).restarts == 0
-    node.wait_for(iid, lambda v: v.lifecycle == "failed", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "failed", 60)
     node.stop(iid)
 
 

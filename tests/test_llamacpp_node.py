@@ -164,7 +164,7 @@ def test_adopted_llamacpp_is_observed_and_never_signalled(
     with pytest.raises(VerbRefused, match=ADOPTED_NEVER_STOPPED):
         node.restart(iid)
     assert node.status(iid).lifecycle == "running"
-    node.wait_for(iid, lambda v: v.health == "up", 20)
+    node.wait_for(iid, lambda v: v.health == "up", 60)
     assert server.alive()
     assert psutil.Process(server.pid).create_time() == born
 
@@ -175,10 +175,10 @@ def test_adopted_llamacpp_is_observed_and_never_signalled(
     again = nodes.open(settings)
     assert again.status(iid).lifecycle == "running"  # from the chain
     before = again.status(iid).last_seq
-    again.wait_for(iid, lambda v: v.health == "up", 20)  # and the health ticks watch it
+    again.wait_for(iid, lambda v: v.health == "up", 60)  # and the health ticks watch it
 
     server.kill()  # it goes away: that is for whoever runs it to fix
-    gone = again.wait_for(iid, lambda v: v.lifecycle == "unhealthy", 20)
+    gone = again.wait_for(iid, lambda v: v.lifecycle == "unhealthy", 60)
     assert "adopted servers are not restarted" in gone.reason
     assert gone.desired == "running"
     assert kinds_after(again, iid, before) == ["instance.unhealthy"]
@@ -202,9 +202,9 @@ def test_gone_adopted_server_status_says_it_is_not_restarted(node: Node, tmp_pat
         wait_serving(server, 20)
         iid = node.place(adopted_spec(port))
         node.start(iid)
-        node.wait_for(iid, lambda v: v.health == "up", 20)
+        node.wait_for(iid, lambda v: v.health == "up", 60)
         server.kill()
-        view = node.wait_for(iid, lambda v: v.lifecycle == "unhealthy", 20)
+        view = node.wait_for(iid, lambda v: v.lifecycle == "unhealthy", 60)
     assert view.status == "exited"
     assert view.status_detail is not None
     assert view.status_detail.endswith("; adopted servers are not restarted")
@@ -251,7 +251,7 @@ def test_managed_llamacpp_draft_environment_limits_and_workdir(
     spec = llama_spec(free_port(), draft_model="draft", env={"SPEC_VAR": "spec", "BOTH": "spec"})
     iid = node.place(spec)
     node.start(iid)
-    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert view.pid is not None
 
     argv = spawned_argv(node, iid)
@@ -297,7 +297,7 @@ def test_managed_environment_is_exactly_passthrough_node_and_spec_env(
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
     iid = node.place(llama_spec(free_port(), env={"SPEC_VAR": "spec"}))
     node.start(iid)
-    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert view.pid is not None
     env = proc_environ(view.pid)
     node.stop(iid)
@@ -315,7 +315,7 @@ def test_managed_environment_is_exactly_passthrough_node_and_spec_env(
 def test_deep_health_returns_a_token_and_raises_when_completions_fail(node: Node) -> None:
     iid = node.place(llama_spec(free_port()))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     assert node.deep_health(iid) == " fake"
     workdir = Path(node.settings.data_dir) / "instances" / iid
     (workdir / "completions").write_text("fail")

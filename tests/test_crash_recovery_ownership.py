@@ -5,7 +5,7 @@ Each test reproduces a symptom of the design before the decision core was split
 from its executor (ownership and reservations held only in memory, an exit
 lost when its append failed, a refused boot start never retried) and checks
 what the node does now. A "crash" ends the node's actors without a shutdown
-(tests/test_crash_regressions.py), so its servers outlive it.
+(tests/test_crash_recovery.py), so its servers outlive it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 
 import msgspec
 import pytest
-import test_crash_regressions
+import test_crash_recovery
 import test_ollama_node
 from conftest import NodeFactory
 from support import CRASH_LEAVES_SOCKETS, PROGRAMS, OllamaTestServer, make_launcher, wait_until
-from test_crash_regressions import (
+from test_crash_recovery import (
     POLICY,
     alive,
     consistent,
@@ -30,7 +30,7 @@ from test_crash_regressions import (
     reopen,
     server_pid,
 )
-from test_faults import (
+from test_misbehaving_servers import (
     Rig,
     count,
     history,
@@ -68,7 +68,7 @@ OTHER_TAG = "qwen:0.5b"
 SLOW = 100.0  # health and reconcile interval (s, manual clock) where no probe may interfere
 RETRY_WINDOW_S = 5.0  # an append retry is due within this (0.5, 1, 2 s for three failures)
 server = test_ollama_node.server  # the fixture: ``server(*models, **flags)``
-holder = test_crash_regressions.holder  # the fixture: sockets closed in teardown
+holder = test_crash_recovery.holder  # the fixture: sockets closed in teardown
 pytestmark = CRASH_LEAVES_SOCKETS
 
 # ---------------------------------------------------------------- helpers
@@ -99,7 +99,7 @@ def reopen_real(nodes: NodeFactory, node: Node, iid: str) -> Node:
 def running_ollama(node: Node, srv: OllamaTestServer, spec: InstanceSpec | None = None) -> str:
     iid = node.place(spec or managed(srv))
     node.start(iid)
-    node.wait_for(iid, lambda v: v.lifecycle == "running", 20)
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
     return iid
 
 
