@@ -16,7 +16,7 @@ import msgspec
 import pykka
 import pytest
 from support import wait_until
-from test_node_fake_server import spec
+from test_managed_lifecycle import spec
 
 from infervisor.actors import messages as m
 from infervisor.actors.append import ChainAppend, Entry, WriterAppend
