@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 import msgspec
@@ -80,13 +81,8 @@ def events(  # noqa: PLR0917 - one parameter per option, as click passes them
     _check_filters(kinds, since, until)
     read = read_offline(db, unverified=unverified, keep_events=True)
     subject = None if instance is None else _subject(db, read, instance)
-    rows = [
-        r
-        for r in _rows(read)
-        if _matches(
-            r, instance=subject, kinds=kinds, source=source, since=since, until=until, grep=grep
-        )
-    ]
+    wanted = _Filter(subject, kinds, source, since, until, grep)
+    rows = [r for r in _rows(read) if wanted.matches(r)]
     if unverified and not as_jsonl and not as_csv:
         print_marker(db, read)
     elif unverified and read.report.problem is not None:
@@ -177,24 +173,26 @@ def _row(stored: StoredEvent, entry: TimelineEntry | None) -> EventRow:
     )
 
 
-def _matches(
-    row: EventRow,
-    *,
-    instance: str | None,
-    kinds: tuple[str, ...],
-    source: str | None,
-    since: int | None,
-    until: int | None,
-    grep: str | None,
-) -> bool:
-    return (
-        (instance is None or row.instance == instance)
-        and (not kinds or row.kind in kinds or row.kind.removeprefix("instance.") in kinds)
-        and (source is None or row.source == source or role_of(row.source) == source)
-        and (since is None or row.ts_ns >= since)
-        and (until is None or row.ts_ns <= until)
-        and (grep is None or grep.lower() in row.reason.lower())
-    )
+class _Filter(NamedTuple):
+    """The options that choose events; all must hold (None or empty: any)."""
+
+    instance: str | None
+    kinds: tuple[str, ...]
+    source: str | None
+    since: int | None  # ns since the epoch, UTC
+    until: int | None  # ns since the epoch, UTC
+    grep: str | None
+
+    def matches(self, row: EventRow) -> bool:
+        kinds = self.kinds
+        return (
+            (self.instance is None or row.instance == self.instance)
+            and (not kinds or row.kind in kinds or row.kind.removeprefix("instance.") in kinds)
+            and (self.source is None or self.source in (row.source, role_of(row.source)))
+            and (self.since is None or row.ts_ns >= self.since)
+            and (self.until is None or row.ts_ns <= self.until)
+            and (self.grep is None or self.grep.lower() in row.reason.lower())
+        )
 
 
 def _table(rows: list[EventRow]) -> str:

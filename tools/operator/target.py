@@ -24,14 +24,7 @@ import click
 from infervisor.actors.messages import InstanceView
 
 from ..api.client import DEFAULT_TIMEOUT_S, ApiClient
-from ..api.errors import (
-    ApiError,
-    NoAnswer,
-    NodeStarting,
-    NodeStopping,
-    NodeUnavailable,
-    NotRunning,
-)
+from ..api.errors import ApiError, NoAnswer, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
 from ..clikit.command import SECONDS
 from ..clikit.failure import fail
 from ..clikit.names import resolve

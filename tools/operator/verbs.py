@@ -5,6 +5,7 @@ state (and, under --json, the seq and hash of its last event in the chain)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import click
 
@@ -23,6 +24,23 @@ LIVE = ("starting", "running", "unhealthy")
 _WAIT_POLL_S = 0.25
 
 
+#: The end of start's, stop's and restart's help: their arguments and exit codes.
+_VERB_HELP_TAIL = """
+    WHERE is the node's data directory, its config file (.toml) or its
+    chain file; without it, --url (or INFERVISOR_URL) names the node.
+    INSTANCE is an instance id, or a role naming one instance.
+    Exit 0 printing the resulting state; 1 when the node refuses (with its
+    message: an unknown INSTANCE names the placed ones); 2 when the command
+    line is wrong; 3 when no node runs on WHERE (or answers at --url).
+    """
+
+
+def _verb_help(f: Callable[..., None]) -> Callable[..., None]:
+    """Append :data:`_VERB_HELP_TAIL` to a verb's docstring (its --help)."""
+    f.__doc__ = (f.__doc__ or "").rstrip() + "\n" + _VERB_HELP_TAIL
+    return f
+
+
 @click.command(cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
 @click.option(
@@ -39,6 +57,7 @@ _WAIT_POLL_S = 0.25
     f"{DEFAULT_TIMEOUT_S:g}].",
 )
 @node_command("[WHERE] INSTANCE", 1, timeout=False)
+@_verb_help
 def start(target: Target, as_json: bool, wait: bool, timeout: float) -> None:
     """Start INSTANCE's server on the node.
 
@@ -50,12 +69,6 @@ def start(target: Target, as_json: bool, wait: bool, timeout: float) -> None:
     checked to answer. --json adds the seq and hash of the instance's last
     event in the chain.
 
-    WHERE is the node's data directory, its config file (.toml) or its
-    chain file; without it, --url (or INFERVISOR_URL) names the node.
-    INSTANCE is an instance id, or a role naming one instance.
-    Exit 0 printing the resulting state; 1 when the node refuses (with its
-    message: an unknown INSTANCE names the placed ones); 2 when the command
-    line is wrong; 3 when no node runs on WHERE (or answers at --url).
     """
     given = click.get_current_context().get_parameter_source("timeout")
     explicit = given is click.core.ParameterSource.COMMANDLINE
@@ -82,6 +95,7 @@ def start(target: Target, as_json: bool, wait: bool, timeout: float) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
 @node_command("[WHERE] INSTANCE", 1)
+@_verb_help
 def stop(target: Target, grace: float | None, as_json: bool) -> None:
     """Stop INSTANCE's server on the node.
 
@@ -94,12 +108,6 @@ def stop(target: Target, grace: float | None, as_json: bool) -> None:
     unload` forgets them. --json adds the seq and hash of the instance's
     last event in the chain.
 
-    WHERE is the node's data directory, its config file (.toml) or its
-    chain file; without it, --url (or INFERVISOR_URL) names the node.
-    INSTANCE is an instance id, or a role naming one instance.
-    Exit 0 printing the resulting state; 1 when the node refuses (with its
-    message: an unknown INSTANCE names the placed ones); 2 when the command
-    line is wrong; 3 when no node runs on WHERE (or answers at --url).
     """
     instance = instance_arg(target)
     with connected(target) as client:
@@ -116,6 +124,7 @@ def stop(target: Target, grace: float | None, as_json: bool) -> None:
 @click.command(cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
 @node_command("[WHERE] INSTANCE", 1)
+@_verb_help
 def restart(target: Target, as_json: bool) -> None:
     """Restart INSTANCE's server on the node.
 
@@ -124,12 +133,6 @@ def restart(target: Target, as_json: bool) -> None:
     stderr shows the seconds waited. --json adds the seq and hash of the
     instance's last event in the chain.
 
-    WHERE is the node's data directory, its config file (.toml) or its
-    chain file; without it, --url (or INFERVISOR_URL) names the node.
-    INSTANCE is an instance id, or a role naming one instance.
-    Exit 0 printing the resulting state; 1 when the node refuses (with its
-    message: an unknown INSTANCE names the placed ones); 2 when the command
-    line is wrong; 3 when no node runs on WHERE (or answers at --url).
     """
     instance = instance_arg(target)
     with connected(target) as client:
