@@ -291,7 +291,8 @@ def test_watch_killed_and_resumed_across_a_node_restart_sees_every_event_once(
             head = node.current.until("the node settled", lambda: settled_head(client))
         last = Watcher(data_dir, seen[-1].seq + 1, tmp_path / "watch-last.err")
         try:
-            last.wait_seq(head)
+            if seen[-1].seq < head:  # the last session may have read up to the head already
+                last.wait_seq(head)
         finally:
             seen.extend(last.kill())
     finally:

@@ -294,8 +294,8 @@ def test_a_memory_limit_must_be_a_positive_number_of_bytes(limit):
 KILLS = int(os.environ.get("CONTAIN_KILLS", "50"))
 KILL_SEED = int(os.environ.get("CONTAIN_KILL_SEED", "17"))
 #: Kills before the loop may end, and how often the moment at issue must be reached.
-MIN_KILLS = 6
-AT_ISSUE_TIMES = 2
+MIN_KILLS = 4
+AT_ISSUE_TIMES = 1
 AT_ISSUE = "the spawn unrecorded, claimed at the next boot"
 #: What a kill 0-20 ms after ``instance.starting`` can cut, read from the chain:
 #: whether the killed node recorded the spawn, and whether the next boot re-attached.
@@ -361,7 +361,7 @@ def _contain_node(cfg: dict[str, Any]) -> Iterator[Any]:
 def test_node_kills_right_after_starting_leave_nothing_unrecorded(tmp_path, fake_model):
     """SIGKILLs of the node 0-20 ms after a restart's ``instance.starting`` (the
     delays spread evenly over that window, in a seeded order), until the moment
-    at issue (a launch the chain never saw a pid for) was reached twice, at
+    at issue (a launch the chain never saw a pid for) was reached once, at
     most :data:`KILLS`: after each next boot, every process in the instance's
     cgroups belongs to the server the chain records, and the last graceful
     shutdown leaves none. The moments reached are counted from the chain."""

@@ -128,10 +128,10 @@ def test_kill_9_of_the_node_then_restart_reattaches(runs, crash_config) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)  # also its place in the run: conftest, longest first
 def test_kill_9_again_and_again_without_leaks(runs, crash_config) -> None:  # noqa: F811 - fixture
-    # Three rounds: a re-attached server re-attached again, twice (each round is the
-    # same moment; tests/test_kill_loop.py kills the node at chosen moments).
+    # Two rounds: a re-attached server re-attached again (each round is the same
+    # moment; tests/test_kill_loop.py kills the node at chosen moments).
     config, db = crash_config
-    rounds = 3
+    rounds = 2
     run_crash_loop(runs, config, db, rounds=rounds)
     kinds = Counter(e.kind for e in events_of(db))
     assert kinds["instance.reattached"] == rounds + 1
