@@ -18,20 +18,7 @@ from collections.abc import Sequence
 
 import click
 
-from .audit.chain_group import chain
-from .audit.events import events
-from .audit.replay import replay
-from .audit.report import audit
-from .audit.timeline import timeline
-from .clikit.command import Group
-from .demo.command import demo
-from .node.run import run
-from .operator.health import health
-from .operator.logs import logs
-from .operator.place import place
-from .operator.status import status
-from .operator.verbs import restart, start, stop, unload
-from .operator.watch import watch
+from .clikit.command import LazyGroup
 
 __all__ = ["cli", "main"]
 
@@ -45,7 +32,43 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     ctx.exit(0)
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+#: The commands, by who uses them: each name -> where it is declared (a module of
+#: this package). They are imported when asked for, so a command pays only for its
+#: own libraries (a CLI started many times a minute by scripts starts quickly).
+BY_USER: dict[str, dict[str, str]] = {
+    "newcomer": {"demo": ".demo.command:demo"},
+    "node": {"run": ".node.run:run"},
+    "operator": {
+        name: f".operator.{module}:{name}"
+        for name, module in (
+            ("status", "status"),
+            ("place", "place"),
+            ("start", "verbs"),
+            ("stop", "verbs"),
+            ("restart", "verbs"),
+            ("unload", "verbs"),
+            ("logs", "logs"),
+            ("watch", "watch"),
+            ("health", "health"),
+        )
+    },
+    "auditor": {
+        "chain": ".audit.chain_group:chain",
+        "replay": ".audit.replay:replay",
+        "timeline": ".audit.timeline:timeline",
+        "events": ".audit.events:events",
+        "audit": ".audit.report:audit",
+    },
+}
+COMMANDS = {name: where for commands in BY_USER.values() for name, where in commands.items()}
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy=COMMANDS,
+    package=__package__,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what the actors do (to stderr).")
 @click.option(
     "--version",
@@ -81,18 +104,6 @@ def cli(verbose: bool) -> None:
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-
-
-#: The commands, by who uses them.
-BY_USER: dict[str, tuple[click.Command, ...]] = {
-    "newcomer": (demo,),
-    "node": (run,),
-    "operator": (status, place, start, stop, restart, unload, logs, watch, health),
-    "auditor": (chain, replay, timeline, events, audit),
-}
-for _commands in BY_USER.values():
-    for _command in _commands:
-        cli.add_command(_command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
