@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import test_run_resume
-from support import PROGRAMS, make_launcher, pids_of_group
+from support import PROGRAMS, make_launcher, pids_of_group, wait_until
 from test_run_resume import (
     DEADLINE_S,
+    INFERVISOR,
     NodeRun,
     by_role,
     cli,
@@ -153,6 +155,40 @@ def test_sighup_stops_the_node_cleanly(
     assert state is not None
     assert by_role(state.instances, "chat")[1].lifecycle == "stopped"
     assert not (tmp_path / "data" / "api.sock").exists()
+    for pgid in server_groups(db):
+        assert pids_of_group(pgid) == []
+
+
+def test_a_closed_terminal_leaves_the_node_running_and_stopping_cleanly(
+    fast_config: Path, tmp_path: Path
+) -> None:
+    """``infervisor run CONFIG 2>&1 | head -2``: the pipe closes after two lines,
+    and the node still boots, serves and stops gracefully on SIGTERM (its lines
+    were written to a closed pipe: BrokenPipeError once took it down mid-boot or
+    wedged its shutdown)."""
+    db = tmp_path / "data" / "chain.db"
+    proc = subprocess.Popen(
+        [str(INFERVISOR), "run", str(fast_config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        for _ in range(2):
+            proc.stdout.readline()
+        proc.stdout.close()  # the reader is gone: every later line meets a closed pipe
+        wait_until(
+            lambda: (s := read_state(db)) is not None and lifecycle(s, "chat") == "running",
+            DEADLINE_S,
+            what="chat running behind a closed terminal",
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=DEADLINE_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [e.kind for e in events_of(db)][-1] == "node.stopped"
     for pgid in server_groups(db):
         assert pids_of_group(pgid) == []
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import signal
 import sys
@@ -121,7 +122,34 @@ def run(config: Path) -> None:
         cfg = load_config(config)
     except ConfigError as e:
         fail(str(e), "bad_config")
-    sys.exit(run_node(cfg, lambda m: click.echo(m, err=True)))
+    sys.exit(run_node(cfg, Terminal()))
+
+
+class Terminal:
+    """The operator's terminal (stderr), where ``run`` says what happens.
+
+    Nothing the node does waits on anyone reading it: once a write fails (a
+    closed pipe, as ``infervisor run | head`` leaves; EIO from a terminal that
+    hung up), stderr is pointed at /dev/null and the lines are dropped, so the
+    node boots, serves and stops gracefully as it would have (node.log and the
+    chain keep the record).
+    """
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def __call__(self, line: str) -> None:
+        if self.gone:
+            return
+        try:
+            click.echo(line, err=True)
+        except OSError:
+            self.gone = True
+            log.warning("the terminal is gone (stderr): further lines only in node.log")
+            with contextlib.suppress(OSError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stderr.fileno())
+                os.close(devnull)
 
 
 def run_node(config: NodeConfig, say: Say) -> int:
