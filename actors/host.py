@@ -249,7 +249,8 @@ class HostActor(pykka.ThreadingActor):
         try:
             self.ctx.settings.supervision(spec.kind, spec.restart)
         except ValueError as e:
-            raise SpecError(f"restart: {e}", field="restart") from e
+            why = str(e) if str(e).startswith("restart") else f"restart: {e}"
+            raise SpecError(why, field="restart") from e
         iid = instance_id(spec, self.ctx.node_id)
         self._refuse_busy(iid)
         if iid not in self._refs:

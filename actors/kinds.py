@@ -106,8 +106,8 @@ def _overridden(policy: RestartPolicy, override: dict[str, Any]) -> RestartPolic
     try:
         merged = msgspec.convert({**msgspec.to_builtins(policy), **override}, RestartPolicy)
     except msgspec.ValidationError as e:
-        raise ValueError(
-            f"restart: {str(e).replace('Object contains unknown field', 'unknown key')}"
-        ) from e
+        allowed = ", ".join(f.name for f in msgspec.structs.fields(RestartPolicy))
+        why = str(e).replace("Object contains unknown field", "unknown key")
+        raise ValueError(f"restart: {why} (allowed keys: {allowed})") from e
     merged.validate()
     return merged
