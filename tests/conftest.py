@@ -161,7 +161,7 @@ def _no_leftover_cgroups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     """Leave no empty cgroup of the nodes this session's tests ran behind: a node
     killed on purpose does not remove its own. Only the bases of data
     directories under this session's temporary folder are touched (a base is
-    named after its data directory's digest: adapters/cgroups.py ``base_name``),
+    named after its data directory's digest: adapters/proc/containment.py ``base_name``),
     so a suite running beside this one (another checkout, CI) keeps the empty
     ``server`` cgroup its node has just made for a launch. Only empty cgroups
     are removed (rmdir refuses any other), bottom-up; each xdist worker
