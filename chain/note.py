@@ -125,7 +125,15 @@ class Signer:
         return f"{_PRIVATE_PREFIX}{self.name}+{self.verifier.key_id.hex()}+{encoded}"
 
 
-def _split_key(text: str, what: str) -> tuple[str, bytes, bytes]:
+def split_key(text: str, what: str, kind: int = ED25519) -> tuple[str, bytes, bytes]:
+    """Split ``<name>+<hex key ID>+<base64(kind || 32-byte key)>`` (key ID not yet checked).
+
+    The base64 part may itself hold "+": only the first two "+" separate fields
+    (a key name may not contain one).
+
+    Raises:
+        NoteError: malformed, or the key type byte is not `kind`.
+    """
     parts = text.strip().split("+", 2)
     if len(parts) != 3:
         raise NoteError(
@@ -140,8 +148,11 @@ def _split_key(text: str, what: str) -> tuple[str, bytes, bytes]:
         raise NoteError(f"{what}: bad key id or base64 key: {e}") from e
     if len(hex_id) != 8 or hex_id != hex_id.lower():
         raise NoteError(f"{what}: key id must be 8 lowercase hex digits, found {hex_id!r}")
-    if len(raw) != 33 or raw[0] != ED25519:
-        raise NoteError(f"{what}: key must be 0x01 (Ed25519) and 32 bytes, found {raw[:1].hex()}")
+    if len(raw) != 33 or raw[0] != kind:
+        raise NoteError(
+            f"{what}: key must be type 0x{kind:02x} and 32 bytes, found type "
+            f"0x{raw[:1].hex() or '--'} and {max(len(raw) - 1, 0)} bytes"
+        )
     return name, kid, raw[1:]
 
 
@@ -151,7 +162,7 @@ def parse_verifier_key(text: str) -> Verifier:
     Raises:
         NoteError: malformed, not Ed25519, or the key ID does not match name and key.
     """
-    name, kid, public = _split_key(text, "verifier key")
+    name, kid, public = split_key(text, "verifier key")
     verifier = Verifier(name, public)
     if verifier.key_id != kid:
         raise NoteError(
@@ -170,7 +181,7 @@ def parse_signer_key(text: str) -> Signer:
     text = text.strip()
     if not text.startswith(_PRIVATE_PREFIX):
         raise NoteError("signer key must start with PRIVATE+KEY+")
-    name, kid, seed = _split_key(text[len(_PRIVATE_PREFIX) :], "signer key")
+    name, kid, seed = split_key(text[len(_PRIVATE_PREFIX) :], "signer key")
     signer = Signer(name, Ed25519PrivateKey.from_private_bytes(seed))
     if signer.verifier.key_id != kid:
         raise NoteError(f"signer key: key id {kid.hex()} does not match the key")
@@ -234,7 +245,7 @@ def split_note(note: str | bytes) -> tuple[str, list[Signature]]:
     text, block = note[: cut + 1], note[cut + 2 :]
     signatures = []
     for line in block.splitlines():
-        signatures.append(_parse_signature_line(line))
+        signatures.append(parse_signature_line(line))
     if not signatures:
         raise NoteError("signed note has no signature lines")
     if len(signatures) > MAX_SIGNATURES:
@@ -242,7 +253,12 @@ def split_note(note: str | bytes) -> tuple[str, list[Signature]]:
     return text, signatures
 
 
-def _parse_signature_line(line: str) -> Signature:
+def parse_signature_line(line: str) -> Signature:
+    """Parse one ``— <name> <base64(key ID || signature)>`` line (nothing verified).
+
+    Raises:
+        NoteError: not a signature line.
+    """
     prefix = DASH + " "
     if not line.startswith(prefix):
         raise NoteError(f"signature line must start with an em dash and a space: {line[:40]!r}")
