@@ -33,7 +33,7 @@ from infervisor.chain.checkpoint import (
     read_checkpoint_by,
     sign_checkpoint,
 )
-from infervisor.chain.connect import connect_reader, connect_writer, immediate, translated
+from infervisor.chain.connect import connect_writer, immediate, read_only, translated
 from infervisor.chain.errors import CheckpointError
 from infervisor.chain.merkle import CompactTree
 from infervisor.chain.note import Signer, Verifier
@@ -187,13 +187,7 @@ def read_stored(path: str | os.PathLike[str]) -> list[StoredCheckpoint]:
     Raises:
         ChainIOError: the file cannot be read.
     """
-    name = os.fspath(path)
-    conn = connect_reader(name)
-    try:
-        with translated(name, "read checkpoints of"):
-            return stored_checkpoints(conn)
-    finally:
-        conn.close()
+    return read_only(path, "read checkpoints of", stored_checkpoints)
 
 
 def verified(stored: Iterable[StoredCheckpoint], *verifiers: Verifier) -> list[Checkpoint]:

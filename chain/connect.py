@@ -9,10 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from infervisor.chain.errors import ChainFormatError, ChainIntegrityError, ChainIOError
+
+T = TypeVar("T")
 
 BUSY_TIMEOUT_S = 10.0
 """How long a writer waits for another process's write transaction, in seconds."""
@@ -139,3 +142,20 @@ def _hint(exc: sqlite3.OperationalError) -> str:
     if "readonly" in text:
         return " (opened read-only: use SqliteChain.open to append)"
     return ""
+
+
+def read_only(
+    path: str | os.PathLike[str], action: str, read: Callable[[sqlite3.Connection], T]
+) -> T:
+    """Open the chain at `path` read-only, return `read(conn)`, close it.
+
+    Raises:
+        ChainIOError: the file cannot be opened or read ("cannot <action> <path>").
+    """
+    name = os.fspath(path)
+    conn = connect_reader(name)
+    try:
+        with translated(name, action):
+            return read(conn)
+    finally:
+        conn.close()

@@ -25,7 +25,7 @@ import os
 import sqlite3
 from collections.abc import Iterable
 
-from infervisor.chain.connect import connect_reader, connect_writer, immediate, translated
+from infervisor.chain.connect import connect_writer, immediate, read_only, translated
 from infervisor.chain.cosignature import Cosignature, with_cosignatures
 
 TABLE = """
@@ -138,13 +138,7 @@ def read_lines_by_size(path: str | os.PathLike[str]) -> dict[int, list[str]]:
     Raises:
         ChainIOError: the file cannot be read.
     """
-    name = os.fspath(path)
-    conn = connect_reader(name)
-    try:
-        with translated(name, "read cosignatures of"):
-            return lines_by_size(conn)
-    finally:
-        conn.close()
+    return read_only(path, "read cosignatures of", lines_by_size)
 
 
 def _text(value: object) -> str:
