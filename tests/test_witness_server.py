@@ -10,6 +10,8 @@ state surviving kill -9 right after an answer; concurrent submissions.
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -205,3 +207,23 @@ def test_bad_config_and_key_name_are_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "witness.test/w1" in done.stderr
     assert (tmp_path / "wdata" / "witness.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_slow_client_is_cut_off_and_sigint_stops_cleanly(tmp_path: Path) -> None:
+    log = Log("example.com/slow")
+    config = write_config(tmp_path, [log])  # read_timeout_s = 5
+    with witness(config) as w:
+        port = int(w.url.rsplit(":", 1)[1])
+        heads = [
+            b"POST /add-checkpoint HTTP/1.1\r\nHost: w\r\n",  # a head never finished
+            b"POST /add-checkpoint HTTP/1.1\r\nHost: w\r\nContent-Length: 100\r\n\r\nold 0\n",
+        ]
+        for head in heads:
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+                sock.sendall(head)
+                answer = sock.recv(4096)  # the witness closes it: b"" or a 408
+                assert answer == b"" or b" 408 " in answer.split(b"\r\n")[0]
+        log.grow(3)
+        assert w.post(log.request(0)).status_code == 200  # it still serves the others
+        w.proc.send_signal(signal.SIGINT)
+        assert w.proc.wait(60) == 0

@@ -150,6 +150,10 @@ def status(where: Path, as_json: bool) -> None:
     may be running.
     """
     logs: list[str] = []
+    if not where.exists():
+        raise Failure(
+            f"{where} is neither a witness config nor its data directory", "bad_path", "WHERE"
+        )
     if where.is_dir():
         data_dir = where
     else:
