@@ -42,9 +42,9 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from infervisor.chain.errors import ChainError, ProofError
+from infervisor.chain.errors import ChainError, NoteError, ProofError
 from infervisor.chain.merkle import EMPTY_ROOT, HASH_SIZE, verify_consistency
-from infervisor.chain.note import DASH, MAX_SIGNATURES
+from infervisor.chain.note import DASH, MAX_SIGNATURES, split_note
 
 __all__ = [
     "ADD_CHECKPOINT",
@@ -239,23 +239,11 @@ def parse_add_checkpoint(body: bytes) -> AddCheckpoint:
 def _parse_note(note: str) -> TlogCheckpoint:
     if len(note.encode("utf-8")) > MAX_NOTE_BYTES:
         raise WitnessProtocolError(f"checkpoint note is over {MAX_NOTE_BYTES} bytes")
-    if any(ord(ch) < 0x20 and ch != "\n" for ch in note):
-        raise WitnessProtocolError("checkpoint note contains a control character")
-    cut = note.find("\n\n")
-    if cut < 0 or not note.endswith("\n"):
-        raise WitnessProtocolError(
-            "checkpoint must be a signed note: text, an empty line, signature lines"
-        )
-    signatures = note[cut + 2 : -1].split("\n")
-    if not all(line.startswith(DASH + " ") for line in signatures):
-        raise WitnessProtocolError(
-            "checkpoint note: every line after the empty line is a signature"
-        )
-    if len(signatures) > MAX_SIGNATURES:
-        raise WitnessProtocolError(
-            f"checkpoint note has {len(signatures)} signatures; at most {MAX_SIGNATURES}"
-        )
-    return parse_checkpoint_body(note[: cut + 1])
+    try:
+        text, _ = split_note(note)
+    except NoteError as e:
+        raise WitnessProtocolError(f"checkpoint is not a signed note: {e}") from e
+    return parse_checkpoint_body(text)
 
 
 def encode_add_checkpoint(old_size: int, proof: Sequence[bytes], note: str) -> bytes:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from witness_support import INFERVISOR, Log, start_witness, witness, write_config
 
+from infervisor.adapters.witness_http import WitnessClient, WitnessUnreachable
 from infervisor.chain.cosignature import cosignatures_of, parse_witness_key, with_cosignatures
 from infervisor.chain.merkle import consistency_proof
 from infervisor.chain.note import Signer
@@ -77,8 +78,16 @@ def test_cosigns_a_first_checkpoint_then_extensions(tmp_path: Path, kind: str) -
         _cosigned(w.post(log.request(0)), log.note(), vkey)
         log.grow(8)
         _cosigned(w.post(log.request(5)), log.note(), vkey)
-        # the same size again (old == size, same root, no proof): cosigned again
-        _cosigned(w.post(log.request(13)), log.note(), vkey)
+        # the same size again (old == size, same root, no proof): cosigned again; the
+        # project's client (adapters/witness_http.py) reads the answers the same way
+        client = WitnessClient(w.url)
+        reply = client.add_checkpoint(log.request(13))
+        assert (reply.status, reply.content_type) == (200, "text/plain")
+        assert parse_cosignature_lines(reply.body)
+        reply = client.add_checkpoint(log.request(2))
+        assert (reply.status, reply.content_type) == (409, SIZE_CONTENT_TYPE)
+        assert parse_size_body(reply.body) == 13
+        client.close()
         monitored = httpx.get(w.url + monitoring_path(log.origin), timeout=60)
         assert monitored.status_code == 200
         assert cosignatures_of(monitored.text, [parse_witness_key(vkey)])
@@ -227,3 +236,5 @@ def test_a_slow_client_is_cut_off_and_sigint_stops_cleanly(tmp_path: Path) -> No
         assert w.post(log.request(0)).status_code == 200  # it still serves the others
         w.proc.send_signal(signal.SIGINT)
         assert w.proc.wait(60) == 0
+        with pytest.raises(WitnessUnreachable):
+            WitnessClient(w.url).add_checkpoint(log.request(3))

@@ -125,7 +125,9 @@ class Witness:
             return self._refused(request, refusal)
         cp = request.checkpoint
         body = request.note[: request.note.index("\n\n") + 1]
-        cosig = self.cosigner.cosign(body, max(int(self._clock()), 1))
+        # never before the last cosignature of the origin, even if the clock went back
+        now = max(int(self._clock()), held.timestamp_s if held is not None else 1)
+        cosig = self.cosigner.cosign(body, now)
         new = Held(cp.origin, cp.size, cp.root, request.note, (cosig.line,), cosig.timestamp_s)
         raced = self.store.advance(state, new)
         if raced is not None:  # another submission moved the state since it was judged
