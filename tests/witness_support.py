@@ -95,15 +95,17 @@ def write_config(directory: Path, logs: list[Log], name: str = "witness.test/w1"
 def start_witness(config: Path) -> RunningWitness:
     """Start the witness on a free port; return once it printed that it listens."""
     port = free_port()
-    proc = subprocess.Popen(
-        [INFERVISOR, "witness", "run", str(config), "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    err = config.parent / "witness.err"  # a file: a pipe nobody reads could fill and block it
+    with err.open("a") as stderr:
+        proc = subprocess.Popen(
+            [INFERVISOR, "witness", "run", str(config), "--listen", f"127.0.0.1:{port}"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     assert proc.stdout is not None
     line = proc.stdout.readline()  # bounded by the test's timeout
-    assert "listening on" in line, (line, proc.stderr.read() if proc.stderr else "")
+    assert "listening on" in line, (line, err.read_text())
     return RunningWitness(proc, f"http://127.0.0.1:{port}", config, config.parent / "wdata")
 
 

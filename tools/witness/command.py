@@ -9,14 +9,14 @@ from pathlib import Path
 import click
 import msgspec
 
-from infervisor.chain.cosignature import Cosigner, parse_cosigner_key
+from infervisor.chain.cosignature import Cosigner, parse_witness_key
 from infervisor.chain.errors import NoteError
 from infervisor.chain.witness_protocol import ADD_CHECKPOINT
 
 from ..clikit.command import Group
 from ..clikit.failure import Failure, echo_json
 from .config import (
-    KEY_FILE,
+    VKEY_FILE,
     ConfigError,
     WitnessConfig,
     load_config,
@@ -170,7 +170,7 @@ def status(where: Path, as_json: bool) -> None:
     finally:
         store.close()
     try:
-        key = parse_cosigner_key((data_dir / KEY_FILE).read_text(encoding="ascii")).key
+        key = parse_witness_key((data_dir / VKEY_FILE).read_text(encoding="ascii"))
         name, vk = key.name, key.key_string()
     except (OSError, UnicodeDecodeError, NoteError):
         name, vk = None, None

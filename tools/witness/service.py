@@ -132,6 +132,7 @@ class Witness:
         raced = self.store.advance(state, new)
         if raced is not None:  # another submission moved the state since it was judged
             return Answer(409, SIZE_CONTENT_TYPE, encode_size_body(raced.size))
+        log.info("cosigned %s at size %d (old %d)", cp.origin, cp.size, request.old_size)
         return Answer(200, "text/plain; charset=utf-8", (cosig.line + "\n").encode())
 
     def _refused(self, request: AddCheckpoint, refusal: Refusal) -> Answer:
@@ -139,6 +140,12 @@ class Witness:
             return Answer(409, SIZE_CONTENT_TYPE, encode_size_body(int(refusal.reason)))
         if refusal.status != 400:  # a known log's signed checkpoint, refused: evidence
             self.store.refuse(request, refusal)
+            log.warning(
+                "refused %s at size %d: %s",
+                request.checkpoint.origin,
+                request.checkpoint.size,
+                refusal.reason,
+            )
         return _text(refusal.status, refusal.reason)
 
     def checkpoint(self, path: str) -> Answer | None:
