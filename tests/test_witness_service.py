@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from witness_support import Log
 
 from infervisor.chain.cosignature import Cosigner
+from infervisor.chain.witness_protocol import AddCheckpoint, Refusal, WitnessState
 from infervisor.tools.witness.config import WitnessedLog
 from infervisor.tools.witness.service import Witness
 from infervisor.tools.witness.store import WitnessStore
@@ -54,3 +55,33 @@ def test_a_mutated_request_is_refused_or_harmless(tmp_path: Path, data: st.DataO
             assert held.size == 5
     finally:
         witness.store.close()
+
+
+def test_the_audit_seam_refuses_before_anything_is_stored(tmp_path: Path) -> None:
+    calls: list[tuple[int | None, int]] = []
+
+    def auditor(
+        log: WitnessedLog, held: WitnessState | None, request: AddCheckpoint
+    ) -> Refusal | None:
+        calls.append((held.size if held else None, request.checkpoint.size))
+        if request.checkpoint.size == 9:
+            return Refusal(503, "the log's entries cannot be fetched now")
+        if request.checkpoint.size > 9:
+            return Refusal(422, "event seq 9 breaks a lifecycle rule")
+        return None
+
+    logs = {LOG.origin: WitnessedLog(LOG.origin, (LOG.signer.verifier,))}
+    store = WitnessStore(tmp_path / "audit.db")
+    witness = Witness(Cosigner.generate("w.test/audit"), logs, store, auditor=auditor)
+    try:
+        assert witness.add_checkpoint(LOG.request(0, size=5)).status == 200
+        assert witness.add_checkpoint(LOG.request(5, size=9)).status == 503
+        answer = witness.add_checkpoint(LOG.request(5, size=12))
+        assert (answer.status, answer.body) == (422, b"event seq 9 breaks a lifecycle rule\n")
+        assert calls == [(None, 5), (5, 9), (5, 12)]
+        held = store.get(LOG.origin)
+        assert held is not None
+        assert held.size == 5
+        assert store.refusal_counts() == {LOG.origin: (1, "event seq 9 breaks a lifecycle rule")}
+    finally:
+        store.close()

@@ -131,6 +131,7 @@ class _LogStatus(msgspec.Struct):
     root: str | None
     cosigned_at_s: int | None
     refused: int
+    last_refusal: str | None
 
 
 class _Status(msgspec.Struct):
@@ -143,11 +144,12 @@ class _Status(msgspec.Struct):
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
 def status(where: Path, as_json: bool) -> None:
-    """Show, per origin, the latest checkpoint the witness cosigned.
+    """Show, per origin, the latest checkpoint the witness cosigned and what it refused.
 
     WHERE is the witness's config (its configured logs are listed, cosigned
     or not) or its data directory. Reads the state file only; the witness
-    may be running.
+    may be running. --json: {"witness", "vkey", "logs": [{"origin", "size",
+    "root", "cosigned_at_s", "refused", "last_refusal"}]} (null: never).
     """
     logs: list[str] = []
     if not where.exists():
@@ -159,6 +161,18 @@ def status(where: Path, as_json: bool) -> None:
     else:
         config = _config(where)
         data_dir, logs = config.data_dir, list(config.logs)
+    report = _status_of(data_dir, logs)
+    if as_json:
+        echo_json(report)
+        return
+    click.echo(f"witness {report.witness or '?'}  vkey {report.vkey or '(no key)'}")
+    for row in report.logs:
+        said = f"size {row.size:,}" if row.size is not None else "never cosigned"
+        extra = f"; {row.refused} refused, last: {row.last_refusal}" if row.refused else ""
+        click.echo(f"  {row.origin}: {said}{extra}")
+
+
+def _status_of(data_dir: Path, configured: list[str]) -> _Status:
     if not (data_dir / DB_FILE).is_file():
         raise Failure(
             f"{data_dir} holds no {DB_FILE}: has the witness run there?", "bad_path", "WHERE"
@@ -166,7 +180,7 @@ def status(where: Path, as_json: bool) -> None:
     store = _open_store(data_dir)
     try:
         held = {h.origin: h for h in store.all()}
-        refused = store.refusals(limit=1000)
+        refused = store.refusal_counts()
     finally:
         store.close()
     try:
@@ -174,22 +188,18 @@ def status(where: Path, as_json: bool) -> None:
         name, vk = key.name, key.key_string()
     except (OSError, UnicodeDecodeError, NoteError):
         name, vk = None, None
-    rows = [
-        _LogStatus(
-            origin,
-            held[origin].size if origin in held else None,
-            base64.b64encode(held[origin].root).decode() if origin in held else None,
-            held[origin].timestamp_s if origin in held else None,
-            sum(1 for r in refused if r.origin == origin),
+    rows = []
+    for origin in sorted({*configured, *held, *refused}):
+        h = held.get(origin)
+        count, last = refused.get(origin, (0, None))
+        rows.append(
+            _LogStatus(
+                origin,
+                h.size if h else None,
+                base64.b64encode(h.root).decode() if h else None,
+                h.timestamp_s if h else None,
+                count,
+                last,
+            )
         )
-        for origin in sorted({*logs, *held})
-    ]
-    report = _Status(name, vk, rows)
-    if as_json:
-        echo_json(report)
-        return
-    click.echo(f"witness {name or '?'}  vkey {vk or '(no key)'}")
-    for row in rows:
-        said = f"size {row.size:,}" if row.size is not None else "never cosigned"
-        extra = f", {row.refused} refused" if row.refused else ""
-        click.echo(f"  {row.origin}: {said}{extra}")
+    return _Status(name, vk, rows)

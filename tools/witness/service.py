@@ -6,13 +6,15 @@
 1. parse (400), origin (404), the log's signature (403), then `judge`
    against the stored state (400, 409, 422) — all pure;
 2. the ``--audit`` seam: an :class:`Auditor`, if given, looks at the new
-   checkpoint and the state it extends and may refuse (its refusal kept);
+   checkpoint and the state it extends and may refuse: 422 for a checkpoint
+   whose entries break a rule (kept, like any 422), another status (503:
+   the log's entries cannot be fetched now) for a refusal not to keep;
 3. cosign, then :meth:`~.store.WitnessStore.advance` (a compare-and-swap on
    the judged state, durable on return); lost to another submission: 409;
 4. answer 200 with the cosignature line.
 
-A checkpoint a known log signed but that is inconsistent (422) or refused by
-the auditor is kept in the ``refusals`` table as evidence.
+A checkpoint a known log signed but refused with 422 (inconsistent, or an
+auditor's verdict) is kept in the ``refusals`` table as evidence, with its reason.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ class Witness:
     def _refused(self, request: AddCheckpoint, refusal: Refusal) -> Answer:
         if refusal.status == 409:
             return Answer(409, SIZE_CONTENT_TYPE, encode_size_body(int(refusal.reason)))
-        if refusal.status != 400:  # a known log's signed checkpoint, refused: evidence
+        if refusal.status == 422:  # a known log's signed checkpoint, inconsistent: evidence
             self.store.refuse(request, refusal)
             log.warning(
                 "refused %s at size %d: %s",

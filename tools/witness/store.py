@@ -191,6 +191,16 @@ class WitnessStore:
             rows = self._query(sql, (origin, origin, limit)).fetchall()
         return [RefusalRecord(*row) for row in rows]
 
+    def refusal_counts(self) -> dict[str, tuple[int, str]]:
+        """Per origin: refusals kept and the latest one's reason."""
+        sql = (
+            "SELECT origin, count(*), (SELECT reason FROM refusals AS r WHERE r.origin = "
+            "refusals.origin ORDER BY id DESC LIMIT 1) FROM refusals GROUP BY origin"
+        )
+        with self._lock:
+            rows = self._query(sql, ()).fetchall()
+        return {origin: (count, reason) for origin, count, reason in rows}
+
     # ------------------------------------------------------------ plumbing
     def _query(self, sql: str, args: tuple[object, ...]) -> sqlite3.Cursor:
         try:
