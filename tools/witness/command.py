@@ -76,7 +76,8 @@ def run(config_path: Path, listen: str | None) -> None:
     Creates the witness key (DATA_DIR/witness.key, 0600) on first run. Every
     cosigned checkpoint is on disk (DATA_DIR/witness.db, fsynced) before its
     cosignature is sent. Prints one line when it listens:
-    `witness NAME listening on http://HOST:PORT/add-checkpoint`.
+    `witness NAME listening on http://HOST:PORT/add-checkpoint`. The config's
+    shape: examples/witness.toml.
     """
     from .server import bind, serve  # noqa: PLC0415 - uvicorn only when serving
     from .service import Witness  # noqa: PLC0415
@@ -101,6 +102,7 @@ def run(config_path: Path, listen: str | None) -> None:
             f"({len(config.logs)} logs)"
         )
         sys.stdout.flush()
+        # --audit (to come) passes an auditor here: Witness(..., auditor=...), see .service
         serve(Witness(cosigner, config.logs, store), config, sock)
     finally:
         store.close()
