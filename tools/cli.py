@@ -59,6 +59,7 @@ BY_USER: dict[str, dict[str, str]] = {
         "events": ".audit.events:events",
         "audit": ".audit.report:audit",
     },
+    "witness": {"witness": ".witness.command:witness"},
 }
 COMMANDS = {name: where for commands in BY_USER.values() for name, where in commands.items()}
 
@@ -93,6 +94,7 @@ def cli(verbose: bool) -> None:
     Audit:        infervisor chain verify WHERE
                   infervisor replay WHERE
                   infervisor timeline WHERE INSTANCE
+    Witness:      infervisor witness run witness.toml
 
     WHERE is a node's data directory, its config file (.toml) or its chain
     file (DATA_DIR/chain.db); the operator verbs reach the node through its
