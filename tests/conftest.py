@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,14 @@ from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.proc.mounts import hierarchies
 from infervisor.replay import RestartPolicy
+
+# A suite started in the background by a non-interactive shell (`pytest &`, nohup,
+# a CI runner's job) inherits SIGINT and SIGQUIT ignored, and so would every CLI
+# it starts: the tests that end `logs -f`, `watch` and `status -w` with Ctrl-C
+# (SIGINT) would then wait forever. A handler here is reset to the default in
+# each child at exec, where an ignored signal would stay ignored.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
