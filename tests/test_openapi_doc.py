@@ -208,6 +208,11 @@ def test_every_route_is_documented(doc: dict[str, Any]) -> None:
         ("/v1/ledger", "get"),
         ("/v1/events", "get"),
         ("/metrics", "get"),
+        ("/v1/log/checkpoint", "get"),
+        ("/v1/log/key", "get"),
+        ("/v1/log/tile/{tile_path}", "get"),
+        ("/v1/log/proof/inclusion", "get"),
+        ("/v1/log/proof/consistency", "get"),
     }
 
 
@@ -288,6 +293,11 @@ def test_every_operation_has_a_name_and_docs_api_md_gives_it(doc: dict[str, Any]
             "getInstanceLogs",
             "watchEvents",
             "getMetrics",
+            "getCheckpoint",
+            "getLogKey",
+            "getTile",
+            "getInclusionProof",
+            "getConsistencyProof",
         ]
     )
     api_md = (DOC.parent / "api.md").read_text()
