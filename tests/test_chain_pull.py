@@ -67,11 +67,13 @@ def test_pull_then_pull_again_fetches_only_what_is_new(tmp_path: Path) -> None:
         assert again.added == 0
     assert _size(mirror / "chain.db") == 701
     assert sorted(p.name for p in (mirror / "checkpoints").iterdir()) == ["301.txt", "701.txt"]
-    assert not (mirror / "pull.partial.db").exists() or _staged(mirror) == 0
+    assert not (mirror / "pull.partial.db").exists()
 
 
 def _staged(mirror: Path) -> int:
-    conn = sqlite3.connect(mirror / "pull.partial.db")
+    if not (mirror / "pull.partial.db").exists():
+        return 0
+    conn = sqlite3.connect(f"file:{mirror / 'pull.partial.db'}?mode=ro", uri=True)
     try:
         return int(conn.execute("SELECT count(*) FROM entries").fetchone()[0])
     except sqlite3.OperationalError:
@@ -146,3 +148,27 @@ def test_a_killed_pull_leaves_the_mirror_as_it_was_and_resumes(tmp_path: Path) -
     assert report.resumed >= 512
     assert (report.old_size, report.new_size) == (101, 30_101)
     assert verify_chain(mirror / "chain.db").problem is None
+
+
+def test_the_command_mirrors_for_every_reader_and_refuses_in_one_line(tmp_path: Path) -> None:
+    data, mirror = tmp_path / "node", tmp_path / "mirror"
+    grow_chain(data, "n1", 20)
+    cli = str(Path(sys.executable).parent / "infervisor")
+    with serving(data) as (url, token):
+        env = {**os.environ, "INFERVISOR_TOKEN": token}
+        done = subprocess.run(
+            [cli, "chain", "pull", url, str(mirror), "--json"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["added"] == 21
+        assert "trusted on first use" in done.stderr
+        refused = subprocess.run(
+            [cli, "chain", "pull", url, str(data)],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: ") and refused.stderr.count("\n") == 1
+    for reader in (["chain", "verify"], ["audit"]):
+        run = subprocess.run([cli, *reader, str(mirror)], capture_output=True, timeout=120, check=False)
+        assert run.returncode == 0, (reader, run.stderr)

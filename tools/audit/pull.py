@@ -26,7 +26,7 @@ import httpx
 import msgspec
 
 from infervisor.chain import schema
-from infervisor.chain.checkpoint import PUBLIC_KEY_FILE, Checkpoint, read_checkpoint
+from infervisor.chain.checkpoint import KEY_FILE, PUBLIC_KEY_FILE, Checkpoint, read_checkpoint
 from infervisor.chain.checkpoint_store import (
     create_table,
     event_hashes,
@@ -82,6 +82,10 @@ class PullReport(msgspec.Struct, frozen=True, kw_only=True):
     added: int
     resumed: int
     trust: str
+
+
+class _Proof(msgspec.Struct):
+    proof: list[str]
 
 
 class _NoLookups:
@@ -142,6 +146,8 @@ def pull(
             rollback (naming both sizes), an entry or tile that does not verify.
     """
     dest = Path(folder)
+    if (dest / KEY_FILE).exists():
+        raise PullError(f"{dest} is a node's data directory (it has {KEY_FILE})", "bad_path", "DIR")
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -159,6 +165,8 @@ def pull(
             return mirror.extend(
                 log, cp=cp, note=note, verifier=verifier, trust=trust, progress=progress
             )
+        except sqlite3.Error as e:
+            raise PullError(f"{dest / CHAIN_FILE}: {e}", "chain_invalid", "DIR") from e
         finally:
             mirror.close()
     finally:
@@ -204,14 +212,22 @@ class _Mirror:
         except (ChainError, sqlite3.Error) as e:
             raise PullError(f"{db}: cannot write the mirror: {e}", "bad_path", "DIR") from e
         self.staged = sqlite3.connect(partial)
+        # WAL + NORMAL: a commit is not fsynced; a killed process loses nothing committed,
+        # and what an OS crash loses is fetched again.
+        self.staged.execute("PRAGMA journal_mode=WAL")
         self.staged.execute("PRAGMA synchronous=NORMAL")
         self.staged.execute("CREATE TABLE IF NOT EXISTS entries (seq INTEGER PRIMARY KEY, e BLOB)")
 
     def close(self) -> None:
-        if self.conn.in_transaction:
+        """Close both; the partial file goes once a pull is committed (nothing left in it)."""
+        done = not self.conn.in_transaction
+        if not done:
             self.conn.execute("ROLLBACK")
         self.conn.close()
         self.staged.close()
+        if done:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{self.partial_path}{suffix}").unlink(missing_ok=True)
 
     def held(self, verifier: Verifier) -> tuple[int, bytes | None]:
         latest = latest_checkpoint(self.conn)
@@ -244,7 +260,7 @@ class _Mirror:
                 before = _check(row, before, genesis)
                 genesis = genesis or row
                 tree.append_hash(leaf_hash(row.hash))
-                self.conn.execute(schema.INSERT_EVENT, _insert_params(row))
+            self.conn.executemany(schema.INSERT_EVENT, [_insert_params(row) for row in rows])
             if progress is not None:
                 progress(min(tile.start + tile.width, cp.tree_size) - old, cp.tree_size - old)
         if tree.root() != cp.root:
@@ -375,10 +391,11 @@ def _check_extends(log: _Log, old: int, old_root: bytes | None, cp: Checkpoint) 
         )
     proof: list[bytes] = []
     if cp.tree_size > old:
-        answer = msgspec.json.decode(
-            log.get("proof/consistency", {"old": old, "new": cp.tree_size})
-        )
-        proof = [bytes.fromhex(h) for h in answer.get("proof", [])]
+        raw = log.get("proof/consistency", {"old": old, "new": cp.tree_size})
+        try:
+            proof = [bytes.fromhex(h) for h in msgspec.json.decode(raw, type=_Proof).proof]
+        except (msgspec.DecodeError, ValueError) as e:
+            raise PullError(f"the node's consistency proof is malformed: {e}", "node_error") from e
     try:
         verify_consistency(old, cp.tree_size, old_root, cp.root, proof)
     except ProofError as e:
