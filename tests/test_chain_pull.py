@@ -170,5 +170,7 @@ def test_the_command_mirrors_for_every_reader_and_refuses_in_one_line(tmp_path: 
     assert refused.returncode == 2
     assert refused.stderr.startswith("error: ") and refused.stderr.count("\n") == 1
     for reader in (["chain", "verify"], ["audit"]):
-        run = subprocess.run([cli, *reader, str(mirror)], capture_output=True, timeout=120, check=False)
+        run = subprocess.run(
+            [cli, *reader, str(mirror)], capture_output=True, timeout=120, check=False
+        )
         assert run.returncode == 0, (reader, run.stderr)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -44,6 +46,8 @@ __all__ = ["PullError", "PullReport", "pull"]
 
 CHAIN_FILE = "chain.db"
 PARTIAL_FILE = "pull.partial.db"
+FETCHERS = 4
+"""Tiles and bundles fetched at once, ahead of the verification."""
 CHECKPOINT_DIR = "checkpoints"
 TRUST_GIVEN = "the key given"
 TRUST_PINNED = "the key pinned by the first pull"
@@ -253,9 +257,11 @@ class _Mirror:
         tree = self._tree(old)
         before, genesis = self._row(old - 1), self._row(0)
         resumed = 0
-        for tile in _bundles(old, cp.tree_size):
-            rows, reused = self._bundle(log, tile, old)
-            resumed += reused
+        for tile, hashes, entries, reused in self._fetched(
+            log, list(_bundles(old, cp.tree_size)), old
+        ):
+            rows = self._bundle(tile, hashes, entries, old, reused=reused)
+            resumed += len(rows) if reused else 0
             for row in rows:
                 before = _check(row, before, genesis)
                 genesis = genesis or row
@@ -299,25 +305,54 @@ class _Mirror:
         found = parse_row(texts, seq)
         return found if isinstance(found, Row) else None
 
-    def _bundle(self, log: _Log, tile: Tile, old: int) -> tuple[list[Row], int]:
+    def _fetched(
+        self, log: _Log, tiles: list[Tile], old: int
+    ) -> Iterator[tuple[Tile, bytes, list[bytes], bool]]:
+        """Each bundle's level-0 tile and entries from seq `old` on (staged ones reused),
+        in order, fetched `FETCHERS` at a time ahead of the caller (tlog-tiles: clients
+        fetch tiles in parallel)."""
+        window: deque[tuple[Tile, list[bytes] | None, Future[tuple[bytes, bytes | None]]]]
+        window = deque()
+        pending = iter(tiles)
+        with ThreadPoolExecutor(FETCHERS, thread_name_prefix="pull") as pool:
+
+            def ahead() -> None:
+                tile = next(pending, None)
+                if tile is not None:
+                    staged = self._staged(max(old, tile.start), tile.start + tile.width)
+                    window.append((tile, staged, pool.submit(_fetch, log, tile, staged is None)))
+
+            for _ in range(2 * FETCHERS):
+                ahead()
+            while window:
+                tile, staged, future = window.popleft()
+                ahead()
+                hashes, bundle = future.result()
+                if staged is not None:
+                    yield tile, hashes, staged, True
+                    continue
+                try:
+                    entries = parse_entry_bundle(bundle or b"")
+                except TileError as e:
+                    raise PullError(f"{tile.path()}: {e}", "chain_invalid") from e
+                yield tile, hashes, entries[max(old, tile.start) - tile.start :], False
+
+    def _staged(self, first: int, end: int) -> list[bytes] | None:
+        """The entries of seqs first..end-1 kept by an interrupted pull, if all are."""
+        rows = self.staged.execute(
+            "SELECT e FROM entries WHERE seq >= ? AND seq < ? ORDER BY seq", (first, end)
+        ).fetchall()
+        return [bytes(e) for (e,) in rows] if len(rows) == end - first else None
+
+    def _bundle(
+        self, tile: Tile, hashes: bytes, entries: list[bytes], old: int, *, reused: bool
+    ) -> list[Row]:
         """The rows of bundle `tile` from seq `old` on, each matched with the level-0 tile."""
         first, end = max(old, tile.start), tile.start + tile.width
-        hashes = log.get(Tile(0, tile.n, tile.width).path())
         if len(hashes) != 32 * tile.width:
             raise PullError(
                 f"{tile.path()}: the level-0 tile is not {tile.width} hashes", "chain_invalid"
             )
-        staged = self.staged.execute(
-            "SELECT e FROM entries WHERE seq >= ? AND seq < ? ORDER BY seq", (first, end)
-        ).fetchall()
-        reused = len(staged) == end - first
-        if reused:
-            entries = [bytes(e) for (e,) in staged]
-        else:
-            try:
-                entries = parse_entry_bundle(log.get(tile.path()))[first - tile.start :]
-            except TileError as e:
-                raise PullError(f"{tile.path()}: {e}", "chain_invalid") from e
         rows = []
         for seq, entry in zip(range(first, end), entries, strict=False):
             row = _entry(entry, seq, tile)
@@ -340,7 +375,7 @@ class _Mirror:
                     "INSERT OR REPLACE INTO entries VALUES (?, ?)",
                     zip(range(first, end), entries, strict=True),
                 )
-        return rows, (end - first) if reused else 0
+        return rows
 
     def _drop_partial(self) -> None:
         with self.staged:
@@ -438,3 +473,9 @@ def _check(row: Row, before: Row | None, genesis: Row | None) -> Row:
 def _insert_params(row: Row) -> tuple[object, ...]:
     texts = (row.node, row.source, row.kind, row.subject)
     return (row.seq, row.ts_ns, *(t.decode("utf-8") for t in texts), *row[6:])
+
+
+def _fetch(log: _Log, tile: Tile, bundle: bool) -> tuple[bytes, bytes | None]:
+    """The level-0 tile of bundle `tile`, and (`bundle`) the bundle itself."""
+    hashes = log.get(Tile(0, tile.n, tile.width).path())
+    return hashes, log.get(tile.path()) if bundle else None
