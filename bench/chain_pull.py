@@ -9,6 +9,9 @@ it on loopback TCP with the node's API server (a read token), then times:
   checked, committed in one transaction);
 - **chain pull, nothing new**: a second run (the checkpoint and one consistency
   check);
+- **chain pull, own process**: the full pull again by ``infervisor chain pull``
+  in a process of its own (the two above share this process, and its GIL,
+  with the server);
 - **chain export**: the same chain written as a bundle directory (local, no
   network, no verification), for scale.
 
@@ -21,6 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,8 +87,15 @@ def main() -> None:
             secret = json.loads((data / "api-tokens.json").read_text())["auditor"]
             url = f"http://127.0.0.1:{port}"
             mirror = root / "mirror"
+            command = [str(Path(sys.executable).parent / "infervisor"), "chain", "pull", url]
+            env = {**os.environ, "INFERVISOR_TOKEN": secret}
+
+            def cli_pull(folder: Path) -> None:
+                subprocess.run([*command, str(folder)], env=env, check=True, capture_output=True)
+
             pulled = timed("chain pull (full)", size, lambda: pull(url, mirror, token=secret))
             timed("chain pull (nothing new)", size, lambda: pull(url, mirror, token=secret))
+            timed("chain pull, own process", size, lambda: cli_pull(root / "mirror2"))
         exported = timed("chain export", size, lambda: export_bundle(data / "chain.db", root / "b"))
         print(f"pull / export in time: {pulled / exported:.1f}x")
 

@@ -15,12 +15,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from support import wait_until
 from tiles_support import grow_chain
 
 from infervisor.adapters.ports import free_port
 from infervisor.chain import verify_chain
+from infervisor.chain.cosignature import Cosigner, cosignatures_of
+from infervisor.chain.cosignature_store import cosigned_note, store
+from infervisor.chain.note import split_note
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
 from infervisor.tools.api.scopes import ApiToken, Scope
 from infervisor.tools.api.server import ApiServer
@@ -174,3 +178,28 @@ def test_the_command_mirrors_for_every_reader_and_refuses_in_one_line(tmp_path: 
             [cli, *reader, str(mirror)], capture_output=True, timeout=120, check=False
         )
         assert run.returncode == 0, (reader, run.stderr)
+
+
+def test_cosignatures_are_served_and_mirrored(tmp_path: Path) -> None:
+    data, mirror = tmp_path / "node", tmp_path / "mirror"
+    size = grow_chain(data, "n1", 30)
+    conn = sqlite3.connect(f"file:{data / 'chain.db'}?mode=ro", uri=True)
+    body = split_note(cosigned_note(conn, size) or "")[0]
+    conn.close()
+    witness = Cosigner.generate("witness.example/w1")
+    cosig = witness.cosign(body, 1_700_000_000)
+    with serving(data) as (url, token):
+        pull(url, mirror, token=token)  # before the witness cosigned
+        assert store(data / "chain.db", size, [cosig]) == 1
+        served = httpx.get(
+            f"{url}/v1/log/checkpoint", headers={"authorization": f"Bearer {token}"}
+        ).text
+        assert served.endswith(cosig.line + "\n")
+        assert cosignatures_of(served, [witness.key])[0].timestamp_s == 1_700_000_000
+        assert pull(url, mirror, token=token).added == 0
+    conn = sqlite3.connect(f"file:{mirror / 'chain.db'}?mode=ro", uri=True)
+    try:
+        assert cosigned_note(conn, size) == served
+    finally:
+        conn.close()
+    assert (mirror / "checkpoints" / f"{size}.txt").read_text() == served

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from infervisor.chain import schema
+from infervisor.chain import cosignature_store, schema
 from infervisor.chain.checkpoint import KEY_FILE, PUBLIC_KEY_FILE, Checkpoint, read_checkpoint
 from infervisor.chain.checkpoint_store import (
     create_table,
@@ -382,17 +382,25 @@ class _Mirror:
             self.staged.execute("DELETE FROM entries")
 
     def _commit(self, cp: Checkpoint, note: str, tree: CompactTree, verifier: Verifier) -> None:
-        """Store the checkpoint (its own signature only; the cosignatures stay in
-        checkpoints/<size>.txt as served) with the events, in the one transaction."""
+        """Store the checkpoint (the node's signature) and the witnesses' cosignature
+        lines it carries (as the node stores them: not verified here, a reader checks
+        them against its witness policy) with the events, in the one transaction; the
+        note as served goes to checkpoints/<size>.txt."""
+        own, cosigned = _split(note, verifier)
         if cp.tree_size > self.held(verifier)[0]:
             self.conn.execute(
                 "INSERT INTO checkpoints (tree_size, ts_ns, note) VALUES (?, ?, ?)",
-                (cp.tree_size, time.time_ns(), _own_note(note, verifier)),
+                (cp.tree_size, time.time_ns(), own),
             )
             self.conn.execute(
                 "INSERT OR REPLACE INTO checkpoint_frontiers VALUES (?, ?)",
                 (cp.tree_size, tree.frontier()),
             )
+        cosignature_store.create_table(self.conn)
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO cosignatures VALUES (?, ?, ?, ?, ?)",
+            [(cp.tree_size, *row) for row in cosigned],
+        )
         self.conn.execute("COMMIT")
         folder = self.db.parent
         (folder / CHECKPOINT_DIR).mkdir(exist_ok=True)
@@ -402,16 +410,23 @@ class _Mirror:
         self._drop_partial()
 
 
-def _own_note(note: str, verifier: Verifier) -> str:
-    """`note` with only `verifier`'s signature lines (split_note checked its shape)."""
+_COSIGNATURE_SIZE = 4 + 8 + 64
+"""key ID, timestamp, Ed25519 signature: a cosignature/v1 line's bytes (tlog-cosignature)."""
+
+
+def _split(note: str, verifier: Verifier) -> tuple[str, list[tuple[str, bytes, int, str]]]:
+    """`note` with only `verifier`'s signature lines, and the cosignature/v1 lines
+    it also carries as (witness, key ID, timestamp, line); split_note checked its shape."""
     text, _ = split_note(note)
-    block = note[len(text) + 1 :].splitlines()
-    own = []
-    for line in block:
+    own, cosigned = [], []
+    for line in note[len(text) + 1 :].splitlines():
         sig = parse_signature_line(line)
         if sig.name == verifier.name and sig.key_id == verifier.key_id:
             own.append(line + "\n")
-    return text + "\n" + "".join(own)
+        elif len(sig.signature) == _COSIGNATURE_SIZE - 4:
+            stamp = int.from_bytes(sig.signature[:8], "big")
+            cosigned.append((sig.name, sig.key_id, stamp, line))
+    return text + "\n" + "".join(own), cosigned
 
 
 def _check_extends(log: _Log, old: int, old_root: bytes | None, cp: Checkpoint) -> None:
