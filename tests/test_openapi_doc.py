@@ -67,7 +67,7 @@ class Contract:
         _strict(self.components)
         self.seen: set[tuple[str, str, int]] = set()
         self._routes = [
-            (re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$"), path)
+            (re.compile("^" + re.sub(r"\{[^}]+\}", _param, path) + "$"), path)
             for path in self.doc["paths"]
         ]
 
@@ -117,6 +117,11 @@ class Contract:
                 self.validate(json.loads(event.data), event_schema, f"{what} event {event.id}")
             return events
         return response.text
+
+
+def _param(match: re.Match[str]) -> str:
+    """A path parameter's pattern: one segment, or several for ``{tile_path}``."""
+    return ".+" if match[0] == "{tile_path}" else "[^/]+"
 
 
 @pytest.fixture(scope="module")
