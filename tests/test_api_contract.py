@@ -28,6 +28,7 @@ import pytest
 from support import pids_of_group, wait_until
 from test_openapi_doc import Contract
 from test_run_resume import MODEL_BYTES, NodeRun, end_runs, server_groups
+from tiles_support import grow_chain
 
 from infervisor.adapters.ports import free_port
 from infervisor.tools.api.openapi_cli import DOC
@@ -123,6 +124,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[A
     shutil.copy(tiny_gguf, data / "models" / "tiny.gguf")
     budget = 4 * tiny_gguf.stat().st_size  # a few tiny servers fit; "huge" never does
     (data / "models" / "huge.gguf").write_bytes(MODEL_BYTES.ljust(budget + 1, b"\0"))
+    grow_chain(data, "n1", 0)  # a chain with a signed checkpoint for /v1/log
     tcp_port = free_port()
     config = root / "node.toml"
     config.write_text(
@@ -194,6 +196,17 @@ def test_the_reading_routes(api: Api, listener: str) -> None:
     assert resumed[0].id == "1"
     after = api.call(listener, "GET", "/v1/events", 200, params={"from_seq": 1, "follow": False})
     assert after[0].id == "1"
+
+    # The chain as a tlog-tiles log (the fixture's chain has a checkpoint of size 1).
+    note = api.call(listener, "GET", "/v1/log/checkpoint", 200)
+    assert note.startswith("infervisor/n1\n")
+    assert api.call(listener, "GET", "/v1/log/key", 200).startswith("infervisor/n1+")
+    api.call(listener, "GET", "/v1/log/tile/0/000.p/1", 200)
+    api.call(listener, "GET", "/v1/log/tile/entries/000.p/1", 200)
+    proof = api.call(listener, "GET", "/v1/log/proof/inclusion", 200, params={"seq": 0, "size": 1})
+    assert proof["proof"] == []
+    same = api.call(listener, "GET", "/v1/log/proof/consistency", 200, params={"old": 1, "new": 1})
+    assert same["old_root"] == same["new_root"]
 
     served = api.send(listener, "GET", "/schema/openapi.json")
     assert served.status_code == 200

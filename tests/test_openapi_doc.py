@@ -67,7 +67,7 @@ class Contract:
         _strict(self.components)
         self.seen: set[tuple[str, str, int]] = set()
         self._routes = [
-            (re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$"), path)
+            (re.compile("^" + re.sub(r"\{[^}]+\}", _param, path) + "$"), path)
             for path in self.doc["paths"]
         ]
 
@@ -117,6 +117,11 @@ class Contract:
                 self.validate(json.loads(event.data), event_schema, f"{what} event {event.id}")
             return events
         return response.text
+
+
+def _param(match: re.Match[str]) -> str:
+    """A path parameter's pattern: one segment, or several for ``{tile_path}``."""
+    return ".+" if match[0] == "{tile_path}" else "[^/]+"
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +213,11 @@ def test_every_route_is_documented(doc: dict[str, Any]) -> None:
         ("/v1/ledger", "get"),
         ("/v1/events", "get"),
         ("/metrics", "get"),
+        ("/v1/log/checkpoint", "get"),
+        ("/v1/log/key", "get"),
+        ("/v1/log/tile/{tile_path}", "get"),
+        ("/v1/log/proof/inclusion", "get"),
+        ("/v1/log/proof/consistency", "get"),
     }
 
 
@@ -288,6 +298,11 @@ def test_every_operation_has_a_name_and_docs_api_md_gives_it(doc: dict[str, Any]
             "getInstanceLogs",
             "watchEvents",
             "getMetrics",
+            "getCheckpoint",
+            "getLogKey",
+            "getTile",
+            "getInclusionProof",
+            "getConsistencyProof",
         ]
     )
     api_md = (DOC.parent / "api.md").read_text()

@@ -6,7 +6,7 @@ Scopes are ordered, each covering the ones below it::
     read < operate < control
 
 - ``read``: what only looks (node, instances, status, ledger, the chain's
-  events, logs, metrics, the OpenAPI document).
+  events, its checkpoint, tiles and proofs, logs, metrics, the OpenAPI document).
 - ``operate``: the verbs on placed instances (start, stop, restart, unload)
   and the deep health check: it makes the model server generate a token, real
   work on the inference server (it competes with real requests), so a
@@ -87,6 +87,11 @@ ROUTE_SCOPES: tuple[tuple[str, str, Scope], ...] = (
     ("GET", "/v1/instances/{instance_id}/logs", Scope.READ),
     ("GET", "/v1/ledger", Scope.READ),
     ("GET", "/v1/events", Scope.READ),
+    ("GET", "/v1/log/checkpoint", Scope.READ),
+    ("GET", "/v1/log/key", Scope.READ),
+    ("GET", "/v1/log/tile/{tile_path}", Scope.READ),
+    ("GET", "/v1/log/proof/inclusion", Scope.READ),
+    ("GET", "/v1/log/proof/consistency", Scope.READ),
     ("GET", "/metrics", Scope.READ),
     ("GET", "/schema/openapi.json", Scope.READ),
     ("POST", "/v1/instances/{instance_id}/start", Scope.OPERATE),
@@ -101,7 +106,13 @@ ROUTE_SCOPES: tuple[tuple[str, str, Scope], ...] = (
 
 def _pattern(route: str) -> re.Pattern[str]:
     parts = re.split(r"(\{[^}]+\})", route)
-    return re.compile("".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts))
+    return re.compile(
+        "".join(_PARAM.get(p, "[^/]+") if p.startswith("{") else re.escape(p) for p in parts)
+    )
+
+
+#: Path parameters that span several segments (Litestar's ``{name:path}``).
+_PARAM = {"{tile_path}": "[^?#]+"}
 
 
 _COMPILED = tuple((method, _pattern(route), scope) for method, route, scope in ROUTE_SCOPES)

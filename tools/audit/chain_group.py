@@ -23,6 +23,7 @@ COMMANDS = {
     "rotate-key": ".chain_files:rotate_key",
     "export": ".chain_bundle:export",
     "verify-bundle": ".chain_bundle:verify_bundle_cmd",
+    "pull": ".chain_pull:pull_cmd",
 }
 
 
