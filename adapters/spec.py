@@ -28,6 +28,11 @@ __all__ = [
 ]
 
 #: llama.cpp's own ceiling on the context length (tokens).
+MAX_SPEC_BYTES = 16 * 1024
+"""Most bytes of a spec encoded as JSON (escapes included). Every event must fit
+one C2SP tlog-tiles entry (a uint16 length: docs/chain-format.md, "Tiles") with
+its payload in base64, and a placement's event carries the whole spec."""
+
 MAX_CTX = 1 << 24
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -149,6 +154,7 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
                 f"ctx_size {self.ctx_size}: allowed 8 to {MAX_CTX} tokens", field="ctx_size"
             )
         check_env(self.env)
+        _check_encoded_size(self)
 
     @property
     def base_url(self) -> str:
@@ -192,3 +198,17 @@ def instance_id(spec: InstanceSpec, node_id: str) -> str:
     for part in (spec.role, spec.flavor.value, spec.model or "", spec.base_url, spec.mode.value):
         h.update(part.encode())
     return f"{spec.role}-{h.hexdigest()[:8]}-{node_id}"
+
+
+def _check_encoded_size(spec: InstanceSpec) -> None:
+    size = len(msgspec.json.encode(spec))
+    if size <= MAX_SPEC_BYTES:
+        return
+    env = len(msgspec.json.encode(spec.env))
+    field = "env" if env * 2 > size else "spec"
+    raise SpecError(
+        f"{field}: the spec is {size} bytes as JSON ({env} of them the env, escapes "
+        f"included); allowed at most {MAX_SPEC_BYTES} (16 KiB), so that its event fits "
+        "one tiles entry of the chain",
+        field="env" if field == "env" else None,  # None: the spec as a whole
+    )

@@ -386,13 +386,29 @@ def test_a_node_runs_the_server_resolved_at_config_load_and_refuses_env_path(
 def test_an_env_too_large_to_exec_once_escaped_is_refused_at_placement(
     nodes: NodeFactory, fake_llama: str, fake_model: Path
 ) -> None:
-    node = nodes.open(nodes.settings(fake_llama, fake_model))
+    # The spec's own size bound keeps its env far below Linux's limit, so the
+    # node's [node.env] makes the launch too large: 30 KB of escapes, six times
+    # that as the trampoline's one JSON argument.
+    big = {"NODE_NOTE": "\x01" * 30_000}
+    node = nodes.open(nodes.settings(fake_llama, fake_model, env=big))
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
-    escaped = {f"K{i}": "\x01" * 1000 for i in range(40)}  # 40 KB, six times that as JSON
-    spec(env=escaped).validate()  # within the spec's own bounds
     db = Path(node.settings.chain_path)
     before = count_events(db)
     with pytest.raises(SpecError, match="Linux allows 131072 bytes in one") as caught:
+        node.place(spec(port=free_port()))
+    assert caught.value.field == "env"
+    assert count_events(db) == before
+
+
+def test_a_spec_too_large_for_one_tiles_entry_is_refused_naming_the_env(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    node = nodes.open(nodes.settings(fake_llama, fake_model))
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    escaped = {f"K{i}": "\x01" * 1000 for i in range(5)}  # 5 KB, six times that as JSON
+    db = Path(node.settings.chain_path)
+    before = count_events(db)
+    with pytest.raises(SpecError, match=r"allowed at most 16384 \(16 KiB\)") as caught:
         node.place(spec(port=free_port(), env=escaped))
     assert caught.value.field == "env"
     assert count_events(db) == before
