@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from servers.witness_double import WitnessDouble
 from support import wait_until
@@ -82,6 +83,15 @@ def _config(tmp_path: Path, program: str, double: WitnessDouble, boot_s: float =
     return write_config(tmp_path, program, node_extra=extra, top_extra=entry)
 
 
+def _api(tmp_path: Path, path: str) -> httpx.Response:
+    """GET ``path`` from the node's control API on its Unix socket."""
+    transport = httpx.HTTPTransport(uds=str(tmp_path / "data" / "api.sock"))
+    with httpx.Client(transport=transport, base_url="http://node", timeout=DEADLINE_S) as client:
+        answer = client.get(path)
+    assert answer.status_code == 200, answer.text
+    return answer
+
+
 def _chat_pid(db: Path) -> int | None:
     state = read_state(db)
     if state is None or lifecycle(state, "chat") != "running":
@@ -103,9 +113,24 @@ def test_a_witness_that_is_down_delays_nothing_and_gets_its_backlog(
     run.until("chat restarted", lambda: _chat_pid(db) not in (None, first))
     backlog = read_stored(db)[-1].tree_size
     assert witness.size_of(ORIGIN) == 0
+    (lag,) = _api(tmp_path, "/v1/node").json()["witnesses"]
+    assert (lag["witness"], lag["cosigned_size"]) == ("witness.test/one", 0)
+    assert lag["behind_events"] > 0 and "unreachable" in lag["last_error"]
+    status = cli("status", tmp_path / "data")
+    assert "witness witness.test/one: cosigned size 0," in status.stdout, status.stdout
+    metrics = _api(tmp_path, "/metrics").text
+    assert 'infervisor_witness_failing{witness="witness.test/one"} 1.0' in metrics
+
     witness.start()
     run.until("backlog cosigned", lambda: witness.size_of(ORIGIN) >= backlog)
     run.until("cosignature stored", lambda: max(_verified_sizes(db, witness), default=0) >= backlog)
+    run.until(
+        "the lag gone",
+        lambda: _api(tmp_path, "/v1/node").json()["witnesses"][0]["last_error"] is None,
+    )
+    metrics = _api(tmp_path, "/metrics").text
+    assert 'infervisor_witness_cosigned_size{witness="witness.test/one"}' in metrics
+    assert "infervisor_witness_last_success_timestamp_seconds" in metrics
     assert run.stop() == 0, run.output()
 
 
