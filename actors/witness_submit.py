@@ -18,7 +18,6 @@ from typing import NamedTuple
 
 import httpx
 
-from infervisor.chain.checkpoint_store import event_hashes
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.cosignature import (
     Cosignature,
@@ -28,13 +27,13 @@ from infervisor.chain.cosignature import (
 )
 from infervisor.chain.cosignature_store import cosigned_note, lines_by_size, store
 from infervisor.chain.errors import ChainError, NoteError
-from infervisor.chain.merkle import consistency_proof, leaf_hash
+from infervisor.chain.merkle import Memo, consistency_proof, leaf_hash
 from infervisor.chain.note import DASH, split_note
 
 from .core.witness_boot import Outcome, Submitted
 from .witness_client import Answer, WitnessUnreachable, parse_size, post, request_body
 
-__all__ = ["Outcome", "Submitted", "WitnessTarget", "cosigned_size", "submit"]
+__all__ = ["Leaves", "Outcome", "Submitted", "WitnessTarget", "cosigned_size", "submit"]
 
 #: 409 answers followed in one submission (the witness's size may move between
 #: two posts when another client of the same origin submits too).
@@ -64,11 +63,14 @@ def submit(
     chain_path: str | os.PathLike[str],
     checkpoint: tuple[int, str],
     believed: int,
+    *,
+    leaves: Leaves | None = None,
 ) -> Submitted:
     """Get the witness's cosignature of the stored checkpoint ``(tree_size, note)``.
 
     Args:
         believed: the size the node believes the witness last cosigned (0: none).
+        leaves: the chain's leaves kept between submissions (None: read them now).
 
     Blocks for at most (1 + MAX_CONFLICTS) posts within the client's timeouts.
     Never raises for what the witness does; a chain that cannot be read is
@@ -76,9 +78,10 @@ def submit(
     """
     size, note = checkpoint
     old = min(believed, size)
+    leaves = leaves or Leaves(chain_path)
     try:
         for _ in range(1 + MAX_CONFLICTS):
-            body = request_body(old, _proof(chain_path, old, size), note)
+            body = request_body(old, leaves.proof(old, size), note)
             answer = post(client, target.url, body)
             if answer.status == 409:
                 found = parse_size(answer)
@@ -144,20 +147,42 @@ def _verified(body: str, key: WitnessKey, checkpoint_body: str) -> list[Cosignat
     return found
 
 
-def _proof(chain_path: str | os.PathLike[str], old: int, new: int) -> list[bytes]:
-    """PROOF(old, D[new]) over the stored event hashes, each a leaf (RFC 6962 leaf
-    hash of the event's BLAKE3 hash, as the checkpoint roots are built) ([] when
-    old is 0 or new)."""
-    if old in (0, new):
-        return []
-    name = os.fspath(chain_path)
-    conn = connect_reader(name)
-    try:
-        with translated(name, "read event hashes of"):
-            leaves = [leaf_hash(h) for h in event_hashes(conn, below=new)]
-    finally:
-        conn.close()
-    return consistency_proof(leaves, old, new)
+class Leaves:
+    """The chain's RFC 6962 leaves (the leaf hash of each event's BLAKE3 hash, as
+    the checkpoint roots are built), read once and then only the new ones, and
+    the memo of perfect subtree roots: a submitter's proofs cost O(log^2 n)
+    hashes, not O(n). Valid while the node appends to the chain it read.
+    """
+
+    def __init__(self, chain_path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(chain_path)
+        self._leaves: list[bytes] = []
+        self._memo: Memo = {}
+
+    def proof(self, old: int, new: int) -> list[bytes]:
+        """PROOF(old, D[new]) ([] when old is 0 or new).
+
+        Raises:
+            ChainIOError: the chain cannot be read.
+            ProofError: the chain has fewer than ``new`` events.
+        """
+        if old in (0, new):
+            return []
+        if len(self._leaves) < new:
+            self._read(new)
+        return consistency_proof(self._leaves, old, new, self._memo)
+
+    def _read(self, below: int) -> None:
+        conn = connect_reader(self._path)
+        try:
+            with translated(self._path, "read event hashes of"):
+                rows = conn.execute(
+                    "SELECT hash FROM events WHERE seq >= ? AND seq < ? ORDER BY seq",
+                    (len(self._leaves), below),
+                ).fetchall()
+        finally:
+            conn.close()
+        self._leaves.extend(leaf_hash(bytes(h)) for (h,) in rows)
 
 
 def cosigned_size(chain_path: str | os.PathLike[str], key: WitnessKey) -> int:

@@ -34,7 +34,7 @@ from infervisor.chain.checkpoint import Checkpoint
 from infervisor.chain.errors import ChainError
 
 from .clock import Clock, Timer
-from .witness_submit import Outcome, WitnessTarget, cosigned_size, submit
+from .witness_submit import Leaves, Outcome, WitnessTarget, cosigned_size, submit
 
 __all__ = ["WitnessBoard", "WitnessLag", "WitnessSubmitter", "Witnessing", "http_client"]
 
@@ -132,6 +132,7 @@ class WitnessSubmitter(pykka.ThreadingActor):
         self._retry: Timer | None = None
         self._delay = RETRY_FIRST_S
         self._client: httpx.Client | None = None
+        self._leaves = Leaves(chain_path)
 
     def on_start(self) -> None:
         self._client = http_client()
@@ -172,7 +173,14 @@ class WitnessSubmitter(pykka.ThreadingActor):
         if self._latest is None or self._latest[0] <= self._cosigned or self._client is None:
             return
         name = self._target.name
-        done = submit(self._client, self._target, self._path, self._latest, self._cosigned)
+        done = submit(
+            self._client,
+            self._target,
+            self._path,
+            self._latest,
+            self._cosigned,
+            leaves=self._leaves,
+        )
         if done.outcome is Outcome.COSIGNED:
             self._cosigned = done.witness_size or self._cosigned
             self._delay = RETRY_FIRST_S

@@ -7,6 +7,7 @@ The witness is tests/servers/witness_double.py, written from c2sp.org/tlog-witne
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from infervisor.chain.checkpoint import load_or_create_signer
 from infervisor.chain.checkpoint_store import Checkpointer, read_stored
 from infervisor.chain.cosignature import Cosigner, cosignatures_of, parse_witness_key
 from infervisor.chain.cosignature_store import read_lines_by_size, with_cosignatures
+from infervisor.chain.merkle import Memo, consistency_proof
 from infervisor.chain.note import Signer
 from infervisor.replay import events as ev
 from infervisor.tools.node.config import ConfigError, load_config
@@ -226,7 +228,6 @@ def test_a_chain_rewritten_and_resigned_with_the_node_key_is_refused(
     assert node.witness_notes == []
     wait_until(lambda: witness.size_of("infervisor/n1") >= 2, DEADLINE_S, "node.started cosigned")
     node.shutdown()
-    cosigned = witness.size_of("infervisor/n1")
 
     # A new chain of the same node, longer than what the witness cosigned, signed
     # with the node's own key: it verifies on its own, and it is not an extension.
@@ -235,16 +236,27 @@ def test_a_chain_rewritten_and_resigned_with_the_node_key_is_refused(
             shutil.move(data / name, tmp_path / name)
     signer = load_or_create_signer(data, "n1")
     with SqliteChain.open(settings.chain_path, "n1") as chain:
-        chain.append_many([_node_draft(n) for n in range(1, cosigned + 3)])
+        chain.append_many([_node_draft(n) for n in range(1, 10)])  # longer than the first
     Checkpointer(settings.chain_path, "n1", signer).close()
-    size = cosigned + 3
 
     with pytest.raises(WitnessConflict) as refused:
         Node.open(settings, witnesses=[target])
     message = str(refused.value)
     assert "witness.test/one" in message and "\n" not in message
-    assert f"cosigned size {cosigned}" in message and f"chain of {size} events" in message
+    cosigned = witness.size_of("infervisor/n1")
+    assert f"cosigned size {cosigned}" in message and "chain of 10 events" in message
     assert ("infervisor/n1", 422) in witness.requests
     with SqliteChain.open_readonly(settings.chain_path) as chain:
         kinds = [e.kind for e in chain.events()]
     assert "node.started" not in kinds  # nothing was appended
+
+
+def test_memoized_consistency_proofs_are_the_same_proofs() -> None:
+    """A submitter keeps perfect subtree roots between proofs of a growing chain."""
+    leaves = [hashlib.sha256(str(i).encode()).digest() for i in range(1300)]
+    memo: Memo = {}
+    for old, new in [(1, 300), (300, 511), (511, 512), (512, 1024), (700, 1025), (3, 1300)]:
+        assert consistency_proof(leaves[:new], old, new, memo) == consistency_proof(
+            leaves[:new], old, new
+        )
+    assert memo  # something was kept
