@@ -35,13 +35,17 @@ log = logging.getLogger(__name__)
 def boot_check(
     settings: NodeSettings, targets: Sequence[WitnessTarget], *, accept_conflict: bool
 ) -> WitnessBootDecision:
-    """The boot check of a node with ``targets`` (none: nothing to check, resume).
+    """The boot check of a node with ``targets`` (none: nothing to check, resume);
+    a configured ``[node] origin`` that the node key cannot have is refused first.
 
     Raises:
         WitnessConflict: a witness refuses the chain and ``accept_conflict`` is
             false (one line: the witness, both sizes, the flag that overrides).
-        ChainError: the chain cannot be read, or a checkpoint cannot be signed.
+        ChainError: the chain cannot be read, or a checkpoint cannot be signed;
+            ``CheckpointError`` for an origin the node key cannot have.
     """
+    if settings.origin is not None:  # a key under another name: one line, before anything
+        load_or_create_signer(settings.data_dir, settings.node_id, origin=settings.origin)
     if not targets:
         return WitnessBootDecision(None, (), ())
     decision = check_witnesses(settings, targets, accept_conflict=accept_conflict)

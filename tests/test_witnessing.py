@@ -36,6 +36,7 @@ from infervisor.chain.checkpoint import load_or_create_signer
 from infervisor.chain.checkpoint_store import Checkpointer, read_stored
 from infervisor.chain.cosignature import Cosigner, cosignatures_of, parse_witness_key
 from infervisor.chain.cosignature_store import read_lines_by_size, with_cosignatures
+from infervisor.chain.errors import CheckpointError
 from infervisor.chain.merkle import Memo, consistency_proof
 from infervisor.chain.note import Signer
 from infervisor.replay import events as ev
@@ -260,3 +261,13 @@ def test_memoized_consistency_proofs_are_the_same_proofs() -> None:
             leaves[:new], old, new
         )
     assert memo  # something was kept
+
+
+def test_an_origin_the_key_cannot_have_is_refused_in_one_line(tmp_path: Path) -> None:
+    settings = NodeSettings(
+        node_id="n1", data_dir=str(tmp_path / "data"), llamacpp_program="/bin/false",
+        origin="example.com/fleet-a/n1",
+    )  # fmt: skip
+    with pytest.raises(CheckpointError) as refused:
+        Node.open(settings)
+    assert "example.com/fleet-a/n1" in str(refused.value) and "\n" not in str(refused.value)
