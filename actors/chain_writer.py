@@ -18,6 +18,10 @@ chain's folder): every that many events, at the first commit
 ``checkpoint_every_s`` seconds after the last one, and when it stops. A
 checkpoint that cannot be written is logged; the appends it follows stand.
 
+With ``on_checkpoint`` given, each checkpoint signed while appending is handed
+to it on the writer's thread (the node's witness submitters: a ``tell`` per
+witness, so a witness never slows an append; :mod:`.witnessing`).
+
 With ``health`` given (an :class:`~.append_health.AppendHealth`), the writer
 reports each transaction's outcome there: the node's status and metrics say
 from it whether the chain refuses writes (disk full, write lock held by
@@ -44,7 +48,7 @@ from typing import Any, NamedTuple, cast
 import pykka
 
 from infervisor.chain import ChainError, EventDraft, InvalidEventError, SqliteChain, StoredEvent
-from infervisor.chain.checkpoint import load_or_create_signer
+from infervisor.chain.checkpoint import Checkpoint, load_or_create_signer
 from infervisor.chain.checkpoint_store import DEFAULT_EVERY_S, Checkpointer
 from infervisor.chain.records import check_drafts
 
@@ -147,8 +151,12 @@ class ChainWriter(pykka.ThreadingActor):
         checkpoint_every_s: float = DEFAULT_EVERY_S,
         latency: CommitLatency | None = None,
         health: AppendHealth | None = None,
+        on_checkpoint: Callable[[Checkpoint], None] | None = None,
+        origin: str | None = None,
     ) -> None:
         super().__init__()
+        self._on_checkpoint = on_checkpoint
+        self._origin = origin
         self._latency = latency
         self._health = health
         self._checkpoint_every = (checkpoint_every_events, checkpoint_every_s)
@@ -164,7 +172,8 @@ class ChainWriter(pykka.ThreadingActor):
         self._chain = SqliteChain.open(self._path, self._node_id)
         every_events, every_s = self._checkpoint_every
         if every_events is not None:
-            signer = load_or_create_signer(os.path.dirname(os.fspath(self._path)), self._node_id)
+            folder = os.path.dirname(os.fspath(self._path))
+            signer = load_or_create_signer(folder, self._node_id, origin=self._origin)
             self._checkpointer = Checkpointer(
                 self._path, self._node_id, signer, every_events=every_events, every_s=every_s
             )
@@ -240,14 +249,22 @@ class ChainWriter(pykka.ThreadingActor):
                 ask.reply_to.set(mine)
         if self._observer is not None:
             self._observer.offer(stored)
-        if self._checkpointer is not None and stored:
-            try:
-                self._checkpointer.observe(stored)
-            except ChainError:
-                log.exception("a checkpoint could not be written; the events are stored")
+        self._checkpoint(stored)
         if first_error is not None:
             raise first_error
         return first
+
+    def _checkpoint(self, stored: list[StoredEvent]) -> None:
+        """Sign a checkpoint when one is due; hand it on (a failure is logged only)."""
+        if self._checkpointer is None or not stored:
+            return
+        try:
+            signed = self._checkpointer.observe(stored)
+        except ChainError:
+            log.exception("a checkpoint could not be written; the events are stored")
+            return
+        if signed is not None and self._on_checkpoint is not None:
+            self._on_checkpoint(signed)  # a tell per witness: never waits
 
     def _append(self, valid: list[_Ask]) -> list[StoredEvent]:
         """One transaction for the drafts of ``valid``; if it fails, fail them all, re-raise."""

@@ -11,6 +11,7 @@ The tree (adapter errors, such as ``AdmissionRefused``, ``SpecError`` and
      +-- VerbTimeout       the verb was accepted but did not complete in time
      +-- VerbFailed        the verb was accepted but its work failed (an unload Ollama refused)
      +-- RecordFailed      the chain could not record the decision: nothing was done
+     +-- WitnessConflict   at boot, a witness refuses the chain (rollback or fork)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "VerbFailed",
     "VerbRefused",
     "VerbTimeout",
+    "WitnessConflict",
 ]
 
 
@@ -63,3 +65,9 @@ class VerbFailed(NodeError):
 class RecordFailed(NodeError):
     """The chain could not record a decision (database busy, disk full): no
     effect of it ran, and state is what the chain says."""
+
+
+class WitnessConflict(NodeError):
+    """At boot, a witness cosigned more of this chain than it has, or something
+    the chain does not extend (a rollback or a fork): the node does not resume.
+    The message is one line naming the witness and both sizes."""

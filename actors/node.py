@@ -59,6 +59,8 @@ from .node_boot import (
 )
 from .node_views import NodeViews
 from .settings import NodeSettings
+from .witness_boot import boot_check
+from .witness_submit import WitnessTarget
 
 __all__ = ["Node", "Placement", "PlacementOutcome"]
 
@@ -94,6 +96,8 @@ class Node(NodeViews):
         self._actors = actors
         self.registry = ModelRegistry(settings.registry_path)
         self._capabilities: builtins.list[Capability] = []
+        #: What the boot check against the witnesses has to tell the operator.
+        self.witness_notes: builtins.list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -104,6 +108,8 @@ class Node(NodeViews):
         on_event: Callable[[StoredEvent], None] | None = None,
         *,
         prober: Prober | None = None,
+        witnesses: Sequence[WitnessTarget] = (),
+        accept_witness_conflict: bool = False,
     ) -> Node:
         """Start the node on ``settings.data_dir`` and resume what the chain says.
 
@@ -119,11 +125,15 @@ class Node(NodeViews):
         and the fix until it is fixed, then works without a node restart; stop
         and unload work while nothing of it runs (see :mod:`.stand_in`).
 
+        ``witnesses``: checked at boot (:func:`.witness_boot.boot_check`), then
+        given each checkpoint (:mod:`.witnessing`); see :attr:`witness_notes`.
+
         Raises:
             ValueError: a setting is out of range (the field is named).
             ChainError: the chain cannot be opened, or belongs to another node;
                 ``ChainTampered`` when it fails the check before resuming
                 (``chain.boot``: from the last signed checkpoint), naming the seq.
+            WitnessConflict: a witness refuses the chain (one line: the witness, both sizes).
         """
         settings.validate()
         clock = clock or RealClock()
@@ -131,14 +141,15 @@ class Node(NodeViews):
         settings.registry_path.mkdir(parents=True, exist_ok=True)
         # Open (and create) the chain here first, so its errors reach the caller as raised.
         SqliteChain.open(settings.chain_path, settings.node_id).close()
-        # Refuses a tampered chain: against the last signed checkpoint (reading only
-        # what came after it), then every event verified as the replay reads it.
+        # Refuses a tampered chain (from its last checkpoint), then each event as replayed.
         check_node_chain(settings.chain_path, settings.node_id)
         state = rebuild_verified(settings.chain_path)
-        actors = start_actors(settings, clock, on_event, state.lease, prober)
+        decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
+        actors = start_actors(settings, clock, on_event, state.lease, prober, witnesses=witnesses)
         try:
-            event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
-            append_node_event(actors.writer, clock, event)
+            started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
+            for event in (*decision.events, started):  # overrides before anything else
+                append_node_event(actors.writer, clock, event)
             booted: Future[list[str]] = actors.host.ask(
                 m.BootAll(state=state), block=True, timeout=ASK_TIMEOUT_S
             )
@@ -147,7 +158,9 @@ class Node(NodeViews):
             stop_actors(actors)
             raise
         end_unknown(actors, clock, set(state.instances))
-        return cls(settings, clock, actors)
+        node = cls(settings, clock, actors)
+        node.witness_notes = list(decision.notes)
+        return node
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
         """Stop managed servers gracefully (recorded; they stay wanted running for

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,7 @@ from infervisor.adapters.proc.containment import Containment, detect, no_contain
 from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.chain import SqliteChain, StoredEvent
+from infervisor.chain.checkpoint_store import read_stored
 from infervisor.chain.errors import ChainTampered
 from infervisor.replay import NodeState, fold
 from infervisor.replay import events as ev
@@ -41,6 +42,8 @@ from .routes import Routes
 from .settings import NodeSettings
 from .supervisor import SupervisorActor
 from .watchdog import Watchdog, stall_after
+from .witness_submit import WitnessTarget
+from .witnessing import Witnessing
 
 __all__ = [
     "ASK_TIMEOUT_S",
@@ -80,6 +83,8 @@ class NodeActors:
     append_health: AppendHealth | None = None
     #: How this node contains its managed servers (cgroups or process groups).
     containment: Containment = field(default_factory=no_containment)
+    #: The witness submitters and their lag board (None: no witnesses configured).
+    witnessing: Witnessing | None = None
 
 
 def start_actors(
@@ -88,12 +93,16 @@ def start_actors(
     on_event: Callable[[StoredEvent], None] | None,
     lease: LeaseRecord | None = None,
     prober: Prober | None = None,
+    *,
+    witnesses: Sequence[WitnessTarget] = (),
 ) -> NodeActors:
     """Start the node-wide actors on ``settings``: the chain writer, the ledger (with
     a memory budget), the supervisor (``lease``: the chain's last renewal), the host,
-    the watchdog over them, and the probe threads; the containment detected."""
+    the watchdog over them, the probe threads and, with ``witnesses``, a submitter
+    per witness (fed each checkpoint by the writer); the containment detected."""
     commit_latency = CommitLatency()
     append_health = AppendHealth()
+    witnessing = _witnessing(settings, clock, witnesses)
     writer = ChainWriter.start(
         settings.chain_path,
         settings.node_id,
@@ -102,6 +111,8 @@ def start_actors(
         checkpoint_every_s=settings.checkpoint_every_s,
         latency=commit_latency,
         health=append_health,
+        on_checkpoint=None if witnessing is None else witnessing.offer,
+        origin=settings.origin,
     )
     ledger = None
     if settings.memory_budget_bytes is not None:
@@ -133,8 +144,19 @@ def start_actors(
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
-        append_health, containment,
+        append_health, containment, witnessing,
     )  # fmt: skip
+
+
+def _witnessing(
+    settings: NodeSettings, clock: Clock, witnesses: Sequence[WitnessTarget]
+) -> Witnessing | None:
+    """The witness submitters, each told first of the newest stored checkpoint."""
+    if not witnesses:
+        return None
+    stored = read_stored(settings.chain_path)
+    latest = (stored[-1].tree_size, stored[-1].note) if stored else None
+    return Witnessing(witnesses, settings.chain_path, clock, latest)
 
 
 class _GoneRelay:
@@ -180,6 +202,8 @@ def stop_actors(actors: NodeActors) -> None:
     if actors.ledger is not None:
         actors.ledger.stop()
     actors.writer.stop()
+    if actors.witnessing is not None:
+        actors.witnessing.stop()
     actors.containment.remove_empty()  # the cgroups of servers that ended
     if actors.probes is not None:
         actors.probes.shutdown(wait=False, cancel_futures=True)

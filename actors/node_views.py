@@ -28,6 +28,7 @@ from .node_boot import ASK_TIMEOUT_S, NodeActors, rebuild
 from .routes import Routes
 from .settings import NodeSettings
 from .watchdog import NodeFailure
+from .witnessing import WitnessLag
 
 __all__ = ["NodeViews"]
 
@@ -158,6 +159,14 @@ class NodeViews:
         """
         health = self._actors.append_health
         return AppendStatus(True, None, None, 0) if health is None else health.snapshot()
+
+    def witness_lag(self) -> builtins.list[WitnessLag]:
+        """Each configured witness as the node sees it now (configuration order;
+        [] without witnesses), read without asking any actor: the size it last
+        cosigned, the node's latest checkpoint size, events behind, its last
+        error and last success (ns since the epoch, UTC)."""
+        witnessing = self._actors.witnessing
+        return [] if witnessing is None else witnessing.board.rows()
 
     # ------------------------------------------------------------------ plumbing
     def _ref(self, instance_id: str) -> pykka.ActorRef[Any]:

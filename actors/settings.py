@@ -13,6 +13,8 @@ from infervisor.adapters.planning import ALL_ADAPTERS
 from infervisor.adapters.proc.containment import MODES as CONTAINMENT_MODES
 from infervisor.adapters.server import AdapterSettings
 from infervisor.adapters.spec_env import check_env
+from infervisor.chain.errors import NoteError
+from infervisor.chain.note import check_key_name
 from infervisor.replay import RestartPolicy
 from infervisor.replay.policy import check_duration
 
@@ -73,6 +75,14 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             ``cgroup2``, ``cgroup1``, ``pgroup``; see
             docs/process-supervision.md): ``auto`` uses a writable cgroup v2
             hierarchy, else the v1 freezer, else process groups.
+        witness_quorum: how many of the configured ``[[witnesses]]`` must
+            cosign a checkpoint (1 .. their number; None: all of them).
+        witness_boot_timeout_s: how long the boot check waits for each
+            witness's answer (> 0); one that does not answer in time does not
+            block the boot (the chain is then unanchored at that witness).
+        origin: the checkpoints' origin line (the node key's name; C2SP
+            tlog-checkpoint recommends a schema-less URL), used when the key is
+            created; None: derived from the node id and the key.
     """
 
     node_id: str
@@ -102,6 +112,9 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     checkpoint_every_events: int = 1000
     checkpoint_every_s: float = 300.0
     containment: str = "auto"
+    witness_quorum: int | None = None
+    witness_boot_timeout_s: float = 10.0
+    origin: str | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""
@@ -142,9 +155,24 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 f"checkpoint_every_events {self.checkpoint_every_events}: allowed 1 or more"
             )
         check_duration("checkpoint_every_s", self.checkpoint_every_s)
+        self._validate_witnessing()
         if self.miss_limit < 1:
             raise ValueError(f"miss_limit {self.miss_limit}: allowed 1 or more")
         self.restart.validate()
+
+    def _validate_witnessing(self) -> None:
+        """``witness_boot_timeout_s``, ``witness_quorum`` and ``origin`` (ValueError)."""
+        check_duration("witness_boot_timeout_s", self.witness_boot_timeout_s)
+        if self.witness_quorum is not None and self.witness_quorum < 1:
+            raise ValueError(f"witness_quorum {self.witness_quorum}: allowed 1 or more")
+        if self.origin is not None:
+            try:
+                check_key_name(self.origin)
+            except NoteError as e:
+                raise ValueError(
+                    f"origin: {e} (C2SP tlog-checkpoint; a schema-less URL such as "
+                    "example.com/node-1)"
+                ) from None
 
     @property
     def chain_path(self) -> Path:

@@ -183,18 +183,29 @@ def read_checkpoint_by(note: str | bytes, keys: Sequence[Verifier]) -> Checkpoin
     raise error
 
 
-def load_or_create_signer(data_dir: str | os.PathLike[str], node_id: str) -> Signer:
+def load_or_create_signer(
+    data_dir: str | os.PathLike[str], node_id: str, origin: str | None = None
+) -> Signer:
     """Return the node's signing key from DATA_DIR/node.key, creating it on first use.
 
     A new key is written with mode 0600 (and node.pub beside it, 0644).
+    ``origin`` is the configured ``[node] origin`` (the key's name; None: the
+    default). Until checkpoints take any C2SP origin, only the default
+    ``infervisor/<node id>`` is accepted.
 
     Raises:
         CheckpointError: the key file is readable by others, malformed, or
-            names another node; or it cannot be written.
+            names another node; an origin other than the one supported; or
+            it cannot be written.
     """
     folder = Path(data_dir)
     path = folder / KEY_FILE
     name = origin_of(node_id)
+    if origin is not None and origin != name:
+        raise CheckpointError(
+            f"[node] origin {origin!r}: this version signs checkpoints only under the origin "
+            f"{name!r}; remove the key or set origin = {name!r}"
+        )
     if not path.exists():
         signer = Signer.generate(name)
         try:

@@ -235,7 +235,7 @@ class _Auditor:
 
 _INSTANCE: frozenset[type[Any]] = frozenset(
     t for t in ev.EVENT_TYPES.values() if t not in (ev.NodeStarted, ev.NodeStopped)
-) - {ev.AdmissionRefused, ev.LeaseRenewed, ev.KeyRotated, ev.NodeStraysEnded}
+) - {ev.AdmissionRefused, ev.LeaseRenewed, ev.KeyRotated, ev.NodeStraysEnded, ev.WitnessOverride}
 
 
 def _what(event: Any) -> str:

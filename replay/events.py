@@ -59,6 +59,7 @@ __all__ = [
     "Unhealthy",
     "UnloadFailed",
     "Unloaded",
+    "WitnessOverride",
     "decode_event",
     "encode_event",
     "kind_of",
@@ -351,6 +352,23 @@ class NodeStraysEnded(_Event, frozen=True, tag="node.strays_ended"):
     cgroup: str
 
 
+class WitnessOverride(_Event, frozen=True, tag="node.witness_override"):
+    """At boot, the operator resumed a node that a witness's answer refused
+    (``infervisor run --accept-witness-conflict``): recorded before anything
+    else is appended. ``witness`` is the witness's key name, ``witness_size``
+    the tree size it last cosigned for this node's origin, ``chain_size`` the
+    events in the chain, ``reason`` why the boot check refused (a rollback:
+    the witness cosigned more than the chain has; a fork: the chain is not an
+    extension of what it cosigned), ``flag`` the command-line flag given. It
+    changes no instance state."""
+
+    witness: str
+    witness_size: int
+    chain_size: int
+    reason: str
+    flag: str
+
+
 class AdmissionRefused(_Event, frozen=True, tag="node.admission_refused"):
     """A placement was refused because of the node's own condition (a taken port)."""
 
@@ -397,6 +415,7 @@ Event = (
     | NodeStopped
     | NodeStraysEnded
     | KeyRotated
+    | WitnessOverride
     | AdmissionRefused
     | LeaseRenewed
     | InstanceEvent

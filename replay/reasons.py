@@ -76,6 +76,10 @@ REASONS: dict[type[Any], Callable[[Any], str]] = {
         f"pids {e.pids} ended in the cgroup of {e.instance_id}, an instance the chain does not have"
     ),
     ev.KeyRotated: lambda e: f"checkpoint key rotated: {e.old_key} -> {e.new_key}",
+    ev.WitnessOverride: lambda e: (
+        f"resumed past witness {e.witness} ({e.flag}): it cosigned size {e.witness_size}, "
+        f"the chain has {e.chain_size}: {e.reason}"
+    ),
 }
 
 

@@ -695,11 +695,14 @@ class StubNode:
         self.release = threading.Event()
         self.by: list[str] = []
         # What GET /v1/node reads besides append_status.
-        self.settings = types.SimpleNamespace(lease_s=None)
+        self.settings = types.SimpleNamespace(lease_s=None, witness_quorum=None)
         self.containment = types.SimpleNamespace(mode="pgroup", reason="a stub", memory=None)
 
     def append_status(self) -> AppendStatus:
         return AppendStatus(writable=True, error=None, since_ns=None, failures=0)
+
+    def witness_lag(self) -> list[object]:
+        return []  # no [[witnesses]]
 
     def list(self) -> list[InstanceView]:
         return [stub_view("a", "running")]

@@ -32,7 +32,13 @@ from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.ports import free_port
 from infervisor.chain import ChainError, SqliteChain
 from infervisor.replay import NodeState, RestartPolicy, rebuild
-from infervisor.tools.node.config import ApiConfig, InstanceEntry, ModelEntryConfig, load_config
+from infervisor.tools.node.config import (
+    ApiConfig,
+    InstanceEntry,
+    ModelEntryConfig,
+    WitnessEntry,
+    load_config,
+)
 from infervisor.tools.node.lock import LOCK_FILE
 
 INFERVISOR = Path(sys.executable).parent / "infervisor"
@@ -490,8 +496,10 @@ def test_the_example_config_is_valid_and_its_data_dir_ignored_by_git() -> None:
     assert (instance.port, instance.start, instance.host) == (18731, True, "127.0.0.1")
 
 
-#: A commented-out setting (`# key = value`) or table header (`# [node.env]`).
-COMMENTED = re.compile(r"^# ((?:[A-Za-z_]\w* = .+)|(?:\[[\w.]+\]))$", re.MULTILINE)
+#: A commented-out setting (`# key = value`) or table header (`# [node.env]`, `# [[witnesses]]`).
+COMMENTED = re.compile(
+    r"^# ((?:[A-Za-z_]\w* = .+)|(?:\[[\w.]+\])|(?:\[\[[\w.]+\]\]))$", re.MULTILINE
+)
 
 
 def fields(cls: type[msgspec.Struct]) -> set[str]:
@@ -512,6 +520,7 @@ def test_the_example_documents_every_key_with_a_valid_value(tmp_path: Path) -> N
         "[[models]]": (set(raw["models"][0]), fields(ModelEntryConfig)),
         "[[instances]]": (set(raw["instances"][0]), fields(InstanceEntry)),
         "[api]": (set(raw["api"]), fields(ApiConfig)),
+        "[[witnesses]]": (set(raw["witnesses"][0]), fields(WitnessEntry)),
     }
     for section, (shown, known) in documented.items():
         assert shown == known, (

@@ -50,6 +50,15 @@ every one is a gauge but the histogram):
   commits, one observation per transaction (``BEGIN`` to ``COMMIT`` done),
   seconds; buckets 0.5 ms to 2.5 s.
 
+- ``infervisor_witness_cosigned_size{witness}``: the largest tree size of
+  the chain the witness has cosigned (verified and stored; 0: none).
+- ``infervisor_witness_behind_events{witness}``: events of the node's latest
+  checkpoint the witness has not cosigned.
+- ``infervisor_witness_failing{witness}``: 1 while its last submission failed
+  (unreachable, a refusal), else 0.
+- ``infervisor_witness_last_success_timestamp_seconds{witness}``: when it
+  last cosigned in this run, seconds since the epoch (left out before).
+
 A sample whose value is unknown (no probe yet, RSS not observed, the chain
 unreadable) is left out. ``..._restarts_total`` and ``..._health_misses_total``
 can go down (a budget that clears, a probe that answers), so they are gauges
@@ -135,6 +144,41 @@ class _NodeCollector(Collector):
         yield from _instance_families(views)
         yield from _cgroup_families(views)
         yield from _chain_families(node, self._chain_path)
+        yield from _witness_families(node)
+
+
+def _witness_families(node: Node) -> Iterator[Metric]:
+    """Each configured witness's lag (actors/witnessing.py's board; none without witnesses)."""
+    rows = node.witness_lag()
+    if not rows:
+        return
+    cosigned = GaugeMetricFamily(
+        "infervisor_witness_cosigned_size",
+        "The largest tree size of this chain the witness cosigned (0: none).",
+        labels=["witness"],
+    )
+    behind = GaugeMetricFamily(
+        "infervisor_witness_behind_events",
+        "Events of the latest checkpoint the witness has not cosigned.",
+        labels=["witness"],
+    )
+    failing = GaugeMetricFamily(
+        "infervisor_witness_failing",
+        "1 while the witness's last submission failed, else 0.",
+        labels=["witness"],
+    )
+    success = GaugeMetricFamily(
+        "infervisor_witness_last_success_timestamp_seconds",
+        "When the witness last cosigned a checkpoint of this run, seconds since the epoch.",
+        labels=["witness"],
+    )
+    for row in rows:
+        cosigned.add_metric([row.witness], row.cosigned_size)
+        behind.add_metric([row.witness], row.behind_events)
+        failing.add_metric([row.witness], 0 if row.last_error is None else 1)
+        if row.last_success_ns is not None:
+            success.add_metric([row.witness], row.last_success_ns / 1e9)
+    yield from (cosigned, behind, failing, success)
 
 
 def _node_families(node: Node) -> Iterator[Metric]:

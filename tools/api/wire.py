@@ -165,6 +165,25 @@ class HeartbeatAnswer(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: float | None
 
 
+class WitnessInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One configured witness (``[[witnesses]]``) as the node sees it.
+
+    ``cosigned_size`` is the largest tree size of this chain it has cosigned
+    (verified and stored; 0: none), ``checkpoint_size`` the node's latest
+    checkpoint, ``behind_events`` the difference; ``last_error`` its last
+    failure (null after a success), ``last_success_ns`` when it last cosigned
+    in this run (ns since the epoch, UTC; null: not yet).
+    """
+
+    witness: str
+    url: str
+    cosigned_size: int
+    checkpoint_size: int
+    behind_events: int
+    last_error: str | None = None
+    last_success_ns: int | None = None
+
+
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The node: its id, version, phase (``open``, ``stopping``) and chain head.
 
@@ -179,6 +198,10 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     ``cgroup1`` or ``pgroup``), ``containment_reason`` why (the hierarchy
     used, or why none could be), ``memory_cgroup`` where memory limits go
     (None: nowhere); see docs/process-supervision.md.
+
+    ``witnesses`` are the witnesses of ``[[witnesses]]`` and how far each is
+    behind (C2SP tlog-witness; empty without), ``witness_quorum`` how many must
+    cosign a checkpoint.
     """
 
     node_id: str
@@ -195,6 +218,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     containment: str = ""
     containment_reason: str = ""
     memory_cgroup: str | None = None
+    witnesses: list[WitnessInfo] = msgspec.field(default_factory=list)
+    witness_quorum: int | None = None
 
 
 class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):

@@ -194,8 +194,15 @@ def listen_for_operators(config: NodeConfig) -> ApiServer:
     return server
 
 
-def open_node(config: NodeConfig, on_event: Callable[[StoredEvent], None] | None = None) -> Node:
-    """Check the chain is this node's, register the models, open the node.
+def open_node(
+    config: NodeConfig,
+    on_event: Callable[[StoredEvent], None] | None = None,
+    *,
+    accept_witness_conflict: bool = False,
+) -> Node:
+    """Check the chain is this node's, register the models, open the node (the
+    boot check against ``[[witnesses]]`` included; ``accept_witness_conflict``
+    resumes past their refusal, recorded).
 
     Raises:
         RunError: naming the chain, the model or the setting at fault.
@@ -204,7 +211,12 @@ def open_node(config: NodeConfig, on_event: Callable[[StoredEvent], None] | None
     check_chain_owner(settings)
     register_models(ModelRegistry(settings.registry_path), config.models)
     try:
-        return Node.open(settings, on_event=on_event)
+        return Node.open(
+            settings,
+            on_event=on_event,
+            witnesses=config.witness_targets(),
+            accept_witness_conflict=accept_witness_conflict,
+        )
     except (ChainError, NodeError, AdapterError, OSError, ValueError, pykka.ActorDeadError) as e:
         raise RunError(f"cannot open the node on {settings.data_dir}: {e}") from e
 

@@ -6,6 +6,7 @@ Shape (see ``examples/node.toml``)::
     [api]                  # ApiConfig: tcp, allow_non_loopback, tokens (name, or name + scope)
     [[models]]             # registered into the model registry at start
     [[instances]]          # InstanceSpec fields, plus `start` (wanted running when first placed)
+    [[witnesses]]          # url, vkey: C2SP tlog-witness witnesses that cosign the checkpoints
 
 Relative paths are resolved against the config file's folder.
 """
@@ -30,15 +31,18 @@ import msgspec
 
 from infervisor.actors.kinds import DEFAULT_KINDS
 from infervisor.actors.settings import NodeSettings
+from infervisor.actors.witness_submit import WitnessTarget
 from infervisor.adapters.errors import ProgramMissing
 from infervisor.adapters.launch import resolve_program
 from infervisor.adapters.llama_choice import resolve_llama_server
 from infervisor.adapters.managed_ollama import address_conflict
 from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
+from infervisor.chain.cosignature import parse_witness_key
 from infervisor.replay import RestartPolicy
 
 from ..api.scopes import ApiToken
+from .witness_config import ConfigError, WitnessEntry, check_witnesses
 
 __all__ = [
     "ApiConfig",
@@ -47,14 +51,11 @@ __all__ = [
     "InstanceEntry",
     "ModelEntryConfig",
     "NodeConfig",
+    "WitnessEntry",
     "load_config",
     "parse_toml",
     "read_toml",
 ]
-
-
-class ConfigError(Exception):
-    """The config file cannot be used; the message names the file and the key."""
 
 
 class ModelEntryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -119,6 +120,11 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     api: ApiConfig = msgspec.field(default_factory=ApiConfig)
     models: list[ModelEntryConfig] = msgspec.field(default_factory=list)
     instances: list[InstanceEntry] = msgspec.field(default_factory=list)
+    witnesses: list[WitnessEntry] = msgspec.field(default_factory=list)
+
+    def witness_targets(self) -> list[WitnessTarget]:
+        """The witnesses as the node takes them (the config was checked by ``load_config``)."""
+        return [WitnessTarget(w.url.rstrip("/"), parse_witness_key(w.vkey)) for w in self.witnesses]
 
 
 def load_config(path: Path) -> NodeConfig:
@@ -348,6 +354,7 @@ def _check(config: NodeConfig, path: Path) -> None:
             raise ConfigError(f"{path}: [[instances]] #{n}: {e}") from e
     _check_unique(config, path)
     _check_api(config, path)
+    check_witnesses(config.witnesses, config.node.witness_quorum, path)
 
 
 def _check_api(config: NodeConfig, path: Path) -> None:

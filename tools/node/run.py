@@ -95,7 +95,13 @@ _DONE = ""  # queued by the shutdown thread; signal names are never empty
 
 @click.command(cls=Command)
 @click.argument("config", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def run(config: Path) -> None:
+@click.option(
+    "--accept-witness-conflict",
+    is_flag=True,
+    help="Resume although a witness refuses the chain at boot (it cosigned more of it than "
+    "it has, or something it does not extend); recorded as node.witness_override.",
+)
+def run(config: Path, accept_witness_conflict: bool) -> None:
     """Run a node in the foreground from a TOML CONFIG until SIGINT, SIGTERM or SIGHUP.
 
     On SIGINT (Ctrl-C), SIGTERM or SIGHUP (closing the terminal) the managed
@@ -112,6 +118,11 @@ def run(config: Path) -> None:
     through its HTTP control API on the socket DATA_DIR/api.sock (and, with
     [api] tcp, a loopback port with bearer tokens: --url, --token).
 
+    With [[witnesses]] configured, the boot first asks each witness what it
+    cosigned of this chain: a rollback or a fork is refused (exit 2, naming
+    the witness and both sizes) unless --accept-witness-conflict; a witness
+    that does not answer in time does not hold the boot back.
+
     Exit 0 after a clean stop; 1 when a server could not be stopped; 2 when
     the config or its data directory cannot be used (one line names the key,
     file or folder).
@@ -122,7 +133,7 @@ def run(config: Path) -> None:
         cfg = load_config(config)
     except ConfigError as e:
         fail(str(e), "bad_config")
-    sys.exit(run_node(cfg, Terminal()))
+    sys.exit(run_node(cfg, Terminal(), accept_witness_conflict=accept_witness_conflict))
 
 
 class Terminal:
@@ -152,7 +163,7 @@ class Terminal:
                 os.close(devnull)
 
 
-def run_node(config: NodeConfig, say: Say) -> int:
+def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = False) -> int:
     """Run until SIGINT, SIGTERM or SIGHUP; returns the exit status (see the module docstring)."""
     from . import boot, placing  # noqa: PLC0415 - the node and its API load when it runs
 
@@ -165,7 +176,11 @@ def run_node(config: NodeConfig, say: Say) -> int:
             log = held.enter_context(boot.diagnostics_to(log_file))
             boot.raise_descriptor_limit(config.api)
             control = held.enter_context(boot.listen_for_operators(config))
-            node = boot.open_node(config, on_event=_printing_and_waking(say, control))
+            node = boot.open_node(
+                config,
+                on_event=_printing_and_waking(say, control),
+                accept_witness_conflict=accept_witness_conflict,
+            )
         except RunError as e:
             say(f"error: {e}")
             return 2
@@ -176,6 +191,8 @@ def run_node(config: NodeConfig, say: Say) -> int:
             node.shutdown(reason=f"the API cannot serve: {e}")
             return 2
         say(f"diagnostics (Python logging): {log}")
+        for note in node.witness_notes:
+            say(f"warning: {note}")
         placing.report_resumed(node, config, say)
         placing.place_new(node, config, say, stop_requested=lambda: not inbox.empty())
         say(f"node {config.node.node_id} running; chain {config.node.chain_path}")

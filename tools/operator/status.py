@@ -96,7 +96,8 @@ def _show_status(
     try:
         with target.client() as client:
             views = [view_of(client, instance)] if instance else client.list()
-            refusal = chain_refusal(client.node())
+            info = client.node()
+            refusal = chain_refusal(info)
     except NoAnswer as e:  # a node holds the data directory: its chain is not the answer
         api_failure(e)
     except NodeUnavailable as e:
@@ -115,11 +116,29 @@ def _show_status(
         say_line(answer) if compact else echo_json(answer)
         return
     _print_table([row(from_view(v)) for v in views])
+    for line in witness_lines(info):
+        click.echo(line)
     if instance:
         _print_details(views[0])
         with contextlib.suppress(ApiError, NodeUnavailable), target.client() as client:
             node = client.node()
             click.echo(f"  contained  {node.containment}: {node.containment_reason}")
+
+
+def witness_lines(info: NodeInfo) -> list[str]:
+    """``witness NAME: cosigned size N, M events behind, last success ..., last error ...``."""
+    lines = []
+    for w in info.witnesses:
+        success = "never (this run)"
+        if w.last_success_ns is not None:
+            at = dt.datetime.fromtimestamp(w.last_success_ns / 1e9, dt.UTC)
+            success = at.isoformat(timespec="seconds")
+        error = f"; last error: {w.last_error}" if w.last_error else ""
+        lines.append(
+            f"witness {w.witness}: cosigned size {w.cosigned_size}, {w.behind_events} events "
+            f"behind; last success {success}{error}"
+        )
+    return lines
 
 
 def chain_refusal(info: NodeInfo) -> str | None:

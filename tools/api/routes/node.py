@@ -12,7 +12,7 @@ from infervisor.actors.node import VERSION
 
 from ..context import AdmittedNode, ApiContext, changing, last_of
 from ..openapi import BODIED, responses
-from ..wire import HeartbeatAnswer, HeartbeatRequest, NodeInfo
+from ..wire import HeartbeatAnswer, HeartbeatRequest, NodeInfo, WitnessInfo
 from .params import PREFIX, IdempotencyKey
 
 __all__ = ["NodeController"]
@@ -25,9 +25,11 @@ class NodeController(Controller):
 
     @get("/node", operation_id="getNode", sync_to_thread=True, responses=responses())
     def get_node(self, api: NamedDependency[ApiContext], node: AdmittedNode) -> NodeInfo:
-        """The node, its phase and its chain head; 503 while it starts (a readiness check)."""
+        """The node, its phase, its chain head and its witnesses' lag; 503 while it
+        starts (a readiness check)."""
         seq, digest = last_of(api.chain_path)
         health = node.append_status()
+        lag = node.witness_lag()
         return NodeInfo(
             node_id=api.node_id,
             version=VERSION,
@@ -43,6 +45,8 @@ class NodeController(Controller):
             containment=node.containment.mode,
             containment_reason=node.containment.reason,
             memory_cgroup=node.containment.memory,
+            witnesses=[WitnessInfo(**row._asdict()) for row in lag],
+            witness_quorum=(node.settings.witness_quorum or len(lag)) if lag else None,
         )
 
     @get("/ledger", operation_id="getLedger", sync_to_thread=True, responses=responses())
