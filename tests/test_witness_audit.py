@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from chain_tamper import alter_payload
 from witness_support import INFERVISOR, witness
 
 from infervisor.chain import EventDraft, SqliteChain
@@ -216,6 +217,55 @@ def test_fewer_events_than_the_checkpoint_are_refused(tmp_path: Path) -> None:
     try:
         answer = witness.add_checkpoint(node.request(0))
         assert (answer.status, answer.body) == (422, b"the node served 8 of 10 events\n")
+    finally:
+        witness.store.close()
+
+
+def tampering(source: Path, seq: int) -> object:
+    """A fetch that mirrors `source`, then alters the payload of `seq` in the mirror."""
+
+    def fetch(log: WitnessedLog, folder: Path) -> None:
+        shutil.copyfile(source, folder / CHAIN_FILE)
+        alter_payload(folder / CHAIN_FILE, seq)
+
+    return fetch
+
+
+def test_an_event_that_does_not_verify_is_refused(tmp_path: Path) -> None:
+    node = Node(tmp_path / "chain.db")
+    node.append(LAWFUL + MORE_LAWFUL)
+    witness = _witness(tmp_path, node, tampering(node.path, 9))
+    try:
+        answer = witness.add_checkpoint(node.request(0))
+        assert answer.status == 422
+        assert answer.body.decode().startswith("seq 9: the node's event does not verify")
+    finally:
+        witness.store.close()
+
+
+def test_the_prefix_verified_at_the_held_size_is_not_verified_again(tmp_path: Path) -> None:
+    node = Node(tmp_path / "chain.db")
+    node.append(LAWFUL)
+    fetches = [copying(node.path), tampering(node.path, 3)]
+
+    def fetch(log: WitnessedLog, folder: Path) -> None:
+        fetches.pop(0)(log, folder)  # type: ignore[operator]
+
+    witness = _witness(tmp_path, node, fetch)
+    try:
+        assert witness.add_checkpoint(node.request(0)).status == 200  # size 8, verified
+        node.append(MORE_LAWFUL)
+        # seq 3 (now altered in the mirror) was verified at size 8: only 8..9 are read
+        answer = witness.add_checkpoint(node.request(8))
+        assert answer.status == 200, answer.body
+    finally:
+        witness.store.close()
+    # a witness that kept no replay (just restarted) verifies from genesis
+    witness = _witness(tmp_path, node, tampering(node.path, 3))
+    try:  # the same checkpoint again: a cosigned one is audited again too
+        answer = witness.add_checkpoint(node.request(10))
+        assert answer.status == 422
+        assert answer.body.decode().startswith("seq 3: the node's event does not verify")
     finally:
         witness.store.close()
 

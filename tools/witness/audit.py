@@ -9,11 +9,14 @@ when it holds none), the auditor:
    origin>/``, which must leave the chain in ``folder/chain.db``. The default
    fetch (:func:`fetch_log`) copies a local chain for a ``file:`` url and
    otherwise runs ``infervisor chain pull`` (the node API's C2SP tlog-tiles);
-2. checks the mirror as `infervisor audit` does, in one pass
-   (:func:`infervisor.replay.audit.audit_chain`: every event re-hashes,
-   docs/chain-format.md "Verification", and replays through the lifecycle
-   rules), and that the RFC 6962 root of the first N event hashes is the
-   checkpoint's root (chain/merkle.py);
+2. checks the mirror as `infervisor audit` does: every event of 0..N-1
+   re-hashes and links (docs/chain-format.md "Verification",
+   :func:`infervisor.chain.scan_chain`), the RFC 6962 root of their hashes
+   is the checkpoint's root (chain/merkle.py), and replays them through the
+   lifecycle rules (:class:`infervisor.replay.audit.TransitionAudit`). The
+   replay of the events last audited is kept in memory per origin
+   (:class:`Replayed`): when the witness holds that checkpoint, only events
+   M..N-1 are verified and replayed (the verified prefix is not read again);
 3. refuses with 422 (kept by the witness as evidence, with the reason) a
    checkpoint whose events 0..N-1 do not verify, are fewer than N, make
    another root, or whose NEW events (seq M..N-1) break a lifecycle rule.
@@ -40,11 +43,14 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from infervisor.chain.checkpoint_store import event_hashes
-from infervisor.chain.errors import ChainError
-from infervisor.chain.merkle import root_of_hashes
+from infervisor.chain import StoredEvent, scan_chain, schema
+from infervisor.chain.checks import Problem, Row, check_row, parse_row
+from infervisor.chain.connect import connect_reader, translated
+from infervisor.chain.errors import ChainError, ChainFormatError
+from infervisor.chain.merkle import CompactTree
+from infervisor.chain.verify import SqlLookups
 from infervisor.chain.witness_protocol import AddCheckpoint, Refusal, WitnessState
-from infervisor.replay.audit import AuditReport, audit_chain
+from infervisor.replay.audit import Finding, TransitionAudit
 
 from .config import WitnessedLog
 
@@ -142,44 +148,171 @@ def _b64(root: bytes) -> str:
     return base64.b64encode(root).decode("ascii")
 
 
-def check_mirror(chain: Path, old: int, size: int, root: bytes) -> Refusal | None:
+class Replayed:
+    """The verified, replayed first ``size`` events of a mirror (kept between audits).
+
+    Attributes:
+        size: how many events (seq 0 .. size-1) were verified and replayed.
+        head: the stored hash of event size-1 (the hash chain binds the prefix).
+        audit: the lifecycle audit fed those events.
+        tree: the RFC 6962 compact tree of their hashes.
+    """
+
+    def __init__(self) -> None:
+        """An empty replay: nothing verified yet."""
+        self.size = 0
+        self.head = b""
+        self.audit = TransitionAudit(None)
+        self.tree = CompactTree()
+
+    def feed(self, seq: int, digest: bytes, event: StoredEvent) -> None:
+        """Add the verified event ``seq`` (its stored hash ``digest``)."""
+        self.audit.feed(event)
+        self.tree.append_hash(digest)
+        self.size, self.head = seq + 1, digest
+
+
+class _Enough(Exception):
+    """Stops the scan once the checkpoint's events were all read."""
+
+
+def check_mirror(
+    chain: Path, old: int, size: int, root: bytes, prefix: Replayed | None = None
+) -> tuple[Refusal | None, Replayed | None]:
     """Check the mirrored ``chain`` for a checkpoint of ``size`` and ``root`` extending ``old``.
 
+    Args:
+        chain: the mirror's chain.db.
+        old: the size the witness holds; rules broken below it are not refused.
+        size, root: the checkpoint's.
+        prefix: a replay of the mirror's first ``prefix.size`` events from an
+            earlier audit (consumed): only the rows after it are verified and
+            replayed, if the mirror's event ``prefix.size - 1`` still has the
+            hash it had; otherwise everything is, from genesis.
+
     Returns:
-        None if events 0..size-1 verify, make ``root`` (RFC 6962 over the
-        event hashes) and events old..size-1 break no lifecycle rule;
-        otherwise a 422 `Refusal` with one line naming the first problem.
+        (None, the replay of events 0..size-1) if those events verify, make
+        ``root`` (RFC 6962 over the event hashes) and events old..size-1
+        break no lifecycle rule; otherwise (a 422 `Refusal` naming the first
+        problem in one line, None).
 
     Raises:
         ChainError: the mirror is not a readable chain (ChainIOError,
             ChainFormatError).
     """
-    report = audit_chain(chain)
-    bad = report.verify.problem
-    if bad is not None and bad.seq < size:
-        return Refusal(422, f"seq {bad.seq}: the node's event does not verify: {bad.detail}")
-    if report.events < size:
-        return Refusal(422, f"the node served {report.events} of {size} events")
-    got = _root(chain, size)
+    name = str(chain)
+    conn = connect_reader(name, text_as_bytes=True)
+    try:
+        with translated(name, "audit"):
+            _check_columns(conn, name)
+            conn.execute("BEGIN")  # one snapshot
+            schema.check_version(conn, name)
+            if prefix is None or prefix.size > size or _head(conn, prefix.size) != prefix.head:
+                prefix = None
+            replayed, refusal = _verify(conn, name, size, prefix)
+    finally:
+        conn.close()
+    if refusal is not None:
+        return refusal, None
+    got = replayed.tree.root()
     if got != root:
         return Refusal(
             422,
             f"the node's events 0..{size - 1} make root {_b64(got)}, "
             f"not the checkpoint's {_b64(root)}",
-        )
-    return _broken(report, old, size)
+        ), None
+    return _broken(replayed.audit.findings, old, size), replayed
 
 
-def _root(chain: Path, size: int) -> bytes:
-    conn = sqlite3.connect(f"{chain.as_uri()}?mode=ro", uri=True)
+def _check_columns(conn: sqlite3.Connection, name: str) -> None:
+    found = {bytes(row[1]) for row in conn.execute("PRAGMA table_info(events)")}  # TEXT as bytes
+    if not all(column.encode() in found for column in schema.COLUMNS):
+        raise ChainFormatError(f"{name} is not an infervisor chain: no events table")
+
+
+def _head(conn: sqlite3.Connection, size: int) -> object:
+    row = conn.execute("SELECT hash FROM events WHERE seq = ?", (size - 1,)).fetchone()
+    return None if row is None else row[0]
+
+
+def _verify(
+    conn: sqlite3.Connection, name: str, size: int, prefix: Replayed | None
+) -> tuple[Replayed, Refusal | None]:
+    if prefix is None:
+        return _from_genesis(name, size)
+    return prefix, _extend(conn, prefix, size)
+
+
+def _from_genesis(name: str, size: int) -> tuple[Replayed, Refusal | None]:
+    """Verify and replay events 0..size-1 with the chain's verifier (its fast path)."""
+    replayed = Replayed()
+
+    def feed(event: StoredEvent) -> None:
+        if event.seq >= size:
+            raise _Enough
+        replayed.feed(event.seq, event.hash, event)
+
     try:
-        return root_of_hashes(event_hashes(conn, below=size))
-    finally:
-        conn.close()
+        report = scan_chain(name, feed)
+    except _Enough:
+        return replayed, None
+    bad = report.problem
+    if bad is not None and bad.seq < size:
+        return replayed, _unverified(bad)
+    if replayed.size < size:
+        return replayed, Refusal(422, f"the node served {replayed.size} of {size} events")
+    return replayed, None
 
 
-def _broken(report: AuditReport, old: int, size: int) -> Refusal | None:
-    new = [f for f in report.findings if old <= f.seq < size]
+def _extend(conn: sqlite3.Connection, prefix: Replayed, size: int) -> Refusal | None:
+    """Verify and replay rows prefix.size .. size-1 (the documented row checks)."""
+    lookups = SqlLookups(conn)
+    genesis = parse_row(conn.execute(schema.SELECT_EVENTS + " WHERE seq = 0").fetchone(), 0)
+    before = parse_row(
+        conn.execute(schema.SELECT_EVENTS + " WHERE seq = ?", (prefix.size - 1,)).fetchone(),
+        prefix.size - 1,
+    )
+    if isinstance(genesis, Problem):  # verified before, so the mirror changed under it
+        return _unverified(genesis)
+    if isinstance(before, Problem):
+        return _unverified(before)
+    rows = conn.execute(
+        schema.SELECT_EVENTS + " WHERE seq >= ? AND seq < ? ORDER BY seq", (prefix.size, size)
+    )
+    for raw in rows:
+        row = parse_row(raw, prefix.size)
+        problem = row if isinstance(row, Problem) else check_row(row, before, genesis, lookups)
+        if problem is not None:
+            return _unverified(problem)
+        assert not isinstance(row, Problem)
+        prefix.feed(row.seq, row.hash, _event(row))
+        before = row
+    if prefix.size < size:
+        return Refusal(422, f"the node served {prefix.size} of {size} events")
+    return None
+
+
+def _event(row: Row) -> StoredEvent:
+    return StoredEvent(
+        seq=row.seq,
+        ts_ns=row.ts_ns,
+        node=row.node.decode(),
+        source=row.source.decode(),
+        kind=row.kind.decode(),
+        subject=row.subject.decode(),
+        payload=row.payload,
+        payload_hash=row.payload_hash,
+        prev_hash=row.prev_hash,
+        hash=row.hash,
+    )
+
+
+def _unverified(bad: Problem) -> Refusal:
+    return Refusal(422, f"seq {bad.seq}: the node's event does not verify: {bad.detail}")
+
+
+def _broken(findings: list[Finding], old: int, size: int) -> Refusal | None:
+    new = [f for f in findings if old <= f.seq < size]
     if not new:
         return None
     first = new[0]
@@ -201,6 +334,7 @@ class ChainAuditor:
         self.fetch = fetch
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._replayed: dict[str, tuple[bytes, Replayed]] = {}  # origin: (root, replay)
 
     def _lock(self, origin: str) -> threading.Lock:
         with self._guard:
@@ -219,10 +353,23 @@ class ChainAuditor:
                 self.fetch(log, folder)
             except (FetchError, OSError) as e:
                 return _transient(f"cannot fetch the events of {origin} to audit them: {e}")
+            prefix = self._prefix(origin, held)
             try:
-                return check_mirror(folder / CHAIN_FILE, held.size if held else 0, cp.size, cp.root)
+                refusal, replayed = check_mirror(
+                    folder / CHAIN_FILE, held.size if held else 0, cp.size, cp.root, prefix
+                )
             except ChainError as e:
                 return _transient(f"the events fetched from {origin} are not a chain: {e}")
+            if replayed is not None:
+                self._replayed[origin] = (cp.root, replayed)
+            return refusal
+
+    def _prefix(self, origin: str, held: WitnessState | None) -> Replayed | None:
+        """The replay kept for ``origin`` if it is of the checkpoint held (taken out)."""
+        kept = self._replayed.pop(origin, None)
+        if kept is None or held is None or (held.size, held.root) != (kept[1].size, kept[0]):
+            return None
+        return kept[1]
 
 
 def _transient(reason: str) -> Refusal:
