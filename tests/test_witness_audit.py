@@ -339,6 +339,10 @@ def test_a_real_audit_witness_cosigns_lawful_events_and_refuses_forbidden_ones(
         answer = running.post(node.request(8))
         assert answer.status_code == 422
         assert answer.text.startswith("seq 8: restart after an operator stop")
+        body = node.request(8)
+        (tmp_path / "node" / "chain.db").rename(tmp_path / "node" / "moved.db")
+        answer = running.post(body)  # the log cannot be read now: transient
+        assert answer.status_code == 503, answer.text
     shown = subprocess.run(
         [INFERVISOR, "witness", "status", str(config), "--json"],
         check=False,

@@ -89,8 +89,9 @@ def fetch_log(log: WitnessedLog, folder: Path) -> None:
     A ``file:`` url (``file:///srv/replica/chain.db``, or a data dir holding
     chain.db) is copied with SQLite's backup API (one consistent snapshot,
     even of a live chain), then moved into place. Any other url is a node's
-    API, mirrored from its tlog-tiles by ``infervisor chain pull`` with the
-    read token of ``log.token_file``.
+    API, mirrored from its tlog-tiles by ``infervisor chain pull``
+    (``tools.audit.chain_pull.pull``) with the read token of
+    ``log.token_file`` and the log's first configured verifier key.
 
     Raises:
         FetchError: no url, an unreadable token or source, or the pull failed.
@@ -138,8 +139,9 @@ def _pull(log: WitnessedLog, url: str, folder: Path) -> None:
         from infervisor.tools.audit.chain_pull import pull  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
     except ImportError:
         raise FetchError(f"chain pull is not available in this build: cannot fetch {url}") from None
+    key = log.verifiers[0].key_string()  # the configured key, not one trusted on first use
     try:
-        pull(url, folder, token=token)
+        pull(url, folder, token=token, key=key)
     except Exception as e:  # whatever the pull meets is the log's, and transient
         raise FetchError(f"cannot pull {url}: {e}") from e
 
