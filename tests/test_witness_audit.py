@@ -23,7 +23,7 @@ from infervisor.chain import EventDraft, SqliteChain
 from infervisor.chain.checkpoint import origin_of, sign_checkpoint
 from infervisor.chain.checkpoint_store import event_hashes
 from infervisor.chain.cosignature import Cosigner
-from infervisor.chain.merkle import consistency_proof, root_of_hashes
+from infervisor.chain.merkle import consistency_proof, leaf_hash, tree_root
 from infervisor.chain.note import Signer
 from infervisor.chain.witness_protocol import encode_add_checkpoint
 from infervisor.replay import events as ev
@@ -116,8 +116,9 @@ class Node:
     def request(self, old: int, size: int | None = None) -> bytes:
         hashes = self.hashes()
         n = len(hashes) if size is None else size
-        cp = sign_checkpoint(self.signer, self.node, n, root_of_hashes(hashes[:n]), hashes[n - 1])
-        proof = consistency_proof(hashes, old, n) if 0 < old < n else []
+        leaves = [leaf_hash(h) for h in hashes]  # an event hash is a leaf's data
+        cp = sign_checkpoint(self.signer, self.node, n, tree_root(hashes[:n]), hashes[n - 1])
+        proof = consistency_proof(leaves, old, n) if 0 < old < n else []
         return encode_add_checkpoint(old, proof, cp.note)
 
     def log(self, url: str | None = None) -> WitnessedLog:

@@ -117,10 +117,13 @@ def _copy_local(source: Path, folder: Path) -> None:
             dst = sqlite3.connect(tmp)
             try:
                 src.backup(dst)
+                dst.execute("PRAGMA journal_mode=DELETE")  # one file: no WAL to go stale
             finally:
                 dst.close()
         finally:
             src.close()
+        for stale in ("-wal", "-shm"):  # of an earlier mirror (a pull's), not of this copy
+            (folder / (CHAIN_FILE + stale)).unlink(missing_ok=True)
         os.replace(tmp, folder / CHAIN_FILE)
     except sqlite3.Error as e:
         raise FetchError(f"cannot copy {source}: {e}") from e
@@ -157,7 +160,7 @@ class Replayed:
         size: how many events (seq 0 .. size-1) were verified and replayed.
         head: the stored hash of event size-1 (the hash chain binds the prefix).
         audit: the lifecycle audit fed those events.
-        tree: the RFC 6962 compact tree of their hashes.
+        tree: the RFC 6962 compact tree whose leaves are their hashes.
     """
 
     def __init__(self) -> None:
@@ -170,7 +173,7 @@ class Replayed:
     def feed(self, seq: int, digest: bytes, event: StoredEvent) -> None:
         """Add the verified event ``seq`` (its stored hash ``digest``)."""
         self.audit.feed(event)
-        self.tree.append_hash(digest)
+        self.tree.append(digest)  # the event hash is the leaf's data (docs/chain-format.md 8)
         self.size, self.head = seq + 1, digest
 
 
