@@ -44,7 +44,7 @@ from .policy import RestartPolicy, restarts_in_window
 from .reducer import Folder, ReplayError
 from .state import Desired, InstanceState, Stamp, Then
 
-__all__ = ["AuditReport", "Finding", "Rule", "audit_chain", "audit_events"]
+__all__ = ["AuditReport", "Finding", "Rule", "TransitionAudit", "audit_chain", "audit_events"]
 
 Rule = Literal[
     "restart after an operator stop",
@@ -231,6 +231,17 @@ class _Auditor:
                 detail=detail,
             )
         )
+
+
+class TransitionAudit(_Auditor):
+    """`audit_events` one event at a time, keeping the replayed state between calls.
+
+    ``TransitionAudit(policy)`` (policy as for `audit_events`); ``feed(stored)``
+    each event of a chain in seq order from genesis; ``findings`` is every
+    forbidden transition found so far (seq order), ``count`` how many events
+    were fed. A reader that holds one can audit a growing chain by feeding
+    only its new events (``infervisor witness run --audit`` does).
+    """
 
 
 _INSTANCE: frozenset[type[Any]] = frozenset(

@@ -15,6 +15,7 @@ from infervisor.chain.witness_protocol import ADD_CHECKPOINT
 
 from ..clikit.command import Group
 from ..clikit.failure import Failure, echo_json
+from .audit import ChainAuditor
 from .config import (
     VKEY_FILE,
     ConfigError,
@@ -70,7 +71,12 @@ def _cosigner(config: WitnessConfig) -> Cosigner:
     metavar="HOST:PORT",
     help="Listen here instead of the config's witness.listen.",
 )
-def run(config_path: Path, listen: str | None) -> None:
+@click.option(
+    "--audit",
+    is_flag=True,
+    help="Read each checkpoint's events from the log before cosigning (as witness.audit = true).",
+)
+def run(config_path: Path, listen: str | None, audit: bool) -> None:
     """Serve add-checkpoint for the logs of CONFIG until SIGINT or SIGTERM.
 
     Creates the witness key (DATA_DIR/witness.key, 0600) on first run. Every
@@ -78,6 +84,14 @@ def run(config_path: Path, listen: str | None) -> None:
     cosignature is sent. Prints one line when it listens:
     `witness NAME listening on http://HOST:PORT/add-checkpoint`. The config's
     shape: examples/witness.toml.
+
+    --audit (or witness.audit = true): a semantic witness. Before cosigning,
+    it mirrors the log's chain from each log's url (a node's API, or a
+    file: url of a chain.db) into DATA_DIR/mirrors/, re-hashes its events,
+    checks they make the checkpoint's root, replays them through the
+    lifecycle rules as `infervisor audit` does, and refuses (422, the reason
+    kept, shown by `witness status`) a checkpoint whose new events break a
+    rule; a log it cannot read now gets a 503. Every log needs a url.
     """
     from .server import bind, serve  # noqa: PLC0415 - uvicorn only when serving
     from .service import Witness  # noqa: PLC0415
@@ -89,6 +103,7 @@ def run(config_path: Path, listen: str | None) -> None:
         except ConfigError as e:
             raise Failure(str(e), "bad_value", "--listen") from None
         config = msgspec.structs.replace(config, host=host, port=port)
+    auditor = _auditor(config, audit)
     cosigner = _cosigner(config)
     store = _open_store(config.data_dir)
     try:
@@ -102,10 +117,22 @@ def run(config_path: Path, listen: str | None) -> None:
             f"({len(config.logs)} logs)"
         )
         sys.stdout.flush()
-        # --audit (to come) passes an auditor here: Witness(..., auditor=...), see .service
-        serve(Witness(cosigner, config.logs, store), config, sock)
+        serve(Witness(cosigner, config.logs, store, auditor=auditor), config, sock)
     finally:
         store.close()
+
+
+def _auditor(config: WitnessConfig, flag: bool) -> ChainAuditor | None:
+    if not (flag or config.audit):
+        return None
+    for origin, log in config.logs.items():
+        if log.url is None:
+            raise Failure(
+                f"log {origin!r} has no url: --audit reads each log's events from its url",
+                "bad_config",
+                "logs.url",
+            )
+    return ChainAuditor(config.data_dir)
 
 
 def _open_store(data_dir: Path) -> WitnessStore:

@@ -8,6 +8,7 @@ Shape (see ``examples/witness.toml``)::
     data_dir = "witness-data"         # witness.key, witness.vkey, witness.db
     read_timeout_s = 10               # for a request head, then for its body
     max_connections = 256
+    audit = false                     # true: as `run --audit` (read the events first)
 
     [[logs]]                          # one per log it witnesses
     origin = "example.com/log42"      # the checkpoint's first line
@@ -59,6 +60,7 @@ class _Witness(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen: str = "127.0.0.1:7380"
     read_timeout_s: float = 10.0
     max_connections: int = 256
+    audit: bool = False
 
 
 class _Log(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -90,7 +92,10 @@ class WitnessedLog(msgspec.Struct, frozen=True):
 
 
 class WitnessConfig(msgspec.Struct, frozen=True):
-    """A witness's settings: name, listen address, data dir, limits, the logs by origin."""
+    """A witness's settings: name, listen address, data dir, limits, the logs by origin.
+
+    ``audit``: audit each log's events before cosigning (``run --audit``).
+    """
 
     name: str
     host: str
@@ -99,6 +104,7 @@ class WitnessConfig(msgspec.Struct, frozen=True):
     read_timeout_s: float
     max_connections: int
     logs: dict[str, WitnessedLog]
+    audit: bool = False
 
 
 def parse_listen(text: str, where: str = "witness.listen") -> tuple[str, int]:
@@ -163,7 +169,7 @@ def _check(parsed: _File, path: Path) -> WitnessConfig:
         token = base / log.token_file if log.token_file else None
         logs[log.origin] = WitnessedLog(log.origin, verifiers, log.url, token)
     return WitnessConfig(
-        w.name, host, port, base / w.data_dir, w.read_timeout_s, w.max_connections, logs
+        w.name, host, port, base / w.data_dir, w.read_timeout_s, w.max_connections, logs, w.audit
     )
 
 
