@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import httpx
 
+from infervisor.adapters.witness_http import WitnessReply, WitnessUnreachable, post
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.cosignature import (
     Cosignature,
@@ -29,11 +30,24 @@ from infervisor.chain.cosignature_store import cosigned_note, lines_by_size, sto
 from infervisor.chain.errors import ChainError, NoteError
 from infervisor.chain.merkle import Memo, consistency_proof, leaf_hash
 from infervisor.chain.note import DASH, split_note
+from infervisor.chain.witness_protocol import (
+    SIZE_CONTENT_TYPE,
+    WitnessProtocolError,
+    encode_add_checkpoint,
+    parse_size_body,
+)
 
 from .core.witness_boot import Outcome, Submitted
-from .witness_client import Answer, WitnessUnreachable, parse_size, post, request_body
 
-__all__ = ["Leaves", "Outcome", "Submitted", "WitnessTarget", "cosigned_size", "submit"]
+__all__ = [
+    "Leaves",
+    "Outcome",
+    "Submitted",
+    "WitnessTarget",
+    "cosigned_size",
+    "submit",
+    "witness_size",
+]
 
 #: 409 answers followed in one submission (the witness's size may move between
 #: two posts when another client of the same origin submits too).
@@ -81,10 +95,10 @@ def submit(
     leaves = leaves or Leaves(chain_path)
     try:
         for _ in range(1 + MAX_CONFLICTS):
-            body = request_body(old, leaves.proof(old, size), note)
+            body = encode_add_checkpoint(old, leaves.proof(old, size), note)
             answer = post(client, target.url, body)
             if answer.status == 409:
-                found = parse_size(answer)
+                found = witness_size(answer)
                 if found is None:
                     return _refused(answer, "a 409 without a text/x.tlog.size body")
                 if found > size:
@@ -100,7 +114,7 @@ def submit(
 
 
 def _judge(
-    answer: Answer,
+    answer: WitnessReply,
     target: WitnessTarget,
     chain_path: str | os.PathLike[str],
     checkpoint: tuple[int, str],
@@ -119,7 +133,7 @@ def _judge(
     if answer.status != 200:
         return _refused(answer, f"HTTP {answer.status}")
     try:
-        cosigs = _verified(answer.body, target.key, split_note(note)[0])
+        cosigs = _verified(_text(answer), target.key, split_note(note)[0])
     except CosignatureError as e:
         return _refused(answer, f"a cosignature that does not verify: {e}")
     if not cosigs:
@@ -210,10 +224,26 @@ def cosigned_size(chain_path: str | os.PathLike[str], key: WitnessKey) -> int:
     return 0
 
 
-def _refused(answer: Answer, what: str) -> Submitted:
+def _refused(answer: WitnessReply, what: str) -> Submitted:
     return Submitted(Outcome.REFUSED, None, f"{what}: {_first(answer)}")
 
 
-def _first(answer: Answer) -> str:
-    line = answer.body.strip().splitlines()[0] if answer.body.strip() else "(empty)"
+def _first(answer: WitnessReply) -> str:
+    text = _text(answer).strip()
+    line = text.splitlines()[0] if text else "(empty)"
     return line[:200]
+
+
+def witness_size(answer: WitnessReply) -> int | None:
+    """The witness's tree size from a 409 ``text/x.tlog.size`` answer, or None when it
+    is not one (a missing Content-Type is tolerated, another one is not)."""
+    if answer.status != 409 or answer.content_type not in ("", SIZE_CONTENT_TYPE):
+        return None
+    try:
+        return parse_size_body(answer.body)
+    except WitnessProtocolError:
+        return None
+
+
+def _text(answer: WitnessReply) -> str:
+    return answer.body.decode("utf-8", "replace")

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import httpx
 
-__all__ = ["MAX_ANSWER_BYTES", "WitnessClient", "WitnessReply", "WitnessUnreachable"]
+__all__ = ["MAX_ANSWER_BYTES", "WitnessClient", "WitnessReply", "WitnessUnreachable", "post"]
 
 MAX_ANSWER_BYTES = 64 * 1024
 """Bytes read of a witness's answer (100 cosignature lines fit in a fifth of it)."""
@@ -55,20 +55,30 @@ class WitnessClient:
         Raises:
             WitnessUnreachable: no HTTP answer, or one over MAX_ANSWER_BYTES.
         """
-        try:
-            with self._client.stream("POST", f"{self.url}/add-checkpoint", content=body) as answer:
-                data = b""
-                for chunk in answer.iter_bytes():
-                    data += chunk
-                    if len(data) > MAX_ANSWER_BYTES:
-                        raise WitnessUnreachable(
-                            f"{self.url}: answer over {MAX_ANSWER_BYTES} bytes"
-                        )
-                kind = answer.headers.get("content-type", "").split(";")[0].strip()
-                return WitnessReply(answer.status_code, kind, data)
-        except httpx.HTTPError as e:
-            raise WitnessUnreachable(f"{self.url}: {type(e).__name__}: {e}") from e
+        return post(self._client, self.url, body)
 
     def close(self) -> None:
         """Close the kept-alive connection."""
         self._client.close()
+
+
+def post(client: httpx.Client, url: str, body: bytes) -> WitnessReply:
+    """POST ``body`` to ``<url>/add-checkpoint`` with ``client`` and return the answer.
+
+    Blocks at most the client's timeouts (connect, read, write, pool).
+
+    Raises:
+        WitnessUnreachable: no HTTP answer, or one over MAX_ANSWER_BYTES.
+    """
+    target = url.rstrip("/") + "/add-checkpoint"
+    try:
+        with client.stream("POST", target, content=body) as answer:
+            data = b""
+            for chunk in answer.iter_bytes():
+                data += chunk
+                if len(data) > MAX_ANSWER_BYTES:
+                    raise WitnessUnreachable(f"{target}: answer over {MAX_ANSWER_BYTES} bytes")
+            kind = answer.headers.get("content-type", "").split(";")[0].strip().lower()
+            return WitnessReply(answer.status_code, kind, data)
+    except httpx.HTTPError as e:
+        raise WitnessUnreachable(f"{target}: {type(e).__name__}: {e or 'no answer'}") from e

@@ -28,9 +28,9 @@ from infervisor.actors.errors import WitnessConflict
 from infervisor.actors.messages import Append
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
-from infervisor.actors.witness_client import Answer, parse_size, request_body
-from infervisor.actors.witness_submit import Outcome, Submitted, WitnessTarget
+from infervisor.actors.witness_submit import Outcome, Submitted, WitnessTarget, witness_size
 from infervisor.actors.witnessing import Witnessing
+from infervisor.adapters.witness_http import WitnessReply
 from infervisor.chain import EventDraft, SqliteChain
 from infervisor.chain.checkpoint import load_or_create_signer
 from infervisor.chain.checkpoint_store import Checkpointer, read_stored
@@ -46,17 +46,6 @@ DEADLINE_S = 60.0
 
 
 # ---------------------------------------------------------------- the wire format
-def test_request_body_is_old_size_proof_lines_blank_line_note() -> None:
-    note = "o\n2\nAAAA\n\n— o sig\n"
-    body = request_body(1, [b"\x00" * 32], note)
-    assert body == ("old 1\n" + "A" * 43 + "=\n\n" + note).encode()
-    assert request_body(0, [], note) == b"old 0\n\n" + note.encode()
-    with pytest.raises(ValueError, match="63"):
-        request_body(1, [b"x"] * 64, note)
-    with pytest.raises(ValueError, match="old size 0"):
-        request_body(0, [b"x"], note)
-
-
 @pytest.mark.parametrize(
     ("status", "kind", "body", "size"),
     [
@@ -72,7 +61,7 @@ def test_request_body_is_old_size_proof_lines_blank_line_note() -> None:
 def test_a_409_body_gives_the_witness_size(
     status: int, kind: str, body: str, size: int | None
 ) -> None:
-    assert parse_size(Answer(status, body, kind)) == size
+    assert witness_size(WitnessReply(status, kind, body.encode())) == size
 
 
 # ---------------------------------------------------------------- the boot decision
