@@ -231,8 +231,8 @@ def load_or_create_signer(
     path = folder / KEY_FILE
     if not path.exists():
         private = Ed25519PrivateKey.generate()
-        public = private.public_key().public_bytes_raw()
-        name = check_origin(origin) if origin is not None else default_origin(node_id, public)
+        raw = private.public_key().public_bytes_raw()
+        name = check_origin(origin) if origin is not None else default_origin(node_id, raw)
         signer = Signer(name, private)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -332,7 +332,8 @@ def test_checkpoint_object_roundtrip(tmp_path: Path) -> None:
     path = make_chain(tmp_path / "a", 3)
     note = read_stored(path)[-1].note
     cp = read_checkpoint(note, load_verifier(tmp_path / "a" / "node.key"))
-    assert isinstance(cp, Checkpoint) and cp.head_seq == 2 and cp.origin.startswith(f"infervisor/{NODE}/")
+    assert isinstance(cp, Checkpoint) and cp.head_seq == 2
+    assert cp.origin.startswith(f"infervisor/{NODE}/")
 
 
 # ---------------------------------------------------------------- key rotation

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -14,7 +16,7 @@ from typing import NamedTuple
 import pytest
 from click.testing import CliRunner
 
-from infervisor.chain import EventDraft, SqliteChain
+from infervisor.chain import EventDraft, SqliteChain, encode_payload
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.checkpoint import load_or_create_signer, sign_checkpoint
 from infervisor.chain.checkpoint_store import Checkpointer, read_stored
@@ -33,6 +35,7 @@ from infervisor.tools.cli import cli as main_cli
 NODE = "node-t"
 NOW = 1_793_491_200_000_000_000
 WITNESS = Cosigner.generate("witness.example/w1")
+INFERVISOR = Path(sys.executable).parent / "infervisor"
 
 
 class Ran(NamedTuple):
@@ -350,3 +353,29 @@ def test_verify_bundle_without_key_says_it_trusted_the_bundles_own(tmp_path: Pat
     assert "the bundle's own key" in ran.out + ran.err
     keyed = cli("chain", "verify-bundle", str(out), "--key", str(folder / "node.pub"))
     assert "the bundle's own key" not in keyed.out + keyed.err
+
+
+def test_run_refuses_an_undecodable_event_in_one_line(tmp_path: Path) -> None:
+    """A chain holding an event that verifies but cannot be decoded: `infervisor run`
+    refuses it in one line naming the seq and kind (it was a traceback)."""
+    folder = tmp_path / "data"
+    path = grow(folder, 6)
+    old = encode_payload({"event": "node.started", "v": 0, "pid": 1})  # no upcaster for v0
+    with SqliteChain.open(path, NODE) as chain:
+        chain.append_many(
+            [EventDraft(ts_ns=NOW + 9, source="node", kind="node.started", subject="", payload=old)]
+        )
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\nnode_id = "{NODE}"\ndata_dir = "{folder}"\n')
+    ran = subprocess.run(
+        [str(INFERVISOR), "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode != 0
+    assert "Traceback" not in ran.stderr, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if "undecodable event" in line]
+    assert len(lines) == 1, ran.stderr
+    assert "at seq 6" in lines[0] and "node.started" in lines[0]
