@@ -4,6 +4,8 @@ gives the same verdict, whether WHERE is a data dir, a config or the chain file.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -18,11 +20,11 @@ from click.testing import CliRunner
 
 from infervisor.chain import EventDraft, SqliteChain, encode_payload
 from infervisor.chain.boot import check_node_chain
-from infervisor.chain.checkpoint import load_or_create_signer, sign_checkpoint
+from infervisor.chain.checkpoint import default_origin, load_or_create_signer, sign_checkpoint
 from infervisor.chain.checkpoint_store import Checkpointer, read_stored
 from infervisor.chain.cosignature import Cosigner, WitnessPolicy
 from infervisor.chain.cosignature_store import store
-from infervisor.chain.errors import ChainTampered
+from infervisor.chain.errors import ChainTampered, CheckpointError
 from infervisor.chain.hashing import event_hash, header_bytes, payload_hash
 from infervisor.chain.merkle import CompactTree
 from infervisor.chain.note import Signer, split_note
@@ -379,3 +381,48 @@ def test_run_refuses_an_undecodable_event_in_one_line(tmp_path: Path) -> None:
     lines = [line for line in ran.stderr.splitlines() if "undecodable event" in line]
     assert len(lines) == 1, ran.stderr
     assert "at seq 6" in lines[0] and "node.started" in lines[0]
+
+
+def test_origin_defaults_to_node_id_and_key_digest_and_an_existing_key_keeps_its_name(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a").mkdir()
+    signer = load_or_create_signer(tmp_path / "a", NODE)
+    digest = hashlib.sha256(signer.verifier.public).hexdigest()[:16]
+    assert (
+        signer.name == default_origin(NODE, signer.verifier.public) == f"infervisor/{NODE}/{digest}"
+    )
+    assert load_or_create_signer(tmp_path / "a", NODE).name == signer.name  # kept
+    with pytest.raises(CheckpointError, match="an existing key keeps its name"):
+        load_or_create_signer(tmp_path / "a", NODE, origin="example.com/gpu-01")
+    (tmp_path / "b").mkdir()
+    custom = load_or_create_signer(tmp_path / "b", NODE, origin="example.com/gpu-01")
+    assert custom.name == "example.com/gpu-01"
+    path = grow(tmp_path / "b", 8)  # checkpoints signed under the configured origin verify
+    assert read_stored(path)[-1].note.startswith("example.com/gpu-01\n")
+    assert cli("chain", "verify", str(tmp_path / "b")).code == 0
+    (tmp_path / "c").mkdir()
+    with pytest.raises(CheckpointError, match="origin"):
+        load_or_create_signer(tmp_path / "c", NODE, origin="has space")
+
+
+def test_proofs_print_the_base64_lines_witnesses_take(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    path = grow(folder, 12)
+    old, new = tmp_path / "old.txt", tmp_path / "new.txt"
+    rows = read_stored(path)
+    old.write_text(rows[0].note)
+    new.write_text(rows[-1].note)
+    doc = json.loads(cli("chain", "consistency", str(folder), str(old), str(new), "--json").out)
+    assert doc["proof_base64"] == [
+        base64.b64encode(bytes.fromhex(h)).decode() for h in doc["proof"]
+    ]
+    text = cli("chain", "consistency", str(folder), str(old), str(new)).out.splitlines()
+    at = text.index(f"old {rows[0].tree_size}")
+    assert text[at + 1 : at + 1 + len(doc["proof"])] == doc["proof_base64"]
+    inclusion = json.loads(
+        cli("chain", "prove", str(folder), "3", "--checkpoint", str(new), "--json").out
+    )
+    assert inclusion["path_base64"] == [
+        base64.b64encode(bytes.fromhex(h)).decode() for h in inclusion["path"]
+    ]
