@@ -54,6 +54,7 @@ from infervisor.chain.checkpoint import (
     compare,
     load_verifier,
     read_checkpoint_by,
+    roots_at,
 )
 from infervisor.chain.checkpoint_store import (
     StoredCheckpoint,
@@ -100,6 +101,7 @@ class Verdict(NamedTuple):
         latest_size: tree size of the latest checkpoint checked (0: none).
         anchored_size: tree size the anchor covers (0: unanchored).
         keys_checked: False when checkpoints are stored but no key was known.
+        latest: the latest stored checkpoint whose signature verified, or None.
     """
 
     problem: Problem | None
@@ -109,6 +111,7 @@ class Verdict(NamedTuple):
     latest_size: int
     anchored_size: int
     keys_checked: bool
+    latest: Checkpoint | None = None
 
     @property
     def ok(self) -> bool:
@@ -186,17 +189,20 @@ def judge(
     cosigned, cos_problem, resigned = _cosignatures(evidence, checked, policy, len(hashes))
     problem = problem or cos_problem or _stops(evidence, checked, keys)
     points = [_resigned(size, why, len(hashes)) for size, why in resigned]
+    extra = [] if external is None else [external[0]]
+    roots = roots_at(hashes, [cp.tree_size for cp in [*checked, *extra]])  # one pass
     for cp in checked:
-        points.append(_Point(cp.tree_size, compare(hashes, cp), cp.tree_size in cosigned))
+        points.append(_Point(cp.tree_size, _mismatch(hashes, roots, cp), cp.tree_size in cosigned))
     if external is not None:
-        points.append(_Point(external[0].tree_size, compare(hashes, external[0]), True))
+        points.append(_Point(external[0].tree_size, _mismatch(hashes, roots, external[0]), True))
     problem = problem or _locate(points, len(hashes))
     anchor, size = _anchor(cosigned, policy, external)
     latest = max([c.tree_size for c in checked], default=0)
     keys_checked = bool(keys) or not evidence.stored
     if not keys_checked and problem is None:
         anchor += f"; {len(evidence.stored)} stored checkpoints not checked: no node key known"
-    return Verdict(problem, anchor, size > 0, len(checked), latest, size, keys_checked)
+    newest = max(checked, key=lambda c: c.tree_size, default=None)
+    return Verdict(problem, anchor, size > 0, len(checked), latest, size, keys_checked, newest)
 
 
 def _signatures(
@@ -260,6 +266,37 @@ def _cosignatures(
         if found:
             cosigned[size] = found
     return cosigned, None, resigned
+
+
+def _mismatch(
+    hashes: Sequence[bytes], roots: dict[int, bytes], cp: Checkpoint
+) -> CheckpointMismatch | None:
+    """`compare` with the roots computed once for every checkpoint (`roots_at`)."""
+    size = cp.tree_size
+    if len(hashes) < size or roots.get(size) == cp.root:
+        return compare(hashes, cp) if len(hashes) < size else _head(hashes, cp)
+    reason = "rewritten" if len(hashes) == size else "forked"
+    what = (
+        "the chain was rewritten (rehashed) since it was signed"
+        if reason == "rewritten"
+        else f"the chain ({len(hashes)} events) does not extend what was signed: a fork"
+    )
+    detail = (
+        f"the root of its first {size} events is {roots[size].hex()}, the checkpoint signed "
+        f"{cp.root.hex()}: {what}"
+    )
+    return CheckpointMismatch(0, reason, detail)
+
+
+def _head(hashes: Sequence[bytes], cp: Checkpoint) -> CheckpointMismatch | None:
+    at = cp.tree_size - 1
+    if hashes[at] == cp.head_hash:
+        return None
+    detail = (
+        f"the event at seq {at} has hash {hashes[at].hex()}, the checkpoint names "
+        f"{cp.head_hash.hex()}"
+    )
+    return CheckpointMismatch(at, "head mismatch", detail)
 
 
 def _resigned(size: int, why: str, events: int) -> _Point:

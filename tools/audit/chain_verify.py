@@ -126,12 +126,12 @@ def _against(
     del report
     if cp is None and verdict.checkpoints == 0 and verdict.problem is None:
         return None
-    size = cp.tree_size if cp is not None else verdict.latest_size
     own = "" if cp is not None else " (the chain's own latest checkpoint and those before it)"
+    shown = cp or verdict.latest
     base: dict[str, Any] = {
-        "tree_size": size,
-        "root": None if cp is None else cp.root.hex(),
-        "origin": None if cp is None else cp.origin,
+        "tree_size": verdict.latest_size if shown is None else shown.tree_size,
+        "root": None if shown is None else shown.root.hex(),
+        "origin": None if shown is None else shown.origin,
     }
     p = verdict.problem
     if p is None:
