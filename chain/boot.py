@@ -98,7 +98,7 @@ def check_before_resume(
     try:
         with translated(name, "check"):
             conn.execute("BEGIN")
-            verdict = judge(read_evidence(conn), event_hashes(conn), verifier, policy)
+            verdict = judge(read_evidence(conn), lambda: event_hashes(conn), verifier, policy)
             if verdict.problem is not None:
                 p = verdict.problem
                 raise ChainTampered(name, p.seq, p.reason, p.detail)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -59,6 +59,7 @@ from infervisor.chain.checkpoint import (
 from infervisor.chain.checkpoint_store import (
     StoredCheckpoint,
     event_hashes,
+    frontier_of,
     stored_checkpoints,
     trigger_problems,
 )
@@ -128,6 +129,9 @@ class Evidence(NamedTuple):
     last_stop: int | None
     triggers: list[str]
     table: bool
+    events: int = 0
+    heads: dict[int, bytes] = {}  # noqa: RUF012 - a NamedTuple default, never mutated
+    frontier_roots: dict[int, bytes] = {}  # noqa: RUF012 - as above
 
 
 def read_evidence(conn: sqlite3.Connection) -> Evidence:
@@ -141,13 +145,29 @@ def read_evidence(conn: sqlite3.Connection) -> Evidence:
         "SELECT kind, payload FROM events WHERE kind = ? ORDER BY seq", (KEY_ROTATED_KIND,)
     ).fetchall()
     stop = conn.execute("SELECT max(seq) FROM events WHERE kind = ?", (STOPPED_KIND,)).fetchone()
+    stored = stored_checkpoints(conn)
+    (last,) = conn.execute("SELECT coalesce(max(seq), -1) FROM events").fetchone()
+    heads: dict[int, bytes] = {}
+    frontiers: dict[int, bytes] = {}
+    for row in stored:
+        head = conn.execute(
+            "SELECT hash FROM events WHERE seq = ?", (row.tree_size - 1,)
+        ).fetchone()
+        tree = frontier_of(conn, row.tree_size)
+        if head is not None and isinstance(head[0], bytes):
+            heads[row.tree_size] = head[0]
+        if tree is not None:
+            frontiers[row.tree_size] = tree.root()
     return Evidence(
-        stored=stored_checkpoints(conn),
+        stored=stored,
         cosignatures=lines_by_size(conn) if has_cosignatures(conn) else {},
         rotations=rotations_in((k, _bytes(p)) for k, p in rows),
         last_stop=stop[0] if stop is not None and isinstance(stop[0], int) else None,
         triggers=trigger_problems(conn) if table else [],
         table=table,
+        events=int(last) + 1 if isinstance(last, int) else 0,
+        heads=heads,
+        frontier_roots=frontiers,
     )
 
 
@@ -165,7 +185,7 @@ class _Point(NamedTuple):
 
 def judge(
     evidence: Evidence,
-    hashes: Sequence[bytes],
+    load_hashes: Callable[[], Sequence[bytes]],
     key: Verifier | None,
     policy: WitnessPolicy | None = None,
     external: tuple[Checkpoint, str] | None = None,
@@ -174,7 +194,10 @@ def judge(
 
     Args:
         evidence: :func:`read_evidence` of the chain.
-        hashes: the stored hash of every event, seq order.
+        load_hashes: returns the stored hash of every event, seq order; called
+            only when a checkpoint's stored frontier and head do not already
+            show it matches (as a boot of a healthy chain finds), so the
+            check reads no event below the checkpoints then.
         key: the node key trusted (the one given, else node.pub); None: none known.
         policy: the witnesses trusted and their quorum (None or empty: none).
         external: a checkpoint held outside the node whose signature the caller
@@ -186,16 +209,24 @@ def judge(
     """
     keys = [] if key is None else trusted_keys(key, evidence.rotations)
     problem, checked = _signatures(evidence, keys)
-    cosigned, cos_problem, resigned = _cosignatures(evidence, checked, policy, len(hashes))
+    count = evidence.events
+    cosigned, cos_problem, resigned = _cosignatures(evidence, checked, policy, count)
     problem = problem or cos_problem or _stops(evidence, checked, keys)
-    points = [_resigned(size, why, len(hashes)) for size, why in resigned]
-    extra = [] if external is None else [external[0]]
-    roots = roots_at(hashes, [cp.tree_size for cp in [*checked, *extra]])  # one pass
-    for cp in checked:
-        points.append(_Point(cp.tree_size, _mismatch(hashes, roots, cp), cp.tree_size in cosigned))
-    if external is not None:
-        points.append(_Point(external[0].tree_size, _mismatch(hashes, roots, external[0]), True))
-    problem = problem or _locate(points, len(hashes))
+    points = [_resigned(size, why, count) for size, why in resigned]
+    if external is None and not resigned and all(_held(evidence, cp) for cp in checked):
+        points += [_Point(cp.tree_size, None, cp.tree_size in cosigned) for cp in checked]
+    else:
+        hashes = load_hashes()
+        extra = [] if external is None else [external[0]]
+        roots = roots_at(hashes, [cp.tree_size for cp in [*checked, *extra]])  # one pass
+        for cp in checked:
+            mismatch = _mismatch(hashes, roots, cp)
+            points.append(_Point(cp.tree_size, mismatch, cp.tree_size in cosigned))
+        if external is not None:
+            points.append(
+                _Point(external[0].tree_size, _mismatch(hashes, roots, external[0]), True)
+            )
+    problem = problem or _locate(points)
     anchor, size = _anchor(cosigned, policy, external)
     latest = max([c.tree_size for c in checked], default=0)
     keys_checked = bool(keys) or not evidence.stored
@@ -236,8 +267,9 @@ def _cosignatures(
 ) -> tuple[dict[int, list[Cosignature]], Problem | None, list[tuple[int, str]]]:
     """Policy cosignatures per checked size; a deleted checkpoint; re-signed sizes."""
     by_size = {cp.tree_size: cp for cp in checked}
+    stored = {row.tree_size for row in evidence.stored}
     for size in sorted(evidence.cosignatures):
-        if size not in {row.tree_size for row in evidence.stored}:
+        if size not in stored:
             witnesses = sorted({line.split(" ")[1] for line in evidence.cosignatures[size]})
             detail = (
                 f"the cosignatures table holds {', '.join(witnesses)}'s cosignature of tree size "
@@ -266,6 +298,18 @@ def _cosignatures(
         if found:
             cosigned[size] = found
     return cosigned, None, resigned
+
+
+def _held(evidence: Evidence, cp: Checkpoint) -> bool:
+    """The chain still holds `cp` by its stored frontier (unsigned: it counts only when
+    it gives the signed root) and the stored hash at its head (which, the rows'
+    links verified, fixes every event below it)."""
+    size = cp.tree_size
+    return (
+        size <= evidence.events
+        and evidence.heads.get(size) == cp.head_hash
+        and evidence.frontier_roots.get(size) == cp.root
+    )
 
 
 def _mismatch(
@@ -320,7 +364,7 @@ def _stops(evidence: Evidence, checked: list[Checkpoint], keys: list[Verifier]) 
     return Problem(latest, "checkpoints deleted", detail)
 
 
-def _locate(points: Sequence[_Point], events: int) -> Problem | None:
+def _locate(points: Sequence[_Point]) -> Problem | None:
     """The failure of the most trusted evidence, located as far as the evidence allows.
 
     The reason is the largest failing checkpoint's (a truncation names the
@@ -414,7 +458,6 @@ def assess(
         with translated(name, "read"):
             conn.execute("BEGIN")
             evidence = read_evidence(conn)
-            hashes = event_hashes(conn)
+            return judge(evidence, lambda: event_hashes(conn), key, policy, external)
     finally:
         conn.close()
-    return judge(evidence, hashes, key, policy, external)
