@@ -5,7 +5,8 @@
 ``events``, ``audit`` and the node's boot check all ask :func:`judge` the
 same questions of a chain whose rows already verified (chain/verify.py):
 
-1. The ``checkpoints`` table's append-only triggers are as made.
+1. The ``checkpoints`` table's append-only triggers are as made, and the
+   table is there when a node key is known.
 2. Every stored checkpoint's signature verifies with a trusted node key (the
    key given, else the data directory's node.pub, and every key a recorded
    rotation links to it: chain/keys.py ``trusted_keys``). A bad or foreign
@@ -248,6 +249,12 @@ def _signatures(
         return Problem(0, "checkpoint triggers changed", detail), []
     if not keys:
         return None, []
+    if not evidence.table:
+        detail = (
+            "the node has a key, so it made a checkpoints table, but the chain has none: "
+            "it was dropped, and with it what shows truncation and rewriting"
+        )
+        return Problem(0, "checkpoints dropped", detail), []
     checked: list[Checkpoint] = []
     for row in evidence.stored:
         try:

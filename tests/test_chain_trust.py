@@ -426,3 +426,17 @@ def test_proofs_print_the_base64_lines_witnesses_take(tmp_path: Path) -> None:
     assert inclusion["path_base64"] == [
         base64.b64encode(bytes.fromhex(h)).decode() for h in inclusion["path"]
     ]
+
+
+def test_a_dropped_checkpoints_table_fails_every_reader_as_the_boot(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    path = grow(folder, 12)
+    conn = _raw(path)
+    conn.execute("DROP TABLE checkpoints")
+    conn.execute("DELETE FROM saved_triggers WHERE sql LIKE '%ON checkpoints%'")
+    _done(conn)
+    with pytest.raises(ChainTampered) as caught:
+        check_node_chain(path, NODE)
+    assert caught.value.reason == "checkpoints dropped"
+    for reader, ran in _readers(folder, []).items():
+        assert ran.code == 1 and "checkpoints dropped" in ran.out + ran.err, (reader, ran)
