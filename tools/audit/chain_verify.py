@@ -96,7 +96,7 @@ def verify(  # noqa: PLR0917 - one parameter per option, as click passes them
     cp = None if checkpoint_file is None else read_checkpoint(checkpoint_file, key, db)
     external = None if cp is None or checkpoint_file is None else (cp, checkpoint_file.name)
     verdict = judge_chain(db, TrustArgs(where, witnesses, quorum, key), external)
-    against = _against(report, verdict, cp) if report.ok else None
+    against = _against(verdict, cp) if report.ok else None
     proof = _check_proof(db, proof_file, cp) if proof_file is not None else None
     warning = _warning(verdict, against)
     ok = report.ok and (against is None or against["ok"]) and (proof is None or proof["ok"])
@@ -118,12 +118,9 @@ def _warning(verdict: Verdict, against: dict[str, Any] | None) -> str | None:
     return NO_CHECKPOINT_WARNING if against is None else STORED_CHECKPOINT_WARNING
 
 
-def _against(
-    report: VerifyReport, verdict: Verdict, cp: Checkpoint | None
-) -> dict[str, Any] | None:
+def _against(verdict: Verdict, cp: Checkpoint | None) -> dict[str, Any] | None:
     """The verdict against the checkpoints, as the "checkpoint" field of --json
     (None when no checkpoint was checked)."""
-    del report
     if cp is None and verdict.checkpoints == 0 and verdict.problem is None:
         return None
     own = "" if cp is not None else " (the chain's own latest checkpoint and those before it)"
