@@ -118,6 +118,22 @@ class Checkpoint(NamedTuple):
     note: str
 
     @property
+    def node(self) -> str:
+        """For display only: the node id of a default (``infervisor/<id>/<hex>``) or
+        older (``infervisor/<id>``) origin, else the origin itself. Checks use the
+        chain's genesis, never this."""
+        parts = self.origin.split("/")
+        if parts[0] + "/" == ORIGIN_PREFIX and len(parts) == 2:
+            return parts[1]
+        if (
+            parts[0] + "/" == ORIGIN_PREFIX
+            and len(parts) == 3
+            and re.fullmatch("[0-9a-f]{16}", parts[2])
+        ):
+            return parts[1]
+        return self.origin
+
+    @property
     def head_seq(self) -> int:
         """The seq of the head event it names."""
         return self.tree_size - 1
