@@ -40,6 +40,7 @@ from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec, valid_token
 from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.chain.boot import check_node_chain
+from infervisor.chain.cosignature import WitnessPolicy
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.policy import check_duration
@@ -142,7 +143,7 @@ class Node(NodeViews):
         # Open (and create) the chain here first, so its errors reach the caller as raised.
         SqliteChain.open(settings.chain_path, settings.node_id).close()
         # Refuses a tampered chain (from its last checkpoint), then each event as replayed.
-        check_node_chain(settings.chain_path, settings.node_id)
+        check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
         state = rebuild_verified(settings.chain_path)
         decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
         actors = start_actors(settings, clock, on_event, state.lease, prober, witnesses=witnesses)
@@ -452,3 +453,10 @@ def _answer(fut: Future[T], timeout: float, what: str) -> T:
             f"{what} is not answered after {timeout:g} s; it is still in progress "
             "and whatever it does is recorded"
         ) from e
+
+
+def _policy(settings: NodeSettings, witnesses: Sequence[WitnessTarget]) -> WitnessPolicy | None:
+    """The config's witnesses as the boot check's trust policy (None: no witnesses)."""
+    if not witnesses:
+        return None
+    return WitnessPolicy.of([w.key for w in witnesses], settings.witness_quorum)

@@ -24,7 +24,7 @@ from infervisor.adapters.registry import ModelRegistry
 from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.chain.checkpoint_store import read_stored
 from infervisor.chain.errors import ChainTampered
-from infervisor.replay import NodeState, fold
+from infervisor.replay import EventDecodeError, NodeState, ReplayError, fold
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.queries import read_chain
@@ -216,13 +216,31 @@ def rebuild_verified(path: Path) -> NodeState:
 
     Raises:
         ChainTampered: an event that does not verify (a payload altered in place
-            below the last checkpoint, which the checkpoint check does not read).
+            below the last checkpoint, which the checkpoint check does not read),
+            or one that verifies but cannot be decoded or applied (reason
+            "undecodable event" / "unreplayable event", naming the seq and kind):
+            a one-line refusal at boot, never a traceback.
     """
-    read = read_chain(path)
+    try:
+        read = read_chain(path)
+    except EventDecodeError as e:
+        seq = -1 if e.seq is None else e.seq
+        detail = f"{e.kind or 'an event'} verifies but cannot be decoded ({e})"
+        raise ChainTampered(str(path), seq, "undecodable event", detail) from e
+    except ReplayError as e:
+        raise ChainTampered(str(path), _seq_of(str(e)), "unreplayable event", str(e)) from e
     problem = read.report.problem
     if problem is not None:
         raise ChainTampered(str(path), problem.seq, problem.reason, problem.detail)
     return read.state
+
+
+def _seq_of(message: str) -> int:
+    """The seq a replay error's message starts with ("seq N ..."), else -1."""
+    words = message.split()
+    if len(words) > 1 and words[0] == "seq" and words[1].rstrip(":,").isdigit():
+        return int(words[1].rstrip(":,"))
+    return -1
 
 
 def rebuild(path: Path) -> NodeState:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import ChainIOError
+from infervisor.chain.leftovers import partial_name
 from infervisor.chain.private import create_private
 
 
@@ -37,7 +38,8 @@ def backup_chain(source: str | os.PathLike[str], target: str | os.PathLike[str])
             src.execute("SELECT count(*) FROM events").fetchone()  # a chain, readable
         # Written aside and renamed into place: a backup cut short (killed, disk
         # full) never leaves a file at the target's name.
-        partial = f"{dst_name}.partial-{os.getpid()}"
+        # Named for the next run to sweep if this one is killed (chain/leftovers.py).
+        partial = os.fspath(partial_name(Path(dst_name), "backup"))
         try:
             with translated(dst_name, "write the backup"):
                 os.close(create_private(partial))  # 0600 before a byte is in it

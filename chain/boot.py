@@ -3,8 +3,11 @@
 Incremental from the last stored checkpoint (tree size N), in one read
 snapshot:
 
-1. The checkpoint's signature is checked with the node's key, and its
-   origin must name this chain's node.
+0. The trust policy every reader applies (chain/trust.py): every stored
+   checkpoint's signature, the chain against each, the stored cosignatures
+   against the witness policy, a clean stop's checkpoint.
+1. The checkpoint's signature is checked with the node's key (its origin is
+   the key's name).
 2. The checkpoint's stored frontier (`checkpoint_frontiers`) must give its
    signed root, and the hash at seq N-1 its signed head: events below N are
    not read, so the check does not grow with the chain. Without a usable
@@ -47,10 +50,12 @@ from infervisor.chain.checkpoint_store import (
 )
 from infervisor.chain.checks import Problem, Row, check_row, parse_row
 from infervisor.chain.connect import connect_reader, translated
+from infervisor.chain.cosignature import WitnessPolicy
 from infervisor.chain.errors import ChainTampered, CheckpointError
 from infervisor.chain.hashing import HASH_SIZE, payload_hash
 from infervisor.chain.merkle import CompactTree
 from infervisor.chain.note import Verifier
+from infervisor.chain.trust import judge, read_evidence
 from infervisor.chain.verify import SqlLookups
 
 
@@ -61,20 +66,27 @@ class BootReport(NamedTuple):
         events: events in the chain.
         checkpoint_size: tree size of the checkpoint it started from (0: none).
         fully_verified: rows verified in full (from the checkpoint's head on).
+        anchor: the trust policy's one-line anchor statement (chain/trust.py).
     """
 
     events: int
     checkpoint_size: int
     fully_verified: int
+    anchor: str = ""
 
 
-def check_before_resume(path: str | os.PathLike[str], verifier: Verifier | None) -> BootReport:
+def check_before_resume(
+    path: str | os.PathLike[str], verifier: Verifier | None, policy: WitnessPolicy | None = None
+) -> BootReport:
     """Check the chain at `path` before a node resumes on it (see the module docstring).
 
     Args:
         path: the chain file (must exist and be a chain).
         verifier: the node's public key; None when the node has no key yet
             (then a stored checkpoint is itself a failure: the key is missing).
+        policy: the witnesses of the node's config and their quorum (None: none);
+            their cosignatures stored in the chain are checked as every reader
+            checks them (chain/trust.py).
 
     Raises:
         ChainTampered: the chain fails; names seq, reason and how to start anew.
@@ -86,7 +98,11 @@ def check_before_resume(path: str | os.PathLike[str], verifier: Verifier | None)
     try:
         with translated(name, "check"):
             conn.execute("BEGIN")
-            return _check(conn, name, verifier)
+            verdict = judge(read_evidence(conn), lambda: event_hashes(conn), verifier, policy)
+            if verdict.problem is not None:
+                p = verdict.problem
+                raise ChainTampered(name, p.seq, p.reason, p.detail)
+            return _check(conn, name, verifier)._replace(anchor=verdict.anchor)
     finally:
         conn.close()
 
@@ -111,11 +127,6 @@ def _check(conn: sqlite3.Connection, path: str, verifier: Verifier | None) -> Bo
             latest.tree_size - 1,
             "checkpoint altered",
             f"the row says tree size {latest.tree_size}, the signed note {cp.tree_size}",
-        )
-    genesis_node = conn.execute("SELECT node FROM events WHERE seq = 0").fetchone()
-    if genesis_node is not None and bytes(genesis_node[0]).decode("utf-8", "replace") != cp.node:
-        raise ChainTampered(
-            path, 0, "header altered", f"the checkpoint is of node {cp.node!r}, not this chain's"
         )
     size = cp.tree_size
     fast = _from_frontier(conn, path, cp)
@@ -229,7 +240,9 @@ def _full_from(
     return BootReport(before.seq + 1, checkpoint_size, count)
 
 
-def check_node_chain(path: str | os.PathLike[str], node_id: str) -> BootReport:
+def check_node_chain(
+    path: str | os.PathLike[str], node_id: str, policy: WitnessPolicy | None = None
+) -> BootReport:
     """`check_before_resume` with the node key from the chain's folder (node.key).
 
     Raises:
@@ -239,4 +252,4 @@ def check_node_chain(path: str | os.PathLike[str], node_id: str) -> BootReport:
     folder = os.path.dirname(os.path.abspath(os.fspath(path)))
     key = os.path.join(folder, KEY_FILE)
     verifier = load_signer(key, node_id).verifier if os.path.exists(key) else None
-    return check_before_resume(path, verifier)
+    return check_before_resume(path, verifier, policy)

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from infervisor.chain.checks import Problem, Row, check_row
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import BundleError, CheckpointError
 from infervisor.chain.keys import rotations_in, trusted_keys
+from infervisor.chain.leftovers import partial_name
 from infervisor.chain.note import Verifier
 from infervisor.chain.private import FOLDER_MODE, create_private, private_folder
 
@@ -134,7 +134,8 @@ def export_bundle(
         verifier = load_verifier(Path(name).parent / PUBLIC_KEY_FILE)
     # Written aside and renamed into place: a failed export leaves no half bundle.
     try:
-        folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        folder = partial_name(target, "export")  # swept by a later run if this one is killed
+        folder.mkdir(mode=FOLDER_MODE)
         folder.chmod(FOLDER_MODE)  # private: it holds specs and env values; copy to hand out
     except OSError as e:
         raise BundleError(f"{target}: cannot write there: {e.strerror or e}") from e
@@ -330,10 +331,6 @@ def _verify_checkpoints(
             cp = read_checkpoint_by(path.read_bytes(), keys)
         except (CheckpointError, OSError) as e:
             raise BundleError(f"{path.name}: {e}", reason="checkpoint signature") from e
-        if cp.node != rows[0].node.decode():
-            raise BundleError(
-                f"{path.name} is a checkpoint of node {cp.node!r}", reason="checkpoint node"
-            )
         signed.append(cp)
     signed.sort(key=lambda c: c.tree_size)
     # The latest checkpoint names the failure (truncated, rewritten, forked); the

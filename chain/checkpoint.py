@@ -3,7 +3,7 @@
 A checkpoint commits to the first `tree_size` events of a node's chain
 (docs/chain-format.md, "Checkpoints"). Its note text is exactly four lines::
 
-    infervisor/<node id>
+    <origin>
     <tree size, ASCII decimal, no leading zeros>
     <base64 of the RFC 6962 root of the event hashes seq 0 .. tree size - 1>
     infervisor-chain-head <seq> <64 lowercase hex digits of that event's BLAKE3 hash>
@@ -11,7 +11,11 @@ A checkpoint commits to the first `tree_size` events of a node's chain
 The first three lines are c2sp.org/tlog-checkpoint's origin, tree size and
 root hash; the fourth is one extension line carrying the BLAKE3 head (seq is
 tree size - 1). The note is signed (c2sp.org/signed-note, Ed25519) by the
-node's key, whose name is the origin.
+node's key, whose name is the origin. The origin is any valid C2SP origin
+(a key name: no whitespace, no ``+``); a new node's default is
+``infervisor/<node id>/<first 16 hex digits of SHA-256 of its public key>``
+(:func:`default_origin`), chains of older versions use ``infervisor/<node id>``.
+The node id is not read from the origin: it is the chain's genesis's.
 
 The node key lives in the data directory: ``node.key`` (signer key string,
 mode 0600, created on first run) and ``node.pub`` (verifier key string).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 import re
 import stat
@@ -28,11 +33,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from infervisor.chain.errors import CheckpointError, CheckpointMismatch, NoteError
 from infervisor.chain.merkle import CompactTree
 from infervisor.chain.note import (
     Signer,
     Verifier,
+    check_key_name,
     open_note,
     parse_signer_key,
     parse_verifier_key,
@@ -40,7 +48,7 @@ from infervisor.chain.note import (
 )
 
 ORIGIN_PREFIX = "infervisor/"
-"""The origin line is this prefix and the node id."""
+"""The default origin starts with this prefix and the node id."""
 
 HEAD_EXTENSION = "infervisor-chain-head"
 """First word of the extension line that carries the BLAKE3 head."""
@@ -56,31 +64,74 @@ _HEAD = re.compile(rf"{HEAD_EXTENSION} (0|[1-9][0-9]*) ([0-9a-f]{{64}})")
 
 
 def origin_of(node_id: str) -> str:
-    """Return the origin line (and key name) of `node_id`'s checkpoints."""
+    """Return ``infervisor/<node id>``: the origin of chains made before origins were
+    configurable (they still verify)."""
     return ORIGIN_PREFIX + node_id
+
+
+def default_origin(node_id: str, public: bytes) -> str:
+    """Return a new node's default origin (and key name).
+
+    ``infervisor/<node id>/<first 16 hex digits of SHA-256(public)>``: two
+    fleets' ``gpu-01`` never collide on a shared witness (c2sp.org/tlog-checkpoint
+    asks an origin to be globally unique).
+
+    Args:
+        node_id: the node id.
+        public: the node's 32-byte Ed25519 public key.
+    """
+    return f"{ORIGIN_PREFIX}{node_id}/{hashlib.sha256(public).hexdigest()[:16]}"
+
+
+def check_origin(origin: str) -> str:
+    """Return `origin` if it can name a checkpoint and its key, else raise.
+
+    C2SP tlog-checkpoint: a non-empty line; C2SP signed-note: the key name it
+    also is holds no whitespace and no ``+``.
+
+    Raises:
+        CheckpointError: naming the origin and what is allowed.
+    """
+    try:
+        return check_key_name(origin)
+    except NoteError as e:
+        raise CheckpointError(
+            f"origin {origin!r}: {e} (a schema-less URL such as example.com/gpu-01 is recommended)"
+        ) from e
 
 
 class Checkpoint(NamedTuple):
     """A checkpoint whose signature verified (or was just made).
 
     Attributes:
-        node: the node id named by the origin.
+        origin: the origin line (the signing key's name).
         tree_size: events covered (seq 0 .. tree_size - 1), >= 1.
         root: the 32-byte RFC 6962 root of their hashes.
         head_hash: the 32-byte BLAKE3 hash of the event at seq tree_size - 1.
         note: the whole signed note, as stored and exported.
     """
 
-    node: str
+    origin: str
     tree_size: int
     root: bytes
     head_hash: bytes
     note: str
 
     @property
-    def origin(self) -> str:
-        """The origin line."""
-        return origin_of(self.node)
+    def node(self) -> str:
+        """For display only: the node id of a default (``infervisor/<id>/<hex>``) or
+        older (``infervisor/<id>``) origin, else the origin itself. Checks use the
+        chain's genesis, never this."""
+        parts = self.origin.split("/")
+        if parts[0] + "/" == ORIGIN_PREFIX and len(parts) == 2:
+            return parts[1]
+        if (
+            parts[0] + "/" == ORIGIN_PREFIX
+            and len(parts) == 3
+            and re.fullmatch("[0-9a-f]{16}", parts[2])
+        ):
+            return parts[1]
+        return self.origin
 
     @property
     def head_seq(self) -> int:
@@ -88,18 +139,18 @@ class Checkpoint(NamedTuple):
         return self.tree_size - 1
 
 
-def checkpoint_text(node_id: str, tree_size: int, root: bytes, head_hash: bytes) -> str:
+def checkpoint_text(origin: str, tree_size: int, root: bytes, head_hash: bytes) -> str:
     """Return the note text of a checkpoint (four lines, each ending in a newline)."""
     if tree_size < 1:
         raise CheckpointError(f"a checkpoint covers at least the genesis, not {tree_size} events")
     return (
-        f"{origin_of(node_id)}\n{tree_size}\n{base64.b64encode(root).decode('ascii')}\n"
+        f"{check_origin(origin)}\n{tree_size}\n{base64.b64encode(root).decode('ascii')}\n"
         f"{HEAD_EXTENSION} {tree_size - 1} {head_hash.hex()}\n"
     )
 
 
 def parse_checkpoint_text(text: str) -> tuple[str, int, bytes, bytes]:
-    """Parse a checkpoint note text into (node, tree_size, root, head_hash).
+    """Parse a checkpoint note text into (origin, tree_size, root, head_hash).
 
     Raises:
         CheckpointError: naming the line that is not as specified.
@@ -111,10 +162,7 @@ def parse_checkpoint_text(text: str) -> tuple[str, int, bytes, bytes]:
             f"found {len(lines) - 1}"
         )
     origin, size, root, head = lines[:4]
-    if not origin.startswith(ORIGIN_PREFIX) or len(origin) == len(ORIGIN_PREFIX):
-        raise CheckpointError(
-            f"checkpoint origin must be {ORIGIN_PREFIX}<node id>, found {origin!r}"
-        )
+    check_origin(origin)
     if not _SIZE.fullmatch(size) or size == "0":
         raise CheckpointError(f"checkpoint tree size must be a decimal >= 1, found {size!r}")
     try:
@@ -133,15 +181,13 @@ def parse_checkpoint_text(text: str) -> tuple[str, int, bytes, bytes]:
         raise CheckpointError(
             f"checkpoint head seq {match[1]} must be tree size - 1 ({tree_size - 1})"
         )
-    return origin[len(ORIGIN_PREFIX) :], tree_size, digest, bytes.fromhex(match[2])
+    return origin, tree_size, digest, bytes.fromhex(match[2])
 
 
-def sign_checkpoint(
-    signer: Signer, node_id: str, tree_size: int, root: bytes, head_hash: bytes
-) -> Checkpoint:
-    """Return the checkpoint of these values, signed by `signer`."""
-    note = sign_note(checkpoint_text(node_id, tree_size, root, head_hash), signer)
-    return Checkpoint(node_id, tree_size, root, head_hash, note)
+def sign_checkpoint(signer: Signer, tree_size: int, root: bytes, head_hash: bytes) -> Checkpoint:
+    """Return the checkpoint of these values, signed by `signer`; its origin is the key's name."""
+    note = sign_note(checkpoint_text(signer.name, tree_size, root, head_hash), signer)
+    return Checkpoint(signer.name, tree_size, root, head_hash, note)
 
 
 def read_checkpoint(note: str | bytes, verifier: Verifier) -> Checkpoint:
@@ -155,13 +201,13 @@ def read_checkpoint(note: str | bytes, verifier: Verifier) -> Checkpoint:
         text = open_note(note, [verifier])
     except NoteError as e:
         raise CheckpointError(f"checkpoint signature: {e}") from e
-    node, size, root, head = parse_checkpoint_text(text)
-    if verifier.name != origin_of(node):
+    origin, size, root, head = parse_checkpoint_text(text)
+    if verifier.name != origin:
         raise CheckpointError(
-            f"checkpoint origin {origin_of(node)!r} is not the key's name {verifier.name!r}"
+            f"checkpoint origin {origin!r} is not the key's name {verifier.name!r}"
         )
     whole = note if isinstance(note, str) else note.decode("utf-8")
-    return Checkpoint(node, size, root, head, whole)
+    return Checkpoint(origin, size, root, head, whole)
 
 
 # ---------------------------------------------------------------- keys
@@ -188,26 +234,22 @@ def load_or_create_signer(
 ) -> Signer:
     """Return the node's signing key from DATA_DIR/node.key, creating it on first use.
 
-    A new key is written with mode 0600 (and node.pub beside it, 0644).
-    ``origin`` is the configured ``[node] origin`` (the key's name; None: the
-    default). Until checkpoints take any C2SP origin, only the default
-    ``infervisor/<node id>`` is accepted.
+    A new key is named `origin` (None: :func:`default_origin` of the node id and
+    the new public key) and written with mode 0600 (node.pub beside it, 0644).
+    An existing key keeps its name (chains of older versions: ``infervisor/<node id>``).
 
     Raises:
-        CheckpointError: the key file is readable by others, malformed, or
-            names another node; an origin other than the one supported; or
-            it cannot be written.
+        CheckpointError: the key file is readable by others or malformed; a
+            configured `origin` differs from the existing key's name; `origin`
+            is not a valid origin; or the key cannot be written.
     """
     folder = Path(data_dir)
     path = folder / KEY_FILE
-    name = origin_of(node_id)
-    if origin is not None and origin != name:
-        raise CheckpointError(
-            f"[node] origin {origin!r}: this version signs checkpoints only under the origin "
-            f"{name!r}; remove the key or set origin = {name!r}"
-        )
     if not path.exists():
-        signer = Signer.generate(name)
+        private = Ed25519PrivateKey.generate()
+        raw = private.public_key().public_bytes_raw()
+        name = check_origin(origin) if origin is not None else default_origin(node_id, raw)
+        signer = Signer(name, private)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="ascii") as f:
@@ -215,25 +257,33 @@ def load_or_create_signer(
                 f.flush()
                 os.fsync(f.fileno())
         except FileExistsError:
-            return load_signer(path, node_id)
+            return load_signer(path, origin=origin)
         except OSError as e:
             raise CheckpointError(f"{path}: cannot create the node key: {e.strerror or e}") from e
         write_public_key(folder / PUBLIC_KEY_FILE, signer.verifier)
         return signer
-    signer = load_signer(path, node_id)
+    signer = load_signer(path, origin=origin)
     public = folder / PUBLIC_KEY_FILE
     if not public.exists():
         write_public_key(public, signer.verifier)
     return signer
 
 
-def load_signer(path: str | os.PathLike[str], node_id: str | None = None) -> Signer:
+def load_signer(
+    path: str | os.PathLike[str], node_id: str | None = None, *, origin: str | None = None
+) -> Signer:
     """Read a signer key file (mode 0600 or stricter).
+
+    Args:
+        path: the key file.
+        node_id: unused (the key's name is any origin); kept for callers.
+        origin: the configured origin, if any: the key's name must be it.
 
     Raises:
         CheckpointError: unreadable, readable by group or others, malformed,
-            or (with `node_id`) the key of another node.
+            or (with `origin`) a key of another name.
     """
+    del node_id
     file = Path(path)
     try:
         mode = file.stat().st_mode
@@ -249,9 +299,11 @@ def load_signer(path: str | os.PathLike[str], node_id: str | None = None) -> Sig
         signer = parse_signer_key(text)
     except NoteError as e:
         raise CheckpointError(f"{file}: {e}") from e
-    if node_id is not None and signer.name != origin_of(node_id):
+    if origin is not None and signer.name != origin:
         raise CheckpointError(
-            f"{file} is the key of {signer.name!r}, not of node {node_id!r} ({origin_of(node_id)})"
+            f"[node] origin is {origin!r} but the node key {file} is named {signer.name!r}: "
+            f"an existing key keeps its name (its checkpoints and witnesses know it); set "
+            f"origin = {signer.name!r} or remove the origin setting"
         )
     return signer
 

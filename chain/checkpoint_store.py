@@ -346,9 +346,7 @@ class Checkpointer:
         self._last_at = self._monotonic()
         if self._tree.size <= self.last_size or self._closed:
             return None
-        cp = sign_checkpoint(
-            self._signer, self._node_id, self._tree.size, self._tree.root(), self._head
-        )
+        cp = sign_checkpoint(self._signer, self._tree.size, self._tree.root(), self._head)
         with translated(self._path, "store a checkpoint in"), immediate(self._conn):
             self._conn.execute(
                 "INSERT INTO checkpoints (tree_size, ts_ns, note) VALUES (?, ?, ?)",

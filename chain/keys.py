@@ -6,7 +6,7 @@ payload ``{"new_key": <verifier key>, "note": <signed note>, "old_key":
 <verifier key>}``. The note's text is::
 
     infervisor key rotation
-    infervisor/<node id>
+    <origin>
     old <old verifier key>
     new <new verifier key>
 
@@ -31,7 +31,6 @@ from infervisor.chain.checkpoint import (
     KEY_FILE,
     PUBLIC_KEY_FILE,
     load_signer,
-    origin_of,
     write_public_key,
 )
 from infervisor.chain.checkpoint_store import Checkpointer
@@ -61,9 +60,9 @@ class Rotation(NamedTuple):
     checkpoint_size: int
 
 
-def rotation_text(node_id: str, old: Verifier, new: Verifier) -> str:
-    """Return the note text of a rotation from `old` to `new`."""
-    return f"{_TITLE}\n{origin_of(node_id)}\nold {old.key_string()}\nnew {new.key_string()}\n"
+def rotation_text(origin: str, old: Verifier, new: Verifier) -> str:
+    """Return the note text of a rotation from `old` to `new` (`origin`: the key name both keep)."""
+    return f"{_TITLE}\n{origin}\nold {old.key_string()}\nnew {new.key_string()}\n"
 
 
 def check_rotation(note: str, old: Verifier) -> Verifier:
@@ -98,11 +97,11 @@ def rotate_key(chain_path: str | os.PathLike[str], node_id: str, ts_ns: int) -> 
         ChainError: the chain cannot be opened or appended to.
     """
     folder = Path(os.fspath(chain_path)).parent
-    old = load_signer(folder / KEY_FILE, node_id)
-    new = Signer.generate(origin_of(node_id))
+    old = load_signer(folder / KEY_FILE)
+    new = Signer.generate(old.name)  # rotation keeps the origin
     staged = folder / (KEY_FILE + ".next")
     _write_private(staged, new)
-    note = sign_note(rotation_text(node_id, old.verifier, new.verifier), old, new)
+    note = sign_note(rotation_text(old.name, old.verifier, new.verifier), old, new)
     payload = encode_payload(
         {  # replay/events.py KeyRotated, as its encoder writes it
             "event": KEY_ROTATED_KIND,

@@ -432,7 +432,17 @@ _RAW = msgspec.json.Decoder(dict[str, Any])
 
 
 class EventDecodeError(Exception):
-    """A stored payload is not a known event (names seq, kind and the problem)."""
+    """A stored payload is not a known event (names seq, kind and the problem).
+
+    Attributes:
+        seq: the event's seq (None when not known).
+        kind: the event's kind (None when not known).
+    """
+
+    def __init__(self, message: str, *, seq: int | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq
+        self.kind = kind
 
 
 def kind_of(event: Event) -> str:
@@ -456,7 +466,9 @@ def decode_event(stored: StoredEvent) -> Event:
     """
     kind = stored.kind
     if kind not in EVENT_TYPES:
-        raise EventDecodeError(f"seq {stored.seq}: unknown event kind {kind!r}")
+        raise EventDecodeError(
+            f"seq {stored.seq}: unknown event kind {kind!r}", seq=stored.seq, kind=stored.kind
+        )
     try:  # the common case in one typed decode: a current payload of the header's kind
         fast: Event = _DECODER.decode(stored.payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -470,24 +482,34 @@ def decode_event(stored: StoredEvent) -> Event:
             return _upcast(stored, raw)
         event: Event = _DECODER.decode(stored.payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise EventDecodeError(f"seq {stored.seq} ({stored.kind}): {e}") from e
+        raise EventDecodeError(
+            f"seq {stored.seq} ({stored.kind}): {e}", seq=stored.seq, kind=stored.kind
+        ) from e
     return event
 
 
 def _upcast(stored: StoredEvent, raw: dict[str, Any]) -> Event:
     if raw.get("event", stored.kind) != stored.kind:
         raise EventDecodeError(
-            f"seq {stored.seq}: payload says {raw.get('event')!r}, the header says {stored.kind!r}"
+            f"seq {stored.seq}: payload says {raw.get('event')!r}, the header says {stored.kind!r}",
+            seq=stored.seq,
+            kind=stored.kind,
         )
     version = int(raw.get("v", 0))
     if version > 1:
         raise EventDecodeError(
-            f"seq {stored.seq}: {stored.kind} v{version} was written by a newer infervisor"
+            f"seq {stored.seq}: {stored.kind} v{version} was written by a newer infervisor",
+            seq=stored.seq,
+            kind=stored.kind,
         )
     while version < 1:
         step = UPCASTERS.get((stored.kind, version))
         if step is None:
-            raise EventDecodeError(f"seq {stored.seq}: no upcaster for {stored.kind} v{version}")
+            raise EventDecodeError(
+                f"seq {stored.seq}: no upcaster for {stored.kind} v{version}",
+                seq=stored.seq,
+                kind=stored.kind,
+            )
         raw = step(raw)
         version = int(raw.get("v", version + 1))
     raw["event"] = stored.kind

@@ -126,7 +126,7 @@ def bundle(folder: Path, vkey: str | None) -> tuple[int, bytes]:
     files = sorted((folder / "checkpoints").glob("*.txt"))
     if files:
         key = vkey or (folder / "node.pub").read_text().strip()
-        origin = f"infervisor/{rows[0]['node']}"
+        origin = key.split("+", 1)[0]  # signed-note: the checkpoint's origin is the key's name
         cps = []
         for file in files:
             got_origin, size, root, head = checkpoint_values(file.read_bytes(), key)

@@ -222,7 +222,8 @@ def test_replay_prints_the_node_and_one_line_per_instance(db: Path) -> None:
     assert words(chat).split()[:4] == [CHAT, "stopped", "wanted", "stopped"]
     assert "stopped by operator" in chat
     assert words(idle).split()[:4] == [IDLE, "loaded", "wanted", "stopped"]
-    assert result.stderr == ""
+    # the trust policy's anchor line (issue 18): no witness, no saved checkpoint
+    assert result.stderr == "unanchored: no checkpoint held outside this node\n"
 
 
 def test_replay_json_is_the_node_state(db: Path) -> None:

@@ -252,11 +252,18 @@ def test_memoized_consistency_proofs_are_the_same_proofs() -> None:
     assert memo  # something was kept
 
 
-def test_an_origin_the_key_cannot_have_is_refused_in_one_line(tmp_path: Path) -> None:
-    settings = NodeSettings(
-        node_id="n1", data_dir=str(tmp_path / "data"), llamacpp_program="/bin/false",
-        origin="example.com/fleet-a/n1",
-    )  # fmt: skip
+def test_a_configured_origin_names_the_key_and_another_one_later_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    def settings(origin: str) -> NodeSettings:
+        return NodeSettings(
+            node_id="n1", data_dir=str(tmp_path / "data"), llamacpp_program="/bin/false",
+            origin=origin,
+        )  # fmt: skip
+
+    Node.open(settings("example.com/fleet-a/n1")).shutdown()
+    key = (tmp_path / "data" / "node.pub").read_text()
+    assert key.startswith("example.com/fleet-a/n1+")
     with pytest.raises(CheckpointError) as refused:
-        Node.open(settings)
-    assert "example.com/fleet-a/n1" in str(refused.value) and "\n" not in str(refused.value)
+        Node.open(settings("example.com/fleet-b/n1"))
+    assert "example.com/fleet-b/n1" in str(refused.value) and "\n" not in str(refused.value)

@@ -17,9 +17,16 @@ from infervisor.chain.errors import BundleError, CheckpointError
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
 from ..node.where import chain_of
+from .chain_files import say_swept
 from .chain_inputs import KEY_HELP, warn
 
-__all__ = ["export", "verify_bundle_cmd"]
+__all__ = ["OWN_KEY_WARNING", "export", "verify_bundle_cmd"]
+
+OWN_KEY_WARNING = (
+    "the checkpoints were checked with the bundle's own key (its node.pub), which whoever "
+    "made the bundle chose: pass --key PUBKEY (the node's public key, obtained elsewhere)"
+)
+UNANCHORED = "unanchored: no checkpoint held outside this node"
 
 
 @click.command("export", cls=Command)
@@ -34,6 +41,7 @@ def export(where: Path, out: Path, key: str | None, as_json: bool) -> None:
     manifest.json (counts, SHA-256 of each file): docs/chain-format.md.
     """
     db = chain_of(where)
+    say_swept(out)
     try:
         manifest = export_bundle(db, out, key)
     except BundleError as e:
@@ -71,7 +79,12 @@ def export(where: Path, out: Path, key: str | None, as_json: bool) -> None:
 def verify_bundle_cmd(bundle: Path, key: str | None, as_json: bool) -> None:
     """Verify an export bundle with no database: events, checkpoints, manifest.
 
-    Exit 0 when valid; 1 when not, naming the sequence number and the reason.
+    Without --key the checkpoints are checked with the bundle's own node.pub,
+    which whoever made the bundle chose: the output says so ("trusted_key":
+    "bundle" in --json), and a bundle re-signed with another key verifies.
+    A bundle carries no cosignatures: its verdict is unanchored (docs/chain-
+    format.md, "Cosignatures and the trust policy"). Exit 0 when valid; 1 when
+    not, naming the sequence number and the reason.
     """
     if not (bundle / "manifest.json").is_file():
         raise Failure(f"{bundle}: not a bundle (no manifest.json)", "bad_path", "BUNDLE")
@@ -84,8 +97,16 @@ def verify_bundle_cmd(bundle: Path, key: str | None, as_json: bool) -> None:
             where = f" at seq {e.seq}" if e.seq is not None else ""
             click.echo(f"INVALID{where}: {e.reason}: {e}")
         sys.exit(1)
+    trusted = "given" if key is not None else "bundle"
     if as_json:
-        echo_json({"ok": True, **msgspec.to_builtins(report)})
+        echo_json(
+            {
+                "ok": True,
+                **msgspec.to_builtins(report),
+                "trusted_key": trusted,
+                "anchor": UNANCHORED,
+            }
+        )
     else:
         click.echo(
             f"ok: {report.events} events, node {report.node}, head seq {report.head_seq} "
@@ -95,6 +116,9 @@ def verify_bundle_cmd(bundle: Path, key: str | None, as_json: bool) -> None:
             else f"ok: {report.events} events, node {report.node}, head seq {report.head_seq} "
             f"{report.head_hash}; no checkpoint"
         )
+        click.echo(UNANCHORED)
+    if key is None and report.covered:
+        warn(OWN_KEY_WARNING)
     if report.warning:
         warn(report.warning)
     sys.exit(0)

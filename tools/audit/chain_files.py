@@ -14,13 +14,15 @@ from infervisor.chain import ChainError
 from infervisor.chain.backup import backup_chain
 from infervisor.chain.checkpoint_store import read_stored
 from infervisor.chain.errors import CheckpointError
+from infervisor.chain.leftovers import sweep
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
 from ..node.lock import LOCK_FILE, RunError, holds_no_run
 from ..node.where import chain_of
+from .chain_inputs import warn
 
-__all__ = ["backup", "checkpoint", "rotate_key"]
+__all__ = ["backup", "checkpoint", "rotate_key", "say_swept"]
 
 
 @click.command("checkpoint", cls=Command)
@@ -68,6 +70,12 @@ def checkpoint(where: Path, out: Path | None, as_json: bool) -> None:
     sys.exit(0)
 
 
+def say_swept(out: Path) -> None:
+    """Remove what killed backups and exports left beside OUT, and say so on stderr."""
+    for left in sweep(out.parent if out.parent != Path() else Path.cwd()):
+        warn(f"removed {left.path}, left by a killed backup or export (pid {left.pid})")
+
+
 @click.command("backup", cls=Command)
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
@@ -76,9 +84,12 @@ def backup(where: Path, out: Path, as_json: bool) -> None:
     """Copy the chain in WHERE to the new file OUT, consistently, while the node runs.
 
     Uses SQLite's online backup API: events still in the -wal file are
-    copied too (a plain cp of chain.db can lose them).
+    copied too (a plain cp of chain.db can lose them). The copy is written
+    aside and renamed into place; what a killed backup or export left in
+    OUT's folder is removed first, and stderr says so.
     """
     db = chain_of(where)
+    say_swept(out)
     if out.exists():
         raise Failure(f"OUT {out} exists: a backup goes to a new file", "bad_path", "OUT")
     try:

@@ -90,10 +90,10 @@ def read_checkpoint(path: Path, key: str | None, db: Path) -> Checkpoint:
         if key is not None:
             return read_checkpoint_by(note, trusted(db, key))
         text, _ = split_note(note)
-        node, size, root, head = parse_checkpoint_text(text)
+        origin, size, root, head = parse_checkpoint_text(text)
     except (CheckpointError, NoteError) as e:
         raise Failure(f"--checkpoint {path}: {e}", "checkpoint_invalid", "--checkpoint") from e
-    return Checkpoint(node, size, root, head, note.decode("utf-8"))
+    return Checkpoint(origin, size, root, head, note.decode("utf-8"))
 
 
 def stored_hashes(db: Path) -> list[bytes]:

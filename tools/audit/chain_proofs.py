@@ -4,6 +4,7 @@ consistency proofs of the chain's Merkle tree, for a signed checkpoint's tree
 
 from __future__ import annotations
 
+import base64
 import sys
 from pathlib import Path
 
@@ -61,6 +62,7 @@ def prove(where: Path, seq: int, checkpoint_file: Path, key: str | None, as_json
         "leaf_hash": leaves[seq].hex(),
         "root": cp.root.hex(),
         "path": [p.hex() for p in path],
+        "path_base64": [_b64(p) for p in path],
     }
     if as_json:
         echo_json(doc)
@@ -74,7 +76,17 @@ def prove(where: Path, seq: int, checkpoint_file: Path, key: str | None, as_json
     click.echo(f"path ({len(path)} hashes, leaf's sibling first):")
     for p in path:
         click.echo(f"  {p.hex()}")
+    click.echo(
+        "path as base64 lines (as c2sp.org/tlog-witness and tlog-tiles clients take hashes):"
+    )
+    for p in path:
+        click.echo(_b64(p))
     sys.exit(0)
+
+
+def _b64(digest: bytes) -> str:
+    """A hash in standard base64 (RFC 4648, padded): a proof line of c2sp.org/tlog-witness."""
+    return base64.b64encode(digest).decode("ascii")
 
 
 @click.command("consistency", cls=Command)
@@ -117,6 +129,7 @@ def consistency(where: Path, old: Path, new: Path, key: str | None, as_json: boo
         "new_size": new_cp.tree_size,
         "new_root": new_cp.root.hex(),
         "proof": [p.hex() for p in proof],
+        "proof_base64": [_b64(p) for p in proof],
     }
     if as_json:
         echo_json(doc)
@@ -130,4 +143,11 @@ def consistency(where: Path, old: Path, new: Path, key: str | None, as_json: boo
     click.echo(f"proof ({len(proof)} hashes):")
     for p in proof:
         click.echo(f"  {p.hex()}")
+    click.echo(
+        "as a witness takes it (c2sp.org/tlog-witness add-checkpoint: the old size, then "
+        "one base64 hash a line, then a blank line and NEW's note):"
+    )
+    click.echo(f"old {old_cp.tree_size}")
+    for p in proof:
+        click.echo(_b64(p))
     sys.exit(0)

@@ -12,22 +12,24 @@ import click
 import msgspec
 
 from infervisor.chain import ChainError, VerifyReport, verify_chain
-from infervisor.chain.checkpoint import PUBLIC_KEY_FILE, Checkpoint, compare
-from infervisor.chain.checkpoint_store import read_stored, verified
+from infervisor.chain.checkpoint import Checkpoint
 from infervisor.chain.errors import ProofError
 from infervisor.chain.merkle import leaf_hash, verify_consistency, verify_inclusion
+from infervisor.chain.trust import Verdict
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
 from ..node.where import chain_of
-from .chain_inputs import KEY_HELP, read_checkpoint, read_text, stored_hashes, trusted, warn
+from .chain_inputs import KEY_HELP, read_checkpoint, read_text, stored_hashes, warn
+from .trust_options import TrustArgs, judge_chain, trust_options
 
 __all__ = ["NO_CHECKPOINT_WARNING", "verify"]
 
 STORED_CHECKPOINT_WARNING = (
-    "checked against the chain's own latest signed checkpoint only: a rewrite of the "
-    "whole file, its checkpoints included, cannot be ruled out: pass --checkpoint FILE "
-    "--key PUBKEY (a checkpoint saved elsewhere earlier, and the node's public key)"
+    "checked against the chain's own signed checkpoints only: a rewrite of the whole "
+    "file, its checkpoints re-signed with node.key, cannot be ruled out: pass --witness "
+    "VKEY (its cosignatures stored in the chain) or --checkpoint FILE --key PUBKEY (a "
+    "checkpoint saved elsewhere earlier, and the node's public key)"
 )
 NO_CHECKPOINT_WARNING = (
     "without a checkpoint, truncation of the chain's tail and a rewrite of the whole "
@@ -53,24 +55,31 @@ NO_CHECKPOINT_WARNING = (
     type=click.Path(path_type=Path),
     help="An inclusion or consistency proof (chain prove|consistency --json) to check.",
 )
+@trust_options
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
-def verify(
+def verify(  # noqa: PLR0917 - one parameter per option, as click passes them
     where: Path,
     checkpoint_file: Path | None,
     key: str | None,
     proof_file: Path | None,
+    witnesses: tuple[str, ...],
+    quorum: int | None,
     as_json: bool,
 ) -> None:
-    """Verify every hash and link of the chain in WHERE.
+    """Verify every hash and link of the chain in WHERE, and the chain against its checkpoints.
 
     WHERE is the chain file, the node's data directory (holding chain.db) or
-    its config file (.toml). With --checkpoint FILE --key PUBKEY the chain is
-    also checked against that signed checkpoint: a chain shorter than it
-    (truncated), with another root at its size (rewritten) or not extending
-    it (forked) is invalid, named with the sequence number. Without one,
-    stderr (and "warning" in --json) says that truncation and rewriting
-    cannot be ruled out. Exit 0 when valid; 1 when not, naming the first bad
-    sequence number and why; 2 when the file cannot be read.
+    its config file (.toml): the verdict is the same for all three. The
+    trust policy (docs/chain-format.md, "Cosignatures and the trust policy")
+    checks every stored checkpoint's signature with the node key (--key,
+    else node.pub beside the chain), the chain against each (truncated,
+    rewritten, forked: named with the first sequence number the evidence
+    allows), and the stored cosignatures of the --witness keys (or the
+    config's [[witnesses]]); --checkpoint FILE --key PUBKEY adds a signed
+    checkpoint saved elsewhere. One line says how far the verdict is
+    anchored outside the node ("anchor" in --json); without an anchor,
+    stderr (and "warning" in --json) says what cannot be ruled out. Exit 0
+    when valid; 1 when not; 2 when the file cannot be read.
     """
     db = chain_of(where)
     if checkpoint_file is not None and key is None:
@@ -84,55 +93,47 @@ def verify(
         report = verify_chain(db)
     except ChainError as e:
         raise Failure(str(e), "chain_unreadable") from e
-    cp, against, stored = _against_checkpoint(db, report, checkpoint_file, key)
+    cp = None if checkpoint_file is None else read_checkpoint(checkpoint_file, key, db)
+    external = None if cp is None or checkpoint_file is None else (cp, checkpoint_file.name)
+    verdict = judge_chain(db, TrustArgs(where, witnesses, quorum, key), external)
+    against = _against(verdict, cp) if report.ok else None
     proof = _check_proof(db, proof_file, cp) if proof_file is not None else None
-    warning = NO_CHECKPOINT_WARNING if cp is None else STORED_CHECKPOINT_WARNING if stored else None
+    warning = _warning(verdict, against)
     ok = report.ok and (against is None or against["ok"]) and (proof is None or proof["ok"])
     if as_json:
         doc = msgspec.to_builtins(report)
-        doc.update(ok=ok, checkpoint=against, proof=proof, warning=warning)
+        doc.update(ok=ok, checkpoint=against, proof=proof, warning=warning, anchor=verdict.anchor)
         echo_json(doc)
     else:
         _say_verdict(report, against, proof)
+        click.echo(verdict.anchor)
     if warning is not None and (report.ok or not as_json):  # JSON carries it in "warning"
         warn(warning)
     sys.exit(0 if ok else 1)
 
 
-def _against_checkpoint(
-    db: Path, report: VerifyReport, checkpoint_file: Path | None, key: str | None
-) -> tuple[Checkpoint | None, dict[str, Any] | None, bool]:
-    """The checkpoint checked against (--checkpoint's, else the chain's own latest
-    one whose signature checks out), the verdict against it, and whether it was
-    the chain's own."""
-    cp = None if checkpoint_file is None else read_checkpoint(checkpoint_file, key, db)
-    stored = False
-    if cp is None:  # the chain's own latest checkpoint, when its signature checks out
-        cp, key = _own_checkpoint(db, key)
-        stored = cp is not None
-    against = _against(db, report, cp, key) if cp is not None else None
-    if against is not None and stored:
-        against["detail"] = f"{against['detail']} (the chain's own latest checkpoint)"
-    return cp, against, stored
+def _warning(verdict: Verdict, against: dict[str, Any] | None) -> str | None:
+    if verdict.anchored:
+        return None
+    return NO_CHECKPOINT_WARNING if against is None else STORED_CHECKPOINT_WARNING
 
 
-def _own_checkpoint(db: Path, key: str | None) -> tuple[Checkpoint | None, str | None]:
-    """The latest checkpoint stored in the chain that ``key`` (default: node.pub
-    beside the chain) signed, and the key; (None, key) when there is none or no key.
-
-    It catches a tail cut below it in the same file; it cannot rule out a rewrite
-    of the whole file, checkpoints included (a saved checkpoint can).
-    """
-    if key is None:
-        beside = db.parent / PUBLIC_KEY_FILE
-        if not beside.is_file():
-            return None, None
-        key = str(beside)
-    try:
-        signed = verified(read_stored(db), *trusted(db, key))
-    except (ChainError, Failure):
-        return None, key
-    return (signed[-1] if signed else None), key
+def _against(verdict: Verdict, cp: Checkpoint | None) -> dict[str, Any] | None:
+    """The verdict against the checkpoints, as the "checkpoint" field of --json
+    (None when no checkpoint was checked)."""
+    if cp is None and verdict.checkpoints == 0 and verdict.problem is None:
+        return None
+    own = "" if cp is not None else " (the chain's own latest checkpoint and those before it)"
+    shown = cp or verdict.latest
+    base: dict[str, Any] = {
+        "tree_size": verdict.latest_size if shown is None else shown.tree_size,
+        "root": None if shown is None else shown.root.hex(),
+        "origin": None if shown is None else shown.origin,
+    }
+    p = verdict.problem
+    if p is None:
+        return {**base, "ok": True, "seq": None, "reason": None, "detail": "as signed" + own}
+    return {**base, "ok": False, "seq": p.seq, "reason": p.reason, "detail": p.detail + own}
 
 
 def _say_verdict(
@@ -150,8 +151,8 @@ def _say_verdict(
     if against is not None:
         if against["ok"]:
             click.echo(
-                f"ok against checkpoint: tree size {against['tree_size']}, root "
-                f"{against['root']}: seq 0..{against['tree_size'] - 1} are as signed"
+                f"ok against checkpoint: tree size {against['tree_size']}: "
+                f"seq 0..{against['tree_size'] - 1} are as signed"
             )
         else:
             click.echo(
@@ -161,30 +162,6 @@ def _say_verdict(
     if proof is not None:
         word = "ok" if proof["ok"] else "INVALID"
         click.echo(f"{word} {proof['type']} proof: {proof['detail']}")
-
-
-def _against(db: Path, report: VerifyReport, cp: Checkpoint, key: str | None) -> dict[str, Any]:
-    hashes = stored_hashes(db)
-    earlier: list[Checkpoint] = []
-    if key is not None:
-        try:
-            earlier = verified(read_stored(db), *trusted(db, key))
-        except ChainError:
-            earlier = []
-    base = {"tree_size": cp.tree_size, "root": cp.root.hex(), "origin": cp.origin}
-    if report.node is not None and cp.node != report.node:
-        detail = f"the checkpoint is of node {cp.node!r}, the chain of {report.node!r}"
-        return {**base, "ok": False, "seq": 0, "reason": "other node", "detail": detail}
-    mismatch = compare(hashes, cp, earlier)
-    if mismatch is None:
-        return {**base, "ok": True, "seq": None, "reason": None, "detail": "as signed"}
-    return {
-        **base,
-        "ok": False,
-        "seq": mismatch.seq,
-        "reason": mismatch.reason,
-        "detail": mismatch.detail,
-    }
 
 
 def _check_proof(db: Path, path: Path, cp: Checkpoint | None) -> dict[str, Any]:

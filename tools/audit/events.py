@@ -32,6 +32,7 @@ from ..clikit.failure import Failure, fail
 from ..clikit.names import chain_roles, resolve
 from ..node.where import chain_of
 from .offline import TIME, every_role, iso, print_marker, read_offline
+from .trust_options import TrustArgs, trust_options
 
 __all__ = ["EventRow", "events"]
 
@@ -54,6 +55,7 @@ __all__ = ["EventRow", "events"]
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="One JSON object per line.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
 @click.option("--unverified", is_flag=True, help=UNVERIFIED_HELP)
+@trust_options
 def events(  # noqa: PLR0917 - one parameter per option, as click passes them
     where: Path,
     instance: str | None,
@@ -65,6 +67,8 @@ def events(  # noqa: PLR0917 - one parameter per option, as click passes them
     as_jsonl: bool,
     as_csv: bool,
     unverified: bool,
+    witnesses: tuple[str, ...],
+    quorum: int | None,
 ) -> None:
     """List the events of the chain in WHERE, filtered, as a table, JSON Lines or CSV.
 
@@ -79,7 +83,9 @@ def events(  # noqa: PLR0917 - one parameter per option, as click passes them
     if as_jsonl and as_csv:
         fail("--jsonl and --csv exclude each other: choose one", "usage", "--csv")
     _check_filters(kinds, since, until)
-    read = read_offline(db, unverified=unverified, keep_events=True)
+    read = read_offline(
+        db, unverified=unverified, keep_events=True, trust=TrustArgs(where, witnesses, quorum)
+    )
     subject = None if instance is None else _subject(db, read, instance)
     wanted = _Filter(subject, kinds, source, since, until, grep)
     rows = [r for r in _rows(read) if wanted.matches(r)]

@@ -4,7 +4,9 @@ Every offline command (``replay``, ``timeline``, ``events``, ``status`` of a
 stopped node) reads a chain file (never a running node) and verifies it in
 the same pass and snapshot it reads (`infervisor.replay.read_chain`): a chain
 that does not verify is refused (exit 1, ``chain_invalid``, naming the
-sequence number and the reason) unless ``--unverified`` is given; then it is
+sequence number and the reason), and so is one that fails the trust policy
+against its checkpoints and cosignatures (chain/trust.py, with ``--witness`` /
+``--quorum`` or a config's ``[[witnesses]]``), unless ``--unverified`` is given; then it is
 read as stored and every output says so (a first line in text, and a
 ``"verified"`` / ``"problem"`` wrapper in JSON). See docs/cli.md and
 docs/forensics.md.
@@ -26,6 +28,8 @@ from infervisor.chain.checks import Problem
 from infervisor.replay import ChainRead, EventDecodeError, ReplayError, read_chain
 
 from ..clikit.failure import Failure
+from .chain_inputs import warn
+from .trust_options import TrustArgs, judge_chain, refuse, say_anchor
 
 __all__ = [
     "TIME",
@@ -96,8 +100,10 @@ def read_offline(
     unverified: bool,
     until: Until | None = None,
     keep_events: bool = False,
+    trust: TrustArgs | None = None,
 ) -> ChainRead:
-    """Verify and replay DB in one pass.
+    """Verify and replay DB in one pass, then apply the trust policy (chain/trust.py)
+    with `trust`'s witnesses and key; its anchor line goes to stderr.
 
     Raises:
         Failure: `chain_invalid` when it does not verify (unless `unverified`),
@@ -126,6 +132,17 @@ def read_offline(
             "nothing shown (--unverified reads it anyway, marked)",
             "chain_invalid",
         )
+    if trust is not None:
+        verdict = judge_chain(db, trust)
+        if verdict.problem is not None and problem is None:
+            if not unverified:
+                refuse(db, verdict)
+            p = verdict.problem
+            warn(
+                f"UNVERIFIED: {db} does not verify against its checkpoints "
+                f"(seq {p.seq}: {p.reason})"
+            )
+        say_anchor(verdict)
     return read
 
 

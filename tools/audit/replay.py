@@ -11,6 +11,7 @@ from ..clikit.command import UNVERIFIED_HELP, Command
 from ..clikit.failure import echo_json, fail
 from ..node.where import chain_of
 from .offline import parse_until, print_marker, read_offline, wrap
+from .trust_options import TrustArgs, trust_options
 
 __all__ = ["replay"]
 
@@ -25,8 +26,16 @@ __all__ = ["replay"]
     "stamped later.",
 )
 @click.option("--unverified", is_flag=True, help=UNVERIFIED_HELP)
+@trust_options
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
-def replay(where: Path, until: str | None, unverified: bool, as_json: bool) -> None:
+def replay(  # noqa: PLR0917 - one parameter per option, as click passes them
+    where: Path,
+    until: str | None,
+    unverified: bool,
+    witnesses: tuple[str, ...],
+    quorum: int | None,
+    as_json: bool,
+) -> None:
     """Rebuild and print the node state from the chain in WHERE alone.
 
     WHERE is the chain file, the node's data directory or its config file
@@ -48,7 +57,9 @@ def replay(where: Path, until: str | None, unverified: bool, as_json: bool) -> N
             "--until",
         )
     db = chain_of(where)
-    read = read_offline(db, unverified=unverified, until=upto)
+    read = read_offline(
+        db, unverified=unverified, until=upto, trust=TrustArgs(where, witnesses, quorum)
+    )
     state = read.state
     if as_json:
         echo_json(wrap(read, state) if unverified else state)

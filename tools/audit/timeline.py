@@ -16,6 +16,7 @@ from ..clikit.names import chain_roles, resolve
 from ..clikit.schemas import from_timeline
 from ..node.where import chain_of
 from .offline import every_role, print_marker, read_offline, wrap
+from .trust_options import TrustArgs, trust_options
 
 __all__ = ["print_timeline", "timeline"]
 
@@ -24,8 +25,16 @@ __all__ = ["print_timeline", "timeline"]
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.argument("instance")
 @click.option("--unverified", is_flag=True, help=UNVERIFIED_HELP)
+@trust_options
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
-def timeline(where: Path, instance: str, unverified: bool, as_json: bool) -> None:
+def timeline(  # noqa: PLR0917 - one parameter per option, as click passes them
+    where: Path,
+    instance: str,
+    unverified: bool,
+    witnesses: tuple[str, ...],
+    quorum: int | None,
+    as_json: bool,
+) -> None:
     """Print INSTANCE's events from the chain in WHERE, one line each.
 
     WHERE is the chain file, the node's data directory or its config file
@@ -36,7 +45,9 @@ def timeline(where: Path, instance: str, unverified: bool, as_json: bool) -> Non
     when INSTANCE names none of them.
     """
     db = chain_of(where)
-    read = read_offline(db, unverified=unverified, keep_events=True)
+    read = read_offline(
+        db, unverified=unverified, keep_events=True, trust=TrustArgs(where, witnesses, quorum)
+    )
     # Unloaded instances too: their history stays in the chain.
     iid = resolve(instance, every_role(read, chain_roles(read.state)), f"in {db}")
     try:

@@ -380,6 +380,7 @@ VERIFY_SCHEMA: dict[str, Any] = {
         "checkpoint",
         "proof",
         "warning",
+        "anchor",
     ],
     "properties": {
         "ok": {"type": "boolean"},
@@ -400,8 +401,8 @@ VERIFY_SCHEMA: dict[str, Any] = {
             "properties": {
                 "ok": {"type": "boolean"},
                 "tree_size": _INT,
-                "root": _STR,
-                "origin": _STR,
+                "root": _OPT_STR,
+                "origin": _OPT_STR,
                 "seq": _OPT_INT,
                 "reason": _OPT_STR,
                 "detail": _STR,
@@ -414,6 +415,7 @@ VERIFY_SCHEMA: dict[str, Any] = {
             "properties": {"ok": {"type": "boolean"}, "type": _STR, "detail": _STR},
         },
         "warning": _OPT_STR,
+        "anchor": _STR,
     },
 }
 

@@ -1,0 +1,145 @@
+"""The trust policy's options on every reader (``--witness VKEY``, ``--quorum K``)
+and its verdict as the commands print it (chain/trust.py; docs/chain-format.md,
+"Cosignatures and the trust policy").
+
+When WHERE is a config (.toml) and no ``--witness`` is given, its
+``[[witnesses]]`` tables (``vkey``) and ``[node] witness_quorum`` are the
+policy. They are read raw from the TOML here (:func:`config_witnesses`), so
+this module does not depend on the node config's dataclasses.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+import click
+
+from infervisor.chain import ChainError
+from infervisor.chain.checkpoint import Checkpoint
+from infervisor.chain.cosignature import WitnessPolicy, parse_witness_key
+from infervisor.chain.errors import CheckpointError, NoteError
+from infervisor.chain.trust import Verdict, assess, node_key
+
+from ..clikit.failure import Failure
+
+__all__ = ["TrustArgs", "config_witnesses", "judge_chain", "say_anchor", "trust_options"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class TrustArgs(NamedTuple):
+    """What a reader was told to trust: WHERE as given, ``--witness``, ``--quorum``, ``--key``."""
+
+    where: Path
+    witnesses: tuple[str, ...] = ()
+    quorum: int | None = None
+    key: str | None = None
+
+
+def trust_options(f: F) -> F:
+    """Add ``--witness VKEY`` (repeatable) and ``--quorum K`` to a command."""
+    f = click.option(
+        "--quorum",
+        type=click.IntRange(min=1),
+        help="How many of the --witness keys must have cosigned (default: all).",
+    )(f)
+    return click.option(
+        "--witness",
+        "witnesses",
+        multiple=True,
+        metavar="VKEY",
+        help="A witness's verifier key (name+hexid+base64, c2sp.org/tlog-cosignature); "
+        "repeat for each. Its cosignatures stored in the chain anchor the verdict. "
+        "Default: the [[witnesses]] of WHERE when it is a config.",
+    )(f)
+
+
+def config_witnesses(config: Path) -> tuple[tuple[str, ...], int | None]:
+    """The ``vkey`` of each ``[[witnesses]]`` table and ``[node] witness_quorum`` of a
+    config file, read raw from its TOML.
+
+    Raises:
+        Failure: the file is not TOML, or a value is of the wrong type.
+    """
+    try:
+        doc = tomllib.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise Failure(f"{config}: cannot read its [[witnesses]]: {e}", "bad_config") from e
+    tables = doc.get("witnesses", [])
+    node = doc.get("node", {})
+    quorum = node.get("witness_quorum") if isinstance(node, dict) else None
+    if not isinstance(tables, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("vkey"), str) for t in tables
+    ):
+        raise Failure(
+            f"{config}: [[witnesses]] must be tables with a vkey string", "bad_config", "witnesses"
+        )
+    if quorum is not None and (type(quorum) is not int or quorum < 1):
+        raise Failure(
+            f"{config}: [node] witness_quorum must be an integer >= 1, found {quorum!r}",
+            "bad_config",
+            "witness_quorum",
+        )
+    return tuple(t["vkey"] for t in tables), quorum
+
+
+def policy_of(args: TrustArgs) -> WitnessPolicy | None:
+    """The witness policy of the options, else of WHERE's config; None without witnesses.
+
+    Raises:
+        Failure: a key that does not parse, or a quorum out of range (usage, exit 2).
+    """
+    vkeys, quorum, field = args.witnesses, args.quorum, "--witness"
+    if not vkeys and args.where.suffix == ".toml":
+        vkeys, quorum = config_witnesses(args.where)
+        quorum, field = args.quorum or quorum, "[[witnesses]] vkey"
+    if not vkeys:
+        if args.quorum is not None:
+            raise Failure("--quorum needs --witness VKEY", "usage", "--quorum")
+        return None
+    try:
+        return WitnessPolicy.of([parse_witness_key(v) for v in vkeys], quorum)
+    except (NoteError, ValueError) as e:
+        raise Failure(f"{field}: {e}", "usage", field) from e
+
+
+def judge_chain(
+    db: Path, args: TrustArgs, external: tuple[Checkpoint, str] | None = None
+) -> Verdict:
+    """The trust policy's verdict on the chain file `db` (its rows verified by the caller).
+
+    Raises:
+        Failure: a bad key or policy (usage), or the chain cannot be read.
+    """
+    policy = policy_of(args)
+    try:
+        key = node_key(db, args.key)
+    except CheckpointError as e:
+        raise Failure(str(e), "bad_key", "--key") from e
+    try:
+        return assess(db, key, policy, external)
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+
+
+def refuse(db: Path, verdict: Verdict) -> None:
+    """Refuse (exit 1, ``chain_invalid``) a chain that fails the trust policy.
+
+    Raises:
+        Failure: when it fails.
+    """
+    p = verdict.problem
+    if p is not None:
+        raise Failure(
+            f"{db} does not verify against its checkpoints: seq {p.seq}: {p.reason}: "
+            f"{p.detail}; nothing shown (--unverified reads it anyway, marked)",
+            "chain_invalid",
+        )
+
+
+def say_anchor(verdict: Verdict) -> None:
+    """The anchor line, on stderr (stdout stays the command's output)."""
+    click.echo(verdict.anchor, err=True)
