@@ -117,7 +117,7 @@ class Node:
         hashes = self.hashes()
         n = len(hashes) if size is None else size
         leaves = [leaf_hash(h) for h in hashes]  # an event hash is a leaf's data
-        cp = sign_checkpoint(self.signer, self.node, n, tree_root(hashes[:n]), hashes[n - 1])
+        cp = sign_checkpoint(self.signer, n, tree_root(hashes[:n]), hashes[n - 1])
         proof = consistency_proof(leaves, old, n) if 0 < old < n else []
         return encode_add_checkpoint(old, proof, cp.note)
 

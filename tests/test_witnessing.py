@@ -154,10 +154,15 @@ def new_chain(data: Path, node_id: str = "n1") -> Signer:
     """A new chain of ``node_id`` in ``data`` with its key and a first checkpoint (as a
     first run leaves it), so that a witness can be given the key before the node runs."""
     data.mkdir(parents=True, exist_ok=True)
-    signer = load_or_create_signer(data, node_id)
+    signer = load_or_create_signer(data, node_id, origin=f"example.com/fleet/{node_id}")
     SqliteChain.open(data / "chain.db", node_id).close()
     Checkpointer(data / "chain.db", node_id, signer).close()
     return signer
+
+
+def _origin(tmp_path: Path) -> str:
+    """The origin of the test chain's checkpoints: its key's name (node.pub)."""
+    return (tmp_path / "data" / "node.pub").read_text().split("+", 1)[0]
 
 
 def _node_draft(n: int) -> EventDraft:
@@ -193,7 +198,7 @@ def test_every_checkpoint_the_writer_signs_is_cosigned_and_stored(
         for n in range(1, 6):
             writer.ask(Append(drafts=[_node_draft(n)]), timeout=DEADLINE_S)
             size = n + 1  # the genesis and n events
-            wait_until(lambda s=size: witness.size_of("infervisor/n1") == s, DEADLINE_S, "cosign")
+            wait_until(lambda s=size: witness.size_of(_origin(tmp_path)) == s, DEADLINE_S, "cosign")
             wait_until(lambda s=size: s in _verified_sizes(db, witness), DEADLINE_S, "stored")
         assert _verified_sizes(db, witness) == [2, 3, 4, 5, 6]
         (row,) = witnessing.board.rows()
@@ -216,7 +221,7 @@ def test_a_chain_rewritten_and_resigned_with_the_node_key_is_refused(
     target = WitnessTarget(witness.url, witness.cosigner.key)
     node = Node.open(settings, witnesses=[target])
     assert node.witness_notes == []
-    wait_until(lambda: witness.size_of("infervisor/n1") >= 2, DEADLINE_S, "node.started cosigned")
+    wait_until(lambda: witness.size_of(_origin(tmp_path)) >= 2, DEADLINE_S, "node.started cosigned")
     node.shutdown()
 
     # A new chain of the same node, longer than what the witness cosigned, signed
@@ -233,9 +238,9 @@ def test_a_chain_rewritten_and_resigned_with_the_node_key_is_refused(
         Node.open(settings, witnesses=[target])
     message = str(refused.value)
     assert "witness.test/one" in message and "\n" not in message
-    cosigned = witness.size_of("infervisor/n1")
+    cosigned = witness.size_of(_origin(tmp_path))
     assert f"cosigned size {cosigned}" in message and "chain of 10 events" in message
-    assert ("infervisor/n1", 422) in witness.requests
+    assert (_origin(tmp_path), 422) in witness.requests
     with SqliteChain.open_readonly(settings.chain_path) as chain:
         kinds = [e.kind for e in chain.events()]
     assert "node.started" not in kinds  # nothing was appended

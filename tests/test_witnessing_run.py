@@ -41,7 +41,7 @@ from infervisor.chain.checkpoint_store import read_stored
 from infervisor.chain.cosignature_store import read_lines_by_size
 
 DEADLINE_S = 60.0
-ORIGIN = "infervisor/n1"
+ORIGIN = "example.com/fleet/n1"  # tests/test_witnessing.py new_chain
 
 
 class FlagRun(NodeRun):

@@ -50,7 +50,7 @@ class Log:
         n = len(self.leaves) if size is None else size
         root = root_of_hashes(self.leaves[:n])
         if self.node is not None and signer is None:
-            return sign_checkpoint(self.signer, self.node, n, root, self.leaves[n - 1]).note
+            return sign_checkpoint(self.signer, n, root, self.leaves[n - 1]).note
         text = f"{self.origin}\n{n}\n{base64.b64encode(root).decode()}\n"
         return sign_note(text, signer or self.signer)
 
