@@ -729,22 +729,24 @@ def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
     server = ApiServer.listen(tmp_path, db, "n1")
     node = StubNode()
     try:
-        starting = cli("start", tmp_path, "a", "--json")
+        # The verbs run in this process (support.cli_here), but for the stop in
+        # flight: a process of its own, since it runs beside the others.
+        starting = cli_here("start", tmp_path, "a", "--json")
         assert starting.returncode == 3, starting.stdout + starting.stderr
         assert json_error(starting)["code"] == "node_starting"
-        fallback = cli("status", tmp_path)  # no node takes requests yet: from the chain
+        fallback = cli_here("status", tmp_path)  # no node takes requests yet: from the chain
         assert "node starting; state replayed from the chain" in fallback.stderr
         server.serve(node)  # type: ignore[arg-type]  # duck-typed: the verbs it answers
         me = f"operator:uid={os.getuid()}({pwd.getpwuid(os.getuid()).pw_name})"
-        assert json.loads(ok(cli("start", tmp_path, "a", "--json")))["seq"] == 0
+        assert json.loads(ok(cli_here("start", tmp_path, "a", "--json")))["seq"] == 0
         assert node.by == [me]
         with ThreadPoolExecutor(2) as pool:
             in_flight = pool.submit(cli, "stop", tmp_path, "a")
             assert node.stopping.wait(DEADLINE_S)
             shutdown = pool.submit(server.stopping)
             wait_until(lambda: refused_as_stopping(tmp_path), DEADLINE_S, "changes refused")
-            refused(cli("start", tmp_path, "a"), 3, "shutting down")
-            assert "a" in table(ok(cli("status", tmp_path)))  # reading is still served
+            refused(cli_here("start", tmp_path, "a"), 3, "shutting down")
+            assert "a" in table(ok(cli_here("status", tmp_path)))  # reading is still served
             assert not shutdown.done()  # the stop in flight holds the shutdown
             node.release.set()
             assert shutdown.result(DEADLINE_S) is True
@@ -753,7 +755,7 @@ def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
         node.release.set()
         server.close()
     assert not (tmp_path / SOCKET_FILE).exists()
-    refused(cli("start", tmp_path, "a"), 3, NO_NODE)
+    refused(cli_here("start", tmp_path, "a"), 3, NO_NODE)
 
 
 # ---------------------------------------------------------------- help
