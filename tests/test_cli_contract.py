@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import pytest
 from click.testing import CliRunner
+from support import cli_here
 from test_cli import CHAT, IDLE, NOW, build_chain, spec, tamper
 from test_operator_cli import Started, start_node  # noqa: F401 - a fixture
 from test_run_resume import EXIT_DEADLINE_S, INFERVISOR, cli, put_model, write_config
@@ -181,32 +182,41 @@ def test_each_commands_help_ends_with_the_exit_table(command: str) -> None:
 def test_every_chain_reader_takes_a_data_dir_a_config_or_the_chain(
     offline: dict[str, Path], command: str, how: str
 ) -> None:
-    result = exits(cli(*reader_args(command, offline[how]), "--json"), Exit.OK)
+    result = exits(cli_here(*reader_args(command, offline[how]), "--json"), Exit.OK)
     json.loads(result.stdout)
 
 
 def test_exit_codes_without_a_node(offline: dict[str, Path], tmp_path: Path) -> None:
     data = offline["dir"]
-    for verb in VERBS:  # no node takes verbs: 3, also as one JSON object
-        json_error(exits(cli(verb, data, CHAT, "--json"), Exit.NO_NODE), "no_node")
-    exits(cli("status", data), Exit.OK)  # replayed from the chain
-    json_error(
-        exits(cli("status", data, "nope", "--json"), Exit.REFUSED), "unknown_instance", "INSTANCE"
-    )
-    json_error(
-        exits(cli("timeline", data, "nope", "--json"), Exit.REFUSED), "unknown_instance", "INSTANCE"
-    )
+    # The console script itself (a process of its own) for one verb and one usage
+    # error; the rest run the same command in this process (support.cli_here).
+    json_error(exits(cli("stop", data, CHAT, "--json"), Exit.NO_NODE), "no_node")
     exits(cli("frobnicate"), Exit.USAGE)
-    json_error(exits(cli("status", data, "--frob", "--json"), Exit.USAGE), "usage")
+    for verb in VERBS:  # no node takes verbs: 3, also as one JSON object
+        json_error(exits(cli_here(verb, data, CHAT, "--json"), Exit.NO_NODE), "no_node")
+    exits(cli_here("status", data), Exit.OK)  # replayed from the chain
+    json_error(
+        exits(cli_here("status", data, "nope", "--json"), Exit.REFUSED),
+        "unknown_instance",
+        "INSTANCE",
+    )
+    json_error(
+        exits(cli_here("timeline", data, "nope", "--json"), Exit.REFUSED),
+        "unknown_instance",
+        "INSTANCE",
+    )
+    json_error(exits(cli_here("status", data, "--frob", "--json"), Exit.USAGE), "usage")
     missing = tmp_path / "nowhere"
     for command in CHAIN_READERS:
-        json_error(exits(cli(*reader_args(command, missing), "--json"), Exit.USAGE), "bad_path")
+        json_error(
+            exits(cli_here(*reader_args(command, missing), "--json"), Exit.USAGE), "bad_path"
+        )
     empty = tmp_path / "empty"
     empty.mkdir()
-    json_error(exits(cli("status", empty, "--json"), Exit.NO_NODE), "no_node")
-    json_error(exits(cli("replay", empty, "--json"), Exit.USAGE), "no_chain")
+    json_error(exits(cli_here("status", empty, "--json"), Exit.NO_NODE), "no_node")
+    json_error(exits(cli_here("replay", empty, "--json"), Exit.USAGE), "no_chain")
     tamper(offline["db"], "UPDATE events SET prev_hash = randomblob(32) WHERE seq = 5")
-    verdict = json.loads(exits(cli("chain", "verify", data, "--json"), Exit.REFUSED).stdout)
+    verdict = json.loads(exits(cli_here("chain", "verify", data, "--json"), Exit.REFUSED).stdout)
     validate(verdict, VERIFY_SCHEMA)
 
 
@@ -219,7 +229,7 @@ def test_nan_infinity_and_bad_seconds_are_refused_by_flag_name(
         ["start", offline["dir"], CHAT, "--wait", "--timeout", value],
     ):
         flag = str(args[-2])
-        result = exits(cli(*args, "--json"), Exit.USAGE)
+        result = exits(cli_here(*args, "--json"), Exit.USAGE)
         body = json_error(result, "bad_value", flag)
         assert f"'{flag}'" in body["message"] and "grace_s" not in body["message"]
         assert f"'{flag}'" in result.stderr
@@ -233,7 +243,7 @@ def test_long_values_are_cut_in_messages(offline: dict[str, Path]) -> None:
         ["status", offline["dir"], huge],
         ["stop", offline["dir"], CHAT, "--grace", huge],
     ):
-        result = exits(cli(*args, "--json"), Exit.REFUSED if args[0] != "stop" else Exit.USAGE)
+        result = exits(cli_here(*args, "--json"), Exit.REFUSED if args[0] != "stop" else Exit.USAGE)
         message = json.loads(result.stdout)["error"]["message"]
         assert len(message) < 2 * MAX_VALUE + 400, len(message)
         assert "x" * (MAX_VALUE - 1) + "…" in message  # the quote, then the cut value
@@ -242,14 +252,16 @@ def test_long_values_are_cut_in_messages(offline: dict[str, Path]) -> None:
 
 # ---------------------------------------------------------------- schemas, offline
 def test_status_json_from_the_chain_follows_the_instance_schema(offline: dict[str, Path]) -> None:
-    records = json.loads(exits(cli("status", offline["dir"], "--json"), Exit.OK).stdout)
+    records = json.loads(exits(cli_here("status", offline["dir"], "--json"), Exit.OK).stdout)
     assert [r["instance_id"] for r in records] == sorted([CHAT, IDLE])
     for record in records:
         validate(record, INSTANCE_SCHEMA)
         assert record["source"] == "chain"
         assert all(record[key] is None for key in OFFLINE_NULL)
         assert "" not in record.values()
-    chat = json.loads(exits(cli("status", offline["config"], "chat", "--json"), Exit.OK).stdout)
+    chat = json.loads(
+        exits(cli_here("status", offline["config"], "chat", "--json"), Exit.OK).stdout
+    )
     validate(chat, INSTANCE_SCHEMA)
     assert (chat["instance_id"], chat["role"], chat["pid"]) == (CHAT, "chat", None)
     assert chat["last_exit"]["exit_code"] == 0
@@ -258,8 +270,10 @@ def test_status_json_from_the_chain_follows_the_instance_schema(offline: dict[st
 def test_timeline_json_follows_its_schema_and_instances_are_named_by_role(
     offline: dict[str, Path],
 ) -> None:
-    by_id = json.loads(exits(cli("timeline", offline["db"], CHAT, "--json"), Exit.OK).stdout)
-    by_role = json.loads(exits(cli("timeline", offline["db"], "chat", "--json"), Exit.OK).stdout)
+    by_id = json.loads(exits(cli_here("timeline", offline["db"], CHAT, "--json"), Exit.OK).stdout)
+    by_role = json.loads(
+        exits(cli_here("timeline", offline["db"], "chat", "--json"), Exit.OK).stdout
+    )
     assert by_id == by_role
     for entry in by_id:
         validate(entry, TIMELINE_SCHEMA)
@@ -283,7 +297,7 @@ def test_a_role_of_several_instances_is_refused_naming_them(tmp_path: Path) -> N
                 )
             )
     for command in ("timeline", "status"):
-        result = exits(cli(command, db, "chat", "--json"), Exit.REFUSED)
+        result = exits(cli_here(command, db, "chat", "--json"), Exit.REFUSED)
         body = json_error(result, "ambiguous_instance", "INSTANCE")
         assert all(iid in body["message"] for iid in twins)
 
@@ -332,12 +346,14 @@ def test_the_contract_with_the_node_up_and_down(start_node: Callable[..., Starte
     assert result.returncode == 0 and f"{chat}: running" in result.stdout, terminal
     assert f"{chat}: starting" in terminal
 
-    # refusals: 1, one JSON object on stdout
+    # refusals: 1, one JSON object on stdout (in this process: support.cli_here)
     json_error(
-        exits(cli("stop", data, "nope", "--json"), Exit.REFUSED), "unknown_instance", "INSTANCE"
+        exits(cli_here("stop", data, "nope", "--json"), Exit.REFUSED),
+        "unknown_instance",
+        "INSTANCE",
     )
     json_error(
-        exits(cli("stop", data, chat, "--grace", "inf", "--json"), Exit.USAGE),
+        exits(cli_here("stop", data, chat, "--grace", "inf", "--json"), Exit.USAGE),
         "bad_value",
         "--grace",
     )
@@ -350,8 +366,9 @@ def test_the_contract_with_the_node_up_and_down(start_node: Callable[..., Starte
         assert set(replayed) == set(live)  # one shape, node up or down
         assert replayed["source"] == "chain"
         assert all(replayed[key] is None for key in OFFLINE_NULL)
+    json_error(exits(cli("stop", data, chat, "--json"), Exit.NO_NODE), "no_node")
     for verb in VERBS:
-        json_error(exits(cli(verb, data, chat, "--json"), Exit.NO_NODE), "no_node")
+        json_error(exits(cli_here(verb, data, chat, "--json"), Exit.NO_NODE), "no_node")
 
 
 # ---------------------------------------------------------------- start --wait, its failure

@@ -157,7 +157,7 @@ def tick_until_seen(r: Rig, kind: str) -> None:
             r.clock.advance(r.node.settings.health_interval_s)
         return False
 
-    wait_until(step, 20, f"instance.{kind}")
+    wait_until(step, 60, f"instance.{kind}")  # a bound on a hang, at load 10
 
 
 def fast_kinds(**fields: Any) -> dict[str, KindSettings]:

@@ -1,4 +1,4 @@
-"""SIGKILL `infervisor run` 16 times at chosen moments while three servers crash-loop.
+"""SIGKILL `infervisor run` 6 times at chosen moments while three servers crash-loop.
 
 One data directory, three managed instances (fake llama servers of
 tests/programs/kill_loop_server.py): ``flap`` answers health, then exits 1
@@ -13,8 +13,9 @@ first kill right as the one-shot exits, then, in turn, right after an
 ``instance.starting`` is appended, during a backoff (right after an
 ``instance.restart_scheduled``), while a server answers (right after an
 ``instance.ready``), right after boot, and at a random time after launch
-(which includes the boot itself); each moment twice, the delays after
-the event picked by a seeded random (``KILL_LOOP_SEED`` picks another). The
+(which includes the boot itself); each moment once (one round: a second
+round reached the same moments again and doubled the test's time), the
+delays after the event picked by a seeded random (``KILL_LOOP_SEED`` picks another). The
 test counts the moments it reached and fails if one never was. At every kill
 point the test checks that each port has at most one listener and that it
 carries the launch token of the instance's last recorded ``instance.starting``.
@@ -59,7 +60,7 @@ from infervisor.replay import NodeState
 SEED = int(os.environ.get("KILL_LOOP_SEED", "20261201"))  # set it to replay another run
 #: The moments a kill is aimed at after the first (in this order, round after round).
 MOMENTS = ("starting", "backoff", "ready", "boot", "random")
-ROUNDS = 2
+ROUNDS = 1  # every moment is reached in each round; the test counts them
 KILLS = 1 + ROUNDS * len(MOMENTS)  # it prints its timings with -s
 EPSILON_S = 0.05
 SETTLE_S = 90.0
@@ -420,8 +421,10 @@ def test_sigkill_loop_keeps_every_promise(tmp_path: Path) -> None:
         assert leftovers(db, marker) == [], "processes outlived the final SIGTERM"
         bad, pairs, across = check_backoff(db)
         assert bad == [], "\n".join(bad + log)
-        assert pairs >= KILLS // 2 and across >= KILLS // 10, (pairs, across)
-        assert listeners_seen >= KILLS // 10, listeners_seen  # the port check was not vacuous
+        # At least one backoff spans a boot, and the port check saw a listener:
+        # neither check was vacuous.
+        assert pairs >= KILLS // 2 and across >= max(1, KILLS // 10), (pairs, across)
+        assert listeners_seen >= max(1, KILLS // 10), listeners_seen
         ids = ids_by_role(db)
         check_one_shot(db, ids["batch"])
         assert finals(state) == reference, "\n".join(log)

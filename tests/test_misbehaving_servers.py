@@ -183,7 +183,7 @@ def tick_until(node: Node, clock: ManualClock, iid: str, done: Callable[[], Any]
             clock.advance(node.settings.health_interval_s)
         return None
 
-    return wait_until(step, 20, what)
+    return wait_until(step, 60, what)  # a bound on a hang: many steps at load 10
 
 
 def tick_to(r: Rig, lifecycle: str) -> None:

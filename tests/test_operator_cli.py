@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from support import PROGRAMS, make_launcher, wait_until
+from support import PROGRAMS, cli_here, make_launcher, wait_until
 from test_run_resume import (
     DEADLINE_S,
     EXIT_DEADLINE_S,
@@ -205,7 +205,8 @@ def test_status_stop_start_restart_unload_through_the_cli(
     assert f"pid        {first_pid}" in one
 
     for verb in ("status", "stop", "start", "restart", "unload", "logs", "health"):
-        refused(cli(verb, data, "nope"), 1, "no instance 'nope'", chat, embed)
+        # In this process (support.cli_here): the same command, without a process's start.
+        refused(cli_here(verb, data, "nope"), 1, "no instance 'nope'", chat, embed)
 
     stopped = ok(cli("stop", data, chat, "--grace", "5"))
     assert f"{chat}: stopped (wanted stopped)" in stopped
@@ -274,28 +275,30 @@ def test_bad_input_exits_by_the_table_and_changes_nothing(
         (["status", "--url", "ftp://x"], 2, "bad_value", "--url"),
     ]
     for args, status, code, field in cases:
-        result = cli(*args, "--json")
+        result = cli_here(*args, "--json")
         assert result.returncode == status, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
         body = json_error(result)
         assert (body["code"], body["field"]) == (code, field), (args, body)
 
+    # The console script itself for one case; the rest run the same command in this
+    # process (support.cli_here): a CLI process costs about 0.4 s of CPU to start.
     refused(cli("logs", data, chat, "--stream", "both"), 2, "'both' is not one of")
 
     fragment = tmp_path / "typo.toml"
     fragment.write_text('role = "x"\nflavor = "llamacpp"\nport = 9\nmodell = "tiny"\n')
-    result = cli("place", data, "--file", fragment, "--json")
+    result = cli_here("place", data, "--file", fragment, "--json")
     assert result.returncode == 2, result.stdout + result.stderr
     body = json_error(result)
     assert body["code"] == "bad_spec"
     assert "unknown key `modell`; did you mean `model`?" in body["message"]
     fragment.write_text('role = "x"\nflavor = "llamacp"\nport = 9\n')
-    result = cli("place", data, "--file", fragment)
+    result = cli_here("place", data, "--file", fragment)
     refused(result, 2, "key `flavor`", "allowed: llamacpp, mlx-lm, ollama")
     fragment.write_text('[[instances]]\nrole = "a"\n[[instances]]\nrole = "b"\n')
-    refused(cli("place", data, "--file", fragment), 2, "exactly one [[instances]] table")
+    refused(cli_here("place", data, "--file", fragment), 2, "exactly one [[instances]] table")
     # The node refuses a spec it cannot take (its own check): a managed server beyond loopback.
-    result = cli(
+    result = cli_here(
         "place", data, "--role", "x", "--flavor", "llamacpp", "--port", "9", "--model", "tiny",
         "--host", "10.1.2.3", "--json",
     )  # fmt: skip
@@ -403,9 +406,7 @@ def test_the_shutdown_waits_for_an_operator_stop_and_a_second_signal_ends_it(
         text=True,
     ) as operator:
         try:
-            node.run.until(
-                "chat stopping", lambda: status_json(data, chat)["lifecycle"] == "stopping"
-            )
+            node.run.until("chat stopping", lambda: chat_in(data, "stopping"))  # by the API
             node.run.send(signal.SIGTERM)
             # Generous: on a loaded machine the shutdown's first steps can take a while.
             node.run.until("changes refused", lambda: refused_as_stopping(data), timeout=60)
@@ -609,12 +610,13 @@ def test_the_verbs_over_tcp_with_a_token(start_node: Callable[..., Started]) -> 
     sources = {(k, s): src for k, s, src in chain_sources(data / "chain.db")}
     assert sources[("instance.stop_requested", chat)] == "operator:token=operator (scope operate)"
 
-    wrong = cli("status", "--url", url, "--token", "not-the-secret", "--json")
+    # Refusals in this process (support.cli_here): the same command, no process start.
+    wrong = cli_here("status", "--url", url, "--token", "not-the-secret", "--json")
     assert wrong.returncode == 2, wrong.stdout + wrong.stderr
     assert json_error(wrong)["code"] == "unauthorized"
-    refused(cli("status", "--url", url, "--token-file", tokens, "--token-name", "x"), 2, "ctl")
-    refused(cli("status", "--url", url, data, chat), 2, "with --url there is no WHERE")
-    nobody = cli("status", "--url", f"http://127.0.0.1:{free_port()}", "--json")
+    refused(cli_here("status", "--url", url, "--token-file", tokens, "--token-name", "x"), 2, "ctl")
+    refused(cli_here("status", "--url", url, data, chat), 2, "with --url there is no WHERE")
+    nobody = cli_here("status", "--url", f"http://127.0.0.1:{free_port()}", "--json")
     assert nobody.returncode == 3, nobody.stdout + nobody.stderr
     assert json_error(nobody)["code"] == "no_node"
     assert node.run.stop() == 0, node.run.output()
@@ -730,22 +732,24 @@ def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
     server = ApiServer.listen(tmp_path, db, "n1")
     node = StubNode()
     try:
-        starting = cli("start", tmp_path, "a", "--json")
+        # The verbs run in this process (support.cli_here), but for the stop in
+        # flight: a process of its own, since it runs beside the others.
+        starting = cli_here("start", tmp_path, "a", "--json")
         assert starting.returncode == 3, starting.stdout + starting.stderr
         assert json_error(starting)["code"] == "node_starting"
-        fallback = cli("status", tmp_path)  # no node takes requests yet: from the chain
+        fallback = cli_here("status", tmp_path)  # no node takes requests yet: from the chain
         assert "node starting; state replayed from the chain" in fallback.stderr
         server.serve(node)  # type: ignore[arg-type]  # duck-typed: the verbs it answers
         me = f"operator:uid={os.getuid()}({pwd.getpwuid(os.getuid()).pw_name})"
-        assert json.loads(ok(cli("start", tmp_path, "a", "--json")))["seq"] == 0
+        assert json.loads(ok(cli_here("start", tmp_path, "a", "--json")))["seq"] == 0
         assert node.by == [me]
         with ThreadPoolExecutor(2) as pool:
             in_flight = pool.submit(cli, "stop", tmp_path, "a")
             assert node.stopping.wait(DEADLINE_S)
             shutdown = pool.submit(server.stopping)
             wait_until(lambda: refused_as_stopping(tmp_path), DEADLINE_S, "changes refused")
-            refused(cli("start", tmp_path, "a"), 3, "shutting down")
-            assert "a" in table(ok(cli("status", tmp_path)))  # reading is still served
+            refused(cli_here("start", tmp_path, "a"), 3, "shutting down")
+            assert "a" in table(ok(cli_here("status", tmp_path)))  # reading is still served
             assert not shutdown.done()  # the stop in flight holds the shutdown
             node.release.set()
             assert shutdown.result(DEADLINE_S) is True
@@ -754,7 +758,7 @@ def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
         node.release.set()
         server.close()
     assert not (tmp_path / SOCKET_FILE).exists()
-    refused(cli("start", tmp_path, "a"), 3, NO_NODE)
+    refused(cli_here("start", tmp_path, "a"), 3, NO_NODE)
 
 
 # ---------------------------------------------------------------- help
@@ -762,7 +766,7 @@ def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
     "verb", ["status", "start", "stop", "restart", "unload", "place", "logs", "watch", "health"]
 )
 def test_each_verb_teaches_its_arguments_and_exit_statuses(verb: str) -> None:
-    text = " ".join(ok(cli(verb, "--help")).split())
+    text = " ".join(ok(cli_here(verb, "--help")).split())
     for needle in (
         "WHERE",
         ".toml",

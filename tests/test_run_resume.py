@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from support import PROGRAMS, make_launcher, pids_of_group, wait_until
+from support import PROGRAMS, cli_here, make_launcher, pids_of_group, wait_until
 
 from infervisor.actors.kinds import KindSettings
 from infervisor.actors.settings import NodeSettings
@@ -128,8 +128,8 @@ def cli(*args: object, timeout: float = EXIT_DEADLINE_S) -> subprocess.Completed
 
 
 def assert_verifies(db: Path) -> None:
-    """``infervisor chain verify DB`` exits 0."""
-    verified = cli("chain", "verify", db)
+    """``infervisor chain verify DB`` exits 0 (run in this process: support.cli_here)."""
+    verified = cli_here("chain", "verify", db)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
@@ -409,6 +409,8 @@ def test_changed_spec_keys_are_reported_and_the_recorded_spec_kept(
 
 
 # ---------------------------------------------------------------- refusals: exit 2, one line
+# A config refused by its load runs ``infervisor run`` in this process (support.cli_here:
+# the node never starts); a refusal from the boot itself runs the real process.
 def assert_refused(result: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
@@ -428,7 +430,7 @@ def test_an_unknown_key_is_refused_naming_it(
     tmp_path: Path, fake_llama: str, where: str, extra: dict[str, str], section: str
 ) -> None:
     config = write_config(tmp_path, fake_llama, **extra)
-    result = cli("run", config)
+    result = cli_here("run", config)  # refused by the config's load: in this process
     assert_refused(result, "unknown key `colour`", section, str(config))
     assert not (tmp_path / "data").exists()  # nothing created, nothing recorded
 
@@ -436,11 +438,11 @@ def test_an_unknown_key_is_refused_naming_it(
 def test_a_misspelt_key_gets_a_suggestion(tmp_path: Path, fake_llama: str) -> None:
     config = write_config(tmp_path, fake_llama)
     config.write_text(config.read_text().replace("start = false", "strat = false"))
-    assert_refused(cli("run", config), "unknown key `strat`", "did you mean `start`?")
+    assert_refused(cli_here("run", config), "unknown key `strat`", "did you mean `start`?")
 
 
 def test_a_missing_config_file_is_refused(tmp_path: Path) -> None:
-    assert_refused(cli("run", tmp_path / "nowhere.toml"), "nowhere.toml", "does not exist")
+    assert_refused(cli_here("run", tmp_path / "nowhere.toml"), "nowhere.toml", "does not exist")
 
 
 def test_an_uncreatable_data_dir_is_refused(tmp_path: Path, fake_llama: str) -> None:
@@ -481,7 +483,7 @@ def test_an_instance_naming_an_unknown_model_is_refused_before_anything(
     put_model(tmp_path / "data")
     config = write_config(tmp_path, fake_llama)
     config.write_text(config.read_text().replace('model = "tiny"', 'model = "huge"', 1))
-    result = cli("run", config)
+    result = cli_here("run", config)  # refused by the config's load: in this process
     assert_refused(result, "[[instances]] #1", "model 'huge' is not a [[models]] name")
     assert not (tmp_path / "data" / "chain.db").exists()
 
