@@ -37,6 +37,7 @@ from .errors import (
     NotRunning,
     VerbFailed,
 )
+from .uds import unix_transport
 from .wire import (
     API_VERSION,
     ErrorEnvelope,
@@ -122,7 +123,7 @@ class ApiClient:
         if data_dir is not None:
             self.where = str(data_dir)
             self.path: Path | None = socket_path(data_dir)
-            transport = httpx.HTTPTransport(uds=str(self.path))
+            transport = unix_transport(str(self.path))
             self._http = httpx.Client(
                 transport=transport,
                 base_url="http://infervisor",
