@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import port_once  # noqa: F401 - first: it patches free_port before anyone imports it
 import psutil
 import pytest
@@ -34,6 +35,11 @@ from infervisor.replay import RestartPolicy
 # each child at exec, where an ignored signal would stay ignored.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Hypothesis's 200 ms deadline per example measures the machine, not the code:
+# at load 10 a pure example can take longer. No deadline; speed is bench/'s.
+hypothesis.settings.register_profile("suite", deadline=None)
+hypothesis.settings.load_profile("suite")
 
 
 @pytest.fixture

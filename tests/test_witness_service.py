@@ -26,7 +26,11 @@ def _witness(path: Path) -> Witness:
     return Witness(Cosigner.generate("w.test/fuzz"), logs, WitnessStore(path))
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,  # a loaded machine is slow, not wrong
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(body=st.binary(max_size=400))
 def test_any_bytes_get_a_status_of_the_spec(tmp_path: Path, body: bytes) -> None:
     witness = _witness(tmp_path / f"{uuid.uuid4().hex}.db")
@@ -36,7 +40,11 @@ def test_any_bytes_get_a_status_of_the_spec(tmp_path: Path, body: bytes) -> None
         witness.store.close()
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,  # a loaded machine is slow, not wrong
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_a_mutated_request_is_refused_or_harmless(tmp_path: Path, data: st.DataObject) -> None:
     witness = _witness(tmp_path / f"{uuid.uuid4().hex}.db")
