@@ -199,8 +199,8 @@ def test_the_reading_routes(api: Api, listener: str) -> None:
 
     # The chain as a tlog-tiles log (the fixture's chain has a checkpoint of size 1).
     note = api.call(listener, "GET", "/v1/log/checkpoint", 200)
-    assert note.startswith("infervisor/n1\n")
-    assert api.call(listener, "GET", "/v1/log/key", 200).startswith("infervisor/n1+")
+    assert note.startswith("infervisor/n1/")  # the default origin: id and key hash
+    assert api.call(listener, "GET", "/v1/log/key", 200).startswith("infervisor/n1/")
     api.call(listener, "GET", "/v1/log/tile/0/000.p/1", 200)
     api.call(listener, "GET", "/v1/log/tile/entries/000.p/1", 200)
     proof = api.call(listener, "GET", "/v1/log/proof/inclusion", 200, params={"seq": 0, "size": 1})

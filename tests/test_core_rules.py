@@ -1311,6 +1311,7 @@ NODE_KINDS = {
     "node.lease_renewed",
     "chain.key_rotated",
     "node.strays_ended",
+    "node.witness_override",  # the boot against witnesses: tests/test_witnessing*.py
 }
 
 
