@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib.metadata
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -66,7 +67,8 @@ from .witness_submit import WitnessTarget
 __all__ = ["Node", "Placement", "PlacementOutcome"]
 
 log = logging.getLogger(__name__)
-VERSION = "0.1.0"
+VERSION = importlib.metadata.version("infervisor")
+"""The installed distribution's version (pyproject.toml), recorded in node.started."""
 #: How long ``place`` and ``admit`` wait for admission, seconds (a model's first
 #: admission reads all of its weights to check their digest).
 PLACE_WAIT_S = 300.0
