@@ -118,6 +118,7 @@ def test_a_witness_that_is_down_delays_nothing_and_gets_its_backlog(
     assert lag["behind_events"] > 0 and "unreachable" in lag["last_error"]
     status = cli("status", tmp_path / "data")
     assert "witness witness.test/one: cosigned size 0," in status.stdout, status.stdout
+    assert "witnesses: 0 of 1 cosigned the latest checkpoint (quorum 1: not met)" in status.stdout
     metrics = _api(tmp_path, "/metrics").text
     assert 'infervisor_witness_failing{witness="witness.test/one"} 1.0' in metrics
 

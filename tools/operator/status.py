@@ -126,8 +126,17 @@ def _show_status(
 
 
 def witness_lines(info: NodeInfo) -> list[str]:
-    """``witness NAME: cosigned size N, M events behind, last success ..., last error ...``."""
-    lines = []
+    """A summary against the quorum, then ``witness NAME: cosigned size N, M events
+    behind; last success ...; last error ...`` per witness ([] without witnesses)."""
+    if not info.witnesses:
+        return []
+    current = sum(1 for w in info.witnesses if w.behind_events == 0 and w.cosigned_size > 0)
+    quorum = info.witness_quorum or len(info.witnesses)
+    met = "met" if current >= quorum else "not met"
+    lines = [
+        f"witnesses: {current} of {len(info.witnesses)} cosigned the latest checkpoint "
+        f"(quorum {quorum}: {met})"
+    ]
     for w in info.witnesses:
         success = "never (this run)"
         if w.last_success_ns is not None:
