@@ -24,6 +24,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -47,6 +48,10 @@ RETRY_CAP_S = 30.0
 RETRY_JITTER = 0.25
 #: Per-request timeouts of a submission, seconds (connect, read, write, pool).
 HTTP_TIMEOUT_S = 10.0
+SHUTDOWN_FLUSH_S = 2.0
+"""How long a node's shutdown waits for its witnesses to cosign the checkpoint
+the shutdown signed (seconds, all witnesses together); a witness that takes
+longer gets it at the next boot."""
 
 
 def http_client(timeout_s: float = HTTP_TIMEOUT_S) -> httpx.Client:
@@ -110,6 +115,11 @@ class _Kick(NamedTuple):
     """Submit the newest checkpoint now (queued behind the notices already waiting)."""
 
 
+class _Flush(NamedTuple):
+    """Submit the newest checkpoint now and answer when done (at shutdown; skipped
+    while backing off from an unreachable witness)."""
+
+
 class WitnessSubmitter(pykka.ThreadingActor):
     """Submits the newest checkpoint to one witness; see the module docstring."""
 
@@ -160,6 +170,9 @@ class WitnessSubmitter(pykka.ThreadingActor):
         elif isinstance(message, _Kick):
             self._kick_pending = False
             self._submit()
+        elif isinstance(message, _Flush):
+            if self._retry is None:
+                self._submit()
         else:
             raise TypeError(f"WitnessSubmitter takes Checkpoint, not {type(message).__name__}")
 
@@ -233,8 +246,22 @@ class Witnessing:
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(checkpoint)
 
-    def stop(self) -> None:
-        """Stop the submitters without waiting for a submission in flight."""
+    def stop(self, flush_s: float = SHUTDOWN_FLUSH_S) -> None:
+        """Give the submitters up to `flush_s` seconds (together) to submit the newest
+        checkpoint (the one the chain writer signed as it closed), then stop them
+        without waiting for a submission in flight."""
+        flushes = []
+        for ref in self._refs:
+            with contextlib.suppress(pykka.ActorDeadError):
+                flushes.append(ref.ask(_Flush(), block=False))
+        deadline = time.monotonic() + flush_s
+        for flush in flushes:
+            try:
+                flush.get(timeout=max(0.0, deadline - time.monotonic()))
+            except (pykka.Timeout, pykka.ActorDeadError):
+                continue  # the next boot submits it
+            except Exception:  # a shutdown goes on whatever one submitter raised
+                log.exception("a witness submitter failed at shutdown")
         for ref in self._refs:
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.stop(block=False)

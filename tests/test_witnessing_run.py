@@ -133,6 +133,10 @@ def test_a_witness_that_is_down_delays_nothing_and_gets_its_backlog(
     assert 'infervisor_witness_cosigned_size{witness="witness.test/one"}' in metrics
     assert "infervisor_witness_last_success_timestamp_seconds" in metrics
     assert run.stop() == 0, run.output()
+    # The checkpoint the clean stop signed is cosigned before the node exits.
+    final = read_stored(db)[-1].tree_size
+    assert witness.size_of(ORIGIN) == final
+    assert final in _verified_sizes(db, witness)
 
 
 def test_a_restored_backup_is_refused_and_the_override_is_recorded(
