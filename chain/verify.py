@@ -131,7 +131,7 @@ def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> Ve
     if problem is not None:
         return _report(0, None, None, problem)
     if consume is not None:
-        consume(_event(genesis, genesis.node.decode()))
+        consume(stored_event(genesis, genesis.node.decode()))
     return _walk_rest(rows, first, genesis, lookups, consume)
 
 
@@ -243,11 +243,12 @@ def _slow(
     return _report(expected, before, genesis, problem)
 
 
-def _event(row: Row, node: str) -> StoredEvent:
+def stored_event(row: Row, node: str | None = None) -> StoredEvent:
+    """The `StoredEvent` of a checked row (`node`: the chain's node id, else the row's)."""
     return StoredEvent(
         seq=row.seq,
         ts_ns=row.ts_ns,
-        node=node,
+        node=row.node.decode() if node is None else node,
         source=row.source.decode(),
         kind=row.kind.decode(),
         subject=row.subject.decode(),
@@ -265,7 +266,7 @@ def _feed_rest(conn: sqlite3.Connection, report: VerifyReport, consume: Consumer
         row = parse_row(raw, after + 1)
         if isinstance(row, Problem):
             return
-        consume(_event(row, row.node.decode("utf-8", "replace")))
+        consume(stored_event(row, row.node.decode("utf-8", "replace")))
         after = row.seq
 
 

@@ -12,7 +12,6 @@ The instance spec travels as a plain mapping: ``replay`` does not depend on
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, get_args
 
 import msgspec
@@ -20,6 +19,7 @@ import msgspec
 from infervisor.chain import StoredEvent, encode_payload
 
 from .state import Stamp, Then
+from .upcast import UPCASTERS, EventDecodeError, upcast
 
 __all__ = [
     "EVENT_TYPES",
@@ -423,26 +423,9 @@ Event = (
 
 EVENT_TYPES: dict[str, type[Any]] = {t.__struct_config__.tag: t for t in get_args(Event)}
 
-#: ``(kind, from_version) -> function`` upgrading a raw payload mapping one version.
-UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
-
 _DECODER = msgspec.json.Decoder(Event)
 _TAGS: dict[type[Any], str] = {t: tag for tag, t in EVENT_TYPES.items()}
 _RAW = msgspec.json.Decoder(dict[str, Any])
-
-
-class EventDecodeError(Exception):
-    """A stored payload is not a known event (names seq, kind and the problem).
-
-    Attributes:
-        seq: the event's seq (None when not known).
-        kind: the event's kind (None when not known).
-    """
-
-    def __init__(self, message: str, *, seq: int | None = None, kind: str | None = None) -> None:
-        super().__init__(message)
-        self.seq = seq
-        self.kind = kind
 
 
 def kind_of(event: Event) -> str:
@@ -479,39 +462,11 @@ def decode_event(stored: StoredEvent) -> Event:
     try:
         raw = _RAW.decode(stored.payload)
         if raw.get("v", 1) != 1 or raw.get("event") != stored.kind:
-            return _upcast(stored, raw)
+            upgraded: Event = upcast(stored, raw, Event)
+            return upgraded
         event: Event = _DECODER.decode(stored.payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise EventDecodeError(
             f"seq {stored.seq} ({stored.kind}): {e}", seq=stored.seq, kind=stored.kind
         ) from e
     return event
-
-
-def _upcast(stored: StoredEvent, raw: dict[str, Any]) -> Event:
-    if raw.get("event", stored.kind) != stored.kind:
-        raise EventDecodeError(
-            f"seq {stored.seq}: payload says {raw.get('event')!r}, the header says {stored.kind!r}",
-            seq=stored.seq,
-            kind=stored.kind,
-        )
-    version = int(raw.get("v", 0))
-    if version > 1:
-        raise EventDecodeError(
-            f"seq {stored.seq}: {stored.kind} v{version} was written by a newer infervisor",
-            seq=stored.seq,
-            kind=stored.kind,
-        )
-    while version < 1:
-        step = UPCASTERS.get((stored.kind, version))
-        if step is None:
-            raise EventDecodeError(
-                f"seq {stored.seq}: no upcaster for {stored.kind} v{version}",
-                seq=stored.seq,
-                kind=stored.kind,
-            )
-        raw = step(raw)
-        version = int(raw.get("v", version + 1))
-    raw["event"] = stored.kind
-    result: Event = msgspec.convert(raw, Event)
-    return result

@@ -44,11 +44,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from infervisor.chain import StoredEvent, scan_chain, schema
-from infervisor.chain.checks import Problem, Row, check_row, parse_row
+from infervisor.chain.checks import Problem, check_row, parse_row
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import ChainError, ChainFormatError
 from infervisor.chain.merkle import CompactTree
-from infervisor.chain.verify import SqlLookups
+from infervisor.chain.verify import SqlLookups, stored_event
 from infervisor.chain.witness_protocol import AddCheckpoint, Refusal, WitnessState
 from infervisor.replay.audit import Finding, TransitionAudit
 
@@ -290,26 +290,11 @@ def _extend(conn: sqlite3.Connection, prefix: Replayed, size: int) -> Refusal | 
         if problem is not None:
             return _unverified(problem)
         assert not isinstance(row, Problem)
-        prefix.feed(row.seq, row.hash, _event(row))
+        prefix.feed(row.seq, row.hash, stored_event(row))
         before = row
     if prefix.size < size:
         return Refusal(422, f"the node served {prefix.size} of {size} events")
     return None
-
-
-def _event(row: Row) -> StoredEvent:
-    return StoredEvent(
-        seq=row.seq,
-        ts_ns=row.ts_ns,
-        node=row.node.decode(),
-        source=row.source.decode(),
-        kind=row.kind.decode(),
-        subject=row.subject.decode(),
-        payload=row.payload,
-        payload_hash=row.payload_hash,
-        prev_hash=row.prev_hash,
-        hash=row.hash,
-    )
 
 
 def _unverified(bad: Problem) -> Refusal:
