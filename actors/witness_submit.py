@@ -126,7 +126,7 @@ def _judge(
         return Submitted(
             Outcome.INCONSISTENT,
             old,
-            f"the witness refused the consistency proof from its size {old} to {size} (422)",
+            f"the witness refused size {size} from its size {old} (422): {_first(answer)}",
         )
     if answer.status >= 500:
         return Submitted(Outcome.UNREACHABLE, None, f"HTTP {answer.status}: {_first(answer)}")

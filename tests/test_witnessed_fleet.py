@@ -530,6 +530,7 @@ def _the_audit_witness_refuses_a_broken_rule(
     finally:
         server.close()
     assert refused.outcome is Outcome.INCONSISTENT, refused
+    assert f"(422): seq {seq}: instance never placed" in refused.detail, refused  # its reason
     assert cosigned.outcome is Outcome.COSIGNED, cosigned
     row = audit.status()[n3.origin]
     assert row["refused"] == 1 and row["size"] < latest.tree_size, row
