@@ -150,6 +150,7 @@ class WitnessSubmitter(pykka.ThreadingActor):
             self._retry.cancel()
         if self._client is not None:
             self._client.close()
+        self._leaves.close()
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Checkpoint):
