@@ -8,7 +8,11 @@ checkpoint it was told of (a witness that cosigns the latest has checked the
 older ones through the consistency proof), submits it
 (:func:`~.witness_submit.submit`), and while the witness is unreachable or
 answers 5xx retries after a capped exponential backoff with jitter
-(0.5 s doubling to 30 s, up to a quarter added at random). Any other refusal
+(0.5 s doubling to 30 s, up to a quarter added at random). Submissions to one
+witness start at least ``MIN_INTERVAL_S`` apart (the newest checkpoint then
+is sent): each costs the node milliseconds of CPU (bench/witness_appends.py),
+so a chain checkpointing every few events would otherwise spend on witnessing
+what its appends need. Any other refusal
 (422, 403, 404, ...) is kept as the witness's last error; the next checkpoint
 is submitted afresh.
 
@@ -46,6 +50,8 @@ RETRY_FIRST_S = 0.5
 RETRY_CAP_S = 30.0
 #: At most this fraction of a delay is added at random (so many nodes do not retry together).
 RETRY_JITTER = 0.25
+#: Seconds at least between the starts of two submissions to one witness.
+MIN_INTERVAL_S = 0.25
 #: Per-request timeouts of a submission, seconds (connect, read, write, pool).
 HTTP_TIMEOUT_S = 10.0
 SHUTDOWN_FLUSH_S = 2.0
@@ -139,7 +145,8 @@ class WitnessSubmitter(pykka.ThreadingActor):
         self._latest = latest
         self._cosigned = 0
         self._kick_pending = False
-        self._retry: Timer | None = None
+        self._retry: Timer | None = None  # a kick scheduled: a retry or the pace
+        self._last_start = float("-inf")
         self._delay = RETRY_FIRST_S
         self._client: httpx.Client | None = None
         self._leaves = Leaves(chain_path)
@@ -160,13 +167,18 @@ class WitnessSubmitter(pykka.ThreadingActor):
             self._retry.cancel()
         if self._client is not None:
             self._client.close()
+        self._leaves.close()
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Checkpoint):
             if self._latest is None or message.tree_size > self._latest[0]:
                 self._latest = (message.tree_size, message.note)
             if self._retry is None:  # while backing off, the retry takes the newest
-                self._kick()
+                wait = self._last_start + MIN_INTERVAL_S - self._clock.monotonic()
+                if wait > 0 and not self._kick_pending:
+                    self._kick_after(wait)
+                else:
+                    self._kick()
         elif isinstance(message, _Kick):
             self._kick_pending = False
             self._submit()
@@ -186,6 +198,7 @@ class WitnessSubmitter(pykka.ThreadingActor):
         if self._latest is None or self._latest[0] <= self._cosigned or self._client is None:
             return
         name = self._target.name
+        self._last_start = self._clock.monotonic()
         done = submit(
             self._client,
             self._target,
@@ -212,6 +225,9 @@ class WitnessSubmitter(pykka.ThreadingActor):
     def _schedule_retry(self) -> None:
         delay = self._delay * (1 + random.uniform(0, RETRY_JITTER))  # noqa: S311 - not secret
         self._delay = min(self._delay * 2, RETRY_CAP_S)
+        self._kick_after(delay)
+
+    def _kick_after(self, delay: float) -> None:
         ref = self.actor_ref
 
         def again() -> None:
