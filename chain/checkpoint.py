@@ -239,12 +239,21 @@ def load_or_create_signer(
     An existing key keeps its name (chains of older versions: ``infervisor/<node id>``).
 
     Raises:
-        CheckpointError: the key file is readable by others or malformed; a
+        CheckpointError: node.pub is there but node.key is not (a lost key is
+            never replaced silently); the key file is readable by others or malformed; a
             configured `origin` differs from the existing key's name; `origin`
             is not a valid origin; or the key cannot be written.
     """
     folder = Path(data_dir)
     path = folder / KEY_FILE
+    if not path.exists() and (folder / PUBLIC_KEY_FILE).exists():
+        # A lost key must not be replaced silently: the chain's checkpoints (and
+        # its witnesses) know the old one, and node.pub would be overwritten.
+        raise CheckpointError(
+            f"{path} is missing but {folder / PUBLIC_KEY_FILE} is there: restore the node "
+            f"key that signed this chain's checkpoints, or, to start a new key on purpose, "
+            f"move {PUBLIC_KEY_FILE} aside"
+        )
     if not path.exists():
         private = Ed25519PrivateKey.generate()
         raw = private.public_key().public_bytes_raw()

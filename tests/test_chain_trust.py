@@ -440,3 +440,14 @@ def test_a_dropped_checkpoints_table_fails_every_reader_as_the_boot(tmp_path: Pa
     assert caught.value.reason == "checkpoints dropped"
     for reader, ran in _readers(folder, []).items():
         assert ran.code == 1 and "checkpoints dropped" in ran.out + ran.err, (reader, ran)
+
+
+def test_a_lost_node_key_is_not_replaced_silently(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    first = load_or_create_signer(data, NODE)
+    (data / "node.key").unlink()  # lost, while node.pub (and the chain's checkpoints) remain
+    with pytest.raises(CheckpointError, match="node.key is missing") as refused:
+        load_or_create_signer(data, NODE)
+    assert "\n" not in str(refused.value)
+    assert (data / "node.pub").read_text().strip() == first.verifier.key_string()
