@@ -447,7 +447,7 @@ def test_a_lost_node_key_is_not_replaced_silently(tmp_path: Path) -> None:
     data.mkdir()
     first = load_or_create_signer(data, NODE)
     (data / "node.key").unlink()  # lost, while node.pub (and the chain's checkpoints) remain
-    with pytest.raises(CheckpointError, match="node.key is missing") as refused:
+    with pytest.raises(CheckpointError, match=r"node\.key is missing") as refused:
         load_or_create_signer(data, NODE)
     assert "\n" not in str(refused.value)
     assert (data / "node.pub").read_text().strip() == first.verifier.key_string()
