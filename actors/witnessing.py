@@ -52,6 +52,10 @@ RETRY_CAP_S = 30.0
 RETRY_JITTER = 0.25
 #: Seconds at least between the starts of two submissions to one witness.
 MIN_INTERVAL_S = 0.25
+REFUSED_RETRY_S = 60.0
+"""A witness that refused (a 404 for an origin it was not yet configured with, a
+403, a 422) is asked again this often, seconds, or at the next checkpoint: an idle
+node signs none, and a witness fixed by its operator would wait for ever."""
 #: Per-request timeouts of a submission, seconds (connect, read, write, pool).
 HTTP_TIMEOUT_S = 10.0
 SHUTDOWN_FLUSH_S = 2.0
@@ -129,6 +133,10 @@ class _Flush(NamedTuple):
 class WitnessSubmitter(pykka.ThreadingActor):
     """Submits the newest checkpoint to one witness; see the module docstring."""
 
+    # A submission in flight to a witness that hangs must not hold the node's exit
+    # past the shutdown's flush: a write cut short is a transaction never committed.
+    use_daemon_thread = True
+
     def __init__(
         self,
         target: WitnessTarget,
@@ -146,6 +154,7 @@ class WitnessSubmitter(pykka.ThreadingActor):
         self._cosigned = 0
         self._kick_pending = False
         self._retry: Timer | None = None  # a kick scheduled: a retry or the pace
+        self._unreachable = False  # the last submission got no answer: backing off
         self._last_start = float("-inf")
         self._delay = RETRY_FIRST_S
         self._client: httpx.Client | None = None
@@ -173,6 +182,9 @@ class WitnessSubmitter(pykka.ThreadingActor):
         if isinstance(message, Checkpoint):
             if self._latest is None or message.tree_size > self._latest[0]:
                 self._latest = (message.tree_size, message.note)
+            if self._retry is not None and not self._unreachable:
+                self._retry.cancel()  # a refusal's slow retry or the pace: decided anew
+                self._retry, self._kick_pending = None, False
             if self._retry is None:  # while backing off, the retry takes the newest
                 wait = self._last_start + MIN_INTERVAL_S - self._clock.monotonic()
                 if wait > 0 and not self._kick_pending:
@@ -183,7 +195,9 @@ class WitnessSubmitter(pykka.ThreadingActor):
             self._kick_pending = False
             self._submit()
         elif isinstance(message, _Flush):
-            if self._retry is None:
+            if not self._unreachable:  # a pace or refusal timer gives way to the flush
+                if self._retry is not None:
+                    self._retry.cancel()
                 self._submit()
         else:
             raise TypeError(f"WitnessSubmitter takes Checkpoint, not {type(message).__name__}")
@@ -208,6 +222,7 @@ class WitnessSubmitter(pykka.ThreadingActor):
             leaves=self._leaves,
         )
         if done.outcome is Outcome.COSIGNED:
+            self._unreachable = False
             self._cosigned = done.witness_size or self._cosigned
             self._delay = RETRY_FIRST_S
             self._board.update(
@@ -219,8 +234,11 @@ class WitnessSubmitter(pykka.ThreadingActor):
             self._cosigned = done.witness_size  # submit again once the chain is past it
         self._board.update(name, last_error=f"{done.outcome.value}: {done.detail}")
         log.warning("witness %s (%s): %s", name, self._target.url, done.detail)
-        if done.outcome is Outcome.UNREACHABLE:
+        self._unreachable = done.outcome is Outcome.UNREACHABLE
+        if self._unreachable:
             self._schedule_retry()
+        elif done.outcome is not Outcome.AHEAD:
+            self._kick_after(REFUSED_RETRY_S)
 
     def _schedule_retry(self) -> None:
         delay = self._delay * (1 + random.uniform(0, RETRY_JITTER))  # noqa: S311 - not secret
