@@ -203,3 +203,19 @@ def test_cosignatures_are_served_and_mirrored(tmp_path: Path) -> None:
     finally:
         conn.close()
     assert (mirror / "checkpoints" / f"{size}.txt").read_text() == served
+
+
+def test_a_tokens_file_gives_one_named_token_and_never_leaks_the_others(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from infervisor.tools.cli import cli
+
+    tokens = tmp_path / "api-tokens.json"
+    tokens.write_text('{"operator": "op-secret", "controller": "ctl-secret"}')
+    url = "http://127.0.0.1:9"  # never reached: the token is refused first
+    args = ["chain", "pull", url, str(tmp_path / "mirror"), "--token-file", str(tokens)]
+    done = CliRunner().invoke(cli, args)
+    assert done.exit_code == 2, done.output
+    assert "--token-name 'auditor' is not in" in done.output
+    assert "allowed: controller, operator" in done.output
+    assert "secret" not in done.output

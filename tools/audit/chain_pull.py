@@ -6,7 +6,6 @@ this module is the command: options, progress on stderr, the answer.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import click
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
+from ..clikit.tokens import token_of
 from .pull import TRUST_FIRST_USE, PullError, PullReport, pull
 
 __all__ = ["PullError", "PullReport", "pull", "pull_cmd"]
@@ -27,7 +27,13 @@ __all__ = ["PullError", "PullReport", "pull", "pull_cmd"]
 @click.option(
     "--token-file",
     type=click.Path(path_type=Path),
-    help="A file holding the token.",
+    help="A file holding the token, or the node's api-tokens.json (see --token-name).",
+)
+@click.option(
+    "--token-name",
+    default="auditor",
+    show_default=True,
+    help="The token of --token-file's api-tokens.json to send (any scope reads).",
 )
 @click.option(
     "--key",
@@ -40,6 +46,7 @@ def pull_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
     folder: Path,
     token: str | None,
     token_file: Path | None,
+    token_name: str,
     key: str | None,
     as_json: bool,
 ) -> None:
@@ -48,7 +55,7 @@ def pull_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
     or a rollback is refused), every event's hash and link, the hash tiles and the
     signed root. Run again, it fetches only what is new; an interrupted pull resumes.
     """
-    secret = _token(token, token_file)
+    secret = token_of(token, token_file, token_name)
     last = [0.0]
 
     def progress(done: int, total: int) -> None:
@@ -75,17 +82,3 @@ def pull_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
             err=True,
         )
     sys.exit(0)
-
-
-def _token(token: str | None, token_file: Path | None) -> str | None:
-    """--token, else the secret in --token-file, else INFERVISOR_TOKEN."""
-    if token is not None:
-        return token.strip() or None
-    if token_file is None:
-        return os.environ.get("INFERVISOR_TOKEN", "").strip() or None
-    try:
-        return token_file.read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError) as e:
-        raise Failure(
-            f"--token-file {token_file}: cannot read it: {e}", "bad_path", "--token-file"
-        ) from e

@@ -11,7 +11,6 @@ that exits by the error table on any error of the API (:func:`api_failure`).
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -28,6 +27,7 @@ from ..api.errors import ApiError, NoAnswer, NodeStarting, NodeStopping, NodeUna
 from ..clikit.command import SECONDS
 from ..clikit.failure import fail
 from ..clikit.names import resolve
+from ..clikit.tokens import token_of
 from ..node.where import where
 
 __all__ = [
@@ -84,40 +84,6 @@ class Target:
             return ApiClient(url=self.url, token=self.token, timeout_s=self.timeout_s)
         assert self.data_dir is not None
         return ApiClient(self.data_dir, timeout_s=self.timeout_s)
-
-
-def token_of(token: str | None, token_file: Path | None, token_name: str) -> str | None:
-    """The bearer secret: --token, else --token-file (the bare secret, or the node's
-    api-tokens.json, from which --token-name picks), else INFERVISOR_TOKEN."""
-    if token is not None:
-        return token.strip() or None
-    if token_file is None:
-        return os.environ.get("INFERVISOR_TOKEN", "").strip() or None
-    try:
-        text = token_file.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as e:
-        fail(f"--token-file {token_file}: cannot read it: {e}", "bad_path", "--token-file")
-    if not text.startswith("{"):
-        return text or None
-    try:
-        tokens = json.loads(text)
-    except ValueError as e:
-        fail(f"--token-file {token_file}: not JSON: {e}", "bad_value", "--token-file")
-    if not isinstance(tokens, dict) or not all(isinstance(v, str) for v in tokens.values()):
-        fail(
-            f"--token-file {token_file}: expected the bare secret or a JSON object of "
-            'token names and secrets ({"operator": "..."})',
-            "bad_value",
-            "--token-file",
-        )
-    if token_name not in tokens:
-        fail(
-            f"--token-name {token_name!r} is not in {token_file}; "
-            f"allowed: {', '.join(sorted(tokens)) or 'none'}",
-            "bad_value",
-            "--token-name",
-        )
-    return str(tokens[token_name])
 
 
 def _target(args: tuple[str, ...], url: str | None, token: str | None, most: int) -> Target:
