@@ -451,3 +451,18 @@ def test_a_lost_node_key_is_not_replaced_silently(tmp_path: Path) -> None:
         load_or_create_signer(data, NODE)
     assert "\n" not in str(refused.value)
     assert (data / "node.pub").read_text().strip() == first.verifier.key_string()
+
+
+def test_unverified_readers_mark_a_chain_the_trust_policy_fails(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    path = grow(folder, 55, every=100)
+    conn = _raw(path)
+    conn.execute("DELETE FROM events WHERE seq >= 40")  # every hash and link still holds
+    _done(conn)
+    text = cli("replay", str(folder), "--unverified")
+    assert text.code == 0 and text.out.startswith("UNVERIFIED: "), text.out
+    assert "truncated" in text.out.splitlines()[0]
+    doc = json.loads(cli("replay", str(folder), "--unverified", "--json").out)
+    assert doc["verified"] is False and doc["problem"]["reason"] == "truncated"
+    lines = cli("events", str(folder), "--unverified", "--jsonl").out.splitlines()
+    assert lines and all(json.loads(line)["verified"] is False for line in lines)

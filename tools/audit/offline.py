@@ -18,17 +18,16 @@ import contextlib
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 import msgspec
 
 from infervisor.chain import ChainError
-from infervisor.chain.checks import Problem
+from infervisor.chain.checks import Problem, Reason
 from infervisor.replay import ChainRead, EventDecodeError, ReplayError, read_chain
 
 from ..clikit.failure import Failure
-from .chain_inputs import warn
 from .trust_options import TrustArgs, judge_chain, refuse, say_anchor
 
 __all__ = [
@@ -137,11 +136,12 @@ def read_offline(
         if verdict.problem is not None and problem is None:
             if not unverified:
                 refuse(db, verdict)
-            p = verdict.problem
-            warn(
-                f"UNVERIFIED: {db} does not verify against its checkpoints "
-                f"(seq {p.seq}: {p.reason})"
-            )
+            # The trust policy's failure is the chain's verdict: the first line,
+            # the JSON wrapper and each event's mark say it, as for a bad hash.
+            p = verdict.problem  # the trust policy's reasons widen the row checks' Reason
+            failed = Problem(seq=p.seq, reason=cast(Reason, p.reason), detail=p.detail)
+            report = msgspec.structs.replace(read.report, ok=False, problem=failed)
+            read = msgspec.structs.replace(read, report=report)
         say_anchor(verdict)
     return read
 
