@@ -219,3 +219,14 @@ def test_a_tokens_file_gives_one_named_token_and_never_leaks_the_others(tmp_path
     assert "--token-name 'auditor' is not in" in done.output
     assert "allowed: controller, operator" in done.output
     assert "secret" not in done.output
+
+
+def test_a_url_that_is_not_a_nodes_api_is_a_usage_error(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from infervisor.tools.cli import cli
+
+    for url in ("notaurl", "ftp://x/", "http://"):
+        done = CliRunner().invoke(cli, ["chain", "pull", url, str(tmp_path / "m"), "--token", "t"])
+        assert done.exit_code == 2, (url, done.output)
+        assert f"URL {url!r}: a node's API" in done.output

@@ -238,3 +238,24 @@ def test_a_slow_client_is_cut_off_and_sigint_stops_cleanly(tmp_path: Path) -> No
         assert w.proc.wait(60) == 0
         with pytest.raises(WitnessUnreachable):
             WitnessClient(w.url).add_checkpoint(log.request(3))
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ('url = "gopher://x"', "logs[0].url 'gopher://x': allowed http://"),
+        ('url = "not a url"', "logs[0].url 'not a url': allowed"),
+        ('url = "file:///nonexistent/chain.db"', "no such file or directory"),
+        ('url = "http://n:1"\ntoken_file = "nope.token"', "logs[0].token_file"),
+    ],
+)
+def test_a_log_source_is_checked_when_the_config_is_read(
+    tmp_path: Path, extra: str, named: str
+) -> None:
+    from infervisor.tools.witness.config import ConfigError, load_config
+
+    config = write_config(tmp_path, [Log("example.com/l")])
+    config.write_text(config.read_text() + extra + "\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(config)
+    assert named in str(refused.value) and "\n" not in str(refused.value)

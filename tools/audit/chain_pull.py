@@ -55,6 +55,13 @@ def pull_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
     or a rollback is refused), every event's hash and link, the hash tiles and the
     signed root. Run again, it fetches only what is new; an interrupted pull resumes.
     """
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("http", "https") or not rest.strip("/"):
+        raise Failure(
+            f"URL {url!r}: a node's API, http://HOST:PORT or https://HOST:PORT",
+            "bad_value",
+            "URL",
+        )
     secret = token_of(token, token_file, token_name)
     last = [0.0]
 

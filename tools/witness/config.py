@@ -167,6 +167,7 @@ def _check(parsed: _File, path: Path) -> WitnessConfig:
         except NoteError as e:
             raise ConfigError(f"{where}.vkey: {e}") from e
         token = base / log.token_file if log.token_file else None
+        _check_source(where, log.url, token)
         logs[log.origin] = WitnessedLog(log.origin, verifiers, log.url, token)
     return WitnessConfig(
         w.name, host, port, base / w.data_dir, w.read_timeout_s, w.max_connections, logs, w.audit
@@ -231,3 +232,23 @@ def _create_key(path: Path, cosigner: Cosigner) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _check_source(where: str, url: str | None, token: Path | None) -> None:
+    """A log's url (http, https or file) and token file, checked at start: a typo
+    would otherwise be a 503 to every submission, for ever.
+
+    Raises:
+        ConfigError: naming the field and what is allowed.
+    """
+    if url is not None:
+        scheme, _, rest = url.partition("://")
+        if scheme not in ("http", "https", "file") or not rest:
+            raise ConfigError(
+                f"{where}.url {url!r}: allowed http://HOST:PORT, https://HOST:PORT or "
+                "file:///path/to/chain.db (or a data dir)"
+            )
+        if scheme == "file" and not Path(rest).exists():
+            raise ConfigError(f"{where}.url {url!r}: no such file or directory")
+    if token is not None and not token.is_file():
+        raise ConfigError(f"{where}.token_file {str(token)!r}: no such file")
