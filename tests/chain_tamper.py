@@ -78,8 +78,10 @@ def alter_payload(path: Path, seq: int) -> None:
     _restore(conn, saved)
 
 
-def rewrite_from(path: Path, seq: int) -> None:
-    """Change the payload at `seq` and re-hash it and every later row: verifies as a chain."""
+def rewrite_from(path: Path, seq: int, payload: bytes | None = None) -> None:
+    """Change the payload at `seq` (to `payload`, default a forged mapping) and re-hash
+    it and every later row: verifies as a chain."""
+    forged = encode_payload({"rewritten": True}) if payload is None else payload
     conn, saved = _untriggered(path)
     rows = conn.execute(
         "SELECT seq, ts_ns, node, source, kind, subject, payload, prev_hash FROM events "
@@ -88,7 +90,7 @@ def rewrite_from(path: Path, seq: int) -> None:
     ).fetchall()
     prev = bytes(rows[0][7])
     for at, ts, node, source, kind, subject, stored, _ in rows:
-        payload = encode_payload({"rewritten": True}) if at == seq else stored
+        payload = forged if at == seq else stored
         digest = payload_hash(payload)
         fields = (node.encode(), source.encode(), kind.encode(), subject.encode())
         head = header_bytes(seq=at, ts_ns=ts, fields=fields, payload_digest=digest, prev_hash=prev)

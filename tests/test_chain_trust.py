@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from chain_tamper import rewrite_from
 from click.testing import CliRunner
 
 from infervisor.chain import EventDraft, SqliteChain, encode_payload
@@ -25,7 +26,6 @@ from infervisor.chain.checkpoint_store import Checkpointer, read_stored
 from infervisor.chain.cosignature import Cosigner, WitnessPolicy
 from infervisor.chain.cosignature_store import store
 from infervisor.chain.errors import ChainTampered, CheckpointError
-from infervisor.chain.hashing import event_hash, header_bytes, payload_hash
 from infervisor.chain.merkle import CompactTree
 from infervisor.chain.note import Signer, split_note
 from infervisor.chain.trust import assess, node_key
@@ -126,30 +126,10 @@ def _resign_all(path: Path, signer: Signer) -> None:
 def _rehash_from(path: Path, seq: int) -> None:
     """Change the node.started event at `seq` (still a valid event) and re-hash it and
     every later row: the rows verify as a chain."""
-    conn = _raw(path)
-    rows = conn.execute(
-        "SELECT seq, ts_ns, node, source, kind, subject, payload, prev_hash FROM events "
-        "WHERE seq >= ? ORDER BY seq",
-        (seq,),
-    ).fetchall()
-    prev = bytes(rows[0][7])
     forged = encode_event(ev.NodeStarted(pid=1, boot_id="rewritten", version="t"))
-    for at, ts, node, source, kind, subject, stored, _ in rows:
-        payload = forged if at == seq else bytes(stored)
-        digest = payload_hash(payload)
-        fields = (node.encode(), source.encode(), kind.encode(), subject.encode())
-        head = header_bytes(seq=at, ts_ns=ts, fields=fields, payload_digest=digest, prev_hash=prev)
-        new = event_hash(head)
-        conn.execute(
-            "UPDATE events SET payload = ?, payload_hash = ?, prev_hash = ?, hash = ? "
-            "WHERE seq = ?",
-            (payload, digest, prev, new, at),
-        )
-        prev = new
-    _done(conn)
+    rewrite_from(path, seq, forged)
 
 
-# ---------------------------------------------------------------- the attacks
 def attack_backup_restored(folder: Path) -> None:
     """An older backup restored: nothing in the file shows it (a witness asked live
     does, W2's boot check; or a checkpoint saved elsewhere)."""
