@@ -143,9 +143,7 @@ class LogController(Controller):
         seq, size = _required(seq, "seq"), _required(size, "size")
         if seq >= size:
             raise ApiError(f"seq {seq} is not below size {size}", "bad_value", 400, "seq")
-        with _reading(api) as conn:
-            hashes = _hashes(conn, size, "size")
-        leaves = [leaf_hash(h) for h in hashes]
+        hashes, leaves = _leaves(api, size, "size")
         path = inclusion_proof(leaves, seq)
         return InclusionProof(
             seq=seq,
@@ -175,9 +173,7 @@ class LogController(Controller):
         old, new = _required(old, "old"), _required(new, "new")
         if old > new:
             raise ApiError(f"old {old} is above new {new}", "bad_value", 400, "old")
-        with _reading(api) as conn:
-            hashes = _hashes(conn, new, "new")
-        leaves = [leaf_hash(h) for h in hashes]
+        _, leaves = _leaves(api, new, "new")
         path = consistency_proof(leaves, old)
         return ConsistencyProof(
             old=old,
@@ -193,6 +189,14 @@ def _text(data: bytes, cache: str) -> Response[bytes]:
     # As given: Litestar would append a second charset to a text/* media_type.
     headers = {"content-type": "text/plain; charset=utf-8", "cache-control": cache}
     return Response(data, headers=headers)
+
+
+def _leaves(api: ApiContext, size: int, field: str) -> tuple[list[bytes], list[bytes]]:
+    """The first `size` event hashes and their RFC 6962 leaf hashes (`field` names
+    `size` in a 404 when the chain is shorter)."""
+    with _reading(api) as conn:
+        hashes = _hashes(conn, size, field)
+    return hashes, [leaf_hash(h) for h in hashes]
 
 
 @contextmanager
