@@ -214,10 +214,14 @@ def test_a_tokens_file_gives_one_named_token_and_never_leaks_the_others(tmp_path
     tokens.write_text('{"operator": "op-secret", "controller": "ctl-secret"}')
     url = "http://127.0.0.1:9"  # never reached: the token is refused first
     args = ["chain", "pull", url, str(tmp_path / "mirror"), "--token-file", str(tokens)]
-    done = CliRunner().invoke(cli, args)
+    done = CliRunner().invoke(cli, [*args, "--token-name", "auditor"])
     assert done.exit_code == 2, done.output
     assert "--token-name 'auditor' is not in" in done.output
     assert "allowed: controller, operator" in done.output
+    assert "secret" not in done.output
+    # By default the least scope the file has: a node's own file has operator.
+    done = CliRunner().invoke(cli, args)
+    assert done.exit_code == 3, done.output  # nothing answers at port 9
     assert "secret" not in done.output
 
 

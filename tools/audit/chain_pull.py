@@ -17,7 +17,11 @@ from ..clikit.failure import Failure, echo_json
 from ..clikit.tokens import token_of
 from .pull import TRUST_FIRST_USE, PullError, PullReport, pull
 
-__all__ = ["PullError", "PullReport", "pull", "pull_cmd"]
+__all__ = ["PULL_TOKEN_NAMES", "PullError", "PullReport", "pull", "pull_cmd"]
+
+PULL_TOKEN_NAMES = ("auditor", "operator", "controller")
+"""The tokens of an api-tokens.json a pull sends, in order of preference: the least
+scope first (a node's generated file has operator and controller)."""
 
 
 @click.command("pull", cls=Command)
@@ -31,9 +35,8 @@ __all__ = ["PullError", "PullReport", "pull", "pull_cmd"]
 )
 @click.option(
     "--token-name",
-    default="auditor",
-    show_default=True,
-    help="The token of --token-file's api-tokens.json to send (any scope reads).",
+    help="The token of --token-file's api-tokens.json to send (any scope reads). "
+    "Default: auditor, else operator, else controller, the first the file has.",
 )
 @click.option(
     "--key",
@@ -46,7 +49,7 @@ def pull_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
     folder: Path,
     token: str | None,
     token_file: Path | None,
-    token_name: str,
+    token_name: str | None,
     key: str | None,
     as_json: bool,
 ) -> None:
@@ -62,7 +65,7 @@ def pull_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
             "bad_value",
             "URL",
         )
-    secret = token_of(token, token_file, token_name)
+    secret = token_of(token, token_file, token_name or PULL_TOKEN_NAMES)
     last = [0.0]
 
     def progress(done: int, total: int) -> None:

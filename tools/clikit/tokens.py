@@ -16,7 +16,9 @@ from .failure import fail
 __all__ = ["token_of"]
 
 
-def token_of(token: str | None, token_file: Path | None, token_name: str) -> str | None:
+def token_of(
+    token: str | None, token_file: Path | None, token_name: str | tuple[str, ...]
+) -> str | None:
     """The bearer secret: --token, else --token-file (the bare secret, or the node's
     api-tokens.json, from which --token-name picks), else INFERVISOR_TOKEN."""
     if token is not None:
@@ -40,6 +42,8 @@ def token_of(token: str | None, token_file: Path | None, token_name: str) -> str
             "bad_value",
             "--token-file",
         )
+    if isinstance(token_name, tuple):  # a preference: the first name the file has
+        token_name = next((n for n in token_name if n in tokens), token_name[0])
     if token_name not in tokens:
         fail(
             f"--token-name {token_name!r} is not in {token_file}; "
