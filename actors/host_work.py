@@ -26,6 +26,7 @@ from infervisor.adapters.spec import InstanceSpec, instance_id
 from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.replay import InstanceState, NodeState, apply_instance
 from infervisor.replay import events as ev
+from infervisor.replay.views import InstanceView
 
 from . import messages as m
 from .append import Entry
@@ -203,7 +204,7 @@ def place_again(ref: pykka.ActorRef[Any], iid: str, msg: m.Place, old: InstanceS
         InvalidState: the spec differs from the one in force and the generation is not
             older: a placement never replaces a spec (unload the instance first).
     """
-    view: m.InstanceView = ref.ask(m.GetStatus(), block=True, timeout=ASK_TIMEOUT_S)
+    view: InstanceView = ref.ask(m.GetStatus(), block=True, timeout=ASK_TIMEOUT_S)
     changed = changed_keys(old, msg.spec)
     if changed and msg.generation >= view.generation:
         raise InvalidState(

@@ -40,6 +40,7 @@ from infervisor.replay import InstanceState, LifecycleState, apply_instance
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.state import Stamp
+from infervisor.replay.views import InstanceView
 
 from . import messages as m
 from . import verb_answers as answers
@@ -483,6 +484,6 @@ class InstanceActor(pykka.ThreadingActor):
         probing = self.checks.probing
         return not probing and self.effects.inflight == 0 and not (busy and not self._gone)
 
-    def view(self) -> m.InstanceView:
+    def view(self) -> InstanceView:
         """This instance's status view (never probes)."""
         return build_view(self)

@@ -17,13 +17,13 @@ import msgspec
 import pykka
 
 from infervisor.adapters.errors import AdmissionRefused
+from infervisor.replay.views import LedgerView
 
 from .core.admission import fit_memory
 
 __all__ = [
     "BudgetExceeded",
     "LedgerActor",
-    "LedgerView",
     "Reservation",
     "hold",
     "release",
@@ -53,14 +53,6 @@ class _Snapshot(msgspec.Struct, frozen=True):
 class _Hold(msgspec.Struct, frozen=True):
     instance_id: str
     held_bytes: int
-
-
-class LedgerView(msgspec.Struct, frozen=True):
-    """The budget and what each instance holds, in bytes."""
-
-    budget_bytes: int
-    in_use_bytes: int
-    reservations: dict[str, int]
 
 
 class LedgerActor(pykka.ThreadingActor):

@@ -45,6 +45,7 @@ from infervisor.chain.cosignature import WitnessPolicy
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.policy import check_duration
+from infervisor.replay.views import InstanceView
 
 from . import messages as m
 from .clock import Clock, RealClock
@@ -351,7 +352,7 @@ class Node(NodeViews):
         """Adapter ids whose capability probe passed (empty before the first probe)."""
         return [c.adapter_id for c in self._capabilities if c.ok]
 
-    def start(self, instance_id: str, *, by: str = "operator") -> m.InstanceView:
+    def start(self, instance_id: str, *, by: str = "operator") -> InstanceView:
         """Start the server; an operator start resets the restart budget.
 
         ``by`` is the verb's source on every event it causes: a role, or
@@ -364,7 +365,7 @@ class Node(NodeViews):
             AdmissionRefused: the address is taken (the refusal is recorded).
             SpawnError: the launcher could not run (recorded as an exit).
         """
-        view: m.InstanceView = self._ask(self._ref(instance_id), m.Start(by=by))
+        view: InstanceView = self._ask(self._ref(instance_id), m.Start(by=by))
         return view
 
     def stop(
@@ -374,7 +375,7 @@ class Node(NodeViews):
         grace_s: float | None = None,
         wait: bool = True,
         by: str = "operator",
-    ) -> m.InstanceView:
+    ) -> InstanceView:
         """Stop the server: SIGTERM to its group, SIGKILL after ``grace_s`` seconds.
 
         A second stop while stopping escalates to SIGKILL at once. With ``wait``
@@ -390,7 +391,7 @@ class Node(NodeViews):
                 check_duration("grace_s", grace_s, allow_zero=True)
             except ValueError as e:
                 raise BadArgument(str(e)) from e
-        fut: Future[m.InstanceView] = self._ask(
+        fut: Future[InstanceView] = self._ask(
             self._ref(instance_id), m.Stop(by=by, grace_s=grace_s)
         )
         if not wait:
@@ -398,14 +399,14 @@ class Node(NodeViews):
         grace = self.settings.stop_grace_s if grace_s is None else grace_s
         return _wait(fut, grace + 30)
 
-    def restart(self, instance_id: str, *, by: str = "operator") -> m.InstanceView:
+    def restart(self, instance_id: str, *, by: str = "operator") -> InstanceView:
         """Stop (when running), then start.
 
         Raises:
             UnknownInstance, InvalidState: refused (as :meth:`start`); or being unloaded.
             VerbTimeout: not done within the stop grace plus 60 s; still in progress.
         """
-        fut: Future[m.InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
+        fut: Future[InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
         return _wait(fut, self.settings.stop_grace_s + 60)
 
     def unload(self, instance_id: str, *, by: str = "operator") -> None:
@@ -433,7 +434,7 @@ class Node(NodeViews):
         _answer(answer, wait, f"the unload of {instance_id}")
 
 
-def _wait(fut: Future[m.InstanceView], timeout: float) -> m.InstanceView:
+def _wait(fut: Future[InstanceView], timeout: float) -> InstanceView:
     try:
         return fut.result(timeout=timeout)
     except FutureTimeout as e:

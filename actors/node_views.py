@@ -18,12 +18,13 @@ import pykka
 
 from infervisor.adapters.proc.containment import Containment
 from infervisor.replay import NodeState
+from infervisor.replay.views import InstanceView, LedgerView
 
 from . import messages as m
 from .append_health import AppendStatus
 from .chain_writer import CommitLatency, LatencySnapshot
 from .errors import VerbTimeout
-from .ledger import LedgerView, snapshot
+from .ledger import snapshot
 from .node_boot import ASK_TIMEOUT_S, NodeActors, rebuild
 from .routes import Routes
 from .settings import NodeSettings
@@ -63,16 +64,16 @@ class NodeViews:
         """The memory budget and each instance's reservation (None without a budget)."""
         return snapshot(self._ledger) if self._ledger is not None else None
 
-    def status(self, instance_id: str) -> m.InstanceView:
+    def status(self, instance_id: str) -> InstanceView:
         """The instance's view (never waits for a probe, nor for the host).
 
         Raises:
             UnknownInstance, InvalidState: no such instance, or it is being unloaded.
         """
-        view: m.InstanceView = self._ask(self._ref(instance_id), m.GetStatus())
+        view: InstanceView = self._ask(self._ref(instance_id), m.GetStatus())
         return view
 
-    def list(self) -> builtins.list[m.InstanceView]:
+    def list(self) -> builtins.list[InstanceView]:
         """Every routed instance's view, ordered by id (asked of all at once).
 
         Instances being unloaded are not listed, nor one whose actor ended
@@ -91,11 +92,11 @@ class NodeViews:
     def wait_for(
         self,
         instance_id: str,
-        predicate: Callable[[m.InstanceView], bool],
+        predicate: Callable[[InstanceView], bool],
         timeout_s: float,
         *,
         poll_s: float = 0.05,
-    ) -> m.InstanceView:
+    ) -> InstanceView:
         """Poll ``status`` until ``predicate`` holds (real time, ``timeout_s`` seconds).
 
         Raises:

@@ -11,12 +11,12 @@ from infervisor.adapters.status import map_report
 from infervisor.replay import InstanceState
 from infervisor.replay.policy import restarts_in_window
 from infervisor.replay.state import Stamp
+from infervisor.replay.views import InstanceView
 
 from .core.health import wants_probe
 from .core.rules import Mode, Rules, Tracking
 from .core.supervision import Supervision
 from .effects_runner import EffectRunner
-from .messages import InstanceView
 from .stand_in import UnbuiltServer
 
 __all__ = ["Viewed", "build_view", "describe"]

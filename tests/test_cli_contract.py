@@ -27,10 +27,10 @@ from test_cli import CHAT, IDLE, NOW, build_chain, spec, tamper
 from test_operator_cli import Started, start_node  # noqa: F401 - a fixture
 from test_run_resume import EXIT_DEADLINE_S, INFERVISOR, cli, put_model, write_config
 
-from infervisor.actors.messages import InstanceView
 from infervisor.chain import EventDraft, SqliteChain
 from infervisor.replay import events as ev
 from infervisor.replay import kind_of
+from infervisor.replay.views import InstanceView
 from infervisor.tools.api.exit_codes import CODES, MAX_VALUE, Exit, exit_for
 from infervisor.tools.cli import cli as cli_group
 from infervisor.tools.clikit.schemas import (

@@ -31,6 +31,7 @@ from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import timeline
+from infervisor.replay.views import InstanceView
 
 DEADLINE_S = 60.0  # generous: only ever a bound on a hang, never a measurement
 
@@ -67,7 +68,7 @@ def workdir(node: Node, iid: str) -> Path:
     return path
 
 
-def running(node: Node, iid: str) -> m.InstanceView:
+def running(node: Node, iid: str) -> InstanceView:
     return node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
 
 

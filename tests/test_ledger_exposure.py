@@ -17,12 +17,12 @@ from support import PROGRAMS, make_launcher, pids_of_group, wait_until
 
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.errors import InvalidState
-from infervisor.actors.messages import InstanceView
 from infervisor.actors.node import Node
 from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.ports import free_port, listeners_beyond_loopback
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import timeline
+from infervisor.replay.views import InstanceView
 
 OVERHEAD = 1000  # bytes added to every reservation
 

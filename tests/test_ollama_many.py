@@ -17,7 +17,6 @@ from support import OllamaTestServer, wait_until
 from test_ollama_node import kinds, reservations
 
 from infervisor.actors.kinds import KindSettings
-from infervisor.actors.messages import InstanceView
 from infervisor.actors.node import Node
 from infervisor.adapters import ollama
 from infervisor.adapters.errors import AdmissionRefused
@@ -28,6 +27,7 @@ from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.adapters.status import LoadKind, LoadState, StatusState, map_report
 from infervisor.replay import RestartPolicy
+from infervisor.replay.views import InstanceView
 from infervisor.tools.node.config import ConfigError, load_config
 
 A, B = "tinyllama", "qwen:0.5b"

@@ -45,9 +45,9 @@ from test_run_resume import (
 
 from infervisor.actors.append_health import AppendStatus
 from infervisor.actors.errors import UnknownInstance
-from infervisor.actors.messages import InstanceView
 from infervisor.adapters.ports import free_port
 from infervisor.chain import SqliteChain
+from infervisor.replay.views import InstanceView
 from infervisor.tools.api.client import SOCKET_FILE, ApiClient
 from infervisor.tools.api.errors import ApiError, NodeStopping, NodeUnavailable, VerbFailed
 from infervisor.tools.api.server import SOCKET_FILE as SERVER_SOCKET_FILE

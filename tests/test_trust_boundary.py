@@ -34,7 +34,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, valid_token
 from infervisor.adapters.spec_env import LLAMA_ARG_TUNING, MAX_ENV_KEYS, REFUSED_ENV
 from infervisor.chain.backup import backup_chain
 from infervisor.chain.bundle import export_bundle
-from infervisor.tools.api.errors import answer_for
+from infervisor.tools.api.answers import answer_for
 from infervisor.tools.node.boot import diagnostics_to
 from infervisor.tools.node.config import ConfigError, ModelEntryConfig, load_config
 from infervisor.tools.node.lock import RunError

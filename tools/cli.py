@@ -13,8 +13,8 @@ is also printed on stdout as one object (``{"error": {"code", "message",
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
+import sys
 from collections.abc import Sequence
 
 import click
@@ -23,12 +23,21 @@ from .clikit.command import LazyGroup
 
 __all__ = ["cli", "main"]
 
+# httpx imports its own command line (httpx._main, which loads rich and pygments:
+# 0.1 s of CPU at every start) whenever click is installed. This program never
+# runs it; a module that is None in sys.modules fails to import, which httpx's
+# __init__ expects (it then defines a stub `httpx.main`).
+sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
     # The installed distribution's version (pyproject.toml), as the node records
-    # it in node.started: importing the node for it cost 0.5 s.
+    # it in node.started: importing the node for it cost 0.5 s; importlib.metadata
+    # itself costs 50 ms, so only --version loads it.
+    import importlib.metadata  # noqa: PLC0415
+
     click.echo(f"infervisor {importlib.metadata.version('infervisor')}")
     ctx.exit(0)
 

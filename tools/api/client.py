@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from infervisor.actors.ledger import LedgerView
 from infervisor.adapters.spec import InstanceSpec
+from infervisor.replay.views import LedgerView
 
 from .errors import (
     ApiError,

@@ -86,8 +86,8 @@ from infervisor.replay import LifecycleState
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from infervisor.actors.messages import InstanceView
     from infervisor.actors.node import Node
+    from infervisor.replay.views import InstanceView
 
 __all__ = ["NodeMetrics"]
 

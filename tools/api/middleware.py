@@ -13,9 +13,10 @@ from typing import Any
 
 import msgspec
 
+from .answers import answer_for
 from .auth import Caller, Peer, authorize
 from .context import ApiContext
-from .errors import ApiRefusal, answer_for
+from .errors import ApiRefusal
 from .idempotency import idempotent
 from .scopes import Scope, scope_for
 from .strict import strict_bodies

@@ -13,8 +13,9 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 
+from .answers import answer_for
 from .context import provide_api
-from .errors import ApiError, NodeStopping, answer_for
+from .errors import ApiError, NodeStopping
 from .gate import Phase
 from .strict import ALLOWED
 from .wire import API_VERSION, ErrorBody, ErrorEnvelope

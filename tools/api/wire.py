@@ -32,8 +32,8 @@ from typing import Annotated
 
 import msgspec
 
-from infervisor.actors.messages import InstanceView
 from infervisor.adapters.spec import InstanceSpec
+from infervisor.replay.views import InstanceView
 
 __all__ = [
     "API_VERSION",

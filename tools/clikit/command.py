@@ -20,7 +20,6 @@ import click
 
 from ..api.exit_codes import EPILOG, cut
 from .failure import Failure, echo_json, fail
-from .schemas import ErrorBody, ErrorRecord
 
 __all__ = [
     "SECONDS",
@@ -69,6 +68,8 @@ class Command(click.Command):
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as e:
             if as_json:
+                from .schemas import ErrorBody, ErrorRecord  # noqa: PLC0415 - as failure.fail
+
                 code = "bad_value" if isinstance(e, click.BadParameter) else "usage"
                 body = ErrorBody(code=code, message=cut(e.format_message()), field=_usage_field(e))
                 echo_json(ErrorRecord(error=body))

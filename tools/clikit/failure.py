@@ -16,7 +16,6 @@ import click
 import msgspec
 
 from ..api.exit_codes import cut, exit_for
-from .schemas import ErrorBody, ErrorRecord
 
 __all__ = ["Failure", "echo_json", "fail", "json_mode", "say_line"]
 
@@ -53,6 +52,8 @@ def fail(message: str, code: str, field: str | None = None) -> NoReturn:
     message = cut(message)
     click.echo(f"error: {message}", err=True)
     if json_mode():
+        from .schemas import ErrorBody, ErrorRecord  # noqa: PLC0415 - wire types load the replay
+
         record = ErrorRecord(error=ErrorBody(code=code, message=message, field=field))
         ctx = click.get_current_context(silent=True)
         if ctx is not None and ctx.meta.get("json_lines"):

@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from infervisor.actors.messages import InstanceView
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.replay import InstanceState, TimelineEntry
+from infervisor.replay.views import InstanceView
 
 from ..api.wire import ErrorBody, ErrorEnvelope
 

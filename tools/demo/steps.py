@@ -18,7 +18,6 @@ from pathlib import Path
 
 import msgspec
 
-from infervisor.actors.messages import InstanceView
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.ports import free_port
@@ -28,6 +27,7 @@ from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain
 from infervisor.replay import RestartPolicy, TimelineEntry, timeline
+from infervisor.replay.views import InstanceView
 
 from ..servers.extras import EXTRAS, missing_extra
 

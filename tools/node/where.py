@@ -14,8 +14,6 @@ def where(arg: Path) -> tuple[Path, Path]:
     """(data_dir, chain file) named by ARG: a data directory, a config file
     (.toml, naming its data_dir) or the chain file itself; exits 2 when ARG
     names nothing or its config does not load."""
-    from .config import ConfigError, load_config  # noqa: PLC0415 - keeps --help fast
-
     if not arg.exists():
         fail(
             f"{arg}: no such chain file, data directory or config file (.toml)",
@@ -24,6 +22,9 @@ def where(arg: Path) -> tuple[Path, Path]:
     if arg.is_dir():
         return arg, arg / "chain.db"
     if arg.suffix == ".toml":
+        # Imported here: the config's types load the node's settings (0.1 s).
+        from .config import ConfigError, load_config  # noqa: PLC0415
+
         try:
             folder = Path(load_config(arg).node.data_dir)
         except ConfigError as e:

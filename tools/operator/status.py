@@ -14,11 +14,10 @@ from typing import Any
 
 import click
 
-from infervisor.actors.messages import InstanceView
+from infervisor.replay.views import InstanceView
 
 from ..api.errors import ApiError, NoAnswer, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
 from ..api.wire import NodeInfo
-from ..audit.offline import print_marker, read_offline, wrap
 from ..clikit.command import UNVERIFIED_HELP, Command
 from ..clikit.failure import echo_json, fail, say_line
 from ..clikit.names import chain_roles, resolve
@@ -217,6 +216,9 @@ def _status_from_chain(
             "data directory, its config file (.toml) or its chain file",
             "no_node",
         )
+    # Imported here: verifying a chain loads its trust checks (checkpoints, notes).
+    from ..audit.offline import print_marker, read_offline, wrap  # noqa: PLC0415
+
     read = read_offline(db, unverified=unverified)
     state = read.state
     click.echo(f"{_unavailable(why)}; state replayed from the chain", err=True)

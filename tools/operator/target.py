@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import click
 
-from infervisor.actors.messages import InstanceView
+from infervisor.replay.views import InstanceView
 
 from ..api.client import DEFAULT_TIMEOUT_S, ApiClient
 from ..api.errors import ApiError, NoAnswer, NodeStarting, NodeStopping, NodeUnavailable, NotRunning

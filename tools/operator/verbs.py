@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import click
 
-from infervisor.actors.messages import InstanceView
+from infervisor.replay.views import InstanceView
 
 from ..api.client import DEFAULT_TIMEOUT_S, ApiClient
 from ..clikit.command import SECONDS, Command, Seconds

@@ -15,8 +15,9 @@ from litestar.response import Stream
 from infervisor.actors.errors import NodeError
 from infervisor.adapters.proc.errors import AdapterError
 
+from ..answers import answer_for
 from ..context import AdmittedNode, ApiContext, last_of
-from ..errors import ApiError, answer_for
+from ..errors import ApiError
 from ..logs import STREAMS, follow_log, log_file
 from ..openapi import BODIED, POSTED, responses, text
 from ..wire import (

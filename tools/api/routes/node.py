@@ -7,8 +7,8 @@ from litestar import Controller, get, post
 from litestar.di import NamedDependency, Provide
 from litestar.params import JSONBody
 
-from infervisor.actors.ledger import LedgerView
 from infervisor.actors.node import VERSION
+from infervisor.replay.views import LedgerView
 
 from ..context import AdmittedNode, ApiContext, changing, last_of
 from ..openapi import BODIED, responses

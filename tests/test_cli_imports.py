@@ -1,0 +1,76 @@
+"""The operator's commands load no part of the node: their module graph, not their timing.
+
+Every ``infervisor status``/``start``/... is a process of its own, started
+many times a minute by scripts and by this suite; what it imports is what it
+costs (bench/cli_startup.py measures the CPU). A client needs the API's
+client, its wire types and its errors (tools/api/client.py, wire.py,
+errors.py), never the server (Litestar), the actors or the adapters' Ollama
+client.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_PROBE = """
+import json, sys
+from infervisor.tools.cli import cli
+try:
+    cli.main(args=sys.argv[1:], standalone_mode=True)
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+_FORBIDDEN = ("litestar", "infervisor.actors", "infervisor.adapters.ollama", "uvicorn", "pykka")
+
+
+def _modules(*args: str, cwd: Path) -> tuple[object, list[str]]:
+    """The exit code and the modules loaded by ``infervisor ARGS`` run in a fresh process."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    record = json.loads(done.stderr.strip().splitlines()[-1])
+    return record["code"], record["modules"]
+
+
+def _loaded(modules: list[str], package: str) -> list[str]:
+    return [m for m in modules if m == package or m.startswith(f"{package}.")]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("status", "data"), id="status-no-node"),
+        pytest.param(("status", "data", "--json"), id="status-json"),
+        pytest.param(("stop", "data", "chat"), id="stop-no-node"),
+    ],
+)
+def test_an_operator_command_loads_no_part_of_the_node(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    (tmp_path / "data").mkdir()
+    code, modules = _modules(*args, cwd=tmp_path)
+    assert code == 3  # no node runs there: the whole client path ran
+    assert "infervisor.tools.api.client" in modules
+    for package in _FORBIDDEN:
+        assert _loaded(modules, package) == [], package
+
+
+def test_the_root_help_loads_no_part_of_the_node(tmp_path: Path) -> None:
+    code, modules = _modules("--help", cwd=tmp_path)
+    assert code == 0
+    for package in ("litestar", "infervisor.adapters.ollama", "uvicorn"):
+        assert _loaded(modules, package) == [], package
