@@ -6,6 +6,7 @@ kernel's accounting of the process: ``wait4`` for a command, the node's own
 counters for ``run``):
 
 - ``infervisor --help``: the root help (every command's summary);
+- ``infervisor status DIR`` against a node (this checkout's, no instance);
 - ``infervisor status DIR`` against no node: a data directory that holds no
   chain (exit 3), the path a script polling for its node takes;
 - ``infervisor run CONFIG`` to its first answer: a node with no instance,
@@ -26,12 +27,13 @@ Run: ``python bench/cli_startup.py [--before DIR] [--samples 7]`` (about
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -57,6 +59,14 @@ def command_cpu(program: Path, args: list[str], cwd: Path) -> float:
 
 def run_cpu(program: Path, root: Path) -> float:
     """CPU seconds of ``program run`` from its start to its first answer on its socket."""
+    with running_node(program, root) as node:
+        times = psutil.Process(node.pid).cpu_times()
+        return times.user + times.system
+
+
+@contextlib.contextmanager
+def running_node(program: Path, root: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``program run`` on ``root/data`` (no instance), once it answers; SIGTERM at the end."""
     data = root / "data"
     config = root / "node.toml"
     config.write_text(f'[node]\nnode_id = "bench"\ndata_dir = "{data}"\n')
@@ -72,8 +82,7 @@ def run_cpu(program: Path, root: Path) -> float:
             if node.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{program} run: no answer (exit {node.returncode})")
             time.sleep(_POLL_S)
-        times = psutil.Process(node.pid).cpu_times()
-        return times.user + times.system
+        yield node
     finally:
         node.send_signal(signal.SIGTERM)
         node.wait(timeout=_ANSWER_DEADLINE_S)
@@ -97,6 +106,8 @@ def sample(program: Path, which: str, root: Path) -> float:
     if which == "status":
         (root / "empty").mkdir(exist_ok=True)
         return command_cpu(program, ["status", "empty"], root)
+    if which == "status-node":
+        return command_cpu(program, ["status", "node/data"], root)
     with workdir("startup-run") as fresh:
         return run_cpu(program, fresh)
 
@@ -114,21 +125,38 @@ def main() -> None:
     print(f"# {machine()}")
     rows: list[list[object]] = []
     with reaped_children(), workdir("startup") as root:
-        for which, label in (
-            ("help", "infervisor --help"),
-            ("status", "infervisor status (no node)"),
-            ("run", "infervisor run, to its first answer"),
-        ):
-            cpu = _alternating(programs, lambda p, w=which: sample(p, w, root), args.samples)
-            row: list[object] = [label, median(cpu["this"]) * 1e3]
-            if "before" in cpu:
-                before = median(cpu["before"]) * 1e3
-                row += [before, median(cpu["this"]) * 1e3 / before]
-            rows.append(row)
+        (root / "node").mkdir()
+        with running_node(HERE, root / "node"):
+            rows += _rows(
+                programs, args.samples, root, [("status-node", "infervisor status (a node)")]
+            )
+        rows += _rows(programs, args.samples, root, _STARTS)
     headers = ["start-up", "CPU ms (median)"]
     if args.before is not None:
         headers += ["before ms", "ratio"]
     print(table(headers, rows))
+
+
+_STARTS = [
+    ("help", "infervisor --help"),
+    ("status", "infervisor status (no node)"),
+    ("run", "infervisor run, to its first answer"),
+]
+
+
+def _rows(
+    programs: dict[str, Path], samples: int, root: Path, which: list[tuple[str, str]]
+) -> list[list[object]]:
+    """One table row per start-up: this checkout's median, the other's and the ratio."""
+    rows: list[list[object]] = []
+    for one, label in which:
+        cpu = _alternating(programs, lambda p, w=one: sample(p, w, root), samples)
+        row: list[object] = [label, median(cpu["this"]) * 1e3]
+        if "before" in cpu:
+            before = median(cpu["before"]) * 1e3
+            row += [before, median(cpu["this"]) * 1e3 / before]
+        rows.append(row)
+    return rows
 
 
 def _compile(program: Path) -> None:
