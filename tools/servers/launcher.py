@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib.metadata
 import os
 import shutil
 import signal
@@ -159,6 +158,8 @@ def parse_args(argv: list[str]) -> LaunchArgs | None:
 
 def version_line() -> str:
     """One line naming this launcher and the embedded llama.cpp's wheel version."""
+    import importlib.metadata  # noqa: PLC0415 - 50 ms of CPU: only --version needs it
+
     ours = importlib.metadata.version("infervisor")
     try:
         theirs = importlib.metadata.version("xllamacpp")
