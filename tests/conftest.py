@@ -169,7 +169,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     del session
     for package in ("actors", "adapters", "chain", "replay", "tools"):
         for folder in importlib.import_module(f"infervisor.{package}").__path__:
-            compileall.compile_dir(folder, quiet=1)
+            compileall.compile_dir(folder, quiet=2)  # best effort: a read-only install has its own
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
