@@ -20,8 +20,8 @@ both alike; the ratio is this checkout's median over the other's. Only the
 CPU of the process itself counts, not the waiting: a loaded machine
 stretches the wall time, much less the CPU.
 
-Run: ``python bench/cli_startup.py [--before DIR] [--samples 7]`` (about
-30 s with ``--before``).
+Run: ``python bench/cli_startup.py [--before DIR] [--samples 7] [--as-is]`` (about
+80 s with ``--before``).
 """
 
 from __future__ import annotations
@@ -116,11 +116,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, help="another checkout with its own .venv")
     parser.add_argument("--samples", type=int, default=7, help="runs of each, per checkout")
+    parser.add_argument(
+        "--as-is",
+        action="store_true",
+        help="do not compile the bytecode first (measure the environments as they are)",
+    )
     args = parser.parse_args()
     programs: dict[str, Path] = {"this": HERE}
     if args.before is not None:
         programs["before"] = args.before / ".venv" / "bin" / "infervisor"
-    for program in programs.values():
+    for program in programs.values() if not args.as_is else ():
         _compile(program)
     print(f"# {machine()}")
     rows: list[list[object]] = []
