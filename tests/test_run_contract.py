@@ -5,7 +5,8 @@ nothing; SIGHUP stops the node cleanly; the status reason quotes a crash's
 output; server logs rotate across spawns; a missing extra is named. The runs
 are real processes (see tests/test_run_resume.py), synchronised on the chain;
 two tests that read the same run share it (a module fixture). A config refused
-by its load, and ``status``, run the CLI in this process (support.cli_here).
+before the node opens anything (its load, the preflight: tools/node/run.py
+``run_node``), and ``status``, run the CLI in this process (support.cli_here).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def test_a_config_naming_an_unknown_model_creates_nothing(tmp_path: Path, fake_l
 
 
 def test_a_missing_model_file_creates_nothing(tmp_path: Path, fake_llama: str) -> None:
-    result = cli_here("run", write_config(tmp_path, fake_llama))  # refused by the load
+    result = cli_here("run", write_config(tmp_path, fake_llama))  # by the preflight: in process
     assert result.returncode == 2, result.stderr
     assert "[[models]] tiny" in result.stderr and "tiny.gguf does not exist" in result.stderr
     assert not (tmp_path / "data").exists()
