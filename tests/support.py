@@ -199,12 +199,14 @@ def run_tool(module: str, *args: str) -> str:
     return done.stdout.strip()
 
 
-def cli_here(*args: object) -> subprocess.CompletedProcess[str]:
+def cli_here(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``infervisor ARGS`` in this process, as the console script runs it
     (``tools/cli.py`` ``main``: the click group in standalone mode), with click's
     CliRunner: its exit status, stdout and stderr, in the shape ``subprocess.run``
     gives. An exception the command does not handle ends it as the interpreter
     would: status 1 and the traceback on stderr (callers check for "Traceback").
+    ``env`` sets those environment variables for the command only (CliRunner
+    restores them after).
 
     For commands whose answer does not depend on a process of their own (bad
     flags, refusals, chain readers): a CLI process costs about 0.4 s of CPU to
@@ -216,7 +218,7 @@ def cli_here(*args: object) -> subprocess.CompletedProcess[str]:
     from infervisor.tools.cli import cli
 
     argv = [str(a) for a in args]
-    result = CliRunner().invoke(cli, argv, prog_name="infervisor")
+    result = CliRunner().invoke(cli, argv, prog_name="infervisor", env=env)
     code, stderr = result.exit_code, result.stderr
     error = result.exception
     if error is not None and not isinstance(error, SystemExit):

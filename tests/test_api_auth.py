@@ -23,8 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
+from support import cli_here
 from test_openapi_doc import Contract
-from test_run_resume import MODEL_BYTES, NodeRun, cli, end_runs
+from test_run_resume import MODEL_BYTES, NodeRun, end_runs
 
 from infervisor.adapters.ports import free_port
 from infervisor.tools.node.config import ConfigError, load_config
@@ -244,7 +245,7 @@ def test_another_uid_is_refused_by_the_socket_mode_then_by_its_credentials(node:
 # ---------------------------------------------------------------- [api] at start
 def test_a_non_loopback_address_is_refused_without_the_allowance(tmp_path: Path) -> None:
     config = node_config(tmp_path, f"0.0.0.0:{free_port()}")
-    refused = cli("run", config)
+    refused = cli_here("run", config)  # refused by the config's load: in this process
     assert refused.returncode == 2, refused.stdout + refused.stderr
     said = refused.stdout + refused.stderr
     assert "api.tcp" in said and "allow_non_loopback" in said

@@ -1,4 +1,4 @@
-"""The control API under concurrency: 20 clients race 1,000 verbs at one
+"""The control API under concurrency: 20 clients race 300 verbs at one
 ``infervisor run`` node whose supervision ticks race them too.
 
 Every answer must agree with the chain (the seq and hash it carries are a
@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from support import wait_until
-from test_run_resume import NodeRun, cli, end_runs, put_model, toml_str
+from support import cli_here, wait_until
+from test_run_resume import NodeRun, end_runs, put_model, toml_str
 
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec, instance_id
@@ -41,7 +41,12 @@ pytestmark = pytest.mark.slow
 
 SEED = 20261201
 CLIENTS = 20
-VERBS = 1000
+#: Enough to reach every verb kind, 200 and 409 answers, and placements applied and
+#: unchanged, with margin: with this seed 300 verbs gave at least 24 successes of
+#: each verb, 24 refusals (12 start, 4 restart, 8 place) and 26 applied and 17
+#: unchanged placements; 1,000 only repeated them, at four times the CPU. The
+#: test fails naming what it never reached.
+VERBS = 300
 RESENDS = 50
 DEADLINE_S = 60.0  # a bound on a hang, never a measurement: generous at load 10
 NODE_ID = "n1"
@@ -327,7 +332,7 @@ def live_and_replayed(client: ApiClient, data_dir: Path) -> tuple[dict[str, Any]
         views = client.list()
         if client.node().head_seq != head:
             return None
-        replayed = cli("replay", data_dir, "--until", head, "--json")
+        replayed = cli_here("replay", data_dir, "--until", head, "--json")
         assert replayed.returncode == 0, replayed.stdout + replayed.stderr
         state = json.loads(replayed.stdout)
         assert state["head_seq"] == head
@@ -343,7 +348,7 @@ def live_and_replayed(client: ApiClient, data_dir: Path) -> tuple[dict[str, Any]
 
 
 # ---------------------------------------------------------------- the test
-def test_twenty_clients_race_a_thousand_verbs(node: NodeRun, tmp_path: Path) -> None:
+def test_twenty_clients_race_three_hundred_verbs(node: NodeRun, tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     db = data_dir / "chain.db"
     client = ApiClient(data_dir=data_dir, timeout_s=60.0)
@@ -389,7 +394,7 @@ def test_twenty_clients_race_a_thousand_verbs(node: NodeRun, tmp_path: Path) -> 
             assert statuses[verb, 200], f"{verb} never succeeded: {dict(statuses)}"
         assert places["applied"] and places["unchanged"], f"placements: {dict(places)}"
 
-        verified = cli("chain", "verify", data_dir)
+        verified = cli_here("chain", "verify", data_dir)
         assert verified.returncode == 0, verified.stdout + verified.stderr
         live, offline = live_and_replayed(client, data_dir)
         assert live == offline

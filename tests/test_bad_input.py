@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import cli_here
 
 from infervisor.actors.errors import BadArgument
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import RestartPolicy
-
-INFERVISOR = str(Path(sys.executable).parent / "infervisor")
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, 1e308])
@@ -53,21 +50,14 @@ def test_demo_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     keep = tmp_path / "models" / "tiny.gguf"
     keep.write_bytes(b"mine")
-    done = subprocess.run(
-        [INFERVISOR, "demo", "--dir", str(tmp_path)], capture_output=True, text=True, check=False
-    )
+    done = cli_here("demo", "--dir", tmp_path)  # refused before it starts: in this process
     assert done.returncode == 2
     assert "is not empty" in done.stderr
     assert keep.read_bytes() == b"mine"
 
 
 def test_demo_names_a_folder_it_cannot_create() -> None:
-    done = subprocess.run(
-        [INFERVISOR, "demo", "--dir", "/proc/nonexistent/x"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = cli_here("demo", "--dir", "/proc/nonexistent/x")
     assert done.returncode == 2
     assert "cannot create it" in done.stderr
     assert "Traceback" not in done.stderr

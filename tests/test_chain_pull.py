@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import wait_until
+from support import cli_here, wait_until
 from tiles_support import grow_chain
 
 from infervisor.adapters.ports import free_port
@@ -167,16 +167,12 @@ def test_the_command_mirrors_for_every_reader_and_refuses_in_one_line(tmp_path: 
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["added"] == 21
         assert "trusted on first use" in done.stderr
-        refused = subprocess.run(
-            [cli, "chain", "pull", url, str(data)],
-            env=env, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        # The refusal and the readers run in this process (support.cli_here).
+        refused = cli_here("chain", "pull", url, data, env={"INFERVISOR_TOKEN": token})
     assert refused.returncode == 2
     assert refused.stderr.startswith("error: ") and refused.stderr.count("\n") == 1
     for reader in (["chain", "verify"], ["audit"]):
-        run = subprocess.run(
-            [cli, *reader, str(mirror)], capture_output=True, timeout=120, check=False
-        )
+        run = cli_here(*reader, mirror)
         assert run.returncode == 0, (reader, run.stderr)
 
 

@@ -304,26 +304,28 @@ def test_a_role_of_several_instances_is_refused_naming_them(tmp_path: Path) -> N
 
 # ---------------------------------------------------------------- against a running node
 def test_the_contract_with_the_node_up_and_down(start_node: Callable[..., Started]) -> None:  # noqa: F811
+    # The console script runs where a pipe or a terminal is what is checked; the
+    # other commands run in this process (support.cli_here), against the same node.
     node = start_node()
     chat, embed, data = node.ids["chat"], node.ids["embed"], node.data
 
-    up = json.loads(exits(cli("status", node.config, "--json"), Exit.OK).stdout)
+    up = json.loads(exits(cli_here("status", node.config, "--json"), Exit.OK).stdout)
     for record in up:
         validate(record, INSTANCE_SCHEMA)
         assert record["source"] == "node"
         assert "" not in record.values()
 
     # idempotent verbs: 0, "already", nothing recorded
-    before = json.loads(exits(cli("status", data, chat, "--json"), Exit.OK).stdout)
-    again = exits(cli("start", data, "chat"), Exit.OK)  # by role
+    before = json.loads(exits(cli_here("status", data, chat, "--json"), Exit.OK).stdout)
+    again = exits(cli_here("start", data, "chat"), Exit.OK)  # by role
     assert f"{chat}: already running (wanted running)" in again.stdout
-    after = json.loads(exits(cli("status", data, chat, "--json"), Exit.OK).stdout)
+    after = json.loads(exits(cli_here("status", data, chat, "--json"), Exit.OK).stdout)
     assert after["pid"] == before["pid"]
     assert after["last_seq"] == before["last_seq"]
     stopped = exits(cli("stop", data, "embed", "--grace", "5"), Exit.OK)  # loaded -> stopped
     assert f"{embed}: stopped (wanted stopped)" in stopped.stdout
     assert stopped.stderr == ""  # no progress in a pipe
-    again = exits(cli("stop", data, embed, "--json"), Exit.OK)
+    again = exits(cli_here("stop", data, embed, "--json"), Exit.OK)
     validate(json.loads(again.stdout), VERB_SCHEMA)
     assert json.loads(again.stdout)["lifecycle"] == "stopped"
 
@@ -333,10 +335,10 @@ def test_the_contract_with_the_node_up_and_down(start_node: Callable[..., Starte
     validate(record, VERB_SCHEMA)
     assert (record["lifecycle"], record["source"]) == ("running", "node")
     assert "\r" not in waited.stderr
-    down = exits(cli("stop", data, "embed", "--grace", "5"), Exit.OK)
+    down = exits(cli_here("stop", data, "embed", "--grace", "5"), Exit.OK)
     assert f"{embed}: stopped (wanted stopped)" in down.stdout
     assert down.stderr == ""
-    assert "already stopped" in exits(cli("stop", data, embed), Exit.OK).stdout
+    assert "already stopped" in exits(cli_here("stop", data, embed), Exit.OK).stdout
 
     # on a terminal: the grace counts down, the start shows its progress
     result, terminal = on_a_terminal("stop", data, "chat", "--grace", "5")
@@ -359,14 +361,14 @@ def test_the_contract_with_the_node_up_and_down(start_node: Callable[..., Starte
     )
 
     assert node.run.stop() == 0, node.run.output()
-    offline = json.loads(exits(cli("status", data, "--json"), Exit.OK).stdout)
+    offline = json.loads(exits(cli_here("status", data, "--json"), Exit.OK).stdout)
     assert [r["instance_id"] for r in offline] == [r["instance_id"] for r in up]
     for live, replayed in zip(up, offline, strict=True):
         validate(replayed, INSTANCE_SCHEMA)
         assert set(replayed) == set(live)  # one shape, node up or down
         assert replayed["source"] == "chain"
         assert all(replayed[key] is None for key in OFFLINE_NULL)
-    json_error(exits(cli("stop", data, chat, "--json"), Exit.NO_NODE), "no_node")
+    json_error(exits(cli_here("stop", data, chat, "--json"), Exit.NO_NODE), "no_node")
     for verb in VERBS:
         json_error(exits(cli_here(verb, data, chat, "--json"), Exit.NO_NODE), "no_node")
 

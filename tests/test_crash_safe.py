@@ -16,12 +16,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import pids_of_group
+from support import cli_here, pids_of_group
 from test_run_resume import (
     DEADLINE_S,
     NodeRun,
     by_role,
-    cli,
     events_of,
     lifecycle,
     put_model,
@@ -108,7 +107,7 @@ def run_crash_loop(start: Callable[[Path], NodeRun], config: Path, db: Path, rou
     batch_id, batch = by_role(state.instances, "batch")
     assert batch.lifecycle == "finished"
     assert spawned[batch_id] == 1  # the one-shot ran once, ever
-    verified = cli("chain", "verify", db)
+    verified = cli_here("chain", "verify", db)  # in this process (support.cli_here)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     last = start(config)
     again = rounds + 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import cli_here
 
 from infervisor.chain import SqliteChain, verify_chain
 
@@ -50,12 +51,6 @@ def test_demo_exits_0_and_leaves_no_process(tmp_path: Path, flavor: str) -> None
 
 
 def test_demo_refuses_a_bad_flavor(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [INFERVISOR, "demo", "--flavor", "vllm", "--dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = cli_here("demo", "--flavor", "vllm", "--dir", tmp_path)  # a usage error: in this process
     assert done.returncode == 2
     assert "'vllm' is not one of 'llamacpp', 'mlx-lm'" in done.stderr

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import subprocess
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from witness_support import INFERVISOR, Log, witness, write_config
+from support import cli_here
+from witness_support import Log, witness, write_config
 
 from infervisor.chain.cosignature import Cosigner, with_cosignatures
 from infervisor.chain.witness_protocol import parse_cosignature_lines
@@ -47,13 +47,9 @@ def test_the_independent_verifier_shares_no_code() -> None:
 def test_it_accepts_the_witness_cosignatures_and_refuses_altered_ones(tmp_path: Path) -> None:
     logs = [Log("infervisor/gpu-07", node="gpu-07"), Log("example.com/plain")]
     config = write_config(tmp_path, logs)
-    vkey = subprocess.run(
-        [INFERVISOR, "witness", "vkey", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout.strip()
+    made = cli_here("witness", "vkey", config)  # in this process (support.cli_here)
+    assert made.returncode == 0, made.stdout + made.stderr
+    vkey = made.stdout.strip()
     cosigned: list[tuple[str, str]] = []
     with witness(config) as w:
         for log in logs:

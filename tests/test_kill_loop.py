@@ -41,11 +41,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import PROGRAMS, chain_rows, make_launcher, pids_of_group
+from support import PROGRAMS, chain_rows, cli_here, make_launcher, pids_of_group
 from test_run_resume import (
     NodeRun,
     by_role,
-    cli,
     end_runs,
     events_of,
     lifecycle,
@@ -416,7 +415,7 @@ def test_sigkill_loop_keeps_every_promise(tmp_path: Path) -> None:
         last = runs(config)
         state = settle_and_stop(last, db, tmp_path / "data")
 
-        verified = cli("chain", "verify", db)
+        verified = cli_here("chain", "verify", db)  # in this process
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert leftovers(db, marker) == [], "processes outlived the final SIGTERM"
         bad, pairs, across = check_backoff(db)

@@ -1,8 +1,13 @@
 """Operator verbs against a running node: the command line as a client of the HTTP API.
 
 ``infervisor run`` runs as a real process with the fake llama-protocol server
-(see test_run_resume.py); the verbs go through the console script as an
-operator types them, and through ``ApiClient`` where the node is only read.
+(see test_run_resume.py). The verbs run the CLI's click group in this process
+(support.cli_here: the same commands, exit statuses and output, against the
+same real node over its socket, without a process start of about 0.6 s of CPU
+each); the console script itself runs where a process is what is checked (a
+signal or Ctrl-C ending it, a pipe, the environment, a verb beside another),
+and once per kind of run (a verb, a usage error, ``run``, ``--version``).
+``ApiClient`` reads the node directly where only the node is checked.
 The gate between verbs and the node's shutdown is checked against a real
 ``ApiServer`` serving a stub node whose stop blocks until the test lets it go.
 Synchronisation is by condition and deadline, never by sleeping.
@@ -112,7 +117,7 @@ def table(stdout: str) -> dict[str, list[str]]:
 
 
 def status_json(where: Path, *instance: str) -> Any:
-    return json.loads(ok(cli("status", where, *instance, "--json")))
+    return json.loads(ok(cli_here("status", where, *instance, "--json")))
 
 
 def json_error(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -183,7 +188,7 @@ def test_status_stop_start_restart_unload_through_the_cli(
     chat, embed, data = node.ids["chat"], node.ids["embed"], node.data
     db = data / "chain.db"
 
-    lines = ok(cli("status", node.config)).splitlines()  # the config names the data_dir
+    lines = ok(cli_here("status", node.config)).splitlines()  # the config names the data_dir
     assert lines[0].split() == [
         "INSTANCE", "FLAVOR", "MODE", "STATE", "WANTED", "SINCE", "RESTARTS", "ENDPOINT",
         "MEM", "MiB",
@@ -199,7 +204,7 @@ def test_status_stop_start_restart_unload_through_the_cli(
     assert [v["instance_id"] for v in views] == sorted([chat, embed])
     first_pid = status_json(data, chat)["pid"]
     assert isinstance(first_pid, int)
-    one = ok(cli("status", data, chat))
+    one = ok(cli_here("status", data, chat))
     assert list(table(one.split("\n\n")[0])) == [chat]
     assert "endpoint   http://127.0.0.1:" in one  # the details of the one instance
     assert f"pid        {first_pid}" in one
@@ -213,7 +218,7 @@ def test_status_stop_start_restart_unload_through_the_cli(
     view = status_json(data, chat)
     assert (view["lifecycle"], view["desired"], view["pid"]) == ("stopped", "stopped", None)
 
-    started = json.loads(ok(cli("start", data, chat, "--json")))
+    started = json.loads(ok(cli_here("start", data, chat, "--json")))
     assert started["desired"] == "running"
     assert started["lifecycle"] in ("starting", "running")
     assert started["seq"] >= started["last_seq"]
@@ -221,13 +226,13 @@ def test_status_stop_start_restart_unload_through_the_cli(
     second_pid = status_json(data, chat)["pid"]
     assert second_pid not in (None, first_pid)
 
-    restarted = json.loads(ok(cli("restart", data, chat, "--json")))
+    restarted = json.loads(ok(cli_here("restart", data, chat, "--json")))
     assert restarted["pid"] not in (None, second_pid)
     assert restarted["desired"] == "running"
     # The answer's seq and hash are the chain's, of the instance's last event then.
     assert event_at(db, restarted["seq"]) == (restarted["hash"], chat)
 
-    unloaded = json.loads(ok(cli("unload", data, embed, "--json")))
+    unloaded = json.loads(ok(cli_here("unload", data, embed, "--json")))
     assert (unloaded["unloaded"], unloaded["seq"], unloaded["hash"]) == (embed, *last_of(db, embed))
     assert [v["instance_id"] for v in status_json(node.config)] == [chat]
     # Who did it: the socket peer's uid (SO_PEERCRED) is each verb's source.
@@ -242,16 +247,16 @@ def test_status_stop_start_restart_unload_through_the_cli(
 
     assert node.run.stop() == 0, node.run.output()
     assert not (data / SOCKET_FILE).exists()
-    refused(cli("stop", node.config, chat), 3, f"{NO_NODE} {data}", "infervisor run CONFIG")
-    fallback = cli("status", data)
+    refused(cli_here("stop", node.config, chat), 3, f"{NO_NODE} {data}", "infervisor run CONFIG")
+    fallback = cli_here("status", data)
     assert FALLBACK in fallback.stderr
     rows = table(ok(fallback))
     assert list(rows) == [chat]  # the unload is in the chain too
     assert rows[chat][3:5] == ["stopped", "running"]  # stopped by the shutdown, still wanted
     assert rows[chat][-1].endswith("/?")  # memory: resident unknown from the chain
-    [replayed] = json.loads(ok(cli("status", data, "--json")))
+    [replayed] = json.loads(ok(cli_here("status", data, "--json")))
     assert (replayed["instance_id"], replayed["lifecycle"]) == (chat, "stopped")
-    refused(cli("status", data, embed), 1, f"no instance {embed!r}", chat)
+    refused(cli_here("status", data, embed), 1, f"no instance {embed!r}", chat)
 
 
 def test_bad_input_exits_by_the_table_and_changes_nothing(
@@ -320,7 +325,7 @@ def test_place_from_flags_and_from_a_fragment(
     port = free_port()
     placed = json.loads(
         ok(
-            cli(
+            cli_here(
                 "place", data, "--role", "extra", "--flavor", "llamacpp", "--port", port,
                 "--model", "tiny", "--env", "A=1", "--json",
             )
@@ -336,12 +341,12 @@ def test_place_from_flags_and_from_a_fragment(
         f'[[instances]]\nrole = "extra"\nflavor = "llamacpp"\nport = {port}\nmodel = "tiny"\n'
         'env = { A = "1" }\n'
     )
-    again = ok(cli("place", data, "--file", fragment))  # the same spec: nothing recorded
+    again = ok(cli_here("place", data, "--file", fragment))  # the same spec: nothing recorded
     assert f"{iid}: unchanged" in again
     assert f"seq {placed['seq']} hash {placed['hash']}" in again
 
     ignored = json.loads(
-        ok(cli("place", data, "--file", fragment, "--controller", "ctl", "--generation", "0",
+        ok(cli_here("place", data, "--file", fragment, "--controller", "ctl", "--generation", "0",
                "--port", free_port(), "--json"))
     )  # fmt: skip
     assert ignored["outcome"] in ("applied", "ignored")
@@ -364,8 +369,8 @@ def test_an_adopted_server_is_never_stopped(
             f"port = {port}\nstart = false\n"
         )
         ext = node.ids["ext"]
-        refused(cli("stop", node.data, ext), 1, "observes it and never stops it")
-        assert ok(cli("unload", node.data, ext)) == f"{ext}: unloaded\n"
+        refused(cli_here("stop", node.data, ext), 1, "observes it and never stops it")
+        assert ok(cli_here("unload", node.data, ext)) == f"{ext}: unloaded\n"
         assert outside.poll() is None  # forgotten, not stopped
         assert node.run.stop() == 0, node.run.output()
     finally:
@@ -410,8 +415,8 @@ def test_the_shutdown_waits_for_an_operator_stop_and_a_second_signal_ends_it(
             node.run.send(signal.SIGTERM)
             # Generous: on a loaded machine the shutdown's first steps can take a while.
             node.run.until("changes refused", lambda: refused_as_stopping(data), timeout=60)
-            refused(cli("start", data, chat), 3, "shutting down")
-            assert table(ok(cli("status", data)))[chat][3] == "stopping"  # reads go on
+            refused(cli_here("start", data, chat), 3, "shutting down")
+            assert table(ok(cli_here("status", data)))[chat][3] == "stopping"  # reads go on
             assert operator.poll() is None  # the operator's stop holds the shutdown
             node.run.send(signal.SIGTERM)  # kills what is stopping: the operator's stop ends
             out, err = operator.communicate(timeout=EXIT_DEADLINE_S)
@@ -449,11 +454,11 @@ def test_watch_prints_new_events_and_resumes_across_a_node_restart(
     chat, data = node.ids["chat"], node.data
     db = data / "chain.db"
 
-    everything = cli("watch", data, "--from-seq", "0", "--no-follow", "--json")
+    everything = cli_here("watch", data, "--from-seq", "0", "--no-follow", "--json")
     events = [json.loads(line) for line in ok(everything).splitlines()]
     assert [e["seq"] for e in events] == list(range(len(events)))
     assert events[0]["kind"] == "chain.genesis"
-    text = ok(cli("watch", data, "--from-seq", "1", "--no-follow")).splitlines()
+    text = ok(cli_here("watch", data, "--from-seq", "1", "--no-follow")).splitlines()
     assert text[0].startswith("[1] ")
     assert any(line.startswith("[") and f" {chat}: " in line for line in text)
 
@@ -468,8 +473,8 @@ def test_watch_prints_new_events_and_resumes_across_a_node_restart(
             got = read_lines(watcher.stdout, 1, lines)
 
             def cycle() -> bool:  # until one lands after the watch connected
-                ok(cli("stop", data, chat, "--grace", "5"))
-                ok(cli("start", data, chat))
+                ok(cli_here("stop", data, chat, "--grace", "5"))
+                ok(cli_here("start", data, chat))
                 return got()
 
             wait_until(cycle, DEADLINE_S, "the watch printing a new event")
@@ -479,7 +484,7 @@ def test_watch_prints_new_events_and_resumes_across_a_node_restart(
             restarted = NodeRun(node.config, node.run.log.with_name("run-again.log"))
             try:
                 restarted.until("chat running again", lambda: chat_running(data))
-                ok(cli("stop", data, chat, "--grace", "5"))
+                ok(cli_here("stop", data, chat, "--grace", "5"))
                 final = head_of(db)
                 wait_until(
                     lambda: lines and json.loads(lines[-1])["seq"] >= final,
@@ -502,7 +507,7 @@ def test_watch_prints_new_events_and_resumes_across_a_node_restart(
 
 
 def test_watch_exits_3_when_no_node_comes_back(tmp_path: Path) -> None:
-    result = cli("watch", tmp_path, "--retry-for", "0.5", "--json")
+    result = cli_here("watch", tmp_path, "--retry-for", "0.5", "--json")
     assert result.returncode == 3, result.stdout + result.stderr
     assert json_error(result)["code"] == "no_node"
     assert "--retry-for" in result.stderr
@@ -523,7 +528,7 @@ def test_status_watch_redraws_in_a_pipe_and_ctrl_c_ends_it(
         try:
             read_lines(watching.stdout, 1, lines)
             wait_until(lambda: any(chat in line for line in lines), DEADLINE_S, "a first table")
-            ok(cli("stop", data, chat, "--grace", "5"))
+            ok(cli_here("stop", data, chat, "--grace", "5"))
             wait_until(
                 lambda: any(line.split()[:4] == [chat, "llamacpp", "managed", "stopped"]
                             for line in lines if line.strip()),
@@ -549,10 +554,10 @@ def test_logs_prints_the_captured_output_and_follows_it(
     captured = log_file(data, chat, "stderr")
     with captured.open("ab") as out:  # what the server would have written
         out.write(b"first line of the server\n")
-    printed = ok(cli("logs", data, "chat", "--tail", "4096"))
+    printed = ok(cli_here("logs", data, "chat", "--tail", "4096"))
     assert printed.endswith("first line of the server\n")
     assert printed in captured.read_text(errors="replace")
-    assert ok(cli("logs", data, chat, "--tail", "5")) == "rver\n"
+    assert ok(cli_here("logs", data, chat, "--tail", "5")) == "rver\n"
     got: list[bytes] = []
     with subprocess.Popen(
         [str(INFERVISOR), "logs", str(data), chat, "-f", "--tail", "0"],
@@ -593,13 +598,15 @@ def test_the_verbs_over_tcp_with_a_token(start_node: Callable[..., Started]) -> 
     tokens = data / "api-tokens.json"
     secret = json.loads(tokens.read_text())["operator"]
 
-    rows = table(ok(cli("status", "--url", url, "--token", secret)))
+    rows = table(ok(cli_here("status", "--url", url, "--token", secret)))
     assert rows[chat][3] == "running"
-    by_file = json.loads(ok(cli("status", "--url", url, "--token-file", tokens, chat, "--json")))
+    by_file = json.loads(
+        ok(cli_here("status", "--url", url, "--token-file", tokens, chat, "--json"))
+    )
     assert by_file["instance_id"] == chat
     bare = data.parent / "secret.txt"
     bare.write_text(secret + "\n")
-    ok(cli("status", "--url", url, "--token-file", bare))
+    ok(cli_here("status", "--url", url, "--token-file", bare))
     env = {**os.environ, "INFERVISOR_URL": url, "INFERVISOR_TOKEN": secret}
     by_env = subprocess.run(
         [str(INFERVISOR), "stop", "chat", "--grace", "5", "--json"],
@@ -650,12 +657,12 @@ def test_a_stale_socket_is_replaced_and_without_a_node_the_verbs_exit_3(
     with socket.socket(socket.AF_UNIX) as crashed:  # bound, never unlinked: what a crash leaves
         crashed.bind(str(data / SOCKET_FILE))
     assert (data / SOCKET_FILE).exists()
-    refused(cli("restart", data, "chat"), 3, f"{NO_NODE} {data}", "infervisor run CONFIG")
-    refused(cli("status", data), 3, f"{NO_NODE} {data}", "holds no chain")
+    refused(cli_here("restart", data, "chat"), 3, f"{NO_NODE} {data}", "infervisor run CONFIG")
+    refused(cli_here("status", data), 3, f"{NO_NODE} {data}", "holds no chain")
 
     node = start_node()
     assert stat.S_IMODE((data / SOCKET_FILE).lstat().st_mode) == 0o600
-    assert node.ids["chat"] in ok(cli("status", data))
+    assert node.ids["chat"] in ok(cli_here("status", data))
     assert node.run.stop() == 0, node.run.output()
     assert not (data / SOCKET_FILE).exists()
 

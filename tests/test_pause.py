@@ -6,6 +6,9 @@ real ``infervisor run`` with the fake llama-protocol server (test_operator_cli's
 bare listening Unix socket, which is what a stopped node's socket is to a
 client (the kernel queues the connection). Synchronisation is by condition
 and deadline; the one sleep is the pause itself, the length the issue asks for.
+The status commands run in this process (support.cli_here: the CLI's own
+--timeout is what ends them); a verb runs as a process of its own, which must
+end within :data:`CLI_DEADLINE_S`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import cli_here
 from test_operator_cli import Started, live_views, role_of, start_node  # noqa: F401 - a fixture
-from test_run_resume import INFERVISOR, cli, put_model
+from test_run_resume import INFERVISOR, put_model
 
 from infervisor.tools.api.client import ApiClient, socket_path
 from infervisor.tools.api.errors import NoAnswer
@@ -62,7 +66,7 @@ def test_a_node_that_does_not_answer_is_exit_3_naming_the_socket_and_timeout(
     data = tmp_path / "data"
     put_model(data)
     with deaf_node(data) as path:
-        result = cli("status", data, "--timeout", "1", "--json", timeout=CLI_DEADLINE_S)
+        result = cli_here("status", data, "--timeout", "1", "--json")
         assert result.returncode == 3, result.stdout + result.stderr
         assert "Traceback" not in result.stderr
         error = json_error(result)
@@ -93,7 +97,7 @@ def test_a_node_that_does_not_answer_is_exit_3_naming_the_socket_and_timeout(
 def test_a_timeout_that_is_no_number_of_seconds_is_refused(tmp_path: Path, value: str) -> None:
     data = tmp_path / "data"
     put_model(data)
-    result = cli("status", data, "--timeout", value, "--json")
+    result = cli_here("status", data, "--timeout", value, "--json")
     assert result.returncode == 2, result.stdout + result.stderr
     error = json_error(result)
     assert error["code"] == "bad_value" and error["field"] == "--timeout"
@@ -127,7 +131,7 @@ def test_a_node_stopped_past_the_stall_allowance_resumes_and_stops_no_server(
     try:
         stopped_at = time.monotonic()
         # While it is stopped the CLI does not hang: exit 3 naming the timeout.
-        deaf = cli("status", node.data, "--timeout", "2", timeout=CLI_DEADLINE_S)
+        deaf = cli_here("status", node.data, "--timeout", "2")
         assert deaf.returncode == 3, deaf.stdout + deaf.stderr
         assert "did not answer within 2 s" in deaf.stderr
         time.sleep(max(0.0, PAUSE_S - (time.monotonic() - stopped_at)))  # the pause itself
@@ -135,7 +139,7 @@ def test_a_node_stopped_past_the_stall_allowance_resumes_and_stops_no_server(
         node.run.send(signal.SIGCONT)
     node.run.until("the watchdog saw the pause", lambda: "paused for" in log_of(node))
     node.run.until("the node answers", lambda: live_views(node.data))
-    answer = cli("status", node.data, "--timeout", "10", timeout=CLI_DEADLINE_S)
+    answer = cli_here("status", node.data, "--timeout", "10")
     assert answer.returncode == 0, answer.stdout + answer.stderr
     views = live_views(node.data)
     assert views is not None

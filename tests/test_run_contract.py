@@ -3,7 +3,10 @@
 One bad instance never takes the node down; a refused config creates
 nothing; SIGHUP stops the node cleanly; the status reason quotes a crash's
 output; server logs rotate across spawns; a missing extra is named. The runs
-are real processes (see tests/test_run_resume.py), synchronised on the chain.
+are real processes (see tests/test_run_resume.py), synchronised on the chain;
+two tests that read the same run share it (a module fixture). A config refused
+before the node opens anything (its load, the preflight: tools/node/run.py
+``run_node``), and ``status``, run the CLI in this process (support.cli_here).
 """
 
 from __future__ import annotations
@@ -12,19 +15,19 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import test_run_resume
-from support import PROGRAMS, make_launcher, pids_of_group, wait_until
+from support import PROGRAMS, cli_here, make_launcher, pids_of_group, wait_until
 from test_run_resume import (
     DEADLINE_S,
     INFERVISOR,
     NodeRun,
     by_role,
-    cli,
     distinct_ports,
+    end_runs,
     events_of,
     lifecycle,
     put_model,
@@ -50,6 +53,7 @@ LOGGING_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARN
 
 runs = test_run_resume.runs  # the fixture: starts ``infervisor run``, ends it in teardown
 fast_config = test_run_resume.fast_config  # the fixture: the fake server's config
+FAKE_LLAMA = PROGRAMS / "fake_llama.py"
 
 
 def mlx_instance(port: int) -> str:
@@ -85,46 +89,65 @@ def config_with_a_missing_program(tmp_path: Path, fake_llama: str) -> Path:
 
 
 # ---------------------------------------------------------------- one bad instance
+class Ran:
+    """One ``infervisor run`` that ran and was stopped: its folder, chain, output, exit."""
+
+    def __init__(self, folder: Path, config: Path, run: NodeRun) -> None:
+        self.folder, self.config, self.db = folder, config, folder / "data" / "chain.db"
+        self.status = run.wait()
+        self.out = run.output()
+
+
+@pytest.fixture(scope="module")
+def missing_program_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
+    """One run of the config with an instance whose program is missing (chat started,
+    the bad mlx-lm one, embed), until chat runs and embed is placed, then SIGTERM:
+    what the two tests below read (one node start, not two, for the same run)."""
+    folder = tmp_path_factory.mktemp("missing-program")
+    config = config_with_a_missing_program(folder, make_launcher(folder, FAKE_LLAMA))
+    db = folder / "data" / "chain.db"
+    run = NodeRun(config, folder / "run.log")
+    try:
+
+        def others_placed(s: NodeState) -> bool:
+            return lifecycle(s, "chat") == "running" and lifecycle(s, "embed") is not None
+
+        run.until_state(db, "chat running and embed (after the bad one) placed", others_placed, 60)
+        run.until("the node running", lambda: "SIGTERM stops it" in run.output())
+        run.send(signal.SIGTERM)
+        yield Ran(folder, config, run)
+    finally:
+        end_runs([run], db)
+
+
 def test_an_instance_whose_program_is_missing_leaves_the_others_running(
-    runs: Callable[[Path], NodeRun], tmp_path: Path, fake_llama: str
+    missing_program_run: Ran,
 ) -> None:
-    config = config_with_a_missing_program(tmp_path, fake_llama)
-    db = tmp_path / "data" / "chain.db"
-    run = runs(config)
-
-    def others_placed(s: NodeState) -> bool:
-        return lifecycle(s, "chat") == "running" and lifecycle(s, "embed") is not None
-
-    run.until_state(db, "chat running and embed (after the bad one) placed", others_placed, 60)
-    run.until("the node running", lambda: "SIGTERM stops it" in run.output())
-    assert run.stop() == 0, run.output()
-    out = run.output()
-    refused = [line for line in out.splitlines() if line.startswith("refused [[instances]] #2")]
-    assert len(refused) == 1, out
+    ran = missing_program_run
+    assert ran.status == 0, ran.out
+    refused = [line for line in ran.out.splitlines() if line.startswith("refused [[instances]] #2")]
+    assert len(refused) == 1, ran.out
     assert "no-such-mlx_lm.server" in refused[0]
     assert "pip install 'infervisor[mlx]'" in refused[0]
-    assert "Traceback" not in out
-    assert [e.kind for e in events_of(db)][-1] == "node.stopped"
+    assert "Traceback" not in ran.out
+    assert [e.kind for e in events_of(ran.db)][-1] == "node.stopped"
 
 
-def test_an_instance_whose_program_is_missing_is_recorded(
-    runs: Callable[[Path], NodeRun], tmp_path: Path, fake_llama: str
-) -> None:
-    config = config_with_a_missing_program(tmp_path, fake_llama)
-    db = tmp_path / "data" / "chain.db"
-    loaded = load_config(config)
+def test_an_instance_whose_program_is_missing_is_recorded(missing_program_run: Ran) -> None:
+    ran = missing_program_run
+    loaded = load_config(ran.config)
     bad = instance_id(loaded.instances[1].spec(), loaded.node.node_id)
-    run = runs(config)
-    run.until_state(db, "embed placed", lambda s: lifecycle(s, "embed") is not None, DEADLINE_S)
-    assert run.stop() == 0, run.output()
-    assert bad in {e.subject for e in events_of(db)}, "nothing recorded for the bad instance"
+    assert ran.status == 0, ran.out
+    state = read_state(ran.db)
+    assert state is not None and lifecycle(state, "embed") is not None  # placed after it
+    assert bad in {e.subject for e in events_of(ran.db)}, "nothing recorded for the bad instance"
 
 
 # ---------------------------------------------------------------- a refused config
 def test_a_config_naming_an_unknown_model_creates_nothing(tmp_path: Path, fake_llama: str) -> None:
     config = write_config(tmp_path, fake_llama)
     config.write_text(config.read_text().replace('model = "tiny"', 'model = "huge"', 1))
-    result = cli("run", config)
+    result = cli_here("run", config)  # refused by the config's load: in this process
     assert result.returncode == 2, result.stderr
     assert str(config) in result.stderr
     assert "[[instances]] #1: model 'huge' is not a [[models]] name" in result.stderr
@@ -133,29 +156,42 @@ def test_a_config_naming_an_unknown_model_creates_nothing(tmp_path: Path, fake_l
 
 
 def test_a_missing_model_file_creates_nothing(tmp_path: Path, fake_llama: str) -> None:
-    result = cli("run", write_config(tmp_path, fake_llama))
+    result = cli_here("run", write_config(tmp_path, fake_llama))  # by the preflight: in process
     assert result.returncode == 2, result.stderr
     assert "[[models]] tiny" in result.stderr and "tiny.gguf does not exist" in result.stderr
     assert not (tmp_path / "data").exists()
 
 
 # ---------------------------------------------------------------- SIGHUP, clean output
-def test_sighup_stops_the_node_cleanly(
-    runs: Callable[[Path], NodeRun], fast_config: Path, tmp_path: Path
-) -> None:
-    db = tmp_path / "data" / "chain.db"
-    run = runs(fast_config)
-    run.until_state(db, "chat running", lambda s: lifecycle(s, "chat") == "running", DEADLINE_S)
-    run.until("the node running", lambda: "SIGTERM stops it" in run.output())
-    assert run.stop(signal.SIGHUP) == 0, run.output()
-    assert "received SIGHUP" in run.output()
-    kinds = [e.kind for e in events_of(db)]
+@pytest.fixture(scope="module")
+def sighup_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
+    """One run of the fake server's config until chat runs, stopped by SIGHUP: what
+    the SIGHUP test and the clean-output test read (one node start for both)."""
+    folder = tmp_path_factory.mktemp("sighup")
+    put_model(folder / "data")
+    config = write_config(folder, make_launcher(folder, FAKE_LLAMA))
+    db = folder / "data" / "chain.db"
+    run = NodeRun(config, folder / "run.log")
+    try:
+        run.until_state(db, "chat running", lambda s: lifecycle(s, "chat") == "running", DEADLINE_S)
+        run.until("the node running", lambda: "SIGTERM stops it" in run.output())
+        run.send(signal.SIGHUP)
+        yield Ran(folder, config, run)
+    finally:
+        end_runs([run], db)
+
+
+def test_sighup_stops_the_node_cleanly(sighup_run: Ran) -> None:
+    ran = sighup_run
+    assert ran.status == 0, ran.out
+    assert "received SIGHUP" in ran.out
+    kinds = [e.kind for e in events_of(ran.db)]
     assert kinds[-1] == "node.stopped"
-    state = read_state(db)
+    state = read_state(ran.db)
     assert state is not None
     assert by_role(state.instances, "chat")[1].lifecycle == "stopped"
-    assert not (tmp_path / "data" / "api.sock").exists()
-    for pgid in server_groups(db):
+    assert not (ran.folder / "data" / "api.sock").exists()
+    for pgid in server_groups(ran.db):
         assert pids_of_group(pgid) == []
 
 
@@ -193,18 +229,13 @@ def test_a_closed_terminal_leaves_the_node_running_and_stopping_cleanly(
         assert pids_of_group(pgid) == []
 
 
-def test_run_prints_clean_event_lines_and_logs_to_a_file(
-    runs: Callable[[Path], NodeRun], fast_config: Path, tmp_path: Path
-) -> None:
-    db = tmp_path / "data" / "chain.db"
-    run = runs(fast_config)
-    run.until_state(db, "chat running", lambda s: lifecycle(s, "chat") == "running", DEADLINE_S)
-    assert run.stop() == 0, run.output()
-    out = run.output()
-    assert not [line for line in out.splitlines() if LOGGING_LINE.match(line)], out
-    assert "pid None" not in out
-    assert f"diagnostics (Python logging): {tmp_path / 'data' / LOG_FILE}" in out
-    assert (tmp_path / "data" / LOG_FILE).exists()
+def test_run_prints_clean_event_lines_and_logs_to_a_file(sighup_run: Ran) -> None:
+    ran = sighup_run  # a run until chat ran, then stopped (by SIGHUP)
+    assert ran.status == 0, ran.out
+    assert not [line for line in ran.out.splitlines() if LOGGING_LINE.match(line)], ran.out
+    assert "pid None" not in ran.out
+    assert f"diagnostics (Python logging): {ran.folder / 'data' / LOG_FILE}" in ran.out
+    assert (ran.folder / "data" / LOG_FILE).exists()
 
 
 # ---------------------------------------------------------------- status tells the truth
@@ -221,7 +252,7 @@ def test_status_reason_quotes_the_crash_output(
     )
     chat_id, chat = by_role(state.instances, "chat")
     assert chat.last_exit is not None and "giving up" in chat.last_exit.output_tail
-    shown = cli("status", config, chat_id)
+    shown = cli_here("status", config, chat_id)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "output: to stdout | to stderr: giving up" in shown.stdout
     assert run.stop() == 0, run.output()

@@ -273,7 +273,7 @@ def stop_resume_scenario(
     assert "Traceback" not in first.output()
     assert_verifies(db)
 
-    replayed = cli("replay", db, "--json")
+    replayed = cli_here("replay", db, "--json")
     assert replayed.returncode == 0, replayed.stderr
     instances = json.loads(replayed.stdout)["instances"]
     _, chat_json = by_role(instances, "chat")
@@ -305,7 +305,7 @@ def stop_resume_scenario(
     assert "Traceback" not in out
 
     assert_verifies(db)
-    after = json.loads(cli("replay", db, "--json").stdout)["instances"]
+    after = json.loads(cli_here("replay", db, "--json").stdout)["instances"]
     assert by_role(after, "embed")[1] == embed_json  # untouched by the second run
     assert by_role(after, "chat")[1]["desired"] == "running"
     events = events_of(db)
@@ -409,8 +409,10 @@ def test_changed_spec_keys_are_reported_and_the_recorded_spec_kept(
 
 
 # ---------------------------------------------------------------- refusals: exit 2, one line
-# A config refused by its load runs ``infervisor run`` in this process (support.cli_here:
-# the node never starts); a refusal from the boot itself runs the real process.
+# A config refused by its load, or by the boot's checks before it opens anything
+# (tools/node/run.py ``run_node``: ``preflight``, then the data directory's lock), runs
+# ``infervisor run`` in this process (support.cli_here: the node never starts); a
+# refusal once the boot has set up logging and its descriptor limit runs the real process.
 def assert_refused(result: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
@@ -449,14 +451,14 @@ def test_an_uncreatable_data_dir_is_refused(tmp_path: Path, fake_llama: str) -> 
     (tmp_path / "a-file").write_text("not a folder")
     config = write_config(tmp_path, fake_llama)
     config.write_text(config.read_text().replace('data_dir = "data"', 'data_dir = "a-file/data"'))
-    assert_refused(cli("run", config), "data_dir", "a-file/data", "cannot create it")
+    assert_refused(cli_here("run", config), "data_dir", "a-file/data", "cannot create it")
 
 
 def test_a_missing_model_file_is_refused_before_anything_is_recorded(
     tmp_path: Path, fake_llama: str
 ) -> None:
     config = write_config(tmp_path, fake_llama)
-    assert_refused(cli("run", config), "[[models]] tiny", "tiny.gguf", "does not exist")
+    assert_refused(cli_here("run", config), "[[models]] tiny", "tiny.gguf", "does not exist")
     assert not (tmp_path / "data" / "chain.db").exists()
 
 
@@ -474,7 +476,7 @@ def test_a_data_dir_in_use_is_refused(tmp_path: Path, fake_llama: str) -> None:
         fcntl.flock(held, fcntl.LOCK_EX)
         held.write("4242\n")
         held.flush()
-        assert_refused(cli("run", config), "in use by another infervisor run", "pid 4242")
+        assert_refused(cli_here("run", config), "in use by another infervisor run", "pid 4242")
 
 
 def test_an_instance_naming_an_unknown_model_is_refused_before_anything(

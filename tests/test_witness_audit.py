@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from chain_tamper import alter_payload
+from support import cli_here
 from witness_support import INFERVISOR, witness
 
 from infervisor.chain import EventDraft, SqliteChain
@@ -344,13 +345,7 @@ def test_a_real_audit_witness_cosigns_lawful_events_and_refuses_forbidden_ones(
         (tmp_path / "node" / "chain.db").rename(tmp_path / "node" / "moved.db")
         answer = running.post(body)  # the log cannot be read now: transient
         assert answer.status_code == 503, answer.text
-    shown = subprocess.run(
-        [INFERVISOR, "witness", "status", str(config), "--json"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    shown = cli_here("witness", "status", config, "--json")  # in this process
     assert shown.returncode == 0, shown.stderr
     (row,) = json.loads(shown.stdout)["logs"]
     assert row["size"] == 8 and row["refused"] == 1

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import cli_here
 from witness_support import INFERVISOR, Log, start_witness, witness, write_config
 
 from infervisor.adapters.witness_http import WitnessClient, WitnessUnreachable
@@ -34,24 +35,14 @@ from infervisor.chain.witness_protocol import (
 
 
 def _vkey(config: Path) -> str:
-    done = subprocess.run(
-        [INFERVISOR, "witness", "vkey", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = cli_here("witness", "vkey", config)  # in this process (support.cli_here)
+    assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
 
 
 def _status(config: Path) -> dict[str, dict[str, object]]:
-    done = subprocess.run(
-        [INFERVISOR, "witness", "status", str(config), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = cli_here("witness", "status", config, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
     return {row["origin"]: row for row in json.loads(done.stdout)["logs"]}
 
 
@@ -206,13 +197,7 @@ def test_bad_config_and_key_name_are_one_line(tmp_path: Path) -> None:
     config = write_config(tmp_path, [log])
     _vkey(config)
     renamed = write_config(tmp_path, [log], name="witness.test/other")
-    done = subprocess.run(
-        [INFERVISOR, "witness", "vkey", str(renamed)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = cli_here("witness", "vkey", renamed)
     assert done.returncode == 2
     assert "witness.test/w1" in done.stderr
     assert (tmp_path / "wdata" / "witness.key").stat().st_mode & 0o777 == 0o600

@@ -7,6 +7,8 @@ witness and both sizes, and ``--accept-witness-conflict`` resumes, recorded as
 ``node.witness_override`` before anything else; kill -9 of the node while a
 witness holds its answer leaves chain and cosignatures consistent, and the
 next boot gets the cosignature. The witness is tests/servers/witness_double.py.
+The operator's commands beside the node run in this process (support.cli_here):
+the node is the process under test.
 """
 
 from __future__ import annotations
@@ -22,12 +24,11 @@ from pathlib import Path
 import httpx
 import pytest
 from servers.witness_double import WitnessDouble
-from support import wait_until
+from support import cli_here, wait_until
 from test_run_resume import (
     INFERVISOR,
     NodeRun,
     by_role,
-    cli,
     end_runs,
     events_of,
     lifecycle,
@@ -116,7 +117,7 @@ def test_a_witness_that_is_down_delays_nothing_and_gets_its_backlog(
     (lag,) = _api(tmp_path, "/v1/node").json()["witnesses"]
     assert (lag["witness"], lag["cosigned_size"]) == ("witness.test/one", 0)
     assert lag["behind_events"] > 0 and "unreachable" in lag["last_error"]
-    status = cli("status", tmp_path / "data")
+    status = cli_here("status", tmp_path / "data")
     assert "witness witness.test/one: cosigned size 0," in status.stdout, status.stdout
     assert "witnesses: 0 of 1 cosigned the latest checkpoint (quorum 1: not met)" in status.stdout
     metrics = _api(tmp_path, "/metrics").text
@@ -148,12 +149,12 @@ def test_a_restored_backup_is_refused_and_the_override_is_recorded(
     run = runs(config)
     run.until("the boot cosigned", lambda: witness.size_of(ORIGIN) >= 2)
     backup = tmp_path / "old.db"
-    assert cli("chain", "backup", data, backup).returncode == 0
+    assert cli_here("chain", "backup", data, backup).returncode == 0
     old_size = len(events_of(backup))
     run.until("chat running", lambda: _chat_pid(db))
     state = run.until("embed placed", lambda: (s := read_state(db)) and lifecycle(s, "embed") and s)
     embed = by_role(state.instances, "embed")[0]
-    assert cli("start", data, embed).returncode == 0  # more events, more checkpoints
+    assert cli_here("start", data, embed).returncode == 0  # more events, more checkpoints
     run.until("more cosigned", lambda: witness.size_of(ORIGIN) > old_size + 1)
     assert run.stop() == 0, run.output()
     cosigned = witness.size_of(ORIGIN)
@@ -180,7 +181,7 @@ def test_a_restored_backup_is_refused_and_the_override_is_recorded(
     assert payload["witness"] == "witness.test/one"
     assert (payload["witness_size"], payload["chain_size"]) == (cosigned, old_size)
     assert payload["flag"] == "--accept-witness-conflict" and payload["reason"]
-    assert cli("chain", "verify", db).returncode == 0
+    assert cli_here("chain", "verify", db).returncode == 0
 
 
 def test_kill_9_mid_submission_leaves_chain_and_cosignatures_consistent(
@@ -205,5 +206,5 @@ def test_kill_9_mid_submission_leaves_chain_and_cosignatures_consistent(
     )
     again.until("the node running", lambda: "node n1 running" in again.output())
     assert again.stop() == 0, again.output()
-    assert cli("chain", "verify", db).returncode == 0
+    assert cli_here("chain", "verify", db).returncode == 0
     assert len(_verified_sizes(db, witness)) == len(read_lines_by_size(db))  # all verify
