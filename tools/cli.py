@@ -43,6 +43,7 @@ BY_USER: dict[str, dict[str, str]] = {
         name: f".operator.{module}:{name}"
         for name, module in (
             ("status", "status"),
+            ("models", "models"),
             ("place", "place"),
             ("start", "verbs"),
             ("stop", "verbs"),
