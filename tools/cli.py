@@ -89,6 +89,7 @@ def cli(verbose: bool) -> None:
     Start here:   infervisor demo
     Run a node:   infervisor run examples/node.toml
     Operate it:   infervisor status examples/node.toml [-w]
+                  infervisor models WHERE
                   infervisor stop|start|restart|unload WHERE INSTANCE
                   infervisor place WHERE --file FRAGMENT.toml
                   infervisor logs WHERE INSTANCE [-f]
