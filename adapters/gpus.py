@@ -184,8 +184,11 @@ def _run(program: str, path: str, args: tuple[str, ...], timeout_s: float) -> st
 class GpuCache:
     """The last :class:`GpuReport`, asked again once it is ``ttl_s`` seconds old.
 
-    Thread-safe: one query runs at a time and callers meanwhile wait for it.
-    ``query`` and ``clock`` (monotonic seconds) are injectable for tests.
+    Only the first :meth:`get` waits for the tools; later ones answer the last
+    report at once and, when it has aged past ``ttl_s``, start one refresh in a
+    background thread (a tool that hangs delays no caller, only its own
+    refresh). Thread-safe. ``query`` and ``clock`` (monotonic seconds) are
+    injectable for tests; ``background`` False refreshes in the caller instead.
     """
 
     def __init__(
@@ -193,19 +196,45 @@ class GpuCache:
         query: Callable[[], GpuReport] = query_gpus,
         ttl_s: float = CACHE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        background: bool = True,
     ) -> None:
         self._query = query
         self._ttl_s = ttl_s
         self._clock = clock
+        self._background = background
         self._lock = threading.Lock()
+        self._first = threading.Lock()
         self._report: GpuReport | None = None
         self._at = 0.0
+        self._refreshing = False
 
     def get(self) -> GpuReport:
-        """The cached report, or a fresh one when it is older than ``ttl_s``."""
+        """The last report (the first call waits for one); a stale one starts a refresh."""
+        with self._first:  # only until there is a report: then never held for long
+            if self._report is None:
+                self._store(self._query())
         with self._lock:
-            now = self._clock()
-            if self._report is None or now - self._at >= self._ttl_s:
-                self._report = self._query()
-                self._at = self._clock()
-            return self._report
+            report = self._report
+            stale = self._clock() - self._at >= self._ttl_s and not self._refreshing
+            if stale:
+                self._refreshing = True
+        assert report is not None
+        if stale:
+            if self._background:
+                threading.Thread(target=self._refresh, name="gpu-query", daemon=True).start()
+            else:
+                self._refresh()
+                return self._report or report
+        return report
+
+    def _refresh(self) -> None:
+        try:
+            self._store(self._query())
+        finally:
+            with self._lock:
+                self._refreshing = False
+
+    def _store(self, report: GpuReport) -> None:
+        with self._lock:
+            self._report, self._at = report, self._clock()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 from conftest import NodeFactory
+from support import wait_until
 from test_openapi_doc import Contract
 
 from infervisor.actors.node import Node
@@ -139,12 +141,32 @@ def test_the_gpu_report_is_cached_for_its_time() -> None:
         asked.append(1)
         return GpuReport(errors=[f"query {len(asked)}"])
 
-    cache = GpuCache(query, ttl_s=10.0, clock=lambda: now[0])
+    cache = GpuCache(query, ttl_s=10.0, clock=lambda: now[0], background=False)
     assert cache.get().errors == ["query 1"]
     now[0] += 9.9
     assert cache.get().errors == ["query 1"]
     now[0] += 0.1
     assert cache.get().errors == ["query 2"] and len(asked) == 2
+
+
+def test_a_stale_report_is_answered_while_a_refresh_runs_behind() -> None:
+    now = [0.0]
+    release = threading.Event()
+    reports = iter([GpuReport(errors=["first"]), GpuReport(errors=["second"])])
+
+    def query() -> GpuReport:
+        report = next(reports)
+        if report.errors == ["second"]:
+            assert release.wait(60)  # a tool that takes its time
+        return report
+
+    cache = GpuCache(query, ttl_s=10.0, clock=lambda: now[0])
+    assert cache.get().errors == ["first"]
+    now[0] = 20.0
+    assert cache.get().errors == ["first"]  # stale: answered now, refreshed behind
+    assert cache.get().errors == ["first"]  # one refresh at a time
+    release.set()
+    wait_until(lambda: cache.get().errors == ["second"], 60, "the refresh landed")
 
 
 @pytest.fixture

@@ -98,7 +98,7 @@ from infervisor.chain import ChainError
 from infervisor.chain.connect import connect_reader
 from infervisor.replay import LifecycleState
 
-from .tallies import LOAD_BUCKETS_S, ChainTallies
+from .tallies import LOAD_BUCKETS_S, ChainTallies, Tally
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -318,14 +318,15 @@ def _counter_families(views: list[InstanceView], tallies: ChainTallies) -> Itera
     for view in views:
         misses.add_metric([view.instance_id, view.flavor, view.mode], view.missed_probes or 0)
     yield misses
-    if not tallies.refresh():
+    tally = tallies.refresh()
+    if tally is None:
         log.warning("metrics: the chain cannot be read; its counters are left out")
         return
-    loads = {iid: hist.observations for iid, hist in tallies.loads.items()}
+    loads = {iid: hist.observations for iid, hist in tally.loads.items()}
     counted = (
-        ("restarts", "Automatic restarts decided (instance.restart_scheduled).", tallies.restarts),
+        ("restarts", "Automatic restarts decided (instance.restart_scheduled).", tally.restarts),
         ("loads", "Starts that became ready (the server answered).", loads),
-        ("evictions", "Models Ollama dropped while the instance ran.", tallies.evictions),
+        ("evictions", "Models Ollama dropped while the instance ran.", tally.evictions),
     )
     for name, doc, counts in counted:
         family = CounterMetricFamily(f"infervisor_instance_{name}", doc, labels=_LABELS)
@@ -334,17 +335,17 @@ def _counter_families(views: list[InstanceView], tallies: ChainTallies) -> Itera
                 [view.instance_id, view.flavor, view.mode], counts.get(view.instance_id, 0)
             )
         yield family
-    yield _load_histogram(views, tallies)
+    yield _load_histogram(views, tally)
 
 
-def _load_histogram(views: list[InstanceView], tallies: ChainTallies) -> Metric:
+def _load_histogram(views: list[InstanceView], tally: Tally) -> Metric:
     family = HistogramMetricFamily(
         "infervisor_instance_load_duration_seconds",
         "From a start's decision to the server's ready answer, seconds.",
         labels=_LABELS,
     )
     for view in views:
-        hist = tallies.loads.get(view.instance_id)
+        hist = tally.loads.get(view.instance_id)
         if hist is None:
             continue
         cumulative = zip(LOAD_BUCKETS_S, hist.cumulative(), strict=True)

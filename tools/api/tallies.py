@@ -22,6 +22,7 @@ What counts (replay/events.py):
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 import threading
 from collections import Counter
@@ -35,7 +36,7 @@ from infervisor.replay import EventDecodeError, decode_event
 from infervisor.replay import events as ev
 from infervisor.replay.state import Stamp, elapsed_s
 
-__all__ = ["LOAD_BUCKETS_S", "ChainTallies", "LoadHistogram"]
+__all__ = ["LOAD_BUCKETS_S", "ChainTallies", "LoadHistogram", "Tally"]
 
 #: The load-duration histogram's upper bounds, seconds (a tiny model loads in
 #: well under a second; a large one from a slow disk in minutes).
@@ -86,6 +87,15 @@ class LoadHistogram:
         return out
 
 
+@dataclass(frozen=True)
+class Tally:
+    """The counts at one refresh, per instance id (a copy: later refreshes leave it be)."""
+
+    restarts: dict[str, int]
+    evictions: dict[str, int]
+    loads: dict[str, LoadHistogram]
+
+
 class ChainTallies:
     """Restarts, loads (with their durations) and evictions per instance id,
     folded from the chain file at ``chain_path``. Thread-safe."""
@@ -100,28 +110,36 @@ class ChainTallies:
         #: A start not ready yet, per instance: (its stamp, its ts_ns).
         self._starting: dict[str, tuple[Stamp | None, int]] = {}
 
-    def refresh(self) -> bool:
-        """Fold the events appended since the last refresh; False when the chain
-        cannot be read now (the tallies stay as they were)."""
+    def refresh(self) -> Tally | None:
+        """Fold the events appended since the last refresh and answer a copy of
+        the counts; None when the chain cannot be read now (what was folded is
+        kept: the next refresh goes on from there)."""
         with self._lock:
             try:
                 conn = connect_reader(str(self._path))
             except ChainError:
-                return False
+                return None
             try:
-                sql, params = events_query(self._after, None, _KINDS)
-                for row in conn.execute(sql, params):
-                    stored = to_event(row)
-                    self._after = stored.seq
-                    try:
-                        self._fold(stored.subject, stored.ts_ns, decode_event(stored))
-                    except EventDecodeError:  # not one of ours to count: skipped
-                        continue
-            except sqlite3.Error:  # a read cut short: what was folded is kept, the rest waits
-                return False
+                self._fold_rows(conn)
+            except sqlite3.Error:  # a read cut short: the rest waits for the next refresh
+                return None
             finally:
                 conn.close()
-            return True
+            return Tally(
+                restarts=dict(self.restarts),
+                evictions=dict(self.evictions),
+                loads={iid: copy.deepcopy(h) for iid, h in self.loads.items()},
+            )
+
+    def _fold_rows(self, conn: sqlite3.Connection) -> None:
+        sql, params = events_query(self._after, None, _KINDS)
+        for row in conn.execute(sql, params):
+            stored = to_event(row)
+            self._after = stored.seq
+            try:
+                self._fold(stored.subject, stored.ts_ns, decode_event(stored))
+            except EventDecodeError:  # not one of ours to count: skipped
+                continue
 
     def _fold(self, iid: str, ts_ns: int, event: ev.Event) -> None:
         match event:
