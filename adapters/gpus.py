@@ -73,52 +73,51 @@ class GpuReport(msgspec.Struct, frozen=True, kw_only=True):
     errors: list[str] = msgspec.field(default_factory=list)
 
 
-def parse_nvidia_csv(text: str) -> list[Gpu]:
+def parse_nvidia_csv(text: str) -> GpuReport:
     """The GPUs of nvidia-smi's ``csv,noheader,nounits`` answer to :data:`NVIDIA_ARGS`.
 
     A name may itself hold commas: the index is the first field, the two
-    memory figures (MiB) the last two, the name what lies between.
-
-    Raises:
-        ValueError: a line without four fields or with a value that is not a
-            number (``[N/A]``, ``[Not Supported]``), naming the line.
+    memory figures (MiB) the last two, the name what lies between. A line
+    without four fields, or with a value that is not a number (``[N/A]``,
+    ``[Not Supported]``), is one error naming the line; the others still count.
     """
-    gpus = []
+    gpus: list[Gpu] = []
+    errors: list[str] = []
     for line in text.splitlines():
         if not line.strip():
             continue
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) < 4:
-            raise ValueError(f"nvidia-smi line {line!r}: expected index, name, total, free")
         try:
+            if len(fields) < 4:
+                raise ValueError("expected index, name, total, free")  # noqa: TRY301 - one handler per line
             index, total, free = int(fields[0]), int(fields[-2]), int(fields[-1])
-        except ValueError:
-            why = "index and memory must be numbers"
-            raise ValueError(f"nvidia-smi line {line!r}: {why}") from None
-        name = ", ".join(fields[1:-2])
+        except ValueError as e:
+            why = str(e) if len(fields) < 4 else "index and memory must be numbers"
+            errors.append(f"nvidia-smi line {line!r}: {why}")
+            continue
         gpus.append(
-            Gpu(vendor="nvidia", index=index, name=name,
+            Gpu(vendor="nvidia", index=index, name=", ".join(fields[1:-2]),
                 memory_total_bytes=total * _MIB, memory_free_bytes=free * _MIB)
         )  # fmt: skip
-    return gpus
+    return GpuReport(gpus=gpus, errors=errors)
 
 
-def parse_rocm_json(text: str) -> list[Gpu]:
+def parse_rocm_json(text: str) -> GpuReport:
     """The GPUs of rocm-smi's JSON answer to :data:`ROCM_ARGS`.
 
     Keys other than ``card<N>`` (``system``) are skipped; the name is
     ``"Card series"``, else ``"Card model"``; free memory is total less used.
-
-    Raises:
-        ValueError: not a JSON object, or a card without its VRAM figures in bytes.
+    Output that is not a JSON object is one error; so is each card without
+    its VRAM figures in bytes (the others still count).
     """
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"rocm-smi: not JSON: {e}") from None
+        data = f"not JSON: {e}"
     if not isinstance(data, dict):
-        raise ValueError("rocm-smi: expected a JSON object of cards")  # noqa: TRY004 - its output, not a caller's type
-    gpus = []
+        return GpuReport(errors=[f"rocm-smi: {data if isinstance(data, str) else 'not an object'}"])
+    gpus: list[Gpu] = []
+    errors: list[str] = []
     for key, card in data.items():
         if not key.startswith("card") or not key[4:].isdigit() or not isinstance(card, dict):
             continue
@@ -126,17 +125,18 @@ def parse_rocm_json(text: str) -> list[Gpu]:
             total = int(card["VRAM Total Memory (B)"])
             used = int(card["VRAM Total Used Memory (B)"])
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"rocm-smi {key}: no VRAM Total (Used) Memory (B) in bytes") from None
+            errors.append(f"rocm-smi {key}: no VRAM Total (Used) Memory (B) in bytes")
+            continue
         name = str(card.get("Card series") or card.get("Card model") or key)
         gpus.append(
             Gpu(vendor="amd", index=int(key[4:]), name=name,
                 memory_total_bytes=total, memory_free_bytes=max(0, total - used))
         )  # fmt: skip
-    return sorted(gpus, key=lambda g: g.index)
+    return GpuReport(gpus=sorted(gpus, key=lambda g: g.index), errors=errors)
 
 
 #: Each tool: (program, its arguments, the parser of its output).
-_TOOLS: tuple[tuple[str, tuple[str, ...], Callable[[str], list[Gpu]]], ...] = (
+_TOOLS: tuple[tuple[str, tuple[str, ...], Callable[[str], GpuReport]], ...] = (
     ("nvidia-smi", NVIDIA_ARGS, parse_nvidia_csv),
     ("rocm-smi", ROCM_ARGS, parse_rocm_json),
 )
@@ -154,9 +154,12 @@ def query_gpus(timeout_s: float = QUERY_TIMEOUT_S) -> GpuReport:
         if path is None:
             continue
         try:
-            gpus.extend(parse(_run(program, path, args, timeout_s)))
+            found = parse(_run(program, path, args, timeout_s))
         except ValueError as e:
             errors.append(str(e))
+            continue
+        gpus.extend(found.gpus)
+        errors.extend(found.errors)
     return GpuReport(gpus=gpus, errors=errors)
 
 

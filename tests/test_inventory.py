@@ -80,30 +80,37 @@ def gpu_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_nvidia_smi_csv_is_read_in_bytes() -> None:
-    gpus = parse_nvidia_csv(NVIDIA_CSV)
-    assert gpus == [
+    assert parse_nvidia_csv(NVIDIA_CSV) == GpuReport(gpus=[
         Gpu(vendor="nvidia", index=0, name="NVIDIA GeForce RTX 4090",
             memory_total_bytes=24564 * MIB, memory_free_bytes=23986 * MIB),
         Gpu(vendor="nvidia", index=1, name="NVIDIA A100-SXM4-80GB",
             memory_total_bytes=81920 * MIB, memory_free_bytes=1024 * MIB),
-    ]  # fmt: skip
-    assert parse_nvidia_csv("3, Tesla, with a comma, 16, 8\n")[0].name == "Tesla, with a comma"
-    with pytest.raises(ValueError, match=r"\[N/A\].*must be numbers"):
-        parse_nvidia_csv("0, NVIDIA T4, [N/A], [N/A]\n")
+    ])  # fmt: skip
+    assert parse_nvidia_csv("3, Tesla, with a comma, 16, 8\n").gpus[0].name == "Tesla, with a comma"
+    mixed = parse_nvidia_csv("0, NVIDIA T4, [N/A], [N/A]\n1, NVIDIA T4, 15360, 15000\n2, x\n")
+    assert [g.index for g in mixed.gpus] == [1]
+    assert mixed.errors == [
+        "nvidia-smi line '0, NVIDIA T4, [N/A], [N/A]': index and memory must be numbers",
+        "nvidia-smi line '2, x': expected index, name, total, free",
+    ]
 
 
 def test_rocm_smi_json_is_read_in_bytes() -> None:
     doc = {**ROCM_JSON, "card1": {**ROCM_JSON["card0"], "Card series": ""}, "system": {}}
-    gpus = parse_rocm_json(json.dumps(doc))
-    assert gpus[0] == Gpu(
+    report = parse_rocm_json(json.dumps(doc))
+    assert report.errors == []
+    assert report.gpus[0] == Gpu(
         vendor="amd", index=0, name="Radeon RX 7900 XTX",
         memory_total_bytes=25753026560, memory_free_bytes=25753026560 - 1073741824,
     )  # fmt: skip
-    assert gpus[1].index == 1 and gpus[1].name == "0x744c"  # no series: the model
-    with pytest.raises(ValueError, match="card0: no VRAM"):
-        parse_rocm_json(json.dumps({"card0": {"Card series": "x"}}))
-    with pytest.raises(ValueError, match="not JSON"):
-        parse_rocm_json("WARNING: no AMD GPU")
+    assert report.gpus[1].index == 1 and report.gpus[1].name == "0x744c"  # no series: the model
+    broken = parse_rocm_json(
+        json.dumps({"card0": {"Card series": "x"}, "card1": ROCM_JSON["card0"]})
+    )
+    assert [g.index for g in broken.gpus] == [1]
+    assert broken.errors == ["rocm-smi card0: no VRAM Total (Used) Memory (B) in bytes"]
+    assert parse_rocm_json("WARNING: no AMD GPU").errors[0].startswith("rocm-smi: not JSON")
+    assert parse_rocm_json("[]").errors == ["rocm-smi: not an object"]
 
 
 def test_each_tool_on_path_is_asked_and_failures_are_reported(gpu_path: Path) -> None:
