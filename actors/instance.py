@@ -104,6 +104,8 @@ class InstanceActor(pykka.ThreadingActor):
         spec = adapter.spec
         self.supervision = ctx.settings.supervision(spec.kind, spec.restart)
         self.tracking = Tracking()
+        #: Missed probes since this actor began (ever-increasing: the metrics' counter).
+        self.missed_probes = 0
         self.effects = EffectRunner(self)
         self.checks = HealthChecks(self)
         self._take_adapter(adapter)
@@ -278,6 +280,7 @@ class InstanceActor(pykka.ThreadingActor):
                 self._append_failed(obs, e)
                 return None
         if decision.tracking is not None:
+            self.missed_probes += max(0, decision.tracking.misses - self.tracking.misses)
             self.tracking = decision.tracking
         self._waiters.fail_on(decision.refusal, verb=answers.is_verb(obs), iid=self.iid)
         return decision

@@ -47,6 +47,7 @@ class Viewed(Protocol):
     rss_seen: tuple[int, int] | None
     fault: str
     tracking: Tracking
+    missed_probes: int
 
     def now(self) -> Stamp: ...
 
@@ -102,6 +103,7 @@ def build_view(actor: Viewed) -> InstanceView:
         last_seq=state.last_seq,
         probe_latency_s=actor.probe_latency_s,
         misses=actor.tracking.misses,
+        missed_probes=actor.missed_probes,
         max_restarts=actor.supervision.restart.max_restarts,
         oom_kills=state.oom_kills,
         memory_max_bytes=spec.memory_max_bytes,

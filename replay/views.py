@@ -42,6 +42,9 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
         misses: consecutive missed health probes now (not sourced: a node
             restart counts from zero); None where nothing probes it (its
             adapter could not be built).
+        missed_probes: missed health probes since the node started (ever
+            increasing while it runs; not sourced: a node restart counts from
+            0); None from a node that does not count them.
         max_restarts: the restart policy's budget (``restarts`` counts against it).
         oom_kills: exits recorded as OOM kills under its memory limit (sourced).
         memory_max_bytes: its memory limit (the spec's), bytes; None: none.
@@ -78,6 +81,7 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: int
     probe_latency_s: float | None = None
     misses: int | None = None
+    missed_probes: int | None = None
     max_restarts: int | None = None
     oom_kills: int = 0
     memory_max_bytes: int | None = None

@@ -180,6 +180,9 @@ def test_the_reading_routes(api: Api, listener: str) -> None:
     assert isinstance(api.call(listener, "GET", "/v1/instances", 200), list)
     ledger = api.call(listener, "GET", "/v1/ledger", 200)
     assert ledger["budget_bytes"] == api.budget
+    assert node["inventory"]["memory_budget_bytes"] == api.budget
+    models = api.call(listener, "GET", "/v1/models", 200)["models"]
+    assert "tiny" in [m["name"] for m in models]
     metrics = api.call(listener, "GET", "/metrics", 200)
     assert "infervisor_up 1" in metrics
 

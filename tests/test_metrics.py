@@ -81,13 +81,14 @@ def test_a_running_instance_is_measured(node: Node) -> None:
     for state in LifecycleState:
         expected = 1 if state.value == "running" else 0
         assert of(samples, "infervisor_instance_state", **labels, state=state.value) == expected
-    assert of(samples, "infervisor_instance_restarts_total", **labels) == view.restarts == 0
+    assert of(samples, "infervisor_instance_restarts_in_budget", **labels) == view.restarts == 0
+    assert of(samples, "infervisor_instance_restarts_total", **labels) == 0
     assert of(samples, "infervisor_instance_restart_budget", **labels) == view.max_restarts
     assert of(samples, "infervisor_instance_reserved_bytes", **labels) == view.reserved_bytes
     assert of(samples, "infervisor_instance_rss_bytes", **labels) > 0
     latency = of(samples, "infervisor_instance_probe_latency_seconds", **labels)
     assert 0 < latency < 20
-    assert of(samples, "infervisor_instance_health_misses_total", **labels) == 0
+    assert of(samples, "infervisor_instance_health_misses_consecutive", **labels) == 0
     assert of(samples, "infervisor_node_containment", mode=node.containment.mode) == 1
     assert of(samples, "infervisor_instance_oom_kills_total", **labels) == 0
     if node.containment.mode != "pgroup":  # the whole tree's memory and CPU, from its cgroup

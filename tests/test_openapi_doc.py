@@ -211,6 +211,7 @@ def test_every_route_is_documented(doc: dict[str, Any]) -> None:
         ("/v1/instances/{instance_id}/logs", "get"),
         ("/v1/heartbeat", "post"),
         ("/v1/ledger", "get"),
+        ("/v1/models", "get"),
         ("/v1/events", "get"),
         ("/metrics", "get"),
         ("/v1/log/checkpoint", "get"),
@@ -285,6 +286,7 @@ def test_every_operation_has_a_name_and_docs_api_md_gives_it(doc: dict[str, Any]
     assert sorted(named.values()) == sorted(
         [
             "getNode",
+            "listModels",
             "getLedger",
             "sendHeartbeat",
             "listInstances",

@@ -704,7 +704,10 @@ class StubNode:
         self.release = threading.Event()
         self.by: list[str] = []
         # What GET /v1/node reads besides append_status.
-        self.settings = types.SimpleNamespace(lease_s=None, witness_quorum=None)
+        self.settings = types.SimpleNamespace(
+            lease_s=None, witness_quorum=None, adapters=(), allowed_ports=None,
+            memory_budget_bytes=None,
+        )  # fmt: skip
         self.containment = types.SimpleNamespace(mode="pgroup", reason="a stub", memory=None)
 
     def append_status(self) -> AppendStatus:
@@ -712,6 +715,9 @@ class StubNode:
 
     def witness_lag(self) -> list[object]:
         return []  # no [[witnesses]]
+
+    def ledger(self) -> None:
+        return None  # no memory budget
 
     def list(self) -> list[InstanceView]:
         return [stub_view("a", "running")]

@@ -52,6 +52,7 @@ BY_USER: dict[str, dict[str, str]] = {
         name: f".operator.{module}:{name}"
         for name, module in (
             ("status", "status"),
+            ("models", "models"),
             ("place", "place"),
             ("start", "verbs"),
             ("stop", "verbs"),
@@ -97,6 +98,7 @@ def cli(verbose: bool) -> None:
     Start here:   infervisor demo
     Run a node:   infervisor run examples/node.toml
     Operate it:   infervisor status examples/node.toml [-w]
+                  infervisor models WHERE
                   infervisor stop|start|restart|unload WHERE INSTANCE
                   infervisor place WHERE --file FRAGMENT.toml
                   infervisor logs WHERE INSTANCE [-f]

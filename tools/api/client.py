@@ -37,6 +37,7 @@ from .errors import (
     NotRunning,
     VerbFailed,
 )
+from .inventory import ModelList
 from .uds import unix_transport
 from .wire import (
     API_VERSION,
@@ -150,6 +151,10 @@ class ApiClient:
     def node(self) -> NodeInfo:
         """The node's id, version, phase and chain head."""
         return self._call("GET", "/node", NodeInfo)
+
+    def models(self) -> ModelList:
+        """The models of the node's registry: name, format, size and digest."""
+        return self._call("GET", "/models", ModelList)
 
     def list(self) -> builtins.list[InstanceView]:
         """Every instance's view, ordered by id."""

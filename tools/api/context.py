@@ -21,6 +21,7 @@ from litestar.di import NamedDependency
 from litestar.params import SkipValidation
 
 from infervisor.actors.node import Node
+from infervisor.adapters.gpus import GpuCache
 from infervisor.chain.connect import connect_reader
 
 from .auth import Tokens
@@ -54,6 +55,7 @@ class ApiContext:
     hub: WatchHub = field(default_factory=lambda: WatchHub(-1))
     idempotency: IdempotencyStore = field(default_factory=IdempotencyStore)
     metrics: Callable[[], tuple[bytes, str]] | None = None
+    gpus: GpuCache = field(default_factory=GpuCache)
 
 
 #: A route's parameter ``node``: the node the gate admitted. The app gives it, never

@@ -3,7 +3,8 @@
 The control API serves :meth:`NodeMetrics.render` at ``GET /metrics``. Every
 scrape builds the metric families afresh from the node (a custom collector on
 a private :class:`~prometheus_client.CollectorRegistry`; the process-global
-default registry is never used), so nothing is cached between scrapes.
+default registry is never used); only the chain's tallies are kept between
+scrapes, to read each event once.
 
 What it reads, and from where:
 
@@ -14,19 +15,31 @@ What it reads, and from where:
   shared by reference, the writer is not asked).
 
 Metrics (per-instance ones are labelled ``instance``, ``flavor``, ``mode``;
-every one is a gauge but the histogram):
+each is a gauge unless it says otherwise):
 
 - ``infervisor_up``: 1 when the node runs, 0 while it starts (then alone).
 - ``infervisor_node_info{node_id, version}``: always 1.
 - ``infervisor_instances``: how many instances the node lists.
 - ``infervisor_instance_state{..., state}``: 1 for the instance's current
   lifecycle state, 0 for each other state (every state is always present).
-- ``infervisor_instance_restarts_total``: automatic restarts counted against
-  the restart budget now.
+- ``infervisor_instance_restarts_total`` (a counter): automatic restarts
+  decided over the chain's life (``instance.restart_scheduled``).
+- ``infervisor_instance_restarts_in_budget``: automatic restarts counted
+  against the restart budget now (clears when the instance has been stable,
+  or on an operator start).
 - ``infervisor_instance_restart_budget``: the restart policy's ``max_restarts``.
 - ``infervisor_instance_probe_latency_seconds``: how long the last health
   probe took, seconds (from sending it to its report).
-- ``infervisor_instance_health_misses_total``: consecutive missed probes now.
+- ``infervisor_instance_health_misses_total`` (a counter): missed health
+  probes since the node started (not sourced: a node restart starts it again
+  from 0, a counter reset).
+- ``infervisor_instance_health_misses_consecutive``: consecutive missed probes now.
+- ``infervisor_instance_loads_total`` (a counter): starts that became ready
+  over the chain's life.
+- ``infervisor_instance_evictions_total`` (a counter): models Ollama dropped
+  while the instance ran (keep_alive ran out, or evicted), over the chain's life.
+- ``infervisor_instance_load_duration_seconds`` (a histogram): from a start's
+  decision to the server's ready answer, seconds; buckets 0.1 s to 300 s.
 - ``infervisor_instance_reserved_bytes``: memory the residency ledger
   reserves for it, bytes.
 - ``infervisor_instance_rss_bytes``: observed resident memory of the server's
@@ -60,9 +73,11 @@ every one is a gauge but the histogram):
   last cosigned in this run, seconds since the epoch (left out before).
 
 A sample whose value is unknown (no probe yet, RSS not observed, the chain
-unreadable) is left out. ``..._restarts_total`` and ``..._health_misses_total``
-can go down (a budget that clears, a probe that answers), so they are gauges
-despite their names; ``rate()`` is not meant for them.
+unreadable) is left out. Restarts, loads, their durations and evictions are
+counted from the chain (tools/api/tallies.py: exact, never going down, also
+across node restarts); the chain is read incrementally, each scrape reading
+only the events appended since the last. ``promtool check metrics`` passes
+on the exposition (tests/test_metrics_types.py).
 """
 
 from __future__ import annotations
@@ -82,6 +97,8 @@ from infervisor.actors.node import VERSION
 from infervisor.chain import ChainError
 from infervisor.chain.connect import connect_reader
 from infervisor.replay import LifecycleState
+
+from .tallies import LOAD_BUCKETS_S, ChainTallies, Tally
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -127,6 +144,7 @@ class _NodeCollector(Collector):
     def __init__(self, node: Callable[[], Node | None], chain_path: Path) -> None:
         self._node = node
         self._chain_path = chain_path
+        self._tallies = ChainTallies(chain_path)
 
     def describe(self) -> Iterable[Metric]:
         """Nothing up front: the families depend on the node at scrape time."""
@@ -142,6 +160,7 @@ class _NodeCollector(Collector):
         yield from _node_families(node)
         views = node.list()
         yield from _instance_families(views)
+        yield from _counter_families(views, self._tallies)
         yield from _cgroup_families(views)
         yield from _chain_families(node, self._chain_path)
         yield from _witness_families(node)
@@ -241,7 +260,7 @@ def _instance_families(views: list[InstanceView]) -> Iterator[Metric]:
         labels=[*_LABELS, "state"],
     )
     restarts = GaugeMetricFamily(
-        "infervisor_instance_restarts_total",
+        "infervisor_instance_restarts_in_budget",
         "Automatic restarts counted against the restart budget now (clears when the "
         "instance has been stable, or on an operator start).",
         labels=_LABELS,
@@ -257,7 +276,7 @@ def _instance_families(views: list[InstanceView]) -> Iterator[Metric]:
         labels=_LABELS,
     )
     misses = GaugeMetricFamily(
-        "infervisor_instance_health_misses_total",
+        "infervisor_instance_health_misses_consecutive",
         "Consecutive missed health probes now (a probe that answers clears them).",
         labels=_LABELS,
     )
@@ -286,6 +305,54 @@ def _instance_families(views: list[InstanceView]) -> Iterator[Metric]:
         if view.rss_bytes is not None:
             rss.add_metric(labels, view.rss_bytes)
     yield from (state, restarts, budget, latency, misses, reserved, rss)
+
+
+def _counter_families(views: list[InstanceView], tallies: ChainTallies) -> Iterator[Metric]:
+    """Restarts, health misses, loads and evictions (counters) and load durations
+    (a histogram); without a readable chain only the health misses."""
+    misses = CounterMetricFamily(
+        "infervisor_instance_health_misses",
+        "Missed health probes since the node started.",
+        labels=_LABELS,
+    )
+    for view in views:
+        misses.add_metric([view.instance_id, view.flavor, view.mode], view.missed_probes or 0)
+    yield misses
+    tally = tallies.refresh()
+    if tally is None:
+        log.warning("metrics: the chain cannot be read; its counters are left out")
+        return
+    loads = {iid: hist.observations for iid, hist in tally.loads.items()}
+    counted = (
+        ("restarts", "Automatic restarts decided (instance.restart_scheduled).", tally.restarts),
+        ("loads", "Starts that became ready (the server answered).", loads),
+        ("evictions", "Models Ollama dropped while the instance ran.", tally.evictions),
+    )
+    for name, doc, counts in counted:
+        family = CounterMetricFamily(f"infervisor_instance_{name}", doc, labels=_LABELS)
+        for view in views:
+            family.add_metric(
+                [view.instance_id, view.flavor, view.mode], counts.get(view.instance_id, 0)
+            )
+        yield family
+    yield _load_histogram(views, tally)
+
+
+def _load_histogram(views: list[InstanceView], tally: Tally) -> Metric:
+    family = HistogramMetricFamily(
+        "infervisor_instance_load_duration_seconds",
+        "From a start's decision to the server's ready answer, seconds.",
+        labels=_LABELS,
+    )
+    for view in views:
+        hist = tally.loads.get(view.instance_id)
+        if hist is None:
+            continue
+        cumulative = zip(LOAD_BUCKETS_S, hist.cumulative(), strict=True)
+        buckets = [(_le(b), float(c)) for b, c in cumulative]
+        buckets.append(("+Inf", float(hist.observations)))
+        family.add_metric([view.instance_id, view.flavor, view.mode], buckets, hist.sum_s)
+    return family
 
 
 def _chain_families(node: Node, chain_path: Path) -> Iterator[Metric]:

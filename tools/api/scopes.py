@@ -5,7 +5,7 @@ Scopes are ordered, each covering the ones below it::
 
     read < operate < control
 
-- ``read``: what only looks (node, instances, status, ledger, the chain's
+- ``read``: what only looks (node, models, instances, status, ledger, the chain's
   events, its checkpoint, tiles and proofs, logs, metrics, the OpenAPI document).
 - ``operate``: the verbs on placed instances (start, stop, restart, unload)
   and the deep health check: it makes the model server generate a token, real
@@ -82,6 +82,7 @@ def token_scopes(tokens: Iterable[str | ApiToken]) -> dict[str, Scope]:
 #: (method, route as docs/openapi.json writes it, scope needed). One row per route.
 ROUTE_SCOPES: tuple[tuple[str, str, Scope], ...] = (
     ("GET", "/v1/node", Scope.READ),
+    ("GET", "/v1/models", Scope.READ),
     ("GET", "/v1/instances", Scope.READ),
     ("GET", "/v1/instances/{instance_id}", Scope.READ),
     ("GET", "/v1/instances/{instance_id}/logs", Scope.READ),

@@ -35,6 +35,8 @@ import msgspec
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.replay.views import InstanceView
 
+from .inventory import Inventory
+
 __all__ = [
     "API_VERSION",
     "ErrorBody",
@@ -199,6 +201,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     used, or why none could be), ``memory_cgroup`` where memory limits go
     (None: nowhere); see docs/process-supervision.md.
 
+    ``inventory`` is what the node has to place on: CPUs, memory, GPUs,
+    adapters, ports and its memory budget (:class:`~.inventory.Inventory`).
+
     ``witnesses`` are the witnesses of ``[[witnesses]]`` and how far each is
     behind (C2SP tlog-witness; empty without), ``witness_quorum`` how many must
     cosign a checkpoint.
@@ -218,6 +223,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     containment: str = ""
     containment_reason: str = ""
     memory_cgroup: str | None = None
+    inventory: Inventory | None = None
     witnesses: list[WitnessInfo] = msgspec.field(default_factory=list)
     witness_quorum: int | None = None
 

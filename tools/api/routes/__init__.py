@@ -1,10 +1,11 @@
 """The control API's routes: one Litestar controller per resource.
 
 The node (:mod:`.node`: ``/v1/node``, ``/v1/ledger``, ``/v1/heartbeat``), its
-instances (:mod:`.instances`: ``/v1/instances/...``, the verbs and the logs),
-the chain's events (:mod:`.events`: ``/v1/events``), the chain as a
-tlog-tiles log with its proofs (:mod:`.log`: ``/v1/log/...``) and the metrics
-(:mod:`.metrics`: ``/metrics``). Each route is given what it needs as Litestar
+models (:mod:`.models`: ``/v1/models``), its instances (:mod:`.instances`:
+``/v1/instances/...``, the verbs and the logs), the chain's events
+(:mod:`.events`: ``/v1/events``), the chain as a tlog-tiles log with its
+proofs (:mod:`.log`: ``/v1/log/...``) and the metrics (:mod:`.metrics`:
+``/metrics``). Each route is given what it needs as Litestar
 dependencies (tools/api/context.py): ``api`` (the shared context) and
 ``node`` (the node, admitted by the gate for the request's length).
 """
@@ -15,6 +16,7 @@ from .events import EventController
 from .instances import InstanceController
 from .log import LogController
 from .metrics import MetricsController
+from .models import ModelController
 from .node import NodeController
 
 __all__ = ["CONTROLLERS"]
@@ -22,6 +24,7 @@ __all__ = ["CONTROLLERS"]
 #: Every controller the app serves.
 CONTROLLERS = (
     NodeController,
+    ModelController,
     InstanceController,
     EventController,
     MetricsController,

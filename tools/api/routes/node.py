@@ -11,6 +11,7 @@ from infervisor.actors.node import VERSION
 from infervisor.replay.views import LedgerView
 
 from ..context import AdmittedNode, ApiContext, changing, last_of
+from ..inventory import inventory_of
 from ..openapi import BODIED, responses
 from ..wire import HeartbeatAnswer, HeartbeatRequest, NodeInfo, WitnessInfo
 from .params import PREFIX, IdempotencyKey
@@ -25,18 +26,19 @@ class NodeController(Controller):
 
     @get("/node", operation_id="getNode", sync_to_thread=True, responses=responses())
     def get_node(self, api: NamedDependency[ApiContext], node: AdmittedNode) -> NodeInfo:
-        """The node, its phase, its chain head and its witnesses' lag; 503 while it
-        starts (a readiness check)."""
+        """The node, its phase, its chain head, its inventory and its witnesses' lag;
+        503 while it starts (a readiness check)."""
         seq, digest = last_of(api.chain_path)
         health = node.append_status()
         lag = node.witness_lag()
+        views = node.list()
         return NodeInfo(
             node_id=api.node_id,
             version=VERSION,
             phase=api.gate.phase.value,
             head_seq=seq,
             head_hash=digest,
-            instances=len(node.list()),
+            instances=len(views),
             lease_s=node.settings.lease_s,
             chain_writable=health.writable,
             chain_error=health.error,
@@ -45,6 +47,7 @@ class NodeController(Controller):
             containment=node.containment.mode,
             containment_reason=node.containment.reason,
             memory_cgroup=node.containment.memory,
+            inventory=inventory_of(node, views, api.gpus.get()),
             witnesses=[WitnessInfo(**row._asdict()) for row in lag],
             witness_quorum=(node.settings.witness_quorum or len(lag)) if lag else None,
         )
