@@ -23,9 +23,9 @@ from infervisor.adapters.manifest import ModelFormat
 from infervisor.adapters.spec import Flavor
 
 if TYPE_CHECKING:
-    from infervisor.replay.views import InstanceView
     from infervisor.actors.node import Node
     from infervisor.adapters.registry import ModelRegistry
+    from infervisor.replay.views import InstanceView
 
 __all__ = ["Gpu", "Inventory", "ModelInfo", "ModelList", "inventory_of", "models_of"]
 
