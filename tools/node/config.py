@@ -313,6 +313,7 @@ def _resolve_paths(config: NodeConfig, base: Path, path: Path) -> NodeConfig:
         llamacpp_program=program(node.llamacpp_program),
         mlx_program=program(node.mlx_program),
         llama_server=_llama_server(node.llama_server, resolve, path),
+        features_file=resolve(node.features_file) if node.features_file else None,
     )
     return msgspec.structs.replace(config, node=node)
 
