@@ -71,6 +71,8 @@ def test_a_node_notifies_ready_watchdog_and_stopping_and_writes_its_resident_mod
     tmp_path: Path, fake_llama: str, listener: Listener
 ) -> None:
     put_model(tmp_path / "data")
+    # What a crash between an append and the file's write leaves: the boot rewrites it.
+    (tmp_path / "data" / "resident.json").write_text('{"format": 1, "instances": []}')
     (tmp_path / "features.d").mkdir()
     config = write_config(tmp_path, fake_llama, node_extra='features_file = "features.d/infer"')
     env = {**os.environ, "NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": "1000000"}
