@@ -37,6 +37,14 @@ the node is open) until the node is shut down; once the shutdown begins,
 verbs that change state are answered 503 "stopping", and the shutdown waits
 for the verbs already in flight.
 
+Under a service manager (``$NOTIFY_SOCKET``: systemd's ``Type=notify``) the
+node says ``READY=1`` once it has resumed and its API answers, ``STATUS=``
+lines as it goes, ``STOPPING=1`` when a graceful stop begins, and
+``WATCHDOG=1`` from the supervisor's health tick when ``$WATCHDOG_USEC`` is
+set (:mod:`infervisor.adapters.sdnotify`). On each change of what is loaded
+it rewrites ``DATA_DIR/resident.json`` (and ``[node] features_file``):
+:mod:`.resident`.
+
 Signals are only queued by the handler (``SimpleQueue.put`` is safe there);
 the main thread reads the queue, and looks at the node's failure, and does
 the work.
@@ -120,6 +128,11 @@ def run(config: Path, accept_witness_conflict: bool) -> None:
     `infervisor start|stop|restart|unload CONFIG INSTANCE` acts on them,
     through its HTTP control API on the socket DATA_DIR/api.sock (and, with
     [api] tcp, a loopback port with bearer tokens: --url, --token).
+
+    Under systemd (Type=notify, WatchdogSec=) it sends READY=1 once resumed
+    and answering, and WATCHDOG=1 from its supervisor's ticks. It keeps
+    DATA_DIR/resident.json (and [node] features_file, a Kubernetes NFD
+    feature file) up to date with what is loaded (docs/deploy.md).
 
     With [[witnesses]] configured, the boot first asks each witness what it
     cosigned of this chain: a rollback or a fork is refused (exit 2, naming
