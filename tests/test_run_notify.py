@@ -216,3 +216,13 @@ def test_the_documented_systemd_unit_verifies(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_features_file_in_a_missing_folder_is_refused_naming_the_key(
+    tmp_path: Path, fake_llama: str
+) -> None:
+    from infervisor.tools.node.config import ConfigError, load_config
+
+    config = write_config(tmp_path, fake_llama, node_extra='features_file = "nowhere/infer"')
+    with pytest.raises(ConfigError, match=r"\[node\] features_file 'nowhere/infer'"):
+        load_config(config)
