@@ -18,16 +18,20 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from support import wait_until
 from test_run_resume import end_runs, put_model, write_config
 
+from infervisor.actors import messages as m
 from infervisor.actors.clock import ManualClock
+from infervisor.actors.supervisor import SupervisorActor
 from infervisor.actors.watchdog import Watchdog
 from infervisor.adapters.sdnotify import Notifier
 from infervisor.replay import NodeState
@@ -226,3 +230,35 @@ def test_a_features_file_in_a_missing_folder_is_refused_naming_the_key(
     config = write_config(tmp_path, fake_llama, node_extra='features_file = "nowhere/infer"')
     with pytest.raises(ConfigError, match=r"\[node\] features_file 'nowhere/infer'"):
         load_config(config)
+
+
+def test_the_watchdog_pings_come_from_the_supervisors_ticks_and_stop_while_it_is_wedged(
+    nodes: Any, fake_llama: str, fake_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock()
+    node = nodes.open(nodes.settings(fake_llama, fake_model, health_interval_s=1.0), clock)
+    supervisor = node._actors.supervisor
+    pings: list[float] = []
+    node.on_tick(lambda: pings.append(clock.monotonic()))
+
+    def handled_tick() -> int:
+        clock.advance(node.settings.health_interval_s)
+        supervisor.ask(m.Deregister(instance_id="-"), timeout=DEADLINE_S)  # handled all
+        return len(pings)
+
+    assert handled_tick() == 1 and handled_tick() == 2
+    # Wedge the supervisor: it handles nothing until released.
+    release, wedged = threading.Event(), threading.Event()
+
+    def stuck(self: SupervisorActor, controller: str) -> None:
+        wedged.set()
+        release.wait(DEADLINE_S)
+
+    monkeypatch.setattr(SupervisorActor, "_heard", stuck)
+    node.heartbeat("ctl")
+    assert wedged.wait(DEADLINE_S)
+    for _ in range(3):
+        clock.advance(node.settings.health_interval_s)  # ticks fire, none is handled
+    assert len(pings) == 2, "a wedged supervisor must not ping"
+    release.set()
+    assert handled_tick() >= 3  # handled again: pinging again
