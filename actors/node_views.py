@@ -60,6 +60,13 @@ class NodeViews:
             return None
         return self._actors.watchdog.wait_failed(timeout_s)
 
+    def on_tick(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` on each supervisor health tick while the node works
+        (:meth:`.watchdog.Watchdog.on_tick`): a sign of life that stops when the
+        supervisor stops ticking. Quick and non-blocking, please."""
+        if self._actors.watchdog is not None:
+            self._actors.watchdog.on_tick(callback)
+
     def ledger(self) -> LedgerView | None:
         """The memory budget and each instance's reservation (None without a budget)."""
         return snapshot(self._ledger) if self._ledger is not None else None

@@ -83,6 +83,9 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         origin: the checkpoints' origin line (the node key's name; C2SP
             tlog-checkpoint recommends a schema-less URL), used when the key is
             created; None: derived from the node id and the key.
+        features_file: where ``infervisor run`` writes the resident models as a
+            Kubernetes node-feature-discovery feature file (beside
+            ``DATA_DIR/resident.json``); None: not written (docs/deploy.md).
     """
 
     node_id: str
@@ -115,6 +118,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     witness_quorum: int | None = None
     witness_boot_timeout_s: float = 10.0
     origin: str | None = None
+    features_file: str | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the field when a value is out of range."""

@@ -121,6 +121,7 @@ class Watchdog:
         #: Pauses seen, and their total length, real seconds.
         self.pauses = 0
         self.paused_s = 0.0
+        self._on_tick: list[Callable[[], object]] = []
 
     # ------------------------------------------------------------------ the node
     def start(self, actors: Mapping[str, pykka.ActorRef[Any]]) -> None:
@@ -148,12 +149,26 @@ class Watchdog:
         self._failed.wait(timeout_s)
         return self.failure
 
+    def on_tick(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` on the supervisor's thread each time it arms a health
+        tick while the node has not failed: a sign of life that stops when the
+        supervisor does (systemd's ``WATCHDOG=1``). Keep it quick and non-blocking;
+        what it raises is logged."""
+        with self._lock:
+            self._on_tick.append(callback)
+
     # ------------------------------------------------------------------ reporters
     def watch_tick(self, timer: Timer) -> None:
         """The supervisor armed its next health tick (it handled the previous one)."""
         with self._lock:
             self._tick = timer
             self._tick_seen_fired = None
+            alive = [] if self._failure is not None else list(self._on_tick)
+        for callback in alive:
+            try:
+                callback()
+            except Exception:
+                log.exception("a tick callback failed")
 
     def actor_failed(self, name: str, error: BaseException) -> None:
         """An actor is ending on an unhandled error: named in its failure's cause."""

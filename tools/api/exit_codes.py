@@ -16,6 +16,13 @@ command's ``--help``)::
        URL, it does not answer within --timeout, or it is still starting, or
        shutting down): try again once
        `infervisor run` is up
+    4  no answer: the node was asked and went away (crashed, restarted, or stopped
+       answering) before it answered a verb it may have taken (code ``no_answer``):
+       look with `infervisor status` once the node is back before asking again
+
+``status INSTANCE --check`` and ``health INSTANCE --check`` (like ``systemctl
+is-active``): 0 when INSTANCE is running and healthy, 1 otherwise, 3 when no
+node answers.
 
 The command line's own codes (``usage``, ``bad_path``, ``chain_invalid``, ...) are
 in the same table, so an answer's ``code`` gives the exit status directly.
@@ -40,6 +47,7 @@ class Exit(enum.IntEnum):
     REFUSED = 1
     USAGE = 2
     NO_NODE = 3
+    NO_ANSWER = 4
 
 
 #: Every error code and the exit status it gives.
@@ -82,7 +90,7 @@ CODES: dict[str, Exit] = {
     "node_starting": Exit.NO_NODE,
     "node_stopping": Exit.NO_NODE,
     "node_unreachable": Exit.NO_NODE,
-    "no_answer": Exit.NO_NODE,
+    "no_answer": Exit.NO_ANSWER,
     "too_large": Exit.USAGE,
     "too_many_connections": Exit.NO_NODE,
     "request_timeout": Exit.NO_NODE,
@@ -93,7 +101,8 @@ EPILOG = (
     "Exit status (every command): 0 done or already so; 1 refused or invalid "
     "(unknown instance, a refusal of the node, a chain that does not verify); "
     "2 usage (bad option, value, path, spec or token); 3 no node takes verbs "
-    "there (none runs or answers, or it is starting or shutting down)."
+    "there (none runs or answers, or it is starting or shutting down); 4 no answer: "
+    "the node went away before answering a verb it may have taken (see status)."
 )
 
 #: Longest value quoted whole in a message; longer ones are cut with an ellipsis.

@@ -141,6 +141,7 @@ def load_config(path: Path) -> NodeConfig:
         raise ConfigError(f"{path}: {_explain(str(e))}") from e
     _check(config, path)
     resolved = _resolve_paths(config, path.parent, path)
+    _check_features_file(config.node.features_file, resolved.node.features_file, path)
     _check_models_known(resolved, path)
     return resolved
 
@@ -313,6 +314,7 @@ def _resolve_paths(config: NodeConfig, base: Path, path: Path) -> NodeConfig:
         llamacpp_program=program(node.llamacpp_program),
         mlx_program=program(node.mlx_program),
         llama_server=_llama_server(node.llama_server, resolve, path),
+        features_file=resolve(node.features_file) if node.features_file else None,
     )
     return msgspec.structs.replace(config, node=node)
 
@@ -355,6 +357,19 @@ def _check(config: NodeConfig, path: Path) -> None:
     _check_unique(config, path)
     _check_api(config, path)
     check_witnesses(config.witnesses, config.node.witness_quorum, path)
+
+
+def _check_features_file(given: str | None, features_file: str | None, path: Path) -> None:
+    """``[node] features_file`` (``given``; resolved: ``features_file``) names a file
+    in a folder that exists (the node renames the file into it)."""
+    if given is None or features_file is None:
+        return
+    target = Path(features_file)
+    if not target.parent.is_dir() or target.is_dir():
+        raise ConfigError(
+            f"{path}: [node] features_file {given!r}: its folder must exist and it "
+            "must name a file (e.g. /etc/kubernetes/node-feature-discovery/features.d/infervisor)"
+        )
 
 
 def _check_api(config: NodeConfig, path: Path) -> None:

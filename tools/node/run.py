@@ -37,6 +37,14 @@ the node is open) until the node is shut down; once the shutdown begins,
 verbs that change state are answered 503 "stopping", and the shutdown waits
 for the verbs already in flight.
 
+Under a service manager (``$NOTIFY_SOCKET``: systemd's ``Type=notify``) the
+node says ``READY=1`` once it has resumed and its API answers, ``STATUS=``
+lines as it goes, ``STOPPING=1`` when a graceful stop begins, and
+``WATCHDOG=1`` from the supervisor's health tick when ``$WATCHDOG_USEC`` is
+set (:mod:`infervisor.adapters.sdnotify`). On each change of what is loaded
+it rewrites ``DATA_DIR/resident.json`` (and ``[node] features_file``):
+:mod:`.resident`.
+
 Signals are only queued by the handler (``SimpleQueue.put`` is safe there);
 the main thread reads the queue, and looks at the node's failure, and does
 the work.
@@ -60,6 +68,7 @@ import pykka
 
 from infervisor.actors.errors import NodeError
 from infervisor.actors.watchdog import NodeFailure
+from infervisor.adapters.sdnotify import Notifier
 from infervisor.chain import ChainError, StoredEvent
 from infervisor.replay import EventDecodeError, decode_event, reason_of
 
@@ -67,9 +76,11 @@ from ..api.errors import ApiError
 from ..clikit.command import Command
 from ..clikit.failure import fail
 from .lock import RunError, claim_data_dir
+from .resident import ResidentFiles
 
 if TYPE_CHECKING:
     from infervisor.actors.node import Node
+    from infervisor.replay import NodeState
 
     from ..api.server import ApiServer
     from .config import NodeConfig
@@ -117,6 +128,11 @@ def run(config: Path, accept_witness_conflict: bool) -> None:
     `infervisor start|stop|restart|unload CONFIG INSTANCE` acts on them,
     through its HTTP control API on the socket DATA_DIR/api.sock (and, with
     [api] tcp, a loopback port with bearer tokens: --url, --token).
+
+    Under systemd (Type=notify, WatchdogSec=) it sends READY=1 once resumed
+    and answering, and WATCHDOG=1 from its supervisor's ticks. It keeps
+    DATA_DIR/resident.json (and [node] features_file, a Kubernetes NFD
+    feature file) up to date with what is loaded (docs/deploy.md).
 
     With [[witnesses]] configured, the boot first asks each witness what it
     cosigned of this chain: a rollback or a fork is refused (exit 2, naming
@@ -168,22 +184,29 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
     from . import boot, placing  # noqa: PLC0415 - the node and its API load when it runs
 
     inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
+    notify = Notifier.from_environ()
     with _signals_into(inbox), contextlib.ExitStack() as held:
         try:
+            notify.status("starting: checking the config and the data directory")
             boot.preflight(config)
             held.enter_context(claim_data_dir(config.node))
             log_file = Path(config.node.data_dir) / boot.LOG_FILE
             log = held.enter_context(boot.diagnostics_to(log_file))
             boot.raise_descriptor_limit(config.api)
             control = held.enter_context(boot.listen_for_operators(config))
+            files = _resident_files(config, notify)
+            notify.status("starting: verifying and replaying the chain, re-attaching servers")
             node = boot.open_node(
                 config,
-                on_event=_printing_and_waking(say, control),
+                on_event=_printing_and_waking(say, control, files.observe),
                 accept_witness_conflict=accept_witness_conflict,
             )
         except RunError as e:
             say(f"error: {e}")
+            notify.status(f"failed: {e}")
             return 2
+        files.start()
+        held.callback(files.stop)
         try:
             control.serve(node)
         except ApiError as e:
@@ -194,33 +217,81 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
         for note in node.witness_notes:
             say(f"warning: {note}")
         placing.report_resumed(node, config, say)
+        _ready(node, notify, say)
         placing.place_new(node, config, say, stop_requested=lambda: not inbox.empty())
         say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
         say(f"control API: {control.path}" + (f" and {control.url}" if control.url else ""))
         say(f"operator verbs: infervisor status|start|stop|restart|unload {control.path.parent}")
         say("Ctrl-C or SIGTERM stops it; so does SIGHUP (closing the terminal)")
-        return serve(node, control, inbox, say)
+        return serve(node, control, inbox, say, notify=notify)
 
 
-def _printing_and_waking(say: Say, api: ApiServer) -> Callable[[StoredEvent], None]:
-    """The node's event observer: one line per durable event, and the API's watch streams woken."""
+def _resident_files(config: NodeConfig, notify: Notifier) -> ResidentFiles:
+    """The resident-models files' writer, telling the service manager what runs."""
+
+    def status(state: NodeState) -> None:
+        running = sum(i.lifecycle == "running" for i in state.instances.values())
+        notify.status(f"running: {running} of {len(state.instances)} instances running")
+
+    node = config.node
+    features = Path(node.features_file) if node.features_file else None
+    return ResidentFiles(node.chain_path, Path(node.data_dir), features, on_change=status)
+
+
+def _ready(node: Node, notify: Notifier, say: Say) -> None:
+    """Tell the service manager the node has resumed and answers; ping its
+    watchdog from the supervisor's ticks from now on (they stop if it stalls)."""
+    if not notify.enabled:
+        return
+    if notify.watchdog_s is not None:
+        if node.settings.tick_s > notify.watchdog_s / 4:
+            say(
+                f"warning: WatchdogSec ({notify.watchdog_s:g} s) should be at least 4 times "
+                f"the supervisor's tick ({node.settings.tick_s:g} s)"
+            )
+        node.on_tick(notify.watchdog)
+    views = node.list()
+    running = sum(v.lifecycle == "running" for v in views)
+    notify.ready(f"running: {running} of {len(views)} instances running")
+
+
+def _printing_and_waking(
+    say: Say, api: ApiServer, also: Callable[[StoredEvent], None] | None = None
+) -> Callable[[StoredEvent], None]:
+    """The node's event observer: one line per durable event, the API's watch
+    streams woken, and ``also`` told (the resident-models files)."""
 
     def observe(stored: StoredEvent) -> None:
         api.notify(stored)  # first: a blocked terminal must not hold the watch streams back
+        if also is not None:
+            also(stored)
         say(event_line(stored))
 
     return observe
 
 
-def serve(node: Node, control: ApiServer, inbox: queue.SimpleQueue[str], say: Say) -> int:
-    """Run until a signal arrives or the node fails, then shut it down; the exit status."""
+def serve(
+    node: Node,
+    control: ApiServer,
+    inbox: queue.SimpleQueue[str],
+    say: Say,
+    *,
+    notify: Notifier | None = None,
+) -> int:
+    """Run until a signal arrives or the node fails, then shut it down; the exit status.
+
+    ``notify``: the service manager, told ``STOPPING=1`` when the stop begins.
+    """
+    notify = notify or Notifier(None)
     stopped_by = _next_signal_or_failure(inbox, node)
     if isinstance(stopped_by, NodeFailure):
         say(f"error: the node failed: {stopped_by}")
         say("shutting it down; a run started again resumes from the chain")
+        notify.stopping(f"failed: {stopped_by}; stopping")
         _shutdown(node, control, inbox, f"node failed: {stopped_by}", say)
         return EXIT_FAILED
     say(f"received {stopped_by}: stopping managed servers (send it again to kill them at once)")
+    notify.stopping(f"stopping: received {stopped_by}; stopping the managed servers")
     status = _shutdown(node, control, inbox, f"infervisor run received {stopped_by}", say)
     if status == 0:
         say("stopped")

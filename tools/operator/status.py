@@ -17,13 +17,14 @@ import click
 from infervisor.replay.views import InstanceView
 
 from ..api.errors import ApiError, NoAnswer, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
+from ..api.exit_codes import Exit
 from ..api.wire import NodeInfo
 from ..clikit.command import UNVERIFIED_HELP, Command
 from ..clikit.failure import echo_json, fail, say_line
 from ..clikit.names import chain_roles, resolve
 from ..clikit.schemas import InstanceRecord, from_state, from_view
 from ..node.where import where
-from .target import Target, api_failure, node_command, view_of
+from .target import Target, api_failure, node_command, running_healthy, view_of
 
 __all__ = ["age", "chain_refusal", "row", "status"]
 
@@ -50,8 +51,14 @@ _MIB = 1024 * 1024
     is_flag=True,
     help="Keep it live: redraw on each chain event and every 2 s (Ctrl-C ends it).",
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 0 only when INSTANCE is running and healthy, else 1 (3: no node answers), "
+    "like `systemctl is-active`.",
+)
 @node_command("[WHERE] [INSTANCE]", 1)
-def status(target: Target, as_json: bool, unverified: bool, watch: bool) -> None:
+def status(target: Target, as_json: bool, unverified: bool, watch: bool, check: bool) -> None:
     """Show the node's instances (or only INSTANCE): one line each, like `kubectl get`.
 
     WHERE is the node's data directory, its config file (.toml) or its
@@ -78,20 +85,33 @@ def status(target: Target, as_json: bool, unverified: bool, watch: bool) -> None
     on a terminal the screen is cleared first; in a pipe each table follows
     a blank line (each --json answer is one line). Ctrl-C ends it (exit 0).
 
+    --check is for scripts: INSTANCE's line (or JSON) as above, then exit 0
+    only when the node has it running and its last probe did not fail, 1
+    otherwise, 3 when no node answers (the chain is not asked).
+
     Exit 0; 1 when INSTANCE is not placed (the message names those that are);
     2 when WHERE names nothing; 3 when it has neither a running node nor a chain.
     """
     instance = target.rest[0] if target.rest else None
+    if check and (instance is None or watch):
+        fail("--check needs INSTANCE, and not --watch", "usage", "--check")
     if not watch:
-        _show_status(target, instance, as_json, unverified, compact=False)
+        _show_status(target, instance, as_json, unverified, compact=False, check=check)
         return
     _watch_status(target, instance, as_json, unverified)
 
 
 def _show_status(
-    target: Target, instance: str | None, as_json: bool, unverified: bool, *, compact: bool
+    target: Target,
+    instance: str | None,
+    as_json: bool,
+    unverified: bool,
+    *,
+    compact: bool,
+    check: bool = False,
 ) -> None:
-    """Print the status once (``compact``: a --json answer on one line)."""
+    """Print the status once (``compact``: a --json answer on one line); with
+    ``check``, exit 1 unless INSTANCE runs healthy (3 without a node)."""
     try:
         with target.client() as client:
             views = [view_of(client, instance)] if instance else client.list()
@@ -100,7 +120,7 @@ def _show_status(
     except NoAnswer as e:  # a node holds the data directory: its chain is not the answer
         api_failure(e)
     except NodeUnavailable as e:
-        if target.where is None:
+        if target.where is None or check:
             api_failure(e)
         folder, db = where(target.where)
         _status_from_chain(folder, db, instance, as_json, e, unverified=unverified)
@@ -113,7 +133,15 @@ def _show_status(
         records = [from_view(v) for v in views]
         answer: Any = records[0] if instance else records
         say_line(answer) if compact else echo_json(answer)
-        return
+    else:
+        _print_table_and_details(target, views, info, instance)
+    if check and not running_healthy(views[0]):
+        sys.exit(Exit.REFUSED)
+
+
+def _print_table_and_details(
+    target: Target, views: list[InstanceView], info: NodeInfo, instance: str | None
+) -> None:
     _print_table([row(from_view(v)) for v in views])
     for line in witness_lines(info):
         click.echo(line)

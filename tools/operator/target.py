@@ -38,6 +38,7 @@ __all__ = [
     "connected",
     "instance_arg",
     "node_command",
+    "running_healthy",
     "token_of",
     "view_of",
 ]
@@ -56,7 +57,7 @@ def api_failure(e: ApiError, fields: Mapping[str, str] | None = None) -> NoRetur
     if isinstance(e, NoAnswer):
         fail(f"{e} (--timeout SECONDS or INFERVISOR_TIMEOUT waits longer)", e.code, "--timeout")
     if isinstance(e, NodeUnavailable):
-        fail(str(e), UNAVAILABLE_CODE.get(type(e), e.code))
+        fail(str(e), e.code if e.code == "no_answer" else UNAVAILABLE_CODE.get(type(e), e.code))
     names = {**_FIELDS, **(fields or {})}
     field = names.get(e.field or "", e.field)
     message = str(e)
@@ -240,6 +241,16 @@ def view_of(client: ApiClient, instance: str) -> InstanceView:
     roles: dict[str, str | None] = {v.instance_id: v.role for v in views}
     iid = resolve(instance, roles, "on this node")
     return next(v for v in views if v.instance_id == iid)
+
+
+#: A last probe verdict that is a failure: not healthy, whatever the lifecycle says.
+_PROBE_FAILED = ("unhealthy", "unreachable")
+
+
+def running_healthy(view: InstanceView) -> bool:
+    """What ``--check`` asks (``status``, ``health``): the node has it ``running``
+    (its own verdict from its probes) and its last probe did not fail."""
+    return view.lifecycle == "running" and view.health not in _PROBE_FAILED
 
 
 def instance_arg(target: Target) -> str:

@@ -12,6 +12,7 @@ import click
 from infervisor.replay.views import InstanceView
 
 from ..api.client import DEFAULT_TIMEOUT_S, ApiClient
+from ..api.errors import NodeUnavailable
 from ..clikit.command import SECONDS, Command, Seconds
 from ..clikit.failure import echo_json, fail
 from ..clikit.schemas import verb_record
@@ -31,7 +32,9 @@ _VERB_HELP_TAIL = """
     INSTANCE is an instance id, or a role naming one instance.
     Exit 0 printing the resulting state; 1 when the node refuses (with its
     message: an unknown INSTANCE names the placed ones); 2 when the command
-    line is wrong; 3 when no node runs on WHERE (or answers at --url).
+    line is wrong; 3 when no node runs on WHERE (or answers at --url); 4
+    (no_answer) when the node went away after taking the verb, before it
+    answered (or, with --wait, before it was running): see `status`.
     """
 
 
@@ -41,21 +44,33 @@ def _verb_help(f: Callable[..., None]) -> Callable[..., None]:
     return f
 
 
+def _wait_options(f: Callable[..., None]) -> Callable[..., None]:
+    """--wait and the --timeout that bounds it (start, restart)."""
+    f = click.option(
+        "--timeout",
+        type=SECONDS,
+        default=300.0,
+        show_default=True,
+        metavar="SECONDS",
+        help="How long --wait waits for it to run; when given, also how long the node "
+        "may take to answer [default answer wait: INFERVISOR_TIMEOUT, else "
+        f"{DEFAULT_TIMEOUT_S:g}].",
+    )(f)
+    return click.option(
+        "--wait", is_flag=True, help="Answer once it runs (progress on a terminal), or its failure."
+    )(f)
+
+
+def _answer_timeout(target: Target, timeout: float) -> None:
+    """--timeout, when given, also bounds the node's answers."""
+    given = click.get_current_context().get_parameter_source("timeout")
+    explicit = given is click.core.ParameterSource.COMMANDLINE
+    target.timeout_s = answer_timeout(timeout if explicit and timeout > 0 else None)
+
+
 @click.command(cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
-@click.option(
-    "--wait", is_flag=True, help="Answer once it runs (progress on a terminal), or its failure."
-)
-@click.option(
-    "--timeout",
-    type=SECONDS,
-    default=300.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="How long --wait waits for it to run; when given, also how long the node "
-    "may take to answer [default answer wait: INFERVISOR_TIMEOUT, else "
-    f"{DEFAULT_TIMEOUT_S:g}].",
-)
+@_wait_options
 @node_command("[WHERE] INSTANCE", 1, timeout=False)
 @_verb_help
 def start(target: Target, as_json: bool, wait: bool, timeout: float) -> None:
@@ -70,9 +85,7 @@ def start(target: Target, as_json: bool, wait: bool, timeout: float) -> None:
     event in the chain.
 
     """
-    given = click.get_current_context().get_parameter_source("timeout")
-    explicit = given is click.core.ParameterSource.COMMANDLINE
-    target.timeout_s = answer_timeout(timeout if explicit and timeout > 0 else None)
+    _answer_timeout(target, timeout)
     instance = instance_arg(target)
     progress = Progress()
     with connected(target) as client:
@@ -123,23 +136,31 @@ def stop(target: Target, grace: float | None, as_json: bool) -> None:
 
 @click.command(cls=Command)
 @click.option("--json", "as_json", is_flag=True, help="Print the instance as JSON.")
-@node_command("[WHERE] INSTANCE", 1)
+@_wait_options
+@node_command("[WHERE] INSTANCE", 1, timeout=False)
 @_verb_help
-def restart(target: Target, as_json: bool) -> None:
+def restart(target: Target, as_json: bool, wait: bool, timeout: float) -> None:
     """Restart INSTANCE's server on the node.
 
     Stops it (when running), then starts it again: a new process. Resets its
     restart budget; the instance is wanted running afterwards. On a terminal
-    stderr shows the seconds waited. --json adds the seq and hash of the
-    instance's last event in the chain.
+    stderr shows the seconds waited. With --wait, answers once it is
+    `running` again (exit 1 with the reason when it fails instead), as
+    start's --wait. --json adds the seq and hash of the instance's last
+    event in the chain.
 
     """
+    _answer_timeout(target, timeout)
     instance = instance_arg(target)
+    progress = Progress()
     with connected(target) as client:
         iid = view_of(client, instance).instance_id
-        with elapsed(f"restarting {iid}:", Progress()):
+        with elapsed(f"restarting {iid}:", progress):
             answer = client.restart(iid)
-    say_view(answer.instance, as_json, seq=answer.seq, digest=answer.hash)
+        view = answer.instance
+        if wait:
+            view = wait_running(client, view, timeout, progress, verb="restart")
+    say_view(view, as_json, seq=answer.seq, digest=answer.hash)
 
 
 @click.command(cls=Command)
@@ -188,9 +209,16 @@ def say_view(
 
 
 def wait_running(
-    client: ApiClient, answer: InstanceView, timeout_s: float, progress: Progress
+    client: ApiClient,
+    answer: InstanceView,
+    timeout_s: float,
+    progress: Progress,
+    *,
+    verb: str = "start",
 ) -> InstanceView:
-    """Poll until the instance runs; exit 1 with the reason when it fails or time runs out."""
+    """Poll until the instance runs; exit 1 with the reason when it fails or time
+    runs out, 4 (``no_answer``) when the node goes away meanwhile: the ``verb``
+    was taken (recorded), and what came of it is for the next node to say."""
     began = time.monotonic()
     view = answer
     while view.lifecycle != "running":
@@ -215,6 +243,15 @@ def wait_running(
             )
         progress.show(f"{view.instance_id}: {view.lifecycle} {waited:.0f} s: {view.reason}")
         time.sleep(_WAIT_POLL_S)  # polling the node, not synchronising a test
-        view = client.status(view.instance_id)
+        try:
+            view = client.status(view.instance_id)
+        except NodeUnavailable as e:
+            progress.clear()
+            fail(
+                f"the node took the {verb} of {view.instance_id} (recorded at seq "
+                f"{answer.last_seq}) and then went away before it was running ({e}); look "
+                "with `infervisor status` once the node is back: it resumes from the chain",
+                "no_answer",
+            )
     progress.clear()
     return view
