@@ -79,7 +79,7 @@ def test_check_restart_wait_and_no_answer(
 def test_a_node_gone_while_wait_polls_is_no_answer_not_no_node(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from infervisor.actors.messages import InstanceView
+    from infervisor.replay.views import InstanceView
     from infervisor.tools.api.errors import NotRunning
     from infervisor.tools.operator.progress import Progress
     from infervisor.tools.operator.verbs import wait_running

@@ -27,7 +27,7 @@ from support import wait_until
 from test_operator_cli import chat_running
 from test_run_resume import events_of, put_model, server_groups, write_config
 
-from infervisor.actors.messages import InstanceView
+from infervisor.replay.views import InstanceView
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import sys
 
 import click
 
-from infervisor.actors.messages import InstanceView
+from infervisor.replay.views import InstanceView
 
 from ..api.exit_codes import Exit
 from ..clikit.command import Command
