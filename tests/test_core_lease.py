@@ -1,8 +1,11 @@
-"""The controller lease's rules (actors/core/lease.py), pure: a table of cases.
+"""The controller leases' rules (actors/core/lease.py), pure: a table of cases.
 
-Each case is a lease's tracking, one observation and the time, and what the
-rule must answer: the renewal appended or not, who is told the lease lapsed,
-the seconds excused as a pause and the tracking after.
+Each case is the leases' tracking (one per controller), one observation and
+the time on a manual clock, and what the rule must answer: the renewal
+appended or not, which controllers' instances are told their lease lapsed
+(and who: those the lapsed controller placed, or the one registered), the
+seconds excused as a pause, whether the heard controller's lease had lapsed
+before, and the tracking after.
 """
 
 from __future__ import annotations
@@ -26,8 +29,20 @@ def at(mono_s: float) -> Stamp:
     return Stamp(wall_ns=int((1_000 + mono_s) * 1e9), mono_s=mono_s, boot_id="b1")
 
 
-def lease(contact: float, recorded: float | None = None, *, told: bool = False) -> rule.Lease:
-    return rule.Lease(policy=POLICY, last_contact_s=contact, last_recorded_s=recorded, told=told)
+def held(
+    contact: float, recorded: float | None = None, *, told: bool = False
+) -> rule.ControllerLease:
+    return rule.ControllerLease(last_contact_s=contact, last_recorded_s=recorded, told=told)
+
+
+def lease(**controllers: rule.ControllerLease) -> rule.Lease:
+    """The leases, by controller name (``ctl1=held(...)``)."""
+    return rule.Lease(policy=POLICY, controllers=controllers)
+
+
+def one(contact: float, recorded: float | None = None, *, told: bool = False) -> rule.Lease:
+    """Only ``ctl1``'s lease."""
+    return lease(ctl1=held(contact, recorded, told=told))
 
 
 @dataclass(frozen=True)
@@ -38,41 +53,69 @@ class Case:
     now_s: float
     after: rule.Lease
     renewed: bool = False
-    lapsed_s: float | None = None
+    lapsed: tuple[tuple[str, float], ...] = ()  # (controller, silent_s) told
     audience: Audience = Audience.NONE
     excused_s: float = 0.0
+    was_lapsed: bool = False
 
+
+HEARD1 = rule.ControllerHeard("ctl1")
+TICK = rule.HealthTickFired(0.0)
 
 CASES = [
-    Case("first heard is recorded", lease(0.0), rule.ControllerHeard("ctl"), 5.0,
-         lease(5.0, 5.0), renewed=True),
-    Case("heard within a fraction: renewed, not recorded", lease(1.0, 1.0),
-         rule.ControllerHeard("ctl"), 1.0 + QUARTER - 0.1, lease(1.0 + QUARTER - 0.1, 1.0)),
-    Case("heard a fraction later: recorded", lease(1.0, 1.0), rule.ControllerHeard("ctl"),
-         1.0 + QUARTER, lease(1.0 + QUARTER, 1.0 + QUARTER), renewed=True),
-    Case("heard after the lapse: no longer told", lease(0.0, 0.0, told=True),
-         rule.ControllerHeard("ctl"), 20.0, lease(20.0, 20.0), renewed=True),
-    Case("renewal failed: the next one is recorded", lease(4.0, 4.0), rule.RenewalFailed(),
-         5.0, lease(4.0, None)),
-    Case("tick within the lease", lease(0.0), rule.HealthTickFired(0.0), LEASE_S, lease(0.0)),
-    Case("tick past the lease: every instance told", lease(0.0), rule.HealthTickFired(0.0),
-         10.5, lease(0.0, told=True), lapsed_s=10.5, audience=Audience.EVERY_INSTANCE),
-    Case("tick past the lease, told already", lease(0.0, told=True), rule.HealthTickFired(0.0),
-         30.0, lease(0.0, told=True)),
-    Case("a late tick within the pause threshold is silence", lease(0.0),
-         rule.HealthTickFired(PAUSE_S), 12.0, lease(0.0, told=True), lapsed_s=12.0,
-         audience=Audience.EVERY_INSTANCE),
-    Case("a pause is excused", lease(0.0), rule.HealthTickFired(8.0), 12.0, lease(8.0),
+    Case("first heard is recorded", lease(), HEARD1, 5.0, one(5.0, 5.0), renewed=True),
+    Case("heard within a fraction: renewed, not recorded", one(1.0, 1.0), HEARD1,
+         1.0 + QUARTER - 0.1, one(1.0 + QUARTER - 0.1, 1.0)),
+    Case("heard a fraction later: recorded", one(1.0, 1.0), HEARD1, 1.0 + QUARTER,
+         one(1.0 + QUARTER, 1.0 + QUARTER), renewed=True),
+    Case("heard after the lapse: no longer told, says it had lapsed",
+         one(0.0, 0.0, told=True), HEARD1, 20.0, one(20.0, 20.0), renewed=True,
+         was_lapsed=True),
+    Case("heard past the lease before a tick told it: it had lapsed", one(0.0, 0.0), HEARD1,
+         10.5, one(10.5, 10.5), renewed=True, was_lapsed=True),
+    Case("heard within the lease: it had not lapsed", one(0.0, 0.0), HEARD1, 9.0,
+         one(9.0, 9.0), renewed=True),
+    Case("another controller heard renews only its own lease", one(0.0, 0.0),
+         rule.ControllerHeard("ctl2"), 20.0, lease(ctl1=held(0.0, 0.0), ctl2=held(20.0, 20.0)),
+         renewed=True),
+    Case("renewal failed: that controller's next one is recorded",
+         lease(ctl1=held(4.0, 4.0), ctl2=held(4.0, 4.0)), rule.RenewalFailed("ctl1"), 5.0,
+         lease(ctl1=held(4.0, None), ctl2=held(4.0, 4.0))),
+    Case("renewal failed for a controller not held: nothing", one(4.0, 4.0),
+         rule.RenewalFailed("ctl9"), 5.0, one(4.0, 4.0)),
+    Case("tick within the lease", one(0.0), TICK, LEASE_S, one(0.0)),
+    Case("tick past the lease: the lapsed controller's instances told", one(0.0), TICK,
+         10.5, one(0.0, told=True), lapsed=(("ctl1", 10.5),),
+         audience=Audience.PLACED_BY_LAPSED),
+    Case("one silent, one heard: only the silent one lapses",
+         lease(ctl1=held(0.0), ctl2=held(8.0)), TICK, 10.5,
+         lease(ctl1=held(0.0, told=True), ctl2=held(8.0)), lapsed=(("ctl1", 10.5),),
+         audience=Audience.PLACED_BY_LAPSED),
+    Case("two silent: both told, in name order", lease(ctl2=held(0.0), ctl1=held(0.5)), TICK,
+         11.0, lease(ctl1=held(0.5, told=True), ctl2=held(0.0, told=True)),
+         lapsed=(("ctl1", 10.5), ("ctl2", 11.0)), audience=Audience.PLACED_BY_LAPSED),
+    Case("tick past the lease, told already", one(0.0, told=True), TICK, 30.0,
+         one(0.0, told=True)),
+    Case("a late tick within the pause threshold is silence", one(0.0),
+         rule.HealthTickFired(PAUSE_S), 12.0, one(0.0, told=True), lapsed=(("ctl1", 12.0),),
+         audience=Audience.PLACED_BY_LAPSED),
+    Case("a pause is excused from every lease", lease(ctl1=held(0.0), ctl2=held(2.0)),
+         rule.HealthTickFired(8.0), 12.0, lease(ctl1=held(8.0), ctl2=held(10.0)),
          excused_s=8.0),
-    Case("an excuse never runs past now", lease(10.0), rule.HealthTickFired(50.0), 11.0,
-         lease(11.0), excused_s=50.0),
-    Case("excused, a lease told lapsed stays told", lease(0.0, told=True),
-         rule.HealthTickFired(20.0), 25.0, lease(20.0, told=True), excused_s=20.0),
-    Case("registered while lapsed: told at once", lease(0.0, told=True),
-         rule.InstanceRegistered(), 15.0, lease(0.0, told=True), lapsed_s=15.0,
+    Case("an excuse never runs past now", one(10.0), rule.HealthTickFired(50.0), 11.0,
+         one(11.0), excused_s=50.0),
+    Case("excused, a lease told lapsed stays told", one(0.0, told=True),
+         rule.HealthTickFired(20.0), 25.0, one(20.0, told=True), excused_s=20.0),
+    Case("registered while its controller's lease lapsed: told at once", one(0.0, told=True),
+         rule.InstanceRegistered("ctl1"), 15.0, one(0.0, told=True), lapsed=(("ctl1", 15.0),),
          audience=Audience.REGISTERED),
-    Case("registered within the lease: nothing", lease(0.0), rule.InstanceRegistered(), 9.0,
-         lease(0.0)),
+    Case("registered under a live lease while another lapsed: nothing",
+         lease(ctl1=held(0.0, told=True), ctl2=held(10.0)), rule.InstanceRegistered("ctl2"),
+         15.0, lease(ctl1=held(0.0, told=True), ctl2=held(10.0))),
+    Case("registered within the lease: nothing", one(0.0), rule.InstanceRegistered("ctl1"),
+         9.0, one(0.0)),
+    Case("registered under a controller not held: its lease starts now", lease(),
+         rule.InstanceRegistered("ctl1"), 7.0, one(7.0)),
 ]  # fmt: skip
 
 
@@ -86,18 +129,27 @@ def test_lease_rule(case: Case) -> None:
         assert decision.events == (expected,)
     else:
         assert decision.events == ()
-    silent = None if decision.lapsed is None else decision.lapsed.silent_s
-    assert silent == (None if case.lapsed_s is None else pytest.approx(case.lapsed_s))
+    told = [(lapse.controller, lapse.silent_s) for lapse in decision.lapsed]
+    assert told == [(name, pytest.approx(silent)) for name, silent in case.lapsed]
     assert decision.audience is case.audience
     assert decision.excused_s == case.excused_s
+    assert decision.was_lapsed is case.was_lapsed
 
 
 def test_every_rule_and_audience_is_in_the_table() -> None:
     assert {type(c.seen) for c in CASES} == set(rule.LEASE_RULES)
     assert {c.audience for c in CASES} == set(Audience)
+    assert {c.was_lapsed for c in CASES} == {True, False}
 
 
-def test_boot_runs_the_lease_from_the_last_renewal() -> None:
-    since = LeaseRecord(controller="ctl", at=at(95.0))
-    assert rule.lease_at_boot(POLICY, at(100.0), since) == lease(95.0, 95.0)
-    assert rule.lease_at_boot(POLICY, at(100.0), None) == lease(100.0)
+def test_boot_runs_each_lease_from_its_last_renewal() -> None:
+    since = {
+        "ctl1": LeaseRecord(controller="ctl1", at=at(95.0)),
+        "ctl2": LeaseRecord(controller="ctl2", at=at(80.0)),
+    }
+    assert rule.lease_at_boot(POLICY, at(100.0), since) == lease(
+        ctl1=held(95.0, 95.0), ctl2=held(80.0, 80.0)
+    )
+    assert rule.lease_at_boot(POLICY, at(100.0), {}) == lease()
+    lapsed = rule.decide_lease(rule.lease_at_boot(POLICY, at(100.0), since), TICK, at(100.0))
+    assert [lapse.controller for lapse in lapsed.lapsed] == ["ctl2"]  # silent 20 s: only it
