@@ -15,6 +15,7 @@ from infervisor.replay.callers import (
     parse_source,
     token_credential,
 )
+from infervisor.tools.audit.events import _source_keys
 
 PARSED = [
     ("controller:ctl1 (token fleet-ctl)", Source(role="controller", controller="ctl1",
@@ -55,3 +56,10 @@ def test_a_controller_source_round_trips() -> None:
 def test_a_controller_source_refuses_what_is_not_a_name(name: str) -> None:
     with pytest.raises(ValueError, match="plain token"):
         controller_source(name, "uid=0(root)")
+
+
+def test_events_source_filter_names_a_controller_whatever_its_credential() -> None:
+    assert "controller:ctl1" in _source_keys("controller:ctl1 (token fleet-ctl)")
+    assert "controller:ctl1" in _source_keys("controller:ctl1 (uid=0(root))")
+    assert "lease:ctl1" in _source_keys("lease:ctl1")
+    assert _source_keys("operator:uid=0(root)") == ("operator:uid=0(root)", "operator")

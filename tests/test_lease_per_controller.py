@@ -159,3 +159,8 @@ def test_only_the_silent_controllers_instance_stops_and_its_heartbeat_says_so(
     assert second.client.heartbeat("ctl2").stopped == []
     assert second.node.status(a).desired == "stopped"  # the node does not restart it
     assert second.node.status(b).desired == "running"
+
+    # The controller decides: it starts its instance again, and it is no longer named.
+    second.client.start(a, controller="ctl1")
+    answer = second.client.heartbeat("ctl1")
+    assert (answer.lapsed, answer.stopped) == (False, [])

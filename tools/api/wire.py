@@ -169,8 +169,8 @@ class HeartbeatAnswer(msgspec.Struct, frozen=True, kw_only=True):
 
     controller: str
     lease_s: float | None
-    lapsed: bool = False
-    stopped: list[str] = msgspec.field(default_factory=list)
+    lapsed: bool
+    stopped: list[str]
 
 
 class WitnessInfo(msgspec.Struct, frozen=True, kw_only=True):
