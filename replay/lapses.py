@@ -9,7 +9,9 @@ heartbeat answers the same.
 An instance is held by the lapse of ``ctl1``'s lease when, of the events that
 set what it is wanted to do (``instance.placed``, ``instance.starting``,
 ``instance.stop_requested``; a shutdown's stop sets nothing and is passed
-over), the last is a stop by ``lease:ctl1`` (replay/callers.py).
+over), the last is a stop by ``lease:ctl1`` (replay/callers.py). A stop an
+older node recorded as ``lease`` (one lease for the node) names no
+controller, so no heartbeat lists it.
 """
 
 from __future__ import annotations

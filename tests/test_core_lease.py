@@ -16,7 +16,9 @@ import pytest
 
 from infervisor.actors.core import lease as rule
 from infervisor.actors.core.lease import RENEW_FRACTION, Audience
+from infervisor.chain import StoredEvent
 from infervisor.replay import events as ev
+from infervisor.replay.lapses import held_by_lapse
 from infervisor.replay.state import LeaseRecord, Stamp
 
 LEASE_S = 10.0
@@ -153,3 +155,38 @@ def test_boot_runs_each_lease_from_its_last_renewal() -> None:
     assert rule.lease_at_boot(POLICY, at(100.0), {}) == lease()
     lapsed = rule.decide_lease(rule.lease_at_boot(POLICY, at(100.0), since), TICK, at(100.0))
     assert [lapse.controller for lapse in lapsed.lapsed] == ["ctl2"]  # silent 20 s: only it
+
+
+# ---------------------------------------------------------------- what a lapse stopped
+def row(seq: int, kind: str, source: str) -> StoredEvent:
+    """A stored row with only what ``held_by_lapse`` reads filled in."""
+    return StoredEvent(
+        seq=seq, ts_ns=0, node="n1", source=source, kind=f"instance.{kind}", subject="a",
+        payload=b"{}", payload_hash=b"", prev_hash=b"", hash=b"",
+    )  # fmt: skip
+
+
+HELD = [
+    ("stopped by its lapse", [("placed", "controller:ctl1 (token t)"),
+                              ("starting", "controller:ctl1 (token t)"),
+                              ("stop_requested", "lease:ctl1")], True),
+    ("a shutdown after the lapse changes nothing", [("stop_requested", "lease:ctl1"),
+                                                    ("stop_requested", "shutdown")], True),
+    ("started again since", [("stop_requested", "lease:ctl1"),
+                             ("starting", "controller:ctl1 (token t)")], False),
+    ("stopped by an operator since", [("stop_requested", "lease:ctl1"),
+                                      ("stop_requested", "operator:uid=0(root)")], False),
+    ("placed again since (unloaded, reloaded)", [("stop_requested", "lease:ctl1"),
+                                                 ("placed", "controller:ctl1 (token t)")], False),
+    ("another controller's lapse", [("stop_requested", "lease:ctl2")], False),
+    ("an older chain's lease stop names no controller", [("stop_requested", "lease")], False),
+    ("never stopped", [("placed", "controller:ctl1 (token t)")], False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "rows", "held"), HELD, ids=[h[0] for h in HELD])
+def test_what_a_lapse_stopped_is_read_from_the_chain(
+    name: str, rows: list[tuple[str, str]], held: bool
+) -> None:
+    events = [row(seq, kind, source) for seq, (kind, source) in enumerate(rows, 1)]
+    assert held_by_lapse(events, "ctl1") is held
