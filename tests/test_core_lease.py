@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import settings, stateful
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine
 
 from infervisor.actors.core import lease as rule
 from infervisor.actors.core.lease import RENEW_FRACTION, Audience
@@ -190,3 +193,94 @@ def test_what_a_lapse_stopped_is_read_from_the_chain(
 ) -> None:
     events = [row(seq, kind, source) for seq, (kind, source) in enumerate(rows, 1)]
     assert held_by_lapse(events, "ctl1") is held
+
+
+# ---------------------------------------------------------------- random runs
+#: (observation, audience, was_lapsed) the random runs reached, for the coverage check.
+VISITED: set[tuple[str, Audience, bool]] = set()
+NAMES = ("ctl1", "ctl2")
+
+
+class Leases(RuleBasedStateMachine):
+    """The rules fed random observations on a manual clock, against a model: each
+    controller's contact moves when it is heard and by a pause; it is told lapsed
+    once past the lease, and never sooner; renewals are spaced by a fraction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.lease = rule.lease_at_boot(POLICY, at(0.0), {})
+        self.contact: dict[str, float] = {}
+        self.told: set[str] = set()
+        self.recorded: dict[str, float | None] = {}
+
+    def _decide(self, seen: rule.LeaseObservation) -> rule.LeaseDecision:
+        decision = rule.decide_lease(self.lease, seen, at(self.now))
+        self.lease = decision.lease
+        VISITED.add((type(seen).__name__, decision.audience, decision.was_lapsed))
+        return decision
+
+    @stateful.rule(step=st.sampled_from([0.5, 2.5, 6.0, 11.0]))
+    def time_passes(self, step: float) -> None:
+        self.now += step
+
+    @stateful.rule(name=st.sampled_from(NAMES))
+    def heard(self, name: str) -> None:
+        lapsed = name in self.contact and self.now - self.contact[name] > LEASE_S
+        decision = self._decide(rule.ControllerHeard(name))
+        assert decision.was_lapsed is (lapsed or name in self.told)
+        last = self.recorded.get(name)
+        if decision.events:
+            assert last is None or self.now - last >= QUARTER
+            self.recorded[name] = self.now
+        else:
+            assert last is not None and self.now - last < QUARTER
+        self.contact[name] = self.now
+        self.told.discard(name)
+
+    @stateful.rule(late=st.sampled_from([0.0, PAUSE_S, 6.0, 30.0]))
+    def tick(self, late: float) -> None:
+        decision = self._decide(rule.HealthTickFired(late))
+        if late > PAUSE_S:
+            self.contact = {n: min(self.now, c + late) for n, c in self.contact.items()}
+        due = {n for n, c in self.contact.items() if self.now - c > LEASE_S} - self.told
+        assert {lapse.controller for lapse in decision.lapsed} == due
+        self.told |= due
+
+    @stateful.rule(name=st.sampled_from(NAMES))
+    def registered(self, name: str) -> None:
+        decision = self._decide(rule.InstanceRegistered(name))
+        silent = name in self.contact and self.now - self.contact[name] > LEASE_S
+        assert [lapse.controller for lapse in decision.lapsed] == ([name] if silent else [])
+        self.contact.setdefault(name, self.now)
+
+    @stateful.rule(name=st.sampled_from(NAMES))
+    def renewal_failed(self, name: str) -> None:
+        self._decide(rule.RenewalFailed(name))
+        if name in self.recorded:
+            self.recorded[name] = None
+
+
+#: 12 examples reach every rule and audience (``test_zz_...``); 30 keep a margin.
+Leases.TestCase.settings = settings(
+    max_examples=30, stateful_step_count=40, deadline=None, derandomize=True
+)
+TestLeases = Leases.TestCase
+
+
+def test_zz_every_lease_rule_and_audience_reached() -> None:
+    """Runs after the machine: every observation, every audience it can have, and
+    a heard controller both lapsed and not, were reached by the random runs."""
+    if not VISITED:
+        pytest.skip("the state machine did not run in this session")
+    wanted = {
+        ("ControllerHeard", Audience.NONE, False),
+        ("ControllerHeard", Audience.NONE, True),
+        ("HealthTickFired", Audience.NONE, False),
+        ("HealthTickFired", Audience.PLACED_BY_LAPSED, False),
+        ("InstanceRegistered", Audience.NONE, False),
+        ("InstanceRegistered", Audience.REGISTERED, False),
+        ("RenewalFailed", Audience.NONE, False),
+    }
+    assert {name for name, _, _ in wanted} == {t.__name__ for t in rule.LEASE_RULES}
+    assert wanted - VISITED == set(), f"never reached: {sorted(wanted - VISITED)}"
