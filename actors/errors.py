@@ -8,6 +8,7 @@ The tree (adapter errors, such as ``AdmissionRefused``, ``SpecError`` and
      |    +-- UnknownInstance
      |    +-- InvalidState  (names the current state and what the verb needs)
      |    +-- BadArgument   a verb's argument is out of range (names it and the range)
+     |         +-- NotAController  a controller named as the node's own id
      +-- VerbTimeout       the verb was accepted but did not complete in time
      +-- VerbFailed        the verb was accepted but its work failed (an unload Ollama refused)
      +-- RecordFailed      the chain could not record the decision: nothing was done
@@ -20,6 +21,7 @@ __all__ = [
     "BadArgument",
     "InvalidState",
     "NodeError",
+    "NotAController",
     "RecordFailed",
     "UnknownInstance",
     "VerbFailed",
@@ -52,6 +54,11 @@ class InvalidState(VerbRefused):
 
 class BadArgument(VerbRefused, ValueError):
     """A verb's argument is out of range; the message names it and the allowed range."""
+
+
+class NotAController(BadArgument):
+    """A request names the node's own id as its ``controller``: the node is not a
+    controller of itself (its own placements are under no lease). Issue 19."""
 
 
 class VerbTimeout(NodeError):

@@ -129,6 +129,8 @@ class HostActor(pykka.ThreadingActor):
         #: Instances the chain has whose adapter could not be built (their actor has
         #: a :class:`~.stand_in.UnbuiltServer`): why.
         self._unbuilt: dict[str, str] = {}
+        #: Whose lease each instance is under: its placement's controller ("": this node's).
+        self._controllers: dict[str, str] = {}
         self._placing: dict[str, _Placing] = {}
         self._unloading: dict[str, Future[None]] = {}
         self._reviving: set[str] = set()
@@ -205,7 +207,7 @@ class HostActor(pykka.ThreadingActor):
         ref = self._refs.get(iid)
         if ref is not None:
             again = partial(work.place_again, ref, iid, msg, self._specs[iid])
-            self._offload(again, partial(self._placed, iid))
+            self._offload(again, partial(self._placed, iid, msg.placed_by))
             return answer
         record = partial(work.admit_and_record, self.ctx, self.registry, iid, msg)
         self._offload(record, partial(self._admitted, iid))
@@ -229,7 +231,7 @@ class HostActor(pykka.ThreadingActor):
                 batch.append((iid, msg))
             else:
                 again = partial(work.place_again, ref, iid, msg, self._specs[iid])
-                self._offload(again, partial(self._placed, iid))
+                self._offload(again, partial(self._placed, iid, msg.placed_by))
         if batch:
             record = partial(work.admit_many_and_record, self.ctx, self.registry, batch)
             self._offload(record, partial(self._admitted_many, [iid for iid, _ in batch]))
@@ -310,8 +312,22 @@ class HostActor(pykka.ThreadingActor):
             else:
                 work.settle(answer, result)
 
-    def _placed(self, iid: str, job: Future[Placement]) -> None:
+    def _placed(self, iid: str, placed_by: str, job: Future[Placement]) -> None:
+        applied = job.exception() is None and job.result().outcome is PlacementOutcome.APPLIED
+        ref = self._refs.get(iid)
+        if applied and ref is not None:  # the instance is under the new placer's lease now
+            self._controllers[iid] = self._controller(placed_by)
+            if iid not in self._unbuilt:
+                self._register(iid, ref)
         work.copy(job, self._placing.pop(iid).answer)
+
+    def _controller(self, placed_by: str) -> str:
+        """Whose lease an instance placed by ``placed_by`` is under ("": none, this node's)."""
+        return "" if placed_by == self.ctx.node_id else placed_by
+
+    def _register(self, iid: str, ref: pykka.ActorRef[Any]) -> None:
+        placed_by = self._controllers.get(iid, "")
+        self.supervisor.tell(m.Register(instance_id=iid, ref=ref, placed_by=placed_by))
 
     def _admit(self, spec: InstanceSpec) -> Future[Admission]:
         answer: Future[Admission] = self._answer()
@@ -326,7 +342,8 @@ class HostActor(pykka.ThreadingActor):
         ref = InstanceActor.start(state, adapter, self.ctx)
         self._refs[state.instance_id] = ref
         self._specs[state.instance_id] = spec
-        self.supervisor.tell(m.Register(instance_id=state.instance_id, ref=ref))
+        self._controllers[state.instance_id] = self._controller(state.placed_by)
+        self._register(state.instance_id, ref)
         return ref
 
     def _adopt_unbuilt(self, state: InstanceState, spec: InstanceSpec, why: str) -> None:
@@ -339,6 +356,7 @@ class HostActor(pykka.ThreadingActor):
         )
         self._refs[iid] = InstanceActor.start(state, stand_in, self.ctx)
         self._specs[iid] = spec
+        self._controllers[iid] = self._controller(state.placed_by)
         self._unbuilt[iid] = why
 
     def _adapter_built(self, msg: AdapterBuilt) -> None:
@@ -349,7 +367,7 @@ class HostActor(pykka.ThreadingActor):
         if current is None or current.actor_urn != sender.actor_urn or iid not in self._unbuilt:
             return  # unloaded or recreated meanwhile
         del self._unbuilt[iid]
-        self.supervisor.tell(m.Register(instance_id=iid, ref=current))
+        self._register(iid, current)
 
     # ------------------------------------------------------------------ unload
     def _unload(self, iid: str, by: str) -> Future[None]:
@@ -412,6 +430,7 @@ class HostActor(pykka.ThreadingActor):
         self._refs.pop(iid, None)
         self._specs.pop(iid, None)
         self._unbuilt.pop(iid, None)
+        self._controllers.pop(iid, None)
 
     # ------------------------------------------------------------------ boot and revive
     def _boot(self, state: NodeState) -> Future[list[str]]:

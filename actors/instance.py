@@ -204,8 +204,8 @@ class InstanceActor(pykka.ThreadingActor):
                 self._reconcile(listeners, processes)
             case m.Boot():
                 self.run(boot_seen(self.adapter, self.state, self.effects))
-            case m.LeaseExpired(silent_s=silent):
-                self.run(o.LeaseLapsed(silent_s=silent))
+            case m.LeaseExpired(silent_s=silent, controller=controller):
+                self.run(o.LeaseLapsed(silent_s=silent, controller=controller))
             case TimerFired(name=name, gen=gen):
                 # A node shutting down starts nothing again, but still ends what it stops.
                 current = self.effects.timer_current(name, gen)

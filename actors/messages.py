@@ -119,9 +119,11 @@ class NewPlacement(_Msg, frozen=True):
 
 
 class LeaseExpired(_Msg, frozen=True):
-    """No controller has been heard for ``silent_s`` seconds (longer than the lease)."""
+    """``controller`` has not been heard for ``silent_s`` seconds (longer than the
+    lease); told only to the instances it placed."""
 
     silent_s: float
+    controller: str
 
 
 # Ticks and boot
@@ -223,7 +225,8 @@ class BootAll(_Msg, frozen=True):
 
 # Supervisor
 class Heard(_Msg, frozen=True):
-    """A controller other than this node was heard from (a heartbeat or a verb)."""
+    """A controller other than this node was heard from (a heartbeat or a verb).
+    Asked, it answers whether that controller's lease had lapsed before."""
 
     controller: str
 
@@ -243,10 +246,12 @@ class Revive(_Msg, frozen=True):
 
 
 class Register(_Msg, frozen=True):
-    """Send this instance ticks."""
+    """Send this instance ticks; ``placed_by`` (its placement's controller, or this
+    node) says whose lease it is under. Sent again when a placement changes it."""
 
     instance_id: str
     ref: Any
+    placed_by: str = ""
 
 
 class Deregister(_Msg, frozen=True):

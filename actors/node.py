@@ -49,7 +49,7 @@ from infervisor.replay.views import InstanceView
 
 from . import messages as m
 from .clock import Clock, RealClock
-from .errors import BadArgument, InvalidState, VerbTimeout
+from .errors import BadArgument, InvalidState, NotAController, VerbTimeout
 from .host_work import Placement, PlacementOutcome
 from .node_boot import (
     ASK_TIMEOUT_S,
@@ -149,7 +149,7 @@ class Node(NodeViews):
         check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
         state = rebuild_verified(settings.chain_path)
         decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
-        actors = start_actors(settings, clock, on_event, state.lease, prober, witnesses=witnesses)
+        actors = start_actors(settings, clock, on_event, state.leases, prober, witnesses=witnesses)
         try:
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             for event in (*decision.events, started):  # overrides before anything else
@@ -255,8 +255,9 @@ class Node(NodeViews):
             VerbTimeout: admission took longer than ``PLACE_WAIT_S``; it goes on, and
                 its outcome is recorded (or not) as for any placement.
         """
+        if placed_by is not None:
+            self.heartbeat(placed_by)
         placer = placed_by or self.settings.node_id
-        self.heartbeat(placer)
         msg = m.Place(spec=spec, placed_by=placer, generation=generation, source=source)
         answer: Future[Placement] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         return _answer(answer, PLACE_WAIT_S, "the placement")
@@ -276,8 +277,9 @@ class Node(NodeViews):
         :meth:`place_outcome` would have raised; one refusal does not stop the
         others. A placement of an instance already placed goes as alone.
         """
+        if placed_by is not None:
+            self.heartbeat(placed_by)
         placer = placed_by or self.settings.node_id
-        self.heartbeat(placer)
         msgs = tuple(
             m.Place(spec=spec, placed_by=placer, generation=generation, source=source)
             for spec in specs
@@ -297,20 +299,41 @@ class Node(NodeViews):
         return answers
 
     def heartbeat(self, controller: str) -> None:
-        """Record that ``controller`` was heard from (renews the controller lease).
-        The node's own id does not count.
+        """Record that ``controller`` was heard from (renews that controller's lease),
+        without waiting: what a verb naming a controller does.
 
         Raises:
             BadArgument: ``controller`` is not a plain token (a trailing newline
                 included: the whole name must match).
+            NotAController: ``controller`` is this node's own id.
         """
+        self._check_controller(controller)
+        self._supervisor.tell(m.Heard(controller=controller))
+
+    def renew(self, controller: str) -> bool:
+        """A heartbeat: renew ``controller``'s lease and answer whether it had lapsed
+        before (False when the node keeps no lease). Blocks until the supervisor
+        took it (at most ``ASK_TIMEOUT_S`` seconds).
+
+        Raises:
+            BadArgument, NotAController: as :meth:`heartbeat`.
+            pykka.Timeout: the supervisor did not answer in time.
+        """
+        self._check_controller(controller)
+        lapsed = self._supervisor.ask(m.Heard(controller=controller), timeout=ASK_TIMEOUT_S)
+        return bool(lapsed)
+
+    def _check_controller(self, controller: str) -> None:
         if not valid_token(controller):
             raise BadArgument(
                 f"controller {controller!r} must be a plain token (letters, digits, '.', '_', "
                 "'-', at most 64 characters)"
             )
-        if controller != self.settings.node_id:
-            self._supervisor.tell(m.Heard(controller=controller))
+        if controller == self.settings.node_id:
+            raise NotAController(
+                f"controller {controller!r} is this node's own id: name the controller "
+                "itself (a node is not its own controller)"
+            )
 
     def admit(self, spec: InstanceSpec) -> Admission:
         """Run admission only, in the reference order: nothing is placed or recorded.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,15 +91,16 @@ def start_actors(
     settings: NodeSettings,
     clock: Clock,
     on_event: Callable[[StoredEvent], None] | None,
-    lease: LeaseRecord | None = None,
+    leases: Mapping[str, LeaseRecord] | None = None,
     prober: Prober | None = None,
     *,
     witnesses: Sequence[WitnessTarget] = (),
 ) -> NodeActors:
     """Start the node-wide actors on ``settings``: the chain writer, the ledger (with
-    a memory budget), the supervisor (``lease``: the chain's last renewal), the host,
-    the watchdog over them, the probe threads and, with ``witnesses``, a submitter
-    per witness (fed each checkpoint by the writer); the containment detected."""
+    a memory budget), the supervisor (``leases``: each controller's last renewal in
+    the chain), the host, the watchdog over them, the probe threads and, with
+    ``witnesses``, a submitter per witness (fed each checkpoint by the writer); the
+    containment detected."""
     commit_latency = CommitLatency()
     append_health = AppendHealth()
     witnessing = _witnessing(settings, clock, witnesses)
@@ -134,7 +135,7 @@ def start_actors(
         settings.reconcile_interval_s,
         settings.lease_s,
         writer=writer,
-        lease=lease,
+        leases=leases,
         watchdog=watchdog,
     )
     routes = Routes()

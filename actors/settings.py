@@ -62,10 +62,10 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         health_kill_grace_s: grace when the supervisor kills an unhealthy server.
         probe_timeout_s: per-request timeout of a health probe.
         restart: the restart policy (backoff, budget, stability period).
-        lease_s: the controller lease (opt-in): when no controller other than
-            this node has been heard from for longer, continuous instances that
-            another node placed are stopped and not restarted while it stays
-            expired. At least three supervisor ticks.
+        lease_s: the controller lease (opt-in), one per controller: when a
+            controller has not been heard from for longer, the continuous
+            instances it placed are stopped (whoever else is heard) and not
+            restarted by the node. At least three supervisor ticks.
         checkpoint_every_events: sign a chain checkpoint (docs/chain-format.md,
             "Checkpoints") every this many events (>= 1); one is also signed
             at a clean shutdown.

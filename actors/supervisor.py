@@ -1,13 +1,15 @@
 """The supervisor actor: sends every instance its health and reconcile ticks,
-and executes the controller lease's decisions.
+and executes the controller leases' decisions.
 
 Ticks run on the injected clock, so a test advances time instead of sleeping.
 The instance decides what a tick means; the supervisor never blocks on it.
-The lease (opt-in) is decided in the core (:mod:`.core.lease`: renewals,
-lapses, pauses excused); the supervisor feeds it what it sees (a controller
-heard, a health tick and how late it fired, an instance registered, a renewal
-whose append failed), appends the renewals it asks for without waiting, and
-tells the instances it names that the lease lapsed (``LeaseExpired``).
+The leases (opt-in, one per controller) are decided in the core
+(:mod:`.core.lease`: renewals, lapses, pauses excused); the supervisor feeds
+it what it sees (a controller heard, a health tick and how late it fired, an
+instance registered with the controller that placed it, a renewal whose
+append failed), appends the renewals it asks for without waiting, and tells
+the instances the lapsed controller placed that its lease lapsed
+(``LeaseExpired``): only those (issue 19).
 
 Each health tick is handed to the node's :class:`~.watchdog.Watchdog`, which
 declares the node failed when ticks stop; a tick whose handling raises is
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -63,8 +66,8 @@ class SupervisorActor(pykka.ThreadingActor):
         health_interval_s: the health tick's period, seconds.
         reconcile_interval_s: the reconcile tick's period, seconds.
         lease_s: the controller lease, seconds (None: no lease, nothing recorded).
-        writer: the chain writer, to record renewals of the lease.
-        lease: the last renewal the chain has (``NodeState.lease``).
+        writer: the chain writer, to record renewals of the leases.
+        leases: each controller's last renewal the chain has (``NodeState.leases``).
         watchdog: told of every health tick armed, and of this actor's failure.
     """
 
@@ -76,7 +79,7 @@ class SupervisorActor(pykka.ThreadingActor):
         lease_s: float | None = None,
         *,
         writer: pykka.ActorRef[Any] | None = None,
-        lease: LeaseRecord | None = None,
+        leases: Mapping[str, LeaseRecord] | None = None,
         watchdog: Watchdog | None = None,
     ) -> None:
         super().__init__()
@@ -86,6 +89,7 @@ class SupervisorActor(pykka.ThreadingActor):
             TickKind.RECONCILE: reconcile_interval_s,
         }
         self._instances: dict[str, pykka.ActorRef[Any]] = {}
+        self._placed_by: dict[str, str] = {}  # whose lease each is under ("": none)
         self._timers: dict[TickKind, Timer] = {}
         self._host: pykka.ActorRef[Any] | None = None
         self._writer = writer
@@ -93,8 +97,8 @@ class SupervisorActor(pykka.ThreadingActor):
         self._lease: rule.Lease | None = None
         if lease_s is not None:
             policy = rule.LeasePolicy(lease_s=lease_s, pause_after_s=PAUSE_AFTER_S)
-            self._lease = rule.lease_at_boot(policy, now_stamp(clock), lease)
-        self._renewal: pykka.Future[Any] | None = None
+            self._lease = rule.lease_at_boot(policy, now_stamp(clock), leases or {})
+        self._renewals: dict[str, pykka.Future[Any]] = {}
 
     def on_start(self) -> None:
         for what in self._intervals:
@@ -129,15 +133,18 @@ class SupervisorActor(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case m.Register(instance_id=iid, ref=ref):
+            case m.Register(instance_id=iid, ref=ref, placed_by=placed_by):
                 self._instances[iid] = ref
-                self._decide_lease(rule.InstanceRegistered(), registered=ref)
+                self._placed_by[iid] = placed_by
+                if placed_by:
+                    self._decide_lease(rule.InstanceRegistered(placed_by), registered=ref)
             case m.Deregister(instance_id=iid):
                 self._instances.pop(iid, None)
+                self._placed_by.pop(iid, None)
             case m.WatchedBy(host=host):
                 self._host = host
             case m.Heard(controller=controller):
-                self._heard(controller)
+                return self._heard(controller)
             case m.IsSettled():
                 return True  # answered after the ticks before it were told (Node.settled)
             case m.ShuttingDown():
@@ -166,6 +173,7 @@ class SupervisorActor(pykka.ThreadingActor):
         dead = [iid for iid, ref in self._instances.items() if not ref.is_alive()]
         for iid in dead:
             del self._instances[iid]
+            self._placed_by.pop(iid, None)
             if self._host is not None:
                 with contextlib.suppress(pykka.ActorDeadError):
                     self._host.tell(m.Revive(instance_id=iid))
@@ -186,60 +194,72 @@ class SupervisorActor(pykka.ThreadingActor):
             return 0.0
         return timer.fired_at - timer.due
 
-    def _heard(self, controller: str) -> None:
-        """A controller other than this node was heard: the lease is renewed."""
-        self._check_renewal()
-        self._decide_lease(rule.ControllerHeard(controller))
+    def _heard(self, controller: str) -> bool:
+        """A controller other than this node was heard: its lease is renewed. True
+        when its lease had lapsed before (the heartbeat's answer says so)."""
+        self._check_renewal(controller)
+        decision = self._decide_lease(rule.ControllerHeard(controller))
+        return decision is not None and decision.was_lapsed
 
     def _decide_lease(
         self, seen: rule.LeaseObservation, registered: pykka.ActorRef[Any] | None = None
-    ) -> None:
+    ) -> rule.LeaseDecision | None:
         """Decide in the core, then execute: append the renewal, tell who lapsed."""
         if self._lease is None:
-            return
+            return None
         now = now_stamp(self._clock)
         decision = rule.decide_lease(self._lease, seen, now)
         self._lease = decision.lease
         if decision.excused_s:
             log.warning(
-                "the node did not run for %.1f s: excused from the lease", decision.excused_s
+                "the node did not run for %.1f s: excused from the leases", decision.excused_s
             )
         for event in decision.events:
+            assert isinstance(event, ev.LeaseRenewed)
             self._record_renewal(event, now)
-        if decision.lapsed is None:
-            return
-        told = m.LeaseExpired(silent_s=decision.lapsed.silent_s)
-        if decision.audience is rule.Audience.EVERY_INSTANCE:
-            self._fan_out(told)
-        elif decision.audience is rule.Audience.REGISTERED and registered is not None:
-            with contextlib.suppress(pykka.ActorDeadError):
-                registered.tell(told)
+        for lapse in decision.lapsed:
+            told = m.LeaseExpired(silent_s=lapse.silent_s, controller=lapse.controller)
+            if decision.audience is rule.Audience.PLACED_BY_LAPSED:
+                self._tell_placed(lapse.controller, told)
+            elif decision.audience is rule.Audience.REGISTERED and registered is not None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    registered.tell(told)
+        return decision
 
-    def _record_renewal(self, event: ev.Event, at: Stamp) -> None:
+    def _tell_placed(self, controller: str, told: m.LeaseExpired) -> None:
+        """Tell the instances ``controller`` placed (and no other) that its lease lapsed."""
+        for iid, ref in list(self._instances.items()):
+            if self._placed_by.get(iid) == controller:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    ref.tell(told)
+
+    def _record_renewal(self, event: ev.LeaseRenewed, at: Stamp) -> None:
         """Append ``node.lease_renewed`` without waiting (the writer answers a future;
         an append that fails there leaves the writer running)."""
         if self._writer is None:
             return
         try:
             chain = WriterAppend(self._writer, self._clock)
-            self._renewal = chain.submit([event], source=rule.RENEWAL_SOURCE, ts_ns=at.wall_ns)
+            submitted = chain.submit([event], source=rule.RENEWAL_SOURCE, ts_ns=at.wall_ns)
+            self._renewals[event.controller] = submitted
         except pykka.ActorDeadError:
             # The watchdog declares the node failed; nothing to add but the loss.
             log.error("a lease renewal was not recorded: the chain writer is gone")  # noqa: TRY400
-            self._decide_lease(rule.RenewalFailed())
+            self._decide_lease(rule.RenewalFailed(event.controller))
 
-    def _check_renewal(self) -> None:
-        """The last renewal's append, once answered: a failure is logged, the next recorded."""
-        renewal, self._renewal = self._renewal, None
+    def _check_renewal(self, controller: str) -> None:
+        """The controller's last renewal's append, once answered: a failure is logged,
+        the next recorded."""
+        renewal = self._renewals.pop(controller, None)
         if renewal is None:
             return
         try:
             renewal.get(timeout=0)
         except pykka.Timeout:
-            self._renewal = renewal  # still in flight
+            self._renewals[controller] = renewal  # still in flight
         except Exception as e:  # noqa: BLE001 - whatever failed the append: log it, retry
             log.warning("a lease renewal was not recorded (%s); recording the next one", e)
-            self._decide_lease(rule.RenewalFailed())
+            self._decide_lease(rule.RenewalFailed(controller))
 
 
 def _listeners() -> ListenerSnapshot | None:

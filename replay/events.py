@@ -316,8 +316,8 @@ class UnloadFailed(_Event, frozen=True, tag="instance.unload_failed"):
 
 class LeaseRenewed(_Event, frozen=True, tag="node.lease_renewed"):
     """A controller other than this node was heard from. Recorded at most once
-    per a fraction of the lease, so the lease survives a node restart without
-    a chain row per heartbeat."""
+    per a fraction of that controller's lease, so each controller's lease
+    survives a node restart without a chain row per heartbeat."""
 
     controller: str
     at: Stamp

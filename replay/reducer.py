@@ -75,7 +75,8 @@ def apply(state: NodeState, stored: StoredEvent) -> NodeState:
     if kind is ev.LeaseRenewed:
         assert isinstance(event, ev.LeaseRenewed)
         lease = LeaseRecord(controller=event.controller, at=event.at)
-        return msgspec.structs.replace(base, lease=lease)
+        leases = {**state.leases, event.controller: lease}
+        return msgspec.structs.replace(base, lease=lease, leases=leases)
     if kind not in _INSTANCE_TYPES:
         return base
     current = state.instances.get(stored.subject)
@@ -97,7 +98,7 @@ class Folder:
     in one dict changed in place, which only this object sees.
     """
 
-    __slots__ = ("_boots", "_head", "_instances", "_lease", "_next", "_node_id")
+    __slots__ = ("_boots", "_head", "_instances", "_lease", "_leases", "_next", "_node_id")
 
     def __init__(self, node_id: str) -> None:
         self._node_id = node_id
@@ -106,6 +107,7 @@ class Folder:
         self._instances: dict[str, InstanceState] = {}
         self._boots = 0
         self._lease: LeaseRecord | None = None
+        self._leases: dict[str, LeaseRecord] = {}
 
     def instance(self, instance_id: str) -> InstanceState | None:
         """The instance's state after the events fed so far (None: not placed)."""
@@ -147,6 +149,7 @@ class Folder:
         elif kind is ev.LeaseRenewed:
             assert isinstance(event, ev.LeaseRenewed)
             self._lease = LeaseRecord(controller=event.controller, at=event.at)
+            self._leases[event.controller] = self._lease
 
     def state(self, node_id: str = "") -> NodeState:
         """The node state after the events fed so far (`node_id` overrides the one given)."""
@@ -158,6 +161,7 @@ class Folder:
             instances=dict(self._instances),
             boots=self._boots,
             lease=self._lease,
+            leases=dict(self._leases),
         )
 
 

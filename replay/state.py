@@ -184,7 +184,11 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):
-    """The whole node: its instances and the chain position it reflects."""
+    """The whole node: its instances and the chain position it reflects.
+
+    ``lease`` is the last renewal recorded (any controller); ``leases`` the last
+    one of each controller, by name (a lease is per controller, issue 19).
+    """
 
     node_id: str
     head_seq: int
@@ -192,6 +196,7 @@ class NodeState(msgspec.Struct, frozen=True, kw_only=True):
     instances: dict[str, InstanceState] = msgspec.field(default_factory=dict)
     boots: int = 0
     lease: LeaseRecord | None = None
+    leases: dict[str, LeaseRecord] = msgspec.field(default_factory=dict)
 
     def reserved_bytes(self) -> int:
         """Memory every instance holds in the residency ledger, bytes."""

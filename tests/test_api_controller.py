@@ -346,7 +346,7 @@ def test_a_controller_process_drives_two_nodes_through_the_lease(
         ), vs[own[node.name]]
         stops = [(s, p) for _, k, s, p in rows_after(node.db, 0) if k == "instance.stop_requested"]
         assert sorted(s for s, _ in stops) == sorted(placed[node.name]), stops
-        assert all(p["by"] == "lease" for _, p in stops), stops
+        assert all(p["by"] == f"lease:{CONTROLLER}" for _, p in stops), stops
 
     # Generation 2: the controller is back; placed again (replaced), then started.
     ctl.do("beat", every_s=BEAT_S)

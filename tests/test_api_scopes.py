@@ -216,7 +216,7 @@ def test_the_scope_is_recorded_in_the_source(api: Api) -> None:
     sources = {source for _, source in api.sources()}
     assert "operator:token=ops (scope operate)" in sources
     assert "operator:token=ctl (scope control)" in sources  # the fixture's placement
-    assert "controller:token=ctl (scope control)" in sources
+    assert "controller:c1 (token ctl)" in sources
     source = "operator:token=ops (scope operate)"
     assert (role_of(source), identity_of(source)) == ("operator", "token=ops (scope operate)")
     with api.client(None) as socket:  # the socket's peer holds control

@@ -105,8 +105,9 @@ def test_a_lapsed_lease_holds_a_restart_whose_start_was_refused() -> None:
     sim.gone(signal=15)
     sim.checked(taken=TAKEN)  # the start after the stop is refused
     assert sim.inst.lifecycle is S.STOPPED and sim.inst.then == "restart"
-    sim.feed(o.LeaseLapsed(silent_s=120))
-    assert sim.kinds_of_last() == ["instance.stop_requested"] and sim.last.source == "lease"  # type: ignore[union-attr]
+    sim.feed(o.LeaseLapsed(silent_s=120, controller="controller"))
+    assert sim.kinds_of_last() == ["instance.stop_requested"]
+    assert sim.last.source == "lease:controller"  # type: ignore[union-attr]
     assert sim.inst.desired is Desired.STOPPED and sim.inst.then == ""
     sim.clock.advance(60)
     assert sim.feed(o.Tick()).effects == ()  # nothing starts without a controller
@@ -120,7 +121,7 @@ def test_a_lapsed_lease_holds_a_restart_refused_after_a_crash() -> None:
     sim.feed(o.TimerDue(name="restart"))
     sim.checked(taken=TAKEN)
     assert sim.inst.lifecycle is S.RESTARTING
-    sim.feed(o.LeaseLapsed(silent_s=120))
+    sim.feed(o.LeaseLapsed(silent_s=120, controller="controller"))
     assert sim.inst.lifecycle is S.STOPPED and sim.inst.desired is Desired.STOPPED
     assert sim.feed(o.Tick()).effects == ()
 

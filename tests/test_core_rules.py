@@ -466,7 +466,7 @@ def test_adopted_stop_refused_misses_recover_never_signalled() -> None:
     sim.probe(up())
     assert sim.kinds_of_last() == ["instance.recovered"] and sim.inst.lifecycle is S.RUNNING
     effects += sim.feed(o.Tick()).effects
-    effects += sim.feed(o.LeaseLapsed(silent_s=999)).effects
+    effects += sim.feed(o.LeaseLapsed(silent_s=999, controller="controller")).effects
     assert not [e for e in effects if isinstance(e, fx.Terminate | fx.Kill)]
     d = sim.feed(o.UnloadVerb(by="operator", grace_s=5))
     assert [type(e) for e in d.events] == [ev.Unloaded] and sim.state is None
@@ -707,12 +707,14 @@ def test_inference_kind_loading_allowance() -> None:
 
 def test_lease_lapse_stops_what_a_controller_placed() -> None:
     sim = running(process_sim())
-    sim.feed(o.LeaseLapsed(silent_s=120))
+    sim.feed(o.LeaseLapsed(silent_s=120, controller="controller"))
     assert sim.kinds_of_last() == ["instance.stop_requested"]
-    assert sim.inst.desired is Desired.STOPPED and sim.last.source == "lease"  # type: ignore[union-attr]
+    assert sim.inst.desired is Desired.STOPPED and sim.last.source == "lease:controller"  # type: ignore[union-attr]
     own = running(process_sim())
     own.state = replace(own.inst, placed_by=own.rules.node_id)
-    assert own.feed(o.LeaseLapsed(silent_s=120)).events == ()
+    assert own.feed(o.LeaseLapsed(silent_s=120, controller="controller")).events == ()
+    other = running(process_sim())  # another controller's lapse is not its lease's
+    assert other.feed(o.LeaseLapsed(silent_s=120, controller="ctl2")).events == ()
 
 
 # ====================================================================== 3. refused starts

@@ -621,7 +621,7 @@ class CrashAnywhere(RuleBasedStateMachine):
 
     @rule()
     def lease_lapses(self) -> None:
-        self._verb("llama", o.LeaseLapsed(silent_s=30.0))
+        self._verb("llama", o.LeaseLapsed(silent_s=30.0, controller="controller-x"))
 
     # ------------------------------------------------------------ the world
     @rule(

@@ -21,6 +21,7 @@ from infervisor.actors import messages as m
 from infervisor.actors.clock import ManualClock
 from infervisor.actors.core import lease as rule
 from infervisor.actors.core.lease import RENEW_FRACTION
+from infervisor.actors.errors import NotAController
 from infervisor.actors.node import Node
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
@@ -61,7 +62,7 @@ class Keeper:
 
     def __init__(self, now: Stamp, since: LeaseRecord | None) -> None:
         policy = rule.LeasePolicy(lease_s=LEASE_S, pause_after_s=3.0)
-        self.lease = rule.lease_at_boot(policy, now, since)
+        self.lease = rule.lease_at_boot(policy, now, {} if since is None else {"ctl": since})
 
     def feed(self, seen: rule.LeaseObservation, now_s: float) -> rule.LeaseDecision:
         decision = rule.decide_lease(self.lease, seen, stamp(now_s))
@@ -70,16 +71,16 @@ class Keeper:
 
     def expired(self, now_s: float) -> float | None:
         lapsed = self.feed(rule.HealthTickFired(late_s=0.0), now_s).lapsed
-        return None if lapsed is None else lapsed.silent_s
+        return lapsed[0].silent_s if lapsed else None
 
     def silence(self, now_s: float) -> float | None:
-        return rule.silence_s(self.lease, now_s)
+        return rule.silence_s(self.lease, "ctl", now_s)
 
     def heard(self, now_s: float) -> bool:
         return bool(self.feed(rule.ControllerHeard("ctl"), now_s).events)
 
     def not_recorded(self) -> None:
-        self.feed(rule.RenewalFailed(), 0.0)
+        self.feed(rule.RenewalFailed("ctl"), 0.0)
 
 
 def test_keeper_runs_the_lease_from_the_recorded_renewal() -> None:
@@ -115,7 +116,8 @@ def test_heartbeats_are_recorded_at_most_once_per_quarter_lease(
     step = 0.5
     for _ in range(40):  # 20 s of heartbeats, two a second
         node.heartbeat("ctl")
-        node.heartbeat(settings.node_id)  # the node itself never counts
+        with pytest.raises(NotAController):  # the node itself is no controller
+            node.heartbeat(settings.node_id)
         flush_supervisor(node)
         manual_clock.advance(step)
     node.shutdown()  # the writer has answered every append asked before
@@ -129,6 +131,7 @@ def test_heartbeats_are_recorded_at_most_once_per_quarter_lease(
         assert stored.subject == ""
         assert event.controller == "ctl"
     assert node.rebuild().lease == LeaseRecord(controller="ctl", at=found[-1][1].at)
+    assert node.rebuild().leases == {"ctl": LeaseRecord(controller="ctl", at=found[-1][1].at)}
 
 
 def test_without_a_lease_nothing_is_recorded(
@@ -194,7 +197,7 @@ def test_a_lease_lapsed_before_a_restart_expires_at_once_after_it(
     view = wait_until(stopped_by_the_lease, DEADLINE_S, "the lease stop after the restart")
     assert "controller lease expired" in view.reason
     stops = [e for e in timeline(settings.chain_path, theirs) if e.kind.endswith("stop_requested")]
-    assert stops[-1].source == "lease"
+    assert stops[-1].source == "lease:ctl"
     assert second.status(mine).desired == "running"  # its own placement is spared
 
 
@@ -204,7 +207,7 @@ def stop_decided_at(node: Node, iid: str) -> float:
         stops = [s for s in chain.events(subject=iid) if s.kind == "instance.stop_requested"]
     event = decode_event(stops[-1])
     assert isinstance(event, ev.StopRequested)
-    assert stops[-1].source == "lease"
+    assert stops[-1].source == "lease:ctl"
     assert event.at is not None
     return event.at.mono_s
 

@@ -249,7 +249,7 @@ def supervised() -> Iterator[
     clock = ManualClock()
     supervisor = SupervisorActor.start(clock, 1.0, 3600.0, 10.0)
     recorder = Recorder.start()
-    supervisor.tell(m.Register(instance_id="i", ref=recorder))
+    supervisor.tell(m.Register(instance_id="i", ref=recorder, placed_by="ctl"))
     try:
         yield clock, supervisor, recorder
     finally:

@@ -134,7 +134,7 @@ def test_lease_expiry_stops_only_other_placements(nodes, fake_llama, fake_model,
     lease_stop = [
         e for e in timeline(settings.chain_path, theirs) if e.kind.endswith("stop_requested")
     ]
-    assert lease_stop[-1].source == "lease"
+    assert lease_stop[-1].source == "lease:ctl"
 
     # A stale placement is ignored and recorded; a new one runs normally.
     assert node.place(theirs_spec, placed_by="ctl", generation=0) == theirs

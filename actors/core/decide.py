@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infervisor.replay.callers import Role
+from infervisor.replay.callers import Role, lease_source
 
 from . import adopted, ollama, process
 from . import observations as o
@@ -44,8 +44,8 @@ def source_of(observation: o.Observation) -> str:
             return by
         case o.PlacementVerb(by=by):
             return by
-        case o.LeaseLapsed():
-            return Role.LEASE
+        case o.LeaseLapsed(controller=controller):
+            return lease_source(controller)
         case o.BootSeen():
             return Role.NODE
     return Role.SUPERVISOR

@@ -1,37 +1,53 @@
-"""The controller lease, node-wide: ``decide_lease(lease, observation, now) -> LeaseDecision``.
+"""The controller leases, one per controller: ``decide_lease(lease, seen, now) -> LeaseDecision``.
 
-Pure, as the rest of the core: it reads the lease's tracking, one
+Pure, as the rest of the core: it reads the leases' tracking, one
 observation and the time, and answers the tracking after, the events to
-append (a renewal) and which instance actors are told the lease lapsed
-(:class:`~.observations.LeaseLapsed`). The supervisor actor executes it: it
-appends the renewal and tells the instances; what an instance does when told
-is the instance rule ``verbs.lease_lapsed``. Source:
-``reference/host_supervise.rs.txt`` (``expire_lease``).
+append (a renewal) and which instance actors are told which controller's
+lease lapsed (:class:`~.observations.LeaseLapsed`). The supervisor actor
+executes it: it appends the renewal and tells the instances; what an instance
+does when told is the instance rule ``verbs.lease_lapsed``. Source:
+``reference/host_supervise.rs.txt`` (``expire_lease``), made per controller
+as docs/api.md says (issue 19): the instances controller X placed stop when X
+has been silent for the lease, whoever else is heard.
 
-- A controller other than this node heard renews the lease. The renewal is
-  recorded (``node.lease_renewed``, source ``controller``) at most once per
-  :data:`RENEW_FRACTION` of the lease, so the chain grows by a bounded number
-  of rows whatever the heartbeat rate; a renewal whose append failed is
-  recorded again at the next one heard.
-- At boot the lease runs from the last renewal the chain has, not from the
-  boot: a restart may shorten the lease by up to that fraction, never
-  lengthen it.
-- Each health tick checks it: silent for longer than the lease, every
-  instance is told, once until a controller is heard again. An instance
-  registered while the lease has lapsed (a boot after the silence began, a
-  revived actor) is told at once.
+- A controller other than this node heard renews its own lease. The renewal
+  is recorded (``node.lease_renewed``, source ``controller``, naming it) at
+  most once per :data:`RENEW_FRACTION` of the lease per controller, so the
+  chain grows by a bounded number of rows per controller whatever the
+  heartbeat rate; a renewal whose append failed is recorded again at that
+  controller's next heartbeat. The decision says whether its lease had
+  lapsed before (``was_lapsed``: the heartbeat's answer).
+- At boot each controller's lease runs from its last renewal the chain has,
+  not from the boot: a restart may shorten a lease by up to that fraction,
+  never lengthen it.
+- Each health tick checks every lease: a controller silent for longer than
+  the lease has the instances it placed told, once until it is heard again.
+  An instance registered while its controller's lease has lapsed (a boot after
+  the silence began, a revived actor) is told at once. An instance whose
+  controller the leases do not know yet (a boot on a chain with no renewal of
+  it) starts that controller's lease at its registration.
 - A pause is not a controller's silence: a health tick fired more than
   ``pause_after_s`` after it was due means the node did not run, so no
-  controller could reach it; that time is excused (issue 17). It is not
-  recorded: a restart counts the lease from the last renewal recorded.
+  controller could reach it; that time is excused from every lease (issue
+  17). It is not recorded: a restart counts each lease from its last renewal
+  recorded.
 
 Times are seconds on the monotonic clock (``Stamp.mono_s``).
+
+============================  =============================================
+observation                   rule
+============================  =============================================
+:class:`ControllerHeard`      renew that controller's lease; record it at most once per fraction
+:class:`HealthTickFired`      excuse a pause; tell each newly lapsed controller's instances
+:class:`InstanceRegistered`   tell the instance at once if its controller's lease has lapsed
+:class:`RenewalFailed`        that controller's next heartbeat is recorded
+============================  =============================================
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -48,6 +64,7 @@ __all__ = [
     "RENEW_FRACTION",
     "Audience",
     "ControllerHeard",
+    "ControllerLease",
     "HealthTickFired",
     "InstanceRegistered",
     "Lease",
@@ -73,21 +90,31 @@ class LeasePolicy(msgspec.Struct, frozen=True, kw_only=True):
     pause_after_s: float
 
 
-class Lease(msgspec.Struct, frozen=True, kw_only=True):
-    """The lease's tracking (not sourced: rebuilt at boot from ``NodeState.lease``).
+class ControllerLease(msgspec.Struct, frozen=True, kw_only=True):
+    """One controller's lease.
 
     Attributes:
-        policy: the lease and the pause threshold.
-        last_contact_s: when a controller was last heard (or the lease's start).
-        last_recorded_s: when a renewal was last recorded (None: none yet, or
+        last_contact_s: when the controller was last heard (or its lease's start).
+        last_recorded_s: when its renewal was last recorded (None: none yet, or
             the last one's append failed).
-        told: the instances were told it lapsed (until a controller is heard).
+        told: its instances were told it lapsed (until it is heard again).
     """
 
-    policy: LeasePolicy
     last_contact_s: float
     last_recorded_s: float | None = None
     told: bool = False
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """The leases' tracking (not sourced: rebuilt at boot from ``NodeState.leases``).
+
+    Attributes:
+        policy: the lease and the pause threshold.
+        controllers: each controller's lease, by name.
+    """
+
+    policy: LeasePolicy
+    controllers: Mapping[str, ControllerLease] = msgspec.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- observations
@@ -104,101 +131,147 @@ class HealthTickFired(msgspec.Struct, frozen=True):
 
 
 class InstanceRegistered(msgspec.Struct, frozen=True):
-    """An instance actor was registered with the supervisor (boot, placement, revive)."""
+    """An instance actor placed by ``placed_by`` (a controller) was registered with
+    the supervisor (boot, placement, revive). The node's own are not observed."""
+
+    placed_by: str
 
 
 class RenewalFailed(msgspec.Struct, frozen=True):
-    """The append of the last renewal failed (or the chain writer is gone)."""
+    """The append of ``controller``'s last renewal failed (or the chain writer is gone)."""
+
+    controller: str
 
 
 LeaseObservation = ControllerHeard | HealthTickFired | InstanceRegistered | RenewalFailed
 
 
 class Audience(enum.StrEnum):
-    """Which instance actors are told the lease lapsed."""
+    """Which instance actors are told of each lapse."""
 
     NONE = "none"
-    EVERY_INSTANCE = "every_instance"  # every instance registered now
+    PLACED_BY_LAPSED = "placed_by_lapsed"  # those the lapsed controller placed
     REGISTERED = "registered"  # only the one just registered
 
 
 class LeaseDecision(msgspec.Struct, frozen=True, kw_only=True):
-    """What one observation of the lease calls for.
+    """What one observation of the leases calls for.
 
     Attributes:
         lease: the tracking after it.
         events: to append (source :data:`RENEWAL_SOURCE`, no subject): a renewal.
-        lapsed: what the instances of ``audience`` are told, when it lapsed.
+        lapsed: one per lapsed controller: what the instances of ``audience``
+            (that controller's) are told.
         audience: who is told ``lapsed``.
         excused_s: seconds excused as a pause (0: none), for the operator's log.
+        was_lapsed: the heard controller's lease had lapsed before it was heard.
     """
 
     lease: Lease
     events: tuple[ev.Event, ...] = ()
-    lapsed: o.LeaseLapsed | None = None
+    lapsed: tuple[o.LeaseLapsed, ...] = ()
     audience: Audience = Audience.NONE
     excused_s: float = 0.0
+    was_lapsed: bool = False
 
 
-def lease_at_boot(policy: LeasePolicy, now: Stamp, since: LeaseRecord | None) -> Lease:
-    """The lease at boot: it runs from ``since`` (the chain's last renewal), else from ``now``."""
-    if since is None:
-        return Lease(policy=policy, last_contact_s=now.mono_s)
-    contact = now.mono_s - elapsed_s(since.at, now)
-    return Lease(policy=policy, last_contact_s=contact, last_recorded_s=contact)
+def lease_at_boot(policy: LeasePolicy, now: Stamp, since: Mapping[str, LeaseRecord]) -> Lease:
+    """The leases at boot: each controller's runs from its last renewal in the chain
+    (``since``, by controller: ``NodeState.leases``)."""
+    held = {}
+    for name, record in since.items():
+        contact = now.mono_s - elapsed_s(record.at, now)
+        held[name] = ControllerLease(last_contact_s=contact, last_recorded_s=contact)
+    return Lease(policy=policy, controllers=held)
 
 
-def silence_s(lease: Lease, now_s: float) -> float | None:
-    """Seconds of silence at ``now_s`` when they exceed the lease, else None."""
-    silent = now_s - lease.last_contact_s
+def silence_s(lease: Lease, controller: str, now_s: float) -> float | None:
+    """Seconds ``controller`` has been silent at ``now_s`` when they exceed the lease,
+    else None (also for a controller the leases do not know)."""
+    held = lease.controllers.get(controller)
+    if held is None:
+        return None
+    silent = now_s - held.last_contact_s
     return silent if silent > lease.policy.lease_s else None
+
+
+def _with(lease: Lease, controller: str, held: ControllerLease) -> Lease:
+    return msgspec.structs.replace(lease, controllers={**lease.controllers, controller: held})
 
 
 # ---------------------------------------------------------------- the rules
 def _heard(lease: Lease, seen: ControllerHeard, now: Stamp) -> LeaseDecision:
-    """Renew; record it unless one was recorded less than a fraction of the lease ago."""
-    renewed = msgspec.structs.replace(lease, last_contact_s=now.mono_s, told=False)
-    last = lease.last_recorded_s
+    """Renew its lease; record it unless one was recorded less than a fraction ago."""
+    name = seen.controller
+    before = lease.controllers.get(name)
+    was_lapsed = before is not None and (
+        before.told or silence_s(lease, name, now.mono_s) is not None
+    )
+    last = None if before is None else before.last_recorded_s
     if last is not None and now.mono_s - last < lease.policy.lease_s * RENEW_FRACTION:
-        return LeaseDecision(lease=renewed)
-    recorded = msgspec.structs.replace(renewed, last_recorded_s=now.mono_s)
-    event = ev.LeaseRenewed(controller=seen.controller, at=now)
-    return LeaseDecision(lease=recorded, events=(event,))
+        renewed = ControllerLease(last_contact_s=now.mono_s, last_recorded_s=last)
+        return LeaseDecision(lease=_with(lease, name, renewed), was_lapsed=was_lapsed)
+    recorded = ControllerLease(last_contact_s=now.mono_s, last_recorded_s=now.mono_s)
+    event = ev.LeaseRenewed(controller=name, at=now)
+    return LeaseDecision(lease=_with(lease, name, recorded), events=(event,), was_lapsed=was_lapsed)
+
+
+def _excuse(lease: Lease, excused_s: float, now_s: float) -> Lease:
+    """Every lease's contact moved on by the pause (never past now)."""
+    moved = {
+        name: msgspec.structs.replace(
+            held, last_contact_s=min(now_s, held.last_contact_s + excused_s)
+        )
+        for name, held in lease.controllers.items()
+    }
+    return msgspec.structs.replace(lease, controllers=moved)
 
 
 def _tick(lease: Lease, tick: HealthTickFired, now: Stamp) -> LeaseDecision:
-    """Excuse a pause, then tell every instance once when the lease has lapsed."""
+    """Excuse a pause, then tell each newly lapsed controller's instances, once."""
     excused = tick.late_s if tick.late_s > lease.policy.pause_after_s else 0.0
     if excused:
-        contact = min(now.mono_s, lease.last_contact_s + excused)
-        lease = msgspec.structs.replace(lease, last_contact_s=contact)
-    silent = silence_s(lease, now.mono_s)
-    if lease.told or silent is None:
+        lease = _excuse(lease, excused, now.mono_s)
+    lapsed: list[o.LeaseLapsed] = []
+    for name in sorted(lease.controllers):
+        held, silent = lease.controllers[name], silence_s(lease, name, now.mono_s)
+        if held.told or silent is None:
+            continue
+        lease = _with(lease, name, msgspec.structs.replace(held, told=True))
+        lapsed.append(o.LeaseLapsed(silent_s=silent, controller=name))
+    if not lapsed:
         return LeaseDecision(lease=lease, excused_s=excused)
     return LeaseDecision(
-        lease=msgspec.structs.replace(lease, told=True),
-        lapsed=o.LeaseLapsed(silent_s=silent),
-        audience=Audience.EVERY_INSTANCE,
+        lease=lease,
+        lapsed=tuple(lapsed),
+        audience=Audience.PLACED_BY_LAPSED,
         excused_s=excused,
     )
 
 
-def _registered(lease: Lease, _: InstanceRegistered, now: Stamp) -> LeaseDecision:
-    """An instance registered while the lease has lapsed is told at once."""
-    silent = silence_s(lease, now.mono_s)
+def _registered(lease: Lease, seen: InstanceRegistered, now: Stamp) -> LeaseDecision:
+    """An instance registered while its controller's lease has lapsed is told at
+    once; a controller not known yet has its lease start now."""
+    name = seen.placed_by
+    if name not in lease.controllers:
+        return LeaseDecision(lease=_with(lease, name, ControllerLease(last_contact_s=now.mono_s)))
+    silent = silence_s(lease, name, now.mono_s)
     if silent is None:
         return LeaseDecision(lease=lease)
-    return LeaseDecision(
-        lease=lease, lapsed=o.LeaseLapsed(silent_s=silent), audience=Audience.REGISTERED
-    )
+    told = (o.LeaseLapsed(silent_s=silent, controller=name),)
+    return LeaseDecision(lease=lease, lapsed=told, audience=Audience.REGISTERED)
 
 
-def _renewal_failed(lease: Lease, _: RenewalFailed, now: Stamp) -> LeaseDecision:
-    """The renewal was not recorded: the next controller heard is."""
-    return LeaseDecision(lease=msgspec.structs.replace(lease, last_recorded_s=None))
+def _renewal_failed(lease: Lease, seen: RenewalFailed, now: Stamp) -> LeaseDecision:
+    """The renewal was not recorded: that controller's next heartbeat is."""
+    held = lease.controllers.get(seen.controller)
+    if held is None:
+        return LeaseDecision(lease=lease)
+    unrecorded = msgspec.structs.replace(held, last_recorded_s=None)
+    return LeaseDecision(lease=_with(lease, seen.controller, unrecorded))
 
 
-#: Every observation of the lease and the rule that decides it.
+#: Every observation of the leases and the rule that decides it.
 LEASE_RULES: dict[type[Any], Callable[[Lease, Any, Stamp], LeaseDecision]] = {
     ControllerHeard: _heard,
     HealthTickFired: _tick,

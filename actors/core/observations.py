@@ -201,9 +201,11 @@ class Tick(_Obs, frozen=True):
 
 
 class LeaseLapsed(_Obs, frozen=True):
-    """No controller has been heard for ``silent_s`` seconds (longer than the lease)."""
+    """``controller`` has not been heard for ``silent_s`` seconds (longer than the
+    lease): what it placed stops."""
 
     silent_s: float
+    controller: str
 
 
 # ---------------------------------------------------------------- Ollama

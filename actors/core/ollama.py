@@ -216,7 +216,7 @@ def unload_verb(d: Draft, v: o.UnloadVerb) -> None:
 
 
 def lease_lapsed(d: Draft, lease: o.LeaseLapsed) -> None:
-    """Stop (unload) a continuous instance another node placed; it stays stopped."""
+    """Stop (unload) a continuous instance the lapsed controller placed; it stays stopped."""
     verbs.lease_lapsed(d, lease, stop)
 
 

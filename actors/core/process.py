@@ -203,7 +203,8 @@ def unload_verb(d: Draft, v: o.UnloadVerb) -> None:
 
 
 def lease_lapsed(d: Draft, lease: o.LeaseLapsed) -> None:
-    """Stop a continuous instance another node placed; it stays stopped (``verbs.lease_lapsed``)."""
+    """Stop a continuous instance the lapsed controller placed; it stays stopped
+    (``verbs.lease_lapsed``)."""
     verbs.lease_lapsed(d, lease, stop)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
-from infervisor.replay.callers import Role
+from infervisor.replay.callers import lease_source
 from infervisor.replay.state import Then
 
 from .common import STARTABLE, try_start, unloading
@@ -95,7 +95,10 @@ def placement(d: Draft, p: PlacementVerb) -> None:
 
 
 def lease_lapsed(d: Draft, lease: LeaseLapsed, stop: Stop) -> None:
-    """Stop a continuous instance another node placed and that is wanted running.
+    """Stop a continuous instance the lapsed controller placed and that is wanted
+    running (by ``lease:CONTROLLER``). An instance another controller placed, or
+    this node, is not that lease's: it stays as it is (issue 19: a lease is per
+    controller, whoever else is heard).
 
     Wanted running is what the controller's placement holds, whatever the
     lifecycle: a restart whose start was refused (stopped with the restart
@@ -104,7 +107,10 @@ def lease_lapsed(d: Draft, lease: LeaseLapsed, stop: Stop) -> None:
     inst, rules = d.inst, d.rules
     if not rules.continuous or inst.placed_by == rules.node_id:
         return
-    if inst.desired is not Desired.RUNNING:
+    if inst.placed_by != lease.controller or inst.desired is not Desired.RUNNING:
         return
-    why = f"controller lease expired: no controller heard for {lease.silent_s:.1f} s"
-    stop(d, Role.LEASE, rules.stop_grace_s, why, Then.NOTHING)
+    why = (
+        f"controller lease expired: controller {lease.controller} not heard for "
+        f"{lease.silent_s:.1f} s"
+    )
+    stop(d, lease_source(lease.controller), rules.stop_grace_s, why, Then.NOTHING)

@@ -13,6 +13,7 @@ import pykka
 from infervisor.actors.errors import (
     BadArgument,
     InvalidState,
+    NotAController,
     RecordFailed,
     UnknownInstance,
     VerbRefused,
@@ -45,6 +46,7 @@ BY_CLASS: tuple[tuple[type[BaseException], int, str], ...] = (
     (BudgetExceeded, 422, "memory_budget"),
     (AdmissionRefused, 422, "admission_refused"),
     (UnknownInstance, 404, "unknown_instance"),
+    (NotAController, 400, "invalid"),
     (BadArgument, 400, "bad_value"),
     (InvalidState, 409, "invalid_state"),
     (VerbRefused, 409, "refused"),

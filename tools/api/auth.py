@@ -34,6 +34,8 @@ from pathlib import Path
 
 import msgspec
 
+from infervisor.replay.callers import token_credential
+
 from .errors import ApiError, ApiRefusal
 from .scopes import ApiToken, Scope, default_scope, token_scopes
 
@@ -72,10 +74,16 @@ def valid_token_name(name: str) -> bool:
 
 
 class Caller(msgspec.Struct, frozen=True):
-    """Who sent a request (``identity``, recorded in the event's source) and its scope."""
+    """Who sent a request (``identity``, recorded in the event's source) and its scope.
+
+    ``credential`` is what a controller's source names after the controller
+    (replay/callers.py ``controller_source``): ``token NAME`` for a bearer token,
+    the peer's ``uid=N(name)`` on the Unix socket ("": the identity as it is).
+    """
 
     identity: str
     scope: Scope
+    credential: str = ""
 
 
 def authorize(caller: Caller, needed: Scope, what: str) -> None:
@@ -219,7 +227,8 @@ class Tokens:
         if found is None:
             raise ApiRefusal("the bearer token is not one of this node's", "unauthorized", 401)
         scope = self._scopes[found]
-        return Caller(identity=f"token={found} (scope {scope.value})", scope=scope)
+        identity = f"token={found} (scope {scope.value})"
+        return Caller(identity=identity, scope=scope, credential=token_credential(found))
 
 
 def load_or_create_tokens(data_dir: Path, tokens: Iterable[str | ApiToken]) -> Tokens:

@@ -66,6 +66,7 @@ CODES: dict[str, Exit] = {
     "unknown_instance": Exit.REFUSED,
     "ambiguous_instance": Exit.REFUSED,
     "invalid_state": Exit.REFUSED,
+    "invalid": Exit.REFUSED,
     "refused": Exit.REFUSED,
     "admission_refused": Exit.REFUSED,
     "memory_budget": Exit.REFUSED,

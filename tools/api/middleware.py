@@ -54,6 +54,7 @@ def wrap(app: Any, ctx: ApiContext) -> Any:
             return
         scope["infervisor.identity"] = caller.identity
         scope["infervisor.scope"] = caller.scope
+        scope["infervisor.credential"] = caller.credential or caller.identity
         await inner(scope, receive, send)
 
     return authenticated

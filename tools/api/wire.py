@@ -161,10 +161,18 @@ class TokenAnswer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HeartbeatAnswer(msgspec.Struct, frozen=True, kw_only=True):
-    """The lease the heartbeat renewed (``lease_s`` None: the node keeps no lease)."""
+    """The lease the heartbeat renewed (``lease_s`` None: the node keeps no lease).
+
+    ``lapsed``: this controller's lease had lapsed before this heartbeat.
+    ``stopped``: the instances (ids, sorted) that lapse of its lease stopped and
+    nothing started since, read from the chain (so a node restart answers the
+    same): the controller decides whether to start them again; the node does not.
+    """
 
     controller: str
     lease_s: float | None
+    lapsed: bool
+    stopped: list[str]
 
 
 class WitnessInfo(msgspec.Struct, frozen=True, kw_only=True):

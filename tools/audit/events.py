@@ -25,7 +25,7 @@ from infervisor.replay import (
     timeline_of,
 )
 from infervisor.replay import events as ev
-from infervisor.replay.callers import role_of
+from infervisor.replay.callers import parse_source
 
 from ..clikit.command import UNVERIFIED_HELP, Command
 from ..clikit.failure import Failure, fail
@@ -47,7 +47,9 @@ __all__ = ["EventRow", "events"]
     help="Only events of this kind (instance.exited, or just exited); repeatable.",
 )
 @click.option(
-    "--source", help="Only events with this source, or this role (operator, supervisor, ...)."
+    "--source",
+    help="Only events with this source, this role (operator, supervisor, ...), or this "
+    "controller (controller:ctl1, lease:ctl1).",
 )
 @click.option("--since", type=TIME, help="Only events stamped at or after this ISO 8601 time.")
 @click.option("--until", type=TIME, help="Only events stamped at or before this ISO 8601 time.")
@@ -194,11 +196,20 @@ class _Filter(NamedTuple):
         return (
             (self.instance is None or row.instance == self.instance)
             and (not kinds or row.kind in kinds or row.kind.removeprefix("instance.") in kinds)
-            and (self.source is None or self.source in (row.source, role_of(row.source)))
+            and (self.source is None or self.source in _source_keys(row.source))
             and (self.since is None or row.ts_ns >= self.since)
             and (self.until is None or row.ts_ns <= self.until)
             and (self.grep is None or self.grep.lower() in row.reason.lower())
         )
+
+
+def _source_keys(source: str) -> tuple[str, ...]:
+    """What ``--source`` may name to match ``source``: it whole, its role, and
+    ``role:controller`` when it names a controller (replay/callers.py)."""
+    parsed = parse_source(source)
+    if parsed.controller is None:
+        return (source, parsed.role)
+    return (source, parsed.role, f"{parsed.role}:{parsed.controller}")
 
 
 def _table(rows: list[EventRow]) -> str:

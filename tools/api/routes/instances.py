@@ -86,7 +86,7 @@ class InstanceController(Controller):
         ``instance.placement_ignored``, nothing changes).
         """
         _check_port(verb.api, data.spec.port)
-        by = verb.source("controller" if data.controller else "operator")
+        by = verb.controller_source(data.controller) if data.controller else verb.source("operator")
         placed = verb.node.place_outcome(
             data.spec, placed_by=data.controller, generation=data.generation, source=by
         )

@@ -8,6 +8,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import JSONBody
 
 from infervisor.actors.node import VERSION
+from infervisor.replay.lapses import lapse_stopped
 from infervisor.replay.views import LedgerView
 
 from ..context import AdmittedNode, ApiContext, changing, last_of
@@ -67,11 +68,25 @@ class NodeController(Controller):
     )
     def send_heartbeat(
         self,
+        api: NamedDependency[ApiContext],
         node: AdmittedNode,
         data: JSONBody[HeartbeatRequest],
         idempotency_key: IdempotencyKey = None,
     ) -> HeartbeatAnswer:
         """Renew ``controller``'s lease (``node.lease_renewed`` is recorded at most
-        once per fraction of the lease, actors/supervisor.py)."""
-        node.heartbeat(data.controller)
-        return HeartbeatAnswer(controller=data.controller, lease_s=node.settings.lease_s)
+        once per fraction of the lease, actors/core/lease.py). ``lapsed``: its lease
+        had lapsed before; ``stopped``: what that lapse stopped and nothing started
+        since (from the chain). The node's own id is not a controller (400 ``invalid``)."""
+        controller = data.controller
+        lapsed = node.renew(controller)
+        mine = [
+            v.instance_id
+            for v in node.list()
+            if v.placed_by == controller and v.desired == "stopped"
+        ]
+        return HeartbeatAnswer(
+            controller=controller,
+            lease_s=node.settings.lease_s,
+            lapsed=lapsed,
+            stopped=lapse_stopped(api.chain_path, controller, mine),
+        )

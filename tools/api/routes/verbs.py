@@ -18,7 +18,7 @@ from litestar import Request
 from litestar.di import NamedDependency, Provide
 
 from infervisor.actors.node import Node
-from infervisor.replay.callers import source_for
+from infervisor.replay.callers import Role, controller_source, source_for
 
 from ..auth import Caller, authorize
 from ..context import AdmittedNode, ApiContext, changing, last_of
@@ -41,6 +41,14 @@ class VerbCall:
         identity = str(self.request.scope.get("infervisor.identity") or "")
         return source_for(role, identity or None)
 
+    def controller_source(self, controller: str) -> str:
+        """A controller's event source: ``controller:ctl1 (token fleet-ctl)`` over TCP,
+        ``controller:ctl1 (uid=0(root))`` over the socket (replay/callers.py)."""
+        credential = str(self.request.scope.get("infervisor.credential") or "")
+        if not credential:
+            return self.source(Role.CONTROLLER)  # an app without the middleware (tests)
+        return controller_source(controller, credential)
+
     def caller(self, data: VerbRequest | None) -> str:
         """The verb's source: ``controller:…`` (and the lease renewed) when the body
         names a controller, else ``operator:…``.
@@ -60,7 +68,7 @@ class VerbCall:
             f"a verb naming controller {controller!r}",
         )
         self.node.heartbeat(controller)
-        return self.source("controller")
+        return self.controller_source(controller)
 
     def do(self, instance_id: str, data: VerbRequest | None, act: Callable[..., object]) -> None:
         """``act(instance_id, by=caller)``: returns once its events are durable."""
