@@ -144,8 +144,8 @@ class HostActor(pykka.ThreadingActor):
                 return None
             case m.Place():
                 return self._place(message)
-            case m.PlaceMany(placements=placements):
-                return self._place_many(placements)
+            case m.PlaceMany(placements=placements, lead=lead, whole=whole):
+                return self._place_many(placements, lead, whole=whole)
             case m.InstanceGone(instance_id=iid):
                 self._gone(iid)
                 return None
@@ -157,8 +157,8 @@ class HostActor(pykka.ThreadingActor):
                 return dict(self.routes.current.refs)
             case m.UnloadInstance(instance_id=iid, by=by):
                 return self._unload(iid, by)
-            case m.BootAll(state=state):
-                return self._boot(state)
+            case m.BootAll(state=state, hold=hold):
+                return self._boot(state, hold)
             case m.Revive(instance_id=iid):
                 self._revive(iid)
                 return None
@@ -211,10 +211,13 @@ class HostActor(pykka.ThreadingActor):
         self._offload(record, partial(self._admitted, iid))
         return answer
 
-    def _place_many(self, msgs: tuple[m.Place, ...]) -> list[Future[Placement] | Exception]:
+    def _place_many(
+        self, msgs: tuple[m.Place, ...], lead: tuple[Any, ...] = (), *, whole: bool = False
+    ) -> list[Future[Placement] | Exception]:
         """Each placement's answer (or the refusal found at once), in order. New
-        instances are admitted side by side and recorded in one transaction;
-        placements of instances already here go their own way, as alone."""
+        instances are admitted side by side and recorded in one transaction
+        (after ``lead``'s events); placements of instances already here go their
+        own way, as alone. ``whole``: all new ones, or none (see ``m.PlaceMany``)."""
         answers: list[Future[Placement] | Exception] = []
         batch: list[tuple[str, m.Place]] = []
         for msg in msgs:
@@ -230,9 +233,24 @@ class HostActor(pykka.ThreadingActor):
             else:
                 again = partial(work.place_again, ref, iid, msg, self._specs[iid])
                 self._offload(again, partial(self._placed, iid))
+        if whole and any(isinstance(a, Exception) for a in answers):
+            return self._release(batch, answers)
         if batch:
-            record = partial(work.admit_many_and_record, self.ctx, self.registry, batch)
+            record = partial(
+                work.admit_many_and_record, self.ctx, self.registry, batch, lead, whole=whole
+            )
             self._offload(record, partial(self._admitted_many, [iid for iid, _ in batch]))
+        return answers
+
+    def _release(
+        self, batch: list[tuple[str, m.Place]], answers: list[Future[Placement] | Exception]
+    ) -> list[Future[Placement] | Exception]:
+        """A whole batch with a refusal found at once: nothing of it goes on."""
+        for iid, _ in batch:
+            pending = self._placing.pop(iid)
+            work.settle(
+                pending.answer, error=InvalidState(f"{iid}: not placed (the batch was refused)")
+            )
         return answers
 
     def _take(self, msg: m.Place) -> tuple[str, Future[Placement]]:
@@ -414,14 +432,16 @@ class HostActor(pykka.ThreadingActor):
         self._unbuilt.pop(iid, None)
 
     # ------------------------------------------------------------------ boot and revive
-    def _boot(self, state: NodeState) -> Future[list[str]]:
+    def _boot(self, state: NodeState, hold: frozenset[str] = frozenset()) -> Future[list[str]]:
         answer: Future[list[str]] = self._answer()
         self._booting = True
         rebuild = partial(work.rebuild_all, self.ctx, self.registry, state)
-        self._offload(rebuild, partial(self._booted, answer))
+        self._offload(rebuild, partial(self._booted, answer, hold))
         return answer
 
-    def _booted(self, answer: Future[list[str]], job: Future[list[Rebuilt]]) -> None:
+    def _booted(
+        self, answer: Future[list[str]], hold: frozenset[str], job: Future[list[Rebuilt]]
+    ) -> None:
         self._booting = False
         try:
             rebuilt = job.result()
@@ -434,7 +454,7 @@ class HostActor(pykka.ThreadingActor):
             if isinstance(adapter, str):
                 self._adopt_unbuilt(inst, spec, adapter)
             else:
-                self._adopt_actor(inst, spec, adapter).tell(m.Boot())
+                self._adopt_actor(inst, spec, adapter).tell(m.Boot(held=iid in hold))
             booted.append(iid)
         self._publish()
         work.settle(answer, booted)

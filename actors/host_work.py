@@ -9,7 +9,7 @@ import contextlib
 import enum
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -93,7 +93,12 @@ Admitted = tuple[InstanceState, ServerAdapter] | Exception
 
 
 def admit_many_and_record(
-    ctx: InstanceContext, registry: ModelRegistry, batch: list[tuple[str, m.Place]]
+    ctx: InstanceContext,
+    registry: ModelRegistry,
+    batch: list[tuple[str, m.Place]],
+    lead: Sequence[Entry] = (),
+    *,
+    whole: bool = False,
 ) -> list[Admitted]:
     """Admission of every placement of ``batch`` side by side, then all their events
     (``instance.placed``, or ``node.admission_refused`` for the node's own
@@ -101,6 +106,9 @@ def admit_many_and_record(
     batch. Answers, in order, each placement's state and adapter or its error.
     When the append fails, every placement of the batch fails with its error
     and nothing of it is stored (the writer's transaction is all or nothing).
+    ``lead``: events recorded first in the same transaction. ``whole``: one
+    placement refused refuses the batch: nothing is recorded (not even the
+    node's own refusals) and the others fail as not placed.
     """
 
     def plan(item: tuple[str, m.Place]) -> ServerAdapter | Exception:
@@ -112,7 +120,9 @@ def admit_many_and_record(
 
     with ThreadPoolExecutor(min(BATCH_ADMISSIONS, len(batch)), "admit") as pool:
         plans = list(pool.map(plan, batch))
-    entries: list[Entry] = []
+    if whole and any(isinstance(p, Exception) for p in plans):
+        return _refuse_whole(batch, plans)
+    entries: list[Entry] = list(lead)
     events: list[ev.Event | None] = []
     for (iid, msg), planned in zip(batch, plans, strict=True):
         refused = planned if isinstance(planned, Exception) else None
@@ -127,7 +137,23 @@ def admit_many_and_record(
             if not isinstance(planned, Exception):
                 planned.close()
         return [e] * len(batch)
-    return _outcomes(plans, events, iter(stored))
+    return _outcomes(plans, events, iter(stored[len(lead) :]))
+
+
+def _refuse_whole(
+    batch: list[tuple[str, m.Place]], plans: list[ServerAdapter | Exception]
+) -> list[Admitted]:
+    """A whole batch with a refused admission: every adapter closed, nothing recorded."""
+    outcomes: list[Admitted] = []
+    for (iid, _), planned in zip(batch, plans, strict=True):
+        if isinstance(planned, Exception):
+            outcomes.append(planned)
+            continue
+        planned.close()
+        outcomes.append(
+            InvalidState(f"{iid}: not placed (another placement of the set was refused)")
+        )
+    return outcomes
 
 
 def _outcomes(

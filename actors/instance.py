@@ -199,8 +199,8 @@ class InstanceActor(pykka.ThreadingActor):
                     self.run(obs)
             case m.ReconcileTick(listeners=listeners, processes=processes):
                 self._reconcile(listeners, processes)
-            case m.Boot():
-                self.run(boot_seen(self.adapter, self.state, self.effects))
+            case m.Boot(held=held):
+                self.run(boot_seen(self.adapter, self.state, self.effects, held=held))
             case m.LeaseExpired(silent_s=silent):
                 self.run(o.LeaseLapsed(silent_s=silent))
             case TimerFired(name=name, gen=gen):

@@ -24,6 +24,7 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -42,12 +43,14 @@ from infervisor.adapters.spec import InstanceSpec, valid_token
 from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.cosignature import WitnessPolicy
+from infervisor.replay import NodeState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.policy import check_duration
 
 from . import messages as m
 from .clock import Clock, RealClock
+from .core.cordon import CordonDecision
 from .errors import BadArgument, InvalidState, VerbTimeout
 from .host_work import Placement, PlacementOutcome
 from .node_boot import (
@@ -59,6 +62,7 @@ from .node_boot import (
     start_actors,
     stop_actors,
 )
+from .node_fleet import NodeFleet, boot_cordon
 from .node_views import NodeViews
 from .settings import NodeSettings
 from .witness_boot import boot_check
@@ -79,7 +83,7 @@ UNLOAD_WAIT_S = 60.0
 T = TypeVar("T")
 
 
-class Node(NodeViews):
+class Node(NodeViews, NodeFleet):
     """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``).
 
     Every verb naming an instance raises ``UnknownInstance`` when there is no
@@ -101,6 +105,7 @@ class Node(NodeViews):
         self._capabilities: builtins.list[Capability] = []
         #: What the boot check against the witnesses has to tell the operator.
         self.witness_notes: builtins.list[str] = []
+        self._fleet_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -153,16 +158,14 @@ class Node(NodeViews):
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             for event in (*decision.events, started):  # overrides before anything else
                 append_node_event(actors.writer, clock, event)
-            booted: Future[list[str]] = actors.host.ask(
-                m.BootAll(state=state), block=True, timeout=ASK_TIMEOUT_S
-            )
-            booted.result()
+            cordon = _boot_all(actors, state)
         except BaseException:
             stop_actors(actors)
             raise
         end_unknown(actors, clock, set(state.instances))
         node = cls(settings, clock, actors)
         node.witness_notes = list(decision.notes)
+        node.resume_cordon(state, cordon)
         return node
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -251,11 +254,14 @@ class Node(NodeViews):
                 InvalidState also when a placement of the same instance is still in
                 progress, the instance is being unloaded, or it cannot be started
                 (its adapter cannot be built).
+            Cordoned: the node is cordoned or drained and the instance is new
+                (nothing recorded; actors/core/cordon.py).
             VerbTimeout: admission took longer than ``PLACE_WAIT_S``; it goes on, and
                 its outcome is recorded (or not) as for any placement.
         """
         placer = placed_by or self.settings.node_id
         self.heartbeat(placer)
+        self._refuse_new_placement(spec)
         msg = m.Place(spec=spec, placed_by=placer, generation=generation, source=source)
         answer: Future[Placement] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         return _answer(answer, PLACE_WAIT_S, "the placement")
@@ -361,9 +367,11 @@ class Node(NodeViews):
 
         Raises:
             UnknownInstance, InvalidState: refused; nothing recorded.
+            Cordoned: the node is drained and a controller placed the instance.
             AdmissionRefused: the address is taken (the refusal is recorded).
             SpawnError: the launcher could not run (recorded as an exit).
         """
+        self._refuse_drained_start(instance_id)
         view: m.InstanceView = self._ask(self._ref(instance_id), m.Start(by=by))
         return view
 
@@ -405,6 +413,7 @@ class Node(NodeViews):
             UnknownInstance, InvalidState: refused (as :meth:`start`); or being unloaded.
             VerbTimeout: not done within the stop grace plus 60 s; still in progress.
         """
+        self._refuse_drained_start(instance_id)
         fut: Future[m.InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
         return _wait(fut, self.settings.stop_grace_s + 60)
 
@@ -431,6 +440,17 @@ class Node(NodeViews):
         answer: Future[None] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         wait = self.settings.stop_grace_s + UNLOAD_WAIT_S
         _answer(answer, wait, f"the unload of {instance_id}")
+
+
+def _boot_all(actors: NodeActors, state: NodeState) -> CordonDecision:
+    """Boot every instance of ``state``, a drained node holding its controllers'
+    ones (actors/core/cordon.py); the cordon's boot decision, once all are booted."""
+    cordon = boot_cordon(state)
+    booted: Future[list[str]] = actors.host.ask(
+        m.BootAll(state=state, hold=frozenset(cordon.hold)), block=True, timeout=ASK_TIMEOUT_S
+    )
+    booted.result()
+    return cordon
 
 
 def _wait(fut: Future[m.InstanceView], timeout: float) -> m.InstanceView:

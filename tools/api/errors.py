@@ -20,8 +20,10 @@ import pykka
 
 from infervisor.actors.errors import (
     BadArgument,
+    Cordoned,
     InvalidState,
     RecordFailed,
+    StaleGeneration,
     UnknownInstance,
     VerbRefused,
     VerbTimeout,
@@ -106,6 +108,8 @@ BY_CLASS: tuple[tuple[type[BaseException], int, str], ...] = (
     (BudgetExceeded, 422, "memory_budget"),
     (AdmissionRefused, 422, "admission_refused"),
     (UnknownInstance, 404, "unknown_instance"),
+    (Cordoned, 409, "cordoned"),
+    (StaleGeneration, 409, "stale_generation"),
     (BadArgument, 400, "bad_value"),
     (InvalidState, 409, "invalid_state"),
     (VerbRefused, 409, "refused"),

@@ -47,8 +47,9 @@ _ERRORS = {
     403: "A socket peer whose uid is neither the node's nor root's, or a token whose scope "
     "does not cover the route (the message names the scope needed and the one held).",
     404: "No such instance; the message lists the placed ones.",
-    409: "The lifecycle state does not allow the verb, the port is taken, or the first "
-    "request with this Idempotency-Key is still in flight.",
+    409: "The lifecycle state does not allow the verb, the port is taken, the first "
+    "request with this Idempotency-Key is still in flight, the node is cordoned (`cordoned`), "
+    "or a placement set is older than the controller's last (`stale_generation`).",
     422: "Admission refused (with the numbers), or an Idempotency-Key reused for another request.",
     500: "The verb was accepted and recorded, but its work failed (or the node failed).",
     413: "The body is larger than 1 MiB.",

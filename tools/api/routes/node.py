@@ -47,6 +47,7 @@ class NodeController(Controller):
             memory_cgroup=node.containment.memory,
             witnesses=[WitnessInfo(**row._asdict()) for row in lag],
             witness_quorum=(node.settings.witness_quorum or len(lag)) if lag else None,
+            cordon=node.cordon.value,
         )
 
     @get("/ledger", operation_id="getLedger", sync_to_thread=True, responses=responses())
