@@ -141,7 +141,7 @@ def amend(doc: OpenAPI) -> None:
     schemas = doc.components.schemas
     schemas["WatchEvent"] = _struct_schema(WatchEvent)
     for route, path_item in doc.paths.items():
-        for method in ("get", "post"):
+        for method in ("get", "post", "put"):
             operation = getattr(path_item, method, None)
             if operation is None or operation.responses is None:
                 continue
@@ -150,8 +150,9 @@ def amend(doc: OpenAPI) -> None:
                 f"{operation.description or ''}\n\nScope: {needed.value} (docs/api.md)."
             ).lstrip()
             _headers(method, operation.responses)
-    for verb in ("start", "stop", "restart", "unload"):  # their bodies are optional
-        operation = doc.paths[f"/{API_VERSION}/instances/{{instance_id}}/{verb}"].post
+    verbs = [f"instances/{{instance_id}}/{v}" for v in ("start", "stop", "restart", "unload")]
+    for verb in (*verbs, "node/cordon", "node/drain", "node/uncordon"):  # optional bodies
+        operation = doc.paths[f"/{API_VERSION}/{verb}"].post
         assert operation is not None
         assert operation.request_body is not None
         operation.request_body.required = False  # type: ignore[union-attr]
