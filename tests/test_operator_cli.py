@@ -699,6 +699,7 @@ class StubNode:
         # What GET /v1/node reads besides append_status.
         self.settings = types.SimpleNamespace(lease_s=None, witness_quorum=None)
         self.containment = types.SimpleNamespace(mode="pgroup", reason="a stub", memory=None)
+        self.cordon = types.SimpleNamespace(value="none")  # GET /v1/node's cordon
 
     def append_status(self) -> AppendStatus:
         return AppendStatus(writable=True, error=None, since_ns=None, failures=0)
