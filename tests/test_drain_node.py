@@ -16,13 +16,14 @@ controller and the operator, through :class:`ApiClient`:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from conftest import NodeFactory
-from support import chain_rows
+from support import chain_rows, cli_here
 
 from infervisor.actors.append import WriterAppend
 from infervisor.actors.node import Node
@@ -107,6 +108,9 @@ def test_cordon_drain_restart_uncordon(
         kinds = [k for _, _, k, _, _ in chain_rows(db)]
         assert kinds.index("node.drained") < kinds.index("instance.stop_requested")
 
+    data = settings.data_dir
+    gone = cli_here("drain", data, "--json")  # no node runs on it
+    assert gone.returncode == 3 and '"no_node"' in gone.stdout, gone
     with served(nodes, settings, fake_model) as (node, client):  # the node restarted
         assert client.node().cordon == "drained"
         lifecycle(node, own, "running")
@@ -115,7 +119,17 @@ def test_cordon_drain_restart_uncordon(
                 "stopped",
                 "stopped",
             )
-        assert client.cordon("uncordon").cordon == "none"
+        status = cli_here("status", data)
+        assert status.returncode == 0 and "node: drained" in status.stdout, status
+        uncordoned = cli_here("uncordon", data, "--json", "--reason", "done")
+        assert uncordoned.returncode == 0, uncordoned
+        assert json.loads(uncordoned.stdout)["cordon"] == "none"
+        assert chain_rows(db)[-1][2:] == (
+            "node.uncordoned",
+            "",
+            {"event": "node.uncordoned", "reason": "done", "v": 1},
+        )
+        assert cli_here("uncordon", data).stdout.startswith("node uncordoned")  # already so: 0
         c3 = client.place(spec("c3"), controller=CTL, generation=1, start=True).instance_id
         client.start(c1, controller=CTL)
         lifecycle(node, c1, "running")
