@@ -40,12 +40,9 @@ from .clock import Clock
 from .core import cordon as rule
 from .core import placement_set as sets
 from .errors import (
-    BadArgument,
     Cordoned,
-    InvalidState,
     NodeError,
     SetItemRefused,
-    StaleGeneration,
     VerbRefused,
 )
 from .host_work import Placement
@@ -88,14 +85,6 @@ class SetRefused(VerbRefused):
         super().__init__(refusal.message)
         self.code = refusal.kind.value
         self.field = refusal.field
-
-
-_SET_ERRORS: dict[sets.SetRefusalKind, type[VerbRefused]] = {
-    sets.SetRefusalKind.STALE: StaleGeneration,
-    sets.SetRefusalKind.CORDONED: Cordoned,
-    sets.SetRefusalKind.INVALID: InvalidState,
-    sets.SetRefusalKind.BAD_VALUE: BadArgument,
-}
 
 
 def boot_cordon(state: NodeState) -> rule.CordonDecision:
@@ -249,8 +238,7 @@ class NodeFleet:
             last = state.placement_sets.get(controller)
             decision = sets.decide_set(asked, placed, last, self._cordon_now)
             if decision.refusal is not None:
-                error = SetRefused(decision.refusal)
-                raise error from _SET_ERRORS[decision.refusal.kind](decision.refusal.message)
+                raise SetRefused(decision.refusal)
             return self._do_set(asked, [spec for spec, _ in items], decision, source)
 
     def _do_set(
