@@ -8,11 +8,23 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from core_support import Sim, make_rules
 
 from infervisor.actors.core import cordon as rule
+from infervisor.actors.core import effects as fx
+from infervisor.actors.core import observations as o
 from infervisor.actors.core import placement_set as sets
+from infervisor.actors.core.rules import Mode
 from infervisor.chain import GENESIS_KIND, StoredEvent
-from infervisor.replay import NodeState, apply, encode_event, fold, kind_of
+from infervisor.replay import (
+    Desired,
+    LifecycleState,
+    NodeState,
+    apply,
+    encode_event,
+    fold,
+    kind_of,
+)
 from infervisor.replay import events as ev
 from infervisor.replay.state import Cordon
 
@@ -203,3 +215,45 @@ def test_the_cordon_and_the_sets_are_folded_alike_by_apply_and_fold() -> None:
         assert s.placement_sets == {"ctl1": 4, "ctl2": 1}
     uncordoned = apply(state, _stored(len(stored), ev.NodeUncordoned()))
     assert uncordoned.cordon is C.NONE
+
+
+# ---------------------------------------------------------------- boot, held
+def _process_sim() -> Sim:
+    return Sim(rules=make_rules(Mode.PROCESS))
+
+
+def _running() -> Sim:
+    sim = _process_sim()
+    sim.start()
+    assert sim.inst.lifecycle is LifecycleState.RUNNING
+    return sim
+
+
+def test_a_held_boot_accounts_for_the_process_and_starts_nothing() -> None:
+    """A drained node's controller instance: its exit is recorded, no restart,
+    no start; a shutdown-stopped one wanted running stays stopped; a live one is
+    re-attached (the drain's stop follows)."""
+    gone = _running()
+    pid = gone.inst.process.pid if gone.inst.process is not None else None
+    died = o.ProcessGone(pid=pid, exit_code=1, signal=None, reason="ended while the node was down")
+    gone.feed(o.BootSeen(process=died, held=True))
+    assert gone.kinds_of_last() == ["instance.exited"]
+    assert gone.last is not None
+    assert not any(isinstance(e, fx.CheckStart | fx.ArmTimer) for e in gone.last.effects)
+
+    stopped = _running()
+    stopped.feed(o.StopVerb(by="shutdown", grace_s=5))
+    stopped.gone(signal=15)
+    assert stopped.inst.desired is Desired.RUNNING  # a shutdown leaves it wanted running
+    stopped.feed(o.BootSeen(process=o.ProcessNone(), held=True))
+    assert stopped.kinds_of_last() == []
+    assert stopped.last is not None and stopped.last.effects == ()
+    stopped.feed(o.StopVerb(by="node", grace_s=5, reason="the node is drained"))
+    assert stopped.kinds_of_last() == ["instance.stop_requested"]  # recorded: wanted stopped
+    assert stopped.inst.desired is Desired.STOPPED
+
+    unheld = _running()
+    unheld.feed(o.StopVerb(by="shutdown", grace_s=5))
+    unheld.gone(signal=15)
+    unheld.feed(o.BootSeen(process=o.ProcessNone()))
+    assert unheld.effect(fx.CheckStart).by == "boot"  # not held: started again
