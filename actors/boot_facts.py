@@ -32,16 +32,19 @@ from .effects_runner import EffectRunner
 __all__ = ["boot_seen", "gather", "owned_beyond"]
 
 
-def boot_seen(adapter: ServerAdapter, state: InstanceState, runner: EffectRunner) -> BootSeen:
+def boot_seen(
+    adapter: ServerAdapter, state: InstanceState, runner: EffectRunner, *, held: bool = False
+) -> BootSeen:
     """The boot observation of one instance: what became of its process, and
-    the strays in its server cgroup when no live server claims them."""
+    the strays in its server cgroup when no live server claims them (``held``:
+    not to be started again, a drained node's controller instance)."""
     cgroup = _cgroup(runner) if isinstance(adapter, LaunchedServer) else None
     facts = gather(adapter, state, runner, cgroup)
     if cgroup is None or isinstance(facts, ProcessAlive):
-        return BootSeen(process=facts)
+        return BootSeen(process=facts, held=held)
     strays = sorted(cgroup.server_members())
     server = cgroup.tree + "/server"
-    return BootSeen(process=facts, strays=strays, cgroup=server if strays else "")
+    return BootSeen(process=facts, strays=strays, cgroup=server if strays else "", held=held)
 
 
 def _cgroup(runner: EffectRunner) -> InstanceCgroup | None:

@@ -9,6 +9,9 @@ The tree (adapter errors, such as ``AdmissionRefused``, ``SpecError`` and
      |    +-- InvalidState  (names the current state and what the verb needs)
      |    +-- BadArgument   a verb's argument is out of range (names it and the range)
      |         +-- NotAController  a controller named as the node's own id
+     |    +-- Cordoned      the node is cordoned or drained (a new placement, a start)
+     |    +-- StaleGeneration  a placement set older than the controller's last
+     |    +-- SetItemRefused   one item of a placement set is refused (its index)
      +-- VerbTimeout       the verb was accepted but did not complete in time
      +-- VerbFailed        the verb was accepted but its work failed (an unload Ollama refused)
      +-- RecordFailed      the chain could not record the decision: nothing was done
@@ -19,10 +22,13 @@ from __future__ import annotations
 
 __all__ = [
     "BadArgument",
+    "Cordoned",
     "InvalidState",
     "NodeError",
     "NotAController",
     "RecordFailed",
+    "SetItemRefused",
+    "StaleGeneration",
     "UnknownInstance",
     "VerbFailed",
     "VerbRefused",
@@ -59,6 +65,25 @@ class BadArgument(VerbRefused, ValueError):
 class NotAController(BadArgument):
     """A request names the node's own id as its ``controller``: the node is not a
     controller of itself (its own placements are under no lease). Issue 19."""
+
+
+class Cordoned(VerbRefused):
+    """The node is cordoned or drained: no new placement, and no start of a
+    controller's instance while drained (actors/core/cordon.py)."""
+
+
+class StaleGeneration(VerbRefused):
+    """A controller's placement set is older than the last one it set here."""
+
+
+class SetItemRefused(VerbRefused):
+    """Item ``index`` of a placement set is refused: ``error`` says why (nothing of
+    the set was done)."""
+
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(f"placements[{index}]: {error}")
+        self.index = index
+        self.error = error
 
 
 class VerbTimeout(NodeError):

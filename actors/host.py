@@ -61,7 +61,7 @@ from typing import Any, TypeVar
 import msgspec
 import pykka
 
-from infervisor.adapters.errors import AddressTaken, SpecError
+from infervisor.adapters.errors import AddressTaken
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
 from infervisor.adapters.spec import InstanceSpec, instance_id
@@ -80,7 +80,6 @@ from .core import admission
 from .errors import InvalidState, UnknownInstance
 from .host_work import ASK_TIMEOUT_S, Placement, PlacementOutcome, Rebuilt
 from .instance import InstanceActor
-from .kinds import DEFAULT_KINDS
 from .routes import Routes, RouteTable
 from .stand_in import AdapterBuilt, UnbuiltServer
 
@@ -146,8 +145,8 @@ class HostActor(pykka.ThreadingActor):
                 return None
             case m.Place():
                 return self._place(message)
-            case m.PlaceMany(placements=placements):
-                return self._place_many(placements)
+            case m.PlaceMany(placements=placements, lead=lead, whole=whole):
+                return self._place_many(placements, lead, whole=whole)
             case m.InstanceGone(instance_id=iid):
                 self._gone(iid)
                 return None
@@ -159,8 +158,8 @@ class HostActor(pykka.ThreadingActor):
                 return dict(self.routes.current.refs)
             case m.UnloadInstance(instance_id=iid, by=by):
                 return self._unload(iid, by)
-            case m.BootAll(state=state):
-                return self._boot(state)
+            case m.BootAll(state=state, hold=hold):
+                return self._boot(state, hold)
             case m.Revive(instance_id=iid):
                 self._revive(iid)
                 return None
@@ -213,10 +212,13 @@ class HostActor(pykka.ThreadingActor):
         self._offload(record, partial(self._admitted, iid))
         return answer
 
-    def _place_many(self, msgs: tuple[m.Place, ...]) -> list[Future[Placement] | Exception]:
+    def _place_many(
+        self, msgs: tuple[m.Place, ...], lead: tuple[Any, ...] = (), *, whole: bool = False
+    ) -> list[Future[Placement] | Exception]:
         """Each placement's answer (or the refusal found at once), in order. New
-        instances are admitted side by side and recorded in one transaction;
-        placements of instances already here go their own way, as alone."""
+        instances are admitted side by side and recorded in one transaction
+        (after ``lead``'s events); placements of instances already here go their
+        own way, as alone. ``whole``: all new ones, or none (see ``m.PlaceMany``)."""
         answers: list[Future[Placement] | Exception] = []
         batch: list[tuple[str, m.Place]] = []
         for msg in msgs:
@@ -232,9 +234,22 @@ class HostActor(pykka.ThreadingActor):
             else:
                 again = partial(work.place_again, ref, iid, msg, self._specs[iid])
                 self._offload(again, partial(self._placed, iid, msg.placed_by))
+        if whole and any(isinstance(a, Exception) for a in answers):
+            return self._release(batch, answers)
         if batch:
-            record = partial(work.admit_many_and_record, self.ctx, self.registry, batch)
+            record = partial(
+                work.admit_many_and_record, self.ctx, self.registry, batch, lead, whole=whole
+            )
             self._offload(record, partial(self._admitted_many, [iid for iid, _ in batch]))
+        return answers
+
+    def _release(
+        self, batch: list[tuple[str, m.Place]], answers: list[Future[Placement] | Exception]
+    ) -> list[Future[Placement] | Exception]:
+        """A whole batch with a refusal found at once: nothing of it goes on."""
+        for iid, _ in batch:
+            refused = InvalidState(f"{iid}: not placed (the batch was refused)")
+            work.settle(self._placing.pop(iid).answer, error=refused)
         return answers
 
     def _take(self, msg: m.Place) -> tuple[str, Future[Placement]]:
@@ -244,15 +259,7 @@ class HostActor(pykka.ThreadingActor):
             SpecError, InvalidState, AdmissionRefused: refused at once (nothing recorded).
         """
         spec = msg.spec
-        spec.validate()
-        unknown = admission.kind_refusal(spec.kind, {*DEFAULT_KINDS, *self.ctx.settings.kinds})
-        if unknown is not None:  # the judge of an unknown kind would be "process"
-            raise SpecError(unknown, field="kind")
-        try:
-            self.ctx.settings.supervision(spec.kind, spec.restart)
-        except ValueError as e:
-            why = str(e) if str(e).startswith("restart") else f"restart: {e}"
-            raise SpecError(why, field="restart") from e
+        work.check_spec(self.ctx, spec)
         iid = instance_id(spec, self.ctx.node_id)
         self._refuse_busy(iid)
         if iid not in self._refs:
@@ -302,15 +309,11 @@ class HostActor(pykka.ThreadingActor):
                 continue
             state, adapter = outcome
             self._adopt_actor(state, pending.spec, adapter)
-            settled.append(
-                (pending.answer, Placement(iid, PlacementOutcome.APPLIED, state.generation))
-            )
+            placed = Placement(iid, PlacementOutcome.APPLIED, state.generation)
+            settled.append((pending.answer, placed))
         self._publish()  # routed before any caller hears it is placed
         for answer, result in settled:
-            if isinstance(result, Exception):
-                work.settle(answer, error=result)
-            else:
-                work.settle(answer, result)
+            work.resolve(answer, result)
 
     def _placed(self, iid: str, placed_by: str, job: Future[Placement]) -> None:
         applied = job.exception() is None and job.result().outcome is PlacementOutcome.APPLIED
@@ -322,8 +325,7 @@ class HostActor(pykka.ThreadingActor):
         work.copy(job, self._placing.pop(iid).answer)
 
     def _controller(self, placed_by: str) -> str:
-        """Whose lease an instance placed by ``placed_by`` is under ("": none, this node's)."""
-        return "" if placed_by == self.ctx.node_id else placed_by
+        return "" if placed_by == self.ctx.node_id else placed_by  # "": under no lease
 
     def _register(self, iid: str, ref: pykka.ActorRef[Any]) -> None:
         placed_by = self._controllers.get(iid, "")
@@ -331,9 +333,8 @@ class HostActor(pykka.ThreadingActor):
 
     def _admit(self, spec: InstanceSpec) -> Future[Admission]:
         answer: Future[Admission] = self._answer()
-        self._offload(
-            partial(work.admission, self.ctx, self.registry, spec), partial(work.copy, dst=answer)
-        )
+        admit = partial(work.admission, self.ctx, self.registry, spec)
+        self._offload(admit, partial(work.copy, dst=answer))
         return answer
 
     def _adopt_actor(
@@ -433,30 +434,30 @@ class HostActor(pykka.ThreadingActor):
         self._controllers.pop(iid, None)
 
     # ------------------------------------------------------------------ boot and revive
-    def _boot(self, state: NodeState) -> Future[list[str]]:
+    def _boot(self, state: NodeState, hold: frozenset[str] = frozenset()) -> Future[list[str]]:
         answer: Future[list[str]] = self._answer()
         self._booting = True
         rebuild = partial(work.rebuild_all, self.ctx, self.registry, state)
-        self._offload(rebuild, partial(self._booted, answer))
+        self._offload(rebuild, partial(self._booted, answer, hold))
         return answer
 
-    def _booted(self, answer: Future[list[str]], job: Future[list[Rebuilt]]) -> None:
+    def _booted(
+        self, answer: Future[list[str]], hold: frozenset[str], job: Future[list[Rebuilt]]
+    ) -> None:
         self._booting = False
         try:
             rebuilt = job.result()
         except Exception as e:  # noqa: BLE001 - the node's open raises it
             work.settle(answer, error=e)
             return
-        booted = []
         for inst, spec, adapter in rebuilt:
-            iid = inst.instance_id
             if isinstance(adapter, str):
                 self._adopt_unbuilt(inst, spec, adapter)
             else:
-                self._adopt_actor(inst, spec, adapter).tell(m.Boot())
-            booted.append(iid)
+                held = inst.instance_id in hold
+                self._adopt_actor(inst, spec, adapter).tell(m.Boot(held=held))
         self._publish()
-        work.settle(answer, booted)
+        work.settle(answer, [inst.instance_id for inst, _, _ in rebuilt])
 
     def _revive(self, iid: str) -> None:
         """Recreate a dead instance actor from the chain; its Boot re-attaches the process."""

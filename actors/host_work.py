@@ -9,7 +9,7 @@ import contextlib
 import enum
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -18,7 +18,7 @@ import msgspec
 import pykka
 
 from infervisor.adapters import planning
-from infervisor.adapters.errors import AdmissionRefused
+from infervisor.adapters.errors import AdmissionRefused, SpecError
 from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission, ServerAdapter
@@ -33,6 +33,7 @@ from .append import Entry
 from .context import InstanceContext
 from .core import admission as admission_rules
 from .errors import InvalidState
+from .kinds import DEFAULT_KINDS
 from .stand_in import record_unbuilt
 
 __all__ = [
@@ -94,7 +95,12 @@ Admitted = tuple[InstanceState, ServerAdapter] | Exception
 
 
 def admit_many_and_record(
-    ctx: InstanceContext, registry: ModelRegistry, batch: list[tuple[str, m.Place]]
+    ctx: InstanceContext,
+    registry: ModelRegistry,
+    batch: list[tuple[str, m.Place]],
+    lead: Sequence[Entry] = (),
+    *,
+    whole: bool = False,
 ) -> list[Admitted]:
     """Admission of every placement of ``batch`` side by side, then all their events
     (``instance.placed``, or ``node.admission_refused`` for the node's own
@@ -102,6 +108,9 @@ def admit_many_and_record(
     batch. Answers, in order, each placement's state and adapter or its error.
     When the append fails, every placement of the batch fails with its error
     and nothing of it is stored (the writer's transaction is all or nothing).
+    ``lead``: events recorded first in the same transaction. ``whole``: one
+    placement refused refuses the batch: nothing is recorded (not even the
+    node's own refusals) and the others fail as not placed.
     """
 
     def plan(item: tuple[str, m.Place]) -> ServerAdapter | Exception:
@@ -113,7 +122,9 @@ def admit_many_and_record(
 
     with ThreadPoolExecutor(min(BATCH_ADMISSIONS, len(batch)), "admit") as pool:
         plans = list(pool.map(plan, batch))
-    entries: list[Entry] = []
+    if whole and any(isinstance(p, Exception) for p in plans):
+        return _refuse_whole(batch, plans)
+    entries: list[Entry] = list(lead)
     events: list[ev.Event | None] = []
     for (iid, msg), planned in zip(batch, plans, strict=True):
         refused = planned if isinstance(planned, Exception) else None
@@ -128,7 +139,23 @@ def admit_many_and_record(
             if not isinstance(planned, Exception):
                 planned.close()
         return [e] * len(batch)
-    return _outcomes(plans, events, iter(stored))
+    return _outcomes(plans, events, iter(stored[len(lead) :]))
+
+
+def _refuse_whole(
+    batch: list[tuple[str, m.Place]], plans: list[ServerAdapter | Exception]
+) -> list[Admitted]:
+    """A whole batch with a refused admission: every adapter closed, nothing recorded."""
+    outcomes: list[Admitted] = []
+    for (iid, _), planned in zip(batch, plans, strict=True):
+        if isinstance(planned, Exception):
+            outcomes.append(planned)
+            continue
+        planned.close()
+        outcomes.append(
+            InvalidState(f"{iid}: not placed (another placement of the set was refused)")
+        )
+    return outcomes
 
 
 def _outcomes(
@@ -148,6 +175,24 @@ def _outcomes(
         assert state is not None
         outcomes.append((state, planned))
     return outcomes
+
+
+def check_spec(ctx: InstanceContext, spec: InstanceSpec) -> None:
+    """Refuse a spec the node cannot place, before anything is recorded.
+
+    Raises:
+        SpecError: a field is invalid, the kind is not one this node runs, or its
+            restart policy is out of the node's ranges (``field`` names which).
+    """
+    spec.validate()
+    unknown = admission_rules.kind_refusal(spec.kind, {*DEFAULT_KINDS, *ctx.settings.kinds})
+    if unknown is not None:  # the judge of an unknown kind would be "process"
+        raise SpecError(unknown, field="kind")
+    try:
+        ctx.settings.supervision(spec.kind, spec.restart)
+    except ValueError as e:
+        why = str(e) if str(e).startswith("restart") else f"restart: {e}"
+        raise SpecError(why, field="restart") from e
 
 
 def admission(ctx: InstanceContext, registry: ModelRegistry, spec: InstanceSpec) -> Admission:
@@ -334,6 +379,14 @@ def settle(fut: Future[Any], result: Any = None, error: BaseException | None = N
             fut.set_result(result)
         else:
             fut.set_exception(error)
+
+
+def resolve(fut: Future[Any], outcome: Any) -> None:
+    """Settle ``fut`` with ``outcome``: its exception when it is one, else its result."""
+    if isinstance(outcome, BaseException):
+        settle(fut, error=outcome)
+    else:
+        settle(fut, outcome)
 
 
 def copy(src: Future[Any], dst: Future[Any]) -> None:

@@ -202,8 +202,8 @@ class InstanceActor(pykka.ThreadingActor):
                     self.run(obs)
             case m.ReconcileTick(listeners=listeners, processes=processes):
                 self._reconcile(listeners, processes)
-            case m.Boot():
-                self.run(boot_seen(self.adapter, self.state, self.effects))
+            case m.Boot(held=held):
+                self.run(boot_seen(self.adapter, self.state, self.effects, held=held))
             case m.LeaseExpired(silent_s=silent, controller=controller):
                 self.run(o.LeaseLapsed(silent_s=silent, controller=controller))
             case TimerFired(name=name, gen=gen):

@@ -152,7 +152,10 @@ class ReconcileTick(_Msg, frozen=True):
 
 
 class Boot(_Msg, frozen=True):
-    """The node restarted: find recorded processes again and resume desired state."""
+    """The node restarted: find recorded processes again and resume desired state
+    (``held``: start nothing of it again: the node is drained)."""
+
+    held: bool = False
 
 
 # Host
@@ -184,6 +187,11 @@ class PlaceMany(_Msg, frozen=True):
     :class:`Place` would."""
 
     placements: tuple[Place, ...]
+    #: Events recorded in the batch's transaction before its placements (a
+    #: controller's ``node.placement_set``): ``actors.append.Entry`` tuples.
+    lead: tuple[Any, ...] = ()
+    #: All or nothing: one placement refused refuses them all and records nothing.
+    whole: bool = False
 
 
 class Admit(_Msg, frozen=True):
@@ -218,9 +226,11 @@ class UnloadInstance(_Msg, frozen=True):
 
 class BootAll(_Msg, frozen=True):
     """Create an actor per instance of the rebuilt state and boot each. Answers a
-    ``concurrent.futures.Future[list[str]]`` at once: the ids booted, once all are."""
+    ``concurrent.futures.Future[list[str]]`` at once: the ids booted, once all are.
+    ``hold``: the ids booted held (nothing of them started again: a drained node)."""
 
     state: NodeState
+    hold: frozenset[str] = frozenset()
 
 
 # Supervisor

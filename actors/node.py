@@ -24,6 +24,7 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -38,10 +39,11 @@ from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.proc.identity import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
-from infervisor.adapters.spec import InstanceSpec, valid_token
+from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import SqliteChain, StoredEvent
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.cosignature import WitnessPolicy
+from infervisor.replay import NodeState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.policy import check_duration
@@ -49,7 +51,8 @@ from infervisor.replay.views import InstanceView
 
 from . import messages as m
 from .clock import Clock, RealClock
-from .errors import BadArgument, InvalidState, NotAController, VerbTimeout
+from .core.cordon import CordonDecision
+from .errors import BadArgument, InvalidState, VerbTimeout
 from .host_work import Placement, PlacementOutcome
 from .node_boot import (
     ASK_TIMEOUT_S,
@@ -60,6 +63,7 @@ from .node_boot import (
     start_actors,
     stop_actors,
 )
+from .node_fleet import NodeFleet, boot_cordon
 from .node_views import NodeViews
 from .settings import NodeSettings
 from .witness_boot import boot_check
@@ -80,7 +84,7 @@ UNLOAD_WAIT_S = 60.0
 T = TypeVar("T")
 
 
-class Node(NodeViews):
+class Node(NodeViews, NodeFleet):
     """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``).
 
     Every verb naming an instance raises ``UnknownInstance`` when there is no
@@ -102,6 +106,7 @@ class Node(NodeViews):
         self._capabilities: builtins.list[Capability] = []
         #: What the boot check against the witnesses has to tell the operator.
         self.witness_notes: builtins.list[str] = []
+        self._fleet_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -154,16 +159,14 @@ class Node(NodeViews):
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             for event in (*decision.events, started):  # overrides before anything else
                 append_node_event(actors.writer, clock, event)
-            booted: Future[list[str]] = actors.host.ask(
-                m.BootAll(state=state), block=True, timeout=ASK_TIMEOUT_S
-            )
-            booted.result()
+            cordon = _boot_all(actors, state)
         except BaseException:
             stop_actors(actors)
             raise
         end_unknown(actors, clock, set(state.instances))
         node = cls(settings, clock, actors)
         node.witness_notes = list(decision.notes)
+        node.resume_cordon(state, cordon)
         return node
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -252,12 +255,15 @@ class Node(NodeViews):
                 InvalidState also when a placement of the same instance is still in
                 progress, the instance is being unloaded, or it cannot be started
                 (its adapter cannot be built).
+            Cordoned: the node is cordoned or drained and the instance is new
+                (nothing recorded; actors/core/cordon.py).
             VerbTimeout: admission took longer than ``PLACE_WAIT_S``; it goes on, and
                 its outcome is recorded (or not) as for any placement.
         """
         if placed_by is not None:
             self.heartbeat(placed_by)
         placer = placed_by or self.settings.node_id
+        self._refuse_new_placement(spec)
         msg = m.Place(spec=spec, placed_by=placer, generation=generation, source=source)
         answer: Future[Placement] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         return _answer(answer, PLACE_WAIT_S, "the placement")
@@ -297,43 +303,6 @@ class Node(NodeViews):
             except Exception as e:  # noqa: BLE001 - handed back as that placement's answer
                 answers.append(e)
         return answers
-
-    def heartbeat(self, controller: str) -> None:
-        """Record that ``controller`` was heard from (renews that controller's lease),
-        without waiting: what a verb naming a controller does.
-
-        Raises:
-            BadArgument: ``controller`` is not a plain token (a trailing newline
-                included: the whole name must match).
-            NotAController: ``controller`` is this node's own id.
-        """
-        self._check_controller(controller)
-        self._supervisor.tell(m.Heard(controller=controller))
-
-    def renew(self, controller: str) -> bool:
-        """A heartbeat: renew ``controller``'s lease and answer whether it had lapsed
-        before (False when the node keeps no lease). Blocks until the supervisor
-        took it (at most ``ASK_TIMEOUT_S`` seconds).
-
-        Raises:
-            BadArgument, NotAController: as :meth:`heartbeat`.
-            pykka.Timeout: the supervisor did not answer in time.
-        """
-        self._check_controller(controller)
-        lapsed = self._supervisor.ask(m.Heard(controller=controller), timeout=ASK_TIMEOUT_S)
-        return bool(lapsed)
-
-    def _check_controller(self, controller: str) -> None:
-        if not valid_token(controller):
-            raise BadArgument(
-                f"controller {controller!r} must be a plain token (letters, digits, '.', '_', "
-                "'-', at most 64 characters)"
-            )
-        if controller == self.settings.node_id:
-            raise NotAController(
-                f"controller {controller!r} is this node's own id: name the controller "
-                "itself (a node is not its own controller)"
-            )
 
     def admit(self, spec: InstanceSpec) -> Admission:
         """Run admission only, in the reference order: nothing is placed or recorded.
@@ -385,9 +354,11 @@ class Node(NodeViews):
 
         Raises:
             UnknownInstance, InvalidState: refused; nothing recorded.
+            Cordoned: the node is drained and a controller placed the instance.
             AdmissionRefused: the address is taken (the refusal is recorded).
             SpawnError: the launcher could not run (recorded as an exit).
         """
+        self._refuse_drained_start(instance_id)
         view: InstanceView = self._ask(self._ref(instance_id), m.Start(by=by))
         return view
 
@@ -429,6 +400,7 @@ class Node(NodeViews):
             UnknownInstance, InvalidState: refused (as :meth:`start`); or being unloaded.
             VerbTimeout: not done within the stop grace plus 60 s; still in progress.
         """
+        self._refuse_drained_start(instance_id)
         fut: Future[InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
         return _wait(fut, self.settings.stop_grace_s + 60)
 
@@ -455,6 +427,17 @@ class Node(NodeViews):
         answer: Future[None] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         wait = self.settings.stop_grace_s + UNLOAD_WAIT_S
         _answer(answer, wait, f"the unload of {instance_id}")
+
+
+def _boot_all(actors: NodeActors, state: NodeState) -> CordonDecision:
+    """Boot every instance of ``state``, a drained node holding its controllers'
+    ones (actors/core/cordon.py); the cordon's boot decision, once all are booted."""
+    cordon = boot_cordon(state)
+    booted: Future[list[str]] = actors.host.ask(
+        m.BootAll(state=state, hold=frozenset(cordon.hold)), block=True, timeout=ASK_TIMEOUT_S
+    )
+    booted.result()
+    return cordon
 
 
 def _wait(fut: Future[InstanceView], timeout: float) -> InstanceView:

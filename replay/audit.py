@@ -247,6 +247,7 @@ class TransitionAudit(_Auditor):
 _INSTANCE: frozenset[type[Any]] = frozenset(
     t for t in ev.EVENT_TYPES.values() if t not in (ev.NodeStarted, ev.NodeStopped)
 ) - {ev.AdmissionRefused, ev.LeaseRenewed, ev.KeyRotated, ev.NodeStraysEnded, ev.WitnessOverride}
+_INSTANCE -= {ev.NodeCordoned, ev.NodeDrained, ev.NodeUncordoned, ev.PlacementSet}
 
 
 def _what(event: Any) -> str:

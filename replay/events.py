@@ -18,6 +18,7 @@ import msgspec
 
 from infervisor.chain import StoredEvent, encode_payload
 
+from .fleet_events import NodeCordoned, NodeDrained, NodeUncordoned, PlacementSet
 from .state import Stamp, Then
 from .upcast import UPCASTERS, EventDecodeError, upcast
 
@@ -39,11 +40,15 @@ __all__ = [
     "MemoryReleased",
     "ModelClaimed",
     "ModelDropped",
+    "NodeCordoned",
+    "NodeDrained",
     "NodeStarted",
     "NodeStopped",
     "NodeStraysEnded",
+    "NodeUncordoned",
     "Placed",
     "PlacementIgnored",
+    "PlacementSet",
     "Ready",
     "Reattached",
     "Recovered",
@@ -418,6 +423,10 @@ Event = (
     | WitnessOverride
     | AdmissionRefused
     | LeaseRenewed
+    | NodeCordoned
+    | NodeDrained
+    | NodeUncordoned
+    | PlacementSet
     | InstanceEvent
 )
 

@@ -27,6 +27,10 @@ def _ready(e: ev.Ready) -> str:
     return "health probe answered: serving" + (f" ({e.detail})" if e.detail else "")
 
 
+def _why(reason: str | None) -> str:
+    return f" ({reason})" if reason else ""
+
+
 REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.Placed: lambda e: f"placed by {e.placed_by} (generation {e.generation})",
     ev.Replaced: lambda e: f"placed again by {e.placed_by} (generation {e.generation})",
@@ -76,6 +80,13 @@ REASONS: dict[type[Any], Callable[[Any], str]] = {
         f"pids {e.pids} ended in the cgroup of {e.instance_id}, an instance the chain does not have"
     ),
     ev.KeyRotated: lambda e: f"checkpoint key rotated: {e.old_key} -> {e.new_key}",
+    ev.NodeCordoned: lambda e: "node cordoned: no new placements" + _why(e.reason),
+    ev.NodeDrained: lambda e: "node drained: controllers' instances stopped" + _why(e.reason),
+    ev.NodeUncordoned: lambda e: "node uncordoned: placements taken again" + _why(e.reason),
+    ev.PlacementSet: lambda e: (
+        f"placement set of {e.controller} (generation {e.generation}): "
+        f"{len(e.instances)} instance(s)"
+    ),
     ev.WitnessOverride: lambda e: (
         f"resumed past witness {e.witness} ({e.flag}): it cosigned size {e.witness_size}, "
         f"the chain has {e.chain_size}: {e.reason}"

@@ -24,9 +24,12 @@ from .lifecycle import (
     LifecycleState,
     check_transition,
 )
+from .node_sets import NODE_SET_TYPES as _NODE_SET_TYPES
+from .node_sets import node_sets
 from .reasons import REASONS as _REASONS
 from .reasons import reason_of
 from .state import (
+    Cordon,
     Desired,
     ExitRecord,
     InstanceState,
@@ -77,6 +80,9 @@ def apply(state: NodeState, stored: StoredEvent) -> NodeState:
         lease = LeaseRecord(controller=event.controller, at=event.at)
         leases = {**state.leases, event.controller: lease}
         return msgspec.structs.replace(base, lease=lease, leases=leases)
+    if kind in _NODE_SET_TYPES:
+        cordon, sets = node_sets(state.cordon, state.placement_sets, event)
+        return msgspec.structs.replace(base, cordon=cordon, placement_sets=sets)
     if kind not in _INSTANCE_TYPES:
         return base
     current = state.instances.get(stored.subject)
@@ -98,7 +104,10 @@ class Folder:
     in one dict changed in place, which only this object sees.
     """
 
-    __slots__ = ("_boots", "_head", "_instances", "_lease", "_leases", "_next", "_node_id")
+    __slots__ = (
+        "_boots", "_cordon", "_head", "_instances", "_lease", "_leases", "_next", "_node_id",
+        "_sets",
+    )  # fmt: skip
 
     def __init__(self, node_id: str) -> None:
         self._node_id = node_id
@@ -108,6 +117,8 @@ class Folder:
         self._boots = 0
         self._lease: LeaseRecord | None = None
         self._leases: dict[str, LeaseRecord] = {}
+        self._cordon = Cordon.NONE
+        self._sets: dict[str, int] = {}
 
     def instance(self, instance_id: str) -> InstanceState | None:
         """The instance's state after the events fed so far (None: not placed)."""
@@ -150,6 +161,8 @@ class Folder:
             assert isinstance(event, ev.LeaseRenewed)
             self._lease = LeaseRecord(controller=event.controller, at=event.at)
             self._leases[event.controller] = self._lease
+        elif kind in _NODE_SET_TYPES:
+            self._cordon, self._sets = node_sets(self._cordon, self._sets, event)
 
     def state(self, node_id: str = "") -> NodeState:
         """The node state after the events fed so far (`node_id` overrides the one given)."""
@@ -162,6 +175,8 @@ class Folder:
             boots=self._boots,
             lease=self._lease,
             leases=dict(self._leases),
+            cordon=self._cordon,
+            placement_sets=dict(self._sets),
         )
 
 

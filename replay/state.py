@@ -19,6 +19,7 @@ import msgspec
 from .lifecycle import LifecycleState
 
 __all__ = [
+    "Cordon",
     "Desired",
     "ExitRecord",
     "InstanceState",
@@ -38,6 +39,15 @@ class Desired(enum.StrEnum):
 
     RUNNING = "running"
     STOPPED = "stopped"
+
+
+class Cordon(enum.StrEnum):
+    """Whether the node takes placements (``node.cordoned``, ``node.drained``,
+    ``node.uncordoned``). A StrEnum: the API answers the same strings."""
+
+    NONE = "none"  # placements taken
+    CORDONED = "cordoned"  # no new placements; what runs keeps running
+    DRAINED = "drained"  # cordoned, and what controllers placed is stopped
 
 
 class Then(enum.StrEnum):
@@ -197,6 +207,10 @@ class NodeState(msgspec.Struct, frozen=True, kw_only=True):
     boots: int = 0
     lease: LeaseRecord | None = None
     leases: dict[str, LeaseRecord] = msgspec.field(default_factory=dict)
+    #: Whether the node takes placements (the last cordon event's).
+    cordon: Cordon = Cordon.NONE
+    #: Each controller's last recorded placement set: its generation.
+    placement_sets: dict[str, int] = msgspec.field(default_factory=dict)
 
     def reserved_bytes(self) -> int:
         """Memory every instance holds in the residency ledger, bytes."""

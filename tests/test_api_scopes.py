@@ -172,7 +172,9 @@ def _request(method: str, route: str) -> tuple[str, dict[str, Any]]:
     path = route.replace("{instance_id}", "nope")
     if path == "/v1/events":
         return path, {"params": {"from_seq": 0, "follow": False}}
-    if method == "POST":
+    if path.startswith("/v1/node/"):  # cordon, drain, uncordon: a reason of the wrong type
+        return path, {"content": b'{"reason": 5}', "headers": JSON}
+    if method in ("POST", "PUT"):
         return path, {"content": b"{}", "headers": JSON}
     return path, {}
 

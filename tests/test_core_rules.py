@@ -1314,6 +1314,10 @@ NODE_KINDS = {
     "chain.key_rotated",
     "node.strays_ended",
     "node.witness_override",  # the boot against witnesses: tests/test_witnessing*.py
+    "node.cordoned",  # cordon and drain: tests/test_core_cordon.py, tests/test_drain_node.py
+    "node.drained",
+    "node.uncordoned",
+    "node.placement_set",
 }
 
 

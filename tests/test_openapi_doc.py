@@ -219,6 +219,10 @@ def test_every_route_is_documented(doc: dict[str, Any]) -> None:
         ("/v1/log/tile/{tile_path}", "get"),
         ("/v1/log/proof/inclusion", "get"),
         ("/v1/log/proof/consistency", "get"),
+        ("/v1/node/cordon", "post"),
+        ("/v1/node/drain", "post"),
+        ("/v1/node/uncordon", "post"),
+        ("/v1/placements", "put"),
     }
 
 
@@ -305,6 +309,10 @@ def test_every_operation_has_a_name_and_docs_api_md_gives_it(doc: dict[str, Any]
             "getTile",
             "getInclusionProof",
             "getConsistencyProof",
+            "cordonNode",
+            "drainNode",
+            "uncordonNode",
+            "putPlacements",
         ]
     )
     api_md = (DOC.parent / "api.md").read_text()

@@ -709,6 +709,7 @@ class StubNode:
             memory_budget_bytes=None,
         )  # fmt: skip
         self.containment = types.SimpleNamespace(mode="pgroup", reason="a stub", memory=None)
+        self.cordon = types.SimpleNamespace(value="none")  # GET /v1/node's cordon
 
     def append_status(self) -> AppendStatus:
         return AppendStatus(writable=True, error=None, since_ns=None, failures=0)

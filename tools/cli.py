@@ -61,6 +61,9 @@ BY_USER: dict[str, dict[str, str]] = {
             ("logs", "logs"),
             ("watch", "watch"),
             ("health", "health"),
+            ("cordon", "cordon"),
+            ("drain", "cordon"),
+            ("uncordon", "cordon"),
         )
     },
     "auditor": {
@@ -103,6 +106,7 @@ def cli(verbose: bool) -> None:
                   infervisor place WHERE --file FRAGMENT.toml
                   infervisor logs WHERE INSTANCE [-f]
                   infervisor watch WHERE [--json]
+                  infervisor cordon|drain|uncordon WHERE
     Audit:        infervisor chain verify WHERE
                   infervisor replay WHERE
                   infervisor timeline WHERE INSTANCE

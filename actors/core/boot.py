@@ -41,22 +41,27 @@ def boot_process(d: Draft, b: BootSeen) -> None:
             _reattach(d, b.process)
             return
         case ProcessGone():
-            _gone(d, b.process)
+            _gone(d, b.process, b.held)
         case _:
             if d.inst.lifecycle is S.STARTING and d.inst.process is None:
-                _relaunch(d)
+                _relaunch(d, b.held)
             elif d.inst.lifecycle in _HAD_PROCESS:
                 why = "no server process was recorded when the node stopped"
                 d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why))
-                after_exit(d)
+                if not b.held:
+                    after_exit(d)
     if len(d.events) == before:
-        _resume(d)
+        _resume(d, b.held)
 
 
-def _relaunch(d: Draft) -> None:
+def _relaunch(d: Draft, held: bool) -> None:
     """A start was recorded but its launch never ran (the node died between the
     two): start again, as the live node would have been running it. Not a
-    restart, so it spends no budget."""
+    restart, so it spends no budget. A held instance is not started."""
+    if held:
+        why = "the launch was interrupted before it ran (the node stopped); the node is drained"
+        d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why))
+        return
     why = "the launch was interrupted before it ran (the node stopped): starting it again"
     d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why))
     try_start(d, Role.BOOT)
@@ -87,23 +92,25 @@ def _reattach(d: Draft, p: ProcessAlive) -> None:
         d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, d.rules.stop_grace_s)))
 
 
-def _gone(d: Draft, p: ProcessGone) -> None:
+def _gone(d: Draft, p: ProcessGone, held: bool = False) -> None:
     inst = d.inst
     if inst.process is None and inst.lifecycle not in _HAD_PROCESS:
         return
     cause = inst.terminating.cause if inst.terminating is not None else p.reason
     reason = f"{cause}: {describe_exit(p.exit_code, p.signal)}"
     d.emit(ev.Exited(pid=p.pid, exit_code=p.exit_code, signal=p.signal, reason=reason))
-    after_exit(d)
+    if not held:
+        after_exit(d)
 
 
-def _resume(d: Draft) -> None:
-    """Nothing was running: go on toward the desired state."""
+def _resume(d: Draft, held: bool = False) -> None:
+    """Nothing was running: go on toward the desired state (a held instance is
+    not started again: the node is drained)."""
     inst = d.inst
     if inst.lifecycle is S.STOPPED and inst.then:
         after_exit(d)  # what the stop was for: unload, or start again
         return
-    if inst.desired is not Desired.RUNNING or inst.exposed:
+    if held or inst.desired is not Desired.RUNNING or inst.exposed:
         return
     if inst.lifecycle is S.EXITED:
         after_exit(d)  # gone while the node was down, or its follow-up was lost
@@ -113,7 +120,7 @@ def _resume(d: Draft) -> None:
         try_start(d, Role.BOOT)
 
 
-def boot_ollama(d: Draft, _: BootSeen) -> None:
+def boot_ollama(d: Draft, b: BootSeen) -> None:
     """A loaded model comes back with the fold; a start or an unload in flight goes
     on; otherwise resume what the live node would have done."""
     inst = d.inst
@@ -125,7 +132,7 @@ def boot_ollama(d: Draft, _: BootSeen) -> None:
     if unloading(inst):
         d.do(UnloadModel())  # an unload was in flight
         return
-    _resume(d)
+    _resume(d, b.held)
 
 
 def _stamp_of(start_time_s: float, now: Stamp) -> Stamp:

@@ -204,14 +204,17 @@ def record_stop(
 ) -> float | None:
     """Record a stop (``instance.stop_requested``); the grace recorded, or None
     when there was nothing to stop (a shutdown leaves the state as the chain
-    says; a stopped instance with no restart pending stays as it is).
+    says; a stopped instance with no restart pending and not wanted running
+    stays as it is).
 
     ``holds_something``: a server process, or a model Ollama holds for us.
     ``escalate``: a second stop while stopping, recorded with grace 0 so a boot
     kills at once too. A kill already armed (a health kill) holds: a stop
     never pushes the SIGKILL later, so the grace is at most what is left."""
     inst = d.inst
-    settled = inst.lifecycle is S.STOPPED and inst.then != Then.RESTART
+    # Stopped by a shutdown, it is still wanted running: a stop records that it is not.
+    wanted = inst.desired is Desired.RUNNING
+    settled = inst.lifecycle is S.STOPPED and inst.then != Then.RESTART and not wanted
     if not holds_something and (by == Role.SHUTDOWN or settled):
         d.do(CancelTimer(name=Timer.RESTART))
         return None

@@ -274,11 +274,15 @@ class BootSeen(_Obs, frozen=True):
     """The node (re)started: what became of the instance's process; its strays.
 
     ``strays``: live processes in the instance's server cgroup that no record
-    claims (the kernel's membership; empty without cgroups), in ``cgroup``."""
+    claims (the kernel's membership; empty without cgroups), in ``cgroup``;
+    ``held``: not to be started again (a drained node's controller instance)."""
 
     process: ProcessAlive | ProcessGone | ProcessNone
     strays: list[int] = msgspec.field(default_factory=list)
     cgroup: str = ""
+    #: The node is drained and a controller placed it: nothing of it is started
+    #: again (the drain's stop follows, actors/core/cordon.py).
+    held: bool = False
 
 
 Observation = (

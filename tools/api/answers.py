@@ -12,9 +12,11 @@ import pykka
 
 from infervisor.actors.errors import (
     BadArgument,
+    Cordoned,
     InvalidState,
     NotAController,
     RecordFailed,
+    StaleGeneration,
     UnknownInstance,
     VerbRefused,
     VerbTimeout,
@@ -47,6 +49,8 @@ BY_CLASS: tuple[tuple[type[BaseException], int, str], ...] = (
     (AdmissionRefused, 422, "admission_refused"),
     (UnknownInstance, 404, "unknown_instance"),
     (NotAController, 400, "invalid"),
+    (Cordoned, 409, "cordoned"),
+    (StaleGeneration, 409, "stale_generation"),
     (BadArgument, 400, "bad_value"),
     (InvalidState, 409, "invalid_state"),
     (VerbRefused, 409, "refused"),

@@ -37,6 +37,7 @@ from .errors import (
     NotRunning,
     VerbFailed,
 )
+from .fleet_wire import CordonAnswer, PlacementSetAnswer
 from .inventory import ModelList
 from .uds import unix_transport
 from .wire import (
@@ -76,6 +77,8 @@ VERB_WAIT_S: dict[str, float] = {
     "restart": LONGEST_WAIT_S + 60.0,  # stop_grace_s plus 60 s
     "unload": 120.0,  # the host's ask plus UNLOAD_WAIT_S
     "deep-health": LONGEST_WAIT_S + 5.0,  # deep_timeout_s plus 5 s
+    "drain": LONGEST_WAIT_S + 30.0,  # every stop at once: stop_grace_s plus 30 s
+    "placements": 120.0 + LONGEST_WAIT_S,  # admission, then unloads and starts
 }
 
 #: The longest silence of a followed event stream before it counts as no answer:
@@ -260,6 +263,30 @@ class ApiClient:
         return self._call(
             "POST", "/heartbeat", HeartbeatAnswer, {"controller": controller}, idempotency_key
         )
+
+    def cordon(self, verb: str = "cordon", reason: str | None = None) -> CordonAnswer:
+        """``verb`` the node: ``cordon``, ``drain`` or ``uncordon`` (``reason`` recorded)."""
+        if verb not in ("cordon", "drain", "uncordon"):
+            raise ValueError(f"verb {verb!r}: allowed cordon, drain, uncordon")
+        body = {"reason": reason} if reason is not None else None
+        wait = "drain" if verb == "drain" else 0.0
+        return self._call("POST", f"/node/{verb}", CordonAnswer, body, wait=wait)
+
+    def put_placements(
+        self,
+        controller: str,
+        generation: int,
+        placements: builtins.list[tuple[InstanceSpec, bool]],
+    ) -> PlacementSetAnswer:
+        """Make ``placements`` (spec, start) the whole set ``controller`` wants here."""
+        body = {
+            "controller": controller,
+            "generation": generation,
+            "placements": [
+                {"spec": msgspec.to_builtins(spec), "start": start} for spec, start in placements
+            ],
+        }
+        return self._call("PUT", "/placements", PlacementSetAnswer, body, wait="placements")
 
     def ledger(self) -> LedgerView | None:
         """The memory budget and reservations (None when the node has no budget)."""

@@ -95,6 +95,8 @@ CODES: dict[str, Exit] = {
     "too_large": Exit.USAGE,
     "too_many_connections": Exit.NO_NODE,
     "request_timeout": Exit.NO_NODE,
+    "cordoned": Exit.REFUSED,
+    "stale_generation": Exit.REFUSED,
 }
 
 #: The table as each command's --help ends with it.

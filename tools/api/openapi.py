@@ -47,8 +47,9 @@ _ERRORS = {
     403: "A socket peer whose uid is neither the node's nor root's, or a token whose scope "
     "does not cover the route (the message names the scope needed and the one held).",
     404: "No such instance; the message lists the placed ones.",
-    409: "The lifecycle state does not allow the verb, the port is taken, or the first "
-    "request with this Idempotency-Key is still in flight.",
+    409: "The lifecycle state does not allow the verb, the port is taken, the first "
+    "request with this Idempotency-Key is still in flight, the node is cordoned (`cordoned`), "
+    "or a placement set is older than the controller's last (`stale_generation`).",
     422: "Admission refused (with the numbers), or an Idempotency-Key reused for another request.",
     500: "The verb was accepted and recorded, but its work failed (or the node failed).",
     413: "The body is larger than 1 MiB.",
@@ -140,7 +141,7 @@ def amend(doc: OpenAPI) -> None:
     schemas = doc.components.schemas
     schemas["WatchEvent"] = _struct_schema(WatchEvent)
     for route, path_item in doc.paths.items():
-        for method in ("get", "post"):
+        for method in ("get", "post", "put"):
             operation = getattr(path_item, method, None)
             if operation is None or operation.responses is None:
                 continue
@@ -149,8 +150,9 @@ def amend(doc: OpenAPI) -> None:
                 f"{operation.description or ''}\n\nScope: {needed.value} (docs/api.md)."
             ).lstrip()
             _headers(method, operation.responses)
-    for verb in ("start", "stop", "restart", "unload"):  # their bodies are optional
-        operation = doc.paths[f"/{API_VERSION}/instances/{{instance_id}}/{verb}"].post
+    verbs = [f"instances/{{instance_id}}/{v}" for v in ("start", "stop", "restart", "unload")]
+    for verb in (*verbs, "node/cordon", "node/drain", "node/uncordon"):  # optional bodies
+        operation = doc.paths[f"/{API_VERSION}/{verb}"].post
         assert operation is not None
         assert operation.request_body is not None
         operation.request_body.required = False  # type: ignore[union-attr]

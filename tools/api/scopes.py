@@ -11,7 +11,8 @@ Scopes are ordered, each covering the ones below it::
   and the deep health check: it makes the model server generate a token, real
   work on the inference server (it competes with real requests), so a
   monitoring token that may only look may not drive it.
-- ``control``: what a node controller does (placements, heartbeats, and any
+- ``control``: what a node controller does (placements and placement sets,
+  heartbeats, cordon and drain, and any
   verb whose body names a ``controller``: it renews that controller's lease).
 
 A bearer token's scope comes from the node's config (``[api] tokens``); a
@@ -102,6 +103,10 @@ ROUTE_SCOPES: tuple[tuple[str, str, Scope], ...] = (
     ("POST", "/v1/instances/{instance_id}/deep-health", Scope.OPERATE),
     ("POST", "/v1/instances", Scope.CONTROL),
     ("POST", "/v1/heartbeat", Scope.CONTROL),
+    ("POST", "/v1/node/cordon", Scope.CONTROL),
+    ("POST", "/v1/node/drain", Scope.CONTROL),
+    ("POST", "/v1/node/uncordon", Scope.CONTROL),
+    ("PUT", "/v1/placements", Scope.CONTROL),
 )
 
 

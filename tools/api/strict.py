@@ -4,7 +4,7 @@ Litestar converts a body leniently (``"18741"`` becomes the port 18741,
 ``"true"`` a boolean), as it must for query strings. A controller's body is
 JSON with types: a string where a number belongs is the controller's bug, and
 is answered 400 naming the field, as the command line refuses it. This ASGI
-middleware decodes each POST body with msgspec in strict mode against the
+middleware decodes each POST (and PUT) body with msgspec in strict mode against the
 route's body type (the same type the route declares, so the OpenAPI document
 is unchanged) and refuses what does not decode; the body then goes on to the
 app as it came.
@@ -33,6 +33,7 @@ import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
 
+from .fleet_wire import CordonRequest, PlacementSet
 from .idempotency import MAX_BODY, BodyCut, read_body, replayed
 from .wire import (
     API_VERSION,
@@ -65,7 +66,11 @@ _BODIES: tuple[tuple[re.Pattern[str], type[msgspec.Struct], bool], ...] = (
     (re.compile(rf"^{_V}/heartbeat$"), HeartbeatRequest, False),
     (re.compile(rf"^{_V}/instances/{_ID}/stop$"), StopRequest, True),
     (re.compile(rf"^{_V}/instances/{_ID}/(?:start|restart|unload)$"), VerbRequest, True),
+    (re.compile(rf"^{_V}/node/(?:cordon|drain|uncordon)$"), CordonRequest, True),
+    (re.compile(rf"^{_V}/placements$"), PlacementSet, False),
 )
+#: An item of a placement set, as a field names it (``placements[2].spec.model``).
+_ITEM = re.compile(r"^placements\[\d+\]\.")
 _DECODERS: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {
     t: msgspec.json.Decoder(t | None if optional else t) for _, t, optional in _BODIES
 }
@@ -88,6 +93,9 @@ def explain(error: msgspec.MsgspecError, body_type: type[msgspec.Struct]) -> Err
     match = _AT.match(str(error))
     what = match["what"] if match else str(error)
     path = (match["path"] or "").lstrip(".") if match else ""
+    item = _ITEM.match(path)  # a set's item keeps its index as the body writes it
+    prefix = item[0] if item else ""
+    path = path[len(prefix) :]
     path = re.sub(r"\[(\d+)\]", r".\1", path).replace("[...]", "")  # a dict value: its map
     named = _NAMED.match(what)
     if named:
@@ -102,7 +110,7 @@ def explain(error: msgspec.MsgspecError, body_type: type[msgspec.Struct]) -> Err
         what = f"not valid JSON: {what}"
     missing = what.startswith("Object missing required field")
     in_spec = path.startswith("spec.") or (path == "spec" and not missing)
-    return _named(path or BODY, what, in_spec=in_spec)
+    return _named((prefix + path).rstrip(".") or BODY, what, in_spec=in_spec)
 
 
 def _named(field: str, what: str, *, in_spec: bool | None = None) -> ErrorBody:
@@ -142,7 +150,7 @@ def beyond(value: object, path: str = "", depth: int = 0) -> ErrorBody | None:
 
 
 def _body_type(scope: dict[str, Any]) -> tuple[type[msgspec.Struct], bool] | None:
-    if scope["type"] != "http" or scope["method"] != "POST":
+    if scope["type"] != "http" or scope["method"] not in ("POST", "PUT"):
         return None
     path = scope["path"].rstrip("/") or "/"  # Litestar routes a trailing slash alike
     for pattern, body_type, optional in _BODIES:

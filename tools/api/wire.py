@@ -15,7 +15,9 @@ from it. Errors are one shape, :class:`ErrorBody`, with a stable ``code``
         route (``forbidden``)
 404     no such instance (``unknown_instance``)
 409     the lifecycle state does not allow the verb, or the port is taken
-        (``invalid_state``, ``refused``, ``port_taken``, ``idempotency_in_flight``)
+        (``invalid_state``, ``refused``, ``port_taken``, ``idempotency_in_flight``),
+        the node is cordoned (``cordoned``), a placement set is older than the
+        controller's last (``stale_generation``)
 422     admission refused, with the numbers (``admission_refused``, ``memory_budget``),
         or an idempotency key reused for another request (``idempotency_mismatch``)
 415     a body not sent as ``Content-Type: application/json`` (``unsupported_media_type``)
@@ -234,6 +236,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     inventory: Inventory | None = None
     witnesses: list[WitnessInfo] = msgspec.field(default_factory=list)
     witness_quorum: int | None = None
+    #: Whether the node takes placements: ``none``, ``cordoned`` (no new
+    #: placements) or ``drained`` (also its controllers' instances stopped).
+    cordon: str = "none"
 
 
 class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):

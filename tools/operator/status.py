@@ -26,7 +26,7 @@ from ..clikit.schemas import InstanceRecord, from_state, from_view
 from ..node.where import where
 from .target import Target, api_failure, node_command, running_healthy, view_of
 
-__all__ = ["age", "chain_refusal", "row", "status"]
+__all__ = ["age", "chain_refusal", "cordon_lines", "row", "status"]
 
 _COLUMNS = (
     "INSTANCE",
@@ -72,7 +72,8 @@ def status(target: Target, as_json: bool, unverified: bool, watch: bool, check: 
     the node contains its servers).
 
     While the node's chain refuses writes (disk full, write lock held
-    elsewhere), a warning on stderr says so and since when.
+    elsewhere), a warning on stderr says so and since when. A cordoned or
+    drained node (`infervisor cordon`, `drain`) says so below the table.
 
     When no node runs on WHERE, the state is replayed from DATA_DIR/chain.db
     instead, and stderr says so; health and memory are then unknown. The
@@ -143,13 +144,25 @@ def _print_table_and_details(
     target: Target, views: list[InstanceView], info: NodeInfo, instance: str | None
 ) -> None:
     _print_table([row(from_view(v)) for v in views])
-    for line in witness_lines(info):
+    for line in [*cordon_lines(info), *witness_lines(info)]:
         click.echo(line)
     if instance:
         _print_details(views[0])
         with contextlib.suppress(ApiError, NodeUnavailable), target.client() as client:
             node = client.node()
             click.echo(f"  contained  {node.containment}: {node.containment_reason}")
+
+
+def cordon_lines(info: NodeInfo) -> list[str]:
+    """``node: cordoned ...`` or ``node: drained ...`` ([] while it takes placements)."""
+    if info.cordon == "cordoned":
+        return ["node: cordoned: no new placements (`infervisor uncordon` ends it)"]
+    if info.cordon == "drained":
+        return [
+            "node: drained: no new placements, its controllers' instances stay stopped "
+            "(`infervisor uncordon` ends it)"
+        ]
+    return []
 
 
 def witness_lines(info: NodeInfo) -> list[str]:

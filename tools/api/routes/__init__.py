@@ -3,9 +3,10 @@
 The node (:mod:`.node`: ``/v1/node``, ``/v1/ledger``, ``/v1/heartbeat``), its
 models (:mod:`.models`: ``/v1/models``), its instances (:mod:`.instances`:
 ``/v1/instances/...``, the verbs and the logs), the chain's events
-(:mod:`.events`: ``/v1/events``), the chain as a tlog-tiles log with its
-proofs (:mod:`.log`: ``/v1/log/...``) and the metrics (:mod:`.metrics`:
-``/metrics``). Each route is given what it needs as Litestar
+(:mod:`.events`: ``/v1/events``), cordon, drain and placement sets (:mod:`.fleet`:
+``/v1/node/cordon|drain|uncordon``, ``/v1/placements``), the chain as a tlog-tiles
+log with its proofs (:mod:`.log`: ``/v1/log/...``) and the metrics
+(:mod:`.metrics`: ``/metrics``). Each route is given what it needs as Litestar
 dependencies (tools/api/context.py): ``api`` (the shared context) and
 ``node`` (the node, admitted by the gate for the request's length).
 """
@@ -13,6 +14,7 @@ dependencies (tools/api/context.py): ``api`` (the shared context) and
 from __future__ import annotations
 
 from .events import EventController
+from .fleet import FleetController
 from .instances import InstanceController
 from .log import LogController
 from .metrics import MetricsController
@@ -29,4 +31,5 @@ CONTROLLERS = (
     EventController,
     MetricsController,
     LogController,
+    FleetController,
 )

@@ -51,6 +51,7 @@ class NodeController(Controller):
             inventory=inventory_of(node, views, api.gpus.get()),
             witnesses=[WitnessInfo(**row._asdict()) for row in lag],
             witness_quorum=(node.settings.witness_quorum or len(lag)) if lag else None,
+            cordon=node.cordon.value,
         )
 
     @get("/ledger", operation_id="getLedger", sync_to_thread=True, responses=responses())

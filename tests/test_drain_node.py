@@ -1,0 +1,198 @@
+"""Cordon, drain and a controller's whole set on a real node (issue 19, point 1).
+
+A node runs in process with fake llama.cpp servers (real processes, a real
+chain file) behind its control API on the Unix socket; the test is the
+controller and the operator, through :class:`ApiClient`:
+
+- cordon refuses a new placement (409 ``cordoned``, nothing recorded); drain
+  stops the controller's instances and not the operator's; a node restart
+  keeps them stopped and the node drained; uncordon lets placements in; a
+  node whose drain was recorded but whose stops never ran (killed between
+  the two) holds and stops them at boot;
+- ``PUT /v1/placements`` converges a node with extra, missing and older
+  instances in one transaction for its record and new placements, and the
+  same set again appends nothing (the chain's rows counted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import NodeFactory
+from support import chain_rows, cli_here
+
+from infervisor.actors.append import WriterAppend
+from infervisor.actors.node import Node
+from infervisor.actors.settings import NodeSettings
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.chain import EventDraft, SqliteChain, StoredEvent, verify_chain
+from infervisor.replay import events as ev
+from infervisor.tools.api.client import ApiClient
+from infervisor.tools.api.errors import VerbFailed
+from infervisor.tools.api.server import ApiServer
+
+CTL = "ctl1"
+DEADLINE_S = 60.0
+
+
+def spec(role: str) -> InstanceSpec:
+    return InstanceSpec(role=role, flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+
+
+@contextmanager
+def served(
+    nodes: NodeFactory, settings: NodeSettings, models: Path
+) -> Iterator[tuple[Node, ApiClient]]:
+    """The node open and served on its socket; shut down cleanly at the end."""
+    data = Path(settings.data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    server = ApiServer.listen(data, settings.chain_path, settings.node_id)
+    try:
+        node = nodes.open(settings)
+        node.registry.adopt("tiny", models / "tiny.gguf", replace=True)
+        server.serve(node)
+        with ApiClient(data_dir=data, timeout_s=DEADLINE_S) as client:
+            yield node, client
+        server.stopping()
+        node.shutdown()
+    finally:
+        server.close()
+
+
+def refused(code: str, call: Callable[[], object]) -> VerbFailed:
+    with pytest.raises(VerbFailed) as caught:
+        call()
+    assert caught.value.code == code, caught.value
+    return caught.value
+
+
+def lifecycle(node: Node, iid: str, want: str) -> None:
+    node.wait_for(iid, lambda v: v.lifecycle == want, DEADLINE_S)
+
+
+def kinds_after(db: Path, seq: int, subject: str) -> list[str]:
+    return [k for q, _, k, s, _ in chain_rows(db) if q > seq and s == subject]
+
+
+def test_cordon_drain_restart_uncordon(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    settings = nodes.settings(fake_llama, fake_model)
+    db = settings.chain_path
+    with served(nodes, settings, fake_model) as (node, client):
+        own = client.place(spec("own"), start=True).instance_id  # the operator's
+        c1 = client.place(spec("c1"), controller=CTL, generation=1, start=True).instance_id
+        c2 = client.place(spec("c2"), controller=CTL, generation=1, start=True).instance_id
+        for iid in (own, c1, c2):
+            lifecycle(node, iid, "running")
+
+        assert client.cordon("cordon", "kernel update").cordon == "cordoned"
+        rows = len(chain_rows(db))
+        error = refused("cordoned", lambda: client.place(spec("c3"), controller=CTL, generation=1))
+        assert error.status == 409 and "uncordon" in str(error)
+        assert len(chain_rows(db)) == rows  # a refused placement records nothing
+        assert client.node().cordon == "cordoned"
+
+        drained = client.cordon("drain")
+        assert (drained.cordon, sorted(drained.stopped)) == ("drained", sorted([c1, c2]))
+        for iid in (c1, c2):
+            view = client.status(iid)
+            assert (view.lifecycle, view.desired) == ("stopped", "stopped")
+        assert client.status(own).lifecycle == "running"
+        refused("cordoned", lambda: client.start(c1, controller=CTL))
+        kinds = [k for _, _, k, _, _ in chain_rows(db)]
+        assert kinds.index("node.drained") < kinds.index("instance.stop_requested")
+
+    data = settings.data_dir
+    gone = cli_here("drain", data, "--json")  # no node runs on it
+    assert gone.returncode == 3 and '"no_node"' in gone.stdout, gone
+    with served(nodes, settings, fake_model) as (node, client):  # the node restarted
+        assert client.node().cordon == "drained"
+        lifecycle(node, own, "running")
+        for iid in (c1, c2):
+            assert (client.status(iid).lifecycle, client.status(iid).desired) == (
+                "stopped",
+                "stopped",
+            )
+        status = cli_here("status", data)
+        assert status.returncode == 0 and "node: drained" in status.stdout, status
+        uncordoned = cli_here("uncordon", data, "--json", "--reason", "done")
+        assert uncordoned.returncode == 0, uncordoned
+        assert json.loads(uncordoned.stdout)["cordon"] == "none"
+        assert chain_rows(db)[-1][2:] == (
+            "node.uncordoned",
+            "",
+            {"event": "node.uncordoned", "reason": "done", "v": 1},
+        )
+        assert cli_here("uncordon", data).stdout.startswith("node uncordoned")  # already so: 0
+        c3 = client.place(spec("c3"), controller=CTL, generation=1, start=True).instance_id
+        client.start(c1, controller=CTL)
+        lifecycle(node, c1, "running")
+        lifecycle(node, c3, "running")
+        # Killed between the drain's record and its stops: the chain has node.drained
+        # and c1, c3 wanted running (a clean stop keeps them so, as a kill would).
+        WriterAppend(node._writer, node.clock).append([ev.NodeDrained()], source="operator")
+    booted_at = len(chain_rows(db)) - 1  # after the shutdown's stops
+
+    with served(nodes, settings, fake_model) as (node, client):
+        assert client.node().cordon == "drained"
+        for iid in (c1, c3):
+            # held: never started again, and the drain's stop recorded
+            assert kinds_after(db, booted_at, iid) == ["instance.stop_requested"]
+            assert client.status(iid).desired == "stopped"
+        lifecycle(node, own, "running")
+    assert verify_chain(db).ok
+
+
+def test_a_placement_set_converges_and_repeats_nothing(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = nodes.settings(fake_llama, fake_model)
+    db = settings.chain_path
+    transactions: list[list[str]] = []
+    original = SqliteChain.append_many
+
+    def counting(chain: SqliteChain, drafts: Sequence[EventDraft]) -> list[StoredEvent]:
+        transactions.append([d.kind for d in drafts])
+        return original(chain, drafts)
+
+    monkeypatch.setattr(SqliteChain, "append_many", counting)
+    with served(nodes, settings, fake_model) as (node, client):
+        own = client.place(spec("own")).instance_id
+        extra = client.place(spec("extra"), controller=CTL, generation=1, start=True).instance_id
+        older_spec, new_spec = spec("older"), spec("new")
+        older = client.place(older_spec, controller=CTL, generation=1).instance_id
+        lifecycle(node, extra, "running")
+
+        the_set = [(older_spec, True), (new_spec, True)]
+        done = client.put_placements(CTL, 2, the_set)
+        new = next(iid for iid in done.placed)
+        assert (done.placed, done.replaced, done.unloaded) == ([new], [older], [extra])
+        assert sorted(done.started) == sorted([older, new])
+        assert sorted(v.instance_id for v in client.list()) == sorted([own, older, new])
+        assert {client.status(i).generation for i in (older, new)} == {2}
+        assert ["node.placement_set", "instance.placed"] in transactions  # one transaction
+        for iid in (older, new):
+            lifecycle(node, iid, "running")
+
+        rows = len(chain_rows(db))
+        again = client.put_placements(CTL, 2, the_set)
+        assert sorted(again.unchanged) == sorted([older, new])
+        assert again.placed == again.replaced == again.unloaded == again.started == []
+        assert len(chain_rows(db)) == rows  # the same set appends nothing
+
+        error = refused("stale_generation", lambda: client.put_placements(CTL, 1, the_set))
+        assert (error.status, error.field) == (409, "generation")
+        bad = InstanceSpec(role="bad", flavor=Flavor.LLAMACPP, model="nope", port=free_port())
+        error = refused("bad_spec", lambda: client.put_placements(CTL, 3, [*the_set, (bad, True)]))
+        assert error.status == 400 and error.field == "placements[2].spec.model", error
+        client.cordon("cordon")
+        error = refused("cordoned", lambda: client.put_placements(CTL, 3, [(spec("more"), True)]))
+        assert error.field == "placements[0]"
+        assert len(chain_rows(db)) == rows + 1  # only node.cordoned: the refusals left it so
+        assert client.status(older).lifecycle == "running"
