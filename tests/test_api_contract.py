@@ -372,6 +372,32 @@ def test_refusals(api: Api, listener: str) -> None:
         api.call(listener, "POST", f"/v1/instances/{instance_id}/unload", 200)
 
 
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_the_fleet_routes(api: Api, listener: str) -> None:
+    """A placement set, cordon (refusing a new placement), drain and uncordon answer
+    as documented; the set's controller then empties its set."""
+    ctl = f"ctl-{listener}"
+    body = {"spec": spec(f"set-{listener}", free_port()), "start": False}
+    placed = api.call(
+        listener,
+        "PUT",
+        "/v1/placements",
+        200,
+        json={"controller": ctl, "generation": 1, "placements": [body]},
+    )
+    assert len(placed["placed"]) == 1 and placed["controller"] == ctl
+    cordoned = api.call(listener, "POST", "/v1/node/cordon", 200, json={"reason": "contract"})
+    assert cordoned["cordon"] == "cordoned"
+    new = {"spec": spec(f"late-{listener}", free_port())}
+    api.refused(listener, "POST", "/v1/instances", 409, "cordoned", json=new)
+    assert api.call(listener, "POST", "/v1/node/drain", 200)["cordon"] == "drained"
+    assert api.call(listener, "POST", "/v1/node/uncordon", 200)["cordon"] == "none"
+    empty = {"controller": ctl, "generation": 2, "placements": []}
+    assert (
+        api.call(listener, "PUT", "/v1/placements", 200, json=empty)["unloaded"] == placed["placed"]
+    )
+
+
 def test_every_route_answered_on_both_listeners(api: Api) -> None:
     """Runs last: every documented route answered 200 on each listener, and the
     refusals above were seen on each."""
