@@ -49,9 +49,12 @@ class Member:
     def token(self, name: str = "operator") -> str:
         return str(json.loads((self.data / "api-tokens.json").read_text())[name])
 
-    def write(self, program: str, extra: str = "") -> None:
+    def write(self, program: str, extra: str = "", model: Path | None = None) -> None:
+        """node.toml (and the model: `model`'s bytes, else a header-only GGUF)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         put_model(self.data)
+        if model is not None:
+            shutil.copy(model, self.data / "models" / "tiny.gguf")
         self.config.write_text(
             f"""[api]
 tcp = "127.0.0.1:{self.api_port}"

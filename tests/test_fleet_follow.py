@@ -1,14 +1,20 @@
-"""``infervisor fleet serve`` follows real nodes with no gap and no repeat across
-kill -9 of itself and of a node, and ``fleet status --json`` agrees with each node.
+"""Issue 19's headline: three nodes on loopback followed by one ``infervisor fleet``.
 
-Two ``infervisor run`` nodes (fake llama-server, TCP API with tokens, a
-checkpoint per event) and one real ``infervisor fleet serve`` process. The
-fleet stores every event of both; it is killed with SIGKILL while the nodes
-append, a node is killed with SIGKILL and restarted (it resumes from its
-chain), the fleet is started again: its store ends up holding exactly each
-node's chain (same seqs, same hashes; the primary key refuses a repeat and
-the comparison a gap), its metrics show both nodes up, nothing behind, the
-newest checkpoint verified and no failure.
+Three ``infervisor run`` nodes (TCP API with tokens, a checkpoint per event):
+n1 runs the real llama.cpp server (``infervisor-llama-server`` on the
+project's tiny GGUF), n2 and n3 the fake llama-server. One real ``infervisor
+fleet serve`` process follows them. The fleet is killed with SIGKILL while
+the nodes append, a node is killed with SIGKILL and restarted (it resumes
+from its chain), the fleet is started again, another node restarts under the
+running fleet: the fleet's store ends up holding exactly each node's chain
+(same seqs, same hashes; its primary key refuses a repeat, the comparison a
+gap), its metrics show every node up, nothing behind, the newest checkpoint
+verified and no failure; ``fleet check`` passes; ``fleet status --json``
+agrees with each node's own ``GET /v1/instances``.
+
+The drain, ``PUT /v1/placements`` and two-controller parts of the headline
+are in tests/test_fleet_place.py (in process; enabled once those routes are
+merged).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -50,11 +57,15 @@ def bounce(member: Member) -> None:
         client.start(view.instance_id)
 
 
-def test_no_gap_no_repeat_across_kills(tmp_path: Path, fake_llama: str) -> None:
-    members = make_members(tmp_path, ["n1", "n2"])
+def test_no_gap_no_repeat_across_kills(tmp_path: Path, fake_llama: str, tiny_gguf: Path) -> None:
+    members = make_members(tmp_path, ["n1", "n2", "n3"])
+    real = str(Path(sys.executable).parent / "infervisor-llama-server")
     with ExitStack() as stack:
         for m in running(stack, members):
-            m.write(fake_llama)
+            if m.name == "n1":
+                m.write(real, model=tiny_gguf)
+            else:
+                m.write(fake_llama)
             m.start()
         fleet = fleet_of(tmp_path, members, check_interval_s=0.5)
         store = tmp_path / "fleet.db"
@@ -63,21 +74,23 @@ def test_no_gap_no_repeat_across_kills(tmp_path: Path, fake_llama: str) -> None:
         wait_converged(store, members)
 
         # kill -9 of the fleet while the nodes append
-        bounce(members[0])
-        serve.kill()
         bounce(members[1])
+        serve.kill()
+        bounce(members[2])
         # kill -9 of a node; it resumes from its chain
-        members[0].runs[-1].send(signal.SIGKILL)
-        members[0].runs[-1].wait()
-        members[0].start()
+        members[1].runs[-1].send(signal.SIGKILL)
+        members[1].runs[-1].wait()
+        members[1].start()
         serve = FleetServe(fleet)
         stack.callback(serve.kill)
         wait_converged(store, members)
         # a node's restart seen live by the running fleet
-        members[1].runs[-1].stop()
-        members[1].start()
-        bounce(members[1])
+        members[2].runs[-1].stop()
+        members[2].start()
+        bounce(members[2])
         wait_converged(store, members)
+        checked = cli_here("fleet", "check", fleet)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
 
         for m in members:
             seqs = [s for s, _ in fleet_rows(store, m.name)]
@@ -123,3 +136,11 @@ def test_no_gap_no_repeat_across_kills(tmp_path: Path, fake_llama: str) -> None:
             assert re.search(rf"^{m.name}\s+chat-\S+\s+running\s+tiny", table.stdout, re.M), (
                 table.stdout
             )
+        assert wait_until(lambda: _chat_running(members[0]), DEADLINE_S, "llama.cpp serves")
+
+
+def _chat_running(member: Member) -> bool:
+    """The real llama.cpp server of `member` answers its health check."""
+    with ApiClient(url=member.url, token=member.token(), timeout_s=DEADLINE_S) as client:
+        (view,) = client.list()
+    return view.lifecycle == "running" and view.health == "up"
