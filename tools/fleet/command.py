@@ -182,8 +182,8 @@ def drain(
     fleet_file: Path, node_name: str, reason: str | None, as_json: bool, timeout_s: float
 ) -> None:
     """Drain NODE (POST /v1/node/drain): it takes no new placements and stops the
-    instances controllers placed, with their grace; `infervisor` on the node (or
-    POST /v1/node/uncordon) ends it. Exit 0 once drained; 1 refused; 3 no answer.
+    instances controllers placed, with their grace; POST /v1/node/uncordon ends it.
+    Exit 0 once drained; 1 refused; 3 no answer.
     """
     config = _config(fleet_file)
     entry = _named(config, node_name)
