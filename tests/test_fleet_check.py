@@ -23,8 +23,10 @@ from support import cli_here
 from test_chain_trust import _done, _raw, _resign_all
 
 from infervisor.chain.checkpoint import load_signer
+from infervisor.chain.checks import Row
 from infervisor.chain.keys import rotate_key
 from infervisor.chain.note import Signer
+from infervisor.tools.fleet.store import FleetStore, StoreError
 
 
 @pytest.fixture
@@ -122,8 +124,35 @@ def test_a_broken_link_is_not_stored(tmp_path: Path, served: ServedChain) -> Non
     served.grow(2)
     code, nodes, err = check(fleet)
     assert code == 1, err
+    assert nodes["n1"]["outcome"] == "event_refused", nodes
     assert "link broken" in str(nodes["n1"]["detail"]), nodes
     assert stored_seqs(fleet) == list(range(12))
     with sqlite3.connect(fleet.parent / "fleet.db") as conn:
         (what,) = conn.execute("SELECT what FROM failures WHERE node = 'n1'").fetchone()
     assert what == "link broken"
+
+
+def test_a_row_stored_twice_is_kept_once_and_another_refused(tmp_path: Path) -> None:
+    """Two followers of one store (fleet check beside fleet serve) may store the same
+    event: the second keeps the first; a different event of that seq is refused."""
+    row = Row(0, 1, b"n", b"node", b"k", b"", b"{}", bytes(32), bytes(32), bytes(range(32)))
+    with FleetStore(tmp_path / "fleet.db") as store:
+        store.append("n1", row)
+        store.append("n1", row)
+        assert store.count("n1") == 1
+        with pytest.raises(StoreError, match="another event of that seq"):
+            store.append("n1", row._replace(hash=bytes(32)))
+        assert store.last("n1") == row
+
+
+def test_events_that_are_not_what_the_checkpoint_signed_are_named(
+    tmp_path: Path, served: ServedChain
+) -> None:
+    """A node that serves a rewritten history (linking fine) under checkpoints signed
+    over the original: the fleet's first verification compares them."""
+    rewrite_from(served.path, 5)
+    fleet = write_fleet(tmp_path, [served.entry("n1", tmp_path / "keys")])
+    code, nodes, err = check(fleet)
+    assert code == 1
+    assert nodes["n1"]["outcome"] == "events_differ", nodes
+    assert "n1 (events_differ)" in err

@@ -12,6 +12,7 @@ import contextlib
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -221,9 +222,18 @@ def sync(fleet_file: Path, as_json: bool, timeout_s: float) -> None:
     does not verify (named; nothing of it stored); 3 when a node does not answer.
     """
     config = _config(fleet_file)
-    with _store(config) as store:
+    with _store(config) as store, _store_failure():
         results = [_sync_one(e, store, timeout_s) for e in config.nodes]
     _finish(results, as_json)
+
+
+@contextlib.contextmanager
+def _store_failure() -> Iterator[None]:
+    """A store that fails midway (disk full, locked beyond its timeout): one line, exit 1."""
+    try:
+        yield
+    except StoreError as e:
+        raise Failure(str(e), "record_failed", "[fleet] store") from e
 
 
 def _sync_one(entry: Any, store: FleetStore, timeout_s: float) -> CheckResult:
@@ -237,7 +247,7 @@ def _sync_one(entry: Any, store: FleetStore, timeout_s: float) -> CheckResult:
         )
     except Refused as e:
         return CheckResult(
-            node=entry.name, outcome="forked", verified_size=held, size=None, detail=str(e)
+            node=entry.name, outcome="event_refused", verified_size=held, size=None, detail=str(e)
         )
     return CheckResult(
         node=entry.name,
@@ -265,7 +275,7 @@ def check(fleet_file: Path, as_json: bool, timeout_s: float) -> None:
     """
     config = _config(fleet_file)
     results: list[CheckResult] = []
-    with _store(config) as store:
+    with _store(config) as store, _store_failure():
         for entry in config.nodes:
             synced = _sync_one(entry, store, timeout_s)
             if synced.outcome != "ok":

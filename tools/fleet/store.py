@@ -52,7 +52,7 @@ _SELECT = (
     "FROM events WHERE node = ?"
 )
 _INSERT = (
-    "INSERT INTO events (node, seq, ts_ns, node_id, source, kind, subject, payload, "
+    "INSERT OR IGNORE INTO events (node, seq, ts_ns, node_id, source, kind, subject, payload, "
     "payload_hash, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
@@ -129,15 +129,26 @@ class FleetStore:
     def append(self, node: str, row: Row) -> None:
         """Store `row` of `node` and commit (durable on return).
 
+        A row of that seq with the same hash already there (stored by another
+        follower of the same store: `fleet check` beside `fleet serve`) is left as it is.
+
         Raises:
-            StoreError: not stored (a row of that seq is there already, or SQLite failed).
+            StoreError: not stored (another row of that seq is there, or SQLite failed).
         """
         texts = tuple(t.decode() for t in (row.node, row.source, row.kind, row.subject))
         values = (node, row.seq, row.ts_ns, *texts, *row[6:])
         try:
-            self.conn.execute(_INSERT, values)
+            if self.conn.execute(_INSERT, values).rowcount == 1:
+                return
+            (held,) = self.conn.execute(
+                "SELECT hash FROM events WHERE node = ? AND seq = ?", (node, row.seq)
+            ).fetchone()
         except sqlite3.Error as e:
             raise StoreError(f"{self.path}: node {node} seq {row.seq}: not stored: {e}") from e
+        if bytes(held) != row.hash:
+            raise StoreError(
+                f"{self.path}: node {node} seq {row.seq}: another event of that seq is stored"
+            )
 
     def count(self, node: str) -> int:
         """Events stored of `node`."""
@@ -149,6 +160,11 @@ class FleetStore:
             "SELECT hash FROM events WHERE node = ? AND seq < ? ORDER BY seq", (node, below)
         )
         return [bytes(h) for (h,) in rows]
+
+    def hash_at(self, node: str, seq: int) -> bytes | None:
+        """The hash of `node`'s stored event `seq` (None: not stored)."""
+        rows = self._read("SELECT hash FROM events WHERE node = ? AND seq = ?", (node, seq))
+        return bytes(rows[0][0]) if rows else None
 
     def rotations(self, node: str) -> list[tuple[str, bytes]]:
         """(kind, payload) of the key rotations stored of `node` (chain/keys.py)."""

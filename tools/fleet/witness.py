@@ -13,8 +13,9 @@ For each node the fleet keeps the last checkpoint it verified
    whether it extends the one verified: a smaller size is a truncation
    (``truncated``), another root at the same size or a proof that fails is a
    fork or rewrite (``forked``);
-3. compares it with the events the fleet stored, where it holds them all: the
-   root of their hashes and the head hash must be the checkpoint's
+3. compares it with the events the fleet stored, where it holds its head: the
+   head hash (and at the first verification the root of their hashes) must be
+   the checkpoint's
    (``events_differ``: the node served events its checkpoints do not commit to).
 
 Only then is it stored as the last verified. A failure is recorded
@@ -45,7 +46,9 @@ from .store import FleetStore, Verified
 
 __all__ = ["CheckResult", "check_node"]
 
-Outcome = Literal["ok", "truncated", "forked", "key_changed", "events_differ", "unreachable"]
+Outcome = Literal[
+    "ok", "truncated", "forked", "key_changed", "events_differ", "event_refused", "unreachable"
+]
 
 
 class CheckResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,7 +56,8 @@ class CheckResult(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         node: the fleet's name of the node.
-        outcome: ``ok``, or what is wrong (``unreachable``: not checked).
+        outcome: ``ok``, or what is wrong (``unreachable``: not checked;
+            ``event_refused``: an event the node sent does not verify, not stored).
         verified_size: the size verified before this check (0: none).
         size: the size of the node's checkpoint (None: not read).
         detail: one line for an operator.
@@ -92,7 +96,9 @@ def check_node(entry: NodeEntry, client: FleetClient, store: FleetStore) -> Chec
             None,
             f"not signed by {entry.pub_path} or a key a recorded rotation links to it ({e})",
         )
-    problem = _consistency(client, held, cp, note) or _against_events(entry, store, cp)
+    problem = _consistency(client, held, cp, note) or _against_events(
+        entry, store, cp, held is None
+    )
     if problem is not None:
         return _failed(entry, store, problem[0], before, cp.tree_size, problem[1])
     if held is None or cp.tree_size > held.size:
@@ -135,16 +141,22 @@ def _consistency(
 
 
 def _against_events(
-    entry: NodeEntry, store: FleetStore, cp: Checkpoint
+    entry: NodeEntry, store: FleetStore, cp: Checkpoint, first: bool
 ) -> tuple[Outcome, str] | None:
-    """Do the events stored commit to `cp`? (only once all of them are stored)."""
-    hashes = store.hashes(entry.name, cp.tree_size)
-    if len(hashes) < cp.tree_size:
+    """Do the events stored commit to `cp`? (only where the fleet holds its head event).
+
+    The stored events are linked hash by hash, so the head hash commits to all of
+    them; the root of their hashes is recomputed at the first verification only
+    (after it, the consistency proof ties each root to that one)."""
+    head = store.hash_at(entry.name, cp.tree_size - 1)
+    if head is None:
         return None
-    if hashes[-1] != cp.head_hash or tree_root(hashes) != cp.root:
+    if head != cp.head_hash or (
+        first and tree_root(store.hashes(entry.name, cp.tree_size)) != cp.root
+    ):
         return "events_differ", (
             f"the events the fleet stored (seq 0 .. {cp.tree_size - 1}) do not make the "
-            f"root of the node's checkpoint of size {cp.tree_size}"
+            f"head or root of the node's checkpoint of size {cp.tree_size}"
         )
     return None
 
