@@ -249,6 +249,11 @@ def _sync_one(entry: Any, store: FleetStore, timeout_s: float) -> CheckResult:
         return CheckResult(
             node=entry.name, outcome="event_refused", verified_size=held, size=None, detail=str(e)
         )
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        detail = f"node {entry.name}: an event not understood (another version?): {e}"
+        return CheckResult(
+            node=entry.name, outcome="event_refused", verified_size=held, size=None, detail=detail
+        )
     return CheckResult(
         node=entry.name,
         outcome="ok",

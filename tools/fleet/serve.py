@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import msgspec
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -104,6 +105,9 @@ class Fleet:
                         )
                 except ApiError as e:
                     self._mark(entry.name, up=False, error=str(e))
+                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                    self._mark(entry.name, up=True, error=f"an event not understood: {e}")
+                    self.stopping.wait(self.config.check_interval_s)
                 except Refused as e:
                     log.warning("%s", e)
                     self.stopping.wait(self.config.check_interval_s)
