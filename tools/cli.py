@@ -74,6 +74,7 @@ BY_USER: dict[str, dict[str, str]] = {
         "audit": ".audit.report:audit",
     },
     "witness": {"witness": ".witness.command:witness"},
+    "fleet": {"fleet": ".fleet.command:fleet"},
 }
 COMMANDS = {name: where for commands in BY_USER.values() for name, where in commands.items()}
 
@@ -111,6 +112,7 @@ def cli(verbose: bool) -> None:
                   infervisor replay WHERE
                   infervisor timeline WHERE INSTANCE
     Witness:      infervisor witness run witness.toml
+    Fleet:        infervisor fleet status|check|serve FLEET.toml
 
     WHERE is a node's data directory, its config file (.toml) or its chain
     file (DATA_DIR/chain.db); the operator verbs reach the node through its

@@ -1,0 +1,158 @@
+"""``infervisor fleet check``: the fleet witnesses each node's chain.
+
+Each test serves a small chain (tests/chain_tamper.py) with the node's own API
+server over TCP with a token (tests/fleet_support.py), lets the fleet verify
+it once (events stored, checkpoint verified against the node.pub copy), then
+tampers with the chain file as a root user could and checks again: a
+truncation, a rewrite re-signed with the node's own key, a new key without a
+recorded rotation, and a broken link in newly served events are each refused
+with exit 1 naming the node; a recorded rotation and honest growth pass.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chain_tamper import NODE, rewrite_from, truncate
+from fleet_support import ServedChain, write_fleet
+from support import cli_here
+from test_chain_trust import _done, _raw, _resign_all
+
+from infervisor.chain.checkpoint import load_signer
+from infervisor.chain.checks import Row
+from infervisor.chain.keys import rotate_key
+from infervisor.chain.note import Signer
+from infervisor.tools.fleet.store import FleetStore, StoreError
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[ServedChain]:
+    chain = ServedChain(tmp_path / "n1", 12)
+    yield chain
+    chain.close()
+
+
+def check(fleet: Path) -> tuple[int, dict[str, dict[str, object]], str]:
+    ran = cli_here("fleet", "check", fleet, "--json")
+    assert "Traceback" not in ran.stderr, ran.stderr
+    nodes = {n["node"]: n for n in json.loads(ran.stdout)["nodes"]}
+    return ran.returncode, nodes, ran.stderr
+
+
+def verified_once(tmp_path: Path, served: ServedChain) -> Path:
+    fleet = write_fleet(tmp_path, [served.entry("n1", tmp_path / "keys")])
+    code, nodes, err = check(fleet)
+    assert code == 0, err
+    assert nodes["n1"]["outcome"] == "ok"
+    assert nodes["n1"]["size"] == 12
+    return fleet
+
+
+def stored_seqs(fleet: Path) -> list[int]:
+    with sqlite3.connect(fleet.parent / "fleet.db") as conn:
+        return [s for (s,) in conn.execute("SELECT seq FROM events WHERE node = 'n1' ORDER BY seq")]
+
+
+def test_growth_verifies_and_every_event_is_stored_once(
+    tmp_path: Path, served: ServedChain
+) -> None:
+    fleet = verified_once(tmp_path, served)
+    served.grow(5)
+    code, nodes, err = check(fleet)
+    assert code == 0, err
+    assert (nodes["n1"]["verified_size"], nodes["n1"]["size"]) == (12, 17)
+    assert stored_seqs(fleet) == list(range(17))
+    code, _, _ = check(fleet)  # again: nothing new, nothing repeated
+    assert code == 0
+    assert stored_seqs(fleet) == list(range(17))
+
+
+def test_a_truncated_chain_is_named(tmp_path: Path, served: ServedChain) -> None:
+    fleet = verified_once(tmp_path, served)
+    truncate(served.path, 8)
+    conn = _raw(served.path)
+    conn.execute("DELETE FROM checkpoints WHERE tree_size > 8")
+    conn.execute("DELETE FROM checkpoint_frontiers WHERE tree_size > 8")
+    _done(conn)
+    code, nodes, err = check(fleet)
+    assert code == 1
+    assert nodes["n1"]["outcome"] == "truncated", nodes
+    assert "n1 (truncated)" in err
+
+
+def test_a_rewritten_chain_resigned_with_the_nodes_key_is_named(
+    tmp_path: Path, served: ServedChain
+) -> None:
+    fleet = verified_once(tmp_path, served)
+    rewrite_from(served.path, 5)
+    _resign_all(served.path, load_signer(served.folder / "node.key"))
+    code, nodes, err = check(fleet)
+    assert code == 1
+    assert nodes["n1"]["outcome"] == "forked", nodes
+    assert "n1 (forked)" in err
+
+
+def test_a_new_key_without_a_recorded_rotation_is_named(
+    tmp_path: Path, served: ServedChain
+) -> None:
+    fleet = verified_once(tmp_path, served)
+    old = load_signer(served.folder / "node.key")
+    _resign_all(served.path, Signer.generate(old.name))
+    code, nodes, err = check(fleet)
+    assert code == 1
+    assert nodes["n1"]["outcome"] == "key_changed", nodes
+    assert "n1 (key_changed)" in err
+
+
+def test_a_recorded_rotation_is_followed(tmp_path: Path, served: ServedChain) -> None:
+    fleet = verified_once(tmp_path, served)
+    rotate_key(served.path, NODE, 1_800_000_000_000_000_000)
+    code, nodes, err = check(fleet)
+    assert code == 0, (nodes, err)
+    assert nodes["n1"]["size"] == 13
+
+
+def test_a_broken_link_is_not_stored(tmp_path: Path, served: ServedChain) -> None:
+    """Events rewritten below what the fleet stored, then new ones: the first new one
+    does not link to the fleet's copy; nothing of it is stored, the failure recorded."""
+    fleet = verified_once(tmp_path, served)
+    rewrite_from(served.path, 10)
+    served.grow(2)
+    code, nodes, err = check(fleet)
+    assert code == 1, err
+    assert nodes["n1"]["outcome"] == "event_refused", nodes
+    assert "link broken" in str(nodes["n1"]["detail"]), nodes
+    assert stored_seqs(fleet) == list(range(12))
+    with sqlite3.connect(fleet.parent / "fleet.db") as conn:
+        (what,) = conn.execute("SELECT what FROM failures WHERE node = 'n1'").fetchone()
+    assert what == "link broken"
+
+
+def test_a_row_stored_twice_is_kept_once_and_another_refused(tmp_path: Path) -> None:
+    """Two followers of one store (fleet check beside fleet serve) may store the same
+    event: the second keeps the first; a different event of that seq is refused."""
+    row = Row(0, 1, b"n", b"node", b"k", b"", b"{}", bytes(32), bytes(32), bytes(range(32)))
+    with FleetStore(tmp_path / "fleet.db") as store:
+        store.append("n1", row)
+        store.append("n1", row)
+        assert store.count("n1") == 1
+        with pytest.raises(StoreError, match="another event of that seq"):
+            store.append("n1", row._replace(hash=bytes(32)))
+        assert store.last("n1") == row
+
+
+def test_events_that_are_not_what_the_checkpoint_signed_are_named(
+    tmp_path: Path, served: ServedChain
+) -> None:
+    """A node that serves a rewritten history (linking fine) under checkpoints signed
+    over the original: the fleet's first verification compares them."""
+    rewrite_from(served.path, 5)
+    fleet = write_fleet(tmp_path, [served.entry("n1", tmp_path / "keys")])
+    code, nodes, err = check(fleet)
+    assert code == 1
+    assert nodes["n1"]["outcome"] == "events_differ", nodes
+    assert "n1 (events_differ)" in err

@@ -1,0 +1,88 @@
+"""The fleet file: a bad entry is one line naming it and its key, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import cli_here
+
+from infervisor.chain.note import Signer
+
+GOOD = {"name": "n1", "url": "http://127.0.0.1:7070", "token": "s3cret", "pub": "n1.pub"}
+
+
+def fleet_file(tmp_path: Path, *nodes: dict[str, object], head: str = "") -> Path:
+    (tmp_path / "n1.pub").write_text(Signer.generate("infervisor/n1").verifier.key_string() + "\n")
+    (tmp_path / "junk.pub").write_text("not a key\n")
+    text = head
+    for node in nodes:
+        text += "\n[[nodes]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in node.items())
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("second", "head", "needle"),
+    [
+        ({**GOOD, "name": "n2", "url": "ftp://x"}, "", "[[nodes]] #2 url: 'ftp://x'"),
+        ({**GOOD, "name": "n2", "pub": "nope.pub"}, "", "[[nodes]] #2 pub: "),
+        ({**GOOD, "name": "n2", "pub": "junk.pub"}, "", "not a verifier key"),
+        ({**GOOD, "name": "n2", "colour": 1}, "", "[[nodes]] #2 colour: unknown key"),
+        ({**GOOD}, "", "[[nodes]] #2 name: 'n1' is given twice"),
+        ({**GOOD, "name": "n 2"}, "", "[[nodes]] #2 name: 'n 2'"),
+        ({"name": "n2", "url": GOOD["url"], "token": "x"}, "", "[[nodes]] #2 pub: missing"),
+        ({**GOOD, "name": "n2", "token_file": "t"}, "", "give token or token_file, not both"),
+        ({**GOOD, "name": "n2"}, '[fleet]\nmetrics = "nowhere"\n', "[fleet] metrics: 'nowhere'"),
+        ({**GOOD, "name": "n2"}, "[fleet]\ncheck_interval_s = 0\n", "[fleet] check_interval_s"),
+        ({**GOOD, "name": "n2"}, "[fleets]\n", "unknown table 'fleets'"),
+    ],
+)
+def test_a_bad_entry_is_one_line_naming_it(
+    tmp_path: Path, second: dict[str, object], head: str, needle: str
+) -> None:
+    path = fleet_file(tmp_path, GOOD, second, head=head)
+    ran = cli_here("fleet", "status", path)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert needle in ran.stderr, ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+    assert "Traceback" not in ran.stderr
+
+
+def test_json_errors_are_one_object(tmp_path: Path) -> None:
+    path = fleet_file(tmp_path, {**GOOD, "url": "x"})
+    ran = cli_here("fleet", "check", path, "--json")
+    assert ran.returncode == 2
+    error = json.loads(ran.stdout)["error"]
+    assert error["code"] == "bad_config"
+    assert "[[nodes]] #1 url" in error["message"]
+
+
+def test_no_nodes_and_no_file_are_usage_errors(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[fleet]\n")
+    assert "at least one node" in cli_here("fleet", "status", empty).stderr
+    missing = cli_here("fleet", "status", tmp_path / "missing.toml")
+    assert missing.returncode == 2
+    assert "cannot read it" in missing.stderr
+
+
+def test_a_node_that_does_not_answer_is_shown_and_exits_3(tmp_path: Path) -> None:
+    path = fleet_file(tmp_path, {**GOOD, "url": "http://127.0.0.1:9"})
+    ran = cli_here("fleet", "status", path, "--json", "--timeout", "5")
+    assert ran.returncode == 3, ran.stderr
+    (node,) = json.loads(ran.stdout)["nodes"]
+    assert (node["node"], node["up"]) == ("n1", False)
+    assert node["error"]
+
+
+def test_an_api_tokens_file_gives_a_read_and_a_control_token(tmp_path: Path) -> None:
+    from infervisor.tools.fleet.config import load_config
+
+    (tmp_path / "tokens.json").write_text(json.dumps({"operator": "op", "controller": "ctl"}))
+    node = {**GOOD, "token_file": "tokens.json"}
+    del node["token"]
+    entry = load_config(fleet_file(tmp_path, node)).nodes[0]
+    assert (entry.token, entry.control_token) == ("op", "ctl")

@@ -1,0 +1,124 @@
+"""Mirror a node's event stream into the fleet store, checking each event's link.
+
+The follower asks the node's watch stream (``GET /v1/events``, docs/api.md
+"Watching the chain") for the events from one past the last seq it stored.
+Each event is re-hashed from its fields (the payload re-encoded canonically:
+chain/records.py ``encode_payload``) and checked against the stored event
+before it with ``chain.checks.check_row`` (seq, payload hash, link, header
+hash, genesis; docs/chain-format.md "Verification"), then stored and
+committed before the next is read. A gap, a broken link or an event that
+does not hash as it says is refused: it is recorded as a verification
+failure (:meth:`FleetStore.record_failure`) and the follower stops at the
+last good event (:class:`Refused`), so the store never holds an unchecked row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NoReturn
+
+from infervisor.chain.checks import Row, check_row
+from infervisor.chain.errors import ChainError
+from infervisor.chain.hashing import payload_hash
+from infervisor.chain.records import encode_payload
+
+from ..api.wire import WatchEvent
+from .config import NodeEntry
+from .node_api import FleetClient
+from .store import FleetStore
+
+__all__ = ["Refused", "follow", "row_of"]
+
+
+class Refused(Exception):
+    """A node sent an event that does not verify; the message names node, seq and why."""
+
+    def __init__(self, message: str, what: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
+class _NoLookups:
+    """check_row asks about other rows only to word a problem; ours are its message."""
+
+    def seq_exists(self, seq: int) -> bool:
+        return False
+
+    def later_seq_with_hash(self, digest: bytes, seq: int) -> int | None:
+        return None
+
+
+def row_of(event: WatchEvent) -> Row:
+    """The chain row `event` stands for (payload canonical, its hash recomputed).
+
+    Raises:
+        ValueError: a hash is not hex, or the payload cannot be encoded canonically.
+    """
+    try:
+        payload = encode_payload(event.payload)
+    except ChainError as e:
+        raise ValueError(str(e)) from e
+    return Row(
+        event.seq,
+        event.ts_ns,
+        event.node.encode(),
+        event.source.encode(),
+        event.kind.encode(),
+        event.subject.encode(),
+        payload,
+        payload_hash(payload),
+        bytes.fromhex(event.prev_hash),
+        bytes.fromhex(event.hash),
+    )
+
+
+def follow(
+    entry: NodeEntry,
+    client: FleetClient,
+    store: FleetStore,
+    *,
+    keep_following: bool,
+    on_stored: Callable[[int], None] | None = None,
+) -> int:
+    """Store `entry`'s events from one past the last stored; return how many were stored.
+
+    With `keep_following` the stream stays open (until the node ends it or goes
+    away: the client's errors, ``NodeUnavailable``); otherwise it ends at the head.
+    `on_stored` is called with each seq once it is committed.
+
+    Raises:
+        Refused: an event does not verify (recorded as a failure first).
+        NodeUnavailable, ApiError: the node's (client's) errors.
+        StoreError: the store cannot be written.
+    """
+    before, genesis = store.last(entry.name), store.genesis(entry.name)
+    stored = 0
+    start = 0 if before is None else before.seq + 1
+    for event in client.events(start, follow=keep_following):
+        row = _checked(entry, store, event, before, genesis)
+        store.append(entry.name, row)
+        before, genesis, stored = row, genesis or row, stored + 1
+        if on_stored is not None:
+            on_stored(row.seq)
+    return stored
+
+
+def _checked(
+    entry: NodeEntry, store: FleetStore, event: WatchEvent, before: Row | None, genesis: Row | None
+) -> Row:
+    expected = 0 if before is None else before.seq + 1
+    try:
+        row = row_of(event)
+    except ValueError as e:
+        _refuse(entry, store, "malformed", f"seq {event.seq}: {e}")
+    if row.seq != expected:
+        _refuse(entry, store, "gap", f"expected seq {expected}, the node sent seq {row.seq}")
+    problem = check_row(row, before, genesis, _NoLookups())
+    if problem is not None:
+        _refuse(entry, store, problem.reason, f"seq {problem.seq}: {problem.detail}")
+    return row
+
+
+def _refuse(entry: NodeEntry, store: FleetStore, what: str, detail: str) -> NoReturn:
+    store.record_failure(entry.name, what, detail)
+    raise Refused(f"node {entry.name}: {what}: {detail}; not stored", what)
