@@ -1,9 +1,5 @@
 """``infervisor fleet place`` and ``fleet drain`` against nodes in this process
 (a Node with its API served over TCP with tokens; fake llama-server).
-
-The routes of issue 19 (``GET /v1/models``, ``POST /v1/node/drain``) come
-from other branches: the tests that need them are skipped, with the reason,
-until docs/openapi.json has them (at merge).
 """
 
 from __future__ import annotations
@@ -24,27 +20,6 @@ from infervisor.chain.note import Signer
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
 from infervisor.tools.api.client import ApiClient
 from infervisor.tools.api.server import ApiServer
-
-OPENAPI = json.loads((Path(__file__).parents[1] / "docs" / "openapi.json").read_text())
-
-
-def has_route(path: str) -> bool:
-    return path in OPENAPI["paths"]
-
-
-needs_models = pytest.mark.skipif(
-    not has_route("/v1/models"), reason="GET /v1/models (branch inventory): enable at merge"
-)
-needs_drain = pytest.mark.skipif(
-    not has_route("/v1/node/drain"), reason="POST /v1/node/drain (branch drain): enable at merge"
-)
-needs_placements = pytest.mark.skipif(
-    not has_route("/v1/placements"), reason="PUT /v1/placements (branch drain): enable at merge"
-)
-needs_lapse = pytest.mark.skipif(
-    "lapsed" not in OPENAPI["components"]["schemas"]["HeartbeatAnswer"]["properties"],
-    reason="HeartbeatAnswer.lapsed, leases per controller (branch lease): enable at merge",
-)
 
 
 class Served:
@@ -143,7 +118,6 @@ def test_place_on_a_named_node(
     assert "NODE 'n9' is not in" in unknown.stderr
 
 
-@needs_models
 def test_place_picks_the_node_with_the_model(
     served: Served, tmp_path: Path, fake_llama: str, fake_model: Path
 ) -> None:
@@ -159,7 +133,6 @@ def test_place_picks_the_node_with_the_model(
     assert len(with_model.list()) == 1
 
 
-@needs_drain
 def test_drain_stops_what_a_controller_placed(
     served: Served, tmp_path: Path, fake_llama: str, fake_model: Path
 ) -> None:
@@ -206,7 +179,6 @@ def put_placements(
     return answer
 
 
-@needs_placements
 def test_placements_converge_and_a_repeat_changes_nothing(
     served: Served, tmp_path: Path, fake_llama: str, fake_model: Path
 ) -> None:
@@ -224,7 +196,6 @@ def test_placements_converge_and_a_repeat_changes_nothing(
     assert [v["role"] for v in shown["instances"]] == ["a"]
 
 
-@needs_lapse
 def test_only_the_silent_controllers_instances_stop(
     served: Served, tmp_path: Path, fake_llama: str, fake_model: Path
 ) -> None:

@@ -143,11 +143,11 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     fits or the node refuses; 2 when the file or SPEC is wrong; 3 when the
     named node does not answer.
     """
-    from ..operator.place import _spec_of  # noqa: PLC0415 - the instance spec's one reader
+    from ..operator.place import spec_of_fragment  # noqa: PLC0415 - keeps --help fast
     from .placing import choose  # noqa: PLC0415
 
     config = _config(fleet_file)
-    instance, start_key = _spec_of(spec, {})
+    instance, start_key = spec_of_fragment(spec, {})
     if node_name is not None:
         entry, passed = _named(config, node_name), []
     else:
@@ -190,7 +190,7 @@ def drain(
     entry = _named(config, node_name)
     try:
         with client_of(entry, control=True, timeout_s=timeout_s) as client:
-            answer = client.drain(reason)
+            answer = client.cordon("drain", reason)
     except ApiError as e:
         _api_failure(entry.name, e)
     if as_json:

@@ -1,43 +1,18 @@
-"""A client of one node of the fleet: the API client plus the routes the fleet
-reads that the command line's client does not call.
-
-The wire shapes are those of docs/api.md and /work/notes' issue-19 contracts:
-``GET /v1/models`` (``{"models": [{"name", "format", "size_bytes", "digest"}]}``),
-``GET /v1/node``'s ``inventory``, ``POST /v1/node/drain`` (``CordonAnswer``),
-``GET /v1/log/checkpoint`` (a signed note) and ``GET /v1/log/proof/consistency``.
-Fields a node of an older version lacks are read as absent, never guessed.
+"""A client of one node of the fleet: the API client plus the reads the fleet
+makes that the command line's client does not: ``GET /v1/node`` read leniently
+(:class:`NodeView`: a field a node of an older version lacks is read as absent,
+never guessed), ``GET /v1/log/checkpoint`` (a signed note) and
+``GET /v1/log/proof/consistency`` (docs/api.md).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import msgspec
 
 from ..api.client import ApiClient
 from .config import NodeEntry
 
-__all__ = [
-    "CordonAnswer",
-    "FleetClient",
-    "Inventory",
-    "ModelEntry",
-    "NodeView",
-    "client_of",
-]
-
-
-class ModelEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One model of a node's registry (``GET /v1/models``)."""
-
-    name: str
-    format: str = ""
-    size_bytes: int | None = None
-    digest: str | None = None
-
-
-class _Models(msgspec.Struct, frozen=True):
-    models: list[ModelEntry]
+__all__ = ["FleetClient", "Inventory", "NodeView", "client_of"]
 
 
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,15 +36,6 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     inventory: Inventory | None = None
 
 
-class CordonAnswer(msgspec.Struct, frozen=True, kw_only=True):
-    """``POST /v1/node/drain``'s answer: the cordon now and what the drain stopped."""
-
-    cordon: str
-    stopped: list[str] = msgspec.field(default_factory=list)
-    seq: int = -1
-    hash: str = ""
-
-
 class _Proof(msgspec.Struct, frozen=True):
     proof: list[str]
 
@@ -83,15 +49,6 @@ class FleetClient(ApiClient):
     def node_view(self) -> NodeView:
         """``GET /v1/node`` as the fleet reads it."""
         return self._call("GET", "/node", NodeView)
-
-    def models(self) -> list[ModelEntry]:
-        """``GET /v1/models``: the node's registry."""
-        return self._call("GET", "/models", _Models).models
-
-    def drain(self, reason: str | None = None) -> CordonAnswer:
-        """``POST /v1/node/drain``: cordon, and stop what controllers placed."""
-        body: dict[str, Any] = {"reason": reason}
-        return self._call("POST", "/node/drain", CordonAnswer, body, wait="stop")
 
     def checkpoint_note(self) -> str:
         """``GET /v1/log/checkpoint``: the newest signed checkpoint note (text)."""

@@ -43,7 +43,7 @@ def _weigh(entry: NodeEntry, model: str | None, timeout_s: float) -> Candidate:
     try:
         with client_of(entry, timeout_s=timeout_s) as client:
             info = client.node_view()
-            models = client.models() if model is not None else []
+            models = client.models().models if model is not None else []
     except ApiError as e:
         why = "it has no GET /v1/models" if getattr(e, "status", 0) == 404 else str(e)
         return Candidate(entry, None, why)

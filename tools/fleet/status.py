@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
-from infervisor.actors.messages import InstanceView
+from infervisor.replay.views import InstanceView
 
 from ..api.errors import ApiError
 from .config import FleetConfig, NodeEntry

@@ -103,7 +103,7 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
         flags["env"] = dict(_env_pair(item) for item in env)
     if generation is not None and controller is None:
         fail("--generation needs --controller ID", "usage", "--generation")
-    spec, start_key = _spec_of(fragment, flags)
+    spec, start_key = spec_of_fragment(fragment, flags)
     with connected(target) as client:
         try:
             answer = client.place(
@@ -133,7 +133,7 @@ def _env_pair(item: str) -> tuple[str, str]:
     return key, value
 
 
-def _spec_of(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
+def spec_of_fragment(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
     """The InstanceSpec of the fragment's keys with ``flags`` over them, and its ``start``.
 
     Raises:
