@@ -513,6 +513,9 @@ def fields(cls: type[msgspec.Struct]) -> set[str]:
 def test_the_example_documents_every_key_with_a_valid_value(tmp_path: Path) -> None:
     """With every `# key = value` line uncommented, the example still loads and sets every key."""
     text = COMMENTED.sub(r"\1", EXAMPLE.read_text())
+    nfd = "/etc/kubernetes/node-feature-discovery/features.d"  # its folder must exist
+    (tmp_path / "features.d").mkdir()
+    text = text.replace(nfd, str(tmp_path / "features.d"))
     full = tmp_path / "node.toml"
     full.write_text(text)
     load_config(full)
