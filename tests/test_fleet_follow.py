@@ -13,8 +13,8 @@ verified and no failure; ``fleet check`` passes; ``fleet status --json``
 agrees with each node's own ``GET /v1/instances``.
 
 The drain, ``PUT /v1/placements`` and two-controller parts of the headline
-are in tests/test_fleet_place.py (in process; enabled once those routes are
-merged).
+are in tests/test_fleet_place.py (nodes in process, driven by ``infervisor
+fleet`` and the API) and tests/test_drain_node.py (a drain across a restart).
 """
 
 from __future__ import annotations

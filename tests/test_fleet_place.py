@@ -5,6 +5,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -226,3 +230,33 @@ def test_only_the_silent_controllers_instances_stop(
         ).json()
     assert raw["lapsed"] is True
     assert raw["stopped"] == [ids["ctl1"]]
+
+
+def _read_into(stream: Any, lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line)
+
+
+def test_status_watch_redraws_and_ctrl_c_ends_it(
+    served: Served, tmp_path: Path, fake_llama: str, fake_model: Path
+) -> None:
+    """``fleet status -w`` in a pipe: a table, another once an instance is placed
+    (no screen control codes), and Ctrl-C ends it with 0."""
+    served.add("n1", fake_llama, fake_model)
+    lines: list[str] = []
+    command = [str(Path(sys.executable).parent / "infervisor"), "fleet", "status"]
+    with subprocess.Popen(
+        [*command, str(served.fleet()), "-w"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    ) as watching:  # fmt: skip
+        threading.Thread(target=_read_into, args=(watching.stdout, lines), daemon=True).start()
+        try:
+            wait_until(lambda: any(line.startswith("NODE") for line in lines), 60, "a table")
+            placed = cli_here("fleet", "place", served.fleet(), spec_file(tmp_path), "--json")
+            iid = json.loads(placed.stdout)["answer"]["instance_id"]
+            wait_until(lambda: any(iid in line for line in lines), 60, "a table with it")
+        finally:
+            watching.send_signal(signal.SIGINT)
+            _, err = watching.communicate(timeout=60)
+    assert watching.returncode == 0, err
+    assert "\x1b[" not in "".join(lines)
