@@ -85,6 +85,17 @@ class Api:
         assert error["code"] == code, error
         return error
 
+    def source_of(self, kind: str) -> str:
+        """The source of the newest event of ``kind``."""
+        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        try:
+            found = conn.execute(
+                "SELECT source FROM events WHERE kind = ? ORDER BY seq DESC LIMIT 1", (kind,)
+            ).fetchone()
+        finally:
+            conn.close()
+        return str(found[0])
+
     def row(self, seq: int) -> tuple[str, str, str]:
         """(hash hex, subject, kind) of the chain's event ``seq``."""
         conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
@@ -386,6 +397,9 @@ def test_the_fleet_routes(api: Api, listener: str) -> None:
         json={"controller": ctl, "generation": 1, "placements": [body]},
     )
     assert len(placed["placed"]) == 1 and placed["controller"] == ctl
+    credential = "token " if listener == "tcp" else "uid="
+    for kind in ("node.placement_set", "instance.placed"):
+        assert api.source_of(kind).startswith(f"controller:{ctl} ({credential}"), kind
     cordoned = api.call(listener, "POST", "/v1/node/cordon", 200, json={"reason": "contract"})
     assert cordoned["cordon"] == "cordoned"
     new = {"spec": spec(f"late-{listener}", free_port())}

@@ -81,7 +81,7 @@ class FleetController(Controller):
         generation older than the controller's last set is 409 ``stale_generation``;
         a bad item is answered naming it (``placements[2].spec.model``), nothing done."""
         items = [(item.spec, item.start) for item in data.placements]
-        by = verb.source("controller")
+        by = verb.controller_source(data.controller)
         try:
             done = verb.node.put_placements(data.controller, data.generation, items, source=by)
         except SetRefused as e:
