@@ -26,6 +26,9 @@ from infervisor.chain.checkpoint import load_signer
 from infervisor.chain.checks import Row
 from infervisor.chain.keys import rotate_key
 from infervisor.chain.note import Signer
+from infervisor.tools.fleet.config import load_config
+from infervisor.tools.fleet.node_api import client_of
+from infervisor.tools.fleet.serve import Fleet
 from infervisor.tools.fleet.store import FleetStore, StoreError
 
 
@@ -66,22 +69,52 @@ def test_growth_verifies_and_every_event_is_stored_once(
     assert code == 0, err
     assert (nodes["n1"]["verified_size"], nodes["n1"]["size"]) == (12, 17)
     assert stored_seqs(fleet) == list(range(17))
-    code, _, _ = check(fleet)  # again: nothing new, nothing repeated
+    code, nodes, _ = check(fleet)  # again: nothing new, nothing repeated
     assert code == 0
+    assert nodes["n1"]["detail"] == "size 17 is the verified size (unchanged)"
     assert stored_seqs(fleet) == list(range(17))
+
+
+def cut_short(served: ServedChain, size: int) -> None:
+    """The chain and its checkpoints cut to `size` events, as a root user could."""
+    truncate(served.path, size)
+    conn = _raw(served.path)
+    conn.execute("DELETE FROM checkpoints WHERE tree_size > ?", (size,))
+    conn.execute("DELETE FROM checkpoint_frontiers WHERE tree_size > ?", (size,))
+    _done(conn)
 
 
 def test_a_truncated_chain_is_named(tmp_path: Path, served: ServedChain) -> None:
     fleet = verified_once(tmp_path, served)
-    truncate(served.path, 8)
-    conn = _raw(served.path)
-    conn.execute("DELETE FROM checkpoints WHERE tree_size > 8")
-    conn.execute("DELETE FROM checkpoint_frontiers WHERE tree_size > 8")
-    _done(conn)
+    cut_short(served, 8)
+    synced = cli_here("fleet", "sync", fleet)  # sync notices it too, without a checkpoint
+    assert synced.returncode == 1, synced.stdout
+    why = "the node's head 7 is below the 12 events the fleet stored"
+    assert synced.stdout.strip() == f"n1: truncated: {why}"
+    assert "n1 (truncated)" in synced.stderr
     code, nodes, err = check(fleet)
     assert code == 1
     assert nodes["n1"]["outcome"] == "truncated", nodes
+    assert nodes["n1"]["detail"] == why
     assert "n1 (truncated)" in err
+    with FleetStore(fleet.parent / "fleet.db") as store:
+        assert [(f.what, f.detail) for f in store.failures("n1")] == [("truncated", why)]
+
+
+def test_serve_does_not_show_a_truncated_chain_in_step(tmp_path: Path, served: ServedChain) -> None:
+    """fleet serve's check of a node cut short: a failure recorded, its metrics say
+    how many events it lacks (events_missing) and leave out events_behind."""
+    fleet = verified_once(tmp_path, served)
+    cut_short(served, 8)
+    config = load_config(fleet)
+    entry, running = config.nodes[0], Fleet(config)
+    with FleetStore(config.store) as store, client_of(entry) as client:
+        assert running._short(entry, client, store)
+        assert [f.what for f in store.failures("n1")] == ["truncated"]
+    samples = {(s.name, s.labels["node"]): s.value for m in running.families() for s in m.samples}
+    assert samples[("infervisor_fleet_node_events_missing", "n1")] == 4
+    assert ("infervisor_fleet_node_events_behind", "n1") not in samples
+    assert samples[("infervisor_fleet_node_verification_failures_total", "n1")] == 1
 
 
 def test_a_rewritten_chain_resigned_with_the_nodes_key_is_named(

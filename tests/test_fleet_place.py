@@ -69,10 +69,11 @@ class Served:
         registry: Path,
         with_model: bool = True,
         lease_s: float | None = None,
+        **overrides: Any,
     ) -> ApiClient:
         data = self.tmp_path / name
         settings = self.nodes.settings(
-            program, registry, node_id=name, data_dir=str(data), lease_s=lease_s
+            program, registry, node_id=name, data_dir=str(data), lease_s=lease_s, **overrides
         )
         data.mkdir(parents=True)
         port = free_port()
@@ -99,9 +100,12 @@ def served(nodes: Any, tmp_path: Path) -> Iterator[Served]:
         yield Served(nodes, tmp_path, stack)
 
 
-def spec_file(tmp_path: Path) -> Path:
-    path = tmp_path / "spec.toml"
-    path.write_text(f'role = "work"\nflavor = "llamacpp"\nmodel = "tiny"\nport = {free_port()}\n')
+def spec_file(
+    tmp_path: Path, port: int | None = None, name: str = "spec.toml", more: str = ""
+) -> Path:
+    path = tmp_path / name
+    port = free_port() if port is None else port
+    path.write_text(f'role = "work"\nflavor = "llamacpp"\nmodel = "tiny"\nport = {port}\n{more}')
     return path
 
 
@@ -120,21 +124,44 @@ def test_place_on_a_named_node(
     unknown = cli_here("fleet", "place", served.fleet(), spec_file(tmp_path), "--node", "n9")
     assert unknown.returncode == 2
     assert "NODE 'n9' is not in" in unknown.stderr
+    missing = cli_here("fleet", "place", served.fleet(), tmp_path / "nothing.toml")
+    assert missing.returncode == 2, missing.stderr
+    assert f"SPEC {tmp_path / 'nothing.toml'}: cannot read" in missing.stderr
+    assert "--file" not in missing.stderr
 
 
-def test_place_picks_the_node_with_the_model(
+def test_place_passes_over_a_node_whose_ports_exclude_it_and_one_that_refuses(
     served: Served, tmp_path: Path, fake_llama: str, fake_model: Path
 ) -> None:
-    (tmp_path / "empty-registry").mkdir()
-    served.add("bare", fake_llama, tmp_path / "empty-registry", with_model=False)
-    with_model = served.add("full", fake_llama, fake_model)
-    ran = cli_here("fleet", "place", served.fleet(), spec_file(tmp_path), "--json")
+    """`narrow` allows other ports (GET /v1/node inventory.allowed_ports): passed over.
+    `busy` has the most room but holds that instance with another ctx_size: it refuses
+    (409, nothing recorded) and the next, `free`, takes it. When every node refuses,
+    each is named."""
+    port = free_port()
+    served.add("narrow", fake_llama, fake_model, allowed_ports=(1024, 1024))
+    # one registry: adopted once, by narrow
+    busy = served.add("busy", fake_llama, fake_model, False, memory_budget_bytes=10**12)
+    free = served.add("free", fake_llama, fake_model, False, memory_budget_bytes=10**11)
+    fleet = served.fleet()
+    held = spec_file(tmp_path, port, "held.toml", "ctx_size = 1024\n")
+    first = cli_here("fleet", "place", fleet, held, "--node", "busy")
+    assert first.returncode == 0, first.stderr
+    ran = cli_here("fleet", "place", fleet, spec_file(tmp_path, port), "--start", "--json")
     assert ran.returncode == 0, ran.stderr
     answer = json.loads(ran.stdout)
-    assert answer["node"] == "full"
-    assert answer["passed_over"][0]["node"] == "bare"
-    assert "no model 'tiny'" in answer["passed_over"][0]["reason"]
-    assert len(with_model.list()) == 1
+    assert answer["node"] == "free", answer
+    reasons = {p["node"]: p["reason"] for p in answer["passed_over"]}
+    assert reasons["narrow"] == f"port {port} is outside its allowed ports 1024-1024"
+    assert reasons["busy"].startswith("it refused: "), reasons
+    assert [v.lifecycle != "running" for v in busy.list()] == [True]  # as it was
+    iid = answer["answer"]["instance_id"]
+    wait_until(lambda: free.status(iid).lifecycle == "running", 60.0, "it runs on free")
+    other = spec_file(tmp_path, port, "other.toml", "ctx_size = 2048\n")
+    again = cli_here("fleet", "place", fleet, other)
+    assert again.returncode == 1, again.stderr
+    for name in ("narrow", "busy", "free"):
+        assert f"{name}: " in again.stderr, again.stderr
+    assert len(busy.list()) == len(free.list()) == 1
 
 
 def test_drain_stops_what_a_controller_placed(

@@ -9,6 +9,7 @@ does not verify; 2 usage, a fleet file that cannot be used; 3 no node answers).
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import sys
 import time
@@ -19,15 +20,15 @@ from typing import Any, NoReturn
 import click
 import msgspec
 
-from ..api.errors import ApiError
+from ..api.errors import ApiError, VerbFailed
 from ..clikit.command import SECONDS, Group
 from ..clikit.failure import Failure, echo_json, fail
-from .config import FleetConfig, FleetConfigError, load_config
-from .follow import Refused, follow
+from .config import FleetConfig, FleetConfigError, NodeEntry, load_config
+from .follow import Refused, follow, short_head
 from .node_api import client_of
 from .status import COLUMNS, gather, table_rows
 from .store import FleetStore, StoreError
-from .witness import CheckResult, check_node
+from .witness import CheckResult, check_node, head_below_stored
 
 __all__ = ["fleet"]
 
@@ -135,35 +136,40 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     """Place the instance SPEC.toml describes (the keys of a node config's
     [[instances]] table, as `infervisor place --file`) on the node --node names,
     else on a node whose registry has its model (GET /v1/models), that is not
-    cordoned and has the most room for it (memory budget less reservations,
-    else available memory: GET /v1/node's inventory).
+    cordoned, whose allowed ports take its port and has the most room for it
+    (memory budget less reservations, else available memory: GET /v1/node's
+    inventory). Without --node, a node that refuses it for a reason of its own
+    (409 port_taken, cordoned...; 422 memory_budget, admission_refused: nothing
+    recorded) is passed over for the next; never one that did not answer.
 
     Prints the node chosen and the node's answer (--json: {"node", "answer",
     "passed_over": [{"node", "reason"}]}). Exit 0 once placed; 1 when no node
-    fits or the node refuses; 2 when the file or SPEC is wrong; 3 when the
-    named node does not answer.
+    fits or every node refuses (each named) or a node refuses what every node
+    would (400); 2 when the file or SPEC is wrong; 3 when the node does not
+    answer, 4 (no_answer) when it was asked and did not answer (it may have
+    taken it: see its GET /v1/instances); no other node is tried then.
     """
     from ..operator.place import spec_of_fragment  # noqa: PLC0415 - keeps --help fast
-    from .placing import choose  # noqa: PLC0415
 
     config = _config(fleet_file)
-    instance, start_key = spec_of_fragment(spec, {})
+    instance, start_key = spec_of_fragment(spec, {}, name="SPEC")
+    on = functools.partial(
+        _place_on,
+        instance=instance,
+        timeout_s=timeout_s,
+        controller=controller,
+        generation=generation,
+        start=start_it or start_key,
+    )
+    passed: list[dict[str, str]] = []
     if node_name is not None:
-        entry, passed = _named(config, node_name), []
+        entry = _named(config, node_name)
+        try:
+            answer = on(entry)
+        except ApiError as e:
+            _api_failure(entry.name, e)
     else:
-        weighed = choose(config, instance.model, timeout_s)
-        if not weighed or weighed[0].refused is not None:
-            reasons = "; ".join(f"{c.entry.name}: {c.refused}" for c in weighed)
-            fail(f"no node fits {spec}: {reasons}", "refused", "SPEC")
-        entry = weighed[0].entry
-        passed = [{"node": c.entry.name, "reason": c.refused or "less room"} for c in weighed[1:]]
-    try:
-        with client_of(entry, control=True, timeout_s=timeout_s) as client:
-            answer = client.place(
-                instance, controller=controller, generation=generation, start=start_it or start_key
-            )
-    except ApiError as e:
-        _api_failure(entry.name, e)
+        entry, answer, passed = _place_anywhere(config, spec, instance, on, timeout_s)
     if as_json:
         echo_json({"node": entry.name, "answer": answer, "passed_over": passed})
         return
@@ -200,6 +206,49 @@ def drain(
     click.echo(f"{entry.name}: {answer.cordon}; stopped {stopped}")
 
 
+def _place_on(entry: NodeEntry, *, instance: Any, timeout_s: float, **how: Any) -> Any:
+    """`entry`'s answer to placing `instance` (``POST /v1/instances``).
+
+    Raises:
+        ApiError: the node refused it, or did not answer (it may have taken it).
+    """
+    with client_of(entry, control=True, timeout_s=timeout_s) as client:
+        return client.place(instance, **how)
+
+
+def _place_anywhere(
+    config: FleetConfig, spec: Path, instance: Any, on: Any, timeout_s: float
+) -> tuple[NodeEntry, Any, list[dict[str, str]]]:
+    """Place on the best node that takes it: the weighed order (.placing), moving on
+    only after a refusal about that node (:func:`_refusal_of_the_node`: nothing was
+    recorded there); the node chosen, its answer and every node passed over, why."""
+    from .placing import choose  # noqa: PLC0415 - keeps --help fast
+
+    weighed = choose(config, instance.model, instance.port, timeout_s)
+    fit = [c.entry for c in weighed if c.refused is None]
+    unfit = [{"node": c.entry.name, "reason": str(c.refused)} for c in weighed if c.refused]
+    refused: list[dict[str, str]] = []
+    for i, entry in enumerate(fit):
+        try:
+            answer = on(entry)
+        except ApiError as e:
+            if not _refusal_of_the_node(e):
+                _api_failure(entry.name, e)  # a timeout: it may have taken it
+            refused.append({"node": entry.name, "reason": f"it refused: {e}"})
+            continue
+        less = [{"node": other.name, "reason": "less room"} for other in fit[i + 1 :]]
+        return entry, answer, refused + less + unfit
+    reasons = "; ".join(f"{p['node']}: {p['reason']}" for p in refused + unfit)
+    fail(f"no node takes {spec}: {reasons}", "refused", "SPEC")
+
+
+def _refusal_of_the_node(e: ApiError) -> bool:
+    """A refusal about the node itself, which another may not make (409 port_taken,
+    cordoned...; 422 memory_budget, admission_refused): nothing was recorded. Not a
+    400 (bad_spec: every node refuses it), nor a timeout or a failure (maybe recorded)."""
+    return isinstance(e, VerbFailed) and e.status in {409, 422}
+
+
 def _named(config: FleetConfig, name: str) -> Any:
     try:
         return config.node(name)
@@ -219,7 +268,8 @@ def _api_failure(node: str, e: ApiError) -> NoReturn:
 def sync(fleet_file: Path, as_json: bool, timeout_s: float) -> None:
     """Store every node's events up to its head (from the last seq stored), checking
     each event's link. Exit 0 when all are stored; 1 when a node sent an event that
-    does not verify (named; nothing of it stored); 3 when a node does not answer.
+    does not verify (named; nothing of it stored) or its head is below the events
+    stored of it (truncated); 3 when a node does not answer.
     """
     config = _config(fleet_file)
     with _store(config) as store, _store_failure():
@@ -241,6 +291,7 @@ def _sync_one(entry: Any, store: FleetStore, timeout_s: float) -> CheckResult:
     try:
         with client_of(entry, timeout_s=timeout_s) as client:
             added = follow(entry, client, store, keep_following=False)
+            head = short_head(client, held + added)
     except ApiError as e:
         return CheckResult(
             node=entry.name, outcome="unreachable", verified_size=held, size=None, detail=str(e)
@@ -254,6 +305,9 @@ def _sync_one(entry: Any, store: FleetStore, timeout_s: float) -> CheckResult:
         return CheckResult(
             node=entry.name, outcome="event_refused", verified_size=held, size=None, detail=detail
         )
+    short = head_below_stored(entry, store, held + added, head)
+    if short is not None:
+        return short
     return CheckResult(
         node=entry.name,
         outcome="ok",

@@ -22,12 +22,13 @@ from infervisor.chain.errors import ChainError
 from infervisor.chain.hashing import payload_hash
 from infervisor.chain.records import encode_payload
 
+from ..api.errors import ApiError
 from ..api.wire import WatchEvent
 from .config import NodeEntry
 from .node_api import FleetClient
 from .store import FleetStore
 
-__all__ = ["Refused", "follow", "row_of"]
+__all__ = ["Refused", "follow", "row_of", "short_head"]
 
 
 class Refused(Exception):
@@ -101,6 +102,36 @@ def follow(
         if on_stored is not None:
             on_stored(row.seq)
     return stored
+
+
+def short_head(client: FleetClient, stored: int) -> int | None:
+    """The node's head seq when it is below the `stored` events the fleet holds of
+    it (its chain was cut short), else None.
+
+    Asks the watch stream for seq ``stored - 1`` (``GET /v1/events``, not
+    followed): a whole chain has it. When it does not, the head is
+    ``GET /v1/node``'s ``head_seq``, else (a node without that route) the last
+    seq the stream sends from 0 (-1: none). `stored` must be counted before this
+    is called (the node's head only grows while its chain is whole).
+
+    Raises:
+        NodeUnavailable, ApiError: the node's (client's) errors.
+    """
+    if stored == 0 or _has(client, stored - 1):
+        return None
+    try:
+        return client.node_view().head_seq
+    except ApiError:
+        last = -1
+        for event in client.events(0, follow=False):
+            last = event.seq
+        return last
+
+
+def _has(client: FleetClient, seq: int) -> bool:
+    for event in client.events(seq, follow=False):
+        return event.seq <= seq  # a stream that skips it is follow's to refuse (a gap)
+    return False
 
 
 def _checked(

@@ -16,7 +16,9 @@ __all__ = ["FleetClient", "Inventory", "NodeView", "client_of"]
 
 
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
-    """The part of ``GET /v1/node``'s ``inventory`` a placement weighs (bytes)."""
+    """The part of ``GET /v1/node``'s ``inventory`` a placement weighs (bytes;
+    ``allowed_ports``: the inclusive ``[low, high]`` port ranges an instance may
+    use, empty: any; tools/api/inventory.py)."""
 
     cpu_count: int | None = None
     memory_total_bytes: int | None = None
@@ -24,6 +26,11 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     memory_budget_bytes: int | None = None
     memory_reserved_bytes: int = 0
     adapters: list[str] = msgspec.field(default_factory=list)
+    allowed_ports: list[tuple[int, int]] = msgspec.field(default_factory=list)
+
+    def allows_port(self, port: int) -> bool:
+        """Whether an instance may use `port` here (no ranges: any port)."""
+        return not self.allowed_ports or any(lo <= port <= hi for lo, hi in self.allowed_ports)
 
 
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):

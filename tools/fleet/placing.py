@@ -4,7 +4,8 @@ A node qualifies when it answers, is not cordoned (``GET /v1/node``
 ``cordon``), its registry has the spec's model (``GET /v1/models``) and it
 has room: its memory budget less what is reserved (``inventory``
 ``memory_budget_bytes - memory_reserved_bytes``), else its available memory,
-is at least the model's size (when the node reports both). Among those the one
+is at least the model's size (when the node reports both), and its
+``inventory`` ``allowed_ports`` (empty: any) take the spec's port. Among those the one
 with the most room wins; ties go to the first in the fleet file. Every node
 passed over is given with its reason.
 """
@@ -29,17 +30,17 @@ class Candidate(NamedTuple):
     refused: str | None
 
 
-def choose(config: FleetConfig, model: str | None, timeout_s: float) -> list[Candidate]:
-    """Weigh every node for `model` (None: an adopted server, no model needed);
-    the chosen node first, then the others, those refused last."""
+def choose(config: FleetConfig, model: str | None, port: int, timeout_s: float) -> list[Candidate]:
+    """Weigh every node for `model` (None: an adopted server, no model needed) on
+    `port`; the chosen node first, then the others by room, those refused last."""
     with ThreadPoolExecutor(max(1, min(16, len(config.nodes)))) as pool:
-        weighed = list(pool.map(lambda e: _weigh(e, model, timeout_s), config.nodes))
+        weighed = list(pool.map(lambda e: _weigh(e, model, port, timeout_s), config.nodes))
     fit = [c for c in weighed if c.refused is None]
     fit.sort(key=lambda c: -(c.room_bytes if c.room_bytes is not None else -1))
     return fit + [c for c in weighed if c.refused is not None]
 
 
-def _weigh(entry: NodeEntry, model: str | None, timeout_s: float) -> Candidate:
+def _weigh(entry: NodeEntry, model: str | None, port: int, timeout_s: float) -> Candidate:
     try:
         with client_of(entry, timeout_s=timeout_s) as client:
             info = client.node_view()
@@ -49,6 +50,9 @@ def _weigh(entry: NodeEntry, model: str | None, timeout_s: float) -> Candidate:
         return Candidate(entry, None, why)
     if info.cordon != "none":
         return Candidate(entry, None, f"it is {info.cordon}")
+    if info.inventory is not None and not info.inventory.allows_port(port):
+        ranges = ", ".join(f"{lo}-{hi}" for lo, hi in info.inventory.allowed_ports)
+        return Candidate(entry, None, f"port {port} is outside its allowed ports {ranges}")
     size: int | None = None
     if model is not None:
         found = next((m for m in models if m.name == model), None)

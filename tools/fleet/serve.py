@@ -10,6 +10,9 @@ from the store (so the counts survive a restart of the fleet)::
 
     infervisor_fleet_node_up{node}                      1 when it answered last, else 0
     infervisor_fleet_node_events_behind{node}           its head seq + 1 - events stored
+                                                        (left out when its head is below them)
+    infervisor_fleet_node_events_missing{node}          events stored beyond its head + 1 (a
+                                                        chain cut short: truncated), else 0
     infervisor_fleet_node_events_stored{node}           events stored of it
     infervisor_fleet_node_verified_size{node}           the last checkpoint size verified
     infervisor_fleet_node_verification_failures_total{node}   failures recorded (a counter)
@@ -30,10 +33,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..api.errors import ApiError
 from .config import FleetConfig, NodeEntry
-from .follow import Refused, follow
-from .node_api import client_of
+from .follow import Refused, follow, short_head
+from .node_api import FleetClient, client_of
 from .store import FleetStore, StoreError
-from .witness import check_node
+from .witness import check_node, head_below_stored
 
 __all__ = ["Fleet", "NodeSeen"]
 
@@ -49,6 +52,12 @@ class NodeSeen:
     up: bool = False
     head_seq: int | None = None
     last_error: str = ""
+    missing: int = 0  # events stored beyond its head + 1 when last compared (cut short)
+
+
+def short_by(stored: int, head: int | None) -> int:
+    """Events stored beyond the node's head `head` + 1 (0: none, or head unknown)."""
+    return 0 if head is None else max(0, stored - head - 1)
 
 
 class Fleet:
@@ -96,6 +105,9 @@ class Fleet:
                     with client_of(entry) as client:
                         self._mark(entry.name, up=True, head=client.node_view().head_seq)
                         tries = 0
+                        if self._short(entry, client, store):
+                            self.stopping.wait(self.config.check_interval_s)
+                            continue
                         follow(
                             entry,
                             client,
@@ -117,6 +129,21 @@ class Fleet:
                 self.stopping.wait(_BACKOFF_S[min(tries, len(_BACKOFF_S) - 1)])
                 tries += 1
 
+    def _short(self, entry: NodeEntry, client: FleetClient, store: FleetStore) -> bool:
+        """Whether `entry`'s head is below the events stored (a failure recorded).
+
+        Raises:
+            ApiError: the node's (client's) errors.
+        """
+        stored = store.count(entry.name)
+        head = short_head(client, stored)
+        short = head_below_stored(entry, store, stored, head) is not None
+        with self.lock:
+            self.seen[entry.name].missing = short_by(stored, head) if short else 0
+        if short:
+            log.warning("node %s: truncated: head %s, %d events stored", entry.name, head, stored)
+        return short
+
     def _stored(self, node: str, seq: int) -> None:
         with self.lock:
             seen = self.seen[node]
@@ -132,8 +159,9 @@ class Fleet:
     def _check_one(self, entry: NodeEntry, store: FleetStore) -> None:
         try:
             with client_of(entry) as client:
-                head = client.node_view().head_seq
-                self._mark(entry.name, up=True, head=head)
+                self._mark(entry.name, up=True, head=client.node_view().head_seq)
+                if self._short(entry, client, store):
+                    return
                 result = check_node(entry, client, store)
         except ApiError as e:
             self._mark(entry.name, up=False, error=str(e))
@@ -158,6 +186,11 @@ class Fleet:
             "The node's head seq + 1 less the events the fleet stored of it",
             labels=["node"],
         )
+        missing = GaugeMetricFamily(
+            "infervisor_fleet_node_events_missing",
+            "Events the fleet stored beyond the node's head + 1 (its chain cut short), else 0",
+            labels=["node"],
+        )
         stored = GaugeMetricFamily(
             "infervisor_fleet_node_events_stored",
             "Events the fleet stored of the node",
@@ -179,12 +212,15 @@ class Fleet:
                 count = self._store.count(name)
                 held = self._store.verified(name)
                 up.add_metric([name], 1.0 if seen.up else 0.0)
-                if seen.head_seq is not None:
+                if seen.missing:  # cut short: not "0 behind"
+                    missing.add_metric([name], seen.missing)
+                elif seen.head_seq is not None:
                     behind.add_metric([name], max(0, seen.head_seq + 1 - count))
+                    missing.add_metric([name], 0)
                 stored.add_metric([name], count)
                 verified.add_metric([name], held.size if held is not None else 0)
                 failures.add_metric([name], len(self._store.failures(name)))
-        yield from (up, behind, stored, verified, failures)
+        yield from (up, behind, missing, stored, verified, failures)
 
 
 class _Collector(Collector):

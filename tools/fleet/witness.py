@@ -44,7 +44,7 @@ from .config import NodeEntry
 from .node_api import FleetClient
 from .store import FleetStore, Verified
 
-__all__ = ["CheckResult", "check_node"]
+__all__ = ["CheckResult", "check_node", "head_below_stored"]
 
 Outcome = Literal[
     "ok", "truncated", "forked", "key_changed", "events_differ", "event_refused", "unreachable"
@@ -103,13 +103,32 @@ def check_node(entry: NodeEntry, client: FleetClient, store: FleetStore) -> Chec
         return _failed(entry, store, problem[0], before, cp.tree_size, problem[1])
     if held is None or cp.tree_size > held.size:
         store.set_verified(entry.name, Verified(cp.tree_size, cp.root, note))
-    return CheckResult(
-        node=entry.name,
-        outcome="ok",
-        verified_size=before,
-        size=cp.tree_size,
-        detail=f"size {cp.tree_size} extends the verified size {before}",
+    detail = (
+        f"size {cp.tree_size} is the verified size (unchanged)"
+        if held is not None and cp.tree_size == held.size
+        else f"size {cp.tree_size} extends the verified size {before}"
     )
+    return CheckResult(
+        node=entry.name, outcome="ok", verified_size=before, size=cp.tree_size, detail=detail
+    )
+
+
+def head_below_stored(
+    entry: NodeEntry, store: FleetStore, stored: int, head_seq: int | None
+) -> CheckResult | None:
+    """``truncated`` (recorded as a failure) when the node's head `head_seq` is below
+    the `stored` events the fleet stored of it (follow.py ``short_head``): its
+    chain was cut short. None when it is not (`head_seq` None: not below).
+
+    Raises:
+        StoreError: the store cannot be read or written.
+    """
+    if head_seq is None or head_seq + 1 >= stored:
+        return None
+    held = store.verified(entry.name)
+    detail = f"the node's head {head_seq} is below the {stored} events the fleet stored"
+    before = held.size if held is not None else 0
+    return _failed(entry, store, "truncated", before, head_seq + 1, detail)
 
 
 def _consistency(

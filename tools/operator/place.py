@@ -133,8 +133,13 @@ def _env_pair(item: str) -> tuple[str, str]:
     return key, value
 
 
-def spec_of_fragment(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any, bool]:
+def spec_of_fragment(
+    fragment: Path | None, flags: dict[str, Any], *, name: str = "--file"
+) -> tuple[Any, bool]:
     """The InstanceSpec of the fragment's keys with ``flags`` over them, and its ``start``.
+
+    ``name`` is the option or argument the fragment was given as, named in the
+    messages (``infervisor place --file``; ``fleet place`` passes ``SPEC``).
 
     Raises:
         Failure: the fragment cannot be read, or a key is unknown or mistyped
@@ -148,15 +153,15 @@ def spec_of_fragment(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any,
         where = str(fragment)
         try:
             raw = config_module.parse_toml(
-                fragment.read_text(encoding="utf-8"), f"--file {fragment}"
+                fragment.read_text(encoding="utf-8"), f"{name} {fragment}"
             )
         except OSError as e:
-            message = f"--file {fragment}: cannot read: {e.strerror or e}"
-            raise Failure(message, "bad_path", "--file") from e
+            message = f"{name} {fragment}: cannot read: {e.strerror or e}"
+            raise Failure(message, "bad_path", name) from e
         except UnicodeDecodeError as e:
-            raise Failure(f"--file {fragment}: not valid TOML: {e}", "bad_spec", "--file") from e
+            raise Failure(f"{name} {fragment}: not valid TOML: {e}", "bad_spec", name) from e
         except config_module.ConfigError as e:
-            raise Failure(str(e), "bad_spec", "--file") from e
+            raise Failure(str(e), "bad_spec", name) from e
         if "instances" in raw:
             tables = raw.pop("instances")
             if raw or not isinstance(tables, list) or len(tables) != 1:
@@ -164,7 +169,7 @@ def spec_of_fragment(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any,
                     f"{fragment}: give the instance's keys flat, or in exactly one "
                     "[[instances]] table (and nothing beside it)",
                     "bad_spec",
-                    "--file",
+                    name,
                 )
             raw = dict(tables[0])
     raw.update(flags)
@@ -175,7 +180,7 @@ def spec_of_fragment(fragment: Path | None, flags: dict[str, Any]) -> tuple[Any,
         message, key = _explain_spec(str(e), entry_type, config_module)
         flag = _PLACE_FLAGS.get(key or "") if key in flags or fragment is None else None
         # A whole-document error names the fragment: a bad_spec always names a field.
-        raise Failure(f"{where}: {message}", "bad_spec", flag or key or "--file") from e
+        raise Failure(f"{where}: {message}", "bad_spec", flag or key or name) from e
     return entry.spec(), raw.get("start") is True  # the config's default is True
 
 
