@@ -56,6 +56,8 @@ _decode = ev.decode_event
 _replace = msgspec.structs.replace
 _PLACED, _UNLOADED = ev.Placed, ev.Unloaded
 _DECODE = msgspec.json.Decoder(ev.Event).decode
+#: The events that open a run (the first of them ends the node's downtime).
+_BOOT_TYPES = frozenset({ev.NodeStarted, ev.WitnessOverride})
 _TAGS: dict[type[Any], str] = {t: tag for tag, t in ev.EVENT_TYPES.items()}
 
 
@@ -74,7 +76,7 @@ def apply(state: NodeState, stored: StoredEvent) -> NodeState:
         return base
     event = ev.decode_event(stored)
     kind = type(event)
-    run = state.run.after(stored.ts_ns, started=kind is ev.NodeStarted)
+    run = state.run.after(stored.ts_ns, boot=kind in _BOOT_TYPES)
     base = msgspec.structs.replace(base, run=run)
     if kind is ev.NodeStarted:
         return msgspec.structs.replace(base, boots=state.boots + 1)
@@ -108,8 +110,8 @@ class Folder:
     """
 
     __slots__ = (
-        "_boots", "_cordon", "_down_ns", "_head", "_head_ns", "_instances", "_lease", "_leases",
-        "_next", "_node_id", "_sets",
+        "_booting", "_boots", "_cordon", "_down_ns", "_head", "_head_ns", "_instances", "_lease",
+        "_leases", "_next", "_node_id", "_sets",
     )  # fmt: skip
 
     def __init__(self, node_id: str) -> None:
@@ -118,7 +120,8 @@ class Folder:
         self._next = 0
         self._instances: dict[str, InstanceState] = {}
         self._boots = 0
-        self._head_ns = self._down_ns = 0  # RunClock's, kept as ints on this hot path
+        self._head_ns = self._down_ns = 0
+        self._booting = False
         self._lease: LeaseRecord | None = None
         self._leases: dict[str, LeaseRecord] = {}
         self._cordon = Cordon.NONE
@@ -151,9 +154,10 @@ class Folder:
             if event.v != 1 or _TAGS[type(event)] != stored.kind:
                 event = _decode(stored)
         kind = type(event)
-        if kind is ev.NodeStarted and self._head_ns:  # as RunClock.after
+        boot = kind in _BOOT_TYPES  # RunClock.after, kept as plain values on this hot path
+        if boot and not self._booting and self._head_ns:
             self._down_ns += max(0, stored.ts_ns - self._head_ns)
-        self._head_ns = stored.ts_ns
+        self._head_ns, self._booting = stored.ts_ns, boot
         if kind in _INSTANCE_TYPES:
             instances = self._instances
             subject = stored.subject
@@ -184,7 +188,7 @@ class Folder:
             boots=self._boots,
             lease=self._lease,
             leases=dict(self._leases),
-            run=RunClock(head_ns=self._head_ns, down_ns=self._down_ns),
+            run=RunClock(head_ns=self._head_ns, down_ns=self._down_ns, booting=self._booting),
             cordon=self._cordon,
             placement_sets=dict(self._sets),
         )

@@ -122,23 +122,28 @@ class RunClock(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         head_ns: the wall time of the newest event (``ts_ns``, ns since the
             epoch, UTC; 0: none but the genesis).
         down_ns: the time the node did not run, ns, summed over its restarts:
-            from the last event a run recorded to the next run's
-            ``node.started`` (a wall clock stepped back counts 0).
+            from the last event a run recorded to the next run's first
+            (``node.started``, or a ``node.witness_override`` before it; a
+            wall clock stepped back counts 0).
+        booting: the newest event is a boot's (one of those two).
     """
 
     head_ns: int = 0
     down_ns: int = 0
+    booting: bool = False
 
     def ran_since_s(self, at_wall_ns: int, down_ns: int) -> float:
         """Seconds the node ran from a moment (its wall time and the ``down_ns``
         then) to the newest event, never negative."""
         return max(0.0, (self.head_ns - at_wall_ns - (self.down_ns - down_ns)) / 1e9)
 
-    def after(self, stored_ts_ns: int, started: bool) -> RunClock:
-        """The clock once an event recorded at ``stored_ts_ns`` is folded
-        (``started``: a ``node.started`` after another event)."""
-        gap = max(0, stored_ts_ns - self.head_ns) if started and self.head_ns else 0
-        return RunClock(head_ns=stored_ts_ns, down_ns=self.down_ns + gap)
+    def after(self, stored_ts_ns: int, boot: bool) -> RunClock:
+        """The clock once an event recorded at ``stored_ts_ns`` is folded (``boot``:
+        a ``node.started`` or ``node.witness_override``; the first of a run ends
+        the time the node was down, unless it is the chain's first event)."""
+        down = boot and not self.booting and self.head_ns
+        gap = max(0, stored_ts_ns - self.head_ns) if down else 0
+        return RunClock(head_ns=stored_ts_ns, down_ns=self.down_ns + gap, booting=boot)
 
 
 class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):

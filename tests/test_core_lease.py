@@ -185,6 +185,19 @@ def test_boot_excuses_every_earlier_restart_after_the_renewal() -> None:
     assert rule.lease_at_boot(POLICY, at(100.0), since, run_clock(5.0)) == one(100.0, 100.0)
 
 
+def test_the_chain_excuses_each_time_the_node_was_down_once() -> None:
+    """The fold's clock (replay/state.py RunClock): the first event of a run (a
+    witness override, then ``node.started``) ends the downtime; the chain's first
+    boot ends none."""
+    run = RunClock()
+    s = 10**9
+    for ts_s, boot in [(5, True), (10, False), (30, True), (31, True), (40, False)]:
+        run = run.after(ts_s * s, boot)
+    assert run == RunClock(head_ns=40 * s, down_ns=20 * s, booting=False)
+    assert run.ran_since_s(8 * s, 0) == pytest.approx(12.0)  # 8 -> 10 and 30 -> 40
+    assert run.ran_since_s(35 * s, 20 * s) == pytest.approx(5.0)
+
+
 def test_a_controller_lapsed_before_the_restart_is_still_lapsed() -> None:
     since = {"ctl1": LeaseRecord(controller="ctl1", at=at(0.0))}
     booted = rule.lease_at_boot(POLICY, at(30.0), since, run_clock(12.0))  # its stops at 12

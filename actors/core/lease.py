@@ -21,7 +21,8 @@ has been silent for the lease, whoever else is heard.
   the chain holds already used: the time the node *ran* from that
   controller's last renewal recorded to the chain's newest event (the last
   the previous run recorded; :class:`~infervisor.replay.state.RunClock`). The
-  time the node did not run is excused, as a pause is: a restart within the
+  time the node did not run (from a run's last event to the next run's
+  first) is excused, as a pause is: a restart within the
   lease does not stop a live controller's instances, and a crash loop never
   lengthens a dead controller's lease beyond the node's running time (a
   lapse the live node decided is in the chain as its stops, so the silence
