@@ -154,7 +154,9 @@ class Node(NodeViews, NodeFleet):
         check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
         state = rebuild_verified(settings.chain_path)
         decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
-        actors = start_actors(settings, clock, on_event, state.leases, prober, witnesses=witnesses)
+        actors = start_actors(
+            settings, clock, on_event, state.leases, prober, witnesses=witnesses, run=state.run
+        )
         try:
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             for event in (*decision.events, started):  # overrides before anything else

@@ -28,7 +28,7 @@ from infervisor.replay import EventDecodeError, NodeState, ReplayError, fold
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.queries import read_chain
-from infervisor.replay.state import LeaseRecord
+from infervisor.replay.state import LeaseRecord, RunClock
 
 from . import messages as m
 from .append import WriterAppend
@@ -95,12 +95,13 @@ def start_actors(
     prober: Prober | None = None,
     *,
     witnesses: Sequence[WitnessTarget] = (),
+    run: RunClock | None = None,
 ) -> NodeActors:
     """Start the node-wide actors on ``settings``: the chain writer, the ledger (with
     a memory budget), the supervisor (``leases``: each controller's last renewal in
-    the chain), the host, the watchdog over them, the probe threads and, with
-    ``witnesses``, a submitter per witness (fed each checkpoint by the writer); the
-    containment detected."""
+    the chain; ``run``: how long the node ran, ``NodeState.run``), the host, the
+    watchdog over them, the probe threads and, with ``witnesses``, a submitter per
+    witness (fed each checkpoint by the writer); the containment detected."""
     commit_latency = CommitLatency()
     append_health = AppendHealth()
     witnessing = _witnessing(settings, clock, witnesses)
@@ -130,14 +131,9 @@ def start_actors(
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
     supervisor = SupervisorActor.start(
-        clock,
-        settings.tick_s,
-        settings.reconcile_interval_s,
-        settings.lease_s,
-        writer=writer,
-        leases=leases,
-        watchdog=watchdog,
-    )
+        clock, settings.tick_s, settings.reconcile_interval_s, settings.lease_s,
+        writer=writer, leases=leases, run=run, watchdog=watchdog,
+    )  # fmt: skip
     routes = Routes()
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor, routes)
     relay.host = host

@@ -32,7 +32,7 @@ from infervisor.adapters.errors import ProbeError
 from infervisor.adapters.ports import ListenerSnapshot, listener_snapshot
 from infervisor.adapters.proc.system import REAL
 from infervisor.replay import events as ev
-from infervisor.replay.state import LeaseRecord, Stamp
+from infervisor.replay.state import LeaseRecord, RunClock, Stamp
 
 from . import messages as m
 from .append import WriterAppend
@@ -68,6 +68,8 @@ class SupervisorActor(pykka.ThreadingActor):
         lease_s: the controller lease, seconds (None: no lease, nothing recorded).
         writer: the chain writer, to record renewals of the leases.
         leases: each controller's last renewal the chain has (``NodeState.leases``).
+        run: how long the node ran, as the chain tells it (``NodeState.run``):
+            the leases count only that time as silence at boot.
         watchdog: told of every health tick armed, and of this actor's failure.
     """
 
@@ -80,6 +82,7 @@ class SupervisorActor(pykka.ThreadingActor):
         *,
         writer: pykka.ActorRef[Any] | None = None,
         leases: Mapping[str, LeaseRecord] | None = None,
+        run: RunClock | None = None,
         watchdog: Watchdog | None = None,
     ) -> None:
         super().__init__()
@@ -97,7 +100,9 @@ class SupervisorActor(pykka.ThreadingActor):
         self._lease: rule.Lease | None = None
         if lease_s is not None:
             policy = rule.LeasePolicy(lease_s=lease_s, pause_after_s=PAUSE_AFTER_S)
-            self._lease = rule.lease_at_boot(policy, now_stamp(clock), leases or {})
+            self._lease = rule.lease_at_boot(
+                policy, now_stamp(clock), leases or {}, run or RunClock()
+            )
         self._renewals: dict[str, pykka.Future[Any]] = {}
 
     def on_start(self) -> None:

@@ -36,6 +36,7 @@ from .state import (
     LeaseRecord,
     NodeState,
     ProcessRecord,
+    RunClock,
     Termination,
     Then,
 )
@@ -55,6 +56,8 @@ _decode = ev.decode_event
 _replace = msgspec.structs.replace
 _PLACED, _UNLOADED = ev.Placed, ev.Unloaded
 _DECODE = msgspec.json.Decoder(ev.Event).decode
+#: The events that open a run (the first of them ends the node's downtime).
+_BOOT_TYPES = frozenset({ev.NodeStarted, ev.WitnessOverride})
 _TAGS: dict[type[Any], str] = {t: tag for tag, t in ev.EVENT_TYPES.items()}
 
 
@@ -73,11 +76,13 @@ def apply(state: NodeState, stored: StoredEvent) -> NodeState:
         return base
     event = ev.decode_event(stored)
     kind = type(event)
+    run = state.run.after(stored.ts_ns, boot=kind in _BOOT_TYPES)
+    base = msgspec.structs.replace(base, run=run)
     if kind is ev.NodeStarted:
         return msgspec.structs.replace(base, boots=state.boots + 1)
     if kind is ev.LeaseRenewed:
         assert isinstance(event, ev.LeaseRenewed)
-        lease = LeaseRecord(controller=event.controller, at=event.at)
+        lease = LeaseRecord(controller=event.controller, at=event.at, down_ns=run.down_ns)
         leases = {**state.leases, event.controller: lease}
         return msgspec.structs.replace(base, lease=lease, leases=leases)
     if kind in _NODE_SET_TYPES:
@@ -105,8 +110,8 @@ class Folder:
     """
 
     __slots__ = (
-        "_boots", "_cordon", "_head", "_instances", "_lease", "_leases", "_next", "_node_id",
-        "_sets",
+        "_booting", "_boots", "_cordon", "_down_ns", "_head", "_head_ns", "_instances", "_lease",
+        "_leases", "_next", "_node_id", "_sets",
     )  # fmt: skip
 
     def __init__(self, node_id: str) -> None:
@@ -115,6 +120,8 @@ class Folder:
         self._next = 0
         self._instances: dict[str, InstanceState] = {}
         self._boots = 0
+        self._head_ns = self._down_ns = 0
+        self._booting = False
         self._lease: LeaseRecord | None = None
         self._leases: dict[str, LeaseRecord] = {}
         self._cordon = Cordon.NONE
@@ -147,6 +154,10 @@ class Folder:
             if event.v != 1 or _TAGS[type(event)] != stored.kind:
                 event = _decode(stored)
         kind = type(event)
+        boot = kind in _BOOT_TYPES  # RunClock.after, kept as plain values on this hot path
+        if boot and not self._booting and self._head_ns:
+            self._down_ns += max(0, stored.ts_ns - self._head_ns)
+        self._head_ns, self._booting = stored.ts_ns, boot
         if kind in _INSTANCE_TYPES:
             instances = self._instances
             subject = stored.subject
@@ -159,7 +170,9 @@ class Folder:
             self._boots += 1
         elif kind is ev.LeaseRenewed:
             assert isinstance(event, ev.LeaseRenewed)
-            self._lease = LeaseRecord(controller=event.controller, at=event.at)
+            self._lease = LeaseRecord(
+                controller=event.controller, at=event.at, down_ns=self._down_ns
+            )
             self._leases[event.controller] = self._lease
         elif kind in _NODE_SET_TYPES:
             self._cordon, self._sets = node_sets(self._cordon, self._sets, event)
@@ -175,6 +188,7 @@ class Folder:
             boots=self._boots,
             lease=self._lease,
             leases=dict(self._leases),
+            run=RunClock(head_ns=self._head_ns, down_ns=self._down_ns, booting=self._booting),
             cordon=self._cordon,
             placement_sets=dict(self._sets),
         )

@@ -26,6 +26,7 @@ __all__ = [
     "LeaseRecord",
     "NodeState",
     "ProcessRecord",
+    "RunClock",
     "Stamp",
     "Termination",
     "Then",
@@ -106,10 +107,43 @@ class Termination(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """When a controller other than this node was last recorded as heard."""
+    """When a controller other than this node was last recorded as heard;
+    ``down_ns``: the node's :attr:`RunClock.down_ns` then."""
 
     controller: str
     at: Stamp
+    down_ns: int = 0
+
+
+class RunClock(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """How long the chain's node has run, as its events tell it.
+
+    Attributes:
+        head_ns: the wall time of the newest event (``ts_ns``, ns since the
+            epoch, UTC; 0: none but the genesis).
+        down_ns: the time the node did not run, ns, summed over its restarts:
+            from the last event a run recorded to the next run's first
+            (``node.started``, or a ``node.witness_override`` before it; a
+            wall clock stepped back counts 0).
+        booting: the newest event is a boot's (one of those two).
+    """
+
+    head_ns: int = 0
+    down_ns: int = 0
+    booting: bool = False
+
+    def ran_since_s(self, at_wall_ns: int, down_ns: int) -> float:
+        """Seconds the node ran from a moment (its wall time and the ``down_ns``
+        then) to the newest event, never negative."""
+        return max(0.0, (self.head_ns - at_wall_ns - (self.down_ns - down_ns)) / 1e9)
+
+    def after(self, stored_ts_ns: int, boot: bool) -> RunClock:
+        """The clock once an event recorded at ``stored_ts_ns`` is folded (``boot``:
+        a ``node.started`` or ``node.witness_override``; the first of a run ends
+        the time the node was down, unless it is the chain's first event)."""
+        down = boot and not self.booting and self.head_ns
+        gap = max(0, stored_ts_ns - self.head_ns) if down else 0
+        return RunClock(head_ns=stored_ts_ns, down_ns=self.down_ns + gap, booting=boot)
 
 
 class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -197,7 +231,8 @@ class NodeState(msgspec.Struct, frozen=True, kw_only=True):
     """The whole node: its instances and the chain position it reflects.
 
     ``lease`` is the last renewal recorded (any controller); ``leases`` the last
-    one of each controller, by name (a lease is per controller, issue 19).
+    one of each controller, by name (a lease is per controller, issue 19);
+    ``run`` how long the node ran (the leases count only that at a boot).
     """
 
     node_id: str
@@ -207,6 +242,7 @@ class NodeState(msgspec.Struct, frozen=True, kw_only=True):
     boots: int = 0
     lease: LeaseRecord | None = None
     leases: dict[str, LeaseRecord] = msgspec.field(default_factory=dict)
+    run: RunClock = RunClock()
     #: Whether the node takes placements (the last cordon event's).
     cordon: Cordon = Cordon.NONE
     #: Each controller's last recorded placement set: its generation.

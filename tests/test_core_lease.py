@@ -22,7 +22,7 @@ from infervisor.actors.core.lease import RENEW_FRACTION, Audience
 from infervisor.chain import StoredEvent
 from infervisor.replay import events as ev
 from infervisor.replay.lapses import held_by_lapse
-from infervisor.replay.state import LeaseRecord, Stamp
+from infervisor.replay.state import LeaseRecord, RunClock, Stamp
 
 LEASE_S = 10.0
 PAUSE_S = 3.0
@@ -147,17 +147,64 @@ def test_every_rule_and_audience_is_in_the_table() -> None:
     assert {c.was_lapsed for c in CASES} == {True, False}
 
 
-def test_boot_runs_each_lease_from_its_last_renewal() -> None:
+def run_clock(head_s: float, down_s: float = 0.0) -> RunClock:
+    """The chain's newest event at ``head_s`` (on :func:`at`'s clock), ``down_s`` not run."""
+    return RunClock(head_ns=at(head_s).wall_ns, down_ns=int(down_s * 1e9))
+
+
+def test_boot_carries_the_silence_the_previous_run_ran() -> None:
     since = {
         "ctl1": LeaseRecord(controller="ctl1", at=at(95.0)),
         "ctl2": LeaseRecord(controller="ctl2", at=at(80.0)),
     }
-    assert rule.lease_at_boot(POLICY, at(100.0), since) == lease(
-        ctl1=held(95.0, 95.0), ctl2=held(80.0, 80.0)
-    )
-    assert rule.lease_at_boot(POLICY, at(100.0), {}) == lease()
-    lapsed = rule.decide_lease(rule.lease_at_boot(POLICY, at(100.0), since), TICK, at(100.0))
-    assert [lapse.controller for lapse in lapsed.lapsed] == ["ctl2"]  # silent 20 s: only it
+    # The last run recorded its last event at 100: no downtime, as a lease run on.
+    ran_on = rule.lease_at_boot(POLICY, at(100.0), since, run_clock(100.0))
+    assert ran_on == lease(ctl1=held(95.0, 95.0), ctl2=held(80.0, 80.0))
+    assert rule.lease_at_boot(POLICY, at(100.0), {}, run_clock(100.0)) == lease()
+    lapsed = rule.decide_lease(ran_on, TICK, at(100.0))
+    assert [lapse.controller for lapse in lapsed.lapsed] == ["ctl2"]  # ran 20 s silent: only it
+    # Killed at 97 (its last event 96), booted at 103: the 7 s down are no silence.
+    booted = rule.lease_at_boot(POLICY, at(103.0), since, run_clock(96.0))
+    assert booted == lease(ctl1=held(102.0, 102.0), ctl2=held(87.0, 87.0))
+    early = rule.decide_lease(booted, TICK, at(111.9)).lapsed  # ctl1: 1 + 8.9 s
+    assert [t.controller for t in early] == ["ctl2"]  # 16 s carried: lapsed from the boot
+    told = rule.decide_lease(booted, TICK, at(112.5)).lapsed
+    assert [(t.controller, t.silent_s) for t in told] == [
+        ("ctl1", pytest.approx(10.5)),
+        ("ctl2", pytest.approx(25.5)),
+    ]
+
+
+def test_boot_excuses_every_earlier_restart_after_the_renewal() -> None:
+    """A crash loop: the node ran 2 s after ctl1's renewal at 10, was down 30 s, ran
+    3 s, down again; booted at 100 it carries 5 s, whatever the wall time says."""
+    since = {"ctl1": LeaseRecord(controller="ctl1", at=at(10.0), down_ns=int(4e9))}
+    run = run_clock(45.0, down_s=4.0 + 30.0)  # 12 -> 42 down; last event 45
+    assert rule.lease_at_boot(POLICY, at(100.0), since, run) == one(95.0, 95.0)
+    # A renewal recorded after the newest event (a clock stepped back) carries none.
+    assert rule.lease_at_boot(POLICY, at(100.0), since, run_clock(5.0)) == one(100.0, 100.0)
+
+
+def test_the_chain_excuses_each_time_the_node_was_down_once() -> None:
+    """The fold's clock (replay/state.py RunClock): the first event of a run (a
+    witness override, then ``node.started``) ends the downtime; the chain's first
+    boot ends none."""
+    run = RunClock()
+    s = 10**9
+    for ts_s, boot in [(5, True), (10, False), (30, True), (31, True), (40, False)]:
+        run = run.after(ts_s * s, boot)
+    assert run == RunClock(head_ns=40 * s, down_ns=20 * s, booting=False)
+    assert run.ran_since_s(8 * s, 0) == pytest.approx(12.0)  # 8 -> 10 and 30 -> 40
+    assert run.ran_since_s(35 * s, 20 * s) == pytest.approx(5.0)
+
+
+def test_a_controller_lapsed_before_the_restart_is_still_lapsed() -> None:
+    since = {"ctl1": LeaseRecord(controller="ctl1", at=at(0.0))}
+    booted = rule.lease_at_boot(POLICY, at(30.0), since, run_clock(12.0))  # its stops at 12
+    heard = rule.decide_lease(booted, HEARD1, at(30.0))
+    assert heard.was_lapsed
+    registered = rule.decide_lease(booted, rule.InstanceRegistered("ctl1"), at(30.0))
+    assert registered.audience is Audience.REGISTERED
 
 
 # ---------------------------------------------------------------- what a lapse stopped
@@ -204,21 +251,64 @@ NAMES = ("ctl1", "ctl2")
 class Leases(RuleBasedStateMachine):
     """The rules fed random observations on a manual clock, against a model: each
     controller's contact moves when it is heard and by a pause; it is told lapsed
-    once past the lease, and never sooner; renewals are spaced by a fraction."""
+    once past the lease, and never sooner; renewals are spaced by a fraction.
+
+    The node also restarts: its chain holds each controller's last renewal, the
+    newest event (renewals, the stops a lapse makes, other events, each
+    ``node.started``) and the times it was down; a boot continues each lease
+    with the time the node ran since that renewal already used."""
 
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.lease = rule.lease_at_boot(POLICY, at(0.0), {})
+        self.lease = rule.lease_at_boot(POLICY, at(0.0), {}, RunClock())
         self.contact: dict[str, float] = {}
         self.told: set[str] = set()
         self.recorded: dict[str, float | None] = {}
+        self.head = 0.0  # the chain's newest event
+        self.downs: list[tuple[float, float]] = []  # (last event, next node.started)
+        self.renewals: dict[str, list[float]] = {}  # each controller's in the chain
 
     def _decide(self, seen: rule.LeaseObservation) -> rule.LeaseDecision:
         decision = rule.decide_lease(self.lease, seen, at(self.now))
         self.lease = decision.lease
         VISITED.add((type(seen).__name__, decision.audience, decision.was_lapsed))
+        if decision.events or decision.lapsed:  # a renewal, or the stops of a lapse
+            self.head = self.now
+        for event in decision.events:
+            assert isinstance(event, ev.LeaseRenewed)
+            self.renewals.setdefault(event.controller, []).append(self.now)
         return decision
+
+    def _down_s(self, since: float) -> float:
+        return sum(up - down for down, up in self.downs if down >= since)
+
+    @stateful.rule()
+    def an_event_is_recorded(self) -> None:
+        self.head = self.now
+
+    @stateful.rule(down=st.sampled_from([1.0, 4.0, 30.0]))
+    def restart(self, down: float) -> None:
+        """kill -9 now, booted ``down`` s later: the chain is all the boot has."""
+        self.downs.append((self.head, self.now + down))
+        self.now += down
+        last = {name: times[-1] for name, times in self.renewals.items()}
+        since = {
+            name: LeaseRecord(controller=name, at=at(t), down_ns=int(self._down_s(0) * 1e9)
+                              - int(self._down_s(t) * 1e9))
+            for name, t in last.items()
+        }  # fmt: skip
+        run = RunClock(head_ns=at(self.head).wall_ns, down_ns=int(self._down_s(0) * 1e9))
+        self.lease = rule.lease_at_boot(POLICY, at(self.now), since, run)
+        carried = {name: max(0.0, self.head - t - self._down_s(t)) for name, t in last.items()}
+        self.contact = {name: self.now - c for name, c in carried.items()}
+        self.recorded = dict(self.contact)
+        self.told = set()
+        self.head = self.now  # node.started
+        for name, c in carried.items():
+            assert self.lease.controllers[name].last_contact_s == pytest.approx(self.contact[name])
+            if c:
+                VISITED.add(("boot", Audience.NONE, c > LEASE_S))
 
     @stateful.rule(step=st.sampled_from([0.5, 2.5, 6.0, 11.0]))
     def time_passes(self, step: float) -> None:
@@ -258,6 +348,11 @@ class Leases(RuleBasedStateMachine):
     def renewal_failed(self, name: str) -> None:
         self._decide(rule.RenewalFailed(name))
         if name in self.recorded:
+            times = self.renewals.get(name, [])
+            if times and self.recorded[name] == times[-1]:
+                times.pop()  # that renewal is not in the chain
+                if not times:
+                    del self.renewals[name]
             self.recorded[name] = None
 
 
@@ -281,6 +376,8 @@ def test_zz_every_lease_rule_and_audience_reached() -> None:
         ("InstanceRegistered", Audience.NONE, False),
         ("InstanceRegistered", Audience.REGISTERED, False),
         ("RenewalFailed", Audience.NONE, False),
+        ("boot", Audience.NONE, False),  # some silence carried, within the lease
+        ("boot", Audience.NONE, True),  # a controller lapsed before the restart
     }
-    assert {name for name, _, _ in wanted} == {t.__name__ for t in rule.LEASE_RULES}
+    assert {name for name, _, _ in wanted} - {"boot"} == {t.__name__ for t in rule.LEASE_RULES}
     assert wanted - VISITED == set(), f"never reached: {sorted(wanted - VISITED)}"

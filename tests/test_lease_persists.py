@@ -2,7 +2,8 @@
 
 A controller heard is recorded (``node.lease_renewed``) at most once per a
 quarter of the lease; a node reopened on the same chain runs the lease from
-the last renewal recorded, so a controller that went silent before the
+the last renewal recorded with the time the node ran since already used (the
+time it was down is no silence), so a controller that went silent before the
 restart stays silent. Time is a ManualClock shared by both openings of the
 node (one boot: the monotonic clock carries on); real processes are the fake
 llama-protocol server.
@@ -10,6 +11,7 @@ llama-protocol server.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,8 @@ from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import SqliteChain
 from infervisor.replay import decode_event, timeline
 from infervisor.replay import events as ev
-from infervisor.replay.state import LeaseRecord, Stamp
+from infervisor.replay.reducer import apply
+from infervisor.replay.state import LeaseRecord, NodeState, RunClock, Stamp
 
 LEASE_S = 10.0
 TICK_S = 1.0
@@ -53,16 +56,19 @@ def flush_supervisor(node: Node) -> None:
 
 
 # ---------------------------------------------------------------- the arithmetic
-def stamp(mono_s: float, boot: str = "b1", wall_s: float = 1_000.0) -> Stamp:
-    return Stamp(wall_ns=int(wall_s * 1e9), mono_s=mono_s, boot_id=boot)
+def stamp(mono_s: float, boot: str = "b1", wall_s: float | None = None) -> Stamp:
+    wall = 1_000.0 + mono_s if wall_s is None else wall_s
+    return Stamp(wall_ns=int(wall * 1e9), mono_s=mono_s, boot_id=boot)
 
 
 class Keeper:
     """The core's lease rules fed one observation at a time, as the supervisor does."""
 
     def __init__(self, now: Stamp, since: LeaseRecord | None) -> None:
+        """Booted at ``now`` on a chain whose newest event is at ``now`` (no downtime)."""
         policy = rule.LeasePolicy(lease_s=LEASE_S, pause_after_s=3.0)
-        self.lease = rule.lease_at_boot(policy, now, {} if since is None else {"ctl": since})
+        held = {} if since is None else {"ctl": since}
+        self.lease = rule.lease_at_boot(policy, now, held, RunClock(head_ns=now.wall_ns))
 
     def feed(self, seen: rule.LeaseObservation, now_s: float) -> rule.LeaseDecision:
         decision = rule.decide_lease(self.lease, seen, stamp(now_s))
@@ -162,7 +168,7 @@ def tick_heard(node: Node, clock: ManualClock, iid: str, lifecycle: str) -> None
     wait_until(reached, DEADLINE_S, f"{iid} {lifecycle}")
 
 
-def test_a_lease_lapsed_before_a_restart_expires_at_once_after_it(
+def test_a_lease_lapsed_before_a_restart_stays_lapsed_after_it(
     nodes, fake_llama: str, fake_model: Path, manual_clock: ManualClock
 ) -> None:
     settings = nodes.settings(fake_llama, fake_model, health_interval_s=TICK_S, lease_s=LEASE_S)
@@ -177,28 +183,25 @@ def test_a_lease_lapsed_before_a_restart_expires_at_once_after_it(
         tick_heard(first, manual_clock, iid, "running")
     first.heartbeat("ctl")
     flush_supervisor(first)
-    first.shutdown()  # servers stopped, still wanted running
     assert renewals(first), "the controller's heartbeats were not recorded"
 
-    manual_clock.advance(3 * LEASE_S)  # the controller stays silent across the restart
-    second = nodes.open(settings, manual_clock)
-    ticks = 0
-
-    def stopped_by_the_lease() -> Any:
-        nonlocal ticks
-        view = second.status(theirs)
-        if view.lifecycle == "stopped" and view.desired == "stopped":
-            return view
-        if second.settled(theirs) and ticks < 3:  # well inside a fresh lease
-            ticks += 1
+    def stopped_by_the_lease() -> bool:  # the controller silent while the node runs
+        if first.status(theirs).desired == "stopped":
+            return True
+        if first.settled(theirs):
             manual_clock.advance(TICK_S)
-        return None
+        return False
 
-    view = wait_until(stopped_by_the_lease, DEADLINE_S, "the lease stop after the restart")
-    assert "controller lease expired" in view.reason
+    wait_until(stopped_by_the_lease, DEADLINE_S, "the lease stop before the restart")
+    first.shutdown()
+    manual_clock.advance(3 * LEASE_S)  # down: no silence, but the lease ran out already
+    second = nodes.open(settings, manual_clock)
+    view = second.status(theirs)
+    assert view.desired == "stopped"  # the restart starts nothing of the lapsed controller's
     stops = [e for e in timeline(settings.chain_path, theirs) if e.kind.endswith("stop_requested")]
     assert stops[-1].source == "lease:ctl"
     assert second.status(mine).desired == "running"  # its own placement is spared
+    assert second.renew("ctl"), "the restart renewed a lapsed controller's lease"
 
 
 def stop_decided_at(node: Node, iid: str) -> float:
@@ -222,10 +225,14 @@ def test_after_a_restart_the_lease_runs_from_the_last_renewal(
     theirs = first.place(spec, placed_by="ctl", generation=1)  # the controller is heard
     first.start(theirs, by="controller")
     flush_supervisor(first)
-    first.shutdown()
+    for _ in range(3):  # the node runs on, the controller silent: that is silence
+        manual_clock.advance(TICK_S)
+        flush_supervisor(first)
+    first.shutdown()  # its last event: node.stopped
     renewed = renewals(first)[-1][1].at.mono_s
+    down_s = LEASE_S * 0.4
 
-    manual_clock.advance(LEASE_S * 0.4)  # the restart comes inside the lease
+    manual_clock.advance(down_s)  # the restart comes inside the lease: that is no silence
     second = nodes.open(settings, manual_clock)
     booted = manual_clock.monotonic()
 
@@ -239,6 +246,16 @@ def test_after_a_restart_the_lease_runs_from_the_last_renewal(
 
     wait_until(stopped, DEADLINE_S, "the lease stop")
     decided = stop_decided_at(second, theirs)
-    assert renewed + LEASE_S < decided <= renewed + LEASE_S + TICK_S  # not before, at once after
+    ran_out = renewed + down_s + LEASE_S  # the lease counts the time the node ran
+    assert ran_out < decided <= ran_out + TICK_S  # not before, at once after
     assert decided < booted + LEASE_S  # not a fresh lease from the boot
+    # What the boot read is the chain's: the fold and event-by-event apply agree.
+    with SqliteChain.open_readonly(settings.chain_path) as chain:
+        stored = list(chain.events())
+    applied = functools.reduce(apply, stored, NodeState(node_id="", head_seq=-1, head_hash=""))
+    folded = second.rebuild()
+    assert applied.run == folded.run
+    assert folded.run.down_ns == int(down_s * 1e9)
+    assert folded.run.head_ns == stored[-1].ts_ns
+    assert folded.leases["ctl"].down_ns == 0  # renewed before the node was first down
     wait_until(lambda: second.status(theirs).lifecycle == "stopped", DEADLINE_S, "stopped")

@@ -17,9 +17,19 @@ has been silent for the lease, whoever else is heard.
   heartbeat rate; a renewal whose append failed is recorded again at that
   controller's next heartbeat. The decision says whether its lease had
   lapsed before (``was_lapsed``: the heartbeat's answer).
-- At boot each controller's lease runs from its last renewal the chain has,
-  not from the boot: a restart may shorten a lease by up to that fraction,
-  never lengthen it.
+- At boot each controller's lease continues from the boot with the silence
+  the chain holds already used: the time the node *ran* from that
+  controller's last renewal recorded to the chain's newest event (the last
+  the previous run recorded; :class:`~infervisor.replay.state.RunClock`). The
+  time the node did not run (from a run's last event to the next run's
+  first) is excused, as a pause is: a restart within the
+  lease does not stop a live controller's instances, and a crash loop never
+  lengthens a dead controller's lease beyond the node's running time (a
+  lapse the live node decided is in the chain as its stops, so the silence
+  carried is at least the lease). A controller lapsed before the restart is
+  still lapsed after it (the heartbeat answers ``lapsed``; its instances,
+  told again, are already stopped). A restart may shorten a lease by up to
+  the recording fraction, never lengthen it.
 - Each health tick checks every lease: a controller silent for longer than
   the lease has the instances it placed told, once until it is heard again.
   An instance registered while its controller's lease has lapsed (a boot after
@@ -29,8 +39,8 @@ has been silent for the lease, whoever else is heard.
 - A pause is not a controller's silence: a health tick fired more than
   ``pause_after_s`` after it was due means the node did not run, so no
   controller could reach it; that time is excused from every lease (issue
-  17). It is not recorded: a restart counts each lease from its last renewal
-  recorded.
+  17). It is not recorded: a restart counts a pause of the previous run as
+  silence.
 
 Times are seconds on the monotonic clock (``Stamp.mono_s``).
 
@@ -54,7 +64,7 @@ import msgspec
 
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
-from infervisor.replay.state import LeaseRecord, Stamp, elapsed_s
+from infervisor.replay.state import LeaseRecord, RunClock, Stamp, elapsed_s
 
 from . import observations as o
 
@@ -175,12 +185,24 @@ class LeaseDecision(msgspec.Struct, frozen=True, kw_only=True):
     was_lapsed: bool = False
 
 
-def lease_at_boot(policy: LeasePolicy, now: Stamp, since: Mapping[str, LeaseRecord]) -> Lease:
-    """The leases at boot: each controller's runs from its last renewal in the chain
-    (``since``, by controller: ``NodeState.leases``)."""
+def lease_at_boot(
+    policy: LeasePolicy, now: Stamp, since: Mapping[str, LeaseRecord], run: RunClock
+) -> Lease:
+    """The leases at boot (``now``): each controller's continues with the silence
+    the chain holds already used.
+
+    Args:
+        policy: the lease.
+        now: the boot.
+        since: each controller's last renewal in the chain (``NodeState.leases``).
+        run: how long the node ran (``NodeState.run``): the silence carried is
+            the running time from the renewal to the chain's newest event
+            (never more than the wall time since the renewal).
+    """
     held = {}
     for name, record in since.items():
-        contact = now.mono_s - elapsed_s(record.at, now)
+        carried = run.ran_since_s(record.at.wall_ns, record.down_ns)
+        contact = now.mono_s - min(carried, elapsed_s(record.at, now))
         held[name] = ControllerLease(last_contact_s=contact, last_recorded_s=contact)
     return Lease(policy=policy, controllers=held)
 
