@@ -93,6 +93,8 @@ def ours(db: Path, kind: str, after_seq: int = -1) -> list[StoredEvent]:
     return [e for e in events_of(db) if e.kind == kind and e.seq > after_seq]
 
 
+@pytest.mark.slow  # a kill -9 and a node down for most of a lease: about 30 s
+@pytest.mark.timeout(180)
 def test_a_restart_within_the_lease_keeps_a_live_controllers_instance(
     node_runs: Callable[[], NodeRun], tmp_path: Path
 ) -> None:
