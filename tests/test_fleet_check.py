@@ -113,8 +113,31 @@ def test_serve_does_not_show_a_truncated_chain_in_step(tmp_path: Path, served: S
         assert [f.what for f in store.failures("n1")] == ["truncated"]
     samples = {(s.name, s.labels["node"]): s.value for m in running.families() for s in m.samples}
     assert samples[("infervisor_fleet_node_events_missing", "n1")] == 4
+    assert samples[("infervisor_fleet_node_diverged", "n1")] == 1
     assert ("infervisor_fleet_node_events_behind", "n1") not in samples
     assert samples[("infervisor_fleet_node_verification_failures_total", "n1")] == 1
+
+
+def test_a_chain_cut_short_and_grown_again_is_named_forked(
+    tmp_path: Path, served: ServedChain
+) -> None:
+    """Cut below what the fleet stored and grown back to as many events, others:
+    sync (which reads no checkpoint) names the fork at the last seq stored, and
+    serve's metrics say the node has diverged instead of "0 behind"."""
+    fleet = verified_once(tmp_path, served)
+    cut_short(served, 8)
+    served.size = 8
+    served.grow(4)  # 12 events again; seq 8 on are not the ones stored
+    synced = cli_here("fleet", "sync", fleet)
+    assert synced.returncode == 1, synced.stdout
+    assert synced.stdout.startswith("n1: forked: the node's event 11 is not the one the fleet")
+    config = load_config(fleet)
+    entry, running = config.nodes[0], Fleet(config)
+    with FleetStore(config.store) as store, client_of(entry) as client:
+        assert running._short(entry, client, store)
+    samples = {(s.name, s.labels["node"]): s.value for m in running.families() for s in m.samples}
+    assert samples[("infervisor_fleet_node_diverged", "n1")] == 1
+    assert ("infervisor_fleet_node_events_behind", "n1") not in samples
 
 
 def test_a_rewritten_chain_resigned_with_the_nodes_key_is_named(

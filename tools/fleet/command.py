@@ -24,11 +24,11 @@ from ..api.errors import ApiError, VerbFailed
 from ..clikit.command import SECONDS, Group
 from ..clikit.failure import Failure, echo_json, fail
 from .config import FleetConfig, FleetConfigError, NodeEntry, load_config
-from .follow import Refused, follow, short_head
+from .follow import Refused, diverged, follow
 from .node_api import client_of
 from .status import COLUMNS, gather, table_rows
 from .store import FleetStore, StoreError
-from .witness import CheckResult, check_node, head_below_stored
+from .witness import CheckResult, check_node, diverged_failure
 
 __all__ = ["fleet"]
 
@@ -291,7 +291,7 @@ def _sync_one(entry: Any, store: FleetStore, timeout_s: float) -> CheckResult:
     try:
         with client_of(entry, timeout_s=timeout_s) as client:
             added = follow(entry, client, store, keep_following=False)
-            head = short_head(client, held + added)
+            found = diverged(client, store.last(entry.name))
     except ApiError as e:
         return CheckResult(
             node=entry.name, outcome="unreachable", verified_size=held, size=None, detail=str(e)
@@ -305,9 +305,9 @@ def _sync_one(entry: Any, store: FleetStore, timeout_s: float) -> CheckResult:
         return CheckResult(
             node=entry.name, outcome="event_refused", verified_size=held, size=None, detail=detail
         )
-    short = head_below_stored(entry, store, held + added, head)
-    if short is not None:
-        return short
+    departed = diverged_failure(entry, store, held + added, found)
+    if departed is not None:
+        return departed
     return CheckResult(
         node=entry.name,
         outcome="ok",

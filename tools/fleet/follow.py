@@ -15,7 +15,9 @@ last good event (:class:`Refused`), so the store never holds an unchecked row.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Literal, NoReturn
+
+import msgspec
 
 from infervisor.chain.checks import Row, check_row
 from infervisor.chain.errors import ChainError
@@ -28,7 +30,7 @@ from .config import NodeEntry
 from .node_api import FleetClient
 from .store import FleetStore
 
-__all__ = ["Refused", "follow", "row_of", "short_head"]
+__all__ = ["Diverged", "Refused", "diverged", "follow", "row_of"]
 
 
 class Refused(Exception):
@@ -104,34 +106,52 @@ def follow(
     return stored
 
 
-def short_head(client: FleetClient, stored: int) -> int | None:
-    """The node's head seq when it is below the `stored` events the fleet holds of
-    it (its chain was cut short), else None.
+class Diverged(msgspec.Struct, frozen=True, kw_only=True):
+    """A node's chain no longer holds what the fleet stored of it.
 
-    Asks the watch stream for seq ``stored - 1`` (``GET /v1/events``, not
-    followed): a whole chain has it. When it does not, the head is
-    ``GET /v1/node``'s ``head_seq``, else (a node without that route) the last
-    seq the stream sends from 0 (-1: none). `stored` must be counted before this
-    is called (the node's head only grows while its chain is whole).
+    Attributes:
+        outcome: ``truncated`` (its head is below the events stored) or
+            ``forked`` (its event at the last stored seq hashes otherwise: cut
+            short and grown again, or rewritten).
+        seq: the last seq the fleet stored.
+        head: the node's head seq when ``truncated`` (None: not asked).
+    """
+
+    outcome: Literal["truncated", "forked"]
+    seq: int
+    head: int | None = None
+
+
+def diverged(client: FleetClient, last: Row | None) -> Diverged | None:
+    """How the node's chain departs from the fleet's copy ending at `last`, else None.
+
+    Asks the watch stream for ``last.seq`` (``GET /v1/events``, not followed):
+    a whole chain has it, with the hash stored (every stored row was checked
+    link by link, so an equal hash there vouches for all before it). When the
+    node has no such event its head is ``GET /v1/node``'s ``head_seq``, else (a
+    node without that route) the last seq the stream sends from 0 (-1: none).
 
     Raises:
         NodeUnavailable, ApiError: the node's (client's) errors.
     """
-    if stored == 0 or _has(client, stored - 1):
+    if last is None:
         return None
+    sent = _event_at(client, last.seq)
+    if sent is not None:
+        return None if sent.hash == last.hash.hex() else Diverged(outcome="forked", seq=last.seq)
     try:
-        return client.node_view().head_seq
+        head = client.node_view().head_seq
     except ApiError:
-        last = -1
+        head = -1
         for event in client.events(0, follow=False):
-            last = event.seq
-        return last
+            head = event.seq
+    return Diverged(outcome="truncated", seq=last.seq, head=head)
 
 
-def _has(client: FleetClient, seq: int) -> bool:
+def _event_at(client: FleetClient, seq: int) -> WatchEvent | None:
     for event in client.events(seq, follow=False):
-        return event.seq <= seq  # a stream that skips it is follow's to refuse (a gap)
-    return False
+        return event if event.seq == seq else None  # one that skips it is follow's to refuse
+    return None
 
 
 def _checked(

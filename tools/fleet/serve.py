@@ -10,9 +10,11 @@ from the store (so the counts survive a restart of the fleet)::
 
     infervisor_fleet_node_up{node}                      1 when it answered last, else 0
     infervisor_fleet_node_events_behind{node}           its head seq + 1 - events stored
-                                                        (left out when its head is below them)
+                                                        (left out while it has diverged)
     infervisor_fleet_node_events_missing{node}          events stored beyond its head + 1 (a
                                                         chain cut short: truncated), else 0
+    infervisor_fleet_node_diverged{node}                1 while its chain departs from the
+                                                        fleet's copy (truncated or forked)
     infervisor_fleet_node_events_stored{node}           events stored of it
     infervisor_fleet_node_verified_size{node}           the last checkpoint size verified
     infervisor_fleet_node_verification_failures_total{node}   failures recorded (a counter)
@@ -33,10 +35,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..api.errors import ApiError
 from .config import FleetConfig, NodeEntry
-from .follow import Refused, follow, short_head
+from .follow import Refused, diverged, follow
 from .node_api import FleetClient, client_of
 from .store import FleetStore, StoreError
-from .witness import check_node, head_below_stored
+from .witness import check_node, diverged_failure
 
 __all__ = ["Fleet", "NodeSeen"]
 
@@ -53,6 +55,7 @@ class NodeSeen:
     head_seq: int | None = None
     last_error: str = ""
     missing: int = 0  # events stored beyond its head + 1 when last compared (cut short)
+    diverged: bool = False  # its chain departs from the fleet's copy (cut short or forked)
 
 
 def short_by(stored: int, head: int | None) -> int:
@@ -130,19 +133,22 @@ class Fleet:
                 tries += 1
 
     def _short(self, entry: NodeEntry, client: FleetClient, store: FleetStore) -> bool:
-        """Whether `entry`'s head is below the events stored (a failure recorded).
+        """Whether `entry`'s chain departs from the events stored, cut short or
+        forked (a failure recorded: follow.py ``diverged``).
 
         Raises:
             ApiError: the node's (client's) errors.
         """
         stored = store.count(entry.name)
-        head = short_head(client, stored)
-        short = head_below_stored(entry, store, stored, head) is not None
+        found = diverged(client, store.last(entry.name))
+        failure = diverged_failure(entry, store, stored, found)
         with self.lock:
-            self.seen[entry.name].missing = short_by(stored, head) if short else 0
-        if short:
-            log.warning("node %s: truncated: head %s, %d events stored", entry.name, head, stored)
-        return short
+            seen = self.seen[entry.name]
+            seen.missing = short_by(stored, found.head) if found is not None else 0
+            seen.diverged = found is not None
+        if failure is not None:
+            log.warning("node %s: %s: %s", entry.name, failure.outcome, failure.detail)
+        return failure is not None
 
     def _stored(self, node: str, seq: int) -> None:
         with self.lock:
@@ -201,6 +207,11 @@ class Fleet:
             "Tree size of the node's last checkpoint the fleet verified (0: none)",
             labels=["node"],
         )
+        departed = GaugeMetricFamily(
+            "infervisor_fleet_node_diverged",
+            "1 when the node's chain departs from the fleet's copy (cut short or forked)",
+            labels=["node"],
+        )
         failures = CounterMetricFamily(
             "infervisor_fleet_node_verification_failures",
             "Verification failures the fleet recorded of the node (distinct ones)",
@@ -212,7 +223,8 @@ class Fleet:
                 count = self._store.count(name)
                 held = self._store.verified(name)
                 up.add_metric([name], 1.0 if seen.up else 0.0)
-                if seen.missing:  # cut short: not "0 behind"
+                departed.add_metric([name], 1.0 if seen.diverged else 0.0)
+                if seen.diverged:  # cut short or forked: not "0 behind"
                     missing.add_metric([name], seen.missing)
                 elif seen.head_seq is not None:
                     behind.add_metric([name], max(0, seen.head_seq + 1 - count))
@@ -220,7 +232,7 @@ class Fleet:
                 stored.add_metric([name], count)
                 verified.add_metric([name], held.size if held is not None else 0)
                 failures.add_metric([name], len(self._store.failures(name)))
-        yield from (up, behind, missing, stored, verified, failures)
+        yield from (up, behind, missing, departed, stored, verified, failures)
 
 
 class _Collector(Collector):

@@ -41,10 +41,11 @@ from infervisor.chain.witness_protocol import (
 
 from ..api.errors import ApiError
 from .config import NodeEntry
+from .follow import Diverged
 from .node_api import FleetClient
 from .store import FleetStore, Verified
 
-__all__ = ["CheckResult", "check_node", "head_below_stored"]
+__all__ = ["CheckResult", "check_node", "diverged_failure"]
 
 Outcome = Literal[
     "ok", "truncated", "forked", "key_changed", "events_differ", "event_refused", "unreachable"
@@ -113,22 +114,30 @@ def check_node(entry: NodeEntry, client: FleetClient, store: FleetStore) -> Chec
     )
 
 
-def head_below_stored(
-    entry: NodeEntry, store: FleetStore, stored: int, head_seq: int | None
+def diverged_failure(
+    entry: NodeEntry, store: FleetStore, stored: int, found: Diverged | None
 ) -> CheckResult | None:
-    """``truncated`` (recorded as a failure) when the node's head `head_seq` is below
-    the `stored` events the fleet stored of it (follow.py ``short_head``): its
-    chain was cut short. None when it is not (`head_seq` None: not below).
+    """The failure (recorded) when the node's chain departs from the `stored` events
+    the fleet holds of it (follow.py ``diverged``): ``truncated``, its head below
+    them, or ``forked``, its event at the last stored seq another. None when
+    `found` is None (it holds them).
 
     Raises:
         StoreError: the store cannot be read or written.
     """
-    if head_seq is None or head_seq + 1 >= stored:
+    if found is None:
         return None
     held = store.verified(entry.name)
-    detail = f"the node's head {head_seq} is below the {stored} events the fleet stored"
     before = held.size if held is not None else 0
-    return _failed(entry, store, "truncated", before, head_seq + 1, detail)
+    if found.outcome == "forked":
+        detail = (
+            f"the node's event {found.seq} is not the one the fleet stored: its chain was "
+            f"rewritten or forked at or before seq {found.seq}"
+        )
+        return _failed(entry, store, "forked", before, None, detail)
+    head = found.head if found.head is not None else -1
+    detail = f"the node's head {head} is below the {stored} events the fleet stored"
+    return _failed(entry, store, "truncated", before, head + 1, detail)
 
 
 def _consistency(
