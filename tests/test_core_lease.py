@@ -159,13 +159,13 @@ def test_boot_carries_the_silence_the_previous_run_ran() -> None:
     }
     # The last run recorded its last event at 100: no downtime, as a lease run on.
     ran_on = rule.lease_at_boot(POLICY, at(100.0), since, run_clock(100.0))
-    assert ran_on == lease(ctl1=held(95.0, 95.0), ctl2=held(80.0, 80.0))
+    assert ran_on == lease(ctl1=held(95.0), ctl2=held(80.0))  # the next heartbeat is recorded
     assert rule.lease_at_boot(POLICY, at(100.0), {}, run_clock(100.0)) == lease()
     lapsed = rule.decide_lease(ran_on, TICK, at(100.0))
     assert [lapse.controller for lapse in lapsed.lapsed] == ["ctl2"]  # ran 20 s silent: only it
     # Killed at 97 (its last event 96), booted at 103: the 7 s down are no silence.
     booted = rule.lease_at_boot(POLICY, at(103.0), since, run_clock(96.0))
-    assert booted == lease(ctl1=held(102.0, 102.0), ctl2=held(87.0, 87.0))
+    assert booted == lease(ctl1=held(102.0), ctl2=held(87.0))
     early = rule.decide_lease(booted, TICK, at(111.9)).lapsed  # ctl1: 1 + 8.9 s
     assert [t.controller for t in early] == ["ctl2"]  # 16 s carried: lapsed from the boot
     told = rule.decide_lease(booted, TICK, at(112.5)).lapsed
@@ -176,13 +176,24 @@ def test_boot_carries_the_silence_the_previous_run_ran() -> None:
 
 
 def test_boot_excuses_every_earlier_restart_after_the_renewal() -> None:
-    """A crash loop: the node ran 2 s after ctl1's renewal at 10, was down 30 s, ran
-    3 s, down again; booted at 100 it carries 5 s, whatever the wall time says."""
-    since = {"ctl1": LeaseRecord(controller="ctl1", at=at(10.0), down_ns=int(4e9))}
-    run = run_clock(45.0, down_s=4.0 + 30.0)  # 12 -> 42 down; last event 45
-    assert rule.lease_at_boot(POLICY, at(100.0), since, run) == one(95.0, 95.0)
+    """A crash loop: the node ran 8 s after ctl1's renewal at 10 but was down 3 s of
+    them (12 -> 15), its last event at 18: booted at 22 it carries the 5 s it ran."""
+    since = {"ctl1": LeaseRecord(controller="ctl1", at=at(10.0))}
+    run = run_clock(18.0, down_s=3.0)
+    assert rule.lease_at_boot(POLICY, at(22.0), since, run) == one(17.0)
     # A renewal recorded after the newest event (a clock stepped back) carries none.
-    assert rule.lease_at_boot(POLICY, at(100.0), since, run_clock(5.0)) == one(100.0, 100.0)
+    assert rule.lease_at_boot(POLICY, at(15.0), since, run_clock(5.0)) == one(15.0)
+
+
+def test_boot_excuses_at_most_one_lease_of_wall_time() -> None:
+    """What a run did after its last event is not in the chain: a silent controller's
+    lease is not stretched by restarts beyond twice the lease of wall time."""
+    since = {"ctl1": LeaseRecord(controller="ctl1", at=at(10.0))}
+    run = run_clock(18.0, down_s=3.0)  # 5 s of running recorded, as above
+    booted = rule.lease_at_boot(POLICY, at(100.0), since, run)
+    assert booted == one(20.0)  # 90 s since the renewal, one lease excused: 80 s carried
+    told = rule.decide_lease(booted, TICK, at(100.0)).lapsed
+    assert [(t.controller, t.silent_s) for t in told] == [("ctl1", pytest.approx(80.0))]
 
 
 def test_the_chain_excuses_each_time_the_node_was_down_once() -> None:
@@ -300,15 +311,21 @@ class Leases(RuleBasedStateMachine):
         }  # fmt: skip
         run = RunClock(head_ns=at(self.head).wall_ns, down_ns=int(self._down_s(0) * 1e9))
         self.lease = rule.lease_at_boot(POLICY, at(self.now), since, run)
-        carried = {name: max(0.0, self.head - t - self._down_s(t)) for name, t in last.items()}
+        ran = {name: max(0.0, self.head - t - self._down_s(t)) for name, t in last.items()}
+        carried = {
+            name: min(self.now - last[name], max(r, self.now - last[name] - LEASE_S))
+            for name, r in ran.items()
+        }
         self.contact = {name: self.now - c for name, c in carried.items()}
-        self.recorded = dict(self.contact)
+        self.recorded = dict.fromkeys(self.contact)  # the first heartbeat is recorded
         self.told = set()
         self.head = self.now  # node.started
         for name, c in carried.items():
             assert self.lease.controllers[name].last_contact_s == pytest.approx(self.contact[name])
             if c:
                 VISITED.add(("boot", Audience.NONE, c > LEASE_S))
+            if c > ran[name]:
+                VISITED.add(("boot_bounded", Audience.NONE, True))  # a lease of wall excused
 
     @stateful.rule(step=st.sampled_from([0.5, 2.5, 6.0, 11.0]))
     def time_passes(self, step: float) -> None:
@@ -356,9 +373,10 @@ class Leases(RuleBasedStateMachine):
             self.recorded[name] = None
 
 
-#: 12 examples reach every rule and audience (``test_zz_...``); 30 keep a margin.
+#: 70 examples reach every rule, audience and boot outcome (``test_zz_...``); 150
+#: keep a margin (about 2 s).
 Leases.TestCase.settings = settings(
-    max_examples=30, stateful_step_count=40, deadline=None, derandomize=True
+    max_examples=150, stateful_step_count=40, deadline=None, derandomize=True
 )
 TestLeases = Leases.TestCase
 
@@ -378,6 +396,8 @@ def test_zz_every_lease_rule_and_audience_reached() -> None:
         ("RenewalFailed", Audience.NONE, False),
         ("boot", Audience.NONE, False),  # some silence carried, within the lease
         ("boot", Audience.NONE, True),  # a controller lapsed before the restart
+        ("boot_bounded", Audience.NONE, True),  # more down than a lease: the rest is silence
     }
-    assert {name for name, _, _ in wanted} - {"boot"} == {t.__name__ for t in rule.LEASE_RULES}
+    boots = {"boot", "boot_bounded"}
+    assert {name for name, _, _ in wanted} - boots == {t.__name__ for t in rule.LEASE_RULES}
     assert wanted - VISITED == set(), f"never reached: {sorted(wanted - VISITED)}"

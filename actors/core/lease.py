@@ -22,14 +22,19 @@ has been silent for the lease, whoever else is heard.
   controller's last renewal recorded to the chain's newest event (the last
   the previous run recorded; :class:`~infervisor.replay.state.RunClock`). The
   time the node did not run (from a run's last event to the next run's
-  first) is excused, as a pause is: a restart within the
-  lease does not stop a live controller's instances, and a crash loop never
-  lengthens a dead controller's lease beyond the node's running time (a
-  lapse the live node decided is in the chain as its stops, so the silence
-  carried is at least the lease). A controller lapsed before the restart is
-  still lapsed after it (the heartbeat answers ``lapsed``; its instances,
-  told again, are already stopped). A restart may shorten a lease by up to
-  the recording fraction, never lengthen it.
+  first) is excused, as a pause is, so a restart within the lease does not
+  stop a live controller's instances. What a run did after its last event
+  is not in the chain, so the excuse is bounded: the silence carried is at
+  least the wall time since the renewal less one lease. A dead controller's
+  instances therefore stop once the node has run for the lease since its
+  last renewal, or, across restarts, once two leases of wall time have
+  passed since it (at the first health tick of a run then), whichever is
+  first; a crash loop cannot keep them running. A lapse the live node
+  decided is in the chain as its stops, so a controller lapsed before the
+  restart is still lapsed after it (the heartbeat answers ``lapsed``; its
+  instances, told again, are already stopped). Each controller's first
+  heartbeat after a boot is recorded at once, so a live controller has a
+  renewal in every run's chain.
 - Each health tick checks every lease: a controller silent for longer than
   the lease has the instances it placed told, once until it is heard again.
   An instance registered while its controller's lease has lapsed (a boot after
@@ -196,14 +201,21 @@ def lease_at_boot(
         now: the boot.
         since: each controller's last renewal in the chain (``NodeState.leases``).
         run: how long the node ran (``NodeState.run``): the silence carried is
-            the running time from the renewal to the chain's newest event
-            (never more than the wall time since the renewal).
+            the running time from the renewal to the chain's newest event, but
+            at least the wall time since the renewal less one lease (what a run
+            did after its last event is not in the chain: at most one lease of
+            wall time is excused per renewal), and never more than that wall time.
+
+    Each controller's first heartbeat after the boot is recorded at once, so a
+    live controller has a renewal in each run's chain.
     """
     held = {}
     for name, record in since.items():
-        carried = run.ran_since_s(record.at.wall_ns, record.down_ns)
-        contact = now.mono_s - min(carried, elapsed_s(record.at, now))
-        held[name] = ControllerLease(last_contact_s=contact, last_recorded_s=contact)
+        wall = elapsed_s(record.at, now)
+        ran = run.ran_since_s(record.at.wall_ns, record.down_ns)
+        carried = min(wall, max(ran, wall - policy.lease_s))
+        # Not recorded since the boot: the first heartbeat heard is recorded at once.
+        held[name] = ControllerLease(last_contact_s=now.mono_s - carried)
     return Lease(policy=policy, controllers=held)
 
 
