@@ -9,6 +9,7 @@ deadline on the chain, read with ``replay.rebuild`` while the node writes it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import psutil
 import pytest
 from support import PROGRAMS, cli_here, make_launcher, pids_of_group, wait_until
 
@@ -247,6 +249,13 @@ def end_runs(started: list[NodeRun], db: Path) -> None:
         for pgid in server_groups(db):
             if pids_of_group(pgid):
                 os.killpg(pgid, signal.SIGKILL)
+    # A server spawned by a run killed before it recorded the spawn is in no recorded
+    # group (the next boot would find it by its launch token): its command names the
+    # data directory's model.
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(db.parent) + os.sep in " ".join(proc.info["cmdline"] or ()):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 @pytest.fixture
