@@ -140,6 +140,34 @@ def test_a_chain_cut_short_and_grown_again_is_named_forked(
     assert ("infervisor_fleet_node_events_behind", "n1") not in samples
 
 
+def drop_checkpoints(served: ServedChain) -> None:
+    conn = _raw(served.path)
+    conn.execute("DELETE FROM checkpoints")
+    conn.execute("DELETE FROM checkpoint_frontiers")
+    _done(conn)
+
+
+def test_no_checkpoint_is_nothing_to_witness_until_one_was_verified(
+    tmp_path: Path, served: ServedChain
+) -> None:
+    """A node that has signed no checkpoint yet is not a failure (exit 0, nothing
+    recorded); once the fleet verified one, a node without any is truncated."""
+    drop_checkpoints(served)
+    fleet = write_fleet(tmp_path, [served.entry("n1", tmp_path / "keys")])
+    code, nodes, err = check(fleet)
+    assert code == 0, err
+    assert nodes["n1"]["outcome"] == "no_checkpoint"
+    with FleetStore(fleet.parent / "fleet.db") as store:
+        assert store.failures("n1") == []
+    served.grow(4)  # a checkpoint over 16 events
+    code, nodes, err = check(fleet)
+    assert code == 0 and nodes["n1"]["outcome"] == "ok", err
+    drop_checkpoints(served)
+    code, nodes, err = check(fleet)
+    assert code == 1 and nodes["n1"]["outcome"] == "truncated", nodes
+    assert nodes["n1"]["detail"] == "the node has no checkpoint now; the fleet verified size 16"
+
+
 def test_a_rewritten_chain_resigned_with_the_nodes_key_is_named(
     tmp_path: Path, served: ServedChain
 ) -> None:

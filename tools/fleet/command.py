@@ -351,7 +351,7 @@ def _finish(results: list[CheckResult], as_json: bool) -> NoReturn:
     else:
         for r in results:
             click.echo(f"{r.node}: {r.outcome}: {r.detail}")
-    bad = [r for r in results if r.outcome not in ("ok", "unreachable")]
+    bad = [r for r in results if r.outcome not in ("ok", "no_checkpoint", "unreachable")]
     if bad:
         names = ", ".join(f"{r.node} ({r.outcome})" for r in bad)
         click.echo(f"error: the chain of {names} does not verify", err=True)

@@ -48,7 +48,14 @@ from .store import FleetStore, Verified
 __all__ = ["CheckResult", "check_node", "diverged_failure"]
 
 Outcome = Literal[
-    "ok", "truncated", "forked", "key_changed", "events_differ", "event_refused", "unreachable"
+    "ok",
+    "no_checkpoint",
+    "truncated",
+    "forked",
+    "key_changed",
+    "events_differ",
+    "event_refused",
+    "unreachable",
 ]
 
 
@@ -57,8 +64,10 @@ class CheckResult(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         node: the fleet's name of the node.
-        outcome: ``ok``, or what is wrong (``unreachable``: not checked;
-            ``event_refused``: an event the node sent does not verify, not stored).
+        outcome: ``ok``; ``no_checkpoint`` (the node has signed none yet and
+            none was verified: nothing to witness, not a failure); or what is
+            wrong (``unreachable``: not checked; ``event_refused``: an event the
+            node sent does not verify, not stored).
         verified_size: the size verified before this check (0: none).
         size: the size of the node's checkpoint (None: not read).
         detail: one line for an operator.
@@ -82,6 +91,8 @@ def check_node(entry: NodeEntry, client: FleetClient, store: FleetStore) -> Chec
     try:
         note = client.checkpoint_note()
     except ApiError as e:
+        if e.status == _NO_CHECKPOINT:
+            return _none_signed(entry, store, before)
         return CheckResult(
             node=entry.name, outcome="unreachable", verified_size=before, size=None, detail=str(e)
         )
@@ -111,6 +122,25 @@ def check_node(entry: NodeEntry, client: FleetClient, store: FleetStore) -> Chec
     )
     return CheckResult(
         node=entry.name, outcome="ok", verified_size=before, size=cp.tree_size, detail=detail
+    )
+
+
+#: ``GET /v1/log/checkpoint``'s status for a chain that has signed none yet.
+_NO_CHECKPOINT = 404
+
+
+def _none_signed(entry: NodeEntry, store: FleetStore, before: int) -> CheckResult:
+    """A node with no checkpoint: nothing to witness yet, unless the fleet verified
+    one before (then its checkpoints were deleted: ``truncated``, recorded)."""
+    if before:
+        detail = f"the node has no checkpoint now; the fleet verified size {before}"
+        return _failed(entry, store, "truncated", before, 0, detail)
+    detail = (
+        "the node has signed no checkpoint yet (it signs one every [node] "
+        "checkpoint_every_events or checkpoint_every_s, and at a clean stop)"
+    )
+    return CheckResult(
+        node=entry.name, outcome="no_checkpoint", verified_size=0, size=None, detail=detail
     )
 
 
