@@ -87,7 +87,7 @@ class NodeFactory:
             "data_dir": str(self.tmp_path / "data"),
             "registry_dir": str(registry),
             "llamacpp_program": program,
-            "health_interval_s": 0.1,
+            "health_interval_s": 0.2,
             "reconcile_interval_s": 0.5,
             "stop_grace_s": 5.0,
             "health_kill_grace_s": 2.0,

@@ -76,7 +76,7 @@ def write_config(
 node_id = "n1"
 data_dir = "data"
 llamacpp_program = {toml_str(program)}
-health_interval_s = 0.1
+health_interval_s = 0.2
 reconcile_interval_s = 0.5
 stop_grace_s = 5.0
 {node_extra}
