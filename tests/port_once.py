@@ -1,28 +1,81 @@
-"""Test harness: ``adapters.ports.free_port`` hands a port out once per test process.
+"""Test harness: ``adapters.ports.free_port`` hands out ports no one else will take.
 
-The kernel may offer the same free port to two ``free_port()`` calls in a row,
-and a test that places two instances then sees them collide ("already used by
-another instance"). conftest.py imports this first, so every test module that
+The kernel's free port (bind to port 0) comes from the ephemeral range, which
+the kernel also hands out as the source port of every outgoing connection: a
+port found free by one xdist worker can be taken, before its server binds it,
+by a probe or a client of another worker's test ("127.0.0.1:P is already taken
+by something else"). The kernel may also offer the same free port to two calls
+in a row, and a test that places two instances then sees them collide.
+
+So each worker takes ports from a band of its own below the ephemeral range
+(``/proc/sys/net/ipv4/ip_local_port_range``), in turn, each checked free by a
+bind on the host asked for, and never hands one out twice in a run unless its
+band is used up. conftest.py imports this first, so every test module that
 imports ``free_port`` gets the patched one.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
 import infervisor.adapters.ports as ports
 
-_of_the_kernel = ports.free_port
+#: The lowest port handed out (above the registered ports that services commonly use).
+LOWEST = 10_000
+#: Bands: xdist workers beyond this many share bands (a collision is then only possible).
+BANDS = 8
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _band() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    width = max(1, (_ephemeral_low() - LOWEST) // BANDS)
+    start = LOWEST + (index % BANDS) * width
+    return range(start, start + width)
+
+
+_turns: Iterator[int] = itertools.cycle(_band())
 _handed_out: set[int] = set()
 
 
+def _bindable(family: socket.AddressFamily, address: str, port: int) -> bool:
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port_once(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now, not handed out before in this process."""
-    port = _of_the_kernel(host)
-    for _ in range(64):
-        if port not in _handed_out:
-            break
-        port = _of_the_kernel(host)
-    _handed_out.add(port)
-    return port
+    """A port free on ``host`` now, from this worker's band, not handed out before.
+
+    Raises:
+        SpecError: ``host`` is not an address of this machine (as the original).
+    """
+    _of_the_kernel(host)  # a host that is not this machine's is refused as before
+    family, (address, _) = ports._address(host, 0)
+    band = _band()
+    if len(_handed_out) >= len(band):
+        _handed_out.clear()  # the band is used up: ports of ended tests are free again
+    for _ in range(len(band)):
+        port = next(_turns)
+        if port not in _handed_out and _bindable(family, address, port):
+            _handed_out.add(port)
+            return port
+    return _of_the_kernel(host)  # nothing in the band binds: the kernel's, as before
 
 
+_of_the_kernel = ports.free_port
 ports.free_port = free_port_once
