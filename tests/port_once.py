@@ -24,7 +24,8 @@ from pathlib import Path
 
 import infervisor.adapters.ports as ports
 
-#: The lowest port handed out (above the registered ports that services commonly use).
+#: The lowest port handed out: clear of the well-known ports (a port a service of this
+#: machine holds is skipped by the bind check).
 LOWEST = 10_000
 #: Bands: xdist workers beyond this many share bands (a collision is then only possible).
 BANDS = 8
