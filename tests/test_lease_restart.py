@@ -1,18 +1,23 @@
 """A node restart within the lease does not stop a live controller's instances.
 
-``infervisor run`` as a real process with ``lease_s = 8``; a controller
+``infervisor run`` as a real process with ``lease_s = 20``; a controller
 (``ctl1``, a thread heartbeating every 1.5 s over the Unix socket, never
 stopping) places and starts one instance (the fake llama-protocol server).
 The node is killed (SIGKILL) a beat after a renewal is recorded and run
-again once that renewal is older than the lease (about 7 s down, as the
-issue's node): the time it did not run is no silence (docs/api.md "Leases"), so
-the instance is re-attached and not stopped by ``lease:ctl1`` while the
-controller is heard for a whole lease after the boot. The controller then
-goes silent: its instance is stopped by ``lease:ctl1``, more than the lease
-after its last renewal recorded. Synchronisation is by condition and
-deadline on the chain; the downtime is the scenario (the bug it guards
-against stopped the instance at the boot when the chain's last renewal was
-older than the lease).
+again once that renewal is older than the lease: the time it did not run is
+no silence (docs/api.md "Leases"), so the instance is re-attached and not
+stopped by ``lease:ctl1`` while the controller is heard for a whole lease
+after the boot. The controller then goes silent: its instance is stopped by
+``lease:ctl1``, more than the lease after its last renewal recorded.
+Synchronisation is by condition and deadline on the chain; the downtime is
+the scenario (the bug it guards against stopped the instance at the boot when
+the chain's last renewal was older than the lease).
+
+The lease is long against a loaded machine's boot: at most one lease of wall
+time is excused per renewal (actors/core/lease.py ``lease_at_boot``), and at
+load 10 on 2 cores the restarted node took 6.6 s to record ``node.started``;
+with ``lease_s = 8`` (the issue's node) that left it under a second to hear
+the controller, so the bound, not the bug, stopped the instance.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import StoredEvent
 from infervisor.tools.api.client import ApiClient
 
-LEASE_S = 8.0
+LEASE_S = 20.0
 BEAT_S = 1.5
 DEADLINE_S = 60.0  # a bound on a hang, never a measurement
 
@@ -93,8 +98,8 @@ def ours(db: Path, kind: str, after_seq: int = -1) -> list[StoredEvent]:
     return [e for e in events_of(db) if e.kind == kind and e.seq > after_seq]
 
 
-@pytest.mark.slow  # a kill -9 and a node down for most of a lease: about 30 s
-@pytest.mark.timeout(180)
+@pytest.mark.slow  # a kill -9, a node down a lease, a lease heard, a lease silent: about 70 s
+@pytest.mark.timeout(300)
 def test_a_restart_within_the_lease_keeps_a_live_controllers_instance(
     node_runs: Callable[[], NodeRun], tmp_path: Path
 ) -> None:
