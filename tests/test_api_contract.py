@@ -85,26 +85,26 @@ class Api:
         assert error["code"] == code, error
         return error
 
-    def source_of(self, kind: str) -> str:
-        """The source of the newest event of ``kind``."""
+    def _one(self, sql: str, *args: object) -> tuple[object, ...] | None:
+        """The first row of a query on the chain, read-only."""
         conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
         try:
-            found = conn.execute(
-                "SELECT source FROM events WHERE kind = ? ORDER BY seq DESC LIMIT 1", (kind,)
-            ).fetchone()
+            row: tuple[object, ...] | None = conn.execute(sql, args).fetchone()
         finally:
             conn.close()
+        return row
+
+    def source_of(self, kind: str) -> str:
+        """The source of the newest event of ``kind``."""
+        found = self._one(
+            "SELECT source FROM events WHERE kind = ? ORDER BY seq DESC LIMIT 1", kind
+        )
+        assert found is not None, f"no {kind} event in the chain"
         return str(found[0])
 
     def row(self, seq: int) -> tuple[str, str, str]:
         """(hash hex, subject, kind) of the chain's event ``seq``."""
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            found = conn.execute(
-                "SELECT hash, subject, kind FROM events WHERE seq = ?", (seq,)
-            ).fetchone()
-        finally:
-            conn.close()
+        found = self._one("SELECT hash, subject, kind FROM events WHERE seq = ?", seq)
         assert found is not None, f"no event {seq} in the chain"
         return bytes(found[0]).hex(), str(found[1]), str(found[2])
 
