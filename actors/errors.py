@@ -12,6 +12,8 @@ The tree (adapter errors, such as ``AdmissionRefused``, ``SpecError`` and
      |    +-- Cordoned      the node is cordoned or drained (a new placement, a start)
      |    +-- StaleGeneration  a placement set older than the controller's last
      |    +-- SetItemRefused   one item of a placement set is refused (its index)
+     |    +-- NotResident   a request or verb for an instance cannot be served by a
+     |                      resident server now (``code``, ``retry_after_s``)
      +-- VerbTimeout       the verb was accepted but did not complete in time
      +-- VerbFailed        the verb was accepted but its work failed (an unload Ollama refused)
      +-- RecordFailed      the chain could not record the decision: nothing was done
@@ -26,6 +28,7 @@ __all__ = [
     "InvalidState",
     "NodeError",
     "NotAController",
+    "NotResident",
     "RecordFailed",
     "SetItemRefused",
     "StaleGeneration",
@@ -84,6 +87,32 @@ class SetItemRefused(VerbRefused):
         super().__init__(f"placements[{index}]: {error}")
         self.index = index
         self.error = error
+
+
+class NotResident(VerbRefused):
+    """A request (or verb) for an instance cannot be served by a resident server
+    now; the front answers it 503 with ``Retry-After`` (issue 21).
+
+    Attributes:
+        code: why, one of :data:`NOT_RESIDENT_CODES`: ``no_room`` (nothing can be
+            evicted to make it fit: the message has the numbers), ``queue_full``
+            (too many requests already wait for it to load), ``stopped`` (an
+            operator or controller stopped it: the message names who),
+            ``failed`` (held failed for the operator), ``start_timeout`` (it did
+            not become ready within its kind's start-up deadline).
+        retry_after_s: seconds after which a retry may succeed (>= 0).
+    """
+
+    def __init__(self, message: str, *, code: str, retry_after_s: float = 1.0) -> None:
+        if code not in NOT_RESIDENT_CODES:
+            raise ValueError(f"code {code!r}: one of {', '.join(NOT_RESIDENT_CODES)}")
+        super().__init__(message)
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+
+#: The reasons a :class:`NotResident` may give.
+NOT_RESIDENT_CODES = ("no_room", "queue_full", "stopped", "failed", "start_timeout")
 
 
 class VerbTimeout(NodeError):
