@@ -119,6 +119,7 @@ class Node(NodeViews, NodeFleet):
         prober: Prober | None = None,
         witnesses: Sequence[WitnessTarget] = (),
         accept_witness_conflict: bool = False,
+        started_before_s: float = 0.0,
     ) -> Node:
         """Start the node on ``settings.data_dir`` and resume what the chain says.
 
@@ -137,6 +138,11 @@ class Node(NodeViews, NodeFleet):
         ``witnesses``: checked at boot (:func:`.witness_boot.boot_check`), then
         given each checkpoint (:mod:`.witnessing`); see :attr:`witness_notes`.
 
+        ``started_before_s``: seconds the node's process spent starting before
+        this call (``infervisor run``: its age then); with the time this call
+        takes to check and replay the chain, it is excused from each
+        controller's lease at boot (actors/core/lease.py ``lease_at_boot``).
+
         Raises:
             ValueError: a setting is out of range (the field is named).
             ChainError: the chain cannot be opened, or belongs to another node;
@@ -146,6 +152,7 @@ class Node(NodeViews, NodeFleet):
         """
         settings.validate()
         clock = clock or RealClock()
+        opened_s = clock.monotonic()
         Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
         settings.registry_path.mkdir(parents=True, exist_ok=True)
         # Open (and create) the chain here first, so its errors reach the caller as raised.
@@ -154,9 +161,11 @@ class Node(NodeViews, NodeFleet):
         check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
         state = rebuild_verified(settings.chain_path)
         decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
+        startup_s = max(0.0, started_before_s) + (clock.monotonic() - opened_s)
         actors = start_actors(
-            settings, clock, on_event, state.leases, prober, witnesses=witnesses, run=state.run
-        )
+            settings, clock, on_event, state.leases, prober,
+            witnesses=witnesses, run=state.run, startup_s=startup_s,
+        )  # fmt: skip
         try:
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             for event in (*decision.events, started):  # overrides before anything else

@@ -96,10 +96,12 @@ def start_actors(
     *,
     witnesses: Sequence[WitnessTarget] = (),
     run: RunClock | None = None,
+    startup_s: float = 0.0,
 ) -> NodeActors:
     """Start the node-wide actors on ``settings``: the chain writer, the ledger (with
     a memory budget), the supervisor (``leases``: each controller's last renewal in
-    the chain; ``run``: how long the node ran, ``NodeState.run``), the host, the
+    the chain; ``run``: how long the node ran, ``NodeState.run``; ``startup_s``: the
+    seconds the node spent starting, excused from the leases), the host, the
     watchdog over them, the probe threads and, with ``witnesses``, a submitter per
     witness (fed each checkpoint by the writer); the containment detected."""
     commit_latency = CommitLatency()
@@ -132,7 +134,7 @@ def start_actors(
     clock.on_error = watchdog.clock_error
     supervisor = SupervisorActor.start(
         clock, settings.tick_s, settings.reconcile_interval_s, settings.lease_s,
-        writer=writer, leases=leases, run=run, watchdog=watchdog,
+        writer=writer, leases=leases, run=run, watchdog=watchdog, startup_s=startup_s,
     )  # fmt: skip
     routes = Routes()
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor, routes)

@@ -70,6 +70,8 @@ class SupervisorActor(pykka.ThreadingActor):
         leases: each controller's last renewal the chain has (``NodeState.leases``).
         run: how long the node ran, as the chain tells it (``NodeState.run``):
             the leases count only that time as silence at boot.
+        startup_s: seconds the node process spent starting before this actor
+            (excused from the leases at boot: nobody could reach the node).
         watchdog: told of every health tick armed, and of this actor's failure.
     """
 
@@ -84,6 +86,7 @@ class SupervisorActor(pykka.ThreadingActor):
         leases: Mapping[str, LeaseRecord] | None = None,
         run: RunClock | None = None,
         watchdog: Watchdog | None = None,
+        startup_s: float = 0.0,
     ) -> None:
         super().__init__()
         self._clock = clock
@@ -101,7 +104,7 @@ class SupervisorActor(pykka.ThreadingActor):
         if lease_s is not None:
             policy = rule.LeasePolicy(lease_s=lease_s, pause_after_s=PAUSE_AFTER_S)
             self._lease = rule.lease_at_boot(
-                policy, now_stamp(clock), leases or {}, run or RunClock()
+                policy, now_stamp(clock), leases or {}, run or RunClock(), startup_s
             )
         self._renewals: dict[str, pykka.Future[Any]] = {}
 

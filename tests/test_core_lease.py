@@ -196,6 +196,18 @@ def test_boot_excuses_at_most_one_lease_of_wall_time() -> None:
     assert [(t.controller, t.silent_s) for t in told] == [("ctl1", pytest.approx(80.0))]
 
 
+def test_boot_excuses_the_runs_own_start_up_besides_one_lease() -> None:
+    """The new process's start-up (imports, the chain's check and replay: 6.6 s at
+    load 10) is no controller's silence either: a node down near the lease that is
+    slow to start does not stop a live controller's instances at its boot."""
+    since = {"ctl1": LeaseRecord(controller="ctl1", at=at(10.0))}
+    run = run_clock(12.0)  # the renewal at 10, the run's last event at 12
+    slow = rule.lease_at_boot(POLICY, at(10.0 + LEASE_S + 6.0), since, run, startup_s=6.0)
+    assert slow == one(10.0 + LEASE_S + 6.0 - 2.0)  # only the 2 s it ran are carried
+    bounded = rule.lease_at_boot(POLICY, at(10.0 + LEASE_S + 6.0), since, run)
+    assert bounded == one(10.0 + LEASE_S)  # without it: the wall time less one lease
+
+
 def test_the_chain_excuses_each_time_the_node_was_down_once() -> None:
     """The fold's clock (replay/state.py RunClock): the first event of a run (a
     witness override, then ``node.started``) ends the downtime; the chain's first
@@ -298,9 +310,10 @@ class Leases(RuleBasedStateMachine):
     def an_event_is_recorded(self) -> None:
         self.head = self.now
 
-    @stateful.rule(down=st.sampled_from([1.0, 4.0, 30.0]))
-    def restart(self, down: float) -> None:
-        """kill -9 now, booted ``down`` s later: the chain is all the boot has."""
+    @stateful.rule(down=st.sampled_from([1.0, 4.0, 30.0]), startup=st.sampled_from([0.0, 3.0]))
+    def restart(self, down: float, startup: float) -> None:
+        """kill -9 now, booted ``down`` s later, ``startup`` s of which the new
+        process spent starting: the chain is all the boot has."""
         self.downs.append((self.head, self.now + down))
         self.now += down
         last = {name: times[-1] for name, times in self.renewals.items()}
@@ -310,10 +323,10 @@ class Leases(RuleBasedStateMachine):
             for name, t in last.items()
         }  # fmt: skip
         run = RunClock(head_ns=at(self.head).wall_ns, down_ns=int(self._down_s(0) * 1e9))
-        self.lease = rule.lease_at_boot(POLICY, at(self.now), since, run)
+        self.lease = rule.lease_at_boot(POLICY, at(self.now), since, run, startup)
         ran = {name: max(0.0, self.head - t - self._down_s(t)) for name, t in last.items()}
         carried = {
-            name: min(self.now - last[name], max(r, self.now - last[name] - LEASE_S))
+            name: min(self.now - last[name], max(r, self.now - last[name] - LEASE_S - startup))
             for name, r in ran.items()
         }
         self.contact = {name: self.now - c for name, c in carried.items()}

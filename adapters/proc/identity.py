@@ -11,12 +11,14 @@ node spawned itself).
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import psutil
 
 from .table import same_start
 
-__all__ = ["ProcessIdentity", "boot_id", "find_process", "identity_of", "same_process"]
+__all__ = ["ProcessIdentity", "boot_id", "find_process", "identity_of", "own_age_s", "same_process"]
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -41,6 +43,15 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def own_age_s() -> float:
+    """Seconds since this process started (wall clock against its ``create_time``,
+    which the kernel keeps to a clock tick); 0.0 when it cannot be read."""
+    try:
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except psutil.Error:
+        return 0.0
 
 
 def identity_of(pid: int) -> ProcessIdentity:

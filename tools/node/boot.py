@@ -23,6 +23,7 @@ from infervisor.actors.errors import NodeError
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.proc.errors import AdapterError
+from infervisor.adapters.proc.identity import own_age_s
 from infervisor.adapters.proc.output import open_private
 from infervisor.adapters.registry import ModelFormat, ModelRegistry
 from infervisor.adapters.spec import Flavor
@@ -216,6 +217,7 @@ def open_node(
             on_event=on_event,
             witnesses=config.witness_targets(),
             accept_witness_conflict=accept_witness_conflict,
+            started_before_s=own_age_s(),
         )
     except (ChainError, NodeError, AdapterError, OSError, ValueError, pykka.ActorDeadError) as e:
         raise RunError(f"cannot open the node on {settings.data_dir}: {e}") from e
