@@ -3,10 +3,14 @@
 Group commit: an :class:`Append` that reaches the writer takes with it every
 Append already waiting in the inbox, and all their drafts go into one
 transaction (``SqliteChain.append_many``, one ``BEGIN IMMEDIATE`` ... ``COMMIT``).
-Each asker is answered only after that commit, with its own stored events
-(seqs and hashes) in the order of its drafts. An asker whose drafts are
-invalid fails alone, before the transaction; a transaction that fails fails
-every asker in it, and none of their events is stored.
+Before it commits, the writer waits for the callers its last commit covered to
+come back, for at most that commit's duration (:mod:`.commit_fill`: the rule,
+and the inbox that wakes the writer once, when the batch is complete), so its
+batches fill instead of settling at half the callers. Each asker is answered
+only after that commit, with its own stored events (seqs and hashes) in the
+order of its drafts. An asker whose drafts are invalid fails alone, before the
+transaction; a transaction that fails fails every asker in it, and none of
+their events is stored.
 
 The observer of appended events (``on_event``) runs on its own thread behind
 a bounded buffer (:class:`~infervisor.actors.observer.EventObserver`): the
@@ -53,6 +57,7 @@ from infervisor.chain.checkpoint_store import DEFAULT_EVERY_S, Checkpointer
 from infervisor.chain.records import check_drafts
 
 from .append_health import AppendHealth
+from .commit_fill import FillPolicy, WriterInbox
 from .messages import Append
 from .observer import DEFAULT_CAPACITY, EventObserver
 
@@ -134,6 +139,9 @@ class ChainWriter(pykka.ThreadingActor):
     (see the module docstring); callers still ``ask(Append(drafts=...))`` and
     get their own ``list[StoredEvent]``, or the error that failed them.
 
+    ``fill_wait_s`` bounds how long a batch waits to fill, seconds (None: the
+    last commit's duration, capped; 0: never waits; see :mod:`.commit_fill`).
+
     ``on_event``, when given, is called with each durable event in seq order
     on the observer's own thread; a slow observer never delays an append. Past
     ``observer_capacity`` waiting events the oldest are dropped, counted and
@@ -153,8 +161,11 @@ class ChainWriter(pykka.ThreadingActor):
         health: AppendHealth | None = None,
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         origin: str | None = None,
+        fill_wait_s: float | None = None,
     ) -> None:
         super().__init__()
+        self._fill = FillPolicy(fill_wait_s)
+        self._queued = 0  # appends waiting when the last transaction committed
         self._on_checkpoint = on_checkpoint
         self._origin = origin
         self._latency = latency
@@ -195,29 +206,52 @@ class ChainWriter(pykka.ThreadingActor):
         """Events the observer dropped because it fell behind (0 without one)."""
         return 0 if self._observer is None else self._observer.dropped
 
+    @staticmethod
+    def _create_actor_inbox() -> WriterInbox:  # pykka's hook for an actor's inbox
+        return WriterInbox()
+
     def on_receive(self, message: Any) -> list[StoredEvent]:
         if not isinstance(message, Append):
             raise TypeError(f"ChainWriter takes Append, not {type(message).__name__}")
-        group, other = self._gather(message)
+        group = [_Ask(list(message.drafts), None)]
+        other = self._gather(group)
+        if other is None:
+            wait = self._fill.next
+            self._inbox.wait_for_appends(wait.asks - len(group), wait.at_most_s)
+            other = self._gather(group)
         try:
-            return self._commit(group)
+            return self._commit_filling(group)
         finally:
             if other is not None:
                 self._handle_other(other)
 
-    def _gather(self, first: Append) -> tuple[list[_Ask], Any | None]:
-        """``first`` and every Append queued now; stops at (and returns) any other envelope."""
-        inbox = cast("queue.Queue[Any]", self.actor_inbox)  # a ThreadingActor's inbox
-        group = [_Ask(list(first.drafts), None)]
+    def _commit_filling(self, group: list[_Ask]) -> list[StoredEvent]:
+        """:meth:`_commit`, then the next batch's fill from how it went (:mod:`.commit_fill`)."""
+        started = time.perf_counter()
+        try:
+            answer = self._commit(group)
+        except Exception:
+            self._fill.failed()
+            raise
+        self._fill.committed(len(group), self._queued, time.perf_counter() - started)
+        return answer
+
+    @property
+    def _inbox(self) -> WriterInbox:
+        return cast("WriterInbox", self.actor_inbox)
+
+    def _gather(self, group: list[_Ask]) -> Any | None:
+        """Add every Append queued now to ``group``; stops at (and returns) any other envelope."""
+        inbox = self._inbox
         for _ in range(inbox.qsize()):
             try:
                 envelope = inbox.get_nowait()
             except queue.Empty:
                 break
             if not isinstance(envelope.message, Append):
-                return group, envelope
+                return envelope
             group.append(_Ask(list(envelope.message.drafts), envelope.reply_to))
-        return group, None
+        return None
 
     def _commit(self, group: list[_Ask]) -> list[StoredEvent]:
         """Store the group in one transaction and answer each ask; returns the first's events.
@@ -238,6 +272,9 @@ class ChainWriter(pykka.ThreadingActor):
                 continue
             valid.append(ask)
         stored = self._append(valid)
+        # Counted before any ask is answered: an answered caller that appends
+        # again at once is one of the group, not another caller.
+        self._queued = self._inbox.appends_waiting()
         first: list[StoredEvent] = []
         start = 0
         for ask in valid:
