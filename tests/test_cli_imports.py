@@ -67,6 +67,10 @@ def test_an_operator_command_loads_no_part_of_the_node(
     code, modules = _modules(*args, cwd=tmp_path)
     assert code == 3  # no node runs there: the whole client path ran
     assert "infervisor.tools.api.client" in modules
+    # No socket, no request: neither the HTTP client nor psutil is loaded (issue 22).
+    assert "httpx" not in modules
+    assert _loaded(modules, "httpcore") == []
+    assert _loaded(modules, "psutil") == []
     for package in _FORBIDDEN:
         assert _loaded(modules, package) == [], package
 
