@@ -18,7 +18,11 @@ alike. The figures:
   one ``list`` among them;
 - **exit latency**: SIGKILL of a managed fake server until its ``exited``
   row is readable by another connection (an upper bound of "durable"), idle
-  and with 300 other instances being probed.
+  and with 300 other instances being probed;
+- **the auditor's commands** (bench/cli_audit.py): ``chain verify`` and
+  ``replay`` of a 200,000-event chain as processes beside the bare loop as a
+  process (CPU, start-up included), and the start-up of ``chain verify`` and
+  ``status`` beside the imports every command pays for.
 
 Run: ``python bench/summary.py`` (about 2 to 3 minutes on 2 cores; ``--quick``
 scales the counts down for a smoke run). Prints the machine, its load
@@ -58,6 +62,7 @@ from _harness import (
     table,
     workdir,
 )
+from cli_audit import audit_rows
 
 from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.messages import Append
@@ -476,6 +481,9 @@ def main() -> None:
             rows += probe_cost(ports, 10 if args.quick else 30)
             rows += at_scale(root, ports, big, small, seconds)
             rows += exit_latency(root, ports, small, kills)
+        (root / "cli-audit").mkdir()
+        events = 20_000 if args.quick else 200_000
+        rows += [Row(*r) for r in audit_rows(root / "cli-audit", events=events)]
     print(
         table(
             ["figure", "measured (ratios in this run)", "target", "met"], [r.cells() for r in rows]

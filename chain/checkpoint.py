@@ -33,8 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
+from infervisor.chain import ed25519
 from infervisor.chain.errors import CheckpointError, CheckpointMismatch, NoteError
 from infervisor.chain.merkle import CompactTree
 from infervisor.chain.note import (
@@ -255,8 +254,8 @@ def load_or_create_signer(
             f"move {PUBLIC_KEY_FILE} aside"
         )
     if not path.exists():
-        private = Ed25519PrivateKey.generate()
-        raw = private.public_key().public_bytes_raw()
+        private = ed25519.generate()
+        raw = ed25519.public_of(private)
         name = check_origin(origin) if origin is not None else default_origin(node_id, raw)
         signer = Signer(name, private)
         try:

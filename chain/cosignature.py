@@ -23,19 +23,14 @@ import base64
 import hashlib
 import struct
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
-
+from infervisor.chain import ed25519
 from infervisor.chain.errors import NoteError
 from infervisor.chain.note import DASH, check_key_name, parse_signature_line, split_key, split_note
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 COSIGNATURE_V1 = 0x04
 """The key type byte of an Ed25519 cosignature/v1 key (c2sp.org/tlog-cosignature)."""
@@ -131,13 +126,11 @@ class WitnessKey(NamedTuple):
             )
         (timestamp_s,) = struct.unpack(">Q", sig.signature[:8])
         message = signed_message(body, timestamp_s)
-        try:
-            Ed25519PublicKey.from_public_bytes(self.public).verify(sig.signature[8:], message)
-        except (InvalidSignature, ValueError) as e:
+        if not ed25519.verify(self.public, sig.signature[8:], message):
             raise CosignatureError(
                 f"the cosignature of {self.name} does not verify: the checkpoint was "
                 "altered or cosigned by another key"
-            ) from e
+            )
         return Cosignature(self.name, self.key_id, timestamp_s, line.rstrip("\n"))
 
 
@@ -170,13 +163,13 @@ class Cosigner:
         """Wrap `private` under `name`; see `generate` and `parse_cosigner_key`."""
         self.name = check_key_name(name)
         self._private = private
-        public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        public = ed25519.public_of(private)
         self.key = WitnessKey(name, public)
 
     @classmethod
     def generate(cls, name: str) -> Cosigner:
         """Return a new random cosigner key named `name` (NoteError for a bad name)."""
-        return cls(name, Ed25519PrivateKey.generate())
+        return cls(name, ed25519.generate())
 
     def cosign(self, body: str, timestamp_s: int) -> Cosignature:
         """Cosign the checkpoint `body` (its note text, final newline included) at `timestamp_s`.
@@ -192,7 +185,7 @@ class Cosigner:
 
     def key_string(self) -> str:
         """Return ``PRIVATE+KEY+<name>+<hex key ID>+<base64(0x04 || seed)>`` (keep it secret)."""
-        seed = self._private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        seed = ed25519.seed_of(self._private)
         encoded = base64.b64encode(bytes([COSIGNATURE_V1]) + seed).decode("ascii")
         return f"{_PRIVATE_PREFIX}{self.name}+{self.key.key_id.hex()}+{encoded}"
 
@@ -207,7 +200,7 @@ def parse_cosigner_key(text: str) -> Cosigner:
     if not text.startswith(_PRIVATE_PREFIX):
         raise NoteError("cosigner key must start with PRIVATE+KEY+")
     name, kid, seed = split_key(text[len(_PRIVATE_PREFIX) :], "cosigner key", COSIGNATURE_V1)
-    cosigner = Cosigner(name, Ed25519PrivateKey.from_private_bytes(seed))
+    cosigner = Cosigner(name, ed25519.private_from_seed(seed))
     if cosigner.key.key_id != kid:
         raise NoteError(f"cosigner key: key id {kid.hex()} does not match the key")
     return cosigner

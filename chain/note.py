@@ -18,18 +18,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
-
+from infervisor.chain import ed25519
 from infervisor.chain.errors import NoteError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 ED25519 = 0x01
 """The signature type byte of Ed25519 (C2SP signed-note, "Signature types")."""
@@ -61,10 +56,6 @@ def key_id(name: str, public: bytes) -> bytes:
     return hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([ED25519]) + public).digest()[:4]
 
 
-def _public_bytes(key: Ed25519PublicKey) -> bytes:
-    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-
 class Verifier(NamedTuple):
     """A named Ed25519 public key that checks note signatures.
 
@@ -88,11 +79,7 @@ class Verifier(NamedTuple):
 
     def verify(self, text: bytes, signature: bytes) -> bool:
         """Return True if `signature` (64 bytes) is this key's Ed25519 signature of `text`."""
-        try:
-            Ed25519PublicKey.from_public_bytes(self.public).verify(signature, text)
-        except (InvalidSignature, ValueError):
-            return False
-        return True
+        return ed25519.verify(self.public, signature, text)
 
 
 class Signer:
@@ -107,12 +94,12 @@ class Signer:
         """Wrap `private` under `name`; see `generate` and `parse_signer_key`."""
         self.name = check_key_name(name)
         self._private = private
-        self.verifier = Verifier(name, _public_bytes(private.public_key()))
+        self.verifier = Verifier(name, ed25519.public_of(private))
 
     @classmethod
     def generate(cls, name: str) -> Signer:
         """Return a new random key named `name` (raises NoteError for a bad name)."""
-        return cls(name, Ed25519PrivateKey.generate())
+        return cls(name, ed25519.generate())
 
     def sign(self, text: bytes) -> bytes:
         """Return the 64-byte Ed25519 signature of `text` (RFC 8032)."""
@@ -120,7 +107,7 @@ class Signer:
 
     def key_string(self) -> str:
         """Return ``PRIVATE+KEY+<name>+<hex key ID>+<base64(0x01 || seed)>`` (keep it secret)."""
-        seed = self._private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        seed = ed25519.seed_of(self._private)
         encoded = base64.b64encode(bytes([ED25519]) + seed).decode("ascii")
         return f"{_PRIVATE_PREFIX}{self.name}+{self.verifier.key_id.hex()}+{encoded}"
 
@@ -182,7 +169,7 @@ def parse_signer_key(text: str) -> Signer:
     if not text.startswith(_PRIVATE_PREFIX):
         raise NoteError("signer key must start with PRIVATE+KEY+")
     name, kid, seed = split_key(text[len(_PRIVATE_PREFIX) :], "signer key")
-    signer = Signer(name, Ed25519PrivateKey.from_private_bytes(seed))
+    signer = Signer(name, ed25519.private_from_seed(seed))
     if signer.verifier.key_id != kid:
         raise NoteError(f"signer key: key id {kid.hex()} does not match the key")
     return signer

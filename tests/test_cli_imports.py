@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from infervisor.chain import SqliteChain
+
 _PROBE = """
 import json, sys
 from infervisor.tools.cli import cli
@@ -65,6 +67,10 @@ def test_an_operator_command_loads_no_part_of_the_node(
     code, modules = _modules(*args, cwd=tmp_path)
     assert code == 3  # no node runs there: the whole client path ran
     assert "infervisor.tools.api.client" in modules
+    # No socket, no request: neither the HTTP client nor psutil is loaded (issue 22).
+    assert "httpx" not in modules
+    assert _loaded(modules, "httpcore") == []
+    assert _loaded(modules, "psutil") == []
     for package in _FORBIDDEN:
         assert _loaded(modules, package) == [], package
 
@@ -73,4 +79,30 @@ def test_the_root_help_loads_no_part_of_the_node(tmp_path: Path) -> None:
     code, modules = _modules("--help", cwd=tmp_path)
     assert code == 0
     for package in ("litestar", "infervisor.adapters.ollama", "uvicorn"):
+        assert _loaded(modules, package) == [], package
+
+
+#: What an auditor's read of a chain without a node key does not need (issue 22,
+#: "CLI start-up"): Ed25519's native bindings (no signature to check), logging
+#: (nothing logs unless -v), a TOML parser (WHERE is no config), the HTTP client.
+_AUDIT_SPARED = ("cryptography", "logging", "tomllib", "httpcore", "infervisor.tools.api.client")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("chain", "verify", "chain.db"), id="verify"),
+        pytest.param(("chain", "verify", "chain.db", "--json"), id="verify-json"),
+        pytest.param(("replay", "chain.db"), id="replay"),
+        pytest.param(("replay", "chain.db", "--json"), id="replay-json"),
+    ],
+)
+def test_an_auditors_read_loads_only_what_it_uses(tmp_path: Path, args: tuple[str, ...]) -> None:
+    with SqliteChain.open(tmp_path / "chain.db", "node-a"):
+        pass
+    code, modules = _modules(*args, cwd=tmp_path)
+    assert code == 0  # the whole read ran: verified (and replayed)
+    assert "infervisor.chain.trust" in modules  # the trust policy was asked
+    assert "httpx" not in modules  # (tools/cli.py blocks httpx._main by name only)
+    for package in _AUDIT_SPARED:
         assert _loaded(modules, package) == [], package

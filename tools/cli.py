@@ -13,7 +13,6 @@ is also printed on stdout as one object (``{"error": {"code", "message",
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
 
@@ -120,6 +119,14 @@ def cli(verbose: bool) -> None:
     WHERE (a node's [api] tcp). INSTANCE is an instance id, or a role that
     names one instance. See docs/cli.md for the JSON schemas and error codes.
     """
+    if not verbose and "logging" not in sys.modules:
+        # The command's module is imported by now (click resolves it before this
+        # callback) and nothing it loaded logs: do not load logging only to
+        # configure it (10 ms of a start-up: issue 22). Python's last-resort
+        # handler still prints a warning to stderr should a later import log one.
+        return
+    import logging  # noqa: PLC0415 - see above
+
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

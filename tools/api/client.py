@@ -20,9 +20,8 @@ import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import httpx
 import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
@@ -39,7 +38,6 @@ from .errors import (
 )
 from .fleet_wire import CordonAnswer, PlacementSetAnswer
 from .inventory import ModelList
-from .uds import unix_transport
 from .wire import (
     API_VERSION,
     ErrorEnvelope,
@@ -52,6 +50,22 @@ from .wire import (
     VerbAnswer,
     WatchEvent,
 )
+
+if TYPE_CHECKING:
+    import httpx
+else:
+
+    class _Httpx:
+        """httpx, imported when a request is first made: a command that finds no
+        node's socket (``status`` of a stopped node) never loads it (a third of
+        such a command's start-up: issue 22)."""
+
+        def __getattr__(self, name: str) -> Any:
+            import httpx  # noqa: PLC0415 - see above
+
+            return getattr(httpx, name)
+
+    httpx = _Httpx()
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SOCKET_FILE", "VERB_WAIT_S", "ApiClient", "socket_path"]
 
@@ -123,26 +137,43 @@ class ApiClient:
             raise ValueError("give data_dir or url, not both")
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self.timeout_s = timeout_s
-        timeout = httpx.Timeout(timeout_s)
+        self._headers = headers
+        self._url = url
+        self._client: httpx.Client | None = None
         if data_dir is not None:
             self.where = str(data_dir)
             self.path: Path | None = socket_path(data_dir)
-            transport = unix_transport(str(self.path))
-            self._http = httpx.Client(
-                transport=transport,
-                base_url="http://infervisor",
-                headers=headers,
-                timeout=timeout,
-            )
         else:
             assert url is not None
             self.where = url
             self.path = None
-            self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
+            self._client = self._http  # made now: httpx checks the URL here, as it always did
+
+    @property
+    def _http(self) -> httpx.Client:
+        """The HTTP client, made at the first request (it loads httpx)."""
+        if self._client is None:
+            timeout = httpx.Timeout(self.timeout_s)
+            if self.path is not None:
+                from .uds import unix_transport  # noqa: PLC0415 - loads httpcore
+
+                self._client = httpx.Client(
+                    transport=unix_transport(str(self.path)),
+                    base_url="http://infervisor",
+                    headers=self._headers,
+                    timeout=timeout,
+                )
+            else:
+                assert self._url is not None
+                self._client = httpx.Client(
+                    base_url=self._url, headers=self._headers, timeout=timeout
+                )
+        return self._client
 
     def close(self) -> None:
         """Close the connections (idempotent)."""
-        self._http.close()
+        if self._client is not None:
+            self._client.close()
 
     def __enter__(self) -> ApiClient:
         return self
@@ -360,7 +391,7 @@ class ApiClient:
         """NotRunning at once when the socket is missing (httpcore would leak the
         socket of a failed Unix connect)."""
         if self.path is not None and not self.path.exists():
-            raise self._unreachable(httpx.ConnectError(f"{self.path}: no such socket"))
+            raise self._not_running()
 
     def _send(
         self,
@@ -451,16 +482,20 @@ class ApiClient:
     def _unreachable(self, error: httpx.TransportError) -> NodeUnavailable:
         if isinstance(error, httpx.ConnectError):
             if self.path is not None:
-                return NotRunning(
-                    f"no node is running on {self.where} (nothing answers on {self.path}); "
-                    "start one with `infervisor run CONFIG`",
-                    "no_node",
-                    0,
-                )
+                return self._not_running()
             return NotRunning(f"nothing answers at {self.where}: {error}", "no_node", 0)
         if isinstance(error, httpx.TimeoutException):
             return self._no_answer(error, "GET", None)  # a stream gone silent
         return NodeStopping(f"the node at {self.where} went away: {error}", "node_stopping", 0)
+
+    def _not_running(self) -> NotRunning:
+        """Nothing answers on the node's socket (it is missing or refuses connections)."""
+        return NotRunning(
+            f"no node is running on {self.where} (nothing answers on {self.path}); "
+            "start one with `infervisor run CONFIG`",
+            "no_node",
+            0,
+        )
 
 
 def _by(controller: str | None, **fields: Any) -> dict[str, Any] | None:

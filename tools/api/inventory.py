@@ -15,7 +15,6 @@ import logging
 from typing import TYPE_CHECKING
 
 import msgspec
-import psutil
 
 from infervisor.adapters.errors import RegistryError
 from infervisor.adapters.gpus import Gpu, GpuReport
@@ -84,6 +83,8 @@ def inventory_of(node: Node, views: list[InstanceView], gpus: GpuReport) -> Inve
     """The node's inventory now; ``views`` are its instances (their reservations
     count when the node keeps no budget)."""
     settings = node.settings
+    import psutil  # noqa: PLC0415 - the node's side only: a client never loads it
+
     memory = psutil.virtual_memory()
     ledger = node.ledger()
     reserved = ledger.in_use_bytes if ledger is not None else sum(v.reserved_bytes for v in views)

@@ -10,7 +10,6 @@ this module does not depend on the node config's dataclasses.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -64,6 +63,8 @@ def config_witnesses(config: Path) -> tuple[tuple[str, ...], int | None]:
     Raises:
         Failure: the file is not TOML, or a value is of the wrong type.
     """
+    import tomllib  # noqa: PLC0415 - only a config's WHERE pays for it (start-up)
+
     try:
         doc = tomllib.loads(config.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
