@@ -58,8 +58,8 @@ from .node_boot import (
     ASK_TIMEOUT_S,
     NodeActors,
     append_node_event,
+    boot_state,
     end_unknown,
-    rebuild_verified,
     start_actors,
     stop_actors,
 )
@@ -152,11 +152,13 @@ class Node(NodeViews, NodeFleet):
         SqliteChain.open(settings.chain_path, settings.node_id).close()
         # Refuses a tampered chain (from its last checkpoint), then each event as replayed.
         check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
-        state = rebuild_verified(settings.chain_path)
+        booted = boot_state(settings.chain_path, settings.node_id)  # from its snapshot
+        state = booted.state
         decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
         actors = start_actors(
-            settings, clock, on_event, state.leases, prober, witnesses=witnesses, run=state.run
-        )
+            settings, clock, on_event, state.leases, prober, witnesses=witnesses, run=state.run,
+            booted=booted,
+        )  # fmt: skip
         try:
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             for event in (*decision.events, started):  # overrides before anything else
