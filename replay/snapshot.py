@@ -28,8 +28,9 @@ import functools
 import os
 import sqlite3
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import blake3
 import msgspec
@@ -52,6 +53,7 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "fingerprint",
+    "fingerprint_of",
     "resume_chain",
 ]
 
@@ -101,21 +103,30 @@ _DECODE_ENVELOPE = msgspec.msgpack.Decoder(Snapshot).decode
 
 @functools.cache
 def fingerprint() -> str:
-    """BLAKE3 (hex) of the projection's shape and code: the JSON schema of
-    `NodeState` (every field, type, default and enum value) and the source of
-    the replay modules that fold events into it. Any change to either (a
-    field or an event kind added, a reducer rule changed) gives another
+    """The fingerprint of this code's projection: :func:`fingerprint_of` `NodeState`
+    and the source of the replay modules that fold events into it. Any change to
+    either (a field or an event kind added, a reducer rule changed) gives another
     fingerprint, so a snapshot written by other code is never loaded as this
-    code's. Without the sources (a build without .py files), the schema and
-    the version of the installed distribution stand in."""
-    digest = blake3.blake3(msgspec.json.encode(msgspec.json.schema(NodeState)))
+    code's. Without the sources (a build without .py files), the installed
+    distribution's version stands in for them."""
+    sources = []
     for name in _FOLD_MODULES:
         module = sys.modules.get(f"{__package__}.{name}")
         path = getattr(module, "__file__", None)
         try:
-            digest.update(Path(path).read_bytes() if path else name.encode())
+            sources.append(Path(path).read_bytes() if path else name.encode())
         except OSError:
-            digest.update(_version().encode())
+            sources.append(_version().encode())
+    return fingerprint_of(NodeState, sources)
+
+
+def fingerprint_of(state_type: type[Any], sources: Iterable[bytes]) -> str:
+    """BLAKE3 (hex) of the JSON schema of `state_type` (every field, type, default
+    and enum value, nested records included) and of each of `sources` in turn."""
+    digest = blake3.blake3(msgspec.json.encode(msgspec.json.schema(state_type)))
+    for source in sources:
+        digest.update(len(source).to_bytes(8, "big"))
+        digest.update(source)
     return digest.hexdigest()
 
 
