@@ -1,13 +1,13 @@
 """Node boot until it supervises: an empty data dir beside a long chain, in one run.
 
-Builds, once, a data dir whose chain holds ``--events`` events (default
-200,000; chain_audit.py's realistic supervision cycles of ``--instances``
-instances, each unloaded at the end, so the booted node has the same nothing
-to supervise as an empty one), with its node key and a signed checkpoint
-(with its frontier), as a node that ran that long leaves it. Then, in
-``--rounds`` interleaved rounds, times ``Node.open`` (until it returns: the
-chain checked, the state rebuilt, ``node.started`` durable, the actors
-supervising) on:
+Builds, once per length in ``--events`` (default 20,000 and 200,000), a data
+dir whose chain holds that many events (chain_audit.py's realistic supervision
+cycles of ``--instances`` instances, each unloaded at the end, so the booted
+node has the same nothing to supervise as an empty one), with its node key and
+a signed checkpoint (with its frontier), as a node that ran that long leaves
+it. Then, in ``--rounds`` interleaved rounds, times ``Node.open`` (until it
+returns: the chain checked, the state rebuilt, ``node.started`` durable, the
+actors supervising) on:
 
 - **empty**: a new data dir (the chain created, its genesis, the node key);
 - **long chain, no snapshot**: a copy of the long chain's data dir without
@@ -17,11 +17,11 @@ supervising) on:
   only what follows it replayed.
 
 Each boot is followed by a shutdown (not timed). Printed: the median seconds
-of each and the ratios to the empty boot of the same rounds (target: the
-snapshot boot at most 1.3x the empty one, flat as the chain grows: run with
-``--events 20000`` to compare).
+of each and the ratios to the empty boot of the same rounds (target: every
+snapshot boot at most 1.3x the empty one, flat as the chain grows).
 
-Run: ``python bench/boot_time.py [--events 200000] [--rounds 5]`` (~1-2 min).
+Run: ``python bench/boot_time.py [--events 20000,200000] [--rounds 5]`` (~3-5
+min: building the chains and the boots without a snapshot take most of it).
 """
 
 from __future__ import annotations
@@ -93,53 +93,52 @@ def boot(data: Path) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--events", type=int, default=200_000)
+    p.add_argument("--events", default="20000,200000", help="chain lengths, comma-separated")
     p.add_argument("--instances", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
+    lengths = [int(n) for n in args.events.split(",")]
     print(f"boot_time: {machine()}, {time.strftime('%Y-%m-%d %H:%M')}")
     with workdir("boot") as root:
-        master = root / "long"
-        began = time.perf_counter()
-        size = long_data_dir(master, args.events, args.instances)
-        boot(master)  # as a node that ran leaves it: with the snapshot its shutdown wrote
-        print(f"built a {size:,}-event chain in {time.perf_counter() - began:.1f} s")
-        times: dict[str, list[float]] = {"empty": [], "no snapshot": [], "snapshot": []}
-
-        def fresh(name: str, keep_snapshot: bool) -> Callable[[], Path]:
-            def make() -> Path:
-                target = root / name
-                shutil.rmtree(target, ignore_errors=True)
-                if name == "empty":
-                    return target
-                shutil.copytree(master, target)
-                if not keep_snapshot:
-                    (target / SNAPSHOT_FILE).unlink(missing_ok=True)
-                return target
-
-            return make
-
-        makers = {
-            "empty": fresh("empty", False),
-            "no snapshot": fresh("nosnap", False),
-            "snapshot": fresh("snap", True),
-        }
+        makers: dict[str, Callable[[], Path]] = {"empty": _fresh(root, "empty", None, keep=False)}
+        for n in lengths:
+            master = root / f"long-{n}"
+            began = time.perf_counter()
+            size = long_data_dir(master, n, args.instances)
+            boot(master)  # as a node that ran leaves it: with the snapshot its shutdown wrote
+            print(f"built a {size:,}-event chain in {time.perf_counter() - began:.1f} s")
+            makers[f"{size:,} events, no snapshot"] = _fresh(root, f"no-{n}", master, keep=False)
+            makers[f"{size:,} events, snapshot"] = _fresh(root, f"snap-{n}", master, keep=True)
+        times: dict[str, list[float]] = {what: [] for what in makers}
         for _ in range(args.rounds):
             for what, make in makers.items():
                 times[what].append(boot(make()))
     empty = statistics.median(times["empty"])
     rows = [
-        (
-            what if what == "empty" else f"{size:,} events, {what}",
-            statistics.median(t),
-            f"{statistics.median(t) / empty:.2f}x",
-        )
+        (what, statistics.median(t), f"{statistics.median(t) / empty:.2f}x")
         for what, t in times.items()
     ]
     print(table(["boot until supervising", "median s", "/ empty"], rows))
-    ratio = statistics.median(times["snapshot"]) / empty
-    met = "met" if ratio <= 1.3 else "NOT met"
-    print(f"target: the snapshot boot at most 1.3x the empty one: {ratio:.2f}x, {met}")
+    worst = max(statistics.median(t) for what, t in times.items() if what.endswith(" snapshot"))
+    met = "met" if worst <= 1.3 * empty else "NOT met"
+    print(f"target: a snapshot boot at most 1.3x the empty one: {worst / empty:.2f}x, {met}")
+
+
+def _fresh(root: Path, name: str, master: Path | None, *, keep: bool) -> Callable[[], Path]:
+    """A maker of a new data dir `name`: empty, or a copy of `master` (with its
+    snapshot when `keep`)."""
+
+    def make() -> Path:
+        target = root / name
+        shutil.rmtree(target, ignore_errors=True)
+        if master is None:
+            return target
+        shutil.copytree(master, target)
+        if not keep:
+            (target / SNAPSHOT_FILE).unlink()
+        return target
+
+    return make
 
 
 if __name__ == "__main__":

@@ -25,9 +25,10 @@ the node's (actors/snapshots.py).
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.metadata
 import os
 import sqlite3
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -111,7 +112,7 @@ def fingerprint() -> str:
     distribution's version stands in for them."""
     sources = []
     for name in _FOLD_MODULES:
-        module = sys.modules.get(f"{__package__}.{name}")
+        module = importlib.import_module(f"{__package__}.{name}")
         path = getattr(module, "__file__", None)
         try:
             sources.append(Path(path).read_bytes() if path else name.encode())
@@ -131,8 +132,6 @@ def fingerprint_of(state_type: type[Any], sources: Iterable[bytes]) -> str:
 
 
 def _version() -> str:
-    import importlib.metadata  # noqa: PLC0415 (only without the sources)
-
     try:
         return importlib.metadata.version("infervisor")
     except importlib.metadata.PackageNotFoundError:
