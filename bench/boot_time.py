@@ -119,7 +119,7 @@ def main() -> None:
         for what, t in times.items()
     ]
     print(table(["boot until supervising", "median s", "/ empty"], rows))
-    worst = max(statistics.median(t) for what, t in times.items() if what.endswith(" snapshot"))
+    worst = max(statistics.median(t) for what, t in times.items() if what.endswith(", snapshot"))
     met = "met" if worst <= 1.3 * empty else "NOT met"
     print(f"target: a snapshot boot at most 1.3x the empty one: {worst / empty:.2f}x, {met}")
 
