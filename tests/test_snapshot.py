@@ -20,6 +20,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import NodeFactory
+from support import wait_until
 
 from infervisor.actors.node import Node
 from infervisor.actors.node_boot import boot_state, rebuild_verified
@@ -52,6 +53,7 @@ from infervisor.replay.snapshot import (
 from infervisor.replay.state import Stamp, Then
 
 NODE = "snap-node"
+NODE_ID = "n1"  # conftest's NodeFactory.settings
 SLOTS = ("a", "b", "c")
 BOOT = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 ZERO = bytes(32)
@@ -366,6 +368,31 @@ def test_boot_from_a_snapshot_and_its_tail(
     assert booted.snapshot_seq == -1
     assert booted.state == rebuild_verified(other.chain_path)
     assert "snapshot ignored" in caplog.text and "replaying the whole chain" in caplog.text
+
+
+def test_a_running_node_snapshots_with_its_checkpoints(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    """While the node runs, a checkpoint the writer signs brings a snapshot at the
+    chain's head (not only at shutdown): a node killed then boots from it."""
+    settings = nodes.settings(fake_llama, fake_model, checkpoint_every_events=2)
+    data = Path(settings.data_dir)
+    node = nodes.open(settings)
+    try:
+        _place(node, fake_model, 3)  # 3 events: a checkpoint signed
+        head = rebuild(settings.chain_path).head_seq
+
+        def snapshot_seq() -> int:
+            try:
+                return decode_snapshot((data / SNAPSHOT_FILE).read_bytes(), NODE_ID).head_seq
+            except (OSError, SnapshotRejected):
+                return -1
+
+        wait_until(lambda: snapshot_seq() >= head - 1, 30, "a snapshot near the head")
+        taken = decode_snapshot((data / SNAPSHOT_FILE).read_bytes(), NODE_ID)
+        assert len(taken.instances) >= 2
+    finally:
+        node.shutdown()
 
 
 def test_an_unreadable_snapshot_means_a_full_replay(
