@@ -26,7 +26,7 @@ from infervisor.actors.node import Node
 from infervisor.actors.node_boot import boot_state, rebuild_verified
 from infervisor.actors.snapshots import Snapshotter, write_snapshot
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.chain import EventDraft, SqliteChain, StoredEvent
+from infervisor.chain import EventDraft, SqliteChain, StoredEvent, encode_payload
 from infervisor.chain.errors import ChainTampered
 from infervisor.replay import (
     Folder,
@@ -405,6 +405,26 @@ def test_an_unreadable_snapshot_means_a_full_replay(
     nodes.open(settings).shutdown()
     assert "snapshot ignored (not a snapshot" in caplog.text
     assert boot_state(settings.chain_path, settings.node_id).snapshot_seq >= 0  # rewritten
+
+
+def test_an_undecodable_event_after_the_snapshot_is_refused_as_before(
+    nodes: NodeFactory, fake_llama: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event after the snapshot that verifies but does not decode: the snapshot
+    is set aside, and the whole replay refuses the chain naming the seq and kind,
+    as a boot without a snapshot does."""
+    settings = nodes.settings(fake_llama, tmp_path / "models")
+    nodes.open(settings).shutdown()
+    old = encode_payload({"event": "node.started", "v": 0, "pid": 1})  # no upcaster for v0
+    with SqliteChain.open(settings.chain_path, NODE_ID) as chain:
+        seq = chain.head().seq + 1
+        draft = EventDraft(ts_ns=2**62, source="node", kind="node.started", subject="", payload=old)
+        chain.append_many([draft])
+    caplog.set_level(logging.INFO, logger="infervisor.actors.node_boot")
+    with pytest.raises(ChainTampered) as caught:
+        nodes.open(settings)
+    assert (caught.value.seq, caught.value.reason) == (seq, "undecodable event")
+    assert "snapshot ignored" in caplog.text
 
 
 def test_the_snapshotter_takes_one_per_interval_and_at_stop(tmp_path: Path) -> None:
