@@ -16,6 +16,7 @@ import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -50,7 +51,7 @@ from infervisor.replay.snapshot import (
     fingerprint_of,
     resume_chain,
 )
-from infervisor.replay.state import Stamp, Then
+from infervisor.replay.state import Cordon, LeaseRecord, RunClock, Stamp, Then
 
 NODE = "snap-node"
 NODE_ID = "n1"  # conftest's NodeFactory.settings
@@ -219,9 +220,31 @@ def test_snapshot_plus_tail_is_a_rebuild_from_scratch(tmp_path: Path) -> None:
     assert compared >= 24 * 4
 
 
-def test_resume_round_trips_the_folder() -> None:
-    """`Folder.resume(state).state()` is `state` (every NodeState field carried)."""
-    state = NodeState(node_id=NODE, head_seq=7, head_hash="ab" * 32, boots=3)
+def test_resume_round_trips_the_folder(tmp_path: Path) -> None:
+    """`Folder.resume(state).state()` is `state`, with every NodeState field set
+    to something other than its default (a field added later fails here by name
+    until the test sets it, and then until `Folder.resume` carries it)."""
+    path = tmp_path / "chain.db"
+    random_chain(path, 3, length=60, kinds=Counter())
+    base = rebuild(path)
+    assert base.instances, "the chain ends with instances placed"
+    at = Stamp(wall_ns=5, mono_s=1.0, boot_id=BOOT)
+    lease = LeaseRecord(controller="ctl-9", at=at, down_ns=4)
+    values: dict[str, Any] = {
+        "node_id": NODE,
+        "head_seq": 7,
+        "head_hash": "ab" * 32,
+        "instances": base.instances,
+        "boots": 3,
+        "lease": lease,
+        "leases": {"ctl-9": lease},
+        "run": RunClock(head_ns=9, down_ns=2, booting=True),
+        "cordon": Cordon.DRAINED,
+        "placement_sets": {"ctl-9": 4},
+    }
+    names = {f.name for f in msgspec.structs.fields(NodeState)}
+    assert names == set(values), f"set these NodeState fields here: {sorted(names - set(values))}"
+    state = NodeState(**values)
     assert Folder.resume(state).state() == state
     assert Folder.resume(state).head_seq == 7
 
