@@ -150,9 +150,10 @@ class Node(NodeViews, NodeFleet):
         settings.registry_path.mkdir(parents=True, exist_ok=True)
         # Open (and create) the chain here first, so its errors reach the caller as raised.
         SqliteChain.open(settings.chain_path, settings.node_id).close()
-        # Refuses a tampered chain (from its last checkpoint), then each event as replayed.
+        # Refuses a tampered chain (from its last checkpoint), then each event replayed
+        # (those after the snapshot of the state, or all without one: node_boot.boot_state).
         check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
-        booted = boot_state(settings.chain_path, settings.node_id)  # from its snapshot
+        booted = boot_state(settings.chain_path, settings.node_id)
         state = booted.state
         decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
         actors = start_actors(
