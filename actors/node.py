@@ -58,8 +58,8 @@ from .node_boot import (
     ASK_TIMEOUT_S,
     NodeActors,
     append_node_event,
+    boot_state,
     end_unknown,
-    rebuild_verified,
     start_actors,
     stop_actors,
 )
@@ -157,14 +157,16 @@ class Node(NodeViews, NodeFleet):
         settings.registry_path.mkdir(parents=True, exist_ok=True)
         # Open (and create) the chain here first, so its errors reach the caller as raised.
         SqliteChain.open(settings.chain_path, settings.node_id).close()
-        # Refuses a tampered chain (from its last checkpoint), then each event as replayed.
+        # Refuses a tampered chain (from its last checkpoint), then each event replayed
+        # (those after the snapshot of the state, or all without one: node_boot.boot_state).
         check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
-        state = rebuild_verified(settings.chain_path)
+        booted = boot_state(settings.chain_path, settings.node_id)
+        state = booted.state
         decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
         startup_s = max(0.0, started_before_s) + (clock.monotonic() - opened_s)
         actors = start_actors(
             settings, clock, on_event, state.leases, prober,
-            witnesses=witnesses, run=state.run, startup_s=startup_s,
+            witnesses=witnesses, run=state.run, startup_s=startup_s, booted=booted,
         )  # fmt: skip
         try:
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)

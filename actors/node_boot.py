@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pykka
 
@@ -28,6 +28,7 @@ from infervisor.replay import EventDecodeError, NodeState, ReplayError, fold
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.queries import read_chain
+from infervisor.replay.snapshot import SnapshotRejected, decode_snapshot, resume_chain
 from infervisor.replay.state import LeaseRecord, RunClock
 
 from . import messages as m
@@ -40,6 +41,7 @@ from .host import HostActor
 from .ledger import LedgerActor
 from .routes import Routes
 from .settings import NodeSettings
+from .snapshots import Snapshotter, read_snapshot_file
 from .supervisor import SupervisorActor
 from .watchdog import Watchdog, stall_after
 from .witness_submit import WitnessTarget
@@ -47,8 +49,10 @@ from .witnessing import Witnessing
 
 __all__ = [
     "ASK_TIMEOUT_S",
+    "BootState",
     "NodeActors",
     "append_node_event",
+    "boot_state",
     "end_unknown",
     "rebuild",
     "rebuild_verified",
@@ -62,6 +66,9 @@ log = logging.getLogger(__name__)
 PROBE_WORKERS = 8
 #: The longest the node waits for one answer of one of its actors, seconds.
 ASK_TIMEOUT_S = 60.0
+#: A boot that replayed more events than this takes a snapshot at once (so the
+#: next boot after a crash need not replay them again).
+SNAPSHOT_AFTER_REPLAYING = 1000
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class NodeActors:
     containment: Containment = field(default_factory=no_containment)
     #: The witness submitters and their lag board (None: no witnesses configured).
     witnessing: Witnessing | None = None
+    #: Takes the snapshots of the projection (None: not given the booted state).
+    snapshotter: Snapshotter | None = None
 
 
 def start_actors(
@@ -97,16 +106,22 @@ def start_actors(
     witnesses: Sequence[WitnessTarget] = (),
     run: RunClock | None = None,
     startup_s: float = 0.0,
+    booted: BootState | None = None,
 ) -> NodeActors:
     """Start the node-wide actors on ``settings``: the chain writer, the ledger (with
     a memory budget), the supervisor (``leases``: each controller's last renewal in
     the chain; ``run``: how long the node ran, ``NodeState.run``; ``startup_s``: the
     seconds the node spent starting, excused from the leases), the host, the
     watchdog over them, the probe threads and, with ``witnesses``, a submitter per
-    witness (fed each checkpoint by the writer); the containment detected."""
+    witness (fed each checkpoint by the writer); the containment detected. With
+    ``booted`` (the state the boot rebuilt), a snapshotter fed each checkpoint."""
     commit_latency = CommitLatency()
     append_health = AppendHealth()
     witnessing = _witnessing(settings, clock, witnesses)
+    snapshotter = None
+    if booted is not None:
+        take_now = booted.replayed > SNAPSHOT_AFTER_REPLAYING
+        snapshotter = Snapshotter(settings.chain_path, booted.state, take_now=take_now)
     writer = ChainWriter.start(
         settings.chain_path,
         settings.node_id,
@@ -115,7 +130,7 @@ def start_actors(
         checkpoint_every_s=settings.checkpoint_every_s,
         latency=commit_latency,
         health=append_health,
-        on_checkpoint=None if witnessing is None else witnessing.offer,
+        on_checkpoint=_checkpoint_hook(witnessing, snapshotter),
         origin=settings.origin,
     )
     ledger = None
@@ -143,8 +158,26 @@ def start_actors(
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
-        append_health, containment, witnessing,
+        append_health, containment, witnessing, snapshotter,
     )  # fmt: skip
+
+
+def _checkpoint_hook(
+    witnessing: Witnessing | None, snapshotter: Snapshotter | None
+) -> Callable[[Any], None] | None:
+    """What the writer calls with each checkpoint it signs (never blocks): the
+    witnesses' submitters and the snapshotter."""
+    hooks = [h.offer for h in (witnessing, snapshotter) if h is not None]
+    if not hooks:
+        return None
+    if len(hooks) == 1:
+        return hooks[0]
+
+    def offer(checkpoint: Any) -> None:
+        for hook in hooks:
+            hook(checkpoint)
+
+    return offer
 
 
 def _witnessing(
@@ -201,6 +234,8 @@ def stop_actors(actors: NodeActors) -> None:
     if actors.ledger is not None:
         actors.ledger.stop()
     actors.writer.stop()
+    if actors.snapshotter is not None:
+        actors.snapshotter.stop()  # a last snapshot, at the head the writer left
     if actors.witnessing is not None:
         actors.witnessing.stop()
     actors.containment.remove_empty()  # the cgroups of servers that ended
@@ -208,6 +243,49 @@ def stop_actors(actors: NodeActors) -> None:
         actors.probes.shutdown(wait=False, cancel_futures=True)
     if actors.engine is not None:
         actors.engine.close()
+
+
+class BootState(NamedTuple):
+    """The state a boot rebuilt, and how.
+
+    Attributes:
+        state: the node state at the chain's head.
+        replayed: events folded (all of them without a usable snapshot).
+        snapshot_seq: the seq the snapshot used covers (-1: none used).
+    """
+
+    state: NodeState
+    replayed: int
+    snapshot_seq: int = -1
+
+
+def boot_state(path: Path, node_id: str) -> BootState:
+    """The node state at the head of the chain at `path`: its snapshot (beside it,
+    replay/snapshot.py) with the events after it verified and folded, or, without
+    a usable one, the whole chain replayed and verified (:func:`rebuild_verified`;
+    the node log says why). Run it after the boot check (chain/boot.py).
+
+    Raises:
+        ChainTampered: an event after the snapshot fails verification; or as
+            :func:`rebuild_verified` when the whole chain is replayed.
+    """
+    data = read_snapshot_file(path.parent)
+    if data is None:
+        log.info("no snapshot of the node state: replaying the whole chain")
+    else:
+        try:
+            state, replayed = resume_chain(path, decode_snapshot(data, node_id))
+        except SnapshotRejected as e:
+            log.warning("snapshot ignored (%s): replaying the whole chain", e.reason)
+        except (ReplayError, EventDecodeError) as e:
+            log.warning("snapshot ignored (the events after it do not fold onto it: %s): "
+                        "replaying the whole chain", e)  # fmt: skip
+        else:
+            log.info("state from the snapshot at seq %d, %d events after it replayed",
+                     state.head_seq - replayed, replayed)  # fmt: skip
+            return BootState(state, replayed, state.head_seq - replayed)
+    state = rebuild_verified(path)
+    return BootState(state, state.head_seq + 1)
 
 
 def rebuild_verified(path: Path) -> NodeState:

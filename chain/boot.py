@@ -19,8 +19,13 @@ snapshot:
 3. Events from seq N-1 on are verified in full (`checks.check_row`), as
    `verify_chain` does.
 
-The node then replays the whole chain verifying each event in the same pass
-(`actors/node.py`), which finds what step 2 does not read.
+The node then rebuilds its state (`actors/node_boot.py`, `boot_state`): from
+its snapshot (replay/snapshot.py, bound to the chain by the seq and hash of
+the event it covers) and the events after it, each verified as it is folded;
+without a usable snapshot, the whole chain, each event verified in the same
+pass, which also finds what step 2 does not read. So with a snapshot neither
+step reads below it, and an edit there that keeps the stored hashes (a payload
+altered in place) is left to ``chain verify``, as step 2 leaves it.
 Without a checkpoint every row is verified in full. Any failure raises
 `ChainTampered` naming the seq and the reason.
 """

@@ -110,13 +110,15 @@ class Folder:
     """
 
     __slots__ = (
-        "_booting", "_boots", "_cordon", "_down_ns", "_head", "_head_ns", "_instances", "_lease",
-        "_leases", "_next", "_node_id", "_sets",
+        "_base", "_booting", "_boots", "_cordon", "_down_ns", "_head", "_head_ns", "_instances",
+        "_lease", "_leases", "_next", "_node_id", "_sets",
     )  # fmt: skip
 
     def __init__(self, node_id: str) -> None:
         self._node_id = node_id
         self._head: StoredEvent | None = None
+        #: The head (seq, hash hex) of the state resumed from, until an event is fed.
+        self._base: tuple[int, str] = (-1, "")
         self._next = 0
         self._instances: dict[str, InstanceState] = {}
         self._boots = 0
@@ -127,6 +129,23 @@ class Folder:
         self._cordon = Cordon.NONE
         self._sets: dict[str, int] = {}
 
+    @classmethod
+    def resume(cls, state: NodeState) -> Folder:
+        """A folder holding `state` (a snapshot's: replay/snapshot.py), to be fed
+        the events after ``state.head_seq``; ``state()`` gives `state` back until then."""
+        folder = cls(state.node_id)
+        folder._base = (state.head_seq, state.head_hash)
+        folder._next = state.head_seq + 1
+        folder._instances = dict(state.instances)
+        folder._boots = state.boots
+        folder._head_ns, folder._down_ns = state.run.head_ns, state.run.down_ns
+        folder._booting = state.run.booting
+        folder._lease = state.lease
+        folder._leases = dict(state.leases)
+        folder._cordon = state.cordon
+        folder._sets = dict(state.placement_sets)
+        return folder
+
     def instance(self, instance_id: str) -> InstanceState | None:
         """The instance's state after the events fed so far (None: not placed)."""
         return self._instances.get(instance_id)
@@ -134,7 +153,7 @@ class Folder:
     @property
     def head_seq(self) -> int:
         """Seq of the last event fed (-1 before genesis)."""
-        return -1 if self._head is None else self._head.seq
+        return self._base[0] if self._head is None else self._head.seq
 
     def feed(self, stored: StoredEvent) -> None:
         """Fold one event. Raises as `apply` does (ReplayError, EventDecodeError)."""
@@ -182,8 +201,8 @@ class Folder:
         head = self._head
         return NodeState(
             node_id=node_id or self._node_id,
-            head_seq=-1 if head is None else head.seq,
-            head_hash="" if head is None else head.hash.hex(),
+            head_seq=self._base[0] if head is None else head.seq,
+            head_hash=self._base[1] if head is None else head.hash.hex(),
             instances=dict(self._instances),
             boots=self._boots,
             lease=self._lease,

@@ -16,6 +16,7 @@ from infervisor.chain import ChainError, SqliteChain, verify_chain
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.checkpoint_store import read_stored
 from infervisor.chain.errors import ChainTampered, CheckpointError
+from infervisor.replay.snapshot import SNAPSHOT_FILE
 from infervisor.tools.node.boot import open_node
 from infervisor.tools.node.config import NodeConfig
 from infervisor.tools.node.lock import RunError
@@ -120,9 +121,19 @@ def test_node_signs_at_shutdown_and_refuses_a_tampered_chain(
 def test_node_refuses_an_altered_payload(
     nodes: NodeFactory, fake_llama: str, tmp_path: Path
 ) -> None:
+    """A payload altered in place below the snapshot is not read at boot (the boot
+    neither replays nor verifies what the snapshot covers, as the boot check does not
+    read below its checkpoint): the node resumes on the snapshot's state, taken before
+    the edit, and ``chain verify`` names the edit. Without the snapshot the boot
+    replays every event, verified, and refuses."""
     settings = nodes.settings(fake_llama, tmp_path / "models")
     nodes.open(settings).shutdown()
     alter_payload(settings.chain_path, 1)
+    nodes.open(settings).shutdown()  # from the snapshot: the edit is below it
+    problem = verify_chain(settings.chain_path).problem
+    assert problem is not None
+    assert (problem.seq, problem.reason) == (1, "payload altered")
+    (Path(settings.data_dir) / SNAPSHOT_FILE).unlink()
     with pytest.raises(ChainTampered) as caught:
         nodes.open(settings)
     assert (caught.value.seq, caught.value.reason) == (1, "payload altered")
