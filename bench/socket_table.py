@@ -1,4 +1,4 @@
-"""The reconcile tick's socket-table read: psutil's path against /proc/net, side by side.
+"""The reconcile tick's socket-table read: psutil's path against the kernel's, side by side.
 
 What one reconcile tick gathers about sockets for a node of ``--instances``
 instances (each on a loopback port, as managed servers are): one
@@ -8,16 +8,18 @@ question ``snapshot.beyond_loopback(its port)``.
 - **psutil** (the path before issue 20's suite work, kept as the fallback where
   ``/proc/net`` cannot be read): ``psutil.net_connections("tcp")``, which maps
   every socket to its owner by reading every process's file descriptors.
-- **/proc/net**: ``/proc/net/tcp`` and ``tcp6`` read directly for LISTEN
-  sockets beyond loopback; owners looked up only for a port asked about that
-  has one.
+- **/proc/net** (the kernel path's own fallback): ``/proc/net/tcp`` and
+  ``tcp6`` read directly for LISTEN sockets beyond loopback; owners looked up
+  only for a port asked about that has one.
+- **netlink** (what the node uses): the same, the LISTEN sockets asked of
+  the kernel over ``sock_diag``.
 
-The two run in turns (A B A B ...) in one process, so the machine's load
-drifting during the run weighs on both alike. Measured is the CPU of this
-process (``time.process_time``: user + system) per tick, the median over
-``--rounds`` rounds of ``--ticks`` ticks; printed with the ratio psutil / /proc/net.
-With ``--wide`` one instance's port also has a listener beyond loopback (so
-the /proc/net path looks up that one owner every tick: the rare case).
+The three run in turns (rotating which goes first) in one process, so the
+machine's load drifting during the run weighs on all alike. Measured is the
+CPU of this process (``time.process_time``: user + system) per tick, the
+median over ``--rounds`` rounds of ``--ticks`` ticks; printed with the ratios
+psutil / each. With ``--wide`` one instance's port also has a listener beyond
+loopback (so the kernel paths look up that one owner every tick: the rare case).
 
 Run: ``python bench/socket_table.py [--instances 50] [--rounds 7] [--ticks 20] [--wide]``
 (a few seconds).
@@ -33,7 +35,7 @@ from collections.abc import Callable, Iterator
 
 from _harness import machine, median, table
 
-from infervisor.adapters import ports
+from infervisor.adapters import ports, procnet
 from infervisor.adapters.ports import ListenerSnapshot
 
 
@@ -75,41 +77,31 @@ def main() -> None:
     parser.add_argument("--wide", action="store_true")
     args = parser.parse_args()
 
-    def old() -> ListenerSnapshot:
-        return ports._psutil_snapshot("")
-
-    new = ports.listener_snapshot
+    paths: dict[str, Callable[[], ListenerSnapshot]] = {
+        "psutil.net_connections": lambda: ports._psutil_snapshot(""),
+        "/proc/net": lambda: ports._snapshot("", procnet.read_proc_net),
+        "netlink sock_diag": lambda: ports._snapshot("", procnet.read_sock_diag),
+    }
+    names = list(paths)
     with listeners(args.instances, args.wide) as asked:
-        assert not new().by_port, "/proc/net cannot be read here: nothing to compare"
-        wide_new = {p: new().beyond_loopback(p) for p in asked}
-        wide_old = {p: old().beyond_loopback(p) for p in asked}
-        assert wide_new == wide_old, (wide_new, wide_old)  # the same answers, both ways
-        samples: dict[str, list[float]] = {"psutil": [], "/proc/net": []}
+        answers = [{p: take().beyond_loopback(p) for p in asked} for take in paths.values()]
+        assert all(a == answers[0] for a in answers), answers  # the same answers, every way
+        assert not paths["netlink sock_diag"]().by_port, "the kernel's table is unreadable here"
+        samples: dict[str, list[float]] = {name: [] for name in names}
         for i in range(args.rounds):
-            pair = [("psutil", old), ("/proc/net", new)]
-            for name, fn in pair if i % 2 == 0 else reversed(pair):
-                samples[name].append(tick_cpu(fn, asked, args.ticks))
-    psutil_s, procnet_s = median(samples["psutil"]), median(samples["/proc/net"])
-    ratios = [a / b for a, b in zip(samples["psutil"], samples["/proc/net"], strict=True)]
+            for name in names[i % 3 :] + names[: i % 3]:
+                samples[name].append(tick_cpu(paths[name], asked, args.ticks))
     print(machine())
     print(
         f"socket table of one reconcile tick, {args.instances} instances"
         f"{', one with a wide listener' if args.wide else ''};"
         f" median of {args.rounds} rounds x {args.ticks} ticks, CPU of this process:"
     )
-    print(
-        table(
-            ["path", "ms CPU per tick"],
-            [
-                ["psutil.net_connections", f"{psutil_s * 1e3:.2f}"],
-                ["/proc/net", f"{procnet_s * 1e3:.3f}"],
-            ],
-        )
-    )
-    print(
-        f"\nratio (this run, median of per-round ratios): psutil / /proc/net = "
-        f"{median(ratios):.1f}x"
-    )
+    rows = []
+    for name in names:
+        ratio = median([a / b for a, b in zip(samples[names[0]], samples[name], strict=True)])
+        rows.append([name, f"{median(samples[name]) * 1e3:.3f}", f"{ratio:.1f}x"])
+    print(table(["path", "ms CPU per tick", "psutil / this (median of rounds)"], rows))
 
 
 if __name__ == "__main__":

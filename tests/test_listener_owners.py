@@ -205,7 +205,7 @@ def test_one_socket_twice_in_one_process_is_one_listener(port: int) -> None:
         assert owned_listeners(wide, pgid=os.getpgrp(), descendants=()) == ["0.0.0.0"]
 
 
-def _no_proc_net() -> list[ListeningSocket]:
+def _no_kernel_table() -> list[ListeningSocket]:
     raise PermissionError(13, "Permission denied", "/proc/net/tcp")
 
 
@@ -213,7 +213,7 @@ def test_an_unreadable_socket_table_is_a_probe_error(monkeypatch: pytest.MonkeyP
     def refuse(kind: str = "tcp") -> list[object]:
         raise psutil.AccessDenied(pid=None, msg="not permitted")
 
-    monkeypatch.setattr(ports, "listening_sockets", _no_proc_net)
+    monkeypatch.setattr(ports, "listening_sockets", _no_kernel_table)
     monkeypatch.setattr(psutil, "net_connections", refuse)
     with pytest.raises(ProbeError, match="cannot read the socket table"):
         listener_snapshot()
@@ -286,7 +286,7 @@ def test_loopback_listeners_are_not_beyond_loopback(
 def test_the_fallback_where_proc_net_cannot_be_read_is_psutils_table(
     port: int, loopback: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ports, "listening_sockets", _no_proc_net)
+    monkeypatch.setattr(ports, "listening_sockets", _no_kernel_table)
     with listening("0.0.0.0", port) as other:
         snapshot = listener_snapshot()
         assert snapshot.sockets == {}  # owners came with psutil's table

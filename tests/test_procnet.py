@@ -1,12 +1,14 @@
-"""adapters.procnet: the kernel's TCP socket table read from /proc/net, and socket owners.
+"""adapters.procnet: the kernel's LISTEN sockets (netlink sock_diag, else /proc/net), owners.
 
-The parsing is tested on lines in the kernel's own format (copied from
-/proc/net/tcp and /proc/net/tcp6 of a little-endian Linux machine) under a
-fake procfs root; the owner lookup on real sockets of this process and of a child.
+The /proc/net parsing is tested on lines in the kernel's own format (copied
+from /proc/net/tcp and /proc/net/tcp6 of a little-endian Linux machine) under
+a fake procfs root; netlink against /proc/net on this machine's real table;
+the owner lookup on real sockets of this process and of a child.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -14,11 +16,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
+from infervisor.adapters import procnet
 from infervisor.adapters.procnet import (
+    PROC,
     ListeningSocket,
     decode_address,
     listening_sockets,
+    read_proc_net,
+    read_sock_diag,
     socket_owners,
 )
 
@@ -91,7 +98,7 @@ def test_a_field_that_is_not_an_address_is_a_value_error(field: str) -> None:
 
 @little_endian_only
 def test_only_listen_lines_are_read_ipv4_then_ipv6(tmp_path: Path) -> None:
-    assert listening_sockets(fake_proc(tmp_path)) == [
+    assert read_proc_net(fake_proc(tmp_path)) == [
         ListeningSocket("127.0.0.1", 10010, 3363342),
         ListeningSocket("0.0.0.0", 2024, 657),
         ListeningSocket("192.168.1.5", 8080, 4242),
@@ -103,18 +110,18 @@ def test_only_listen_lines_are_read_ipv4_then_ipv6(tmp_path: Path) -> None:
 
 
 def test_no_tcp6_table_is_no_ipv6_listener(tmp_path: Path) -> None:
-    assert listening_sockets(fake_proc(tmp_path, tcp=TCP_HEADER, tcp6=None)) == []
+    assert read_proc_net(fake_proc(tmp_path, tcp=TCP_HEADER, tcp6=None)) == []
 
 
 def test_no_tcp_table_is_an_os_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        listening_sockets(fake_proc(tmp_path, tcp=None))
+        read_proc_net(fake_proc(tmp_path, tcp=None))
 
 
 def test_a_line_not_in_the_kernels_format_is_a_value_error(tmp_path: Path) -> None:
     bad = TCP_HEADER + "   0: 0100007F 00000000:0000 0A 0 0 0 0 0 0 nope\n"
     with pytest.raises(ValueError):  # noqa: PT011 - the caller treats any as unreadable
-        listening_sockets(fake_proc(tmp_path, tcp=bad))
+        read_proc_net(fake_proc(tmp_path, tcp=bad))
 
 
 def test_this_machines_table_has_our_listener_with_its_inode() -> None:
@@ -123,6 +130,54 @@ def test_this_machines_table_has_our_listener_with_its_inode() -> None:
         s.listen()
         mine = ListeningSocket("127.0.0.1", s.getsockname()[1], os.fstat(s.fileno()).st_ino)
         assert mine in listening_sockets()
+        assert mine in read_sock_diag()
+        assert mine in read_proc_net()
+
+
+def test_netlink_and_proc_net_give_the_same_table_on_this_machine() -> None:
+    """IPv4, IPv6, v4-mapped, loopback and wildcard listeners of our own beside
+    whatever else listens: the same sockets both ways, within a deadline (other
+    programs open and close listeners between the two reads)."""
+    with contextlib.ExitStack() as stack:
+        mine: set[int] = set()
+        for family, address, v6only in [
+            (socket.AF_INET, "127.0.0.1", None),
+            (socket.AF_INET, "0.0.0.0", None),
+            (socket.AF_INET6, "::", 1),
+            (socket.AF_INET6, "::1", 1),
+            (socket.AF_INET6, "::ffff:127.0.0.1", 0),
+        ]:
+            s = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            if v6only is not None:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+            s.bind((address, 0))
+            s.listen()
+            mine.add(os.fstat(s.fileno()).st_ino)
+        seen: list[list[ListeningSocket]] = []
+
+        def same() -> bool:
+            diag, proc = read_sock_diag(), read_proc_net()
+            seen.append(diag)
+            return sorted(diag) == sorted(proc)
+
+        wait_until(same, timeout=60, what="the same LISTEN sockets from netlink and /proc/net")
+        assert mine <= {s.inode for s in seen[-1]}
+
+
+def test_netlink_refused_reads_proc_net(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused() -> list[ListeningSocket]:
+        raise PermissionError(1, "Operation not permitted")
+
+    read: list[str] = []
+
+    def counted(proc: str = PROC) -> list[ListeningSocket]:
+        read.append(proc)
+        return [ListeningSocket("0.0.0.0", 8080, 7)]
+
+    monkeypatch.setattr(procnet, "read_sock_diag", refused)
+    monkeypatch.setattr(procnet, "read_proc_net", counted)
+    assert listening_sockets() == [ListeningSocket("0.0.0.0", 8080, 7)]
+    assert read == [PROC]
 
 
 def test_owners_are_found_by_inode_only_for_the_inodes_asked() -> None:
