@@ -1,4 +1,4 @@
-"""The reconcile tick's socket-table read: psutil's path against the kernel's, side by side.
+"""The reconcile tick's reads of the machine: psutil's paths against the kernel's, side by side.
 
 What one reconcile tick gathers about sockets for a node of ``--instances``
 instances (each on a loopback port, as managed servers are): one
@@ -21,6 +21,10 @@ median over ``--rounds`` rounds of ``--ticks`` ticks; printed with the ratios
 psutil / each. With ``--wide`` one instance's port also has a listener beyond
 loopback (so the kernel paths look up that one owner every tick: the rare case).
 
+Then the tick's other read of the machine, the process table, the same way:
+psutil's ``process_iter`` (the fallback) against ``/proc/PID/stat`` and
+``statm`` read directly (:func:`~infervisor.adapters.proc.table.read_proc_table`).
+
 Run: ``python bench/socket_table.py [--instances 50] [--rounds 7] [--ticks 20] [--wide]``
 (a few seconds).
 """
@@ -37,6 +41,8 @@ from _harness import machine, median, table
 
 from infervisor.adapters import ports, procnet
 from infervisor.adapters.ports import ListenerSnapshot
+from infervisor.adapters.proc import system
+from infervisor.adapters.proc.table import read_proc_table
 
 
 @contextlib.contextmanager
@@ -101,6 +107,26 @@ def main() -> None:
     for name in names:
         ratio = median([a / b for a, b in zip(samples[names[0]], samples[name], strict=True)])
         rows.append([name, f"{median(samples[name]) * 1e3:.3f}", f"{ratio:.1f}x"])
+    print(table(["path", "ms CPU per tick", "psutil / this (median of rounds)"], rows))
+
+    reads = {"psutil.process_iter": system._psutil_table, "/proc/PID/stat+statm": read_proc_table}
+    cpu: dict[str, list[float]] = {name: [] for name in reads}
+    for i in range(args.rounds):
+        for name, read in list(reads.items())[:: 1 if i % 2 == 0 else -1]:
+            start = time.process_time()
+            for _ in range(args.ticks):
+                read()
+            cpu[name].append((time.process_time() - start) / args.ticks)
+    print(f"\nprocess table of one reconcile tick ({len(read_proc_table().entries)} processes):")
+    first = next(iter(reads))
+    rows = [
+        [
+            name,
+            f"{median(cpu[name]) * 1e3:.3f}",
+            f"{median([a / b for a, b in zip(cpu[first], cpu[name], strict=True)]):.1f}x",
+        ]
+        for name in reads
+    ]
     print(table(["path", "ms CPU per tick", "psutil / this (median of rounds)"], rows))
 
 

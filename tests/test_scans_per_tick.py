@@ -20,6 +20,7 @@ from support import managed_fakes_running, wait_until
 
 from infervisor.actors.clock import ManualClock
 from infervisor.adapters import ports
+from infervisor.adapters.proc import system
 
 INSTANCES = 3
 
@@ -45,6 +46,9 @@ def test_one_scan_per_tick_for_the_node_and_none_for_status(
     calls: Counter[str] = Counter()
     monkeypatch.setattr(
         psutil, "process_iter", counting(calls, "process_iter", psutil.process_iter)
+    )
+    monkeypatch.setattr(
+        system, "read_proc_table", counting(calls, "process_table", system.read_proc_table)
     )
     monkeypatch.setattr(
         psutil, "net_connections", counting(calls, "net_connections", psutil.net_connections)
@@ -75,8 +79,9 @@ def test_one_scan_per_tick_for_the_node_and_none_for_status(
         wait_until(lambda t=tick: ticked(t), 20, f"reconcile tick {tick}")
     wait_until(lambda: all(node.settled(i) for i in iids), 20, "the ticks handled")
     ticks = calls["socket_table"]
-    wait_until(lambda: calls["process_iter"] >= ticks, 20, "the last tick's process table read")
-    assert calls["process_iter"] == ticks  # one process-table read per tick, not per instance
+    wait_until(lambda: calls["process_table"] >= ticks, 20, "the last tick's process table read")
+    assert calls["process_table"] == ticks  # one process-table read per tick, not per instance
+    assert calls["process_iter"] == 0  # /proc read directly, not through psutil
     assert calls["children"] == 0  # no instance scans for its descendants itself
     # /proc/net is read; psutil's table, which reads every process's descriptors, is
     # not; and no owner is looked up while no server listens beyond loopback
