@@ -25,6 +25,11 @@ Then the tick's other read of the machine, the process table, the same way:
 psutil's ``process_iter`` (the fallback) against ``/proc/PID/stat`` and
 ``statm`` read directly (:func:`~infervisor.adapters.proc.table.read_proc_table`).
 
+With ``--idle S``: then an idle in-process node (no instance; the test
+suite's intervals, health 0.2 s and reconcile 0.5 s), its process's CPU over
+``S`` seconds per round, with the supervisor's two reads switched between the
+psutil paths and the kernel paths in turns, 3 rounds each.
+
 Run: ``python bench/socket_table.py [--instances 50] [--rounds 7] [--ticks 20] [--wide]``
 (a few seconds).
 """
@@ -36,13 +41,15 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
-from _harness import machine, median, table
+from _harness import bench_settings, fake_registry, machine, median, open_node, table, workdir
 
+from infervisor.actors import supervisor
 from infervisor.adapters import ports, procnet
 from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.proc import system
-from infervisor.adapters.proc.table import read_proc_table
+from infervisor.adapters.proc.table import ProcessTable, read_proc_table
 
 
 @contextlib.contextmanager
@@ -81,6 +88,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--ticks", type=int, default=20)
     parser.add_argument("--wide", action="store_true")
+    parser.add_argument("--idle", type=float, default=0.0, help="seconds per idle-node round")
     args = parser.parse_args()
 
     paths: dict[str, Callable[[], ListenerSnapshot]] = {
@@ -128,6 +136,44 @@ def main() -> None:
         for name in reads
     ]
     print(table(["path", "ms CPU per tick", "psutil / this (median of rounds)"], rows))
+    if args.idle > 0:
+        idle_node(args.idle)
+
+
+def idle_node(seconds: float) -> None:
+    """An idle node's CPU (% of a core) with the psutil reads, then the kernel's, in turns."""
+    kernel = (supervisor.listener_snapshot, system.RealSystem.table)
+
+    def psutil_table(_: system.RealSystem) -> ProcessTable:
+        return system._psutil_table()
+
+    paths: dict[str, tuple[Callable[[], ListenerSnapshot], Any]] = {
+        "psutil": (lambda: ports._psutil_snapshot(""), psutil_table),
+        "kernel": kernel,
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in paths}
+    with workdir("idle-node") as root:
+        settings = bench_settings(
+            root, fake_registry(root), health_interval_s=0.2, reconcile_interval_s=0.5
+        )
+        with open_node(settings):
+            try:
+                for i in range(6):
+                    name = list(paths)[i % 2]
+                    supervisor.listener_snapshot, system.RealSystem.table = paths[name]
+                    time.sleep(1.0)  # the tick under way finishes with the old reads
+                    start, wall = time.process_time(), time.monotonic()
+                    time.sleep(seconds)
+                    cpu[name].append((time.process_time() - start) / (time.monotonic() - wall))
+            finally:
+                supervisor.listener_snapshot, system.RealSystem.table = kernel
+    old, new = median(cpu["psutil"]), median(cpu["kernel"])
+    print(f"\nidle node (no instance, reconcile every 0.5 s), {seconds:g} s x 3 rounds each:")
+    print(f"{machine()}")
+    print(
+        f"CPU of its process: psutil reads {old * 100:.2f} %, kernel reads {new * 100:.2f} %"
+        f" of a core; ratio {old / new:.1f}x"
+    )
 
 
 if __name__ == "__main__":
