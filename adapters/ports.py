@@ -10,7 +10,9 @@ lets ``127.0.0.1:P`` and ``0.0.0.0:P`` (with SO_REUSEPORT) or ``127.0.0.1:P``
 and ``192.168.1.5:P`` belong to different processes, so a wide listener on a
 managed server's port is the server's only when its pid is in the server's
 process group or among its descendants (:func:`owned_listeners`, over a
-:func:`listener_snapshot`).
+:func:`listener_snapshot`). The LISTEN sockets are read from the kernel
+(netlink ``sock_diag``, else ``/proc/net``: module :mod:`.procnet`), owners
+only for the ports asked about; psutil is the fallback where neither can be read.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import contextlib
 import ipaddress
 import os
 import socket
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import msgspec
 import psutil
 
 from .errors import ProbeError, SpecError
+from .procnet import PROC, ListeningSocket, listening_sockets, socket_owners
 
 __all__ = [
     "Listener",
@@ -61,25 +64,61 @@ class Listener(msgspec.Struct, frozen=True):
 class ListenerSnapshot(msgspec.Struct, frozen=True):
     """Every TCP socket LISTENing beyond loopback on this machine at one moment.
 
+    The socket table is read when the snapshot is taken; the owner of a
+    socket is looked up when :meth:`beyond_loopback` is asked about its port
+    (reading every process's file descriptors for the whole table cost more
+    than everything else an idle node does, and the node needs owners only
+    for a wide listener on one of its own instances' ports, which is rare).
+
     Attributes:
-        by_port: port -> its listeners, without duplicates (two sockets of one
-            process on one address are one :class:`Listener`), ordered by
-            address then pid (None first). Ports with no wide listener are absent.
+        by_port: port -> its listeners with their owners already known (the
+            psutil fallback, or a snapshot built by hand), without duplicates
+            (two sockets of one process on one address are one
+            :class:`Listener`), ordered by address then pid (None first).
+            Ports with no wide listener are absent.
+        sockets: port -> the wide LISTEN sockets read from the kernel
+            whose owners are looked up when asked (by socket inode, under
+            ``proc``). Ports with no wide listener are absent.
+        proc: where procfs is mounted, for the owner lookup.
     """
 
-    by_port: dict[int, tuple[Listener, ...]]
+    by_port: dict[int, tuple[Listener, ...]] = msgspec.field(default_factory=dict)
+    sockets: dict[int, tuple[ListeningSocket, ...]] = msgspec.field(default_factory=dict)
+    proc: str = PROC
 
     def beyond_loopback(self, port: int) -> tuple[Listener, ...]:
-        """The listeners beyond loopback on ``port``; empty when there are none."""
-        return self.by_port.get(port, ())
+        """The listeners beyond loopback on ``port`` with their owners' pids; empty
+        when there are none.
+
+        For a socket read from the kernel the owner is looked up now (one pass
+        over ``/proc/*/fd``, only when ``port`` has a wide listener): a socket
+        whose process has ended since the table was read, or that no readable
+        process holds, has pid None, which :func:`owned_listeners` counts as
+        not ours. Deduplicated and ordered as :attr:`by_port`.
+        """
+        known = self.by_port.get(port)
+        if known is not None:
+            return known
+        found = self.sockets.get(port, ())
+        if not found:
+            return ()
+        owners = socket_owners({s.inode for s in found}, self.proc)
+        return _ordered({Listener(s.address, s.port, owners.get(s.inode)) for s in found})
 
     def ports(self) -> dict[int, list[str]]:
         """Port -> its addresses beyond loopback, sorted, without duplicates,
-        whoever holds them: the shape :func:`wide_listeners` returns."""
-        return {
-            port: sorted({listener.address for listener in listeners})
-            for port, listeners in self.by_port.items()
-        }
+        whoever holds them: the shape :func:`wide_listeners` returns. Reads
+        nothing (no owner is looked up)."""
+        addresses: dict[int, set[str]] = {}
+        for port, listeners in self.by_port.items():
+            addresses.setdefault(port, set()).update(li.address for li in listeners)
+        for port, sockets in self.sockets.items():
+            addresses.setdefault(port, set()).update(s.address for s in sockets)
+        return {port: sorted(found) for port, found in addresses.items()}
+
+
+def _ordered(listeners: Iterable[Listener]) -> tuple[Listener, ...]:
+    return tuple(sorted(listeners, key=lambda x: (x.address, -1 if x.pid is None else x.pid)))
 
 
 def _address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
@@ -146,8 +185,9 @@ def _is_loopback(ip: str) -> bool:
     return addr.is_loopback
 
 
-def _wide_sockets(purpose: str) -> list[Listener]:
-    """One read of the socket table: every LISTEN socket not on loopback, duplicates kept.
+def _psutil_snapshot(purpose: str) -> ListenerSnapshot:
+    """The fallback where the kernel's table cannot be read: psutil's socket table,
+    owners included (psutil reads every process's file descriptors for them).
 
     Raises:
         ProbeError: the socket table cannot be read (not permitted); the
@@ -157,11 +197,27 @@ def _wide_sockets(purpose: str) -> list[Listener]:
         conns = psutil.net_connections(kind="tcp")  # LISTEN is TCP: UDP lines cost for nothing
     except (psutil.Error, OSError) as e:
         raise ProbeError(f"cannot read the socket table{purpose}: {e}") from e
-    return [
-        Listener(c.laddr.ip, c.laddr.port, c.pid)
-        for c in conns
-        if c.status == psutil.CONN_LISTEN and c.laddr and not _is_loopback(c.laddr.ip)
-    ]
+    found: dict[int, set[Listener]] = {}
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and not _is_loopback(c.laddr.ip):
+            found.setdefault(c.laddr.port, set()).add(Listener(c.laddr.ip, c.laddr.port, c.pid))
+    return ListenerSnapshot(by_port={port: _ordered(ls) for port, ls in found.items()})
+
+
+def _snapshot(
+    purpose: str, read: Callable[[], list[ListeningSocket]] | None = None
+) -> ListenerSnapshot:
+    """The snapshot from ``read`` (default :func:`.procnet.listening_sockets`),
+    from psutil where that raises."""
+    try:
+        table = (read or listening_sockets)()
+    except (OSError, ValueError):
+        return _psutil_snapshot(purpose)
+    found: dict[int, list[ListeningSocket]] = {}
+    for s in table:
+        if not _is_loopback(s.address):
+            found.setdefault(s.port, []).append(s)
+    return ListenerSnapshot(sockets={port: tuple(ss) for port, ss in found.items()})
 
 
 def listeners_beyond_loopback(port: int) -> list[str]:
@@ -174,36 +230,32 @@ def listeners_beyond_loopback(port: int) -> list[str]:
     Raises:
         ProbeError: the socket table cannot be read (not permitted).
     """
-    found = {s.address for s in _wide_sockets(f" to check port {port}") if s.port == port}
-    return sorted(found)
+    return _snapshot(f" to check port {port}").ports().get(port, [])
 
 
 def listener_snapshot() -> ListenerSnapshot:
-    """Every TCP socket LISTENing beyond loopback on this machine, with its owner's pid.
+    """Every TCP socket LISTENing beyond loopback on this machine; owners when asked.
 
-    One read of the socket table for the whole node (it costs tens of
-    milliseconds on a busy machine, so take it once per reconcile tick and
-    hand it to every instance, not once per instance). IPv4 and IPv6; a
-    wildcard (``0.0.0.0``, ``::``) counts, as it answers on every interface.
-    Owners are reported as :attr:`Listener.pid`; judge them with
-    :func:`owned_listeners`.
+    One read of the socket table for the whole node (take it once per
+    reconcile tick and hand it to every instance, not once per instance):
+    netlink ``sock_diag`` on Linux, LISTEN sockets only (about 0.1 ms), else
+    ``/proc/net/tcp`` and ``tcp6`` (about 5 ms: the kernel walks every socket
+    to print them), else psutil's table, which reads every process's file
+    descriptors as well (tens of milliseconds on a busy machine). IPv4 and
+    IPv6; a wildcard (``0.0.0.0``, ``::``) counts, as it answers on every
+    interface; loopback (``127.0.0.0/8``, ``::1``, and
+    IPv4-mapped loopback) does not. Owners are reported by
+    :meth:`ListenerSnapshot.beyond_loopback` as :attr:`Listener.pid`; judge
+    them with :func:`owned_listeners`.
 
     Returns:
-        A :class:`ListenerSnapshot`: port -> tuple of :class:`Listener`
-        (address, port, pid), deduplicated and ordered by address then pid.
+        A :class:`ListenerSnapshot`.
 
     Raises:
-        ProbeError: the socket table cannot be read (not permitted).
+        ProbeError: neither the kernel nor psutil can read the socket table
+            (not permitted).
     """
-    found: dict[int, set[Listener]] = {}
-    for listener in _wide_sockets(""):
-        found.setdefault(listener.port, set()).add(listener)
-    return ListenerSnapshot(
-        by_port={
-            port: tuple(sorted(ls, key=lambda x: (x.address, -1 if x.pid is None else x.pid)))
-            for port, ls in found.items()
-        }
-    )
+    return _snapshot("")
 
 
 def owned_listeners(
@@ -257,9 +309,8 @@ def owned_listeners(
 def wide_listeners() -> dict[int, list[str]]:
     """Every TCP port LISTENing beyond loopback on this machine, with its addresses.
 
-    One read of the socket table for all instances (it costs tens of
-    milliseconds on a busy machine, so it is taken once per reconcile tick,
-    not per instance). Whoever owns the sockets: use :func:`listener_snapshot`
+    One read of the socket table (:func:`listener_snapshot`'s), no owner
+    looked up. Whoever owns the sockets: use :func:`listener_snapshot`
     and :func:`owned_listeners` to tell a server's own from another program's.
 
     Returns:

@@ -32,6 +32,7 @@ from infervisor.adapters.proc.identity import ProcessIdentity, same_process
 from infervisor.adapters.proc.pidfd import PidHandle
 from infervisor.adapters.proc.plan import LaunchPlan, launch_env
 from infervisor.adapters.proc.waiter import ExitInfo
+from infervisor.adapters.procnet import listening_sockets, socket_owners
 
 PROGRAMS = Path(__file__).parent / "programs"
 OLLAMA_SERVER = Path(__file__).parent / "servers" / "ollama_server.py"
@@ -109,6 +110,22 @@ def make_launcher(directory: Path, script: Path, *extra: str) -> str:
     path.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{script}' {args} \"$@\"\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return str(path)
+
+
+def listening_owners(port: int) -> list[int | None]:
+    """One entry per TCP socket LISTENing on ``port`` (any address, loopback
+    included): the pid holding it, None when no readable process does. What
+    ``psutil.net_connections`` lists, read from the kernel's LISTEN table with
+    owners looked up for this port only (no scan of every process's
+    descriptors for every socket of the machine)."""
+    found = [s for s in listening_sockets() if s.port == port]
+    owners = socket_owners({s.inode for s in found})
+    return [owners.get(s.inode) for s in found]
+
+
+def listening_pids(port: int) -> set[int]:
+    """The pids holding a TCP socket LISTENing on ``port`` (:func:`listening_owners`)."""
+    return {pid for pid in listening_owners(port) if pid is not None}
 
 
 def pids_of_group(pgid: int) -> list[int]:

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import NodeFactory
-from support import PROGRAMS, chain_rows, make_launcher, wait_until
+from support import PROGRAMS, chain_rows, listening_pids, make_launcher, wait_until
 
 from infervisor.actors.node import Node
 from infervisor.adapters.errors import AdmissionRefused, SpecError
@@ -308,11 +308,7 @@ MOMENTS = {
 
 
 def _listeners(port: int) -> set[int]:
-    return {
-        c.pid
-        for c in psutil.net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
-    }
+    return listening_pids(port)
 
 
 def _claimed(cgroup: Any, pid: int, port: int) -> bool:

@@ -34,6 +34,7 @@ from support import (
     PROGRAMS,
     ChainRow,
     chain_rows,
+    listening_owners,
     make_launcher,
     pids_of_group,
     wait_until,
@@ -488,11 +489,7 @@ def test_launch_interrupted_before_spawned_is_recognised_by_its_token(
     assert json.loads(record.read_text())["pid"] == pid  # the shim's launch record
     tick_to(b, "running")
     assert count(b.node, b.iid, "starting") == 1  # nothing launched a second server
-    assert [
-        c.pid
-        for c in psutil.net_connections("tcp")
-        if c.laddr and c.laddr.port == b.port and c.status == psutil.CONN_LISTEN
-    ] == [pid]
+    assert listening_owners(b.port) == [pid]
     b.node.stop(b.iid)
     assert not alive(pid)
     assert not port_in_use("127.0.0.1", b.port)

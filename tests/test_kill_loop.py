@@ -41,7 +41,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import PROGRAMS, chain_rows, cli_here, make_launcher, pids_of_group
+from support import PROGRAMS, chain_rows, cli_here, listening_pids, make_launcher, pids_of_group
 from test_run_resume import (
     NodeRun,
     by_role,
@@ -144,11 +144,7 @@ def tokens_of(db: Path) -> set[str]:
 
 # ---------------------------------------------------------------- processes
 def listeners(port: int) -> set[int]:
-    return {
-        c.pid
-        for c in psutil.net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
-    }
+    return listening_pids(port)
 
 
 def launch_token(pid: int) -> str | None:

@@ -132,7 +132,7 @@ def clocked(
         wide,
         fake_model,
         health_interval_s=1.0,
-        reconcile_interval_s=30.0,  # far apart: reaching running fires no reconcile
+        reconcile_interval_s=600.0,  # far apart: reaching running fires no reconcile, at any load
         memory_budget_bytes=10 * OVERHEAD,
         reserve_overhead_bytes=OVERHEAD,
     )

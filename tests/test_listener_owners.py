@@ -14,13 +14,14 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 import psutil
 import pytest
 from support import PROGRAMS, wait_until
 
+from infervisor.adapters import ports
 from infervisor.adapters.errors import ProbeError
 from infervisor.adapters.ports import (
     Listener,
@@ -30,6 +31,7 @@ from infervisor.adapters.ports import (
     owned_listeners,
     wide_listeners,
 )
+from infervisor.adapters.procnet import PROC, ListeningSocket
 
 PROGRAM = PROGRAMS / "owner_listen.py"
 DEADLINE = 60.0  # s for a listener program to start or to end (generous at load 10)
@@ -203,10 +205,15 @@ def test_one_socket_twice_in_one_process_is_one_listener(port: int) -> None:
         assert owned_listeners(wide, pgid=os.getpgrp(), descendants=()) == ["0.0.0.0"]
 
 
+def _no_kernel_table() -> list[ListeningSocket]:
+    raise PermissionError(13, "Permission denied", "/proc/net/tcp")
+
+
 def test_an_unreadable_socket_table_is_a_probe_error(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(kind: str = "tcp") -> list[object]:
         raise psutil.AccessDenied(pid=None, msg="not permitted")
 
+    monkeypatch.setattr(ports, "listening_sockets", _no_kernel_table)
     monkeypatch.setattr(psutil, "net_connections", refuse)
     with pytest.raises(ProbeError, match="cannot read the socket table"):
         listener_snapshot()
@@ -214,18 +221,106 @@ def test_an_unreadable_socket_table_is_a_probe_error(monkeypatch: pytest.MonkeyP
         wide_listeners()
 
 
-def test_snapshot_is_one_read_of_the_socket_table(
+def test_snapshot_is_one_read_of_proc_net_and_owners_only_when_asked(
     port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    real = psutil.net_connections
+    read, owners = ports.listening_sockets, ports.socket_owners
 
-    def counted(kind: str = "tcp") -> list[object]:
-        calls.append(kind)
-        return list(real(kind))
+    def counted_read() -> list[ListeningSocket]:
+        calls.append("table")
+        return read()
 
-    monkeypatch.setattr(psutil, "net_connections", counted)
+    def counted_owners(inodes: Collection[int], proc: str = PROC) -> dict[int, int]:
+        calls.append("owners")
+        return owners(inodes, proc)
+
+    def psutil_not_used(kind: str = "tcp") -> list[object]:
+        raise AssertionError("psutil.net_connections read every process's descriptors")
+
+    monkeypatch.setattr(ports, "listening_sockets", counted_read)
+    monkeypatch.setattr(ports, "socket_owners", counted_owners)
+    monkeypatch.setattr(psutil, "net_connections", psutil_not_used)
     with listening("0.0.0.0", port) as other:
         snapshot = listener_snapshot()
-        assert calls == ["tcp"]
+        assert snapshot.ports()[port] == ["0.0.0.0"]
+        assert snapshot.beyond_loopback(free_port()) == ()  # no wide listener: nothing read
+        assert calls == ["table"]
         assert snapshot.beyond_loopback(port) == (Listener("0.0.0.0", port, other.pid),)
+        assert calls == ["table", "owners"]
+
+
+def test_an_ipv6_wildcard_listener_of_a_child_is_found_with_its_pid(port: int) -> None:
+    with listening("::", port) as other:
+        snapshot = listener_snapshot()
+        assert snapshot.ports()[port] == ["::"]
+        assert snapshot.beyond_loopback(port) == (Listener("::", port, other.pid),)
+
+
+@pytest.mark.parametrize(
+    ("family", "address", "v6only"),
+    [
+        (socket.AF_INET, "127.0.0.1", None),
+        (socket.AF_INET, "127.0.0.2", None),
+        (socket.AF_INET6, "::1", 1),
+        (socket.AF_INET6, "::ffff:127.0.0.1", 0),
+    ],
+)
+def test_loopback_listeners_are_not_beyond_loopback(
+    family: socket.AddressFamily, address: str, v6only: int | None
+) -> None:
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        if v6only is not None:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+        s.bind((address, 0))
+        s.listen()
+        port = s.getsockname()[1]
+        inode = os.fstat(s.fileno()).st_ino
+        read = ports.listening_sockets()
+        assert any(sock.inode == inode and sock.address == address for sock in read)
+        snapshot = listener_snapshot()
+        assert port not in snapshot.ports()
+        assert snapshot.beyond_loopback(port) == ()
+
+
+def test_the_fallback_where_proc_net_cannot_be_read_is_psutils_table(
+    port: int, loopback: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ports, "listening_sockets", _no_kernel_table)
+    with listening("0.0.0.0", port) as other:
+        snapshot = listener_snapshot()
+        assert snapshot.sockets == {}  # owners came with psutil's table
+        assert snapshot.beyond_loopback(port) == (Listener("0.0.0.0", port, other.pid),)
+        assert wide_listeners()[port] == ["0.0.0.0"]
+
+
+def _psutil_listeners() -> set[Listener]:
+    return {
+        Listener(c.laddr.ip, c.laddr.port, c.pid)
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr and not ports._is_loopback(c.laddr.ip)
+    }
+
+
+def _proc_net_listeners() -> set[Listener]:
+    snapshot = listener_snapshot()
+    assert not snapshot.by_port  # read from /proc/net, not the fallback
+    return {li for p in snapshot.ports() for li in snapshot.beyond_loopback(p)}
+
+
+def test_the_proc_net_table_equals_psutils_on_this_machine(port: int) -> None:
+    """Every wide listener of this machine, owners included, as psutil reports them
+    (IPv4 and IPv6): equal within a deadline, as other programs open and close
+    listeners between the two reads."""
+    with listening("0.0.0.0", port) as first, listening("::", free_port()) as second:
+        seen: list[tuple[set[Listener], set[Listener]]] = []
+
+        def equal() -> bool:
+            ours, theirs = _proc_net_listeners(), _psutil_listeners()
+            seen.append((ours, theirs))
+            return ours == theirs
+
+        wait_until(equal, timeout=DEADLINE, what="the same listeners as psutil")
+        ours = seen[-1][0]
+        assert Listener("0.0.0.0", port, first.pid) in ours
+        assert {li.pid for li in ours if li.address == "::"} >= {second.pid}

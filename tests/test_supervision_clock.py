@@ -30,11 +30,19 @@ def clocked(nodes, fake_llama: str, fake_model: Path, manual_clock: ManualClock)
     return node, manual_clock, iid
 
 
-def tick_until(node: Node, clock: ManualClock, iid: str, lifecycle: str) -> None:
+def tick_until(
+    node: Node, clock: ManualClock, iid: str, lifecycle: str, beating: str | None = None
+) -> None:
+    """Advance health ticks until ``iid`` reaches ``lifecycle``; ``beating`` (a
+    controller) is heard before each tick, so its lease never lapses however many
+    ticks a slow start takes."""
+
     def reached() -> bool:
         if node.settled(iid):
             if node.status(iid).lifecycle == lifecycle:
                 return True
+            if beating is not None:
+                node.renew(beating)
             clock.advance(node.settings.health_interval_s)
         return False
 
@@ -118,7 +126,7 @@ def test_lease_expiry_stops_only_other_placements(nodes, fake_llama, fake_model,
     mine = node.place(mine_spec)
     for iid in (theirs, mine):
         node.start(iid, by="controller")
-        tick_until(node, manual_clock, iid, "running")
+        tick_until(node, manual_clock, iid, "running", beating="ctl")
 
     manual_clock.advance(11.0)  # past the lease with no controller heard
     stopped = wait_until(
@@ -142,7 +150,7 @@ def test_lease_expiry_stops_only_other_placements(nodes, fake_llama, fake_model,
     node.place(theirs_spec, placed_by="ctl", generation=2)
     assert node.status(theirs).generation == 2
     node.start(theirs, by="controller")
-    tick_until(node, manual_clock, theirs, "running")
+    tick_until(node, manual_clock, theirs, "running", beating="ctl")
     kinds = [e.kind for e in timeline(settings.chain_path, theirs)]
     assert "instance.placement_ignored" in kinds
     assert "instance.replaced" in kinds

@@ -35,7 +35,7 @@ import psutil
 
 from . import identity
 from .pidfd import PidHandle
-from .table import ProcessEntry, ProcessTable
+from .table import ProcessEntry, ProcessTable, read_proc_table
 
 __all__ = ["REAL", "Child", "RealSystem", "Spawn", "System"]
 
@@ -302,15 +302,9 @@ class RealSystem:
             return None
 
     def table(self) -> ProcessTable:
-        entries: dict[int, ProcessEntry] = {}
-        for proc in psutil.process_iter(["ppid", "create_time", "memory_info", "status"]):
-            info = proc.info
-            memory = info.get("memory_info")
-            ppid, started = info.get("ppid"), info.get("create_time")
-            if ppid is None or started is None or info.get("status") == psutil.STATUS_ZOMBIE:
-                continue  # gone, not readable while we looked, or dead
-            entries[proc.pid] = ProcessEntry(ppid, started, memory.rss if memory else 0)
-        return ProcessTable(entries)
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return read_proc_table()
+        return _psutil_table()  # no /proc to read: psutil's portable way
 
     def cg_isdir(self, path: str) -> bool:
         return os.path.isdir(path)
@@ -346,6 +340,19 @@ class RealSystem:
             os.write(fd, value.encode())
         finally:
             os.close(fd)
+
+
+def _psutil_table() -> ProcessTable:
+    """The process table through psutil, where ``/proc`` cannot be read."""
+    entries: dict[int, ProcessEntry] = {}
+    for proc in psutil.process_iter(["ppid", "create_time", "memory_info", "status"]):
+        info = proc.info
+        memory = info.get("memory_info")
+        ppid, started = info.get("ppid"), info.get("create_time")
+        if ppid is None or started is None or info.get("status") == psutil.STATUS_ZOMBIE:
+            continue  # gone, not readable while we looked, or dead
+        entries[proc.pid] = ProcessEntry(ppid, started, memory.rss if memory else 0)
+    return ProcessTable(entries)
 
 
 #: The machine this node runs on.
