@@ -25,6 +25,7 @@ from infervisor.replay import NodeState
 __all__ = [
     "Admit",
     "Append",
+    "AwaitReady",
     "Boot",
     "BootAll",
     "DeepHealth",
@@ -42,6 +43,7 @@ __all__ = [
     "PlaceMany",
     "ReconcileTick",
     "Register",
+    "ResidencyFacts",
     "Restart",
     "Revive",
     "ShuttingDown",
@@ -93,6 +95,15 @@ class Unload(_Msg, frozen=True):
 
 class DeepHealth(_Msg, frozen=True):
     """Probe plus one real token (costs compute; separate from status). Answers a Future."""
+
+
+class ResidencyFacts(_Msg, frozen=True):
+    """Answer what an eviction weighs of the instance (``core.residency.Holder``)."""
+
+
+class AwaitReady(_Msg, frozen=True):
+    """Answer a Future resolved with the instance's view once it is running, or
+    once it will not be by itself (stopped, resting, failed, unloaded)."""
 
 
 class GetStatus(_Msg, frozen=True):

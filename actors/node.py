@@ -51,6 +51,7 @@ from infervisor.replay.views import InstanceView
 
 from . import messages as m
 from .clock import Clock, RealClock
+from .core.common import demand_pending
 from .core.cordon import CordonDecision
 from .errors import BadArgument, InvalidState, VerbTimeout
 from .host_work import Placement, PlacementOutcome
@@ -64,6 +65,7 @@ from .node_boot import (
     stop_actors,
 )
 from .node_fleet import NodeFleet, boot_cordon
+from .node_residency import NodeResidency
 from .node_views import NodeViews
 from .settings import NodeSettings
 from .witness_boot import boot_check
@@ -84,7 +86,7 @@ UNLOAD_WAIT_S = 60.0
 T = TypeVar("T")
 
 
-class Node(NodeViews, NodeFleet):
+class Node(NodeViews, NodeFleet, NodeResidency):
     """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``).
 
     Every verb naming an instance raises ``UnknownInstance`` when there is no
@@ -107,6 +109,7 @@ class Node(NodeViews, NodeFleet):
         #: What the boot check against the witnesses has to tell the operator.
         self.witness_notes: builtins.list[str] = []
         self._fleet_lock = threading.Lock()
+        self._room_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -169,6 +172,7 @@ class Node(NodeViews, NodeFleet):
         node = cls(settings, clock, actors)
         node.witness_notes = list(decision.notes)
         node.resume_cordon(state, cordon)
+        node.resume_demands([i for i, inst in state.instances.items() if demand_pending(inst)])
         return node
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
