@@ -186,10 +186,17 @@ class InstanceActor(pykka.ThreadingActor):
                 )
             case m.DeepHealth():
                 return self._in_thread(self.checks.deep_health)
+        return self._residency_verb(message)
+
+    def _residency_verb(self, message: Any) -> Any:
+        """The node's residency asks (actors/node_residency.py); None for anything else."""
+        match message:
             case o.DemandVerb():
                 return self._await(message, lambda st, _r: answers.demand_settled(st))
             case m.AwaitReady():
                 return self._await_state(answers.demand_settled)
+            case m.AwaitStopped():
+                return self._await_state(lambda st: answers.stopped(st, self.rules))
             case o.EvictVerb():
                 return self._await(message, answers.stopped)
             case o.RoomRefused():

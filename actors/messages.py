@@ -26,6 +26,7 @@ __all__ = [
     "Admit",
     "Append",
     "AwaitReady",
+    "AwaitStopped",
     "Boot",
     "BootAll",
     "DeepHealth",
@@ -104,6 +105,11 @@ class ResidencyFacts(_Msg, frozen=True):
 class AwaitReady(_Msg, frozen=True):
     """Answer a Future resolved with the instance's view once it is running, or
     once it will not be by itself (stopped, resting, failed, unloaded)."""
+
+
+class AwaitStopped(_Msg, frozen=True):
+    """Answer a Future resolved with the instance's view once nothing of its
+    server is left (a stop in flight has ended)."""
 
 
 class GetStatus(_Msg, frozen=True):

@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 #: A demand's wait for readiness when the kind sets no start-up cap, seconds.
 DEFAULT_START_S = 120.0
 #: How many times a demand plans room again when a victim turned busy meanwhile.
-_PLANS = 3
+_PLANS = 4
 
 
 class NodeResidency:
@@ -152,6 +152,10 @@ class NodeResidency:
                     break
                 holders = self._holders(ledger)
                 me: rule.Holder = holders.get(iid) or _ask(ref, m.ResidencyFacts())
+                releasing = [h.instance_id for h in holders.values() if h.releasing]
+                if releasing:
+                    self._await_released(releasing)  # memory on its way back: count it first
+                    continue
                 plan = rule.plan_room(
                     iid, me.needs_bytes, ledger.budget_bytes, me.priority, holders.values()
                 )
@@ -164,6 +168,16 @@ class NodeResidency:
             code="no_room",
             retry_after_s=5.0,
         )
+
+    def _await_released(self, iids: Sequence[str]) -> None:
+        """Wait until each of ``iids`` has stopped (its grace plus 30 s at most)."""
+        grace = self.settings.stop_grace_s
+        for iid in iids:
+            try:
+                answer: Future[Any] = _ask(self._ref(iid), m.AwaitStopped())
+                answer.result(timeout=grace + 30)
+            except (FutureTimeout, NodeError, pykka.ActorDeadError) as e:
+                log.warning("%s: its stop did not end: %s", iid, e)
 
     def _holders(self, ledger: LedgerView) -> dict[str, rule.Holder]:
         """Every instance's facts (asked of all at once), holding what the ledger says."""

@@ -198,6 +198,7 @@ def holder(inst: InstanceState, rules: Rules, inflight: int, model_bytes: int) -
         serving=inst.lifecycle in _SERVING and inst.desired is Desired.RUNNING,
         needs_bytes=model_bytes + rules.reserve_overhead_bytes,
         startup_s=max(kind.startup_cap_s, kind.startup_deadline_s),
+        releasing=inst.lifecycle is S.STOPPING and inst.reserved_bytes > 0,
     )
 
 
@@ -262,6 +263,9 @@ class Holder(msgspec.Struct, frozen=True, kw_only=True):
         needs_bytes: what a start of it reserves (model plus overhead), bytes.
         startup_s: how long its kind lets it start (the start-up cap), seconds
             (0: the kind sets none).
+        releasing: stopping while it holds memory (an eviction or expiry in
+            flight, or one a boot resumes): its memory is on its way back, so a
+            plan waits for it before it evicts or refuses anything.
     """
 
     instance_id: str
@@ -274,6 +278,7 @@ class Holder(msgspec.Struct, frozen=True, kw_only=True):
     serving: bool
     needs_bytes: int = 0
     startup_s: float = 0.0
+    releasing: bool = False
 
 
 #: Why a holder may not be evicted for a start of priority ``p``, in order:
