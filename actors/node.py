@@ -55,6 +55,7 @@ from .core.common import demand_pending
 from .core.cordon import CordonDecision
 from .errors import BadArgument, InvalidState, VerbTimeout
 from .host_work import Placement, PlacementOutcome
+from .ledger import hold
 from .node_boot import (
     ASK_TIMEOUT_S,
     NodeActors,
@@ -164,6 +165,7 @@ class Node(NodeViews, NodeFleet, NodeResidency):
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             for event in (*decision.events, started):  # overrides before anything else
                 append_node_event(actors.writer, clock, event)
+            _seed_ledger(actors, state)
             cordon = _boot_all(actors, state)
         except BaseException:
             stop_actors(actors)
@@ -433,6 +435,17 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         answer: Future[None] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         wait = self.settings.stop_grace_s + UNLOAD_WAIT_S
         _answer(answer, wait, f"the unload of {instance_id}")
+
+
+def _seed_ledger(actors: NodeActors, state: NodeState) -> None:
+    """Hold in the ledger what the chain says each instance holds, before any
+    instance decides: a demand resumed at boot must not count memory a stop in
+    flight still holds as free (each actor syncs its own figure after that)."""
+    if actors.ledger is None:
+        return
+    for iid, inst in state.instances.items():
+        if inst.reserved_bytes:
+            hold(actors.ledger, iid, inst.reserved_bytes)
 
 
 def _boot_all(actors: NodeActors, state: NodeState) -> CordonDecision:
