@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import NodeFactory
-from support import FAKE_GGUF, chain_rows, free_ports, wait_until
+from support import FAKE_GGUF, chain_rows, cli_here, free_ports, wait_until
 
 from infervisor.actors.errors import NotResident
 from infervisor.actors.node import Node
@@ -223,3 +223,28 @@ def test_an_instance_serving_a_request_is_not_evicted(
     assert node.status(a).lifecycle == "resting"
     assert node.status(b).lifecycle == "running"
     node.request_ended(b)
+
+
+def test_status_and_events_show_residency_and_why_an_instance_was_unloaded(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    node, (a, b, c) = three_resting(nodes, fake_llama, models, m2={"pinned": True})
+    node.demand(a, request="r1", model="m1", by="front")
+    node.demand(b, request="r2", model="m2", by="front")
+    node.demand(c, request="r3", model="m3", by="front")  # evicts a (b is pinned)
+    node.shutdown()
+    data = node.settings.data_dir
+
+    status = cli_here("status", data)  # no node runs: replayed from the chain
+    assert status.returncode == 0, status.stderr
+    lines = {
+        line.split()[1]: line
+        for line in status.stdout.splitlines()
+        if line.startswith("residency:")
+    }
+    assert lines[a].startswith(f"residency: {a} resting") and "last use" in lines[a]
+    assert "pinned" in lines[b] and "priority 0" in lines[b]
+    events = cli_here("events", data, "--kind", "residency.evicted")
+    assert events.returncode == 0, events.stderr
+    (row,) = [line for line in events.stdout.splitlines() if "residency.evicted" in line]
+    assert a in row and f"evicted for {c}" in row
