@@ -11,6 +11,8 @@ sizes, and the ledger counts them.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from support import FAKE_GGUF, chain_rows, cli_here, free_ports, wait_until
 from infervisor.actors.errors import NotResident
 from infervisor.actors.node import Node
 from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.replay import timeline
 
 OVERHEAD = 1000
 SIZES = {"m1": 4000, "m2": 4000, "m3": 4000, "big": 20000}
@@ -248,3 +251,25 @@ def test_status_and_events_show_residency_and_why_an_instance_was_unloaded(
     assert events.returncode == 0, events.stderr
     (row,) = [line for line in events.stdout.splitlines() if "residency.evicted" in line]
     assert a in row and f"evicted for {c}" in row
+    # the forensic view walks the states as the reducer does: resting after the rest
+    db = node.settings.chain_path
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        for iid in (a, b, c):
+            got = conn.execute(
+                "SELECT seq, from_state, to_state FROM transitions WHERE instance = ? ORDER BY seq",
+                (iid,),
+            ).fetchall()
+            want = [
+                (e.seq, None if e.frm == "-" else e.frm, None if e.to == "-" else e.to)
+                for e in timeline(db, iid)
+            ]
+            assert got == want
+        states = conn.execute(
+            "SELECT to_state FROM instance_states WHERE instance = ? ORDER BY seq", (a,)
+        ).fetchall()
+        assert states[0] == ("resting",) and states[-1] == ("resting",)
+        evictions = conn.execute(
+            "SELECT count(*) FROM event_log e, json_each(e.payload, '$.candidates') c "
+            "WHERE e.kind = 'residency.evicted' AND json_extract(c.value, '$.chosen')"
+        ).fetchone()
+        assert evictions == (1,)
