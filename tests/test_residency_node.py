@@ -21,6 +21,7 @@ import pytest
 from conftest import NodeFactory
 from support import FAKE_GGUF, chain_rows, cli_here, free_ports, wait_until
 
+from infervisor.actors.clock import ManualClock
 from infervisor.actors.errors import NotResident
 from infervisor.actors.node import Node
 from infervisor.adapters.spec import Flavor, InstanceSpec
@@ -273,3 +274,51 @@ def test_status_and_events_show_residency_and_why_an_instance_was_unloaded(
             "WHERE e.kind = 'residency.evicted' AND json_extract(c.value, '$.chosen')"
         ).fetchone()
         assert evictions == (1,)
+
+
+def test_idle_expiry_releases_to_resting_after_its_ttl_and_never_while_serving(
+    nodes: NodeFactory, fake_llama: str, models: Path, manual_clock: ManualClock
+) -> None:
+    settings = nodes.settings(
+        fake_llama,
+        models,
+        memory_budget_bytes=10 * needs(models, "m1"),
+        reserve_overhead_bytes=OVERHEAD,
+        health_interval_s=1.0,
+        reconcile_interval_s=5.0,
+    )
+    node = nodes.open(settings, manual_clock)
+    node.registry.adopt("m1", models / "m1.gguf")
+    (port,) = free_ports(1)
+    iid = node.place(spec("a", "m1", port, idle_ttl_s=60.0))
+    with pytest.raises(NotResident) as waiting:  # recorded and started; not ready at once
+        node.demand(iid, request="r1", model="m1", by="front", timeout_s=0)
+    assert waiting.value.code == "start_timeout"
+
+    def reached(lifecycle: str) -> bool:
+        if node.settled(iid):
+            if node.status(iid).lifecycle == lifecycle:
+                return True
+            manual_clock.advance(settings.health_interval_s)
+        return False
+
+    wait_until(lambda: reached("running"), 30, "running")
+    node.request_began(iid)  # serving: never expired, however long
+    wait_until(lambda: node.status(iid).busy, 10, "busy")
+    for _ in range(3):
+        manual_clock.advance(60.0)
+    assert node.status(iid).lifecycle == "running"
+    node.request_ended(iid)
+    wait_until(lambda: not node.status(iid).busy, 10, "idle")
+    manual_clock.advance(settings.reconcile_interval_s)  # the idle spell is recorded
+    wait_until(lambda: any(k == "residency.idle" for k, _, _ in kinds_of(node)), 10, "idle row")
+    manual_clock.advance(30.0)
+    assert node.status(iid).lifecycle == "running"  # 35 s idle of 60
+    for _ in range(8):
+        manual_clock.advance(settings.reconcile_interval_s)
+    wait_until(lambda: reached("resting"), 30, "resting after the ttl")
+    (expired,) = [p for k, s, p in kinds_of(node) if k == "residency.expired" and s == iid]
+    assert expired["idle_ttl_s"] == 60.0
+    idle = [p for k, s, p in kinds_of(node) if k == "residency.idle" and s == iid][-1]
+    assert expired["idle_since_ns"] == idle["idle_since_ns"]
+    assert node.status(iid).reserved_bytes == 0
