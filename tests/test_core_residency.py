@@ -99,7 +99,7 @@ def test_a_plan_evicts_the_least_recently_used_that_may_go_until_it_fits_or_none
 OBS = st.sampled_from(
     [
         "demand", "evict", "room_refused", "began", "ended", "tick", "idle",
-        "operator_stop", "operator_start", "crash",
+        "operator_stop", "operator_start", "crash", "server_busy", "server_idle",
     ]
 )  # fmt: skip
 
@@ -134,7 +134,7 @@ def _finish(sim: Sim) -> None:
 
 def _step(sim: Sim, name: str) -> None:
     inst = sim.inst
-    inflight_before = sim.tracking.inflight
+    inflight_before = sim.tracking.serving
     stopped_by_before = inst.stopped_by if inst.lifecycle is S.STOPPED else ""
     obs: Any = {
         "demand": o.DemandVerb(request="r", model="m", by="front"),
@@ -152,6 +152,8 @@ def _step(sim: Sim, name: str) -> None:
             by="node", needed_bytes=1, budget_bytes=1, in_use_bytes=1, held={}, candidates=()
         ),
         "began": o.RequestBegan(),
+        "server_busy": o.ServerActivity(active=2),
+        "server_idle": o.ServerActivity(active=0),
         "ended": o.RequestEnded(),
         "tick": o.Tick(),
         "operator_stop": o.StopVerb(by="operator:uid=1(ann)", grace_s=2.0),
