@@ -54,7 +54,7 @@ from infervisor.replay.callers import Role
 from infervisor.replay.state import Then
 
 from . import observations as o
-from .common import STARTABLE, demand_pending, try_start
+from .common import STARTABLE, demand_pending, try_start, unloading
 from .decision import Draft, RefusalKind, Rule
 from .rules import Rules, Tracking
 
@@ -105,9 +105,25 @@ def demand(d: Draft, v: o.DemandVerb) -> None:
             f"{inst.instance_id} is {inst.lifecycle}: ask again once it has stopped",
         )
         return
+    held = _held_back(inst)
+    if held is not None:
+        d.refuse(RefusalKind.INVALID_STATE, held)
+        return
     if not demand_pending(inst):
         d.emit(ev.ResidencyDemanded(request=v.request, model=v.model, by=v.by))
     try_start(d, v.by, verb=True, demand=True)
+
+
+def _held_back(inst: InstanceState) -> str | None:
+    """Why a demand cannot start it now though nobody stopped it (as a start verb)."""
+    if inst.exposed:
+        return (
+            f"{inst.instance_id} was stopped for listening beyond loopback "
+            f"({', '.join(inst.exposed)}); reload the instance"
+        )
+    if unloading(inst):
+        return f"{inst.instance_id} is unloading its model: ask again once the unload has ended"
+    return None
 
 
 def _stopped_refusal(inst: InstanceState) -> str | None:
