@@ -103,13 +103,16 @@ class NodeResidency:
         except Cordoned as e:  # the drain stopped it: a request does not start it
             raise NotResident(str(e), code="stopped", retry_after_s=0.0) from e
         asked = o.DemandVerb(request=request, model=model, by=by)
-        facts: rule.Holder = _ask(ref, m.ResidencyFacts())
-        wait_s = timeout_s if timeout_s is not None else (facts.startup_s or DEFAULT_START_S)
-        deadline = time.monotonic() + wait_s
+        began = time.monotonic()
         answer = _started(ref, asked)
+        if answer is not None and answer.done():  # serving already: one ask, the hot path
+            return _ready(instance_id, answer, began, 0.0)
+        if timeout_s is None:
+            facts: rule.Holder = _ask(ref, m.ResidencyFacts())
+            timeout_s = facts.startup_s or DEFAULT_START_S
         if answer is None:
             answer = self._make_room(instance_id, ref, asked)
-        return _ready(instance_id, answer, deadline, wait_s)
+        return _ready(instance_id, answer, began + timeout_s, timeout_s)
 
     def request_began(self, instance_id: str) -> None:
         """A request routed to the instance began (never blocks: an actor tell).
