@@ -365,8 +365,13 @@ class NodeCrashAnywhere(RuleBasedStateMachine):
             missing_ok=True
         )
         self.generation["llama"] = 0
-        spec = msgspec.structs.replace(self.specs["llama"], on_demand=True)
-        self.iids["llama"] = self.node.place(spec)
+        # from now on the slot's spec is the on-demand one (a later placement of the
+        # slot with the old spec would be refused as another spec of a placed instance)
+        on_demand = msgspec.structs.replace(self.specs["llama"], on_demand=True)
+        placed = self._verb(self.node.place, on_demand)
+        if placed is None:
+            return  # the unload was refused: the instance stays as it was
+        self.specs["llama"], self.iids["llama"] = on_demand, placed
         with contextlib.suppress(NotResident, *REFUSALS):
             self.node.demand(
                 self._iid("llama"), request="nca", model="tiny", by="front", timeout_s=0
