@@ -28,6 +28,7 @@ from .node_sets import NODE_SET_TYPES as _NODE_SET_TYPES
 from .node_sets import node_sets
 from .reasons import REASONS as _REASONS
 from .reasons import reason_of
+from .residency_events import no_room
 from .state import (
     Cordon,
     Desired,
@@ -435,10 +436,12 @@ def _on_demanded(
 def _on_room_refused(
     inst: InstanceState, stored: StoredEvent, e: ev.ResidencyRefused
 ) -> dict[str, Any]:
-    """The demand that asked is refused: a resting instance is no longer wanted running."""
+    """The demand that asked is refused: a resting instance is no longer wanted
+    running; the refusal is kept (once per cause, as a refused start's)."""
+    refusal = no_room(e.needed_bytes, e.in_use_bytes, e.budget_bytes)
     if inst.lifecycle in (S.RESTING, S.LOADED):
-        return dict(desired=Desired.STOPPED)
-    return {}
+        return dict(desired=Desired.STOPPED, refusal=refusal)
+    return dict(refusal=refusal)
 
 
 def _on_busy(inst: InstanceState, stored: StoredEvent, e: ev.ResidencyBusy) -> dict[str, Any]:

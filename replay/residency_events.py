@@ -21,6 +21,7 @@ __all__ = [
     "ResidencyExpired",
     "ResidencyIdle",
     "ResidencyRefused",
+    "no_room",
 ]
 
 
@@ -108,3 +109,12 @@ class ResidencyIdle(_ResidencyEvent, frozen=True, tag="residency.idle"):
     """The instance serves no request since ``idle_since_ns``: its last use."""
 
     idle_since_ns: int
+
+
+def no_room(needed_bytes: int, in_use_bytes: int, budget_bytes: int) -> str:
+    """The refusal a ``residency.refused`` folds into the instance's ``refusal``
+    (a demand refused again for the same numbers records nothing more)."""
+    return (
+        f"no room: needs {needed_bytes} bytes beside {in_use_bytes} in use of {budget_bytes}, "
+        "and nothing can be evicted"
+    )

@@ -170,7 +170,8 @@ def _not_evictable(inst: InstanceState, inflight: int, pinned: bool) -> str | No
 
 
 def room_refused(d: Draft, r: o.RoomRefused) -> None:
-    """Nothing could be evicted: recorded with the ledger, the demand refused."""
+    """Nothing could be evicted: recorded with the ledger, the demand refused (the
+    instance keeps the refusal until a start, as a refused start's)."""
     d.emit(
         ev.ResidencyRefused(
             needed_bytes=r.needed_bytes,
