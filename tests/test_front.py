@@ -264,6 +264,7 @@ def test_the_openai_client_streams_through_the_front_and_tokens_are_counted(
     assert text == "Hello from ollama_server."
     done = c.completions.create(model=f"{TAG}:latest", prompt="hi")
     assert done.choices[0].text == "Hello from ollama_server."
+    wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the requests to end")
     metrics = NodeMetrics(lambda: node, node.settings.chain_path, also=[srv.collector()])
     exposed = metrics.render()[0].decode()
     assert (

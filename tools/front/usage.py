@@ -65,7 +65,7 @@ class StreamCounter:
             self._line(line)
 
     def close(self) -> Usage:
-        """The stream's usage: reported, else one completion token per event."""
+        """The stream's usage: reported, else one completion token per piece of text."""
         if self._tail:
             self._line(self._tail)
             self._tail = b""
@@ -84,4 +84,18 @@ class StreamCounter:
             if found is not None:
                 self.usage = found
                 return
-        self.events += 1
+        if _has_text(line):
+            self.events += 1
+
+
+#: Where a stream's piece carries its text: OpenAI's chat delta and completion, Ollama's
+#: ``/api/generate`` (``response``) and ``/api/chat`` (``message.content``).
+_TEXT_KEYS = (b'"content":"', b'"text":"', b'"response":"')
+
+
+def _has_text(line: bytes) -> bool:
+    for key in _TEXT_KEYS:
+        at = line.find(key)
+        if at >= 0 and line[at + len(key) : at + len(key) + 1] != b'"':
+            return True
+    return False
