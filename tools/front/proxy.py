@@ -61,6 +61,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 TABLE_TTL_S = 1.0
 #: ``Retry-After`` of a full queue, seconds.
 QUEUE_FULL_RETRY_S = 2.0
+#: Tries to send a request upstream: a kept-alive connection closed under it, or a
+#: refused one to an instance seen running (then demanded), is tried again.
+_ATTEMPTS = 3
 #: Bytes of a whole (not streamed) answer kept to read its usage.
 USAGE_BODY_MAX = 1 << 20
 #: Request headers sent on to the server (the client's credentials never are).
@@ -263,17 +266,25 @@ class Proxy:
     ) -> httpx.Response:
         """The server's answer (its head; the body is streamed), once connected:
         a refused connection to an instance the table saw running is retried once
-        after a demand (it was evicted or stopped since)."""
-        for attempt in (1, 2):
+        after a demand (it was evicted or stopped since), and a kept-alive
+        connection closed under the request once on a new one."""
+        demanded = not route.ready
+        for attempt in range(1, _ATTEMPTS + 1):
             client = self.upstreams.client(base)
             request = client.build_request("POST", path, content=body, headers=headers)
             try:
                 return await client.send(request, stream=True)
             except httpx.ConnectError as e:
-                if attempt == 2 or not route.ready:
+                if demanded or attempt == _ATTEMPTS:
                     raise _unreachable(route, e) from None
                 self.stale()
                 base = await self.ready(route, asked.model, by)
+                demanded = True
+            except httpx.RemoteProtocolError as e:
+                # A kept-alive connection the server closed as it was reused (llama-server
+                # does so now and then without saying so): again on another connection.
+                if attempt == _ATTEMPTS:
+                    raise _unreachable(route, e) from None
             except httpx.TimeoutException as e:
                 raise FrontError(
                     504,
