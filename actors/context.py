@@ -70,4 +70,7 @@ def rules_for(
         stop_grace_s=s.stop_grace_s,
         health_kill_grace_s=s.health_kill_grace_s,
         reserve_overhead_bytes=s.reserve_overhead_bytes,
+        idle_ttl_s=spec.idle_ttl_s,
+        priority=spec.priority,
+        pinned=spec.pinned,
     )

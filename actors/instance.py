@@ -52,6 +52,7 @@ from .core.common import STARTABLE
 from .core.decide import decide
 from .core.decision import Decision, Situation
 from .core.effects import Timer
+from .core.residency import holder
 from .core.rules import Mode, Rules, Tracking
 from .core.unbuilt import refuse_start, start_refusal, stop_refusal
 from .effects_runner import EffectRunner, TimerFired
@@ -74,7 +75,8 @@ class _Retry(msgspec.Struct, frozen=True):
 
 #: Observations the effects' threads report, decided as they come.
 _AS_REPORTED = (
-    o.ProcessExited, o.GroupGone, o.OllamaResidency, o.OllamaLoadEnded, o.OllamaUnloadEnded
+    o.ProcessExited, o.GroupGone, o.OllamaResidency, o.OllamaLoadEnded, o.OllamaUnloadEnded,
+    o.RequestBegan, o.RequestEnded,
 )  # fmt: skip
 
 
@@ -184,6 +186,25 @@ class InstanceActor(pykka.ThreadingActor):
                 )
             case m.DeepHealth():
                 return self._in_thread(self.checks.deep_health)
+        return self._residency_verb(message)
+
+    def _residency_verb(self, message: Any) -> Any:
+        """The node's residency asks (actors/node_residency.py); None for anything else."""
+        match message:
+            case o.DemandVerb():
+                return self._await(message, lambda st, _r: answers.demand_settled(st))
+            case m.AwaitReady():
+                return self._await_state(answers.demand_settled)
+            case m.AwaitStopped():
+                return self._await_state(lambda st: answers.stopped(st, self.rules))
+            case o.EvictVerb():
+                return self._await(message, answers.stopped)
+            case o.RoomRefused():
+                self._decide_verb(message)
+                return None
+            case m.ResidencyFacts():
+                inflight = self.tracking.inflight
+                return holder(self.state, self.rules, inflight, self.adapter.model_bytes)
         return None
 
     def _observe(self, message: Any) -> None:
@@ -384,6 +405,12 @@ class InstanceActor(pykka.ThreadingActor):
 
     def _answer(self) -> Any:
         return None if self._gone else self.view()
+
+    def _await_state(self, done: Callable[[InstanceState | None], bool]) -> Future[Any]:
+        """A Future answered with the view once ``done`` holds (at once when it does)."""
+        future: Future[Any] = Future()
+        self._waiters.add(answers.Waiter(done, future, self._answer), self.state)
+        return future
 
     # ------------------------------------------------------------------ unbuilt
     def _unbuilt_gate(self, verb: o.Observation) -> o.Observation | None:

@@ -25,6 +25,8 @@ from infervisor.replay import NodeState
 __all__ = [
     "Admit",
     "Append",
+    "AwaitReady",
+    "AwaitStopped",
     "Boot",
     "BootAll",
     "DeepHealth",
@@ -42,6 +44,7 @@ __all__ = [
     "PlaceMany",
     "ReconcileTick",
     "Register",
+    "ResidencyFacts",
     "Restart",
     "Revive",
     "ShuttingDown",
@@ -93,6 +96,20 @@ class Unload(_Msg, frozen=True):
 
 class DeepHealth(_Msg, frozen=True):
     """Probe plus one real token (costs compute; separate from status). Answers a Future."""
+
+
+class ResidencyFacts(_Msg, frozen=True):
+    """Answer what an eviction weighs of the instance (``core.residency.Holder``)."""
+
+
+class AwaitReady(_Msg, frozen=True):
+    """Answer a Future resolved with the instance's view once it is running, or
+    once it will not be by itself (stopped, resting, failed, unloaded)."""
+
+
+class AwaitStopped(_Msg, frozen=True):
+    """Answer a Future resolved with the instance's view once nothing of its
+    server is left (a stop in flight has ended)."""
 
 
 class GetStatus(_Msg, frozen=True):

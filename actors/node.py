@@ -51,9 +51,11 @@ from infervisor.replay.views import InstanceView
 
 from . import messages as m
 from .clock import Clock, RealClock
+from .core.common import demand_pending
 from .core.cordon import CordonDecision
 from .errors import BadArgument, InvalidState, VerbTimeout
 from .host_work import Placement, PlacementOutcome
+from .ledger import hold
 from .node_boot import (
     ASK_TIMEOUT_S,
     NodeActors,
@@ -64,6 +66,7 @@ from .node_boot import (
     stop_actors,
 )
 from .node_fleet import NodeFleet, boot_cordon
+from .node_residency import NodeResidency
 from .node_views import NodeViews
 from .settings import NodeSettings
 from .witness_boot import boot_check
@@ -84,7 +87,7 @@ UNLOAD_WAIT_S = 60.0
 T = TypeVar("T")
 
 
-class Node(NodeViews, NodeFleet):
+class Node(NodeViews, NodeFleet, NodeResidency):
     """A running node. Use :meth:`open`; end with :meth:`shutdown` (or ``with``).
 
     Every verb naming an instance raises ``UnknownInstance`` when there is no
@@ -107,6 +110,7 @@ class Node(NodeViews, NodeFleet):
         #: What the boot check against the witnesses has to tell the operator.
         self.witness_notes: builtins.list[str] = []
         self._fleet_lock = threading.Lock()
+        self._room_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -161,6 +165,7 @@ class Node(NodeViews, NodeFleet):
             started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
             for event in (*decision.events, started):  # overrides before anything else
                 append_node_event(actors.writer, clock, event)
+            _seed_ledger(actors, state)
             cordon = _boot_all(actors, state)
         except BaseException:
             stop_actors(actors)
@@ -169,6 +174,7 @@ class Node(NodeViews, NodeFleet):
         node = cls(settings, clock, actors)
         node.witness_notes = list(decision.notes)
         node.resume_cordon(state, cordon)
+        node.resume_demands([i for i, inst in state.instances.items() if demand_pending(inst)])
         return node
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -429,6 +435,17 @@ class Node(NodeViews, NodeFleet):
         answer: Future[None] = self._host.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
         wait = self.settings.stop_grace_s + UNLOAD_WAIT_S
         _answer(answer, wait, f"the unload of {instance_id}")
+
+
+def _seed_ledger(actors: NodeActors, state: NodeState) -> None:
+    """Hold in the ledger what the chain says each instance holds, before any
+    instance decides: a demand resumed at boot must not count memory a stop in
+    flight still holds as free (each actor syncs its own figure after that)."""
+    if actors.ledger is None:
+        return
+    for iid, inst in state.instances.items():
+        if inst.reserved_bytes:
+            hold(actors.ledger, iid, inst.reserved_bytes)
 
 
 def _boot_all(actors: NodeActors, state: NodeState) -> CordonDecision:

@@ -11,19 +11,29 @@ from typing import Any
 
 from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.proc.errors import SpawnError
-from infervisor.replay import InstanceState, LifecycleState
+from infervisor.replay import Desired, InstanceState, LifecycleState
 from infervisor.replay.state import Then
 
 from .core import observations as o
 from .core.common import unloading
 from .core.decision import Refusal, RefusalKind
 from .core.rules import Mode, Rules
-from .errors import InvalidState, VerbFailed, VerbRefused
+from .errors import InvalidState, NotResident, VerbFailed, VerbRefused
 from .ledger import BudgetExceeded
 
-__all__ = ["Waiter", "Waiters", "is_verb", "refusal_error", "restarted", "stopped"]
+__all__ = [
+    "Waiter",
+    "Waiters",
+    "demand_settled",
+    "is_verb",
+    "refusal_error",
+    "restarted",
+    "stopped",
+]
 
 S = LifecycleState
+#: Retry-After of a start with no room, seconds: an instance in use may turn idle.
+NO_ROOM_RETRY_S = 5.0
 
 
 @dataclass
@@ -83,9 +93,24 @@ def restarted(state: InstanceState | None, rules: Rules) -> bool:
     return state is None or state.then != Then.RESTART
 
 
+def demand_settled(state: InstanceState | None) -> bool:
+    """A demand is answered once the instance serves, or once it will not by
+    itself: failed, stopped or resting (not wanted running), or unloaded."""
+    if state is None or state.lifecycle is S.RUNNING or state.lifecycle is S.FAILED:
+        return True
+    wanted = state.desired is Desired.RUNNING
+    return state.lifecycle in (S.STOPPED, S.RESTING, S.FINISHED) and not wanted
+
+
 def is_verb(obs: o.Observation) -> bool:
     """A verb: somebody waits for its answer (a refusal is raised to them)."""
-    return isinstance(obs, (o.StartVerb, o.StopVerb, o.RestartVerb, o.UnloadVerb, o.PlacementVerb))
+    return isinstance(
+        obs,
+        (
+            o.StartVerb, o.StopVerb, o.RestartVerb, o.UnloadVerb, o.PlacementVerb,
+            o.DemandVerb, o.EvictVerb, o.RoomRefused,
+        ),
+    )  # fmt: skip
 
 
 def refusal_error(refusal: Refusal) -> Exception:
@@ -101,4 +126,10 @@ def refusal_error(refusal: Refusal) -> Exception:
             return BudgetExceeded(refusal.message)
         case RefusalKind.SPAWN:
             return SpawnError(refusal.message)
+        case RefusalKind.NOT_STOPPED:
+            return NotResident(refusal.message, code="stopped", retry_after_s=0.0)
+        case RefusalKind.NOT_FAILED:
+            return NotResident(refusal.message, code="failed", retry_after_s=0.0)
+        case RefusalKind.NOT_NO_ROOM:
+            return NotResident(refusal.message, code="no_room", retry_after_s=NO_ROOM_RETRY_S)
     return VerbFailed(refusal.message)

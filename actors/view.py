@@ -107,6 +107,13 @@ def build_view(actor: Viewed) -> InstanceView:
         max_restarts=actor.supervision.restart.max_restarts,
         oom_kills=state.oom_kills,
         memory_max_bytes=spec.memory_max_bytes,
+        on_demand=spec.on_demand,
+        idle_ttl_s=spec.idle_ttl_s,
+        priority=spec.priority,
+        pinned=spec.pinned,
+        resting=state.lifecycle.value == "resting",
+        last_use_ns=state.last_use_ns,
+        busy=actor.tracking.inflight > 0,
         **_accounting(actor.effects, pid),
     )
 

@@ -106,6 +106,13 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
             cgroup (managed llama.cpp and mlx-lm only; refused at placement
             where the node has no memory cgroup); None: no limit. The kernel's
             OOM killer ends a server that exceeds it, recorded as such.
+        on_demand: placed ``resting`` and started by the first request or
+            verb for it (issue 21; managed only).
+        idle_ttl_s: released to ``resting`` after this many seconds without a
+            request (> 0, at most 7 days; managed only); None: never.
+        priority: an eviction takes instances of lower or equal priority only
+            (-1000..1000).
+        pinned: never evicted (managed only).
     """
 
     role: str
@@ -121,6 +128,10 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     continuous: bool = True
     restart: dict[str, Any] | None = None
     memory_max_bytes: int | None = None
+    on_demand: bool = False
+    idle_ttl_s: float | None = None
+    priority: int = 0
+    pinned: bool = False
 
     def validate(self) -> None:
         """Check every field an operator can get wrong.
@@ -154,6 +165,7 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
                 f"ctx_size {self.ctx_size}: allowed 8 to {MAX_CTX} tokens", field="ctx_size"
             )
         check_env(self.env)
+        _check_residency(self)
         _check_encoded_size(self)
 
     @property
@@ -181,6 +193,44 @@ def _check_memory_max(spec: InstanceSpec) -> None:
             "server (an adopted or Ollama server is not a process of this node's)",
             field="memory_max_bytes",
         )
+
+
+#: The longest idle_ttl_s allowed, seconds (7 days).
+MAX_IDLE_TTL_S = 7 * 24 * 3600.0
+#: The priority range of an instance.
+PRIORITY_RANGE = (-1000, 1000)
+
+
+def _check_residency(spec: InstanceSpec) -> None:
+    """The residency fields (issue 21): ranges, and none of the node's memory
+    policy for an adopted server (it is not the node's memory)."""
+    ttl = spec.idle_ttl_s
+    if ttl is not None and (
+        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_IDLE_TTL_S
+    ):
+        raise SpecError(
+            f"idle_ttl_s {ttl!r}: allowed seconds > 0 and at most {MAX_IDLE_TTL_S:g} (7 days), "
+            "or none",
+            field="idle_ttl_s",
+        )
+    low, high = PRIORITY_RANGE
+    prio = spec.priority
+    if isinstance(prio, bool) or not isinstance(prio, int) or not low <= prio <= high:
+        raise SpecError(
+            f"priority {prio!r}: allowed a whole number from {low} to {high}", field="priority"
+        )
+    if spec.mode is Mode.ADOPTED:
+        for name, value in (
+            ("on_demand", spec.on_demand),
+            ("idle_ttl_s", ttl),
+            ("pinned", spec.pinned),
+        ):
+            if value not in (None, False):
+                raise SpecError(
+                    f'{name} {value!r}: not allowed for mode "adopted" (an adopted server is '
+                    "not the node's memory: the node neither starts nor releases it)",
+                    field=name,
+                )
 
 
 def instance_id(spec: InstanceSpec, node_id: str) -> str:

@@ -19,6 +19,15 @@ import msgspec
 from infervisor.chain import StoredEvent, encode_payload
 
 from .fleet_events import NodeCordoned, NodeDrained, NodeUncordoned, PlacementSet
+from .residency_events import (
+    Candidate,
+    ResidencyBusy,
+    ResidencyDemanded,
+    ResidencyEvicted,
+    ResidencyExpired,
+    ResidencyIdle,
+    ResidencyRefused,
+)
 from .state import Stamp, Then
 from .upcast import UPCASTERS, EventDecodeError, upcast
 
@@ -26,6 +35,7 @@ __all__ = [
     "EVENT_TYPES",
     "UPCASTERS",
     "AdmissionRefused",
+    "Candidate",
     "DeepHealthFailed",
     "Event",
     "EventDecodeError",
@@ -53,6 +63,12 @@ __all__ = [
     "Reattached",
     "Recovered",
     "Replaced",
+    "ResidencyBusy",
+    "ResidencyDemanded",
+    "ResidencyEvicted",
+    "ResidencyExpired",
+    "ResidencyIdle",
+    "ResidencyRefused",
     "RestartScheduled",
     "Spawned",
     "StableAgain",
@@ -414,6 +430,12 @@ InstanceEvent = (
     | Exposed
     | StraysEnded
     | Unloaded
+    | ResidencyDemanded
+    | ResidencyEvicted
+    | ResidencyExpired
+    | ResidencyRefused
+    | ResidencyBusy
+    | ResidencyIdle
 )
 Event = (
     NodeStarted

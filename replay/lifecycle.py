@@ -12,9 +12,14 @@ Restarting, Stopped, Failed, Finished) and ``reference/infer_lifecycle.rs.txt``
 
     a state with a process ──stop──▶ stopping ──exit──▶ stopped ──start──▶ starting
 
+    running ──rest (eviction, idle expiry)──▶ stopping ──exit──▶ resting ──demand──▶ starting
+
 A stop is accepted in every state: one with a server process goes through
-``stopping``, one without goes straight to ``stopped``. ``restarting -> restarting``
-is a restart decided again (the previous attempt was refused).
+``stopping``, one without goes straight to ``stopped``. ``resting`` (issue 21) is
+wanted on demand: not failed, not stopped by an operator. An on-demand placement
+begins there; an eviction or an idle expiry (a stop whose ``then`` is ``rest``)
+ends there instead of ``stopped``; a demand starts it, a stop makes it ``stopped``.
+``restarting -> restarting`` is a restart decided again (the previous attempt was refused).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class LifecycleState(enum.StrEnum):
     EXITED = "exited"
     FAILED = "failed"
     FINISHED = "finished"
+    RESTING = "resting"
 
 
 S = LifecycleState
@@ -56,15 +62,18 @@ LIVE_STATES: frozenset[LifecycleState] = frozenset(
 TRANSITIONS: dict[LifecycleState, frozenset[LifecycleState]] = {
     S.LOADED: frozenset({S.STARTING, S.STOPPED}),
     S.STARTING: frozenset({S.RUNNING, S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED}),
-    S.RUNNING: frozenset({S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED}),
+    # A server without a process of ours (an Ollama model) rests at once.
+    S.RUNNING: frozenset({S.UNHEALTHY, S.EXITED, S.STOPPING, S.STOPPED, S.RESTING}),
     # An unhealthy server is killed first; the restart or the failure follows its exit.
-    S.UNHEALTHY: frozenset({S.RUNNING, S.EXITED, S.STOPPING, S.STOPPED}),
+    S.UNHEALTHY: frozenset({S.RUNNING, S.EXITED, S.STOPPING, S.STOPPED, S.RESTING}),
     S.RESTARTING: frozenset({S.STARTING, S.RESTARTING, S.FAILED, S.STOPPING, S.STOPPED}),
-    S.STOPPING: frozenset({S.STOPPED}),
+    S.STOPPING: frozenset({S.STOPPED, S.RESTING}),
     S.STOPPED: frozenset({S.STARTING}),
     S.EXITED: frozenset({S.RESTARTING, S.FAILED, S.STARTING, S.STOPPED, S.FINISHED}),
     S.FAILED: frozenset({S.STARTING, S.STOPPED}),
     S.FINISHED: frozenset({S.STARTING, S.STOPPED}),
+    # Wanted on demand: a demand starts it, an operator's or controller's stop holds it.
+    S.RESTING: frozenset({S.STARTING, S.STOPPED}),
 }
 
 

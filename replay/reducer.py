@@ -252,7 +252,7 @@ def _placed(stored: StoredEvent, event: ev.Placed) -> InstanceState:
         spec=event.spec,
         placed_by=event.placed_by,
         generation=event.generation,
-        lifecycle=S.LOADED,
+        lifecycle=S.RESTING if event.spec.get("on_demand") else S.LOADED,
         desired=Desired.STOPPED,
         since_ns=stored.ts_ns,
         last_seq=stored.seq,
@@ -282,12 +282,17 @@ def _target(inst: InstanceState, event: ev.InstanceEvent) -> LifecycleState | No
     if fixed is not None:
         return fixed
     if kind is ev.Exited:
-        return S.STOPPED if inst.lifecycle is S.STOPPING else S.EXITED
+        if inst.lifecycle is not S.STOPPING:
+            return S.EXITED
+        return S.RESTING if inst.then == Then.REST else S.STOPPED
     if kind is ev.StopRequested or kind is ev.Exposed:
         if inst.lifecycle is S.STOPPING:
             return None  # a second stop escalates; the state is already right
         has_process = inst.process is not None and inst.lifecycle in LIVE_STATES
-        return S.STOPPING if has_process else S.STOPPED
+        if has_process:
+            return S.STOPPING
+        rests = kind is ev.StopRequested and event.then == Then.REST  # type: ignore[union-attr]
+        return S.RESTING if rests else S.STOPPED
     return None
 
 
@@ -307,6 +312,7 @@ def _on_starting(inst: InstanceState, stored: StoredEvent, e: ev.Starting) -> di
         unload_error="",
         up_since=None,
         reserved_bytes=e.reserved_bytes,
+        stopped_by="",
         **budget,
     )
 
@@ -371,7 +377,9 @@ def _on_stop(inst: InstanceState, stored: StoredEvent, e: ev.StopRequested) -> d
     then, then_by = e.then, e.by
     if e.by == Role.SHUTDOWN and not e.then:
         then, then_by = inst.then, inst.then_by  # a shutdown leaves a pending restart pending
+    held_by = "" if keeps_wanted or e.then == Then.REST else e.by
     return dict(
+        stopped_by=held_by or (inst.stopped_by if keeps_wanted else ""),
         desired=desired,
         restart_due=None,
         then=then,
@@ -418,6 +426,29 @@ def _on_unload_failed(
     return dict(unload_error=e.error)
 
 
+def _on_demanded(
+    inst: InstanceState, stored: StoredEvent, e: ev.ResidencyDemanded
+) -> dict[str, Any]:
+    return dict(desired=Desired.RUNNING, last_use_ns=stored.ts_ns, stopped_by="")
+
+
+def _on_room_refused(
+    inst: InstanceState, stored: StoredEvent, e: ev.ResidencyRefused
+) -> dict[str, Any]:
+    """The demand that asked is refused: a resting instance is no longer wanted running."""
+    if inst.lifecycle in (S.RESTING, S.LOADED):
+        return dict(desired=Desired.STOPPED)
+    return {}
+
+
+def _on_busy(inst: InstanceState, stored: StoredEvent, e: ev.ResidencyBusy) -> dict[str, Any]:
+    return dict(busy=True, last_use_ns=stored.ts_ns)
+
+
+def _on_idle(inst: InstanceState, stored: StoredEvent, e: ev.ResidencyIdle) -> dict[str, Any]:
+    return dict(busy=False, last_use_ns=e.idle_since_ns)
+
+
 #: What each kind of event changes besides the transition (applied in one replace).
 _UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], dict[str, Any]]] = {
     ev.Starting: _on_starting,
@@ -439,6 +470,10 @@ _UPDATES: dict[type[Any], Callable[[InstanceState, StoredEvent, Any], dict[str, 
     ev.ModelDropped: _on_dropped,
     ev.MemoryCorrected: _on_corrected,
     ev.UnloadFailed: _on_unload_failed,
+    ev.ResidencyDemanded: _on_demanded,
+    ev.ResidencyRefused: _on_room_refused,
+    ev.ResidencyBusy: _on_busy,
+    ev.ResidencyIdle: _on_idle,
 }
 
 

@@ -59,6 +59,7 @@ class Then(enum.StrEnum):
     NOTHING = ""  # the stop is all
     RESTART = "restart"  # an operator restart: start again once stopped
     UNLOAD = "unload"  # forget the instance once stopped
+    REST = "rest"  # an eviction or idle expiry: rest (wanted on demand) once stopped
 
 
 class Stamp(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -197,6 +198,14 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             (a refusal is recorded once per cause).
         oom_kills: exits recorded as OOM kills under the instance's memory
             limit (``instance.exited`` with ``oom_killed``), ever.
+        busy: it serves a request, as last recorded (``residency.busy`` /
+            ``residency.idle``, debounced: not a row per request).
+        last_use_ns: when it was last used (ns since the epoch, UTC): a
+            demand, the moment it turned busy, or the ``idle_since_ns`` it
+            turned idle at; None: never used.
+        stopped_by: who stopped it (an operator's or controller's stop, not a
+            rest); cleared by a start or a demand. A demand of a stopped
+            instance is refused naming them.
     """
 
     instance_id: str
@@ -225,6 +234,9 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reserved_bytes: int = 0
     refusal: str = ""
     unload_error: str = ""
+    busy: bool = False
+    last_use_ns: int | None = None
+    stopped_by: str = ""
 
 
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):

@@ -53,6 +53,13 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
             a running server.
         cpu_seconds: CPU time of the server's whole tree in its cgroup since
             its launch, seconds; None without a cgroup or a running server.
+        on_demand, idle_ttl_s, priority, pinned: its spec's residency fields
+            (issue 21; ``idle_ttl_s`` in seconds, None: never released).
+        resting: it rests (evicted, expired or placed on demand): a request
+            or verb for it starts it.
+        last_use_ns: its last use (ns since the epoch, UTC; sourced: a demand,
+            ``residency.busy``/``.idle``); None: never used.
+        busy: it serves a request now (the node's count of requests in flight).
     """
 
     instance_id: str
@@ -87,3 +94,10 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     memory_max_bytes: int | None = None
     cgroup_memory_bytes: int | None = None
     cpu_seconds: float | None = None
+    on_demand: bool = False
+    idle_ttl_s: float | None = None
+    priority: int = 0
+    pinned: bool = False
+    resting: bool = False
+    last_use_ns: int | None = None
+    busy: bool = False

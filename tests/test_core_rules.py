@@ -1303,6 +1303,159 @@ def test_ollama_load_not_listed_is_given_up_at_the_deadline() -> None:
     assert sim.kinds_of_last()[:2] == ["instance.exited", "instance.restart_scheduled"]
 
 
+# ====================================================================== 4b. residency (issue 21)
+def _resting() -> Sim:
+    """A process instance placed on demand: it begins resting."""
+    sim = process_sim()
+    spec = {"role": "chat", "on_demand": True}
+    sim.state = placed(sim.clock.now, spec)
+    assert sim.inst.lifecycle is S.RESTING
+    return sim
+
+
+def _demand(sim: Sim, request: str = "r1") -> Decision:
+    return sim.feed(o.DemandVerb(request=request, model="tiny", by="front"))
+
+
+def test_a_demand_of_a_resting_instance_records_it_then_starts() -> None:
+    sim = _resting()
+    d = _demand(sim)
+    assert sim.kinds_of_last() == ["residency.demanded"]
+    assert sim.effect(fx.CheckStart).demand is True
+    assert sim.inst.desired is Desired.RUNNING and sim.inst.lifecycle is S.RESTING
+    assert sim.inst.last_use_ns == sim.clock.wall_ns
+    assert d.refusal is None
+    sim.checked()
+    assert sim.kinds_of_last() == ["instance.starting"]
+    sim.spawn_ok()
+    assert sim.inst.lifecycle is S.RUNNING  # process kind: alive is ready
+
+
+def test_a_demand_that_does_not_fit_is_answered_not_recorded_and_stays_pending() -> None:
+    sim = _resting()
+    _demand(sim)
+    d = sim.checked(memory_refusal="memory budget 10 bytes, 8 in use, 5 needed", demand=True)
+    assert d.events == () and d.refusal is not None and d.refusal.kind is RefusalKind.MEMORY
+    assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.RUNNING
+    _demand(sim, "r2")  # a second demand coalesces: no second residency.demanded
+    assert sim.kinds_of_last() == []
+    sim.feed(
+        o.RoomRefused(
+            by="node", needed_bytes=5, budget_bytes=10, in_use_bytes=8, held={"x": 8},
+            candidates=(),
+        )
+    )  # fmt: skip
+    assert sim.kinds_of_last() == ["residency.refused"]
+    assert sim.last is not None and sim.last.refusal is not None
+    assert sim.last.refusal.kind is RefusalKind.NOT_NO_ROOM
+    assert sim.inst.desired is Desired.STOPPED and sim.inst.lifecycle is S.RESTING
+
+
+def test_a_stopped_instance_is_not_started_by_a_demand_and_failed_is_refused() -> None:
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="operator:uid=1(bob)", grace_s=5.0))
+    sim.gone(exit_code=0)
+    assert sim.inst.lifecycle is S.STOPPED and sim.inst.stopped_by == "operator:uid=1(bob)"
+    d = _demand(sim)
+    assert d.events == () and d.refusal is not None
+    assert d.refusal.kind is RefusalKind.NOT_STOPPED and "bob" in d.refusal.message
+    failed = _in_state(S.FAILED)
+    d = _demand(failed)
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.NOT_FAILED
+
+
+def _evict_verb(grace: float = 5.0) -> o.EvictVerb:
+    return o.EvictVerb(
+        by="node", for_instance="other", needed_bytes=5, freed_bytes=5, budget_bytes=10,
+        in_use_bytes=10, candidates=(), grace_s=grace,
+    )  # fmt: skip
+
+
+def test_an_eviction_records_its_reason_with_a_stop_to_rest_and_ends_resting() -> None:
+    sim = running(process_sim())
+    sim.feed(_evict_verb())
+    assert sim.kinds_of_last() == ["residency.evicted", "instance.stop_requested"]
+    assert sim.inst.lifecycle is S.STOPPING and sim.inst.then == "rest"
+    assert "Terminate" in effect_types(sim.last)  # type: ignore[arg-type]
+    sim.gone(signal=15)
+    assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
+    assert sim.inst.stopped_by == ""  # a rest is nobody's stop: a demand starts it
+    _demand(sim)
+    assert sim.kinds_of_last() == ["residency.demanded"]
+    sim.feed(o.StopVerb(by="operator", grace_s=5.0))  # an operator's stop of a resting one
+    sim2 = _resting()
+    sim2.feed(o.StopVerb(by="operator", grace_s=5.0))
+    assert sim2.inst.lifecycle is S.STOPPED
+
+
+def test_a_busy_loading_or_pinned_instance_is_not_evicted() -> None:
+    sim = running(process_sim())
+    sim.feed(o.RequestBegan())
+    assert sim.kinds_of_last() == ["residency.busy"] and sim.inst.busy
+    d = sim.feed(_evict_verb())
+    assert d.events == () and d.refusal is not None and "serves 1" in d.refusal.message
+    starting = _starting(spawned=True)
+    d = starting.feed(_evict_verb())
+    assert d.events == () and d.refusal is not None
+    pinned = running(Sim(rules=replace_rules(make_rules(Mode.PROCESS), pinned=True)))
+    d = pinned.feed(_evict_verb())
+    assert d.events == () and d.refusal is not None and "pinned" in d.refusal.message
+
+
+def replace_rules(rules: Any, **kw: Any) -> Any:
+    import msgspec
+
+    return msgspec.structs.replace(rules, **kw)
+
+
+def test_busy_and_idle_are_debounced_to_one_row_each_per_spell() -> None:
+    sim = running(process_sim())
+    for _ in range(3):
+        sim.feed(o.RequestBegan())
+        sim.feed(o.RequestEnded())
+    sim.feed(o.RequestBegan())
+    ended_at = sim.clock.wall_ns
+    sim.feed(o.RequestEnded())
+    sim.clock.advance(2)
+    sim.feed(o.Tick())
+    assert "residency.idle" in sim.kinds_of_last()
+    assert not sim.inst.busy and sim.inst.last_use_ns == ended_at
+    sim.feed(o.Tick())
+    assert "residency.idle" not in sim.kinds_of_last()
+
+
+def test_idle_expiry_after_its_ttl_with_nothing_in_flight_rests() -> None:
+    sim = running(Sim(rules=replace_rules(make_rules(Mode.PROCESS), idle_ttl_s=60.0)))
+    sim.clock.advance(30)
+    sim.feed(o.Tick())
+    assert "residency.expired" not in sim.kinds_of_last()
+    sim.feed(o.RequestBegan())
+    sim.clock.advance(120)
+    sim.feed(o.Tick())  # busy: never expired while a request is in flight
+    assert "residency.expired" not in sim.kinds_of_last()
+    sim.feed(o.RequestEnded())
+    sim.feed(o.Tick())  # idle recorded from now: the ttl counts from here
+    assert sim.kinds_of_last()[:1] == ["residency.idle"]
+    sim.clock.advance(61)
+    sim.feed(o.Tick())
+    assert sim.kinds_of_last()[:2] == ["residency.expired", "instance.stop_requested"]
+    sim.gone(signal=15)
+    assert sim.inst.lifecycle is S.RESTING
+
+
+def test_boot_leaves_a_resting_instance_resting_and_a_pending_demand_to_the_node() -> None:
+    sim = _resting()
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert sim.last is not None and sim.last.events == () and sim.last.effects == ()
+    _demand(sim)
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    assert sim.last is not None and sim.last.effects == ()  # Node.open resumes the demand
+    evicted = running(process_sim())
+    evicted.feed(_evict_verb())
+    _boot(evicted, _gone(evicted, None))
+    assert evicted.inst.lifecycle is S.RESTING  # the eviction's stop is finished by boot
+
+
 # ====================================================================== 5. coverage
 #: Kinds the decision core never emits: the node's own, and the key rotation
 #: (`infervisor chain rotate-key`, tests/test_chain_checkpoint.py).

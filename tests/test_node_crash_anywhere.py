@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import hypothesis
+import msgspec
 import psutil
 import pytest
 from hypothesis import HealthCheck, settings
@@ -57,7 +58,7 @@ from support import (
 )
 
 from infervisor.actors.clock import ManualClock
-from infervisor.actors.errors import InvalidState, VerbRefused
+from infervisor.actors.errors import InvalidState, NotResident, VerbRefused
 from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
 from infervisor.actors.node_boot import stop_actors
@@ -354,6 +355,23 @@ class NodeCrashAnywhere(RuleBasedStateMachine):
         self.generation[slot] = 0
         self.iids[slot] = self.node.place(self.specs[slot])
 
+    @rule()
+    def on_demand(self) -> None:
+        """Place the llama slot again on demand (it rests), then demand it: the
+        demand records its start and answers at once (timeout 0, the manual
+        clock brings it up)."""
+        self._verb(self.node.unload, self._iid("llama"))
+        (Path(self.settings.data_dir) / "instances" / self._iid("llama") / "bind").unlink(
+            missing_ok=True
+        )
+        self.generation["llama"] = 0
+        spec = msgspec.structs.replace(self.specs["llama"], on_demand=True)
+        self.iids["llama"] = self.node.place(spec)
+        with contextlib.suppress(NotResident, *REFUSALS):
+            self.node.demand(
+                self._iid("llama"), request="nca", model="tiny", by="front", timeout_s=0
+            )
+
     @rule(slot=st.sampled_from(SLOTS))
     def placements(self, slot: str) -> None:
         """A controller places the instance again: a newer generation, then a stale one."""
@@ -644,6 +662,10 @@ def test_node_directed_tour() -> None:
         m.reload("llama")
         m.start("llama")
         m.tick_until(lambda: m.lifecycles()["llama"] == "running", "llama running")
+        m.consistent()
+        # residency: placed on demand it rests; a demand starts it
+        m.on_demand()
+        m.tick_until(lambda: m.lifecycles()["llama"] == "running", "demanded llama running")
         m.consistent()
     finally:
         m.teardown()

@@ -157,6 +157,7 @@ def start_checked(
         memory_refusal=found.get(StartCheck.MEMORY),
         reserved_bytes=reserved_bytes,
         precheck=check.weights_only,
+        demand=check.demand,
     )
 
 

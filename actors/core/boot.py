@@ -15,7 +15,15 @@ from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.state import Stamp, later
 
-from .common import STARTABLE, after_exit, describe_exit, restart_due, try_start, unloading
+from .common import (
+    STARTABLE,
+    after_exit,
+    demand_pending,
+    describe_exit,
+    restart_due,
+    try_start,
+    unloading,
+)
 from .decision import Draft
 from .effects import ArmTimer, CheckResident, EndStrays, Terminate, Timer, UnloadModel
 from .observations import BootSeen, ProcessAlive, ProcessGone
@@ -112,6 +120,8 @@ def _resume(d: Draft, held: bool = False) -> None:
         return
     if held or inst.desired is not Desired.RUNNING or inst.exposed:
         return
+    if demand_pending(inst):
+        return  # the node resumes the demand after boot (making room first: Node.open)
     if inst.lifecycle is S.EXITED:
         after_exit(d)  # gone while the node was down, or its follow-up was lost
     elif inst.lifecycle is S.RESTARTING:

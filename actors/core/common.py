@@ -28,6 +28,7 @@ __all__ = [
     "after_exit",
     "armed_kill",
     "begin_termination",
+    "demand_pending",
     "describe_exit",
     "record_stop",
     "remaining_s",
@@ -42,14 +43,22 @@ __all__ = [
 
 S = LifecycleState
 #: States a start may leave.
-STARTABLE = frozenset({S.LOADED, S.STOPPED, S.EXITED, S.FAILED, S.FINISHED, S.RESTARTING})
+STARTABLE = frozenset(
+    {S.LOADED, S.STOPPED, S.EXITED, S.FAILED, S.FINISHED, S.RESTARTING, S.RESTING}
+)
+
+
+def demand_pending(inst: InstanceState) -> bool:
+    """A demand was recorded (``residency.demanded``) and its start was not: the
+    node's demand goes on (making room first); boot resumes it the same way."""
+    return inst.lifecycle in (S.RESTING, S.LOADED) and inst.desired is Desired.RUNNING
 
 
 def unloading(inst: InstanceState) -> bool:
     """An unload of this node's Ollama model is in flight: stopped, the model
     ours and still reserved, and no failure of the unload recorded."""
     return (
-        inst.lifecycle is S.STOPPED
+        inst.lifecycle in (S.STOPPED, S.RESTING)
         and inst.ollama_owned is True
         and inst.reserved_bytes > 0
         and not inst.unload_error
@@ -105,6 +114,8 @@ def after_exit(d: Draft) -> None:
     if inst.lifecycle is S.STOPPED:
         _follow_stop(d)
         return
+    if inst.lifecycle is S.RESTING:
+        return  # evicted or expired: it rests until a demand
     if inst.lifecycle is not S.EXITED or inst.desired is not Desired.RUNNING:
         return
     code = inst.last_exit.exit_code if inst.last_exit is not None else None
@@ -146,9 +157,13 @@ def resets_budget(by: str) -> bool:
     return role_of(by) == Role.OPERATOR
 
 
-def try_start(d: Draft, by: str, *, attempt: int = 0, verb: bool = False) -> None:
-    """Ask for the start checks (address, memory); :func:`start_checked` goes on."""
-    d.do(CheckStart(by=by, reset_budget=resets_budget(by), attempt=attempt, verb=verb))
+def try_start(
+    d: Draft, by: str, *, attempt: int = 0, verb: bool = False, demand: bool = False
+) -> None:
+    """Ask for the start checks (address, memory); :func:`start_checked` goes on.
+    ``demand``: a demand's start, whose memory refusal the node answers by evicting."""
+    reset = resets_budget(by)
+    d.do(CheckStart(by=by, reset_budget=reset, attempt=attempt, verb=verb, demand=demand))
 
 
 def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> None:
@@ -162,6 +177,9 @@ def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> N
     if not c.verb and inst.desired is not Desired.RUNNING and inst.then != Then.RESTART:
         return  # stopped meanwhile
     refusal = _refusal(c)
+    if refusal is not None and c.demand and refusal == c.memory_refusal:
+        d.refuse(RefusalKind.MEMORY, refusal)  # the node makes room, or records residency.refused
+        return
     if refusal is not None:
         if inst.refusal != refusal:
             d.emit(ev.StartRefused(by=c.by, reason=refusal))

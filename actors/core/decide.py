@@ -42,7 +42,9 @@ def source_of(observation: o.Observation) -> str:
             return by
         case o.StartChecked(by=by) | o.AnswersChecked(by=by):
             return by
-        case o.PlacementVerb(by=by):
+        case o.PlacementVerb(by=by) | o.DemandVerb(by=by) | o.EvictVerb(by=by):
+            return by
+        case o.RoomRefused(by=by):
             return by
         case o.LeaseLapsed(controller=controller):
             return lease_source(controller)

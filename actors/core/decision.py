@@ -33,6 +33,9 @@ class RefusalKind(enum.StrEnum):
     MEMORY = "memory"  # the memory budget does not fit it (with the numbers)
     SPAWN = "spawn"  # the program could not be launched (recorded as an exit)
     FAILED = "failed"  # the verb was accepted but its work failed
+    NOT_STOPPED = "not_resident_stopped"  # a demand of an instance an operator stopped
+    NOT_FAILED = "not_resident_failed"  # a demand of an instance held failed
+    NOT_NO_ROOM = "not_resident_no_room"  # nothing could be evicted for its start
 
 
 class Refusal(msgspec.Struct, frozen=True):

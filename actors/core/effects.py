@@ -52,6 +52,7 @@ class CheckStart(_Effect, frozen=True):
     attempt: int
     verb: bool
     weights_only: bool = False  # a restart's pre-check: its own server holds the port
+    demand: bool = False  # a demand's start: a memory refusal is answered, not recorded
 
 
 class CheckAnswers(_Effect, frozen=True):

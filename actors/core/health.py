@@ -213,7 +213,7 @@ def reconcile(d: Draft) -> None:
         after_exit(d)
     elif inst.lifecycle is S.RESTARTING:
         restart_due(d)
-    elif inst.lifecycle in (S.STOPPED, S.LOADED) and not unloading(inst):
+    elif inst.lifecycle is S.STOPPED and not unloading(inst):
         restarting = inst.then == Then.RESTART
         try_start(d, inst.then_by or Role.SUPERVISOR if restarting else Role.SUPERVISOR)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from infervisor.adapters.probe import ServerReport
+from infervisor.replay import events as ev
 
 from .effects import Timer
 
@@ -85,6 +86,51 @@ class PlacementVerb(_Obs, frozen=True):
     by: str = "controller"
 
 
+# ---------------------------------------------------------------- residency (issue 21)
+class DemandVerb(_Obs, frozen=True):
+    """A request (``request``: its id, or ``verb``) asks for the instance by ``model``:
+    start it when it rests (actors/core/residency.py)."""
+
+    request: str
+    model: str
+    by: str
+
+
+class EvictVerb(_Obs, frozen=True):
+    """The node evicts this instance for ``for_instance`` (its plan's numbers, bytes):
+    record ``residency.evicted`` with a stop to rest, unless it turned busy or
+    is no longer evictable."""
+
+    by: str
+    for_instance: str
+    needed_bytes: int
+    freed_bytes: int
+    budget_bytes: int
+    in_use_bytes: int
+    candidates: tuple[ev.Candidate, ...]
+    grace_s: float
+
+
+class RoomRefused(_Obs, frozen=True):
+    """The node found nothing to evict for this instance's start: record
+    ``residency.refused`` with the ledger (bytes) and answer ``no_room``."""
+
+    by: str
+    needed_bytes: int
+    budget_bytes: int
+    in_use_bytes: int
+    held: dict[str, int]
+    candidates: tuple[ev.Candidate, ...]
+
+
+class RequestBegan(_Obs, frozen=True):
+    """A request routed to the instance began (the front, or a server's counters)."""
+
+
+class RequestEnded(_Obs, frozen=True):
+    """A request routed to the instance ended (answered, failed or cancelled)."""
+
+
 # ---------------------------------------------------------------- start checks
 class StartChecked(_Obs, frozen=True):
     """What the executor found before a start: the address, the model and the memory.
@@ -113,6 +159,8 @@ class StartChecked(_Obs, frozen=True):
     memory_refusal: str | None = None
     model_refusal: str | None = None
     precheck: bool = False
+    #: A demand's start: a memory refusal is answered (the node may evict) not recorded.
+    demand: bool = False
 
 
 class AnswersChecked(_Obs, frozen=True):
@@ -308,4 +356,9 @@ Observation = (
     | OllamaListed
     | OllamaUnloadEnded
     | BootSeen
+    | DemandVerb
+    | EvictVerb
+    | RoomRefused
+    | RequestBegan
+    | RequestEnded
 )

@@ -44,6 +44,7 @@ from .health import (
     watched_miss,
 )
 from .observations import OllamaListed, OllamaLoadEnded, OllamaResidency, OllamaUnloadEnded
+from .residency import rules_with as resident_rules
 
 __all__ = ["RULES", "listed", "load_ended", "load_progress", "residency", "stop", "unload_ended"]
 
@@ -282,4 +283,5 @@ RULES: dict[type[Any], Rule] = {
     o.PlacementVerb: verbs.placement,
     o.LeaseLapsed: lease_lapsed,
     o.BootSeen: boot_ollama,
+    **resident_rules(stop, tick),
 }

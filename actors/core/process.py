@@ -18,7 +18,7 @@ from infervisor.replay import events as ev
 from infervisor.replay.state import Then, later
 
 from . import observations as o
-from . import verbs
+from . import residency, verbs
 from .boot import boot_process
 from .common import (
     after_exit,
@@ -298,6 +298,7 @@ RULES: dict[type[Any], Rule] = {
     o.DeepChecked: deep_result,
     o.Tick: tick,
     o.BootSeen: boot_process,
+    **residency.rules_with(stop, tick),
 }
 #: What forgetting a process instance cleans up: its working directory (and cgroup).
 ON_UNLOAD = (RemoveWorkdir(),)

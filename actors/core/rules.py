@@ -38,6 +38,10 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True):
         exposure_grace_s: grace of a stop for listening beyond loopback.
         reserve_overhead_bytes: added to a model's size when memory is
             reserved for it (the node's ``reserve_overhead_bytes``), bytes.
+        idle_ttl_s: released to ``resting`` after this long without a
+            request (the spec's, seconds); None: never.
+        priority: the spec's eviction priority.
+        pinned: never evicted (the spec's).
     """
 
     mode: Mode
@@ -50,6 +54,9 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True):
     health_kill_grace_s: float
     exposure_grace_s: float = 3.0
     reserve_overhead_bytes: int = 0
+    idle_ttl_s: float | None = None
+    priority: int = 0
+    pinned: bool = False
 
 
 class Tracking(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,8 +71,14 @@ class Tracking(msgspec.Struct, frozen=True, kw_only=True):
             answers does not), and a new start does.
         ollama_expires_at_ns: when Ollama said the model expires (``/api/ps``
             ``expires_at``, ns since the epoch, UTC; None: not seen or never).
+        inflight: requests routed to it and not yet ended (a node restart
+            ends them all: they were the node's).
+        ended_ns: when the last of them ended (ns since the epoch, UTC): the
+            ``idle_since_ns`` recorded at the next tick (None: none ended).
     """
 
     misses: int = 0
     deep_misses: int = 0
     ollama_expires_at_ns: int | None = None
+    inflight: int = 0
+    ended_ns: int | None = None

@@ -1,0 +1,371 @@
+"""Residency (issue 21): what is loaded within the node's memory budget, decided
+from sourced facts. Pure, as the rest of the core.
+
+Two parts:
+
+- **Per instance** (:func:`rules_with`, merged into each managed mode's table): a
+  demand starts a resting instance (``residency.demanded``; the start's memory
+  check answers ``no room`` to the node rather than recording a refusal); the
+  node's eviction of it (``residency.evicted`` with a stop whose ``then`` is
+  ``rest``, in one transaction) unless it turned busy or is loading; the
+  node's refusal (``residency.refused``); requests beginning and ending
+  (``residency.busy`` at once, ``residency.idle`` at the next tick: debounced,
+  not a row per request); and idle expiry on the tick (``residency.expired``
+  with a stop to rest) once ``idle_ttl_s`` has passed with nothing in flight.
+- **Per node** (:func:`plan_room`): which instances a start that does not fit
+  evicts. The least recently used first, of those :data:`EVICTABLE` allows;
+  all of them or none (evicting some that cannot make room would unload for
+  nothing).
+
+==================  ====================================  ================================
+observation         the instance is                        decided
+==================  ====================================  ================================
+demand              starting, running, unhealthy           nothing (it is, or becomes, ready)
+demand              restarting, exited (wanted running)    nothing (the restart policy runs)
+demand              failed                                 refused ``failed``
+demand              stopped (by an operator/controller)    refused ``stopped``, naming who
+demand              resting or loaded, not yet demanded    ``residency.demanded``, start
+demand              resting or loaded, demanded            start (a coalesced demand)
+evict               running, idle, not pinned              ``residency.evicted`` + stop to rest
+evict               anything else                          refused (the node plans again)
+room refused        any                                    ``residency.refused``, refused no_room
+request began       idle as recorded                       ``residency.busy``
+request began/ended otherwise                              tracking only
+tick                idle as counted, recorded busy         ``residency.idle``
+tick                running, idle past idle_ttl_s          ``residency.expired`` + stop to rest
+==================  ====================================  ================================
+
+An operator's or controller's stop wins: a stopped instance is not started by
+a demand. Last use is sourced (``residency.demanded``, ``.busy``, ``.idle``),
+so eviction order and expiry are decided the same after a boot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from infervisor.replay import Desired, InstanceState, LifecycleState
+from infervisor.replay import events as ev
+from infervisor.replay.callers import Role
+from infervisor.replay.state import Then
+
+from . import observations as o
+from .common import STARTABLE, demand_pending, try_start
+from .decision import Draft, RefusalKind, Rule
+from .rules import Rules
+
+__all__ = [
+    "EVICTABLE",
+    "Holder",
+    "RoomPlan",
+    "Stop",
+    "holder",
+    "idle_since_ns",
+    "plan_room",
+    "rules_with",
+]
+
+S = LifecycleState
+#: A mode's stop: ``stop(draft, by, grace_s, reason, then)`` (verbs.Stop).
+Stop = Callable[[Draft, str, float, str, Then], None]
+_UP = frozenset({S.STARTING, S.RUNNING, S.UNHEALTHY})
+#: Recovering under the supervisor: a demand waits for it.
+_COMING_BACK = frozenset({S.RESTARTING, S.EXITED})
+#: What may be evicted or expired: serving, nothing loading.
+_SERVING = frozenset({S.RUNNING, S.UNHEALTHY})
+
+
+# ---------------------------------------------------------------- per instance
+def demand(d: Draft, v: o.DemandVerb) -> None:
+    """A request or verb asks for the instance (see the module's table)."""
+    inst = d.inst
+    if inst.lifecycle in _UP:
+        return
+    if inst.lifecycle in _COMING_BACK and inst.desired is Desired.RUNNING:
+        return
+    if inst.lifecycle is S.FAILED:
+        d.refuse(
+            RefusalKind.NOT_FAILED,
+            f"{inst.instance_id} is failed ({inst.reason}): held for the operator; "
+            "start it (infervisor start) once the cause is fixed",
+        )
+        return
+    refusal = _stopped_refusal(inst)
+    if refusal is not None:
+        d.refuse(RefusalKind.NOT_STOPPED, refusal)
+        return
+    if inst.lifecycle not in STARTABLE:
+        d.refuse(
+            RefusalKind.INVALID_STATE,
+            f"{inst.instance_id} is {inst.lifecycle}: ask again once it has stopped",
+        )
+        return
+    if not demand_pending(inst):
+        d.emit(ev.ResidencyDemanded(request=v.request, model=v.model, by=v.by))
+    try_start(d, v.by, verb=True, demand=True)
+
+
+def _stopped_refusal(inst: InstanceState) -> str | None:
+    """Why a demand must not start an instance an operator or controller stopped."""
+    held = inst.lifecycle in (S.STOPPED, S.EXITED, S.FINISHED, S.STOPPING)
+    if not held or inst.desired is Desired.RUNNING:
+        return None
+    who = inst.stopped_by or "the node"
+    return (
+        f"{inst.instance_id} was stopped by {who}: a request does not start it; "
+        "start it (infervisor start) to serve requests again"
+    )
+
+
+def evict(d: Draft, v: o.EvictVerb, stop: Stop) -> None:
+    """Evict for the node's plan: recorded with its stop to rest, in one
+    transaction; refused when it is no longer evictable (busy, loading, pinned)."""
+    inst = d.inst
+    why = _not_evictable(inst, d.tracking.inflight, d.rules.pinned)
+    if why is not None:
+        d.refuse(RefusalKind.INVALID_STATE, f"{inst.instance_id} is not evicted: {why}")
+        return
+    d.emit(
+        ev.ResidencyEvicted(
+            for_instance=v.for_instance,
+            needed_bytes=v.needed_bytes,
+            freed_bytes=v.freed_bytes,
+            budget_bytes=v.budget_bytes,
+            in_use_bytes=v.in_use_bytes,
+            candidates=list(v.candidates),
+        )
+    )
+    stop(d, v.by, v.grace_s, f"evicted for {v.for_instance}", Then.REST)
+
+
+def _not_evictable(inst: InstanceState, inflight: int, pinned: bool) -> str | None:
+    if pinned:
+        return "it is pinned"
+    if inflight > 0:
+        return f"it serves {inflight} request(s)"
+    if inst.lifecycle not in _SERVING or inst.desired is not Desired.RUNNING:
+        return f"it is {inst.lifecycle}, not serving"
+    return None
+
+
+def room_refused(d: Draft, r: o.RoomRefused) -> None:
+    """Nothing could be evicted: recorded with the ledger, the demand refused."""
+    d.emit(
+        ev.ResidencyRefused(
+            needed_bytes=r.needed_bytes,
+            budget_bytes=r.budget_bytes,
+            in_use_bytes=r.in_use_bytes,
+            held=dict(r.held),
+            candidates=list(r.candidates),
+        )
+    )
+    d.refuse(
+        RefusalKind.NOT_NO_ROOM,
+        f"no room for {d.inst.instance_id}: it needs {r.needed_bytes} bytes beside "
+        f"{r.in_use_bytes} in use of the budget {r.budget_bytes}, and nothing can be "
+        "evicted (pinned, higher priority, serving or loading)",
+    )
+
+
+def request_began(d: Draft, _: o.RequestBegan) -> None:
+    """Count it; the first of a busy spell is recorded (``residency.busy``)."""
+    d.track(msgspec.structs.replace(d.tracking, inflight=d.tracking.inflight + 1))
+    if not d.inst.busy:
+        d.emit(ev.ResidencyBusy())
+
+
+def request_ended(d: Draft, _: o.RequestEnded) -> None:
+    """Count it; the idle spell begins when none is left (recorded at the next tick)."""
+    left = max(0, d.tracking.inflight - 1)
+    ended = d.now.wall_ns if left == 0 else d.tracking.ended_ns
+    d.track(msgspec.structs.replace(d.tracking, inflight=left, ended_ns=ended))
+
+
+def holder(inst: InstanceState, rules: Rules, inflight: int, model_bytes: int) -> Holder:
+    """What an eviction weighs of this instance (``model_bytes``: its model's size)."""
+    kind = rules.supervision
+    return Holder(
+        instance_id=inst.instance_id,
+        held_bytes=inst.reserved_bytes,
+        last_use_ns=inst.last_use_ns,
+        priority=rules.priority,
+        pinned=rules.pinned,
+        busy=inflight > 0,
+        loading=inst.lifecycle is S.STARTING,
+        serving=inst.lifecycle in _SERVING and inst.desired is Desired.RUNNING,
+        needs_bytes=model_bytes + rules.reserve_overhead_bytes,
+        startup_s=max(kind.startup_cap_s, kind.startup_deadline_s),
+        releasing=inst.lifecycle is S.STOPPING and inst.reserved_bytes > 0,
+    )
+
+
+def idle_since_ns(inst: InstanceState) -> int:
+    """When the instance's idle spell began, ns since the epoch: its last use, or
+    the moment it became ready (or entered its state) when it was never used
+    since it started."""
+    up = inst.up_since.wall_ns if inst.up_since is not None else inst.since_ns
+    return max(inst.last_use_ns or 0, up)
+
+
+def tick(d: Draft, stop: Stop) -> None:
+    """Record an idle spell that began (debounced to the tick); release an
+    instance idle past its ``idle_ttl_s`` to ``resting``."""
+    inst, tracking = d.inst, d.tracking
+    if tracking.inflight == 0 and inst.busy:
+        d.emit(ev.ResidencyIdle(idle_since_ns=tracking.ended_ns or d.now.wall_ns))
+        inst = d.inst
+    ttl = d.rules.idle_ttl_s
+    if ttl is None or tracking.inflight > 0 or inst.busy:
+        return
+    if inst.lifecycle is not S.RUNNING or inst.desired is not Desired.RUNNING:
+        return
+    since = idle_since_ns(inst)
+    if d.now.wall_ns - since < ttl * 1e9:
+        return
+    d.emit(ev.ResidencyExpired(idle_since_ns=since, idle_ttl_s=ttl))
+    stop(d, Role.SUPERVISOR, d.rules.stop_grace_s, f"idle longer than {ttl:g} s", Then.REST)
+
+
+def rules_with(stop: Stop, mode_tick: Rule) -> dict[type[Any], Rule]:
+    """The residency rules of a mode whose stop is ``stop``; its tick rule runs
+    after residency's (an expiry's stop is then already recorded)."""
+
+    def on_tick(d: Draft, t: o.Tick) -> None:
+        tick(d, stop)
+        mode_tick(d, t)
+
+    return {
+        o.DemandVerb: demand,
+        o.EvictVerb: lambda d, v: evict(d, v, stop),
+        o.RoomRefused: room_refused,
+        o.RequestBegan: request_began,
+        o.RequestEnded: request_ended,
+        o.Tick: on_tick,
+    }
+
+
+# ---------------------------------------------------------------- per node
+class Holder(msgspec.Struct, frozen=True, kw_only=True):
+    """What an eviction weighs of one instance (gathered by the node from its actor).
+
+    Attributes:
+        instance_id: the instance.
+        held_bytes: what it holds in the ledger, bytes.
+        last_use_ns: its last use (sourced; None: never).
+        priority: its spec's priority.
+        pinned: never evicted.
+        busy: serving a request now.
+        loading: starting (a server loading its model).
+        serving: running or unhealthy (only these hold memory to give back).
+        needs_bytes: what a start of it reserves (model plus overhead), bytes.
+        startup_s: how long its kind lets it start (the start-up cap), seconds
+            (0: the kind sets none).
+        releasing: stopping while it holds memory (an eviction or expiry in
+            flight, or one a boot resumes): its memory is on its way back, so a
+            plan waits for it before it evicts or refuses anything.
+    """
+
+    instance_id: str
+    held_bytes: int
+    last_use_ns: int | None
+    priority: int
+    pinned: bool
+    busy: bool
+    loading: bool
+    serving: bool
+    needs_bytes: int = 0
+    startup_s: float = 0.0
+    releasing: bool = False
+
+
+#: Why a holder may not be evicted for a start of priority ``p``, in order:
+#: the first that applies is recorded as its ``why_not``.
+EVICTABLE: tuple[tuple[str, Callable[[Holder, int], bool]], ...] = (
+    ("pinned", lambda h, p: h.pinned),
+    ("higher priority", lambda h, p: h.priority > p),
+    ("serving a request", lambda h, p: h.busy),
+    ("loading", lambda h, p: h.loading),
+    ("not serving", lambda h, p: not h.serving),
+)
+
+
+class RoomPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What a start that needs ``needed_bytes`` calls for.
+
+    Attributes:
+        victims: the instances to evict, in order (empty: it fits, or refused).
+        candidates: every holder weighed, least recently used first.
+        freed_bytes: what the victims free, bytes.
+        in_use_bytes: what the others hold, bytes.
+        refusal: why nothing can make room (None: it fits, or the victims do).
+    """
+
+    victims: tuple[str, ...] = ()
+    candidates: tuple[ev.Candidate, ...] = ()
+    freed_bytes: int = 0
+    in_use_bytes: int = 0
+    refusal: str | None = None
+
+
+def _lru_key(h: Holder) -> tuple[int, str]:
+    return (h.last_use_ns or 0, h.instance_id)
+
+
+def plan_room(
+    for_instance: str,
+    needed_bytes: int,
+    budget_bytes: int,
+    priority: int,
+    holders: Iterable[Holder],
+) -> RoomPlan:
+    """Which instances to evict so that ``needed_bytes`` fit ``budget_bytes`` beside
+    what the others hold (pure). The least recently used of those
+    :data:`EVICTABLE` allows go first, until it fits; when all of them are not
+    enough, none goes and the plan is refused with the numbers."""
+    others = sorted((h for h in holders if h.instance_id != for_instance), key=_lru_key)
+    in_use = sum(h.held_bytes for h in others)
+    if in_use + needed_bytes <= budget_bytes:
+        return RoomPlan(in_use_bytes=in_use)
+    victims: list[str] = []
+    freed = 0
+    why: dict[str, str] = {}
+    for h in others:
+        reason = next((name for name, bars in EVICTABLE if bars(h, priority)), "")
+        if h.held_bytes <= 0:
+            reason = reason or "holds nothing"
+        why[h.instance_id] = reason
+        if reason or in_use - freed + needed_bytes <= budget_bytes:
+            continue
+        victims.append(h.instance_id)
+        freed += h.held_bytes
+    fits = in_use - freed + needed_bytes <= budget_bytes
+    chosen = set(victims) if fits else set()
+    candidates = tuple(
+        ev.Candidate(
+            instance_id=h.instance_id,
+            last_use_ns=h.last_use_ns,
+            priority=h.priority,
+            pinned=h.pinned,
+            held_bytes=h.held_bytes,
+            busy=h.busy,
+            chosen=h.instance_id in chosen,
+            why_not=why[h.instance_id],
+        )
+        for h in others
+        if h.held_bytes > 0
+    )
+    if fits:
+        return RoomPlan(
+            victims=tuple(victims), candidates=candidates, freed_bytes=freed, in_use_bytes=in_use
+        )
+    return RoomPlan(
+        candidates=candidates,
+        in_use_bytes=in_use,
+        refusal=(
+            f"memory budget {budget_bytes} bytes, {in_use} in use, {needed_bytes} needed: "
+            f"evicting every instance that may go frees {freed}, not enough"
+        ),
+    )

@@ -1,0 +1,303 @@
+"""What a node does for residency (issue 21): demands, evictions, requests
+begun and ended. A base of :class:`~.node.Node`; F's OpenAI-compatible front
+calls these from its own threads.
+
+It executes the decisions of :mod:`.core.residency`: decide, append
+(durable), then act.
+
+- A demand goes to the instance's own actor: ``residency.demanded`` and the
+  start's checks in one decision. When the memory does not fit, nothing more
+  is recorded there and the node plans room (:func:`.core.residency.plan_room`)
+  from each instance's facts and the ledger, under one lock (plans are made
+  one at a time, so two starts never count the same victim's bytes).
+- Each victim's actor records ``residency.evicted`` with its stop to rest (one
+  transaction) before anything of it is stopped, refusing if it turned busy
+  meanwhile (then the node plans again); the node waits until the victims are
+  gone and their memory released, then asks the demand again, which now fits.
+- Nothing evictable: the demanded instance records ``residency.refused`` with
+  the ledger, and the demand raises ``NotResident`` (``no_room``).
+
+A node killed mid-way decides the same after boot: a victim's stop in flight
+is finished by its boot (it rests), and a demand recorded but not started
+(``residency.demanded`` folds the instance wanted running) is resumed by
+:meth:`NodeResidency.resume_demands`, room made first as the live node would have.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any
+
+import pykka
+
+from infervisor.adapters.proc.errors import AdapterError
+from infervisor.replay.callers import Role
+from infervisor.replay.views import InstanceView, LedgerView
+
+from . import messages as m
+from .core import observations as o
+from .core import residency as rule
+from .errors import InvalidState, NodeError, NotResident
+from .ledger import BudgetExceeded
+from .node_boot import ASK_TIMEOUT_S
+from .settings import NodeSettings
+
+__all__ = ["DEFAULT_START_S", "NodeResidency"]
+
+log = logging.getLogger(__name__)
+#: A demand's wait for readiness when the kind sets no start-up cap, seconds.
+DEFAULT_START_S = 120.0
+#: How many times a demand plans room again when a victim turned busy meanwhile.
+_PLANS = 4
+
+
+class NodeResidency:
+    """Demands, evictions and request counts (see the module docstring)."""
+
+    settings: NodeSettings
+    _room_lock: threading.Lock
+
+    if TYPE_CHECKING:  # what Node (actors/node.py) and its views give
+
+        def ledger(self) -> LedgerView | None: ...
+        def list(self) -> builtins.list[InstanceView]: ...
+        def _ref(self, instance_id: str) -> pykka.ActorRef[Any]: ...
+        def _refs(self) -> builtins.list[pykka.ActorRef[Any]]: ...
+
+    def demand(
+        self,
+        instance_id: str,
+        *,
+        request: str,
+        model: str,
+        by: str,
+        timeout_s: float | None = None,
+    ) -> InstanceView:
+        """Return once the instance is running and ready (at once when it is; waits
+        when it is starting or loading). A resting instance is started
+        (``residency.demanded``), evicting by the policy when the start does not
+        fit. Concurrent demands of one instance coalesce into one start (its
+        actor decides them one at a time). ``timeout_s`` None: the kind's
+        start-up deadline (its cap), else :data:`DEFAULT_START_S`.
+
+        Blocks the calling thread (never an actor's) up to ``timeout_s`` plus
+        the victims' stop grace.
+
+        Raises:
+            UnknownInstance, InvalidState: no such instance, or being unloaded.
+            NotResident: ``no_room`` (nothing evictable: the numbers are in the
+                message and in ``residency.refused``), ``stopped`` (an operator or
+                controller stopped it: named), ``failed``, ``start_timeout``.
+        """
+        ref = self._ref(instance_id)
+        asked = o.DemandVerb(request=request, model=model, by=by)
+        facts: rule.Holder = _ask(ref, m.ResidencyFacts())
+        wait_s = timeout_s if timeout_s is not None else (facts.startup_s or DEFAULT_START_S)
+        deadline = time.monotonic() + wait_s
+        answer = _started(ref, asked)
+        if answer is None:
+            answer = self._make_room(instance_id, ref, asked)
+        return _ready(instance_id, answer, deadline, wait_s)
+
+    def request_began(self, instance_id: str) -> None:
+        """A request routed to the instance began (never blocks: an actor tell).
+        The first of a busy spell is recorded (``residency.busy``); an unknown
+        instance is ignored (it was unloaded meanwhile)."""
+        self._tell(instance_id, o.RequestBegan())
+
+    def request_ended(self, instance_id: str) -> None:
+        """A request routed to the instance ended (never blocks). The idle spell it
+        may begin is recorded at the instance's next reconcile tick."""
+        self._tell(instance_id, o.RequestEnded())
+
+    def resume_demands(self, pending: Sequence[str]) -> threading.Thread | None:
+        """At boot: go on with demands recorded but not started (room made first),
+        on a thread of their own (nobody waits for them). The thread, or None."""
+        if not pending:
+            return None
+
+        def run() -> None:
+            for iid in pending:
+                try:
+                    self.demand(iid, request="boot", model="", by=Role.BOOT)
+                except (NodeError, AdapterError, pykka.ActorDeadError, pykka.Timeout) as e:
+                    log.warning("%s: the demand resumed at boot is not served: %s", iid, e)
+
+        thread = threading.Thread(target=run, name="resume-demands", daemon=True)
+        thread.start()
+        return thread
+
+    # ------------------------------------------------------------------ room
+    def _make_room(
+        self, iid: str, ref: pykka.ActorRef[Any], asked: o.DemandVerb
+    ) -> Future[InstanceView]:
+        """Evict by the plan until the demand's start fits; its answer.
+
+        Raises:
+            NotResident: ``no_room`` (recorded as ``residency.refused``).
+        """
+        with self._room_lock:
+            for _ in range(_PLANS):
+                answer = _started(ref, asked)  # room may have been made meanwhile
+                if answer is not None:
+                    return answer
+                ledger = self.ledger()
+                if ledger is None:  # no budget: nothing to plan (cannot refuse on memory)
+                    break
+                holders = self._holders(ledger)
+                me: rule.Holder = holders.get(iid) or _ask(ref, m.ResidencyFacts())
+                releasing = [h.instance_id for h in holders.values() if h.releasing]
+                if releasing:
+                    self._await_released(releasing)  # memory on its way back: count it first
+                    continue
+                plan = rule.plan_room(
+                    iid, me.needs_bytes, ledger.budget_bytes, me.priority, holders.values()
+                )
+                if plan.refusal is not None:
+                    self._refuse(ref, me, ledger, plan)
+                if not self._evict(iid, me, ledger, plan):
+                    log.info("%s: a victim turned busy while room was made; planning again", iid)
+        raise NotResident(
+            f"{iid}: no room could be made for it (victims kept turning busy)",
+            code="no_room",
+            retry_after_s=5.0,
+        )
+
+    def _await_released(self, iids: Sequence[str]) -> None:
+        """Wait until each of ``iids`` has stopped (its grace plus 30 s at most)."""
+        grace = self.settings.stop_grace_s
+        for iid in iids:
+            try:
+                answer: Future[Any] = _ask(self._ref(iid), m.AwaitStopped())
+                answer.result(timeout=grace + 30)
+            except (FutureTimeout, NodeError, pykka.ActorDeadError) as e:
+                log.warning("%s: its stop did not end: %s", iid, e)
+
+    def _holders(self, ledger: LedgerView) -> dict[str, rule.Holder]:
+        """Every instance's facts (asked of all at once), holding what the ledger says."""
+        asked = [(ref, ref.ask(m.ResidencyFacts(), block=False)) for ref in self._refs()]
+        holders: dict[str, rule.Holder] = {}
+        for _, reply in asked:
+            try:
+                h: rule.Holder = reply.get(timeout=ASK_TIMEOUT_S)
+            except pykka.ActorDeadError:
+                continue
+            held = ledger.reservations.get(h.instance_id, h.held_bytes)
+            holders[h.instance_id] = rule.Holder(
+                **{**_fields(h), "held_bytes": held},
+            )
+        return holders
+
+    def _refuse(
+        self, ref: pykka.ActorRef[Any], me: rule.Holder, ledger: LedgerView, plan: rule.RoomPlan
+    ) -> None:
+        """Record ``residency.refused`` on the demanded instance; raises NotResident."""
+        held = {iid: b for iid, b in ledger.reservations.items() if iid != me.instance_id}
+        refused = o.RoomRefused(
+            by=Role.NODE,
+            needed_bytes=me.needs_bytes,
+            budget_bytes=ledger.budget_bytes,
+            in_use_bytes=plan.in_use_bytes,
+            held=held,
+            candidates=plan.candidates,
+        )
+        _ask(ref, refused)  # raises the refusal: NotResident no_room
+        raise NotResident(  # not reached unless the instance changed meanwhile
+            f"{me.instance_id}: no room ({plan.refusal})", code="no_room", retry_after_s=5.0
+        )
+
+    def _evict(self, iid: str, me: rule.Holder, ledger: LedgerView, plan: rule.RoomPlan) -> bool:
+        """Ask each victim to rest (recorded before it is stopped) and wait until all
+        are gone; False when one refused (it turned busy: plan again)."""
+        grace = self.settings.stop_grace_s
+        waiting: builtins.list[tuple[str, Future[Any]]] = []
+        refused = False
+        for victim in plan.victims:
+            verb = o.EvictVerb(
+                by=Role.NODE,
+                for_instance=iid,
+                needed_bytes=me.needs_bytes,
+                freed_bytes=plan.freed_bytes,
+                budget_bytes=ledger.budget_bytes,
+                in_use_bytes=plan.in_use_bytes,
+                candidates=plan.candidates,
+                grace_s=grace,
+            )
+            try:
+                answer: Future[Any] = _ask(self._ref(victim), verb)
+            except (NodeError, pykka.ActorDeadError) as e:
+                log.info("%s: not evicted: %s", victim, e)
+                refused = True
+                continue
+            waiting.append((victim, answer))
+        for victim, answer in waiting:
+            try:
+                answer.result(timeout=grace + 30)
+            except InvalidState as e:
+                log.info("%s: not evicted: %s", victim, e)
+                refused = True
+            except (FutureTimeout, NodeError, AdapterError) as e:
+                log.warning("%s: its eviction's stop is not done: %s", victim, e)
+                refused = True
+        return not refused
+
+    def _tell(self, instance_id: str, message: Any) -> None:
+        try:
+            self._ref(instance_id).tell(message)
+        except (NodeError, pykka.ActorDeadError):
+            return  # unloaded meanwhile: its requests no longer count
+
+
+def _ask(ref: pykka.ActorRef[Any], msg: Any) -> Any:
+    return ref.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
+
+
+def _fields(h: rule.Holder) -> dict[str, Any]:
+    return {f: getattr(h, f) for f in h.__struct_fields__}
+
+
+def _started(ref: pykka.ActorRef[Any], asked: o.DemandVerb) -> Future[InstanceView] | None:
+    """Ask the demand; its answer, or None when the start does not fit (no room).
+    The start's memory check runs in the decision, so a refusal is known at once.
+
+    Raises:
+        NotResident: stopped or failed (the decision's refusal).
+    """
+    answer: Future[InstanceView] = _ask(ref, asked)
+    if answer.done() and isinstance(answer.exception(), BudgetExceeded):
+        return None
+    if answer.done() and answer.exception() is not None:
+        answer.result()  # raises it
+    return answer
+
+
+def _ready(iid: str, answer: Future[InstanceView], deadline: float, wait_s: float) -> InstanceView:
+    """The view once the instance serves.
+
+    Raises:
+        NotResident: it did not become ready in time, or will not by itself.
+    """
+    try:
+        view = answer.result(timeout=max(0.0, deadline - time.monotonic()))
+    except FutureTimeout:
+        raise NotResident(
+            f"{iid}: not ready within {wait_s:g} s (its start-up deadline); it goes on starting",
+            code="start_timeout",
+            retry_after_s=5.0,
+        ) from None
+    if view is None:
+        raise InvalidState(f"{iid} was unloaded while it was demanded")
+    if view.lifecycle == "running":
+        return view
+    code = "failed" if view.lifecycle == "failed" else "stopped"
+    raise NotResident(
+        f"{iid} is {view.lifecycle} and will not serve: {view.reason}",
+        code=code,
+        retry_after_s=0.0,
+    )

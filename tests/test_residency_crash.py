@@ -1,0 +1,154 @@
+"""Issue 21, crash: a node killed (SIGKILL, a real kill) between an eviction's
+events and its effects decides the same after boot, and nothing runs twice.
+
+A child node (tests/programs/residency_node.py) demands three on-demand
+instances with room for two; the third evicts the least recently used. Its
+servers ignore SIGTERM, so the victim's stop is in flight for the whole grace:
+the node is killed then, with ``residency.evicted`` and the stop to rest
+durable, the victim's server alive and the demanded start not yet made. The
+node opened again on the same chain finishes the victim's stop (it rests),
+resumes the recorded demand (its start made once, after the victim's memory
+is back) and leaves the third instance running as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import (
+    CRASH_LEAVES_SOCKETS,
+    FAKE_GGUF,
+    PROGRAMS,
+    chain_rows,
+    free_ports,
+    make_launcher,
+    wait_until,
+)
+
+from infervisor.actors.node import Node
+from infervisor.actors.settings import NodeSettings
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.chain import verify_chain
+from infervisor.replay import RestartPolicy
+
+pytestmark = [pytest.mark.slow, *CRASH_LEAVES_SOCKETS]
+
+OVERHEAD = 1000
+GRACE_S = 6.0  # the victim ignores SIGTERM: its stop is in flight this long
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def rows_of(db: Path, kind: str, subject: str) -> list[Any]:
+    return [r for r in chain_rows(db) if r[2] == kind and r[3] == subject]
+
+
+def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("m1", "m2", "m3"):
+        (models / f"{name}.gguf").write_bytes(FAKE_GGUF + bytes(4000))
+    needs = (models / "m1.gguf").stat().st_size + OVERHEAD
+    fields: dict[str, Any] = {
+        "node_id": "n1",
+        "data_dir": str(tmp_path / "data"),
+        "registry_dir": str(models),
+        "llamacpp_program": make_launcher(tmp_path, PROGRAMS / "fault_ignore_term.py"),
+        "health_interval_s": 0.2,
+        "reconcile_interval_s": 0.5,
+        "stop_grace_s": GRACE_S,
+        "health_kill_grace_s": 2.0,
+        "memory_budget_bytes": 2 * needs + 10,
+        "reserve_overhead_bytes": OVERHEAD,
+        "restart": {"base_s": 0.2, "cap_s": 1.0, "stable_after_s": 60.0},
+    }
+    settings = NodeSettings(**{**fields, "restart": RestartPolicy(**fields["restart"])})
+    db = settings.chain_path
+    ports = free_ports(3)
+    with Node.open(settings) as placer:  # nothing runs: they rest
+        for name in ("m1", "m2", "m3"):
+            placer.registry.adopt(name, models / f"{name}.gguf")
+        a, b, c = (
+            placer.place(
+                InstanceSpec(
+                    role=f"r{n}", flavor=Flavor.LLAMACPP, model=f"m{n + 1}", port=ports[n],
+                    on_demand=True,
+                )
+            )
+            for n in range(3)
+        )  # fmt: skip
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(PROGRAMS / "residency_node.py"),
+            json.dumps(fields),
+            json.dumps([a, b, c]),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    node: Node | None = None
+    try:
+        # the eviction of a (the least recently used) is durable; its server lives on
+        wait_until(lambda: rows_of(db, "instance.stop_requested", a), 60, "a's eviction")
+        (evicted,) = rows_of(db, "residency.evicted", a)
+        assert evicted[4]["for_instance"] == c
+        assert rows_of(db, "instance.stop_requested", a)[0][4]["then"] == "rest"
+        assert rows_of(db, "residency.demanded", c)
+        assert not rows_of(db, "instance.exited", a)
+        assert not rows_of(db, "instance.starting", c)
+        victim = rows_of(db, "instance.spawned", a)[-1][4]["pid"]
+        os.killpg(child.pid, signal.SIGKILL)  # the node only: its servers live on under their shims
+        child.wait(timeout=30)
+        assert alive(victim), "the victim died with the node"
+        head = chain_rows(db)[-1][0]
+
+        node = Node.open(settings)
+        wait_until(lambda: node.status(c).lifecycle == "running", 60, "c running after boot")
+        wait_until(lambda: node.status(a).lifecycle == "resting", 30, "a resting")
+        assert not alive(victim)
+        assert node.status(b).lifecycle == "running"
+        after = [r for r in chain_rows(db) if r[0] > head]
+        # nothing ran twice: one eviction, one stop of a; one demand, one start of c; b reattached
+        assert len(rows_of(db, "residency.evicted", a)) == 1
+        assert len(rows_of(db, "instance.stop_requested", a)) == 1
+        assert len(rows_of(db, "residency.demanded", c)) == 1
+        assert len(rows_of(db, "instance.starting", c)) == 1
+        assert len(rows_of(db, "instance.starting", b)) == 1
+        assert not [r for r in after if r[2] == "residency.refused"]
+        assert [r[2] for r in after if r[3] == b][:1] == ["instance.reattached"]
+        (exited,) = rows_of(db, "instance.exited", a)
+        starting = rows_of(db, "instance.starting", c)[0]
+        assert exited[0] < starting[0]  # the start came once the victim's memory was back
+        led = node.ledger()
+        assert led is not None and led.in_use_bytes <= led.budget_bytes
+        assert verify_chain(db).ok
+    finally:
+        if child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
+        if node is not None:
+            node.shutdown()
+        for r in chain_rows(db):
+            if r[2] == "instance.spawned":
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(r[4]["pgid"], signal.SIGKILL)
