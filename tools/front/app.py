@@ -43,8 +43,8 @@ __all__ = ["MAX_BODY_BYTES", "FrontApp"]
 
 #: The largest request body taken, bytes (a chat with images inlined as base64).
 MAX_BODY_BYTES = 64 << 20
-#: The role of a request's source in the events it causes (``request:<caller>``).
-REQUEST_ROLE = "request"
+#: The role of a request's source in the events it causes (``front:<caller>``).
+REQUEST_ROLE = "front"
 _GETS = ("/v1/models", "/api/tags", "/api/ps")
 _JSON = [(b"content-type", b"application/json")]
 
@@ -157,11 +157,15 @@ class FrontApp:
             "mode": v.mode,
             "names": list(route.names),
             "lifecycle": v.lifecycle,
-            "residency": residency_of(v.lifecycle, getattr(v, "resting", False)),
+            "residency": residency_of(v.lifecycle, v.resting),
+            "on_demand": v.on_demand,
+            "idle_ttl_s": v.idle_ttl_s,
+            "priority": v.priority,
+            "pinned": v.pinned,
+            "last_use_ns": v.last_use_ns,
+            "busy": v.busy,
+            "reserved_bytes": v.reserved_bytes,
         }
-        for name in ("on_demand", "idle_ttl_s", "priority", "pinned", "last_use_ns", "busy"):
-            entry[name] = getattr(v, name, None)
-        entry["reserved_bytes"] = v.reserved_bytes
         return entry
 
 

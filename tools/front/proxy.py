@@ -1,9 +1,9 @@
 """Forwarding one request to the instance that serves its model.
 
 Per request: find the route (:mod:`.routes`), make sure the instance is ready
-(:func:`~.nodecalls.demand`, on a worker thread, skipped when the table saw it
-running), tell the node the request began, send it upstream, pass the answer
-back as it arrives, and tell the node it ended.
+(``Node.demand``, on a worker thread, skipped when the table saw it running),
+tell the node the request began (``Node.request_began``), send it upstream,
+pass the answer back as it arrives, and tell the node it ended.
 
 - **Waiters.** Requests for an instance that is not ready share one demand
   (one worker thread per instance, however many wait); at most
@@ -38,7 +38,6 @@ import pykka
 from infervisor.actors.errors import NodeError, NotResident, UnknownInstance
 from infervisor.adapters.errors import RegistryError
 
-from . import nodecalls
 from .bodies import Asked, with_model
 from .errors import FrontError, retry_after
 from .routes import Route, RouteTable, ollama_names
@@ -170,8 +169,7 @@ class Proxy:
         pending = self._pending.get(iid)
         if pending is None:
             call = functools.partial(
-                nodecalls.demand,
-                self.node,
+                self.node.demand,
                 iid,
                 request=f"front-{secrets.token_hex(6)}",
                 model=model,
@@ -237,7 +235,7 @@ class Proxy:
             body = with_model(body, route.served)  # asked by role or registry name
         headers = [(k, v) for k, v in scope["headers"] if k in _FORWARDED]
         path = scope["path"]
-        nodecalls.request_began(self.node, iid)
+        self.node.request_began(iid)
         self.tally.began(iid)
         status = 499  # the client went away before the answer ended
         try:
@@ -250,7 +248,7 @@ class Proxy:
             finally:
                 await response.aclose()
         finally:
-            nodecalls.request_ended(self.node, iid)
+            self.node.request_ended(iid)
             self.tally.ended(iid, path, status)
 
     async def _open(
