@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import ollama
 import openai
 import pytest
@@ -27,6 +28,7 @@ from infervisor.actors.node import Node
 from infervisor.adapters.manifest import ModelFormat
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
+from infervisor.replay import timeline
 from infervisor.tools.api.auth import TcpAddress, Tokens
 from infervisor.tools.api.metrics import NodeMetrics
 from infervisor.tools.front import FrontConfig, FrontServer
@@ -330,3 +332,48 @@ def test_a_client_that_disconnects_cancels_the_upstream_request(
         wait_until(lambda: loading() == [], 30, "the upstream to see the client go")
     wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the request to end")
     assert srv.tally.snapshot().requests[(iid, "/api/generate", "499")] == 1
+
+
+# --- residency (the node's demand) ------------------------------------------------------
+
+
+def test_a_resting_instance_is_listed_resting_and_started_by_a_request(
+    node: Node, front: Any
+) -> None:
+    spec = msgspec.structs.replace(llama("lazy"), on_demand=True)
+    iid = node.place(spec)
+    srv = front(node)
+    with client(srv) as c:
+        listed = c.get("/v1/models").json()["data"]
+        assert [(m["instance_id"], m["residency"], m["on_demand"]) for m in listed] == [
+            (iid, "resting", True)
+        ]
+        answer = c.post("/v1/completions", json={"model": "lazy", "prompt": "hi"})
+        assert answer.status_code == 200, answer.text
+    demanded = [
+        e for e in timeline(node.settings.chain_path, iid) if e.kind == "residency.demanded"
+    ]
+    assert len(demanded) == 1
+    assert demanded[0].source == "front:token=ci (scope read)"
+
+
+def test_no_room_is_503_with_retry_after_in_openai_shape(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path, front: Any
+) -> None:
+    node = nodes.open(
+        nodes.settings(
+            fake_llama, fake_model, memory_budget_bytes=10_000, reserve_overhead_bytes=8_000
+        )
+    )
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    pinned = node.place(msgspec.structs.replace(llama("one"), pinned=True))
+    node.start(pinned)
+    running(node, pinned)
+    node.place(msgspec.structs.replace(llama("two"), on_demand=True))
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post("/v1/completions", json={"model": "two", "prompt": "hi"})
+    error = assert_openai_error(answer, 503, "no_room")
+    assert int(answer.headers["retry-after"]) >= 1
+    assert "two" in error["message"]
+    assert node.status(pinned).lifecycle == "running"  # pinned: never evicted
