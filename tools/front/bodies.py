@@ -71,10 +71,12 @@ _MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
 
 
 class Asked(msgspec.Struct, frozen=True):
-    """What a request asks for: ``model``, and whether the route is Ollama's own."""
+    """What a request asks for: ``model``, whether the route is Ollama's own, and
+    whether the body asks for a stream (``stream: true``)."""
 
     model: str
     ollama: bool
+    stream: bool = False
 
 
 def parse(path: str, body: bytes) -> Asked:
@@ -100,7 +102,7 @@ def parse(path: str, body: bytes) -> Asked:
             "invalid_body",
             param="model",
         )
-    return Asked(model=model, ollama=ROUTES[path][1])
+    return Asked(model=model, ollama=ROUTES[path][1], stream=getattr(got, "stream", None) is True)
 
 
 def with_model(body: bytes, model: str) -> bytes:

@@ -234,6 +234,10 @@ class Proxy:
         if route.ollama and route.served and asked.model not in ollama_names(route.served):
             body = with_model(body, route.served)  # asked by role or registry name
         headers = [(k, v) for k, v in scope["headers"] if k in _FORWARDED]
+        if asked.stream and not route.ollama:
+            # llama-server drops a connection kept alive after a stream (the next request
+            # sent on it gets no answer): the stream's connection is not kept.
+            headers.append((b"connection", b"close"))
         path = scope["path"]
         self.node.request_began(iid)
         self.tally.began(iid)
