@@ -31,7 +31,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
 from infervisor.tools.api.auth import TcpAddress, Tokens
 from infervisor.tools.api.metrics import NodeMetrics
-from infervisor.tools.front import FrontConfig, FrontServer
+from infervisor.tools.front import FrontConfig, FrontServer, proxy
 
 SECRET = "front-secret-for-tests"
 TAG = "tinyllama"
@@ -377,3 +377,35 @@ def test_no_room_is_503_with_retry_after_in_openai_shape(
     assert int(answer.headers["retry-after"]) >= 1
     assert "two" in error["message"]
     assert node.status(pinned).lifecycle == "running"  # pinned: never evicted
+
+
+def test_an_instance_stopped_since_the_table_was_built_is_503_stopped_not_502(
+    node: Node, front: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The routing table may still say running (it is up to a second old; here it is
+    kept): the refused connection sends the request through the node's demand, which
+    names the stop."""
+    monkeypatch.setattr(proxy, "TABLE_TTL_S", 3600.0)
+    iid = node.place(llama())
+    node.start(iid)
+    running(node, iid)
+    srv = front(node)
+    with client(srv) as c:
+        assert c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"}).status_code == 200
+        node.stop(iid)
+        answer = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    error = assert_openai_error(answer, 503, "stopped")
+    assert iid in error["message"]
+    assert int(answer.headers["retry-after"]) >= 1
+
+
+def test_an_unknown_route_is_404_and_a_wrong_method_405(node: Node, front: Any) -> None:
+    srv = front(node)
+    with client(srv) as c:
+        unknown = c.post("/v1/images/generations", json={"model": "tiny"})
+        wrong = c.get("/v1/chat/completions")
+        listed = c.post("/v1/models", json={})
+    error = assert_openai_error(unknown, 404, "unknown_route")
+    assert "/v1/chat/completions" in error["message"]  # the routes there are
+    assert_openai_error(wrong, 405, "method_not_allowed")
+    assert_openai_error(listed, 405, "method_not_allowed")
