@@ -43,7 +43,7 @@ from infervisor.replay.views import InstanceView, LedgerView
 from . import messages as m
 from .core import observations as o
 from .core import residency as rule
-from .errors import InvalidState, NodeError, NotResident
+from .errors import Cordoned, InvalidState, NodeError, NotResident
 from .ledger import BudgetExceeded
 from .node_boot import ASK_TIMEOUT_S
 from .settings import NodeSettings
@@ -69,6 +69,7 @@ class NodeResidency:
         def list(self) -> builtins.list[InstanceView]: ...
         def _ref(self, instance_id: str) -> pykka.ActorRef[Any]: ...
         def _refs(self) -> builtins.list[pykka.ActorRef[Any]]: ...
+        def _refuse_drained_start(self, iid: str) -> None: ...
 
     def demand(
         self,
@@ -93,9 +94,14 @@ class NodeResidency:
             UnknownInstance, InvalidState: no such instance, or being unloaded.
             NotResident: ``no_room`` (nothing evictable: the numbers are in the
                 message and in ``residency.refused``), ``stopped`` (an operator or
-                controller stopped it: named), ``failed``, ``start_timeout``.
+                controller stopped it: named; a drained node's controller
+                instances too), ``failed``, ``start_timeout``.
         """
         ref = self._ref(instance_id)
+        try:
+            self._refuse_drained_start(instance_id)
+        except Cordoned as e:  # the drain stopped it: a request does not start it
+            raise NotResident(str(e), code="stopped", retry_after_s=0.0) from e
         asked = o.DemandVerb(request=request, model=model, by=by)
         facts: rule.Holder = _ask(ref, m.ResidencyFacts())
         wait_s = timeout_s if timeout_s is not None else (facts.startup_s or DEFAULT_START_S)

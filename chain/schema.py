@@ -85,10 +85,17 @@ def _field(name: str) -> str:
 _LIVE = "('starting', 'running', 'unhealthy', 'restarting', 'stopping')"
 
 
-def _next_state(prev: str, proc: str, kind: str) -> str:
-    """SQL: the lifecycle state after an event of `kind` (replay/reducer.py `_target`)."""
+def _json(payload: str, path: str) -> str:
+    return f"json_extract(CAST({payload} AS TEXT), '{path}')"
+
+
+def _next_state(prev: str, proc: str, kind: str, payload: str, rest: str) -> str:
+    """SQL: the lifecycle state after an event of `kind` (replay/reducer.py `_target`);
+    ``rest``: 1 while the stop in flight rests the instance (its ``then`` is ``rest``)."""
+    then_rest = f"{_json(payload, '$.then')} = 'rest'"
     return f"""CASE {kind}
-        WHEN 'instance.placed' THEN 'loaded'
+        WHEN 'instance.placed' THEN
+            CASE WHEN {_json(payload, "$.spec.on_demand")} = 1 THEN 'resting' ELSE 'loaded' END
         WHEN 'instance.unloaded' THEN NULL
         WHEN 'instance.starting' THEN 'starting'
         WHEN 'instance.ready' THEN 'running'
@@ -98,14 +105,29 @@ def _next_state(prev: str, proc: str, kind: str) -> str:
         WHEN 'instance.failed' THEN 'failed'
         WHEN 'instance.finished' THEN 'finished'
         WHEN 'instance.exited' THEN
-            CASE WHEN {prev} = 'stopping' THEN 'stopped' ELSE 'exited' END
+            CASE WHEN {prev} <> 'stopping' THEN 'exited'
+                 WHEN {rest} THEN 'resting' ELSE 'stopped' END
         WHEN 'instance.stop_requested' THEN
-            CASE WHEN {prev} = 'stopping' OR ({proc} AND {prev} IN {_LIVE})
-                THEN 'stopping' ELSE 'stopped' END
+            CASE WHEN {prev} = 'stopping' OR ({proc} AND {prev} IN {_LIVE}) THEN 'stopping'
+                 WHEN {then_rest} THEN 'resting' ELSE 'stopped' END
         WHEN 'instance.exposed' THEN
             CASE WHEN {prev} = 'stopping' OR ({proc} AND {prev} IN {_LIVE})
                 THEN 'stopping' ELSE 'stopped' END
         ELSE {prev} END"""
+
+
+def _next_rest(rest: str, kind: str, payload: str) -> str:
+    """SQL: 1 while the stop in flight rests the instance (replay/reducer.py `_on_stop`:
+    a shutdown's stop leaves what follows as it was; a start clears it)."""
+    then = f"coalesce({_json(payload, '$.then')}, '')"
+    return f"""CASE {kind}
+        WHEN 'instance.stop_requested' THEN
+            CASE WHEN {then} = 'rest' THEN 1
+                 WHEN {then} = '' AND {_json(payload, "$.by")} = 'shutdown' THEN {rest}
+                 ELSE 0 END
+        WHEN 'instance.starting' THEN 0
+        WHEN 'instance.placed' THEN 0
+        ELSE {rest} END"""
 
 
 def _next_process(proc: str, kind: str) -> str:
@@ -146,16 +168,18 @@ FROM events
 """,  # noqa: S608 - built from constants only
     "instance_states": f"""
 CREATE VIEW IF NOT EXISTS instance_states AS
-WITH RECURSIVE walk(seq, subject, from_state, to_state, process) AS (
+WITH RECURSIVE walk(seq, subject, from_state, to_state, process, rest) AS (
     SELECT e.seq, e.subject, NULL,
-        {_next_state("NULL", "0", "e.kind")},
-        {_next_process("0", "e.kind")}
+        {_next_state("NULL", "0", "e.kind", "e.payload", "0")},
+        {_next_process("0", "e.kind")},
+        {_next_rest("0", "e.kind", "e.payload")}
     FROM (SELECT subject, min(seq) AS first FROM events WHERE subject <> '' GROUP BY subject) f
     JOIN events e ON e.seq = f.first
     UNION ALL
     SELECT n.seq, n.subject, w.to_state,
-        {_next_state("w.to_state", "w.process", "n.kind")},
-        {_next_process("w.process", "n.kind")}
+        {_next_state("w.to_state", "w.process", "n.kind", "n.payload", "w.rest")},
+        {_next_process("w.process", "n.kind")},
+        {_next_rest("w.rest", "n.kind", "n.payload")}
     FROM walk w
     JOIN events n ON n.seq = (
         SELECT min(seq) FROM events WHERE subject = w.subject AND seq > w.seq)

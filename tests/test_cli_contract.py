@@ -63,6 +63,7 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
     "array": lambda v: isinstance(v, list),
     "string": lambda v: isinstance(v, str),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
 }
@@ -381,7 +382,8 @@ def view(lifecycle: str, seq: int, reason: str = "") -> InstanceView:
         role="chat", flavor="llamacpp", mode="managed", endpoint="http://127.0.0.1:1",
         lifecycle=lifecycle, desired="running", reason=reason, since_ns=0, restarts=0,
         health="", health_reason="", status="", reserved_bytes=0, exposure="loopback",
-        last_seq=seq, oom_kills=0,
+        last_seq=seq, oom_kills=0, on_demand=False, priority=0, pinned=False,
+        resting=False, busy=False,
     )  # fmt: skip
     converted: InstanceView = msgspec.convert(fields, InstanceView)
     return converted

@@ -73,7 +73,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from infervisor.actors.core import effects as fx
 from infervisor.actors.core import observations as o
-from infervisor.actors.core.common import remaining_s
+from infervisor.actors.core.common import demand_pending, remaining_s
 from infervisor.actors.core.decide import decide
 from infervisor.actors.core.decision import Situation
 from infervisor.actors.core.health import probe_token, wants_deep, wants_probe
@@ -126,10 +126,20 @@ def _rules(slot: str) -> Rules:
         stop_grace_s=2.0,
         health_kill_grace_s=1.0,
         exposure_grace_s=1.0,
+        idle_ttl_s=20.0 if slot == "llama" else None,  # issue 21: idle expiry on the tick
     )
 
 
 RULES = {slot: _rules(slot) for slot in SLOTS}
+DEMAND = o.DemandVerb(request="req-1", model="tiny", by="front")
+EVICT = o.EvictVerb(
+    by="node", for_instance="other-1", needed_bytes=RESERVED, freed_bytes=RESERVED,
+    budget_bytes=2 * RESERVED, in_use_bytes=2 * RESERVED, candidates=(), grace_s=2.0,
+)  # fmt: skip
+ROOM_REFUSED = o.RoomRefused(
+    by="node", needed_bytes=RESERVED, budget_bytes=RESERVED, in_use_bytes=RESERVED,
+    held={"other-1": RESERVED}, candidates=(),
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the world
@@ -159,6 +169,7 @@ class World:
     procs: dict[int, SimProc] = field(default_factory=dict)
     next_pid: int = 1000
     taken: set[str] = field(default_factory=set)  # slots whose port somebody else holds
+    full: set[str] = field(default_factory=set)  # slots whose demanded start finds no room
     ollama_resident: bool = False
     ollama_unload_fails: bool = False  # Ollama answers an unload with an error
     wall_ns: int = 1_700_000_000 * 10**9
@@ -308,13 +319,16 @@ class SimNode:
                 )  # fmt: skip
             case fx.CheckStart():
                 taken = "127.0.0.1:8080" if slot in w.taken else None
+                no_room = e.demand and slot in w.full and not taken
                 return o.StartChecked(
                     by=e.by,
                     reset_budget=e.reset_budget,
                     attempt=e.attempt,
                     verb=e.verb,
                     taken=taken,
-                    reserved_bytes=0 if taken else RESERVED,
+                    reserved_bytes=0 if taken or no_room else RESERVED,
+                    memory_refusal="memory budget 100 bytes, 100 in use" if no_room else None,
+                    demand=e.demand,
                 )
             case fx.CheckAnswers():
                 return o.AnswersChecked(by=e.by, why_not=None)
@@ -497,6 +511,11 @@ class SimNode:
             assert now_restarts == restarts + scheduled, (
                 f"{iid}: restarts {restarts} before boot, {now_restarts} after"
             )
+        for slot in SLOTS:  # Node.open resumes the demands recorded but not started
+            state = self.states.get(self.slot_iid.get(slot, ""))
+            if state is not None and demand_pending(state):
+                event("boot: a demand resumed")
+                self.run(slot, o.DemandVerb(request="boot", model="", by="boot"))
 
     def boot_facts(self, slot: str, state: InstanceState) -> Any:
         """What ``boot_facts.gather`` finds, from the simulated world."""
@@ -619,6 +638,45 @@ class CrashAnywhere(RuleBasedStateMachine):
     def placement(self, slot: str, gen: int) -> None:
         self._verb(slot, o.PlacementVerb(placed_by="controller-x", generation=gen))
 
+    # ------------------------------------------------------------ residency (issue 21)
+    @rule(slot=st.sampled_from(SLOTS))
+    def demand(self, slot: str) -> None:
+        """A request asks for the instance: a resting one is demanded and started."""
+        self._verb(slot, DEMAND)
+
+    @rule(slot=st.sampled_from(["llama", "ollama"]))
+    def evict(self, slot: str) -> None:
+        """The node evicts it for another's start (refused when busy or loading)."""
+        self._verb(slot, EVICT)
+
+    @rule(slot=st.sampled_from(["llama", "ollama"]))
+    def room_refused(self, slot: str) -> None:
+        """The node found nothing to evict for this one's start."""
+        self._verb(slot, ROOM_REFUSED)
+
+    @rule(slot=st.sampled_from(["llama", "ollama"]), full=st.booleans())
+    def memory(self, slot: str, full: bool) -> None:
+        """From now on a demanded start of the slot finds no room (or finds it)."""
+        (self.node.world.full.add if full else self.node.world.full.discard)(slot)
+
+    @rule(
+        slot=st.sampled_from(["llama", "ollama"]), began=st.integers(1, 3), ended=st.integers(0, 3)
+    )
+    def requests(self, slot: str, began: int, ended: int) -> None:
+        """Requests begin and end (some may stay in flight), then a tick."""
+        for _ in range(began):
+            self._verb(slot, o.RequestBegan())
+        for _ in range(min(began, ended)):
+            self._verb(slot, o.RequestEnded())
+        self.node.tick_all()
+
+    @rule()
+    def stays_idle(self) -> None:
+        """No request for longer than llama's idle_ttl_s, then a tick: it expires
+        to resting if it was running and idle."""
+        self.node.advance(21.0)
+        self.node.tick_all()
+
     @rule()
     def lease_lapses(self) -> None:
         self._verb("llama", o.LeaseLapsed(silent_s=30.0, controller="controller-x"))
@@ -739,7 +797,9 @@ class CrashAnywhere(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the crash
     @rule(
-        during=st.sampled_from(["start", "restart", "stop", "tick", "deliver", "none"]),
+        during=st.sampled_from(
+            ["start", "restart", "stop", "tick", "deliver", "demand", "evict", "none"]
+        ),
         slot=st.sampled_from(SLOTS),
         after=st.integers(0, 3),
         down_s=st.sampled_from([0.0, 0.4, 3.0, 30.0]),
@@ -752,6 +812,8 @@ class CrashAnywhere(RuleBasedStateMachine):
             "restart": o.RestartVerb(by="operator", grace_s=2.0),
             "stop": o.StopVerb(by="operator", grace_s=2.0),
             "tick": o.Tick(),
+            "demand": DEMAND,
+            "evict": EVICT,
         }.get(during)
         interrupted = False
         if obs is not None and self._live(slot):
@@ -869,6 +931,32 @@ def test_crash_before_spawn_does_not_fail_the_instance() -> None:
     node.boot()
     node.settle()
     assert node.states["oneshot-1"].lifecycle is LifecycleState.RUNNING
+
+
+def test_crash_mid_expiry_rests_after_boot_and_nothing_runs_twice() -> None:
+    """Issue 21: the idle expiry is recorded with its stop to rest, the node dies
+    before SIGTERM is sent; the boot finishes the stop and the instance rests
+    (one expiry, one stop, the server ended once)."""
+    node = SimNode()
+    for slot in SLOTS:
+        node.place(slot)
+    node.run("llama", o.StartVerb(by="operator"))
+    iid = node.slot_iid["llama"]
+    node.run("llama", o.ProbeResult(token=probe_token(node.states[iid]), report=REPORTS["up"]))
+    assert node.states[iid].lifecycle is LifecycleState.RUNNING
+    node.world_passes(21.0)
+    with pytest.raises(Crash):
+        node.run("llama", o.Tick(), crash_after=0)  # recorded; Terminate never ran
+    kinds = [stored.kind for stored, _ in node.chain if stored.subject == iid]
+    assert kinds[-2:] == ["residency.expired", "instance.stop_requested"]
+    assert node.world.alive_for(iid)
+    node.crash()
+    node.boot()
+    node.settle()
+    assert node.states[iid].lifecycle is LifecycleState.RESTING
+    assert not node.world.alive_for(iid)
+    kinds = [stored.kind for stored, _ in node.chain if stored.subject == iid]
+    assert kinds.count("residency.expired") == 1 and kinds.count("instance.stop_requested") == 1
 
 
 def test_zz_coverage() -> None:

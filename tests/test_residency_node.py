@@ -11,17 +11,21 @@ sizes, and the ledger counts them.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import NodeFactory
-from support import FAKE_GGUF, chain_rows, free_ports, wait_until
+from support import FAKE_GGUF, chain_rows, cli_here, free_ports, wait_until
 
+from infervisor.actors.clock import ManualClock
 from infervisor.actors.errors import NotResident
 from infervisor.actors.node import Node
 from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.replay import timeline
 
 OVERHEAD = 1000
 SIZES = {"m1": 4000, "m2": 4000, "m3": 4000, "big": 20000}
@@ -223,3 +227,98 @@ def test_an_instance_serving_a_request_is_not_evicted(
     assert node.status(a).lifecycle == "resting"
     assert node.status(b).lifecycle == "running"
     node.request_ended(b)
+
+
+def test_status_and_events_show_residency_and_why_an_instance_was_unloaded(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    node, (a, b, c) = three_resting(nodes, fake_llama, models, m2={"pinned": True})
+    node.demand(a, request="r1", model="m1", by="front")
+    node.demand(b, request="r2", model="m2", by="front")
+    node.demand(c, request="r3", model="m3", by="front")  # evicts a (b is pinned)
+    node.shutdown()
+    data = node.settings.data_dir
+
+    status = cli_here("status", data)  # no node runs: replayed from the chain
+    assert status.returncode == 0, status.stderr
+    lines = {
+        line.split()[1]: line
+        for line in status.stdout.splitlines()
+        if line.startswith("residency:")
+    }
+    assert lines[a].startswith(f"residency: {a} resting") and "last use" in lines[a]
+    assert "pinned" in lines[b] and "priority 0" in lines[b]
+    events = cli_here("events", data, "--kind", "residency.evicted")
+    assert events.returncode == 0, events.stderr
+    (row,) = [line for line in events.stdout.splitlines() if "residency.evicted" in line]
+    assert a in row and f"evicted for {c}" in row
+    # the forensic view walks the states as the reducer does: resting after the rest
+    db = node.settings.chain_path
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        for iid in (a, b, c):
+            got = conn.execute(
+                "SELECT seq, from_state, to_state FROM transitions WHERE instance = ? ORDER BY seq",
+                (iid,),
+            ).fetchall()
+            want = [
+                (e.seq, None if e.frm == "-" else e.frm, None if e.to == "-" else e.to)
+                for e in timeline(db, iid)
+            ]
+            assert got == want
+        states = conn.execute(
+            "SELECT to_state FROM instance_states WHERE instance = ? ORDER BY seq", (a,)
+        ).fetchall()
+        assert states[0] == ("resting",) and states[-1] == ("resting",)
+        evictions = conn.execute(
+            "SELECT count(*) FROM event_log e, json_each(e.payload, '$.candidates') c "
+            "WHERE e.kind = 'residency.evicted' AND json_extract(c.value, '$.chosen')"
+        ).fetchone()
+        assert evictions == (1,)
+
+
+def test_idle_expiry_releases_to_resting_after_its_ttl_and_never_while_serving(
+    nodes: NodeFactory, fake_llama: str, models: Path, manual_clock: ManualClock
+) -> None:
+    settings = nodes.settings(
+        fake_llama,
+        models,
+        memory_budget_bytes=10 * needs(models, "m1"),
+        reserve_overhead_bytes=OVERHEAD,
+        health_interval_s=1.0,
+        reconcile_interval_s=5.0,
+    )
+    node = nodes.open(settings, manual_clock)
+    node.registry.adopt("m1", models / "m1.gguf")
+    (port,) = free_ports(1)
+    iid = node.place(spec("a", "m1", port, idle_ttl_s=60.0))
+    with pytest.raises(NotResident) as waiting:  # recorded and started; not ready at once
+        node.demand(iid, request="r1", model="m1", by="front", timeout_s=0)
+    assert waiting.value.code == "start_timeout"
+
+    def reached(lifecycle: str) -> bool:
+        if node.settled(iid):
+            if node.status(iid).lifecycle == lifecycle:
+                return True
+            manual_clock.advance(settings.health_interval_s)
+        return False
+
+    wait_until(lambda: reached("running"), 30, "running")
+    node.request_began(iid)  # serving: never expired, however long
+    wait_until(lambda: node.status(iid).busy, 10, "busy")
+    for _ in range(3):
+        manual_clock.advance(60.0)
+    assert node.status(iid).lifecycle == "running"
+    node.request_ended(iid)
+    wait_until(lambda: not node.status(iid).busy, 10, "idle")
+    manual_clock.advance(settings.reconcile_interval_s)  # the idle spell is recorded
+    wait_until(lambda: any(k == "residency.idle" for k, _, _ in kinds_of(node)), 10, "idle row")
+    manual_clock.advance(30.0)
+    assert node.status(iid).lifecycle == "running"  # 35 s idle of 60
+    for _ in range(8):
+        manual_clock.advance(settings.reconcile_interval_s)
+    wait_until(lambda: reached("resting"), 30, "resting after the ttl")
+    (expired,) = [p for k, s, p in kinds_of(node) if k == "residency.expired" and s == iid]
+    assert expired["idle_ttl_s"] == 60.0
+    idle = [p for k, s, p in kinds_of(node) if k == "residency.idle" and s == iid][-1]
+    assert expired["idle_since_ns"] == idle["idle_since_ns"]
+    assert node.status(iid).reserved_bytes == 0

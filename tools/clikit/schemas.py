@@ -85,6 +85,16 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     exposure: str | None
     last_exit: ExitInfo | None
     last_seq: int
+    #: Residency (issue 21): the spec's fields, whether it rests, its last use
+    #: (ns since the epoch, UTC; null: never used) and whether it serves a
+    #: request now (null from the chain: only the node counts requests).
+    on_demand: bool = False
+    idle_ttl_s: float | None = None
+    priority: int = 0
+    pinned: bool = False
+    resting: bool = False
+    last_use_ns: int | None = None
+    busy: bool | None = None
 
 
 class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
@@ -163,6 +173,13 @@ def from_view(v: InstanceView) -> InstanceRecord:
         exposure=_none(v.exposure),
         last_exit=_exit(v.last_exit),
         last_seq=v.last_seq,
+        on_demand=v.on_demand,
+        idle_ttl_s=v.idle_ttl_s,
+        priority=v.priority,
+        pinned=v.pinned,
+        resting=v.resting,
+        last_use_ns=v.last_use_ns,
+        busy=v.busy,
     )
 
 
@@ -199,6 +216,13 @@ def from_state(s: InstanceState) -> InstanceRecord:
         exposure=None,
         last_exit=_exit(s.last_exit),
         last_seq=s.last_seq,
+        on_demand=spec.on_demand if spec else False,
+        idle_ttl_s=spec.idle_ttl_s if spec else None,
+        priority=spec.priority if spec else 0,
+        pinned=spec.pinned if spec else False,
+        resting=s.lifecycle.value == "resting",
+        last_use_ns=s.last_use_ns,
+        busy=None,
     )
 
 
@@ -285,6 +309,7 @@ INSTANCE_SCHEMA: dict[str, Any] = {
                 "exited",
                 "failed",
                 "finished",
+                "resting",
             ]
         },
         "desired": {"enum": ["running", "stopped"]},
@@ -302,6 +327,13 @@ INSTANCE_SCHEMA: dict[str, Any] = {
         "exposure": _OPT_STR,
         "last_exit": EXIT_SCHEMA,
         "last_seq": _INT,
+        "on_demand": {"type": "boolean"},
+        "idle_ttl_s": {"type": ["number", "null"]},
+        "priority": _INT,
+        "pinned": {"type": "boolean"},
+        "resting": {"type": "boolean"},
+        "last_use_ns": _OPT_INT,
+        "busy": {"type": ["boolean", "null"]},
     },
 }
 

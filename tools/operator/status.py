@@ -26,7 +26,7 @@ from ..clikit.schemas import InstanceRecord, from_state, from_view
 from ..node.where import where
 from .target import Target, api_failure, node_command, running_healthy, view_of
 
-__all__ = ["age", "chain_refusal", "cordon_lines", "row", "status"]
+__all__ = ["age", "chain_refusal", "cordon_lines", "residency_lines", "row", "status"]
 
 _COLUMNS = (
     "INSTANCE",
@@ -143,14 +143,52 @@ def _show_status(
 def _print_table_and_details(
     target: Target, views: list[InstanceView], info: NodeInfo, instance: str | None
 ) -> None:
-    _print_table([row(from_view(v)) for v in views])
-    for line in [*cordon_lines(info), *witness_lines(info)]:
+    records = [from_view(v) for v in views]
+    _print_table([row(r) for r in records])
+    for line in [*residency_lines(records), *cordon_lines(info), *witness_lines(info)]:
         click.echo(line)
     if instance:
         _print_details(views[0])
         with contextlib.suppress(ApiError, NodeUnavailable), target.client() as client:
             node = client.node()
             click.echo(f"  contained  {node.containment}: {node.containment_reason}")
+
+
+def residency_lines(records: list[InstanceRecord], now_ns: int | None = None) -> list[str]:
+    """One line per instance under a residency policy (issue 21): resting or
+    serving, busy or idle for how long, its last use, pinned, priority, idle ttl.
+    Instances with none of it (no policy, never used) get no line."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    lines = []
+    for r in records:
+        policy = r.on_demand or r.pinned or r.priority or r.idle_ttl_s is not None
+        if not (policy or r.resting or r.last_use_ns is not None):
+            continue
+        parts = [_use_of(r, now_ns)]
+        if r.last_use_ns is not None:
+            parts.append(f"last use {age((now_ns - r.last_use_ns) / 1e9)} ago")
+        if r.pinned:
+            parts.append("pinned")
+        parts.append(f"priority {r.priority}")
+        if r.idle_ttl_s is not None:
+            parts.append(f"idle ttl {r.idle_ttl_s:g}s")
+        if r.on_demand:
+            parts.append("on demand")
+        lines.append(f"residency: {r.instance_id} " + ", ".join(parts))
+    return lines
+
+
+def _use_of(r: InstanceRecord, now_ns: int) -> str:
+    """``resting``, ``busy``, ``idle for 5m`` (since its last use, else since it
+    entered its state), or the lifecycle state."""
+    if r.resting:
+        return "resting"
+    if r.busy:
+        return "busy"
+    if r.lifecycle != "running":
+        return r.lifecycle
+    since = r.last_use_ns if r.last_use_ns is not None else r.since_ns
+    return f"idle for {age((now_ns - since) / 1e9)}" if r.busy is not None else "running"
 
 
 def cordon_lines(info: NodeInfo) -> list[str]:
@@ -274,6 +312,8 @@ def _status_from_chain(
     if unverified:
         print_marker(db, read)
     _print_table([row(r) for r in records])
+    for line in residency_lines(records):
+        click.echo(line)
 
 
 _UNAVAILABLE: dict[type[NodeUnavailable], str] = {
