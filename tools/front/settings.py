@@ -28,8 +28,8 @@ class FrontConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         queue_limit: requests that may wait per instance while it is started or
             loads (1-65536); one more is answered 503 ``queue_full`` with
             ``Retry-After``.
-        max_connections: open client connections at once (1-65536); beyond it the
-            kernel queues them.
+        max_connections: client connections and requests at once (1-65536); one
+            more is answered 503 at once (uvicorn's ``limit_concurrency``).
         upstream_timeout_s: seconds to wait for a server's answer to start, and
             between two pieces of a stream (a generation that stalls that long is
             ended: 504 before its first byte).
