@@ -36,7 +36,7 @@ import httpx
 import pykka
 
 from infervisor.actors.errors import NodeError, NotResident, UnknownInstance
-from infervisor.adapters.errors import RegistryError
+from infervisor.adapters.proc.errors import AdapterError
 
 from .bodies import Asked, with_model
 from .errors import FrontError, retry_after
@@ -115,11 +115,24 @@ class Proxy:
         return self._table
 
     async def _rebuild(self) -> RouteTable:
+        """A table built afresh (one build at a time, shared).
+
+        Raises:
+            FrontError: 503 ``unavailable`` when the node cannot list its instances.
+        """
         if self._building is None:
             loop = asyncio.get_running_loop()
             self._building = loop.run_in_executor(self._pool, self._build)
             self._building.add_done_callback(self._built)
-        return await asyncio.shield(self._building)
+        try:
+            return await asyncio.shield(self._building)
+        except (NodeError, AdapterError, OSError, pykka.ActorDeadError, pykka.Timeout) as e:
+            raise FrontError(
+                503,
+                f"the node cannot list its instances now: {e}",
+                "unavailable",
+                headers={"Retry-After": retry_after(1.0)},
+            ) from None
 
     def _build(self) -> RouteTable:
         registry = self.node.registry
@@ -193,7 +206,7 @@ class Proxy:
         except UnknownInstance:
             self.stale()
             raise (await self.table(fresh=True)).refuse_unknown(model) from None
-        except (NodeError, RegistryError, pykka.ActorDeadError) as e:
+        except (NodeError, AdapterError, pykka.ActorDeadError, pykka.Timeout) as e:
             raise FrontError(
                 503,
                 f"instance {iid} ({model}) cannot serve now: {e}",

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from infervisor.adapters.errors import RegistryError
+from infervisor.adapters.proc.errors import AdapterError
 from infervisor.replay.views import InstanceView
 
 from .errors import FrontError
@@ -135,7 +135,7 @@ def _route(view: InstanceView, tag_of: Callable[[str], str]) -> Route:
         if view.flavor == "ollama":
             try:
                 served = tag_of(view.model)
-            except (RegistryError, OSError):
+            except (AdapterError, OSError):
                 served = view.model  # adopted: the name given is Ollama's
             names.extend(n for n in ollama_names(served) if n not in names)
     names.append(view.role)
