@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import msgspec
 
 from infervisor.replay.callers import source_for
@@ -198,7 +199,7 @@ async def _ollama_lists(proxy: Proxy, path: str) -> dict[str, Any]:
         try:
             answer = await proxy.upstreams.client(base).get(path)
             models = answer.json().get("models", []) if answer.status_code == 200 else []
-        except (ValueError, AttributeError, OSError, Exception):  # noqa: BLE001 - adds none
+        except (httpx.HTTPError, ValueError, AttributeError):  # unreachable, not Ollama's
             return []
         return [m for m in models if isinstance(m, dict) and m.get("name", m.get("model")) in names]
 
