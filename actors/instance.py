@@ -76,7 +76,7 @@ class _Retry(msgspec.Struct, frozen=True):
 #: Observations the effects' threads report, decided as they come.
 _AS_REPORTED = (
     o.ProcessExited, o.GroupGone, o.OllamaResidency, o.OllamaLoadEnded, o.OllamaUnloadEnded,
-    o.RequestBegan, o.RequestEnded,
+    o.RequestBegan, o.RequestEnded, o.ServerActivity,
 )  # fmt: skip
 
 
@@ -203,8 +203,8 @@ class InstanceActor(pykka.ThreadingActor):
                 self._decide_verb(message)
                 return None
             case m.ResidencyFacts():
-                inflight = self.tracking.inflight
-                return holder(self.state, self.rules, inflight, self.adapter.model_bytes)
+                serving = self.tracking.serving
+                return holder(self.state, self.rules, serving, self.adapter.model_bytes)
         return None
 
     def _observe(self, message: Any) -> None:

@@ -113,7 +113,7 @@ def build_view(actor: Viewed) -> InstanceView:
         pinned=spec.pinned,
         resting=state.lifecycle.value == "resting",
         last_use_ns=state.last_use_ns,
-        busy=actor.tracking.inflight > 0,
+        busy=actor.tracking.serving > 0,
         **_accounting(actor.effects, pid),
     )
 

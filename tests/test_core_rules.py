@@ -1424,6 +1424,23 @@ def test_busy_and_idle_are_debounced_to_one_row_each_per_spell() -> None:
     assert "residency.idle" not in sim.kinds_of_last()
 
 
+def test_the_servers_own_counters_make_it_busy_and_idle_like_routed_requests() -> None:
+    sim = running(process_sim())
+    sim.feed(o.ServerActivity(active=2))
+    assert sim.kinds_of_last() == ["residency.busy"]
+    sim.feed(o.RequestBegan())  # routed, and counted by the server too
+    assert sim.kinds_of_last() == []
+    d = sim.feed(_evict_verb())
+    assert d.refusal is not None and "serves 2" in d.refusal.message
+    sim.feed(o.ServerActivity(active=0))
+    assert sim.tracking.serving == 1  # the routed one is still in flight
+    ended_at = sim.clock.wall_ns
+    sim.feed(o.RequestEnded())
+    sim.clock.advance(3)
+    sim.feed(o.Tick())
+    assert "residency.idle" in sim.kinds_of_last() and sim.inst.last_use_ns == ended_at
+
+
 def test_idle_expiry_after_its_ttl_with_nothing_in_flight_rests() -> None:
     sim = running(Sim(rules=replace_rules(make_rules(Mode.PROCESS), idle_ttl_s=60.0)))
     sim.clock.advance(30)

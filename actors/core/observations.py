@@ -131,6 +131,14 @@ class RequestEnded(_Obs, frozen=True):
     """A request routed to the instance ended (answered, failed or cancelled)."""
 
 
+class ServerActivity(_Obs, frozen=True):
+    """The server's own counters (llama-server ``/slots`` or ``/metrics``, Ollama
+    ``/api/ps``): ``active`` requests in progress now, as it reports them
+    (clients that talk to it directly count too)."""
+
+    active: int
+
+
 # ---------------------------------------------------------------- start checks
 class StartChecked(_Obs, frozen=True):
     """What the executor found before a start: the address, the model and the memory.
@@ -361,4 +369,5 @@ Observation = (
     | RoomRefused
     | RequestBegan
     | RequestEnded
+    | ServerActivity
 )

@@ -31,6 +31,7 @@ evict               anything else                          refused (the node pla
 room refused        any                                    ``residency.refused``, refused no_room
 request began       idle as recorded                       ``residency.busy``
 request began/ended otherwise                              tracking only
+server activity     as request began/ended, counted by the server itself
 tick                idle as counted, recorded busy         ``residency.idle``
 tick                running, idle past idle_ttl_s          ``residency.expired`` + stop to rest
 ==================  ====================================  ================================
@@ -53,9 +54,9 @@ from infervisor.replay.callers import Role
 from infervisor.replay.state import Then
 
 from . import observations as o
-from .common import STARTABLE, demand_pending, try_start
+from .common import STARTABLE, demand_pending, try_start, unloading
 from .decision import Draft, RefusalKind, Rule
-from .rules import Rules
+from .rules import Rules, Tracking
 
 __all__ = [
     "EVICTABLE",
@@ -66,6 +67,7 @@ __all__ = [
     "idle_since_ns",
     "plan_room",
     "rules_with",
+    "server_activity",
 ]
 
 S = LifecycleState
@@ -103,9 +105,25 @@ def demand(d: Draft, v: o.DemandVerb) -> None:
             f"{inst.instance_id} is {inst.lifecycle}: ask again once it has stopped",
         )
         return
+    held = _held_back(inst)
+    if held is not None:
+        d.refuse(RefusalKind.INVALID_STATE, held)
+        return
     if not demand_pending(inst):
         d.emit(ev.ResidencyDemanded(request=v.request, model=v.model, by=v.by))
     try_start(d, v.by, verb=True, demand=True)
+
+
+def _held_back(inst: InstanceState) -> str | None:
+    """Why a demand cannot start it now though nobody stopped it (as a start verb)."""
+    if inst.exposed:
+        return (
+            f"{inst.instance_id} was stopped for listening beyond loopback "
+            f"({', '.join(inst.exposed)}); reload the instance"
+        )
+    if unloading(inst):
+        return f"{inst.instance_id} is unloading its model: ask again once the unload has ended"
+    return None
 
 
 def _stopped_refusal(inst: InstanceState) -> str | None:
@@ -124,7 +142,7 @@ def evict(d: Draft, v: o.EvictVerb, stop: Stop) -> None:
     """Evict for the node's plan: recorded with its stop to rest, in one
     transaction; refused when it is no longer evictable (busy, loading, pinned)."""
     inst = d.inst
-    why = _not_evictable(inst, d.tracking.inflight, d.rules.pinned)
+    why = _not_evictable(inst, d.tracking.serving, d.rules.pinned)
     if why is not None:
         d.refuse(RefusalKind.INVALID_STATE, f"{inst.instance_id} is not evicted: {why}")
         return
@@ -179,12 +197,28 @@ def request_began(d: Draft, _: o.RequestBegan) -> None:
 
 def request_ended(d: Draft, _: o.RequestEnded) -> None:
     """Count it; the idle spell begins when none is left (recorded at the next tick)."""
-    left = max(0, d.tracking.inflight - 1)
-    ended = d.now.wall_ns if left == 0 else d.tracking.ended_ns
-    d.track(msgspec.structs.replace(d.tracking, inflight=left, ended_ns=ended))
+    before = d.tracking.serving
+    counted = msgspec.structs.replace(d.tracking, inflight=max(0, d.tracking.inflight - 1))
+    _count(d, counted, before)
 
 
-def holder(inst: InstanceState, rules: Rules, inflight: int, model_bytes: int) -> Holder:
+def server_activity(d: Draft, a: o.ServerActivity) -> None:
+    """The server's own count of requests in progress: busy as for routed ones."""
+    before = d.tracking.serving
+    _count(d, msgspec.structs.replace(d.tracking, server_active=max(0, a.active)), before)
+
+
+def _count(d: Draft, counted: Tracking, before: int) -> None:
+    """Take the new counts: the first request of a busy spell is recorded, the
+    moment the last one ended is kept for the next tick's ``residency.idle``."""
+    if counted.serving == 0 and before > 0:
+        counted = msgspec.structs.replace(counted, ended_ns=d.now.wall_ns)
+    d.track(counted)
+    if counted.serving > 0 and not d.inst.busy:
+        d.emit(ev.ResidencyBusy())
+
+
+def holder(inst: InstanceState, rules: Rules, serving: int, model_bytes: int) -> Holder:
     """What an eviction weighs of this instance (``model_bytes``: its model's size)."""
     kind = rules.supervision
     return Holder(
@@ -193,7 +227,7 @@ def holder(inst: InstanceState, rules: Rules, inflight: int, model_bytes: int) -
         last_use_ns=inst.last_use_ns,
         priority=rules.priority,
         pinned=rules.pinned,
-        busy=inflight > 0,
+        busy=serving > 0,
         loading=inst.lifecycle is S.STARTING,
         serving=inst.lifecycle in _SERVING and inst.desired is Desired.RUNNING,
         needs_bytes=model_bytes + rules.reserve_overhead_bytes,
@@ -214,11 +248,11 @@ def tick(d: Draft, stop: Stop) -> None:
     """Record an idle spell that began (debounced to the tick); release an
     instance idle past its ``idle_ttl_s`` to ``resting``."""
     inst, tracking = d.inst, d.tracking
-    if tracking.inflight == 0 and inst.busy:
+    if tracking.serving == 0 and inst.busy:
         d.emit(ev.ResidencyIdle(idle_since_ns=tracking.ended_ns or d.now.wall_ns))
         inst = d.inst
     ttl = d.rules.idle_ttl_s
-    if ttl is None or tracking.inflight > 0 or inst.busy:
+    if ttl is None or tracking.serving > 0 or inst.busy:
         return
     if inst.lifecycle is not S.RUNNING or inst.desired is not Desired.RUNNING:
         return
@@ -243,6 +277,7 @@ def rules_with(stop: Stop, mode_tick: Rule) -> dict[type[Any], Rule]:
         o.RoomRefused: room_refused,
         o.RequestBegan: request_began,
         o.RequestEnded: request_ended,
+        o.ServerActivity: server_activity,
         o.Tick: on_tick,
     }
 

@@ -75,6 +75,9 @@ class Tracking(msgspec.Struct, frozen=True, kw_only=True):
             ends them all: they were the node's).
         ended_ns: when the last of them ended (ns since the epoch, UTC): the
             ``idle_since_ns`` recorded at the next tick (None: none ended).
+        server_active: requests the server itself reports in progress (its
+            own counters, :class:`~.observations.ServerActivity`: clients that
+            talk to it directly); 0 when it reports none or nothing.
     """
 
     misses: int = 0
@@ -82,3 +85,10 @@ class Tracking(msgspec.Struct, frozen=True, kw_only=True):
     ollama_expires_at_ns: int | None = None
     inflight: int = 0
     ended_ns: int | None = None
+    server_active: int = 0
+
+    @property
+    def serving(self) -> int:
+        """Requests in flight as far as the node knows: routed by it, or reported
+        by the server (the larger: the routed ones are among those it reports)."""
+        return max(self.inflight, self.server_active)
