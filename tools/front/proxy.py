@@ -329,10 +329,11 @@ class Proxy:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as e:  # the server died or stalled mid-answer: end it here
             log.warning("front: the answer of %s ended early: %s", iid, e)
+        finally:  # also when the client went away: what was generated still counts
+            usage = counter.close() if counter is not None else usage_of(bytes(kept))
+            if usage is not None and response.status_code < 400:
+                self.tally.counted(iid, usage.prompt, usage.completion)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        usage = counter.close() if counter is not None else usage_of(bytes(kept))
-        if usage is not None and response.status_code < 400:
-            self.tally.counted(iid, usage.prompt, usage.completion)
 
     async def aclose(self) -> None:
         """Close the upstream clients and the worker threads (not waiting for them)."""
