@@ -254,7 +254,7 @@ class Proxy:
         path = scope["path"]
         self.node.request_began(iid)
         self.tally.began(iid)
-        status = 499  # the client went away before the answer ended
+        status = 499  # the client went away before the server answered
         try:
             response = await self._open(
                 route, asked=asked, base=base, path=path, headers=headers, body=body, by=by

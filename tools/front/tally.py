@@ -9,7 +9,7 @@ Metrics (labels ``instance`` and, where said, ``route`` and ``code``):
 
 - ``infervisor_front_requests_total{instance, route, code}`` (a counter):
   requests routed to the instance, by route (``/v1/chat/completions``...) and
-  HTTP status answered (``499``: the client went away before the answer ended).
+  HTTP status the server answered (``499``: the client went away before it did).
 - ``infervisor_front_tokens_total{instance, kind}`` (a counter): tokens the
   servers reported (``usage``, Ollama's ``eval_count``), ``kind`` ``prompt`` or
   ``completion``; a stream that reports no usage counts one completion token per
