@@ -30,7 +30,7 @@ from infervisor.chain import ChainError, SqliteChain, StoredEvent
 
 from ..api.errors import ApiError
 from ..api.server import ApiServer
-from ..front import FrontServer
+from ..front.server import FrontServer
 from ..servers.extras import install_hint, missing_modules
 from .config import ApiConfig, NodeConfig
 from .lock import RunError

@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     from infervisor.replay import NodeState
 
     from ..api.server import ApiServer
-    from ..front import FrontServer
+    from ..front.server import FrontServer
     from .config import NodeConfig
 
 __all__ = ["EXIT_FAILED", "STOP_SIGNALS", "event_line", "run", "run_node", "serve"]
