@@ -36,6 +36,7 @@ from infervisor.chain import ChainError, SqliteChain
 from infervisor.replay import NodeState, RestartPolicy, rebuild
 from infervisor.tools.node.config import (
     ApiConfig,
+    FrontConfig,
     InstanceEntry,
     ModelEntryConfig,
     WitnessEntry,
@@ -536,6 +537,7 @@ def test_the_example_documents_every_key_with_a_valid_value(tmp_path: Path) -> N
         "[[models]]": (set(raw["models"][0]), fields(ModelEntryConfig)),
         "[[instances]]": (set(raw["instances"][0]), fields(InstanceEntry)),
         "[api]": (set(raw["api"]), fields(ApiConfig)),
+        "[front]": (set(raw["front"]), fields(FrontConfig)),
         "[[witnesses]]": (set(raw["witnesses"][0]), fields(WitnessEntry)),
     }
     for section, (shown, known) in documented.items():

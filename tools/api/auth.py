@@ -160,34 +160,36 @@ class TcpAddress(msgspec.Struct, frozen=True):
         return f"http://{host}:{self.port}"
 
 
-def parse_tcp(value: str, *, allow_non_loopback: bool) -> TcpAddress:
-    """Read ``api.tcp`` (``HOST:PORT``, IPv6 as ``[::1]:PORT``).
+def parse_tcp(value: str, *, allow_non_loopback: bool, key: str = "api.tcp") -> TcpAddress:
+    """Read a TCP listen address (``HOST:PORT``, IPv6 as ``[::1]:PORT``) of the
+    config key ``key`` (``api.tcp``, ``front.listen``), named in every error.
 
     Raises:
         ApiConfigError: not HOST:PORT, a port outside 1-65535, or beyond
-            loopback without ``allow_non_loopback``.
+            loopback without ``allow_non_loopback`` (of the same section).
     """
     host, sep, port_text = value.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ApiConfigError(
-            f"api.tcp {value!r}: expected HOST:PORT with a port in 1-65535, "
+            f"{key} {value!r}: expected HOST:PORT with a port in 1-65535, "
             "e.g. 127.0.0.1:8711 or [::1]:8711",
-            "api.tcp",
+            key,
         )
     if host != "localhost":
         try:
             ipaddress.ip_address(host)
         except ValueError as e:
             raise ApiConfigError(
-                f"api.tcp {value!r}: the host must be an IP address or localhost", "api.tcp"
+                f"{key} {value!r}: the host must be an IP address or localhost", key
             ) from e
     address = TcpAddress(host, int(port_text))
     if not address.loopback and not allow_non_loopback:
+        section = key.partition(".")[0]
         raise ApiConfigError(
-            f"api.tcp {value!r} is reachable beyond this machine; bind 127.0.0.1 or ::1, "
-            "or set api.allow_non_loopback = true (every request still needs a token)",
-            "api.tcp",
+            f"{key} {value!r} is reachable beyond this machine; bind 127.0.0.1 or ::1, "
+            f"or set {section}.allow_non_loopback = true (every request still needs a token)",
+            key,
         )
     return address
 

@@ -122,12 +122,20 @@ class NodeMetrics:
 
     ``node`` answers the running node, or None while it is still starting
     (then only ``infervisor_up 0`` is exposed); ``chain_path`` is the node's
-    chain file (read-only).
+    chain file (read-only); ``also``: more collectors (the front's
+    ``infervisor_front_*`` families, tools/front/tally.py).
     """
 
-    def __init__(self, node: Callable[[], Node | None], chain_path: Path) -> None:
+    def __init__(
+        self,
+        node: Callable[[], Node | None],
+        chain_path: Path,
+        also: Iterable[Collector] = (),
+    ) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_NodeCollector(node, chain_path))
+        for collector in also:  # the front's requests and tokens (tools/front/tally.py)
+            self._registry.register(collector)
 
     def render(self) -> tuple[bytes, str]:
         """(the exposition text, its ``Content-Type``), in Prometheus' text format.

@@ -31,6 +31,7 @@ from infervisor.chain import ChainError, SqliteChain, StoredEvent
 
 from ..api.errors import ApiError
 from ..api.server import ApiServer
+from ..front.server import FrontServer
 from ..servers.extras import install_hint, missing_modules
 from .config import ApiConfig, NodeConfig
 from .lock import RunError
@@ -40,6 +41,7 @@ __all__ = [
     "LOG_FILE",
     "check_chain_owner",
     "diagnostics_to",
+    "listen_for_clients",
     "listen_for_operators",
     "open_node",
     "preflight",
@@ -192,6 +194,35 @@ def listen_for_operators(config: NodeConfig) -> ApiServer:
         raise RunError(f"data_dir {settings.data_dir}: {e}") from e
     gate = server.ctx.gate
     server.ctx.metrics = NodeMetrics(lambda: gate.node, settings.chain_path).render
+    return server
+
+
+def listen_for_clients(config: NodeConfig, control: ApiServer) -> FrontServer | None:
+    """Open the OpenAI-compatible front (``[front] listen``; None without ``[front]``),
+    answering 503 "starting" until the node is open; its requests and tokens join the
+    control API's ``/metrics``.
+
+    Raises:
+        RunError: the address cannot be bound, or the tokens file cannot be used.
+    """
+    from ..api.auth import load_or_create_tokens, parse_tcp  # noqa: PLC0415
+    from ..api.metrics import NodeMetrics  # noqa: PLC0415
+
+    front, settings = config.front, config.node
+    if front is None:
+        return None
+    try:
+        address = parse_tcp(
+            front.listen, allow_non_loopback=front.allow_non_loopback, key="front.listen"
+        )
+        tokens = load_or_create_tokens(Path(settings.data_dir), config.api.tokens)
+        server = FrontServer.listen(front, address, tokens, settings.node_id)
+    except ApiError as e:
+        raise RunError(f"[front] {e}") from e
+    gate = control.ctx.gate
+    control.ctx.metrics = NodeMetrics(
+        lambda: gate.node, settings.chain_path, also=[server.collector()]
+    ).render
     return server
 
 

@@ -4,6 +4,7 @@ Shape (see ``examples/node.toml``)::
 
     [node]                 # NodeSettings: node_id, data_dir, intervals, [node.restart] ...
     [api]                  # ApiConfig: tcp, allow_non_loopback, tokens (name, or name + scope)
+    [front]                # FrontConfig: listen, allow_non_loopback, queue_limit (docs/front.md)
     [[models]]             # registered into the model registry at start
     [[instances]]          # InstanceSpec fields, plus `start` (wanted running when first placed)
     [[witnesses]]          # url, vkey: C2SP tlog-witness witnesses that cosign the checkpoints
@@ -42,12 +43,14 @@ from infervisor.chain.cosignature import parse_witness_key
 from infervisor.replay import RestartPolicy
 
 from ..api.scopes import ApiToken
+from ..front.settings import FrontConfig
 from .witness_config import ConfigError, WitnessEntry, check_witnesses
 
 __all__ = [
     "ApiConfig",
     "ApiToken",
     "ConfigError",
+    "FrontConfig",
     "InstanceEntry",
     "ModelEntryConfig",
     "NodeConfig",
@@ -118,6 +121,7 @@ class NodeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     node: NodeSettings
     api: ApiConfig = msgspec.field(default_factory=ApiConfig)
+    front: FrontConfig | None = None
     models: list[ModelEntryConfig] = msgspec.field(default_factory=list)
     instances: list[InstanceEntry] = msgspec.field(default_factory=list)
     witnesses: list[WitnessEntry] = msgspec.field(default_factory=list)
@@ -356,6 +360,7 @@ def _check(config: NodeConfig, path: Path) -> None:
             raise ConfigError(f"{path}: [[instances]] #{n}: {e}") from e
     _check_unique(config, path)
     _check_api(config, path)
+    _check_front(config, path)
     check_witnesses(config.witnesses, config.node.witness_quorum, path)
 
 
@@ -390,6 +395,39 @@ def _check_api(config: NodeConfig, path: Path) -> None:
             raise ConfigError(
                 f"{path}: [[instances]] #{n}: port {entry.port} is the API's own port "
                 "([api] tcp); choose another port for one of them"
+            )
+
+
+def _check_front(config: NodeConfig, path: Path) -> None:
+    """``[front] listen`` parses, is loopback (unless allowed), is neither the API's
+    port nor an instance's, and has tokens to check (the API's, ``[api] tokens``)."""
+    from ..api.auth import ApiConfigError, parse_tcp  # noqa: PLC0415 - keeps the CLI light
+
+    front = config.front
+    if front is None:
+        return
+    try:
+        address = parse_tcp(
+            front.listen, allow_non_loopback=front.allow_non_loopback, key="front.listen"
+        )
+    except ApiConfigError as e:
+        raise ConfigError(f"{path}: [front] {e}") from e
+    if not config.api.tokens:
+        raise ConfigError(
+            f"{path}: [front] listen: the endpoint takes the API's bearer tokens, and "
+            "[api] tokens names none: name at least one"
+        )
+    _check_tokens(config.api, path)
+    if config.api.tcp is not None and config.api.tcp.rsplit(":", 1)[-1] == str(address.port):
+        raise ConfigError(
+            f"{path}: [front] listen: port {address.port} is the API's own ([api] tcp); "
+            "choose another port for one of them"
+        )
+    for n, entry in enumerate(config.instances, 1):
+        if entry.port == address.port:
+            raise ConfigError(
+                f"{path}: [[instances]] #{n}: port {entry.port} is the front's own port "
+                "([front] listen); choose another port for one of them"
             )
 
 

@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     from infervisor.replay import NodeState
 
     from ..api.server import ApiServer
+    from ..front.server import FrontServer
     from .config import NodeConfig
 
 __all__ = ["EXIT_FAILED", "STOP_SIGNALS", "event_line", "run", "run_node", "serve"]
@@ -194,6 +195,9 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
             log = held.enter_context(boot.diagnostics_to(log_file))
             boot.raise_descriptor_limit(config.api)
             control = held.enter_context(boot.listen_for_operators(config))
+            front = boot.listen_for_clients(config, control)
+            if front is not None:
+                held.callback(front.close)
             files = _resident_files(config, notify)
             notify.status("starting: verifying and replaying the chain, re-attaching servers")
             node = boot.open_node(
@@ -213,6 +217,8 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
             say(f"error: {e}")
             node.shutdown(reason=f"the API cannot serve: {e}")
             return 2
+        if front is not None:
+            front.serve(node)
         say(f"diagnostics (Python logging): {log}")
         for note in node.witness_notes:
             say(f"warning: {note}")
@@ -221,9 +227,11 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
         placing.place_new(node, config, say, stop_requested=lambda: not inbox.empty())
         say(f"node {config.node.node_id} running; chain {config.node.chain_path}")
         say(f"control API: {control.path}" + (f" and {control.url}" if control.url else ""))
+        if front is not None:
+            say(f"OpenAI-compatible endpoint: {front.url}/v1 (the API's bearer tokens)")
         say(f"operator verbs: infervisor status|start|stop|restart|unload {control.path.parent}")
         say("Ctrl-C or SIGTERM stops it; so does SIGHUP (closing the terminal)")
-        return serve(node, control, inbox, say, notify=notify)
+        return serve(node, control, inbox, say, notify=notify, front=front)
 
 
 def _resident_files(config: NodeConfig, notify: Notifier) -> ResidentFiles:
@@ -277,10 +285,13 @@ def serve(
     say: Say,
     *,
     notify: Notifier | None = None,
+    front: FrontServer | None = None,
 ) -> int:
     """Run until a signal arrives or the node fails, then shut it down; the exit status.
 
-    ``notify``: the service manager, told ``STOPPING=1`` when the stop begins.
+    ``notify``: the service manager, told ``STOPPING=1`` when the stop begins;
+    ``front``: the OpenAI-compatible endpoint, answering 503 from then on and
+    closed once the node is shut down.
     """
     notify = notify or Notifier(None)
     stopped_by = _next_signal_or_failure(inbox, node)
@@ -288,11 +299,13 @@ def serve(
         say(f"error: the node failed: {stopped_by}")
         say("shutting it down; a run started again resumes from the chain")
         notify.stopping(f"failed: {stopped_by}; stopping")
-        _shutdown(node, control, inbox, f"node failed: {stopped_by}", say)
+        _shutdown(node, control, inbox, f"node failed: {stopped_by}", say, front=front)
         return EXIT_FAILED
     say(f"received {stopped_by}: stopping managed servers (send it again to kill them at once)")
     notify.stopping(f"stopping: received {stopped_by}; stopping the managed servers")
-    status = _shutdown(node, control, inbox, f"infervisor run received {stopped_by}", say)
+    status = _shutdown(
+        node, control, inbox, f"infervisor run received {stopped_by}", say, front=front
+    )
     if status == 0:
         say("stopped")
     return status
@@ -309,17 +322,26 @@ def event_line(stored: StoredEvent) -> str:
 
 
 def _shutdown(
-    node: Node, control: ApiServer, inbox: queue.SimpleQueue[str], reason: str, say: Say
+    node: Node,
+    control: ApiServer,
+    inbox: queue.SimpleQueue[str],
+    reason: str,
+    say: Say,
+    *,
+    front: FrontServer | None = None,
 ) -> int:
     """Stop the node on a helper thread; a signal meanwhile kills what is still stopping.
 
-    Operator verbs that change state are refused from now on; the ones still
-    running finish first (a signal meanwhile kills a server they stop).
+    Operator verbs that change state are refused from now on, and so are the
+    front's new requests; the verbs still running finish first (a signal
+    meanwhile kills a server they stop).
     """
     failed: list[Exception] = []
 
     def work() -> None:
         try:
+            if front is not None:
+                front.stopping()
             bound = node.settings.stop_grace_s + IN_FLIGHT_WAIT_S
             if not control.stopping(timeout_s=bound):
                 log.warning(
@@ -328,6 +350,8 @@ def _shutdown(
                 )
             node.shutdown(reason=reason)
             control.close()  # 503 for every request from now on, streams ended
+            if front is not None:
+                front.close()
         except (NodeError, ChainError, pykka.ActorDeadError) as e:
             failed.append(e)
         finally:

@@ -1,0 +1,411 @@
+"""The node's OpenAI-compatible front (tools/front, issue 21 item 2), fast: a node
+with the fake llama server and the Ollama test server (tests/servers/ollama_server.py),
+through the official ``openai`` and ``ollama`` clients and plain httpx.
+
+What each test proves is in its name; the real llama.cpp server is in
+tests/test_front_real.py (slow).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import ollama
+import openai
+import pytest
+from conftest import NodeFactory
+from support import OllamaTestServer, ollama_server, wait_until
+
+from infervisor.actors.node import Node
+from infervisor.adapters.manifest import ModelFormat
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
+from infervisor.replay import timeline
+from infervisor.tools.api.auth import TcpAddress, Tokens
+from infervisor.tools.api.metrics import NodeMetrics
+from infervisor.tools.front import FrontConfig, FrontServer, proxy
+
+SECRET = "front-secret-for-tests"
+TAG = "tinyllama"
+
+
+@pytest.fixture
+def node(nodes: NodeFactory, fake_llama: str, fake_model: Path) -> Node:
+    n = nodes.open(nodes.settings(fake_llama, fake_model, ollama_keep_alive="5m"))
+    n.registry.adopt("tiny", fake_model / "tiny.gguf")
+    n.registry.adopt(TAG, format=ModelFormat.OLLAMA, ollama_tag=TAG)
+    return n
+
+
+@pytest.fixture
+def front() -> Iterator[Callable[..., FrontServer]]:
+    """``front(node, **config)``: a front serving ``node`` (closed in teardown)."""
+    with contextlib.ExitStack() as stack:
+
+        def start(node: Node, **config: Any) -> FrontServer:
+            port = free_port()
+            cfg = FrontConfig(listen=f"127.0.0.1:{port}", **config)
+            tokens = Tokens({"ci": SECRET}, {})
+            server = FrontServer.listen(cfg, TcpAddress("127.0.0.1", port), tokens, "n1")
+            stack.callback(server.close)
+            server.serve(node)
+            return server
+
+        yield start
+
+
+@pytest.fixture
+def ollama_srv() -> Iterator[Callable[..., OllamaTestServer]]:
+    with contextlib.ExitStack() as stack:
+
+        def start(*models: str, **flags: Any) -> OllamaTestServer:
+            flags.setdefault("model_size", 0)
+            return stack.enter_context(ollama_server(*models, **flags))
+
+        yield start
+
+
+def llama(role: str = "chat") -> InstanceSpec:
+    return InstanceSpec(role=role, flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+
+
+def sdk(srv: FrontServer, key: str = SECRET) -> openai.OpenAI:
+    """The official OpenAI client on the front (close it)."""
+    http = openai.DefaultHttpxClient(trust_env=False)
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, http_client=http)
+
+
+def client(srv: FrontServer, token: str | None = SECRET) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=srv.url, headers=headers, timeout=60.0, trust_env=False)
+
+
+def running(node: Node, iid: str) -> None:
+    node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
+
+
+def assert_openai_error(answer: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "code", "param"}
+    assert error["code"] == code and error["message"]
+    return dict(error)
+
+
+# --- refusals ---------------------------------------------------------------------------
+
+
+def test_no_token_or_a_wrong_one_is_401_in_openai_shape(node: Node, front: Any) -> None:
+    srv = front(node)
+    for token in (None, "not-the-secret"):
+        with client(srv, token) as c:
+            answer = c.get("/v1/models")
+        error = assert_openai_error(answer, 401, "invalid_api_key")
+        assert error["type"] == "authentication_error"
+        assert answer.headers["www-authenticate"].startswith("Bearer")
+    with (
+        sdk(srv, "wrong") as wrong,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        wrong.models.list()
+
+
+def test_unknown_model_is_404_naming_the_models_there_are(node: Node, front: Any) -> None:
+    iid = node.place(llama("chat"))
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post("/v1/chat/completions", json={"model": "gpt-9", "messages": []})
+    error = assert_openai_error(answer, 404, "model_not_found")
+    assert error["param"] == "model"
+    assert "'gpt-9'" in error["message"] and "tiny" in error["message"]
+    assert "chat" in error["message"]
+    assert node.status(iid).lifecycle == "loaded"  # nothing was started for it
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {"model": "tiny"}, "messages"),
+        ("/v1/chat/completions", {"messages": []}, "model"),
+        ("/v1/chat/completions", {"model": 7, "messages": []}, "model"),
+        ("/v1/completions", {"model": "tiny", "prompt": 3}, "prompt"),
+        ("/v1/embeddings", {"model": "tiny"}, "input"),
+        ("/api/embed", {"model": TAG}, "input"),
+    ],
+)
+def test_a_malformed_body_is_400_naming_the_field(
+    node: Node, front: Any, path: str, body: dict[str, Any], field: str
+) -> None:
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post(path, json=body)
+    error = assert_openai_error(answer, 400, "invalid_body")
+    assert error["param"] == field and f"`{field}`" in error["message"]
+
+
+def test_a_body_that_is_not_json_is_400(node: Node, front: Any) -> None:
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post("/v1/completions", content=b"{not json", headers={"content-type": "x"})
+    assert_openai_error(answer, 400, "invalid_body")
+
+
+def test_a_stopped_instance_is_503_with_retry_after(node: Node, front: Any) -> None:
+    iid = node.place(llama())
+    node.start(iid)
+    running(node, iid)
+    node.stop(iid)
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    assert_openai_error(answer, 503, "stopped")
+    assert int(answer.headers["retry-after"]) >= 1
+    assert node.status(iid).lifecycle == "stopped"  # an operator's stop wins over requests
+
+
+def test_a_full_queue_is_503_with_retry_after_and_the_waiter_is_served_once_ready(
+    node: Node, front: Any
+) -> None:
+    iid = node.place(llama())
+    folder = Path(node.settings.data_dir) / "instances" / iid
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "health").write_text("loading")  # the fake server loads until told otherwise
+    srv = front(node, queue_limit=1)
+    first: list[httpx.Response] = []
+
+    def waiter() -> None:
+        with client(srv) as c:
+            first.append(c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"}))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_until(lambda: srv.tally.snapshot().waiting[iid] == 1, 30, "the first request to wait")
+    assert node.status(iid).lifecycle == "starting"  # the request started it
+    with client(srv) as c:
+        answer = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    error = assert_openai_error(answer, 503, "queue_full")
+    assert "queue_limit" in error["message"]
+    assert int(answer.headers["retry-after"]) >= 1
+    (folder / "health").write_text("ok")
+    thread.join(60)
+    assert first and first[0].status_code == 200, first
+    assert first[0].json()["choices"][0]["text"] == " fake"
+    assert first[0].headers["x-infervisor-instance"] == iid
+
+
+# --- models and routing -----------------------------------------------------------------
+
+
+def test_models_lists_every_instance_with_its_residency(
+    node: Node, front: Any, ollama_srv: Any
+) -> None:
+    on = node.place(llama("chat"))
+    node.start(on)
+    running(node, on)
+    rests = node.place(llama("spare"))
+    osrv = ollama_srv(TAG)
+    node.place(InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port))
+    srv = front(node)
+    with sdk(srv) as c:
+        models = c.models.list().data
+    listed = {m.model_extra["instance_id"]: m for m in models if m.model_extra}
+    assert len(listed) == 3
+    assert listed[on].id == "tiny" and listed[on].model_extra is not None
+    assert listed[on].model_extra["residency"] == "resident"
+    assert listed[on].model_extra["role"] == "chat"
+    assert listed[rests].model_extra is not None
+    assert listed[rests].model_extra["residency"] == "loaded"
+    ollama_entry = next(m for m in listed.values() if m.id == TAG)
+    assert ollama_entry.model_extra is not None
+    assert f"{TAG}:latest" in ollama_entry.model_extra["names"]
+    assert all(m.object == "model" and m.owned_by == "n1" for m in listed.values())
+
+
+def test_a_role_routes_to_its_instance_and_a_loaded_one_is_started_on_request(
+    node: Node, front: Any
+) -> None:
+    iid = node.place(llama("writer"))
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post("/v1/completions", json={"model": "writer", "prompt": "hi"})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-infervisor-instance"] == iid
+    assert node.status(iid).lifecycle == "running"
+
+
+# --- the official clients ---------------------------------------------------------------
+
+
+def test_the_openai_client_streams_through_the_front_and_tokens_are_counted(
+    node: Node, front: Any, ollama_srv: Any, request: pytest.FixtureRequest
+) -> None:
+    osrv = ollama_srv(TAG, load_seconds=0.05)
+    iid = node.place(InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port))
+    node.start(iid)
+    running(node, iid)
+    srv = front(node)
+    c = sdk(srv)
+    request.addfinalizer(c.close)
+    whole = c.chat.completions.create(model=TAG, messages=[{"role": "user", "content": "hi"}])
+    assert whole.choices[0].message.content == "Hello from ollama_server."
+    assert whole.usage is not None and whole.usage.completion_tokens == 3
+    pieces = list(
+        c.chat.completions.create(
+            model="llm", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    )
+    text = "".join(p.choices[0].delta.content or "" for p in pieces if p.choices)
+    assert text == "Hello from ollama_server."
+    done = c.completions.create(model=f"{TAG}:latest", prompt="hi")
+    assert done.choices[0].text == "Hello from ollama_server."
+    wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the requests to end")
+    metrics = NodeMetrics(lambda: node, node.settings.chain_path, also=[srv.collector()])
+    exposed = metrics.render()[0].decode()
+    assert (
+        f'infervisor_front_requests_total{{code="200",instance="{iid}",'
+        'route="/v1/chat/completions"} 2.0'
+    ) in exposed
+    assert f'infervisor_front_tokens_total{{instance="{iid}",kind="completion"}}' in exposed
+
+
+def test_the_ollama_client_through_the_front(
+    node: Node, front: Any, ollama_srv: Any, request: pytest.FixtureRequest
+) -> None:
+    osrv = ollama_srv(TAG, "other", load_seconds=0.05)
+    iid = node.place(InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port))
+    node.start(iid)
+    running(node, iid)
+    srv = front(node)
+    c = ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {SECRET}"}, trust_env=False)
+    request.addfinalizer(c.close)
+    answer = c.generate(model=TAG, prompt="Hello", stream=False)
+    assert answer.done and answer.response
+    pieces = list(c.chat(model=TAG, messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert pieces[-1].done and "".join(p.message.content or "" for p in pieces)
+    by_role = c.generate(model="llm", prompt="Hello", stream=False)  # the tag is given upstream
+    assert by_role.done and by_role.model.startswith(TAG)
+    assert len(c.embed(model=TAG, input=["a", "b"]).embeddings) == 2
+    assert c.show(TAG).modelinfo is not None
+    assert [m.model for m in c.list().models] == [f"{TAG}:latest"]  # not "other": no instance
+    assert [m.model for m in c.ps().models] == [f"{TAG}:latest"]
+    with pytest.raises(ollama.ResponseError) as err:
+        c.generate(model="other", prompt="Hello")
+    assert err.value.status_code == 404
+
+
+def test_a_client_that_disconnects_cancels_the_upstream_request(
+    node: Node, front: Any, ollama_srv: Any
+) -> None:
+    """The Ollama test server loads a model for as long as a client waits for it and
+    cancels the load once its client is gone (as Ollama does): the load ends long
+    before its 60 s only if the front closed the server's connection."""
+    osrv = ollama_srv(TAG, load_seconds=60)
+    iid = node.place(
+        InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port, mode=Mode.ADOPTED)
+    )
+    node.start(iid)
+    running(node, iid)
+    srv = front(node)
+    with httpx.Client(base_url=osrv.url, trust_env=False) as direct:
+
+        def loading() -> list[str]:
+            return [m["name"] for m in direct.get("/api/ps").json()["models"]]
+
+        body = json.dumps({"model": TAG, "prompt": "hi"}).encode()
+        head = (
+            f"POST /api/generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", srv.address.port)) as sock:
+            sock.sendall(head.encode() + body)
+            wait_until(lambda: loading() == [f"{TAG}:latest"], 30, "the load to begin upstream")
+            assert srv.tally.snapshot().in_flight[iid] == 1
+        # the client went away without an answer
+        wait_until(lambda: loading() == [], 30, "the upstream to see the client go")
+    wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the request to end")
+    assert srv.tally.snapshot().requests[(iid, "/api/generate", "499")] == 1
+
+
+# --- residency (the node's demand) ------------------------------------------------------
+
+
+def test_a_resting_instance_is_listed_resting_and_started_by_a_request(
+    node: Node, front: Any
+) -> None:
+    spec = msgspec.structs.replace(llama("lazy"), on_demand=True)
+    iid = node.place(spec)
+    srv = front(node)
+    with client(srv) as c:
+        listed = c.get("/v1/models").json()["data"]
+        assert [(m["instance_id"], m["residency"], m["on_demand"]) for m in listed] == [
+            (iid, "resting", True)
+        ]
+        answer = c.post("/v1/completions", json={"model": "lazy", "prompt": "hi"})
+        assert answer.status_code == 200, answer.text
+    demanded = [
+        e for e in timeline(node.settings.chain_path, iid) if e.kind == "residency.demanded"
+    ]
+    assert len(demanded) == 1
+    assert demanded[0].source == "front:token=ci (scope read)"
+
+
+def test_no_room_is_503_with_retry_after_in_openai_shape(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path, front: Any
+) -> None:
+    node = nodes.open(
+        nodes.settings(
+            fake_llama, fake_model, memory_budget_bytes=10_000, reserve_overhead_bytes=8_000
+        )
+    )
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    pinned = node.place(msgspec.structs.replace(llama("one"), pinned=True))
+    node.start(pinned)
+    running(node, pinned)
+    node.place(msgspec.structs.replace(llama("two"), on_demand=True))
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post("/v1/completions", json={"model": "two", "prompt": "hi"})
+    error = assert_openai_error(answer, 503, "no_room")
+    assert int(answer.headers["retry-after"]) >= 1
+    assert "two" in error["message"]
+    assert node.status(pinned).lifecycle == "running"  # pinned: never evicted
+
+
+def test_an_instance_stopped_since_the_table_was_built_is_503_stopped_not_502(
+    node: Node, front: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The routing table may still say running (it is up to a second old; here it is
+    kept): the refused connection sends the request through the node's demand, which
+    names the stop."""
+    monkeypatch.setattr(proxy, "TABLE_TTL_S", 3600.0)
+    iid = node.place(llama())
+    node.start(iid)
+    running(node, iid)
+    srv = front(node)
+    with client(srv) as c:
+        assert c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"}).status_code == 200
+        node.stop(iid)
+        answer = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    error = assert_openai_error(answer, 503, "stopped")
+    assert iid in error["message"]
+    assert int(answer.headers["retry-after"]) >= 1
+
+
+def test_an_unknown_route_is_404_and_a_wrong_method_405(node: Node, front: Any) -> None:
+    srv = front(node)
+    with client(srv) as c:
+        unknown = c.post("/v1/images/generations", json={"model": "tiny"})
+        wrong = c.get("/v1/chat/completions")
+        listed = c.post("/v1/models", json={})
+    error = assert_openai_error(unknown, 404, "unknown_route")
+    assert "/v1/chat/completions" in error["message"]  # the routes there are
+    assert_openai_error(wrong, 405, "method_not_allowed")
+    assert_openai_error(listed, 405, "method_not_allowed")

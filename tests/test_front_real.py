@@ -1,0 +1,95 @@
+"""The front (tools/front) before the real llama.cpp server on the project's tiny
+model, through the official ``openai`` client: whole answers, streams, a
+server's own error passed through, and the tokens counted.
+
+Marked slow: run alone with ``pytest -m slow``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from conftest import NodeFactory
+from support import wait_until
+
+from infervisor.actors.node import Node
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.tools.api.auth import TcpAddress, Tokens
+from infervisor.tools.front import FrontConfig, FrontServer
+
+pytestmark = pytest.mark.slow
+
+SECRET = "real-front-secret"
+
+
+@pytest.fixture
+def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
+    registry = tmp_path / "models"
+    registry.mkdir()
+    n = nodes.open(nodes.settings("infervisor-llama-server", registry))
+    shutil.copy(tiny_gguf, registry / "tiny.gguf")
+    n.registry.adopt("tiny", registry / "tiny.gguf")
+    return n
+
+
+@pytest.fixture
+def front(node: Node) -> Iterator[FrontServer]:
+    port = free_port()
+    config = FrontConfig(listen=f"127.0.0.1:{port}")
+    with FrontServer.listen(
+        config, TcpAddress("127.0.0.1", port), Tokens({"ci": SECRET}, {}), "n1"
+    ) as server:
+        server.serve(node)
+        yield server
+
+
+@pytest.fixture
+def sdk(front: FrontServer) -> Iterator[openai.OpenAI]:
+    http = openai.DefaultHttpxClient(trust_env=False)
+    with openai.OpenAI(
+        base_url=f"{front.url}/v1", api_key=SECRET, max_retries=0, http_client=http
+    ) as client:
+        yield client
+
+
+def test_the_openai_client_through_the_front_to_llama_server(
+    node: Node, front: FrontServer, sdk: openai.OpenAI
+) -> None:
+    spec = InstanceSpec(role="chat", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+    iid = node.place(spec)  # loaded, not started: the first request starts it
+    hello = [{"role": "user", "content": "Hello"}]
+
+    whole = sdk.chat.completions.create(model="tiny", messages=hello, max_tokens=8)  # type: ignore[arg-type]
+    assert whole.model == "tiny" and whole.choices[0].message.role == "assistant"
+    assert whole.usage is not None and whole.usage.completion_tokens == 8
+    assert node.status(iid).lifecycle == "running"
+
+    stream = sdk.chat.completions.create(
+        model="chat",  # the role
+        messages=hello,  # type: ignore[arg-type]
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces = list(stream)
+    assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 6
+    assert [p.choices[0].finish_reason for p in pieces if p.choices][-1] == "length"
+
+    texts = list(sdk.completions.create(model="tiny", prompt="Once", max_tokens=5, stream=True))
+    assert sum(1 for t in texts if t.choices and t.choices[0].text) == 5
+
+    with pytest.raises(openai.APIStatusError) as refused:  # the server's own error, unchanged
+        sdk.embeddings.create(model="tiny", input="hi")
+    assert refused.value.status_code == 501 and "--embeddings" in refused.value.message
+
+    # the front counts a request once its answer is sent: the client may read it first
+    wait_until(lambda: front.tally.snapshot().in_flight[iid] == 0, 30, "the requests to end")
+    tally = front.tally.snapshot()
+    assert tally.requests[(iid, "/v1/chat/completions", "200")] == 2
+    assert tally.requests[(iid, "/v1/embeddings", "501")] == 1
+    assert tally.tokens[(iid, "completion")] == 8 + 6 + 5

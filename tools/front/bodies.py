@@ -1,0 +1,127 @@
+"""What the front reads of a request body: the model it names, and the fields
+each route cannot do without (named in a 400 when missing or mistyped).
+
+The body itself goes upstream unchanged (re-encoded only where an Ollama model
+asked for by another name must be given Ollama's): only these fields are
+decoded, with msgspec, so a large prompt costs one scan.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from .errors import FrontError
+
+__all__ = ["ROUTES", "Asked", "parse", "with_model"]
+
+
+class _Chat(msgspec.Struct):
+    model: str
+    messages: list[Any]
+    stream: bool | None = None
+
+
+class _Completion(msgspec.Struct):
+    model: str
+    prompt: str | list[Any]
+    stream: bool | None = None
+
+
+class _Embedding(msgspec.Struct):
+    model: str
+    input: str | list[Any]
+
+
+class _OllamaModel(msgspec.Struct):
+    """Ollama's routes: ``model`` (``name`` in older clients' ``/api/show``)."""
+
+    model: str | None = None
+    name: str | None = None
+    stream: bool | None = None
+
+
+class _OllamaEmbed(msgspec.Struct):
+    model: str
+    input: str | list[Any]
+
+
+class _OllamaEmbeddings(msgspec.Struct):
+    model: str
+    prompt: str
+
+
+#: POST path -> (its body's type, an Ollama native route).
+ROUTES: dict[str, tuple[type[msgspec.Struct], bool]] = {
+    "/v1/chat/completions": (_Chat, False),
+    "/v1/completions": (_Completion, False),
+    "/v1/embeddings": (_Embedding, False),
+    "/api/chat": (_OllamaModel, True),
+    "/api/generate": (_OllamaModel, True),
+    "/api/embed": (_OllamaEmbed, True),
+    "/api/embeddings": (_OllamaEmbeddings, True),
+    "/api/show": (_OllamaModel, True),
+}
+
+_DECODERS = {path: msgspec.json.Decoder(kind) for path, (kind, _) in ROUTES.items()}
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
+_MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
+
+
+class Asked(msgspec.Struct, frozen=True):
+    """What a request asks for: ``model``, whether the route is Ollama's own, and
+    whether the body asks for a stream (``stream: true``)."""
+
+    model: str
+    ollama: bool
+    stream: bool = False
+
+
+def parse(path: str, body: bytes) -> Asked:
+    """The model a POST to ``path`` asks for.
+
+    Raises:
+        FrontError: 400 ``invalid_body`` naming the field (``param``) that is
+            missing or of the wrong type, or saying the body is not a JSON object.
+    """
+    try:
+        got = _DECODERS[path].decode(body)
+    except msgspec.ValidationError as e:
+        raise _bad(path, str(e)) from None
+    except msgspec.DecodeError as e:
+        raise FrontError(
+            400, f"the body of {path} is not JSON: {e}", "invalid_body", param=None
+        ) from None
+    model = getattr(got, "model", None) or getattr(got, "name", None)
+    if not model:
+        raise FrontError(
+            400,
+            f"{path}: `model` is required (a model name or role: GET /v1/models)",
+            "invalid_body",
+            param="model",
+        )
+    return Asked(model=model, ollama=ROUTES[path][1], stream=getattr(got, "stream", None) is True)
+
+
+def with_model(body: bytes, model: str) -> bytes:
+    """``body`` with its ``model`` (and an old client's ``name``) set to ``model``."""
+    doc = msgspec.json.decode(body)
+    doc["model"] = model
+    doc.pop("name", None)
+    return msgspec.json.encode(doc)
+
+
+def _bad(path: str, message: str) -> FrontError:
+    match = _AT.match(message)
+    what = match["what"] if match else message
+    field = (match["path"] if match else None) or None
+    if missing := _MISSING.match(what):
+        field = missing["key"]
+        text = f"{path}: `{field}` is required"
+    elif field is None:
+        text = f"{path}: the body must be a JSON object ({what})"
+    else:
+        text = f"{path}: `{field}`: {what[:1].lower()}{what[1:]}"
+    return FrontError(400, text, "invalid_body", param=field)

@@ -1,0 +1,362 @@
+"""Forwarding one request to the instance that serves its model.
+
+Per request: find the route (:mod:`.routes`), make sure the instance is ready
+(``Node.demand``, on a worker thread, skipped when the table saw it running),
+tell the node the request began (``Node.request_began``), send it upstream,
+pass the answer back as it arrives, and tell the node it ended.
+
+- **Waiters.** Requests for an instance that is not ready share one demand
+  (one worker thread per instance, however many wait); at most
+  ``queue_limit`` wait per instance, one more is answered 503 ``queue_full``.
+  A refusal of the node (:class:`~infervisor.actors.errors.NotResident`) is a
+  503 with ``Retry-After`` from its ``retry_after_s``.
+- **A stale table.** The table is at most :data:`TABLE_TTL_S` old; an instance
+  seen running but gone since (evicted, stopped) refuses the connection, and
+  the request then goes through the demand once, as if the table had said so.
+- **Streams.** Bytes pass through unchanged, piece by piece; the next piece is
+  read from the server only once the client took the last (backpressure:
+  uvicorn's ``send`` waits while the client's socket is full). A client that
+  goes away (``http.disconnect``) cancels the request, which closes the
+  server's connection: llama-server and Ollama stop generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pykka
+
+from infervisor.actors.errors import NodeError, NotResident, UnknownInstance
+from infervisor.adapters.proc.errors import AdapterError
+
+from .bodies import Asked, with_model
+from .errors import FrontError, retry_after
+from .routes import Route, RouteTable, ollama_names
+from .tally import FrontTally
+from .upstream import Upstreams
+from .usage import StreamCounter, usage_of
+
+if TYPE_CHECKING:
+    from infervisor.actors.node import Node
+    from infervisor.replay.views import InstanceView
+
+__all__ = ["TABLE_TTL_S", "Proxy"]
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+#: Seconds a routing table is used before it is built again (in the background).
+TABLE_TTL_S = 1.0
+#: ``Retry-After`` of a full queue, seconds.
+QUEUE_FULL_RETRY_S = 2.0
+#: Tries to send a request upstream: a kept-alive connection closed under it, or a
+#: refused one to an instance seen running (then demanded), is tried again.
+_ATTEMPTS = 3
+#: Bytes of a whole (not streamed) answer kept to read its usage.
+USAGE_BODY_MAX = 1 << 20
+#: Request headers sent on to the server (the client's credentials never are).
+_FORWARDED = frozenset({b"content-type", b"accept", b"accept-encoding", b"user-agent"})
+#: Response headers not passed back (hop-by-hop, RFC 9110 7.6.1, and the server's own).
+_DROPPED = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"date",
+        b"server",
+    }
+)
+_STREAMED = (b"text/event-stream", b"application/x-ndjson")
+
+
+class Proxy:
+    """The routing table, the waiters and the upstream clients of one front.
+
+    Event loop thread only, apart from the worker threads it runs node calls on.
+    """
+
+    def __init__(self, node: Node, *, queue_limit: int, upstream_timeout_s: float) -> None:
+        self.node = node
+        self.queue_limit = queue_limit
+        self.tally = FrontTally()
+        self.upstreams = Upstreams(upstream_timeout_s)
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infervisor-front")
+        self._table = RouteTable()
+        self._built_at: float | None = None
+        self._building: asyncio.Future[RouteTable] | None = None
+        self._pending: dict[str, asyncio.Future[InstanceView]] = {}
+        self._waiting: Counter[str] = Counter()
+
+    # ------------------------------------------------------------ the table
+    async def table(self, *, fresh: bool = False) -> RouteTable:
+        """The routing table: rebuilt when ``fresh``, when there is none yet, or (in the
+        background, this call not waiting) when older than :data:`TABLE_TTL_S`."""
+        age = None if self._built_at is None else time.monotonic() - self._built_at
+        if fresh or age is None:
+            return await self._rebuild()
+        if age > TABLE_TTL_S and self._building is None:
+            task = asyncio.ensure_future(self._rebuild())
+            task.add_done_callback(_quiet)
+        return self._table
+
+    async def _rebuild(self) -> RouteTable:
+        """A table built afresh (one build at a time, shared).
+
+        Raises:
+            FrontError: 503 ``unavailable`` when the node cannot list its instances.
+        """
+        if self._building is None:
+            loop = asyncio.get_running_loop()
+            self._building = loop.run_in_executor(self._pool, self._build)
+            self._building.add_done_callback(self._built)
+        try:
+            return await asyncio.shield(self._building)
+        except (NodeError, AdapterError, OSError, pykka.ActorDeadError, pykka.Timeout) as e:
+            raise FrontError(
+                503,
+                f"the node cannot list its instances now: {e}",
+                "unavailable",
+                headers={"Retry-After": retry_after(1.0)},
+            ) from None
+
+    def _build(self) -> RouteTable:
+        registry = self.node.registry
+        return RouteTable.build(self.node.list(), lambda name: registry.entry(name).tag)
+
+    def _built(self, fut: asyncio.Future[RouteTable]) -> None:
+        self._building = None
+        if not fut.cancelled() and fut.exception() is None:
+            self._table, self._built_at = fut.result(), time.monotonic()
+
+    def stale(self) -> None:
+        """Build the table afresh at its next use."""
+        self._built_at = None
+
+    async def route(self, asked: Asked) -> Route:
+        """The route of ``asked.model``; a miss looks again in a fresh table.
+
+        Raises:
+            FrontError: 404 ``model_not_found`` naming the models there are.
+        """
+        table = await self.table()
+        found = table.find(asked.model, ollama_only=asked.ollama)
+        if found is None:
+            table = await self.table(fresh=True)
+            found = table.find(asked.model, ollama_only=asked.ollama)
+        if found is None:
+            raise table.refuse_unknown(asked.model, ollama_only=asked.ollama)
+        return found
+
+    # ------------------------------------------------------------ readiness
+    async def ready(self, route: Route, model: str, by: str) -> str:
+        """The base URL of ``route``'s instance once it is ready (waits while it loads).
+
+        Raises:
+            FrontError: 503 ``queue_full``, or the node's refusal (503 with its code
+                and ``Retry-After``; 404 when the instance is gone).
+        """
+        iid = route.instance_id
+        if self._waiting[iid] >= self.queue_limit:
+            raise FrontError(
+                503,
+                f"{self._waiting[iid]} requests already wait for instance {iid} to load "
+                f"(the node's [front] queue_limit is {self.queue_limit}): retry later",
+                "queue_full",
+                headers={"Retry-After": retry_after(QUEUE_FULL_RETRY_S)},
+            )
+        pending = self._pending.get(iid)
+        if pending is None:
+            call = functools.partial(
+                self.node.demand,
+                iid,
+                request=f"front-{secrets.token_hex(6)}",
+                model=model,
+                by=by,
+                timeout_s=None,
+            )
+            pending = asyncio.get_running_loop().run_in_executor(self._pool, call)
+            self._pending[iid] = pending
+            pending.add_done_callback(functools.partial(self._demanded, iid))
+        self._waiting[iid] += 1
+        self.tally.wait(iid, 1)
+        try:
+            view = await asyncio.shield(pending)
+        except NotResident as e:
+            raise FrontError(
+                503,
+                f"instance {iid} ({model}): {e}",
+                e.code,
+                headers={"Retry-After": retry_after(e.retry_after_s)},
+            ) from None
+        except UnknownInstance:
+            self.stale()
+            raise (await self.table(fresh=True)).refuse_unknown(model) from None
+        except (NodeError, AdapterError, pykka.ActorDeadError, pykka.Timeout) as e:
+            raise FrontError(
+                503,
+                f"instance {iid} ({model}) cannot serve now: {e}",
+                "unavailable",
+                headers={"Retry-After": retry_after(1.0)},
+            ) from None
+        finally:
+            self._waiting[iid] -= 1
+            self.tally.wait(iid, -1)
+        return view.endpoint.rstrip("/")
+
+    def _demanded(self, iid: str, fut: asyncio.Future[InstanceView]) -> None:
+        if self._pending.get(iid) is fut:
+            del self._pending[iid]
+        if not fut.cancelled() and fut.exception() is None:
+            self.stale()  # the instance runs now: the table says otherwise
+
+    # ------------------------------------------------------------ forwarding
+    async def forward(
+        self,
+        scope: dict[str, Any],
+        send: Send,
+        *,
+        route: Route,
+        asked: Asked,
+        body: bytes,
+        by: str,
+    ) -> None:
+        """Send the request to ``route``'s instance and its answer back to the client.
+
+        Raises:
+            FrontError: the instance cannot be made ready, or its server cannot be
+                reached (502) or does not answer in time (504), before any byte
+                of the answer was sent.
+        """
+        iid = route.instance_id
+        base = route.base_url if route.ready else await self.ready(route, asked.model, by)
+        if route.ollama and route.served and asked.model not in ollama_names(route.served):
+            body = with_model(body, route.served)  # asked by role or registry name
+        headers = [(k, v) for k, v in scope["headers"] if k in _FORWARDED]
+        if asked.stream and not route.ollama:
+            # llama-server drops a connection kept alive after a stream (the next request
+            # sent on it gets no answer): the stream's connection is not kept.
+            headers.append((b"connection", b"close"))
+        path = scope["path"]
+        self.node.request_began(iid)
+        self.tally.began(iid)
+        status = 499  # the client went away before the server answered
+        try:
+            response = await self._open(
+                route, asked=asked, base=base, path=path, headers=headers, body=body, by=by
+            )
+            try:
+                status = response.status_code
+                await self._pass_back(response, send, iid)
+            finally:
+                await response.aclose()
+        finally:
+            self.node.request_ended(iid)
+            self.tally.ended(iid, path, status)
+
+    async def _open(
+        self,
+        route: Route,
+        *,
+        asked: Asked,
+        base: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        by: str,
+    ) -> httpx.Response:
+        """The server's answer (its head; the body is streamed), once connected:
+        a refused connection to an instance the table saw running is retried once
+        after a demand (it was evicted or stopped since), and a kept-alive
+        connection closed under the request once on a new one."""
+        demanded = not route.ready
+        for attempt in range(1, _ATTEMPTS + 1):
+            client = self.upstreams.client(base)
+            request = client.build_request("POST", path, content=body, headers=headers)
+            try:
+                return await client.send(request, stream=True)
+            except httpx.ConnectError as e:
+                if demanded or attempt == _ATTEMPTS:
+                    raise _unreachable(route, e) from None
+                self.stale()
+                base = await self.ready(route, asked.model, by)
+                demanded = True
+            except httpx.RemoteProtocolError as e:
+                # A kept-alive connection the server closed as it was reused (llama-server
+                # does so now and then without saying so): again on another connection.
+                if attempt == _ATTEMPTS:
+                    raise _unreachable(route, e) from None
+            except httpx.TimeoutException as e:
+                raise FrontError(
+                    504,
+                    f"instance {route.instance_id} did not answer in time ({type(e).__name__})",
+                    "upstream_timeout",
+                ) from None
+            except httpx.HTTPError as e:
+                raise _unreachable(route, e) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _pass_back(self, response: httpx.Response, send: Send, iid: str) -> None:
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED]
+        headers.append((b"x-infervisor-instance", iid.encode()))
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
+        kind = response.headers.get("content-type", "").encode()
+        streamed = kind.startswith(_STREAMED)
+        counter = StreamCounter() if streamed else None
+        kept = bytearray()
+        try:
+            async for chunk in response.aiter_raw():
+                if counter is not None:
+                    counter.feed(chunk)
+                elif len(kept) < USAGE_BODY_MAX:
+                    kept += chunk
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as e:  # the server died or stalled mid-answer: end it here
+            log.warning("front: the answer of %s ended early: %s", iid, e)
+        finally:  # also when the client went away: what was generated still counts
+            usage = counter.close() if counter is not None else usage_of(bytes(kept))
+            if usage is not None and response.status_code < 400:
+                self.tally.counted(iid, usage.prompt, usage.completion)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def aclose(self) -> None:
+        """Close the upstream clients and the worker threads (not waiting for them)."""
+        await self.upstreams.aclose()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _unreachable(route: Route, e: Exception) -> FrontError:
+    return FrontError(
+        502,
+        f"instance {route.instance_id} ({route.base_url}) cannot be reached: "
+        f"{type(e).__name__}: {e}",
+        "upstream_unreachable",
+    )
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """Consume a background task's outcome (logged when it failed)."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.warning("front: the routing table could not be built: %s", error)
+
+
+async def until_disconnect(receive: Receive) -> None:
+    """Return when the client has gone away (the request's body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,142 @@
+"""Which instance serves a request's ``model``: the front's routing table.
+
+A request names a model as its clients know it; an instance answers to:
+
+- the name its server serves the model under: the registry name (llama.cpp is
+  started with ``--alias <name>``; mlx-lm and adopted servers are asked for it),
+  and for Ollama also the tag Ollama knows it by (``ollama_tag``; ``name`` and
+  ``name:latest`` are the same model to Ollama);
+- its role (``chat``, ``embed``).
+
+A served name wins over a role. Among several instances answering to one
+name, one that is running now is taken first, then the first by id.
+
+The table is a snapshot of :meth:`Node.list` (every instance's view) and the
+registry; :class:`RouteTable` is immutable and built off the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from infervisor.adapters.proc.errors import AdapterError
+from infervisor.replay.views import InstanceView
+
+from .errors import FrontError
+
+__all__ = ["Route", "RouteTable", "ollama_names"]
+
+#: The lifecycle state in which a server answers requests.
+READY = "running"
+
+
+def ollama_names(tag: str) -> tuple[str, ...]:
+    """The names Ollama takes for ``tag``: itself, and ``name``/``name:latest`` alike."""
+    if ":" not in tag:
+        return (tag, f"{tag}:latest")
+    if tag.endswith(":latest"):
+        return (tag, tag.removesuffix(":latest"))
+    return (tag,)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One placed instance as the front routes to it.
+
+    Attributes:
+        view: the instance's view when the table was built.
+        served: the model name its server answers to (the one sent upstream);
+            None when the instance names no model (an adopted server).
+        names: every name a request may use for it, the role last.
+    """
+
+    view: InstanceView
+    served: str | None
+    names: tuple[str, ...]
+
+    @property
+    def instance_id(self) -> str:
+        return self.view.instance_id
+
+    @property
+    def base_url(self) -> str:
+        """The server's ``http://host:port``."""
+        return self.view.endpoint.rstrip("/")
+
+    @property
+    def ollama(self) -> bool:
+        return self.view.flavor == "ollama"
+
+    @property
+    def ready(self) -> bool:
+        """Running when the table was built (a stale answer is caught at connect)."""
+        return self.view.lifecycle == READY
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """Every placed instance's :class:`Route`, and the names that reach them."""
+
+    routes: tuple[Route, ...] = ()
+    _by_name: dict[str, tuple[Route, ...]] = field(default_factory=dict)
+    _by_role: dict[str, tuple[Route, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, views: Iterable[InstanceView], tag_of: Callable[[str], str]) -> RouteTable:
+        """The table of ``views``; ``tag_of(registry name)`` is an Ollama model's tag."""
+        routes = tuple(_route(view, tag_of) for view in sorted(views, key=_order))
+        by_name: dict[str, list[Route]] = {}
+        by_role: dict[str, list[Route]] = {}
+        for route in routes:
+            for name in route.names[:-1]:
+                by_name.setdefault(name, []).append(route)
+            by_role.setdefault(route.view.role, []).append(route)
+        return cls(
+            routes,
+            {k: tuple(v) for k, v in by_name.items()},
+            {k: tuple(v) for k, v in by_role.items()},
+        )
+
+    def find(self, model: str, *, ollama_only: bool = False) -> Route | None:
+        """The instance for ``model`` (a served name, else a role), or None."""
+        for table in (self._by_name, self._by_role):
+            found = [r for r in table.get(model, ()) if r.ollama or not ollama_only]
+            if found:
+                return next((r for r in found if r.ready), found[0])
+        return None
+
+    def refuse_unknown(self, model: str, *, ollama_only: bool = False) -> FrontError:
+        """The 404 for a ``model`` no instance answers to, naming the ones there are."""
+        names = sorted(
+            {n for r in self.routes if r.ollama or not ollama_only for n in r.names[:1]}
+            | {r.view.role for r in self.routes if r.ollama or not ollama_only}
+        )
+        there = ", ".join(names) or "none"
+        what = "Ollama model" if ollama_only else "model"
+        return FrontError(
+            404,
+            f"the {what} {model!r} is served by no instance of this node; "
+            f"models (served names and roles): {there}",
+            "model_not_found",
+            param="model",
+        )
+
+
+def _order(view: InstanceView) -> tuple[int, str]:
+    return (0 if view.lifecycle == READY else 1, view.instance_id)
+
+
+def _route(view: InstanceView, tag_of: Callable[[str], str]) -> Route:
+    names: list[str] = []
+    served = view.model
+    if view.model:
+        names.append(view.model)
+        if view.flavor == "ollama":
+            try:
+                served = tag_of(view.model)
+            except (AdapterError, OSError):
+                served = view.model  # adopted: the name given is Ollama's
+            names.extend(n for n in ollama_names(served) if n not in names)
+    names.append(view.role)
+    return Route(view, served, tuple(names))

@@ -1,0 +1,179 @@
+"""Serving the front: uvicorn on its own thread and event loop, beside the
+node's actors and the control API's server (tools/api/server.py).
+
+uvicorn with the httptools parser (the ``uvicorn[standard]`` choice: a C
+parser, where the control API's h11 is pure Python; the front's requests are
+the node's hot path). The socket is bound before the node opens: requests
+are answered 503 ``node_starting`` until :meth:`FrontServer.serve`, 503
+``node_stopping`` once :meth:`~FrontServer.stopping` is called;
+:meth:`~FrontServer.close` ends the streams and stops serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+from ..api.auth import TcpAddress, Tokens
+from ..api.errors import ApiError
+from .app import FrontApp
+from .proxy import Proxy
+from .settings import FrontConfig
+from .tally import FrontCollector, FrontTally
+
+if TYPE_CHECKING:
+    from infervisor.actors.node import Node
+
+__all__ = ["FrontServer"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds the server waits for open streams when it closes.
+CLOSE_GRACE_S = 3.0
+_STARTED_S = 10.0
+#: Connections the kernel queues before the front accepts them.
+BACKLOG = 1024
+
+
+def _http_protocol() -> str:
+    try:
+        import httptools  # noqa: F401, PLC0415 - only whether it is there
+    except ImportError:  # pragma: no cover - a dependency; h11 still works
+        return "h11"
+    return "httptools"
+
+
+class FrontServer:
+    """The node's OpenAI-compatible endpoint on ``address``."""
+
+    def __init__(
+        self, config: FrontConfig, address: TcpAddress, tokens: Tokens, node_id: str
+    ) -> None:
+        self.config = config
+        self.address = address
+        self.app = FrontApp(tokens, node_id)
+        self.tally = FrontTally()
+        self._sock = _bind(address)
+        uv = uvicorn.Config(
+            self.app,
+            http=_http_protocol(),
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
+            limit_concurrency=config.max_connections,
+            backlog=BACKLOG,
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=int(CLOSE_GRACE_S),
+        )
+        self._server = uvicorn.Server(uv)
+        self._thread = threading.Thread(target=self._run, name="infervisor-front", daemon=True)
+        self._failed: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def listen(
+        cls, config: FrontConfig, address: TcpAddress, tokens: Tokens, node_id: str
+    ) -> FrontServer:
+        """Bind ``address`` and answer 503 until :meth:`serve`.
+
+        Raises:
+            ApiError: the address cannot be bound (the port in use: named).
+        """
+        server = cls(config, address, tokens, node_id)
+        server._thread.start()
+        server._wait_started()
+        return server
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the endpoint (its OpenAI base URL adds ``/v1``)."""
+        return self.address.url
+
+    def collector(self) -> FrontCollector:
+        """The front's metrics, for the node's ``/metrics`` (tools/api/metrics.py)."""
+        return FrontCollector(self.tally)
+
+    def serve(self, node: Node) -> None:
+        """Route requests to ``node``'s instances from now on."""
+        proxy = Proxy(
+            node,
+            queue_limit=self.config.queue_limit,
+            upstream_timeout_s=self.config.upstream_timeout_s,
+        )
+        proxy.tally = self.tally
+        self.app.proxy = proxy
+
+    def stopping(self) -> None:
+        """Answer new requests 503 ``node_stopping`` (those in flight go on)."""
+        self.app.stopping = True
+
+    def close(self) -> None:
+        """Stop serving, close the upstream connections and the socket (idempotent)."""
+        self.app.stopping = True
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(CLOSE_GRACE_S + 5)
+        self._sock.close()
+
+    def __enter__(self) -> FrontServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ plumbing
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as e:
+            self._failed = e
+            log.exception("the front stopped")
+
+    async def _serve(self) -> None:
+        try:
+            await self._server.serve(sockets=[self._sock])
+        finally:
+            proxy = self.app.proxy
+            if proxy is not None:
+                await proxy.aclose()
+
+    def _wait_started(self) -> None:
+        deadline = time.monotonic() + _STARTED_S
+        while not self._server.started:
+            if self._failed is not None or not self._thread.is_alive():
+                raise ApiError(f"the front did not start: {self._failed}", "node_error", 500)
+            if time.monotonic() > deadline:
+                raise ApiError(f"the front did not start in {_STARTED_S:g} s")
+            time.sleep(0.01)
+
+
+def _bind(address: TcpAddress) -> socket.socket:
+    """A listening socket; ``IPPROTO_TCP`` so that asyncio sets ``TCP_NODELAY`` on
+    each accepted connection (it does only for sockets of that protocol: without
+    it a stream's small pieces wait for the client's delayed ACK)."""
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address.host, address.port))
+        sock.listen(BACKLOG)
+    except OSError as e:
+        sock.close()
+        raise ApiError(
+            f"cannot listen on front.listen {address.host}:{address.port}: {e.strerror or e}",
+            "port_taken" if e.errno == 98 else "bad_config",
+            409 if e.errno == 98 else 400,
+            "front.listen",
+        ) from e
+    sock.setblocking(False)
+    return sock

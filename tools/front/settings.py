@@ -1,0 +1,42 @@
+"""``[front]``: the node's OpenAI-compatible endpoint, as the config file sets it.
+
+Only msgspec here: the config loader imports this module, and the command
+line stays light (the server is :mod:`.server`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+__all__ = ["DEFAULT_QUEUE_LIMIT", "FrontConfig"]
+
+#: Requests that may wait per instance while it loads, unless ``queue_limit`` says.
+DEFAULT_QUEUE_LIMIT = 64
+
+
+class FrontConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[front]``: one OpenAI-compatible endpoint for every instance of the node
+    (docs/front.md).
+
+    Attributes:
+        listen: ``HOST:PORT`` of the endpoint (IPv6 as ``[::1]:PORT``); loopback
+            unless ``allow_non_loopback``.
+        allow_non_loopback: allow ``listen`` beyond loopback (every request still
+            needs a token).
+        queue_limit: requests that may wait per instance while it is started or
+            loads (1-65536); one more is answered 503 ``queue_full`` with
+            ``Retry-After``.
+        max_connections: client connections and requests at once (1-65536); one
+            more is answered 503 at once (uvicorn's ``limit_concurrency``).
+        upstream_timeout_s: seconds to wait for a server's answer to start, and
+            between two pieces of a stream (a generation that stalls that long is
+            ended: 504 before its first byte).
+    """
+
+    listen: str
+    allow_non_loopback: bool = False
+    queue_limit: Annotated[int, msgspec.Meta(ge=1, le=65536)] = DEFAULT_QUEUE_LIMIT
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 1024
+    upstream_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 600.0
