@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -40,7 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,7 @@ def node(root: Path, hz: float) -> Iterator[Setup]:
         tokens = json.loads((root / "data" / "api-tokens.json").read_text())
         front = f"http://127.0.0.1:{front_port}"
         auth = {"Authorization": f"Bearer {tokens['operator']}"}
-        _wait(lambda: _ok(f"{front}/v1/models", auth), proc, root, "the front")
+        _wait(lambda: _running(f"{front}/v1/models", auth), proc, root, "the front")
         cold = {"role": "cold", "flavor": "llamacpp", "model": "tiny-cold", "port": cold_port}
         yield Setup(
             root,
@@ -167,6 +168,16 @@ def _ok(url: str, headers: dict[str, str] | None = None) -> bool:
         return httpx.get(url, headers=headers, timeout=5).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def _running(url: str, headers: dict[str, str]) -> bool:
+    """The front lists the chat instance as running (the node saw it ready)."""
+    try:
+        r = httpx.get(url, headers=headers, timeout=5)
+    except httpx.TransportError:
+        return False
+    listed = r.json().get("data", []) if r.status_code == 200 else []
+    return any(m.get("role") == "chat" and m.get("lifecycle") == "running" for m in listed)
 
 
 def _wait(ready: object, proc: subprocess.Popen[bytes], root: Path, what: str) -> None:
@@ -196,13 +207,28 @@ def first_token_s(client: httpx.Client, url: str, model: str) -> float:
     took = None
     t = time.perf_counter()
     with client.stream("POST", url, json=_body(model, 4)) as r:
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.read()[:500]!r}")
         for line in r.iter_lines():
             if took is None and line.startswith("data:") and "[DONE]" not in line:
                 took = time.perf_counter() - t
     if took is None:
         raise RuntimeError(f"{url}: no token")
     return took
+
+
+ERRORS: dict[str, list[str]] = {"direct": [], "front": []}
+"""Requests that failed, per side (each is counted, its first few quoted, and sent again)."""
+
+
+def counted(side: str, f: Callable[[], float]) -> float:
+    """``f()``, sent again (up to 5 times) when it fails; each failure is kept in ERRORS."""
+    for _ in range(5):
+        try:
+            return f()
+        except (httpx.HTTPError, RuntimeError) as e:
+            ERRORS[side].append(f"{type(e).__name__}: {e}"[:300])
+    raise RuntimeError(f"{side}: 5 failures in a row: {ERRORS[side][-1]}")
 
 
 def ttft(s: Setup, count: int) -> list[Row]:
@@ -212,14 +238,14 @@ def ttft(s: Setup, count: int) -> list[Row]:
             "direct": lambda: first_token_s(direct, f"{s.direct}/v1/chat/completions", "tiny"),
             "front": lambda: first_token_s(front, f"{s.front}/v1/chat/completions", "tiny"),
         }
-        for f in sides.values():  # connect, warm the caches
+        for side, f in sides.items():  # connect, warm the caches
             for _ in range(5):
-                f()
+                counted(side, f)
         got: dict[str, list[float]] = {"direct": [], "front": []}
         for i in range(count):
             order = ("direct", "front") if i % 2 == 0 else ("front", "direct")
             for side in order:
-                got[side].append(sides[side]() * 1e3)
+                got[side].append(counted(side, sides[side]) * 1e3)
     rows = []
     for label, q in (("p50", 0.5), ("p99", 0.99)):
         d, f = percentile(got["direct"], q), percentile(got["front"], q)
@@ -238,7 +264,8 @@ def ttft(s: Setup, count: int) -> list[Row]:
 async def one_stream(client: httpx.AsyncClient, url: str, tokens: int) -> int:
     chunks = 0
     async with client.stream("POST", url, json=_body("tiny", tokens)) as r:
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {(await r.aread())[:500]!r}")
         async for line in r.aiter_lines():
             if line.startswith("data:") and "[DONE]" not in line:
                 chunks += 1
@@ -262,7 +289,8 @@ def throughput(s: Setup, streams: int, tokens: int, rounds: int) -> list[Row]:
         order = ("direct", "front") if i % 2 == 0 else ("front", "direct")
         for side in order:
             base, headers = (s.direct, {}) if side == "direct" else (s.front, auth)
-            got[side].append(asyncio.run(streams_rate(base, headers, streams, tokens)))
+            rate = functools.partial(streams_rate, base, headers, streams, tokens)
+            got[side].append(counted(side, lambda r=rate: asyncio.run(r())))
     d, f = statistics.median(got["direct"]), statistics.median(got["front"])
     return [
         Row(
@@ -329,7 +357,8 @@ def resting(s: Setup, rounds: int) -> list[Row]:
     for i in range(rounds):
         order = ("direct", "front") if i % 2 == 0 else ("front", "direct")
         for side in order:
-            took = cold_direct(s) if side == "direct" else cold_through_front(s)
+            cold_start = cold_direct if side == "direct" else cold_through_front
+            took = counted(side, functools.partial(cold_start, s))
             got[side].append(took * 1e3)
     d, f = statistics.median(got["direct"]), statistics.median(got["front"])
     return [
@@ -364,7 +393,14 @@ def main() -> None:
         rows += ttft(s, count)
         rows += throughput(s, args.streams, args.tokens, rounds)
         rows += resting(s, cold)
+    for side, errors in ERRORS.items():
+        rows.append(
+            Row(f"failed requests ({side}), each sent again", f"{len(errors)}", "0", not errors)
+        )
     print(table(["figure", "measured (in this run)", "target", "met"], [r.cells() for r in rows]))
+    for side, errors in ERRORS.items():
+        for e in errors[:3]:
+            print(f"{side}: {e}")
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.1f}; took {time.monotonic() - started:.0f} s")
 
