@@ -384,15 +384,22 @@ def main() -> None:
         default=1.0,
         help="the node's health_interval_s (1.0, its default): how soon it sees a start ready",
     )
+    ap.add_argument(
+        "--only",
+        choices=("ttft", "streams", "resting"),
+        action="append",
+        help="run only these figures (repeatable; default all)",
+    )
     args = ap.parse_args()
+    only = set(args.only or ("ttft", "streams", "resting"))
     count, rounds, cold = (40, 2, 1) if args.quick else (300, 5, 3)
     print(f"# {machine()}", flush=True)
     started = time.monotonic()
     rows: list[Row] = []
     with reaped_children(), workdir("front") as root, node(root, args.health_interval) as s:
-        rows += ttft(s, count)
-        rows += throughput(s, args.streams, args.tokens, rounds)
-        rows += resting(s, cold)
+        rows += ttft(s, count) if "ttft" in only else []
+        rows += throughput(s, args.streams, args.tokens, rounds) if "streams" in only else []
+        rows += resting(s, cold) if "resting" in only else []
     for side, errors in ERRORS.items():
         rows.append(
             Row(f"failed requests ({side}), each sent again", f"{len(errors)}", "0", not errors)
