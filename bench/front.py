@@ -309,11 +309,16 @@ def control(s: Setup) -> httpx.Client:
     )
 
 
+PLACED_AS: set[str] = set()
+"""How the cold instance was placed: ``on_demand`` (resting; part R) or ``not started``."""
+
+
 def place_resting(api: httpx.Client, s: Setup) -> str:
     """Place the cold instance not running (on_demand where the node knows it)."""
-    for extra in ({"on_demand": True}, {}):
+    for extra, how in (({"on_demand": True}, "on_demand"), ({}, "not started")):
         r = api.post("/v1/instances", json={"spec": {**s.cold_spec, **extra}})
         if r.status_code < 300:
+            PLACED_AS.add(how)
             return str(r.json()["instance_id"])
     raise RuntimeError(f"cannot place the cold instance: {r.status_code} {r.text}")
 
@@ -363,7 +368,8 @@ def resting(s: Setup, rounds: int) -> list[Row]:
     d, f = statistics.median(got["direct"]), statistics.median(got["front"])
     return [
         Row(
-            f"request for a resting model, to its first token ({rounds} each)",
+            f"request for a resting model, to its first token ({rounds} each; placed "
+            f"{' and '.join(sorted(PLACED_AS))})",
             f"{f:,.0f} ms through the front; load + first token direct {d:,.0f} ms: "
             f"+{f - d:,.0f} ms",
             "load time + at most 50 ms",
