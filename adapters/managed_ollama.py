@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from . import ollama
 from .errors import ProbeError
-from .ollama_keep_alive import parse_keep_alive
+from .ollama_keep_alive import spec_keep_alive
 from .ollama_load import OllamaLoad
 from .probe import ServerClient, ServerReport
 from .server import AdapterKind, AdapterSettings
@@ -83,7 +83,10 @@ class OllamaServer:
         self.adapter_id = spec.flavor.adapter_id(spec.mode)
         self.served_model: str | None = tag
         self.model_bytes = model_bytes
-        self.keep_alive = parse_keep_alive(settings.ollama_keep_alive)
+        # idle_ttl_s: issue 21's spec field (None where the spec has no such field).
+        self.keep_alive = spec_keep_alive(
+            getattr(spec, "idle_ttl_s", None), settings.ollama_keep_alive
+        )
         self._probe_timeout = settings.probe_timeout_s
         self.probe_timeout_s = settings.probe_timeout_s
         self._client = ServerClient(spec.base_url, settings.probe_timeout_s)

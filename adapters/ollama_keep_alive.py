@@ -6,6 +6,9 @@ string without a unit such as ``"-1"`` is refused with a 400), and
 ``reference/infer_config.rs.txt`` (``keep_alive``: ``5m``, ``30m``, ``-1``;
 default ``30m``).
 
+The keep_alive a managed instance sends is :func:`spec_keep_alive`: a pure
+function of its spec's ``idle_ttl_s`` and the node's configured keep_alive.
+
 Errors: :class:`~.errors.SpecError`, naming the value and the allowed forms.
 """
 
@@ -16,10 +19,25 @@ import re
 
 from .errors import SpecError
 
-__all__ = ["DEFAULT_KEEP_ALIVE", "is_zero", "load_keep_alive", "parse_keep_alive"]
+__all__ = [
+    "DEFAULT_KEEP_ALIVE",
+    "KEEP_ALIVE_MARGIN_S",
+    "MAX_IDLE_TTL_S",
+    "is_zero",
+    "load_keep_alive",
+    "parse_keep_alive",
+    "spec_keep_alive",
+]
 
 DEFAULT_KEEP_ALIVE = "30m"
 """keep_alive sent with a load when none is configured (the reference's default)."""
+
+KEEP_ALIVE_MARGIN_S = 60
+"""Seconds Ollama keeps a model beyond the instance's ``idle_ttl_s`` (see
+:func:`spec_keep_alive`)."""
+
+MAX_IDLE_TTL_S = 7 * 24 * 3600.0
+"""The longest ``idle_ttl_s`` a spec may give (issue 21: at most 7 days), seconds."""
 
 _FOREVER_NS = 2**63 - 1  # Go's largest time.Duration
 _UNIT_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9}
@@ -96,3 +114,57 @@ def load_keep_alive(keep_alive: str | int | float) -> str | int:
             "give a positive duration, or a negative one to keep it loaded forever"
         )
     return keep
+
+
+def spec_keep_alive(idle_ttl_s: float | None, configured: str | int | float) -> str | int:
+    """The keep_alive a managed Ollama instance sends with every load, from its
+    spec's ``idle_ttl_s`` (seconds, or None) and the node's configured
+    ``ollama_keep_alive`` (``[node]``; default ``30m``).
+
+    ``idle_ttl_s`` None: ``configured``, checked for a load (the behaviour
+    before ``idle_ttl_s`` existed; an Ollama model the node loaded stays
+    loaded that long after its last request).
+
+    ``idle_ttl_s`` set: the node itself releases the instance (``resting``,
+    ``residency.expired``) ``idle_ttl_s`` after its last request, by unloading
+    the model. Ollama's own timer must then never fire first, or the model is
+    dropped behind the node's back (recorded as a drop, "before its keep_alive
+    ran out", and loaded again under the restart policy: a wasted load). But
+    Ollama's timer is also what frees the memory when the node is gone (killed,
+    or down for longer than that), so it must not be forever. Hence the TTL
+    rounded up to whole seconds (Ollama refuses fractions in old versions:
+    :func:`parse_keep_alive`) plus :data:`KEEP_ALIVE_MARGIN_S` (60 s): Ollama
+    starts its timer when a request ends (``server/sched.go``: the runner's
+    reference count drops to 0), no later than the node learns of that end, so
+    the margin only has to cover the node's own delay in acting on an expiry
+    (its timer or reconcile tick, the append, the unload request), which is
+    seconds. A node killed for good leaves the model loaded at most
+    ``idle_ttl_s`` + 60 s after its last request.
+
+    Ollama applies a keep_alive per request: a request that carries none gets
+    Ollama's default (``OLLAMA_KEEP_ALIVE``, 5 minutes) from its end, and
+    Ollama's OpenAI-compatible routes carry none. Whoever forwards a request
+    to the model must send this same value for it to hold.
+
+    Returns:
+        A whole number of seconds (int) or, for ``idle_ttl_s`` None, the
+        configured value in the form :func:`load_keep_alive` gives.
+
+    Raises:
+        SpecError: ``idle_ttl_s`` is not a number in (0, 7 days] (field
+            ``idle_ttl_s``), or ``configured`` is not a valid non-zero keep_alive.
+    """
+    if idle_ttl_s is None:
+        return load_keep_alive(configured)
+    if (
+        isinstance(idle_ttl_s, bool)
+        or not isinstance(idle_ttl_s, int | float)
+        or not math.isfinite(idle_ttl_s)
+        or not 0 < idle_ttl_s <= MAX_IDLE_TTL_S
+    ):
+        raise SpecError(
+            f"idle_ttl_s {idle_ttl_s!r}: allowed a number of seconds > 0 and at most "
+            f"{MAX_IDLE_TTL_S:g} (7 days), or none",
+            field="idle_ttl_s",
+        )
+    return math.ceil(idle_ttl_s) + KEEP_ALIVE_MARGIN_S

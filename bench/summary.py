@@ -24,6 +24,12 @@ alike. The figures:
   process (CPU, start-up included), and the start-up of ``chain verify`` and
   ``status`` beside the imports every command pays for.
 
+Issue 21's figures: **loads on the residency trace**, the node's policy
+against an LRU-of-2 swap (bench/residency_trace.py, a simulation: well
+under a second), always; with ``--front``, the OpenAI-compatible front
+against straight to llama-server (bench/front.py: a real node and real
+llama.cpp servers, about 2 more minutes).
+
 Run: ``python bench/summary.py`` (about 2 to 3 minutes on 2 cores; ``--quick``
 scales the counts down for a smoke run). Prints the machine, its load
 average, the git commit, and the table. bench/README.md records its output.
@@ -453,6 +459,32 @@ def exit_latency(root: Path, ports: list[int], others: int, kills: int) -> list[
 
 
 # ---------------------------------------------------------------- main
+# ---------------------------------------------------------------- issue 21
+def residency_loads() -> list[Row]:
+    import residency_trace  # noqa: PLC0415 - bench/residency_trace.py, beside this file
+
+    f = residency_trace.measure()
+    return [
+        Row(
+            f"loads on the residency trace ({f.requests} requests, 4 models, room for 2)",
+            f"{f.node.loads} = {f.ratio:.2f}x LRU-of-2's {f.lru2.loads} "
+            f"(it cut {f.lru2.cut} streams; node: 0 cut, {f.node.refused} 503s)",
+            "- (fewer loads is better; nothing cut)",
+            None,
+        )
+    ]
+
+
+def front_rows(quick: bool) -> list[Row]:
+    import front  # noqa: PLC0415 - bench/front.py: needs tools/front
+
+    count, rounds, cold = (40, 2, 1) if quick else (300, 5, 3)
+    with workdir("front") as root, front.node(root, 1.0) as s:
+        got = front.ttft(s, count) + front.throughput(s, 64, 64, rounds)
+        got += front.resting(s, cold)
+    return [Row(r.figure, r.value, r.target, r.met) for r in got]
+
+
 def commit() -> str:
     try:
         return subprocess.run(
@@ -468,6 +500,7 @@ def commit() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts: a smoke run (~30 s)")
+    ap.add_argument("--front", action="store_true", help="also bench/front.py's figures")
     args = ap.parse_args()
     big, small, seconds, kills = (100, 30, 3.0, 10) if args.quick else (1000, 300, 10.0, 40)
     started = time.monotonic()
@@ -484,6 +517,9 @@ def main() -> None:
         (root / "cli-audit").mkdir()
         events = 20_000 if args.quick else 200_000
         rows += [Row(*r) for r in audit_rows(root / "cli-audit", events=events)]
+        rows += residency_loads()
+        if args.front:
+            rows += front_rows(args.quick)
     print(
         table(
             ["figure", "measured (ratios in this run)", "target", "met"], [r.cells() for r in rows]
