@@ -39,6 +39,7 @@ from infervisor.replay import (
     rebuild,
 )
 from infervisor.replay import events as ev
+from infervisor.replay import residency_events as rev
 from infervisor.replay.fleet_events import NodeCordoned, NodeDrained, NodeUncordoned, PlacementSet
 from infervisor.replay.snapshot import (
     FORMAT,
@@ -64,13 +65,21 @@ NOT_GENERATED = frozenset({"chain.key_rotated"})
 
 
 # ------------------------------------------------------------ random legal chains
-def _candidates(rng: random.Random, t: int) -> list[tuple[str, ev.Event]]:
-    """One event of every kind the generator knows (subject, event), with random fields."""
+def _candidates(rng: random.Random, t: int, *, every: bool = False) -> list[tuple[str, ev.Event]]:
+    """One event of every kind the generator knows (subject, event), with random fields
+    (the residency kinds at a quarter of the steps, or always with ``every``)."""
     at = Stamp(wall_ns=t, mono_s=t / 1e9, boot_id=BOOT)
     due = Stamp(wall_ns=t + 2_000_000_000, mono_s=t / 1e9 + 2, boot_id=BOOT)
     pid = rng.randrange(100, 60_000)
     slot = rng.choice(SLOTS)
     spec = {"flavor": "llamacpp", "model": "tiny", "port": 18_000 + rng.randrange(50)}
+    if rng.random() < 0.3:
+        spec["on_demand"] = True  # placed resting
+    other = rng.choice(SLOTS)
+    candidate = rev.Candidate(
+        instance_id=slot, last_use_ns=rng.choice([None, t - 10**9]), priority=rng.randrange(-2, 3),
+        pinned=False, held_bytes=rng.randrange(2**30), busy=False, chosen=True,
+    )  # fmt: skip
     instance: list[ev.Event] = [
         ev.Placed(spec=spec, placed_by=rng.choice(["op", "ctl-1"]), generation=rng.randrange(3)),
         ev.Replaced(placed_by="ctl-1", generation=rng.randrange(1, 9)),
@@ -128,6 +137,29 @@ def _candidates(rng: random.Random, t: int) -> list[tuple[str, ev.Event]]:
         ev.StraysEnded(pids=[pid + 1], cgroup="/sys/fs/cgroup/x"),
         ev.Unloaded(by="operator"),
     ]
+    # Drawn at a quarter of the steps: among every step's options they would
+    # otherwise keep the walk from failing, finishing and restarting.
+    residency: list[ev.Event] = [
+        rev.ResidencyDemanded(request=f"req-{rng.randrange(99)}", model="tiny", by="front:t"),
+        rev.ResidencyEvicted(
+            for_instance=other,
+            needed_bytes=2**20,
+            freed_bytes=candidate.held_bytes,
+            budget_bytes=2**31,
+            in_use_bytes=2**30,
+            candidates=[candidate],
+        ),
+        rev.ResidencyExpired(idle_since_ns=t - 10**10, idle_ttl_s=rng.choice([1.0, 300.0])),
+        rev.ResidencyRefused(
+            needed_bytes=2**31,
+            budget_bytes=2**31,
+            in_use_bytes=2**30,
+            held={other: 2**30},
+            candidates=[candidate],
+        ),
+        rev.ResidencyBusy(),
+        rev.ResidencyIdle(idle_since_ns=t),
+    ]
     node: list[ev.Event] = [
         ev.NodeStarted(pid=pid, boot_id=BOOT, version="0.1"),
         ev.NodeStopped(reason="shutdown"),
@@ -140,6 +172,8 @@ def _candidates(rng: random.Random, t: int) -> list[tuple[str, ev.Event]]:
         NodeUncordoned(reason=None),
         PlacementSet(controller="ctl-1", generation=rng.randrange(5), instances=[slot]),
     ]
+    if every or rng.random() < 0.25:
+        instance += residency
     return [(slot, e) for e in instance] + [("", e) for e in node]
 
 
@@ -211,7 +245,7 @@ def test_snapshot_plus_tail_is_a_rebuild_from_scratch(tmp_path: Path) -> None:
             places["genesis" if at == 0 else "head" if at == size - 1 else "between"] += 1
             compared += 1
     assert set(places) == {"genesis", "head", "between"}, places
-    known = {kind_of(e) for _, e in _candidates(random.Random(0), 0)}
+    known = {kind_of(e) for _, e in _candidates(random.Random(0), 0, every=True)}
     unknown = set(ev.EVENT_TYPES) - known - NOT_GENERATED
     assert not unknown, f"add these event kinds to _candidates: {sorted(unknown)}"
     missing = {k for k in known if kinds[k] == 0}

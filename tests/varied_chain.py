@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 import msgspec.inspect as mi
@@ -42,7 +42,12 @@ def _value(t: mi.Type, rnd: random.Random, depth: int = 0) -> Any:
     if isinstance(t, mi.ListType | mi.TupleType | mi.VarTupleType):
         item = t.item_type if hasattr(t, "item_type") else mi.StrType()
         return [_value(item, rnd, depth + 1) for _ in range(rnd.randint(0, 3))]
-    if isinstance(t, mi.DictType):
+    if isinstance(t, mi.DictType) and not isinstance(t.value_type, mi.AnyType):
+        return {
+            _value(t.key_type, rnd, depth + 1): _value(t.value_type, rnd, depth + 1)
+            for _ in range(rnd.randint(0, 3))
+        }
+    if isinstance(t, mi.DictType):  # a spec: what the reducer reads of one
         return {"role": rnd.choice(("chat", "embed")), "port": rnd.randint(1024, 65535)}
     if isinstance(t, mi.StructType):
         return _struct(t.cls, rnd, depth + 1)
@@ -64,11 +69,13 @@ def _struct(cls: type[Any], rnd: random.Random, depth: int) -> Any:
     return msgspec.convert(fields, cls, from_attributes=False, strict=False)
 
 
-def varied_events(count: int, seed: int = 22) -> list[EventDraft]:
+def varied_events(count: int, seed: int = 24) -> list[EventDraft]:
     """About `count` drafts of events of every kind, legal in order (clocks step back
     now and then, as a node's wall clock may)."""
     rnd = random.Random(seed)
-    types = list(ev.EVENT_TYPES.values())
+    # Instance kinds drawn three times as often as the node's: a lifecycle goes
+    # through several of them in order before it can exit, restart or fail.
+    types = [t for t in ev.EVENT_TYPES.values() for _ in range(_weight(t))]
     state = NodeState(node_id="varied", head_seq=0, head_hash="")
     subjects = [f"inst-{i}" for i in range(4)]
     kept: list[EventDraft] = []
@@ -97,6 +104,10 @@ def varied_events(count: int, seed: int = 22) -> list[EventDraft]:
 _T0 = 1_800_000_000_000_000_000
 
 
+def _weight(cls: type[Any]) -> int:
+    return 3 if any(cls is t for t in get_args(ev.InstanceEvent)) else 1
+
+
 def _stored(seq: int, draft: EventDraft) -> StoredEvent:
     """`draft` as the reference reducer sees it (hashes do not matter to it)."""
     fake = seq.to_bytes(32, "big")
@@ -114,7 +125,7 @@ def _stored(seq: int, draft: EventDraft) -> StoredEvent:
     )
 
 
-def write_varied_chain(path: Path, count: int, seed: int = 22) -> int:
+def write_varied_chain(path: Path, count: int, seed: int = 24) -> int:
     """Write a varied chain of about `count` events at `path`; returns its length."""
     with SqliteChain.open(path, "varied", now_ns=lambda: _T0) as chain:
         chain.append_many(varied_events(count, seed))
