@@ -272,9 +272,14 @@ def rules_with(stop: Stop, mode_tick: Rule) -> dict[type[Any], Rule]:
         tick(d, stop)
         mode_tick(d, t)
 
+    def on_evict(d: Draft, v: o.EvictVerb) -> None:
+        """Recorded with its stop to rest, in one transaction, unless it turned busy,
+        is loading or pinned (then refused, and the node plans again)."""
+        evict(d, v, stop)
+
     return {
         o.DemandVerb: demand,
-        o.EvictVerb: lambda d, v: evict(d, v, stop),
+        o.EvictVerb: on_evict,
         o.RoomRefused: room_refused,
         o.RequestBegan: request_began,
         o.RequestEnded: request_ended,
