@@ -8,10 +8,22 @@ probe with its own timeout), any other probe to the node's probe pool, a deep
 check (one real token, up to ``deep_timeout_s``) to a thread of its own. Each
 always reports back to the actor (a probe that raises is a miss), so no check
 is ever left out.
+
+A managed llama.cpp instance the residency rules can release (an
+``idle_ttl_s``, or evictable: not pinned, on a node with a memory budget) also
+has its server's own count of requests in progress read after a probe that
+found it up (adapters/activity.py: ``/slots``, else ``/metrics``), on the
+probe pool, and reported with the probe as ``o.ServerActivity``: clients that
+talk to the server directly keep it busy (issue 21). A count the server cannot
+give, or a read that fails, reports nothing: it never turns a busy instance
+idle. Adopted servers and mlx-lm report none (no residency rules; no
+counters); a managed Ollama instance's residency comes from ``/api/ps``
+(:class:`~.core.observations.OllamaListed`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -20,9 +32,11 @@ from typing import Any, Protocol
 
 import msgspec
 
+from infervisor.adapters.activity import ActivityError, ActivityReader
 from infervisor.adapters.probe import Health, HealthKind, ProbeTarget, ServerReport
 from infervisor.adapters.prober import HttpProber, Prober
 from infervisor.adapters.server import ServerAdapter
+from infervisor.adapters.spec import Flavor
 from infervisor.replay import InstanceState, LifecycleState
 
 from .core import observations as o
@@ -32,6 +46,8 @@ from .core.rules import Mode, Rules
 from .effects_runner import EffectRunner
 
 __all__ = ["HealthChecks", "Probed", "miss"]
+
+log = logging.getLogger(__name__)
 
 #: The prober of contexts built without a node (its engine starts at a first probe).
 _HTTP_FALLBACK = HttpProber()
@@ -43,6 +59,7 @@ class Probed(msgspec.Struct, frozen=True):
     token: int
     report: ServerReport
     latency_s: float  # from sending the probe to its report, seconds
+    active: int | None = None  # the server's own count of requests in progress (None: unknown)
 
 
 class Owner(Protocol):
@@ -74,6 +91,7 @@ class HealthChecks:
         self.pacing = Pacing()
         self.report: ServerReport | None = None
         self.latency_s: float | None = None
+        self._activity: _Activity | None = None
 
     @property
     def probing(self) -> bool:
@@ -118,21 +136,43 @@ class HealthChecks:
         listed = self._ollama_listed(report)
         if listed is not None:
             yield listed
+        if message.active is not None:
+            yield o.ServerActivity(active=message.active)
+
+    def close(self) -> None:
+        """Close the activity reader's connection (the actor stops)."""
+        if self._activity is not None:
+            self._activity.close()
+            self._activity = None
 
     def _send_probe(self, token: int) -> None:
         owner, engine = self.owner, self.owner.ctx.engine
+        activity = self._activity_reader()
         if engine is not None and owner.adapter.plain_probe:
-            deliver = partial(self._probed_by_engine, token, time.perf_counter())
+            deliver = partial(self._probed_by_engine, token, time.perf_counter(), activity)
             engine.probe(owner.iid, self.target(), deliver)
         else:
-            owner.ctx.probes.submit(self._probe_job, token)
+            owner.ctx.probes.submit(self._probe_job, token, activity)
 
-    def _probed_by_engine(self, token: int, sent: float, report: ServerReport) -> None:
-        """On the engine's thread: hand the report (and its latency) to the actor."""
+    def _probed_by_engine(
+        self, token: int, sent: float, activity: _Activity | None, report: ServerReport
+    ) -> None:
+        """On the engine's thread: hand the report (and its latency) to the actor;
+        with an activity read to make, on the probe pool (never the engine's loop)."""
         latency = time.perf_counter() - sent
-        self.owner.tell_self(Probed(token=token, report=report, latency_s=latency))
+        if activity is None or report.health.kind is not HealthKind.UP:
+            self.owner.tell_self(Probed(token=token, report=report, latency_s=latency))
+            return
+        self.owner.ctx.probes.submit(self._activity_job, token, report, latency, activity)
 
-    def _probe_job(self, token: int) -> None:
+    def _activity_job(
+        self, token: int, report: ServerReport, latency: float, activity: _Activity
+    ) -> None:
+        """On a probe worker: the probe's report with the server's own count."""
+        active = activity.read(self.owner.ctx.clock.wall_ns())
+        self.owner.tell_self(Probed(token=token, report=report, latency_s=latency, active=active))
+
+    def _probe_job(self, token: int, activity: _Activity | None = None) -> None:
         """On a probe worker: always answer, so a probe that raises is a miss, never a
         probe that never ends."""
         sent = time.perf_counter()
@@ -142,7 +182,25 @@ class HealthChecks:
             why = f"probe error: {type(e).__name__}: {e}"
             report = ServerReport(health=Health(kind=HealthKind.UNHEALTHY, reason=why))
         latency = time.perf_counter() - sent
-        self.owner.tell_self(Probed(token=token, report=report, latency_s=latency))
+        active = None
+        if activity is not None and report.health.kind is HealthKind.UP:
+            active = activity.read(self.owner.ctx.clock.wall_ns())
+        self.owner.tell_self(Probed(token=token, report=report, latency_s=latency, active=active))
+
+    def _activity_reader(self) -> _Activity | None:
+        """The server's counters to read with this probe (None: none to read; see
+        the module's docstring for which instances have them read)."""
+        rules, ctx = self.owner.rules, self.owner.ctx
+        evictable = not rules.pinned and ctx.ledger is not None
+        wanted = rules.mode is Mode.PROCESS and rules.flavor is Flavor.LLAMACPP
+        if not wanted or (rules.idle_ttl_s is None and not evictable):
+            self.close()
+            return None
+        base_url = self.owner.adapter.spec.base_url
+        if self._activity is None or self._activity.base_url != base_url:
+            self.close()
+            self._activity = _Activity(base_url, ctx.settings.probe_timeout_s)
+        return self._activity
 
     def _deep_job(self, token: int) -> None:
         """On a thread of its own: one real token; the verdict is told to the actor."""
@@ -200,6 +258,33 @@ class HealthChecks:
         out, err = proc.output()
         found: str | None = find(out[-8192:] + "\n" + err[-8192:])
         return found
+
+
+class _Activity:
+    """One instance's :class:`ActivityReader`, shared by its probes' jobs: a read
+    while another is out (the reader is not thread-safe) gives None."""
+
+    def __init__(self, base_url: str, timeout_s: float) -> None:
+        self.base_url = base_url
+        self._reader = ActivityReader(Flavor.LLAMACPP, base_url, timeout=timeout_s)
+        self._lock = threading.Lock()
+
+    def read(self, now_ns: int) -> int | None:
+        """Requests the server serves now; None when it cannot say or the read fails."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._reader.read(now_ns).in_flight
+        except ActivityError:
+            return None
+        except Exception:  # the probe must still report; the count is unknown
+            log.exception("activity read of %s", self.base_url)
+            return None
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        self._reader.close()
 
 
 def miss(token: int, error: Exception) -> o.ProbeResult:

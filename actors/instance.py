@@ -237,6 +237,7 @@ class InstanceActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self.effects.close()
+        self.checks.close()
         self.adapter.close()
         if self.ctx.engine is not None:
             self.ctx.engine.forget(self.iid)

@@ -83,10 +83,7 @@ class OllamaServer:
         self.adapter_id = spec.flavor.adapter_id(spec.mode)
         self.served_model: str | None = tag
         self.model_bytes = model_bytes
-        # idle_ttl_s: issue 21's spec field (None where the spec has no such field).
-        self.keep_alive = spec_keep_alive(
-            getattr(spec, "idle_ttl_s", None), settings.ollama_keep_alive
-        )
+        self.keep_alive = spec_keep_alive(spec.idle_ttl_s, settings.ollama_keep_alive)
         self._probe_timeout = settings.probe_timeout_s
         self.probe_timeout_s = settings.probe_timeout_s
         self._client = ServerClient(spec.base_url, settings.probe_timeout_s)

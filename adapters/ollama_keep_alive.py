@@ -18,6 +18,7 @@ import math
 import re
 
 from .errors import SpecError
+from .spec import MAX_IDLE_TTL_S
 
 __all__ = [
     "DEFAULT_KEEP_ALIVE",
@@ -35,9 +36,6 @@ DEFAULT_KEEP_ALIVE = "30m"
 KEEP_ALIVE_MARGIN_S = 60
 """Seconds Ollama keeps a model beyond the instance's ``idle_ttl_s`` (see
 :func:`spec_keep_alive`)."""
-
-MAX_IDLE_TTL_S = 7 * 24 * 3600.0
-"""The longest ``idle_ttl_s`` a spec may give (issue 21: at most 7 days), seconds."""
 
 _FOREVER_NS = 2**63 - 1  # Go's largest time.Duration
 _UNIT_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9}

@@ -12,6 +12,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from support import OllamaTestServer, ollama_server, wait_until
 
 from infervisor.actors.node import Node
 from infervisor.adapters.manifest import ModelFormat
+from infervisor.adapters.ollama_wire import running_models
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
@@ -409,3 +411,44 @@ def test_an_unknown_route_is_404_and_a_wrong_method_405(node: Node, front: Any) 
     assert "/v1/chat/completions" in error["message"]  # the routes there are
     assert_openai_error(wrong, 405, "method_not_allowed")
     assert_openai_error(listed, 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize(("idle_ttl_s", "kept_s"), [(600.0, 660), (None, 300)])
+def test_a_managed_ollama_instance_keeps_the_nodes_keep_alive_whatever_a_client_sends(
+    node: Node, front: Any, ollama_srv: Any, idle_ttl_s: float | None, kept_s: int
+) -> None:
+    """Ollama's native routes carry the instance's keep_alive (its idle_ttl_s + 60 s,
+    else the node's ``ollama_keep_alive``, 5m here), not the client's: ``0`` does
+    not unload the model, ``-1`` does not pin it, ``1s`` does not shorten it."""
+    osrv = ollama_srv(TAG, load_seconds=0.05)
+    spec = InstanceSpec(
+        role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port, idle_ttl_s=idle_ttl_s
+    )
+    iid = node.place(spec)
+    node.start(iid)
+    running(node, iid)
+    srv = front(node)
+
+    def expiry() -> int | None:
+        models = running_models(httpx.get(f"{osrv.url}/api/ps", timeout=10).json()) or []
+        return next((m.expires_at_ns for m in models if m.name.startswith(TAG)), None)
+
+    chat = [{"role": "user", "content": "hi"}]
+    asks: list[tuple[str, dict[str, Any]]] = [
+        ("/api/generate", {"prompt": "Hello", "stream": False, "keep_alive": 0}),
+        ("/api/generate", {"keep_alive": 0}),  # Ollama's "unload a model"
+        ("/api/chat", {"messages": chat, "stream": False, "keep_alive": -1}),  # forever
+        ("/api/embed", {"input": ["a"], "keep_alive": "1s"}),
+    ]
+    with client(srv) as c:
+        for path, body in asks:
+            before = time.time_ns()
+            answer = c.post(path, json={"model": TAG, **body})
+            after = time.time_ns()
+            assert answer.status_code == 200, (path, answer.text)
+            expires = expiry()
+            assert expires is not None, f"{path} {body}: the model was unloaded"
+            slack = 10**9  # Ollama's expiry is its monotonic deadline shown as a wall time
+            low, high = before + kept_s * 10**9 - slack, after + kept_s * 10**9 + slack
+            assert low <= expires <= high, (path, body, (expires - after) / 1e9)
+    assert node.status(iid).lifecycle == "running"

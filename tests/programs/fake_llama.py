@@ -11,7 +11,10 @@ it exists: ``ok`` (200), ``loading`` (503 "Loading model", nested form),
 
 Each completion (any POST) is chosen by the file ``completions`` in the
 working directory the same way: ``ok`` (200, the token ``" fake"``) or
-``fail`` (500, llama-server's error shape). Flags of its own:
+``fail`` (500, llama-server's error shape). ``GET /slots`` is chosen by the
+file ``slots``: a whole number n, the slots processing a request (llama-server's
+shape: a list of slots with ``is_processing``, n of them true, at least one
+slot); without the file, 404 (a server without counters). Flags of its own:
 ``--really-bind HOST`` listens on HOST whatever ``--host`` says (a server
 that ignores the address it was given, e.g. ``0.0.0.0``); ``--version``
 prints a version line and exits 0, as llama-server does.
@@ -27,7 +30,15 @@ from fault_common import Handler, mode, parse_args, serve
 
 
 class FakeLlama(Handler):
-    """The shared llama-protocol handler; completions fail when ``completions`` says so."""
+    """The shared llama-protocol handler; completions fail when ``completions`` says so,
+    ``/slots`` answers what ``slots`` says."""
+
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        if self.path != "/slots" or not os.path.exists("slots"):
+            super().do_GET()
+            return
+        busy = int(mode("slots"))
+        self.reply(200, [{"id": i, "is_processing": i < busy} for i in range(max(busy, 1))])
 
     def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
         if mode("completions") != "fail":

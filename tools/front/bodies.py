@@ -1,9 +1,10 @@
 """What the front reads of a request body: the model it names, and the fields
 each route cannot do without (named in a 400 when missing or mistyped).
 
-The body itself goes upstream unchanged (re-encoded only where an Ollama model
-asked for by another name must be given Ollama's): only these fields are
-decoded, with msgspec, so a large prompt costs one scan.
+The body itself goes upstream unchanged (re-encoded only for an Ollama
+instance: a model asked for by another name is given Ollama's, and a managed
+instance's ``keep_alive`` is the node's, :data:`KEEP_ALIVE_ROUTES`): only these
+fields are decoded, with msgspec, so a large prompt costs one scan.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import msgspec
 
 from .errors import FrontError
 
-__all__ = ["ROUTES", "Asked", "parse", "with_model"]
+__all__ = ["KEEP_ALIVE_ROUTES", "ROUTES", "Asked", "parse", "rewritten"]
 
 
 class _Chat(msgspec.Struct):
@@ -65,6 +66,10 @@ ROUTES: dict[str, tuple[type[msgspec.Struct], bool]] = {
     "/api/show": (_OllamaModel, True),
 }
 
+#: Ollama's native routes that load the model and carry a ``keep_alive`` (its
+#: ``docs/api.md``): a managed instance's is set by the node, not the client.
+KEEP_ALIVE_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
+
 _DECODERS = {path: msgspec.json.Decoder(kind) for path, (kind, _) in ROUTES.items()}
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
@@ -105,11 +110,18 @@ def parse(path: str, body: bytes) -> Asked:
     return Asked(model=model, ollama=ROUTES[path][1], stream=getattr(got, "stream", None) is True)
 
 
-def with_model(body: bytes, model: str) -> bytes:
-    """``body`` with its ``model`` (and an old client's ``name``) set to ``model``."""
+def rewritten(
+    body: bytes, *, model: str | None = None, keep_alive: str | int | None = None
+) -> bytes:
+    """``body`` (a JSON object :func:`parse` read) with its ``model`` (and an old
+    client's ``name``) set to ``model`` and its ``keep_alive`` to ``keep_alive``,
+    whatever the client gave (None: that field as it was)."""
     doc = msgspec.json.decode(body)
-    doc["model"] = model
-    doc.pop("name", None)
+    if model is not None:
+        doc["model"] = model
+        doc.pop("name", None)
+    if keep_alive is not None:
+        doc["keep_alive"] = keep_alive
     return msgspec.json.encode(doc)
 
 

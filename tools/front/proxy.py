@@ -36,9 +36,10 @@ import httpx
 import pykka
 
 from infervisor.actors.errors import NodeError, NotResident, UnknownInstance
+from infervisor.adapters.ollama_keep_alive import spec_keep_alive
 from infervisor.adapters.proc.errors import AdapterError
 
-from .bodies import Asked, with_model
+from .bodies import KEEP_ALIVE_ROUTES, Asked, rewritten
 from .errors import FrontError, retry_after
 from .routes import Route, RouteTable, ollama_names
 from .tally import FrontTally
@@ -243,15 +244,19 @@ class Proxy:
                 of the answer was sent.
         """
         iid = route.instance_id
+        path = scope["path"]
         base = route.base_url if route.ready else await self.ready(route, asked.model, by)
+        model = None
         if route.ollama and route.served and asked.model not in ollama_names(route.served):
-            body = with_model(body, route.served)  # asked by role or registry name
+            model = route.served  # asked by role or registry name
+        keep_alive = self._keep_alive(route, path)
+        if model is not None or keep_alive is not None:
+            body = rewritten(body, model=model, keep_alive=keep_alive)
         headers = [(k, v) for k, v in scope["headers"] if k in _FORWARDED]
         if asked.stream and not route.ollama:
             # llama-server drops a connection kept alive after a stream (the next request
             # sent on it gets no answer): the stream's connection is not kept.
             headers.append((b"connection", b"close"))
-        path = scope["path"]
         self.node.request_began(iid)
         self.tally.began(iid)
         status = 499  # the client went away before the server answered
@@ -267,6 +272,18 @@ class Proxy:
         finally:
             self.node.request_ended(iid)
             self.tally.ended(iid, path, status)
+
+    def _keep_alive(self, route: Route, path: str) -> str | int | None:
+        """The ``keep_alive`` a request on ``path`` carries to a managed Ollama
+        instance: the one its loads carry (``spec_keep_alive`` of its
+        ``idle_ttl_s`` and the node's ``ollama_keep_alive``), whatever the client
+        sent, so a client can neither unload the model (``0``) nor pin it
+        (``-1``) behind the node's back. None: the body goes as it is (not a
+        managed Ollama instance, or a route that loads nothing)."""
+        view = route.view
+        if not route.ollama or view.mode != "managed" or path not in KEEP_ALIVE_ROUTES:
+            return None
+        return spec_keep_alive(view.idle_ttl_s, self.node.settings.ollama_keep_alive)
 
     async def _open(
         self,
