@@ -16,9 +16,7 @@ side by side, as a discrete-event simulation (no servers, no clock):
   instances that are not pinned, not of higher priority, not serving a
   request and not loading, all or none). A start that nothing can make room
   for is refused (the front answers 503 with ``Retry-After``) and the client
-  asks again after ``--retry-after`` seconds. Where the core's function is not
-  installed yet, :func:`plan_room_here` (the same rule, written here) is used;
-  the output says which.
+  asks again after ``--retry-after`` seconds.
 - **lru2**: the simple swap of the peers (llama-swap's groups, LocalAI's
   ``--max-active-backends 2``): the least recently used of the two goes,
   whatever it is doing; its requests in flight are cut.
@@ -36,10 +34,11 @@ import argparse
 import csv
 import heapq
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from infervisor.actors.core import residency
 
 TRACE = Path(__file__).resolve().parent / "residency_trace.csv"
 SEED = 21
@@ -117,39 +116,11 @@ class Holder:
     loading: bool
 
 
-def plan_room_here(
-    for_instance: str, needed_bytes: int, budget_bytes: int, priority: int, holders: Iterable[Any]
-) -> tuple[tuple[str, ...], bool]:
-    """The node's rule (issue 21): the least recently used instances that are not
-    pinned, of lower or equal priority, not busy and not loading, until the start
-    fits; all of them or none. Returns (victims, fits)."""
-    others = sorted(
-        (h for h in holders if h.instance_id != for_instance),
-        key=lambda h: (h.last_use_ns or 0, h.instance_id),
-    )
-    in_use = sum(h.held_bytes for h in others)
-    victims: list[str] = []
-    freed = 0
-    for h in others:
-        if in_use - freed + needed_bytes <= budget_bytes:
-            break
-        if h.pinned or h.priority > priority or h.busy or h.loading:
-            continue
-        victims.append(h.instance_id)
-        freed += h.held_bytes
-    fits = in_use - freed + needed_bytes <= budget_bytes
-    return (tuple(victims) if fits else ()), fits
-
-
 Choice = Callable[[str, int, int, int, list[Holder]], tuple[tuple[str, ...], bool]]
 
 
 def core_choice() -> tuple[Choice, str]:
-    """The core's ``plan_room`` (part R) when it is installed, else :func:`plan_room_here`."""
-    try:
-        from infervisor.actors.core import residency  # noqa: PLC0415 - optional until merged
-    except ImportError:
-        return plan_room_here, "bench's plan_room_here (actors/core/residency.py not installed)"
+    """The core's ``plan_room``, over the simulation's holders."""
 
     def choose(
         for_instance: str, needed: int, budget: int, priority: int, holders: list[Holder]
@@ -319,16 +290,6 @@ def main() -> None:
             f"{_p(o.waited_ms, 0.99):>13}"
         )
     print(f"loads: node {f.node.loads} = {f.ratio:.2f}x LRU-of-2's {f.lru2.loads}")
-    if f.source.startswith("the core"):  # the rule written here must be the core's
-        here = replay(
-            read_trace(TRACE),
-            plan_room_here,
-            pins=True,
-            load_s=args.load_s,
-            retry_after_s=args.retry_after,
-        )
-        same = (here.loads, here.refused) == (f.node.loads, f.node.refused)
-        print(f"bench's plan_room_here gives {here.loads} loads: {'same' if same else 'DIFFERS'}")
     print("cut: requests in flight on an evicted server; 503s: refused starts, retried")
 
 
