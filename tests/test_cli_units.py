@@ -27,7 +27,10 @@ def test_ages_read_as_kubectl_shows_them(seconds: float, shown: str) -> None:
 
 
 def record(**fields: object) -> InstanceRecord:
-    base: dict[str, object] = {name: None for name in InstanceRecord.__struct_fields__}
+    required = InstanceRecord.__struct_fields__[
+        : len(InstanceRecord.__struct_fields__) - len(InstanceRecord.__struct_defaults__)
+    ]
+    base: dict[str, object] = dict.fromkeys(required)
     base.update(
         source="node", instance_id="chat-1", placed_by="n1", generation=0, lifecycle="running",
         desired="running", since_ns=1_000_000_000, restarts=1, last_seq=3, flavor="llamacpp",
