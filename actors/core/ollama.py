@@ -158,7 +158,7 @@ def unload_ended(d: Draft, u: OllamaUnloadEnded) -> None:
     this node's and reserved, but nothing is in flight any more, so a start
     proceeds (and finds it resident) and another stop asks Ollama again."""
     inst = d.inst
-    if inst.lifecycle is not S.STOPPED:
+    if inst.lifecycle not in (S.STOPPED, S.RESTING):  # resting: evicted or expired
         return
     if u.ok:
         if inst.reserved_bytes:

@@ -1,0 +1,246 @@
+"""Issue 21 with real llama.cpp servers (``infervisor-llama-server``) on the
+project's tiny model, through the front and the official ``openai`` client.
+
+The registry holds four copies of the tiny GGUF under different names, so the
+ledger reserves real file sizes (plus the node's overhead); the memory budget
+has room for two. What each test proves is in its name; the fake-server
+versions of the same rules are in tests/test_residency_node.py.
+
+Marked slow: run alone with ``pytest -m slow``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from conftest import NodeFactory
+from support import chain_rows, free_ports, wait_until
+
+from infervisor.actors.node import Node
+from infervisor.adapters.ports import free_port
+from infervisor.adapters.spec import Flavor, InstanceSpec
+from infervisor.tools.api.auth import TcpAddress, Tokens
+from infervisor.tools.front import FrontConfig, FrontServer
+
+pytestmark = pytest.mark.slow
+
+SECRET = "real-residency-secret"
+OVERHEAD = 1_000_000
+MODELS = ("m1", "m2", "m3", "m4")
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture
+def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
+    """A node whose budget has room for two of the four copies of the tiny model."""
+    registry = tmp_path / "models"
+    registry.mkdir()
+    for name in MODELS:
+        shutil.copy(tiny_gguf, registry / f"{name}.gguf")
+    budget = 2 * (tiny_gguf.stat().st_size + OVERHEAD) + 10
+    n = nodes.open(
+        nodes.settings(
+            "infervisor-llama-server",
+            registry,
+            memory_budget_bytes=budget,
+            reserve_overhead_bytes=OVERHEAD,
+        )
+    )
+    for name in MODELS:
+        n.registry.adopt(name, registry / f"{name}.gguf")
+    return n
+
+
+@pytest.fixture
+def front(node: Node) -> Iterator[FrontServer]:
+    port = free_port()
+    config = FrontConfig(listen=f"127.0.0.1:{port}")
+    with FrontServer.listen(
+        config, TcpAddress("127.0.0.1", port), Tokens({"ci": SECRET}, {}), "n1"
+    ) as server:
+        server.serve(node)
+        yield server
+
+
+@pytest.fixture
+def sdk(front: FrontServer) -> Iterator[openai.OpenAI]:
+    http = openai.DefaultHttpxClient(trust_env=False)
+    with openai.OpenAI(
+        base_url=f"{front.url}/v1", api_key=SECRET, max_retries=0, http_client=http
+    ) as client:
+        yield client
+
+
+def place(node: Node, **fields: Any) -> dict[str, str]:
+    """One on-demand instance per model (role = model name); ``fields[m]`` its extras."""
+    ports = free_ports(len(MODELS))
+    return {
+        name: node.place(
+            InstanceSpec(
+                role=f"r-{name}",
+                flavor=Flavor.LLAMACPP,
+                model=name,
+                port=ports[n],
+                on_demand=True,
+                **fields.get(name, {}),
+            )
+        )
+        for n, name in enumerate(MODELS)
+    }
+
+
+def ask(sdk: openai.OpenAI, model: str) -> str:
+    """A whole answer from ``model`` (4 tokens); its text."""
+    answer = sdk.chat.completions.create(model=model, messages=HELLO, max_tokens=4)  # type: ignore[arg-type]
+    assert answer.usage is not None and answer.usage.completion_tokens == 4
+    return answer.choices[0].message.content or ""
+
+
+def evictions(node: Node) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (s, p) for _, _, k, s, p in chain_rows(node.settings.chain_path) if k == "residency.evicted"
+    ]
+
+
+def used_after(node: Node, later: str, earlier: str) -> bool:
+    return (node.status(later).last_use_ns or 0) > (node.status(earlier).last_use_ns or 0)
+
+
+def idle(front: FrontServer, node: Node, *iids: str) -> None:
+    """Every request to ``iids`` ended, and the node saw it (not busy)."""
+    wait_until(
+        lambda: (
+            all(front.tally.snapshot().in_flight[i] == 0 for i in iids)
+            and not any(node.status(i).busy for i in iids)
+        ),
+        30,
+        f"{iids} idle",
+    )
+
+
+def test_eviction_takes_the_least_recently_used_and_never_a_pinned_or_higher_priority_one(
+    node: Node, front: FrontServer, sdk: openai.OpenAI
+) -> None:
+    iid = place(node, m1={"pinned": True}, m4={"priority": 5})
+    a, b, c, d = (iid[m] for m in MODELS)
+    assert [node.status(i).lifecycle for i in (a, b, c, d)] == ["resting"] * 4
+
+    # b then c fill the budget; b is used again, so c is the least recently used
+    ask(sdk, "m2")
+    ask(sdk, "m3")
+    ask(sdk, "m2")
+    idle(front, node, b, c)
+    wait_until(lambda: used_after(node, b, c), 30, "b used after c")
+
+    ask(sdk, "m1")  # a (pinned) does not fit: c goes, not b
+    assert [node.status(i).lifecycle for i in (a, b, c)] == ["running", "running", "resting"]
+    ((victim, first),) = evictions(node)
+    assert victim == c and first["for_instance"] == a
+    assert {x["instance_id"]: x["chosen"] for x in first["candidates"]} == {b: False, c: True}
+    assert first["freed_bytes"] == first["needed_bytes"]  # copies of one file: one size
+    assert first["budget_bytes"] == node.settings.memory_budget_bytes
+
+    # b is used again: a (pinned) is now the least recently used, and still stays
+    ask(sdk, "m2")
+    idle(front, node, a, b)
+    wait_until(lambda: used_after(node, b, a), 30, "b used after a")
+    ask(sdk, "r-m4")  # d, priority 5, by its role
+    assert node.status(a).lifecycle == "running" and node.status(b).lifecycle == "resting"
+    victim, second = evictions(node)[1]
+    assert victim == b and second["for_instance"] == d
+    candidates = {x["instance_id"]: x for x in second["candidates"]}
+    assert candidates[b]["chosen"] is True
+    assert a not in candidates or candidates[a]["chosen"] is False
+    assert candidates.get(a, {"pinned": True})["pinned"] is True
+
+    # c (priority 0) finds a pinned and d of higher priority: nothing may go
+    idle(front, node, a, d)
+    with pytest.raises(openai.APIStatusError) as refused:
+        ask(sdk, "m3")
+    assert refused.value.status_code == 503
+    assert refused.value.code == "no_room"
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    assert [node.status(i).lifecycle for i in (a, b, c, d)] == [
+        "running",
+        "resting",
+        "resting",
+        "running",
+    ]
+    assert len(evictions(node)) == 2  # the refusal evicted nothing
+    refusals = [
+        (s, p) for _, _, k, s, p in chain_rows(node.settings.chain_path) if k == "residency.refused"
+    ]
+    assert [s for s, _ in refusals] == [c]
+    why = {x["instance_id"]: x["why_not"] for x in refusals[0][1]["candidates"]}
+    assert why == {a: "pinned", d: "higher priority"}
+
+
+def test_a_model_mid_stream_stays_and_requests_during_a_load_are_queued_and_served(
+    node: Node, front: FrontServer, sdk: openai.OpenAI
+) -> None:
+    iid = place(node)
+    a, b, c, d = (iid[m] for m in MODELS)
+
+    # four requests at once for a resting model: one start, all served
+    answers: list[Any] = []
+
+    def one(n: int) -> None:
+        try:
+            answers.append(ask(sdk, "m1"))
+        except Exception as e:  # collected for the assertion
+            answers.append(e)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [type(x) for x in answers] == [str] * 4, answers
+    rows = [(k, s) for _, _, k, s, _ in chain_rows(node.settings.chain_path)]
+    assert rows.count(("residency.demanded", a)) == 1
+    assert rows.count(("instance.starting", a)) == 1
+
+    # a and b resident, each holding a stream open (a large one: read one chunk only)
+    ask(sdk, "m2")
+    held = [
+        sdk.chat.completions.create(
+            model=name,
+            messages=HELLO,  # type: ignore[arg-type]
+            max_tokens=400,
+            logprobs=True,
+            top_logprobs=20,  # big chunks: the answer outgrows the sockets' buffers
+            stream=True,
+        )
+        for name in ("m1", "m2")
+    ]
+    firsts = [next(iter(s)) for s in held]
+    assert all(f.choices for f in firsts)
+    wait_until(lambda: node.status(a).busy and node.status(b).busy, 30, "both busy")
+
+    with pytest.raises(openai.APIStatusError) as refused:
+        ask(sdk, "m3")
+    assert refused.value.status_code == 503 and refused.value.code == "no_room"
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    assert front.tally.snapshot().in_flight[a] == 1  # still streaming when refused
+    assert front.tally.snapshot().in_flight[b] == 1
+    assert evictions(node) == []
+
+    for stream in held:  # both streams complete
+        rest = list(stream)
+        assert [p.choices[0].finish_reason for p in rest if p.choices][-1] == "length"
+        stream.close()
+    assert [node.status(i).lifecycle for i in (a, b, c, d)] == [
+        "running",
+        "running",
+        "resting",
+        "resting",
+    ]
+    idle(front, node, a, b)
+    ask(sdk, "m3")  # now one may go
+    assert len(evictions(node)) == 1
