@@ -46,6 +46,7 @@ from infervisor.chain.cosignature import WitnessPolicy
 from infervisor.replay import NodeState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
+from infervisor.replay.lifecycle import LifecycleState
 from infervisor.replay.policy import check_duration
 from infervisor.replay.views import InstanceView
 
@@ -53,7 +54,7 @@ from . import messages as m
 from .clock import Clock, RealClock
 from .core.common import demand_pending
 from .core.cordon import CordonDecision
-from .errors import BadArgument, InvalidState, VerbTimeout
+from .errors import BadArgument, InvalidState, NotResident, VerbTimeout
 from .host_work import Placement, PlacementOutcome
 from .ledger import hold
 from .node_boot import (
@@ -371,15 +372,37 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         the role decides the rules (an ``operator`` start resets the budget).
         Stop, restart and unload take ``by`` the same way.
 
+        A resting instance (on demand, evicted or expired: issue 21) is started
+        as a request starts it, evicting by the residency policy when it does not
+        fit (``residency.demanded``, request ``verb``); this answers once its
+        start is recorded, as any start does. A stopped or failed instance that
+        does not fit is refused with the numbers (nothing is evicted for it).
+
         Raises:
             UnknownInstance, InvalidState: refused; nothing recorded.
             Cordoned: the node is drained and a controller placed the instance.
             AdmissionRefused: the address is taken (the refusal is recorded).
+            NotResident: a resting instance for which nothing can be evicted
+                (``no_room``, recorded as ``residency.refused``).
             SpawnError: the launcher could not run (recorded as an exit).
         """
         self._refuse_drained_start(instance_id)
+        current = self.status(instance_id)
+        if current.lifecycle == LifecycleState.RESTING:
+            return self._start_resting(current, by)
         view: InstanceView = self._ask(self._ref(instance_id), m.Start(by=by))
         return view
+
+    def _start_resting(self, current: InstanceView, by: str) -> InstanceView:
+        """A start verb of a resting instance: a demand that does not wait for readiness."""
+        iid = current.instance_id
+        model = current.model or current.role or iid
+        try:
+            return self.demand(iid, request="verb", model=model, by=by, timeout_s=0.0)
+        except NotResident as e:
+            if e.code != "start_timeout":  # recorded and started: not ready yet
+                raise
+        return self.status(iid)
 
     def stop(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -97,7 +97,8 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     adapters: tuple[str, ...] = ALL_ADAPTERS
     allowed_ports: tuple[int, int] | None = None
     memory_budget_bytes: int | None = None
-    reserve_overhead_bytes: int = 0
+    #: Never negative: a negative overhead would count every model as less than its size.
+    reserve_overhead_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
     ollama_keep_alive: str | int | float = "30m"
     run_as: tuple[int, int] | None = None
     deep_timeout_s: float = 300.0

@@ -419,6 +419,10 @@ def _on_ready(inst: InstanceState, stored: StoredEvent, e: ev.Ready) -> dict[str
 
 
 def _on_refused(inst: InstanceState, stored: StoredEvent, e: ev.StartRefused) -> dict[str, Any]:
+    """A refused start keeps its cause; one a demand asked for ends the demand (the
+    next request asks again), so no boot resumes a request that failed long ago."""
+    if inst.lifecycle in (S.RESTING, S.LOADED) and inst.desired is Desired.RUNNING:
+        return dict(refusal=e.reason, desired=Desired.STOPPED)
     return dict(refusal=e.reason)
 
 

@@ -1351,6 +1351,16 @@ def test_a_demand_that_does_not_fit_is_answered_not_recorded_and_stays_pending()
     assert sim.inst.desired is Desired.STOPPED and sim.inst.lifecycle is S.RESTING
 
 
+def test_a_demand_whose_start_is_refused_for_its_weights_ends_and_is_not_resumed() -> None:
+    """A start refused for a reason of the instance's own (weights that no longer
+    match) ends the demand: it rests, not wanted running, so no boot resumes it."""
+    sim = _resting()
+    _demand(sim)
+    sim.checked(model_refusal="model tiny: digest mismatch", demand=True)
+    assert sim.kinds_of_last() == ["instance.start_refused"]
+    assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
+
+
 def test_a_stopped_instance_is_not_started_by_a_demand_and_failed_is_refused() -> None:
     sim = running(process_sim())
     sim.feed(o.StopVerb(by="operator:uid=1(bob)", grace_s=5.0))

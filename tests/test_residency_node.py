@@ -322,3 +322,21 @@ def test_idle_expiry_releases_to_resting_after_its_ttl_and_never_while_serving(
     idle = [p for k, s, p in kinds_of(node) if k == "residency.idle" and s == iid][-1]
     assert expired["idle_since_ns"] == idle["idle_since_ns"]
     assert node.status(iid).reserved_bytes == 0
+
+
+def test_an_operators_start_of_a_resting_instance_evicts_as_a_request_does(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    """`infervisor start` of a resting instance that does not fit evicts by the policy
+    (recorded as a demand by the verb) and answers once the start is recorded."""
+    node, (a, b, c) = three_resting(nodes, fake_llama, models)
+    node.demand(a, request="r1", model="m1", by="front")
+    node.demand(b, request="r2", model="m2", by="front")
+
+    node.start(c, by="operator")
+
+    wait_until(lambda: node.status(c).lifecycle == "running", 30)
+    assert node.status(a).lifecycle == "resting"  # the least recently used went
+    demanded = [(s, p) for k, s, p in kinds_of(node) if k == "residency.demanded"]
+    assert demanded[-1][0] == c and demanded[-1][1]["request"] == "verb"
+    assert [s for k, s, _ in kinds_of(node) if k == "residency.evicted"] == [a]

@@ -89,7 +89,8 @@ def place_new(
             if isinstance(answer, Exception):
                 raise answer  # a bug, not a refusal: as a lone placement would
             say(f"placed {answer.instance_id}")
-            placed.append((n, entry.start, spec, answer.instance_id))
+            # An on-demand instance rests until a request or a start asks for it.
+            placed.append((n, entry.start and not spec.on_demand, spec, answer.instance_id))
     for n, start, spec, iid in placed:
         if stop_requested():
             break
