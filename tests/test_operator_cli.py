@@ -277,6 +277,25 @@ def test_bad_input_exits_by_the_table_and_changes_nothing(
         (["place", data, "--role", "x", "--flavor", "llamacpp"], 2, "bad_spec", "--port"),
         (["place", data, "--env", "NOVALUE", "--role", "x"], 2, "bad_value", "--env"),
         (["place", data, "--generation", "3", "--role", "x"], 2, "usage", "--generation"),
+        (
+            [
+                "place",
+                data,
+                "--role",
+                "x",
+                "--flavor",
+                "llamacpp",
+                "--port",
+                "9",
+                "--model",
+                "tiny",
+                "--priority",
+                "2000",
+            ],
+            2,
+            "bad_spec",
+            "--priority",
+        ),
         (["status", "--url", "ftp://x"], 2, "bad_value", "--url"),
     ]
     for args, status, code, field in cases:

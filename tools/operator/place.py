@@ -34,6 +34,10 @@ _PLACE_FLAGS = {
     "kind": "--kind",
     "env": "--env",
     "draft_model": "--draft-model",
+    "on_demand": "--on-demand",
+    "idle_ttl_s": "--idle-ttl-s",
+    "priority": "--priority",
+    "pinned": "--pinned",
 }
 
 
@@ -56,6 +60,22 @@ _PLACE_FLAGS = {
 @click.option("--kind", help="Workload kind (health interval and judgement).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Repeatable.")
 @click.option("--draft-model", help="A draft model's registry name (speculative decoding).")
+@click.option(
+    "--on-demand", is_flag=True, default=None, help="Rest until a request or a start asks for it."
+)
+@click.option(
+    "--idle-ttl-s",
+    type=float,
+    metavar="SECONDS",
+    help="Released to resting after this long without a request (> 0, at most 7 days).",
+)
+@click.option(
+    "--priority",
+    type=int,
+    metavar="N",
+    help="Eviction takes lower or equal priority only (-1000 to 1000) [default: 0].",
+)
+@click.option("--pinned", is_flag=True, default=None, help="Never evicted.")
 @click.option("--controller", metavar="ID", help="Place as this controller (with --generation).")
 @click.option(
     "--generation",
@@ -80,7 +100,8 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
 
     The fragment holds the keys of an [[instances]] table of the node's
     config (role, flavor, port, mode, model, host, ctx_size, draft_model,
-    env, kind, continuous, restart, start), flat or in one [[instances]]
+    env, kind, continuous, restart, memory_max_bytes, on_demand, idle_ttl_s,
+    priority, pinned, start), flat or in one [[instances]]
     table; flags given beside it override its keys. An unknown or mistyped
     key is refused naming it and the allowed keys or values; nothing is
     sent. As the node itself by default, or as --controller ID at
@@ -97,7 +118,7 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     memory budget); 2 when the fragment, a key or a flag is wrong; 3 when no
     node runs on WHERE (or answers at --url).
     """
-    # --role, --flavor, --port, --model, --mode, --host, --ctx-size, --kind, --draft-model
+    # the spec's flags (_PLACE_FLAGS); an absent one leaves the fragment's key as it is
     flags = {key: value for key, value in spec_flags.items() if value is not None}
     if env:
         flags["env"] = dict(_env_pair(item) for item in env)
