@@ -1359,6 +1359,10 @@ def test_a_demand_whose_start_is_refused_for_its_weights_ends_and_is_not_resumed
     sim.checked(model_refusal="model tiny: digest mismatch", demand=True)
     assert sim.kinds_of_last() == ["instance.start_refused"]
     assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
+    _demand(sim, "r2")  # the same refusal again: recorded again, the demand ends again
+    sim.checked(model_refusal="model tiny: digest mismatch", demand=True)
+    assert sim.kinds_of_last() == ["instance.start_refused"]
+    assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
 
 
 def test_a_stopped_instance_is_not_started_by_a_demand_and_failed_is_refused() -> None:

@@ -181,7 +181,9 @@ def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> N
         d.refuse(RefusalKind.MEMORY, refusal)  # the node makes room, or records residency.refused
         return
     if refusal is not None:
-        if inst.refusal != refusal:
+        # Once per cause; but a demand's refusal always, as it ends the demand its
+        # own ``residency.demanded`` began (replay/reducer.py), whatever came before.
+        if inst.refusal != refusal or demand_pending(inst):
             d.emit(ev.StartRefused(by=c.by, reason=refusal))
         if c.verb:
             admission = c.taken is not None or c.model_refusal is not None

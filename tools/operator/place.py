@@ -15,6 +15,8 @@ from typing import Any
 import click
 import msgspec
 
+from infervisor.adapters.errors import SpecError
+
 from ..api.errors import ApiError
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json, fail
@@ -65,7 +67,7 @@ _PLACE_FLAGS = {
 )
 @click.option(
     "--idle-ttl-s",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True, max=7 * 86400),
     metavar="SECONDS",
     help="Released to resting after this long without a request (> 0, at most 7 days).",
 )
@@ -202,7 +204,14 @@ def spec_of_fragment(
         flag = _PLACE_FLAGS.get(key or "") if key in flags or fragment is None else None
         # A whole-document error names the fragment: a bad_spec always names a field.
         raise Failure(f"{where}: {message}", "bad_spec", flag or key or name) from e
-    return entry.spec(), raw.get("start") is True  # the config's default is True
+    spec = entry.spec()
+    try:  # here too: a value JSON cannot carry (inf, nan) never reaches the wire
+        spec.validate()
+    except SpecError as e:
+        key = (e.field or "").split(".")[0]
+        flag = _PLACE_FLAGS.get(key) if key in flags or fragment is None else None
+        raise Failure(f"{where}: {e}", "bad_spec", flag or e.field or name) from e
+    return spec, raw.get("start") is True  # the config's default is True
 
 
 _SPEC_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
