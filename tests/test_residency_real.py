@@ -11,7 +11,9 @@ Marked slow: run alone with ``pytest -m slow``.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,30 +208,39 @@ def test_a_model_mid_stream_stays_and_requests_during_a_load_are_queued_and_serv
     assert rows.count(("residency.demanded", a)) == 1
     assert rows.count(("instance.starting", a)) == 1
 
-    # a and b resident, each holding a stream open (a large one: read one chunk only)
+    # a and b resident, each holding a stream open: its server paused (SIGSTOP of its
+    # group) right after the first chunk, so the answer cannot end into the sockets'
+    # buffers (at load 10 a 400-token answer did, and the instance was idle again)
     ask(sdk, "m2")
-    held = [
-        sdk.chat.completions.create(
-            model=name,
-            messages=HELLO,  # type: ignore[arg-type]
-            max_tokens=400,
-            logprobs=True,
-            top_logprobs=20,  # big chunks: the answer outgrows the sockets' buffers
-            stream=True,
-        )
-        for name in ("m1", "m2")
-    ]
-    firsts = [next(iter(s)) for s in held]
-    assert all(f.choices for f in firsts)
-    wait_until(lambda: node.status(a).busy and node.status(b).busy, 30, "both busy")
+    held = []
+    paused: list[int] = []
+    try:
+        for name, inst in (("m1", a), ("m2", b)):
+            stream = sdk.chat.completions.create(
+                model=name,
+                messages=HELLO,  # type: ignore[arg-type]
+                max_tokens=400,
+                stream=True,
+            )
+            first = next(iter(stream))
+            group = node.status(inst).pid
+            assert group is not None
+            os.killpg(group, signal.SIGSTOP)
+            paused.append(group)
+            assert first.choices
+            held.append(stream)
+        wait_until(lambda: node.status(a).busy and node.status(b).busy, 30, "both busy")
 
-    with pytest.raises(openai.APIStatusError) as refused:
-        ask(sdk, "m3")
-    assert refused.value.status_code == 503 and refused.value.code == "no_room"
-    assert int(refused.value.response.headers["retry-after"]) >= 1
-    assert front.tally.snapshot().in_flight[a] == 1  # still streaming when refused
-    assert front.tally.snapshot().in_flight[b] == 1
-    assert evictions(node) == []
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask(sdk, "m3")
+        assert refused.value.status_code == 503 and refused.value.code == "no_room"
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        assert front.tally.snapshot().in_flight[a] == 1  # still streaming when refused
+        assert front.tally.snapshot().in_flight[b] == 1
+        assert evictions(node) == []
+    finally:
+        for group in paused:
+            os.killpg(group, signal.SIGCONT)
 
     for stream in held:  # both streams complete
         rest = list(stream)
