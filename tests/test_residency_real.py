@@ -52,6 +52,8 @@ def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
             registry,
             memory_budget_bytes=budget,
             reserve_overhead_bytes=OVERHEAD,
+            # A server paused mid-stream (below) must not be health-killed meanwhile.
+            miss_limit=10_000,
         )
     )
     for name in MODELS:
