@@ -230,7 +230,7 @@ def test_placements_converge_and_a_repeat_changes_nothing(
 def test_only_the_silent_controllers_instances_stop(
     served: Served, tmp_path: Path, fake_llama: str, fake_model: Path
 ) -> None:
-    served.add("n1", fake_llama, fake_model, lease_s=1.0)
+    served.add("n1", fake_llama, fake_model, lease_s=4.0)
     fleet = served.fleet()
     ids = {}
     for ctl in ("ctl1", "ctl2"):
