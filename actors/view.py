@@ -54,22 +54,10 @@ class Viewed(Protocol):
 
 def build_view(actor: Viewed) -> InstanceView:
     """Combine sourced state, the last probe and the live server into one view."""
-    state, adapter, report = actor.state, actor.adapter, actor.report
+    state, adapter = actor.state, actor.adapter
     spec = adapter.spec
     pid = state.process.pid if state.process is not None else None
-    observed = report is not None and wants_probe(state, actor.rules)
-    status, detail = "", None
-    if observed and report is not None:
-        load = actor.effects.load.state if actor.effects.load is not None else None
-        mapped = map_report(
-            spec.flavor,
-            adapter.served_model,
-            report,
-            alive=pid is not None,
-            adopted=actor.rules.mode is Mode.ADOPTED,
-            load=load if state.lifecycle.value == "starting" else None,
-        )
-        status, detail = mapped.state.value, mapped.detail
+    report, status, detail = _observed(actor, pid)
     exposure = _exposure(adapter, actor.listeners)
     if state.exposed:
         exposure = f"stopped: listened beyond loopback on {', '.join(state.exposed)}"
@@ -92,8 +80,8 @@ def build_view(actor: Viewed) -> InstanceView:
         since_ns=state.since_ns,
         pid=pid,
         restarts=restarts_in_window(state, actor.supervision.restart, actor.now()),
-        health=report.health.kind.value if observed and report is not None else "",
-        health_reason=report.health.reason if observed and report is not None else "",
+        health=report.health.kind.value if report is not None else "",
+        health_reason=report.health.reason if report is not None else "",
         status=status,
         status_detail=detail,
         reserved_bytes=state.reserved_bytes,
@@ -116,6 +104,24 @@ def build_view(actor: Viewed) -> InstanceView:
         busy=actor.tracking.serving > 0,
         **_accounting(actor.effects, pid),
     )
+
+
+def _observed(actor: Viewed, pid: int | None) -> tuple[ServerReport | None, str, str | None]:
+    """The last probe's report while the state is one that is probed, and the
+    status and detail it maps to (adapters/status.py); else None, "" and None."""
+    state, adapter, report = actor.state, actor.adapter, actor.report
+    if report is None or not wants_probe(state, actor.rules):
+        return None, "", None
+    load = actor.effects.load.state if actor.effects.load is not None else None
+    mapped = map_report(
+        adapter.spec.flavor,
+        adapter.served_model,
+        report,
+        alive=pid is not None,
+        adopted=actor.rules.mode is Mode.ADOPTED,
+        load=load if state.lifecycle.value == "starting" else None,
+    )
+    return report, mapped.state.value, mapped.detail
 
 
 def _exposure(adapter: ServerAdapter, listeners: dict[int, list[str]] | None) -> str:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infervisor.actors.core import residency
+from infervisor.actors.core.residency import Holder
 
 TRACE = Path(__file__).resolve().parent / "residency_trace.csv"
 SEED = 21
@@ -102,20 +103,8 @@ def read_trace(path: Path) -> list[Request]:
 
 
 # ---------------------------------------------------------------- the choice
-@dataclass(frozen=True)
-class Holder:
-    """What the choice weighs of a resident instance (the fields of the
-    ``residency.evicted`` event's ``candidates``, plus ``loading``)."""
-
-    instance_id: str
-    held_bytes: int
-    last_use_ns: int | None
-    priority: int
-    pinned: bool
-    busy: bool
-    loading: bool
-
-
+#: A policy's choice: (for_instance, needed bytes, budget, priority, the resident
+#: holders) -> (the instances it evicts, whether the start goes ahead).
 Choice = Callable[[str, int, int, int, list[Holder]], tuple[tuple[str, ...], bool]]
 
 
@@ -125,20 +114,7 @@ def core_choice() -> tuple[Choice, str]:
     def choose(
         for_instance: str, needed: int, budget: int, priority: int, holders: list[Holder]
     ) -> tuple[tuple[str, ...], bool]:
-        theirs = [
-            residency.Holder(
-                instance_id=h.instance_id,
-                held_bytes=h.held_bytes,
-                last_use_ns=h.last_use_ns,
-                priority=h.priority,
-                pinned=h.pinned,
-                busy=h.busy,
-                loading=h.loading,
-                serving=not h.loading,
-            )
-            for h in holders
-        ]
-        plan = residency.plan_room(for_instance, needed, budget, priority, theirs)
+        plan = residency.plan_room(for_instance, needed, budget, priority, holders)
         return tuple(plan.victims), plan.refusal is None
 
     return choose, "the core's actors/core/residency.py plan_room"
@@ -214,6 +190,7 @@ def replay(
                     pinned=pins and o.name in PINNED,
                     busy=bool(o.inflight),
                     loading=o.loading_until_ns > now,
+                    serving=o.loading_until_ns <= now,  # resident: loading, else serving
                 )
                 for o in inst.values()
                 if o.resident and o is not me

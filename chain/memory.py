@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from infervisor.chain.errors import ChainIOError
 from infervisor.chain.hashing import seal_after, seal_genesis
@@ -14,7 +14,7 @@ from infervisor.chain.records import (
     check_drafts,
     check_node_id,
 )
-from infervisor.chain.store import Closing, kinds_filter
+from infervisor.chain.store import Closing, KindFilter, kinds_filter
 
 
 class MemoryChain(Closing):
@@ -60,11 +60,7 @@ class MemoryChain(Closing):
             return self._events[-1]
 
     def events(
-        self,
-        *,
-        after: int = -1,
-        subject: str | None = None,
-        kinds: Collection[str] | None = None,
+        self, *, after: int = -1, subject: str | None = None, kinds: KindFilter = None
     ) -> Iterator[StoredEvent]:
         """Return events with seq > `after` matching the filters, by seq.
 

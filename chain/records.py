@@ -51,18 +51,15 @@ class EventDraft(msgspec.Struct, frozen=True, kw_only=True):
     payload: bytes
 
 
-class StoredEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """An event as stored in the chain (``gc=False``: it holds no reference cycles,
-    and one is built per row read).
+class EventHeader(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Where a stored event stands and what it says happened: the fields that lead
+    every form of it (`StoredEvent`; the API's watch stream, tools/api/wire.py).
 
     Attributes:
         seq: position in the chain; genesis is 0, then 1, 2, ... with no gaps.
         ts_ns: integer ns since the Unix epoch, UTC.
         node: id of the node whose chain this is.
-        source, kind, subject, payload: as in `EventDraft`.
-        payload_hash: 32-byte BLAKE3 (derive_key mode) of `payload`.
-        prev_hash: `hash` of the event at `seq - 1`; 32 zero bytes for genesis.
-        hash: 32-byte BLAKE3 (derive_key mode) of this event's header.
+        source, kind, subject: as in `EventDraft`.
     """
 
     seq: int
@@ -71,6 +68,20 @@ class StoredEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     source: str
     kind: str
     subject: str
+
+
+class StoredEvent(EventHeader, frozen=True, kw_only=True, gc=False):
+    """An event as stored in the chain (``gc=False``: it holds no reference cycles,
+    and one is built per row read).
+
+    Attributes:
+        seq, ts_ns, node, source, kind, subject: as in `EventHeader`.
+        payload: as in `EventDraft`.
+        payload_hash: 32-byte BLAKE3 (derive_key mode) of `payload`.
+        prev_hash: `hash` of the event at `seq - 1`; 32 zero bytes for genesis.
+        hash: 32-byte BLAKE3 (derive_key mode) of this event's header.
+    """
+
     payload: bytes
     payload_hash: bytes
     prev_hash: bytes

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from infervisor.chain import schema
@@ -27,7 +27,7 @@ from infervisor.chain.records import (
     check_drafts,
     check_node_id,
 )
-from infervisor.chain.store import Closing, kinds_filter
+from infervisor.chain.store import Closing, KindFilter, kinds_filter
 
 
 class SqliteChain(Closing):
@@ -160,11 +160,7 @@ class SqliteChain(Closing):
             return read_head(self._conn)
 
     def events(
-        self,
-        *,
-        after: int = -1,
-        subject: str | None = None,
-        kinds: Collection[str] | None = None,
+        self, *, after: int = -1, subject: str | None = None, kinds: KindFilter = None
     ) -> Iterator[StoredEvent]:
         """Stream events with seq > `after` matching the filters, ordered by seq.
 

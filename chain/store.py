@@ -8,6 +8,10 @@ from typing import Protocol, Self
 
 from infervisor.chain.records import EventDraft, StoredEvent
 
+KindFilter = Collection[str] | None
+"""The ``kinds`` argument of `Chain.events`: the kinds wanted (None: any kind; a
+single str is refused, see `kinds_filter`)."""
+
 
 class Chain(Protocol):
     """An append-only, hash-chained event log of one node.
@@ -43,11 +47,7 @@ class Chain(Protocol):
         ...
 
     def events(
-        self,
-        *,
-        after: int = -1,
-        subject: str | None = None,
-        kinds: Collection[str] | None = None,
+        self, *, after: int = -1, subject: str | None = None, kinds: KindFilter = None
     ) -> Iterator[StoredEvent]:
         """Yield events with seq > `after`, ordered by seq, streamed.
 
@@ -90,7 +90,7 @@ class Closing:
         self.close()
 
 
-def kinds_filter(kinds: Collection[str] | None) -> frozenset[str] | None:
+def kinds_filter(kinds: KindFilter) -> frozenset[str] | None:
     """Return the `kinds` argument of `Chain.events` as a set (None: any kind).
 
     Raises:

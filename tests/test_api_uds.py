@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infervisor.tools.api.client import ApiClient, NotRunning
+from infervisor.tools.api.client import ApiClient
+from infervisor.tools.api.errors import NotRunning
 
 
 def test_a_stale_socket_leaves_no_unclosed_socket_behind(tmp_path: Path) -> None:

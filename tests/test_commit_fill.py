@@ -11,12 +11,12 @@ is measured in bench/summary.py, not asserted here.)
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pykka
 import pytest
+from chain_writers import AppendMany, Wrap, draft
 
 from infervisor.actors import messages as m
 from infervisor.actors.chain_writer import ChainWriter
@@ -26,21 +26,11 @@ from infervisor.chain import (
     EventDraft,
     SqliteChain,
     StoredEvent,
-    encode_payload,
     verify_chain,
 )
 
 TIMEOUT_S = 30.0
-
-
-def draft(subject: str, n: int = 0, kind: str = "test.event") -> EventDraft:
-    return EventDraft(
-        ts_ns=1_700_000_000_000_000_000 + n,
-        source="test",
-        kind=kind,
-        subject=subject,
-        payload=encode_payload({"n": n}),
-    )
+pytest_plugins = ("chain_writer_fixtures",)  # the fixtures start_writer, patch_append_many
 
 
 class Batches:
@@ -52,9 +42,7 @@ class Batches:
         self.release = threading.Event()
         self.poison: Callable[[list[str]], bool] = lambda _subjects: False
 
-    def wrap(
-        self, original: Callable[[SqliteChain, Sequence[EventDraft]], list[StoredEvent]]
-    ) -> Callable[[SqliteChain, Sequence[EventDraft]], list[StoredEvent]]:
+    def wrap(self, original: AppendMany) -> AppendMany:
         def append_many(chain: SqliteChain, drafts: Sequence[EventDraft]) -> list[StoredEvent]:
             subjects = [d.subject for d in drafts]
             self.seen.append(subjects)
@@ -69,25 +57,10 @@ class Batches:
 
 
 @pytest.fixture
-def batches(monkeypatch: pytest.MonkeyPatch) -> Batches:
+def batches(patch_append_many: Callable[[Wrap], None]) -> Batches:
     b = Batches()
-    monkeypatch.setattr(SqliteChain, "append_many", b.wrap(SqliteChain.append_many))
+    patch_append_many(b.wrap)
     return b
-
-
-@pytest.fixture
-def start_writer(tmp_path: Path) -> Iterator[Callable[..., pykka.ActorRef[ChainWriter]]]:
-    refs: list[pykka.ActorRef[ChainWriter]] = []
-
-    def start(**kwargs: Any) -> pykka.ActorRef[ChainWriter]:
-        ref = ChainWriter.start(tmp_path / "chain.db", "node-a", **kwargs)
-        refs.append(ref)
-        return ref
-
-    yield start
-    for ref in refs:
-        if ref.is_alive():
-            ref.stop(timeout=TIMEOUT_S)
 
 
 class Callers:

@@ -8,7 +8,6 @@ Marked slow: run alone with ``pytest -m slow``.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -19,12 +18,10 @@ from support import wait_until
 from infervisor.actors.node import Node
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.tools.api.auth import TcpAddress, Tokens
-from infervisor.tools.front import FrontConfig, FrontServer
+from infervisor.tools.front import FrontServer
 
 pytestmark = pytest.mark.slow
-
-SECRET = "real-front-secret"
+pytest_plugins = ("real_front",)  # the fixtures front and sdk
 
 
 @pytest.fixture
@@ -35,26 +32,6 @@ def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
     shutil.copy(tiny_gguf, registry / "tiny.gguf")
     n.registry.adopt("tiny", registry / "tiny.gguf")
     return n
-
-
-@pytest.fixture
-def front(node: Node) -> Iterator[FrontServer]:
-    port = free_port()
-    config = FrontConfig(listen=f"127.0.0.1:{port}")
-    with FrontServer.listen(
-        config, TcpAddress("127.0.0.1", port), Tokens({"ci": SECRET}, {}), "n1"
-    ) as server:
-        server.serve(node)
-        yield server
-
-
-@pytest.fixture
-def sdk(front: FrontServer) -> Iterator[openai.OpenAI]:
-    http = openai.DefaultHttpxClient(trust_env=False)
-    with openai.OpenAI(
-        base_url=f"{front.url}/v1", api_key=SECRET, max_retries=0, http_client=http
-    ) as client:
-        yield client
 
 
 def test_the_openai_client_through_the_front_to_llama_server(

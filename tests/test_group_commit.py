@@ -7,12 +7,13 @@ gate (an Event) while asks queue up, so what shares a transaction is known.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pykka
 import pytest
+from chain_writers import AppendMany, Wrap, draft
 
 from infervisor.actors import messages as m
 from infervisor.actors.chain_writer import ChainWriter
@@ -28,16 +29,7 @@ from infervisor.chain import (
 )
 
 TIMEOUT_S = 30.0
-
-
-def draft(kind: str = "test.event", subject: str = "s", n: int = 0) -> EventDraft:
-    return EventDraft(
-        ts_ns=1_700_000_000_000_000_000 + n,
-        source="test",
-        kind=kind,
-        subject=subject,
-        payload=encode_payload({"n": n}),
-    )
+pytest_plugins = ("chain_writer_fixtures",)  # the fixtures start_writer, patch_append_many
 
 
 class Gate:
@@ -49,9 +41,7 @@ class Gate:
         self.armed = True
         self.batches: list[list[str]] = []
 
-    def wrap(
-        self, original: Callable[[SqliteChain, Sequence[EventDraft]], list[StoredEvent]]
-    ) -> Callable[[SqliteChain, Sequence[EventDraft]], list[StoredEvent]]:
+    def wrap(self, original: AppendMany) -> AppendMany:
         def append_many(chain: SqliteChain, drafts: Sequence[EventDraft]) -> list[StoredEvent]:
             self.batches.append([d.subject for d in drafts])
             if self.armed:
@@ -64,25 +54,10 @@ class Gate:
 
 
 @pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> Gate:
+def gate(patch_append_many: Callable[[Wrap], None]) -> Gate:
     g = Gate()
-    monkeypatch.setattr(SqliteChain, "append_many", g.wrap(SqliteChain.append_many))
+    patch_append_many(g.wrap)
     return g
-
-
-@pytest.fixture
-def start_writer(tmp_path: Path) -> Iterator[Callable[..., pykka.ActorRef[ChainWriter]]]:
-    refs: list[pykka.ActorRef[ChainWriter]] = []
-
-    def start(**kwargs: Any) -> pykka.ActorRef[ChainWriter]:
-        ref = ChainWriter.start(tmp_path / "chain.db", "node-a", **kwargs)
-        refs.append(ref)
-        return ref
-
-    yield start
-    for ref in refs:
-        if ref.is_alive():
-            ref.stop(timeout=TIMEOUT_S)
 
 
 def hold(writer: pykka.ActorRef[ChainWriter], gate: Gate) -> pykka.Future[Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,12 @@ from conftest import NodeFactory
 from support import chain_rows, free_ports, wait_until
 
 from infervisor.actors.node import Node
-from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.tools.api.auth import TcpAddress, Tokens
-from infervisor.tools.front import FrontConfig, FrontServer
+from infervisor.tools.front import FrontServer
 
 pytestmark = pytest.mark.slow
+pytest_plugins = ("real_front",)  # the fixtures front and sdk
 
-SECRET = "real-residency-secret"
 OVERHEAD = 1_000_000
 MODELS = ("m1", "m2", "m3", "m4")
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -55,26 +52,6 @@ def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
     for name in MODELS:
         n.registry.adopt(name, registry / f"{name}.gguf")
     return n
-
-
-@pytest.fixture
-def front(node: Node) -> Iterator[FrontServer]:
-    port = free_port()
-    config = FrontConfig(listen=f"127.0.0.1:{port}")
-    with FrontServer.listen(
-        config, TcpAddress("127.0.0.1", port), Tokens({"ci": SECRET}, {}), "n1"
-    ) as server:
-        server.serve(node)
-        yield server
-
-
-@pytest.fixture
-def sdk(front: FrontServer) -> Iterator[openai.OpenAI]:
-    http = openai.DefaultHttpxClient(trust_env=False)
-    with openai.OpenAI(
-        base_url=f"{front.url}/v1", api_key=SECRET, max_retries=0, http_client=http
-    ) as client:
-        yield client
 
 
 def place(node: Node, **fields: Any) -> dict[str, str]:

@@ -10,7 +10,7 @@ socket (the kernel queues them) but does not answer: that is ``NoAnswer``.
 Errors are those of :mod:`.errors`: ``NotRunning`` when nothing listens,
 ``NoAnswer`` when nothing answers in time, ``NodeStarting``/``NodeStopping``
 for 503, ``VerbFailed`` (with the stable ``code``, the HTTP ``status`` and the
-``field``) for every other refusal.
+``field``) for every other refusal; :mod:`.client_failures` maps them.
 """
 
 from __future__ import annotations
@@ -27,20 +27,12 @@ import msgspec
 from infervisor.adapters.spec import InstanceSpec
 from infervisor.replay.views import LedgerView
 
-from .errors import (
-    ApiError,
-    NoAnswer,
-    NodeStarting,
-    NodeStopping,
-    NodeUnavailable,
-    NotRunning,
-    VerbFailed,
-)
+from .client_failures import RequestFailures, raise_for
+from .errors import ApiError
 from .fleet_wire import CordonAnswer, PlacementSetAnswer
 from .inventory import ModelList
 from .wire import (
     API_VERSION,
-    ErrorEnvelope,
     HeartbeatAnswer,
     InstanceView,
     NodeInfo,
@@ -54,18 +46,7 @@ from .wire import (
 if TYPE_CHECKING:
     import httpx
 else:
-
-    class _Httpx:
-        """httpx, imported when a request is first made: a command that finds no
-        node's socket (``status`` of a stopped node) never loads it (a third of
-        such a command's start-up: issue 22)."""
-
-        def __getattr__(self, name: str) -> Any:
-            import httpx  # noqa: PLC0415 - see above
-
-            return getattr(httpx, name)
-
-    httpx = _Httpx()
+    from .lazy_httpx import httpx
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SOCKET_FILE", "VERB_WAIT_S", "ApiClient", "socket_path"]
 
@@ -107,10 +88,6 @@ def socket_path(data_dir: Path | str) -> Path:
 
 T = TypeVar("T")
 _V = f"/{API_VERSION}"
-_UNAVAILABLE: dict[str, type[NodeUnavailable]] = {
-    "node_starting": NodeStarting,
-    "node_stopping": NodeStopping,
-}
 
 
 class ApiClient:
@@ -148,6 +125,7 @@ class ApiClient:
             self.where = url
             self.path = None
             self._client = self._http  # made now: httpx checks the URL here, as it always did
+        self._failures = RequestFailures(self.where, self.path)
 
     @property
     def _http(self) -> httpx.Client:
@@ -391,7 +369,7 @@ class ApiClient:
         """NotRunning at once when the socket is missing (httpcore would leak the
         socket of a failed Unix connect)."""
         if self.path is not None and not self.path.exists():
-            raise self._not_running()
+            raise self._failures.not_running()
 
     def _send(
         self,
@@ -409,18 +387,10 @@ class ApiClient:
         try:
             response = self._http.request(method, path_prefix + path, timeout=bounds, **kwargs)
         except httpx.TimeoutException as e:
-            raise self._no_answer(e, method, read_s) from e
+            raise self._failures.no_answer(e, method, read_s) from e
         except httpx.TransportError as e:
-            if method == "POST" and not isinstance(e, httpx.ConnectError):
-                raise NodeStopping(
-                    f"the node at {self.where} went away before answering ({e}): the verb "
-                    "may have been recorded: see `infervisor status` or `infervisor watch` "
-                    "once the node is back before asking again",
-                    "no_answer",
-                    0,
-                ) from e
-            raise self._unreachable(e) from e
-        _raise_for(response)
+            raise self._failures.transport(e, method) from e
+        raise_for(response)
         return response
 
     def _stream(
@@ -439,12 +409,12 @@ class ApiClient:
                     response = self.cm.__enter__()
                 except httpx.TimeoutException as e:
                     waited = read_s if isinstance(e, httpx.ReadTimeout) else client.timeout_s
-                    raise client._no_answer(e, method, waited) from e
+                    raise client._failures.no_answer(e, method, waited) from e
                 except httpx.TransportError as e:
-                    raise client._unreachable(e) from e
+                    raise client._failures.unreachable(e) from e
                 if response.status_code >= 400:
                     response.read()
-                    _raise_for(response)
+                    raise_for(response)
                 return response
 
             def __exit__(self, *exc: object) -> None:
@@ -458,44 +428,7 @@ class ApiClient:
         try:
             yield from items
         except httpx.TransportError as e:
-            raise self._unreachable(e) from e
-
-    def _no_answer(
-        self, error: httpx.TimeoutException, method: str, timeout_s: float | None
-    ) -> NoAnswer:
-        """No answer in time: the node is stopped (SIGSTOP), frozen or overloaded.
-        A verb sent may have been recorded; a connect that timed out sent nothing."""
-        where = f"{self.where} (socket {self.path})" if self.path is not None else self.where
-        within = f"within {timeout_s:g} s" if timeout_s is not None else "in time"
-        message = (
-            f"the node at {where} did not answer {within}: it is stopped, frozen or "
-            f"overloaded ({type(error).__name__})"
-        )
-        if method == "POST" and not isinstance(error, httpx.ConnectTimeout):
-            message += (
-                "; the verb may have been recorded: see `infervisor status` or "
-                "`infervisor watch` once the node answers before asking again"
-            )
-            return NoAnswer(message, "no_answer", 0)
-        return NoAnswer(message, "node_unreachable", 0)
-
-    def _unreachable(self, error: httpx.TransportError) -> NodeUnavailable:
-        if isinstance(error, httpx.ConnectError):
-            if self.path is not None:
-                return self._not_running()
-            return NotRunning(f"nothing answers at {self.where}: {error}", "no_node", 0)
-        if isinstance(error, httpx.TimeoutException):
-            return self._no_answer(error, "GET", None)  # a stream gone silent
-        return NodeStopping(f"the node at {self.where} went away: {error}", "node_stopping", 0)
-
-    def _not_running(self) -> NotRunning:
-        """Nothing answers on the node's socket (it is missing or refuses connections)."""
-        return NotRunning(
-            f"no node is running on {self.where} (nothing answers on {self.path}); "
-            "start one with `infervisor run CONFIG`",
-            "no_node",
-            0,
-        )
+            raise self._failures.unreachable(e) from e
 
 
 def _by(controller: str | None, **fields: Any) -> dict[str, Any] | None:
@@ -509,20 +442,3 @@ def _at(instance: str, verb: str = "") -> str:
     and ``..`` cannot leave it)."""
     path = f"/instances/{urllib.parse.quote(instance, safe='')}"
     return f"{path}/{verb}" if verb else path
-
-
-def _raise_for(response: httpx.Response) -> None:
-    if response.status_code < 400:
-        return
-    try:
-        error = msgspec.json.decode(response.content, type=ErrorEnvelope).error
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        raise VerbFailed(
-            f"HTTP {response.status_code}: {response.text[:200]}",
-            "node_error",
-            response.status_code,
-        ) from None
-    unavailable = _UNAVAILABLE.get(error.code)
-    if unavailable is not None:
-        raise unavailable(error.message, error.code, response.status_code, error.field)
-    raise VerbFailed(error.message, error.code, response.status_code, error.field)

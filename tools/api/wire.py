@@ -35,6 +35,7 @@ from typing import Annotated
 import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
+from infervisor.chain.records import EventHeader
 from infervisor.replay.views import InstanceView
 
 from .inventory import Inventory
@@ -241,7 +242,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     cordon: str = "none"
 
 
-class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
+class WatchEvent(EventHeader, frozen=True, kw_only=True, gc=True):
     """One chain event as the watch stream sends it (the SSE ``data`` line).
 
     ``payload`` is the event's canonical payload, decoded; ``hash`` and
@@ -249,12 +250,6 @@ class WatchEvent(msgspec.Struct, frozen=True, kw_only=True):
     ``Last-Event-ID`` (or ``?from_seq=seq+1``) to resume after it.
     """
 
-    seq: int
-    ts_ns: int
-    node: str
-    source: str
-    kind: str
-    subject: str
     payload: dict[str, object]
     hash: str
     prev_hash: str

@@ -27,12 +27,12 @@ from infervisor.replay import (
 from infervisor.replay import events as ev
 from infervisor.replay.callers import parse_source
 
-from ..clikit.command import UNVERIFIED_HELP, Command
+from ..clikit.command import Command
 from ..clikit.failure import Failure, fail
 from ..clikit.names import chain_roles, resolve
 from ..node.where import chain_of
 from .offline import TIME, every_role, iso, print_marker, read_offline
-from .trust_options import TrustArgs, trust_options
+from .trust_options import Reading, reading_options
 
 __all__ = ["EventRow", "events"]
 
@@ -56,8 +56,7 @@ __all__ = ["EventRow", "events"]
 @click.option("--grep", help="Only events whose reason contains this text (any case).")
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="One JSON object per line.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
-@click.option("--unverified", is_flag=True, help=UNVERIFIED_HELP)
-@trust_options
+@reading_options
 def events(  # noqa: PLR0917 - one parameter per option, as click passes them
     where: Path,
     instance: str | None,
@@ -68,9 +67,7 @@ def events(  # noqa: PLR0917 - one parameter per option, as click passes them
     grep: str | None,
     as_jsonl: bool,
     as_csv: bool,
-    unverified: bool,
-    witnesses: tuple[str, ...],
-    quorum: int | None,
+    reading: Reading,
 ) -> None:
     """List the events of the chain in WHERE, filtered, as a table, JSON Lines or CSV.
 
@@ -85,9 +82,8 @@ def events(  # noqa: PLR0917 - one parameter per option, as click passes them
     if as_jsonl and as_csv:
         fail("--jsonl and --csv exclude each other: choose one", "usage", "--csv")
     _check_filters(kinds, since, until)
-    read = read_offline(
-        db, unverified=unverified, keep_events=True, trust=TrustArgs(where, witnesses, quorum)
-    )
+    unverified = reading.unverified
+    read = read_offline(db, unverified=unverified, keep_events=True, trust=reading.trust)
     subject = None if instance is None else _subject(db, read, instance)
     wanted = _Filter(subject, kinds, source, since, until, grep)
     rows = [r for r in _rows(read) if wanted.matches(r)]

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from ..clikit.command import UNVERIFIED_HELP, Command
+from ..clikit.command import Command
 from ..clikit.failure import echo_json, fail
 from ..node.where import chain_of
 from .offline import parse_until, print_marker, read_offline, wrap
-from .trust_options import TrustArgs, trust_options
+from .trust_options import Reading, reading_options
 
 __all__ = ["replay"]
 
@@ -25,17 +25,9 @@ __all__ = ["replay"]
     "2026-11-01T12:00:00Z; no offset: UTC): replay stops before the first event "
     "stamped later.",
 )
-@click.option("--unverified", is_flag=True, help=UNVERIFIED_HELP)
-@trust_options
+@reading_options
 @click.option("--json", "as_json", is_flag=True, help="Print the state as JSON.")
-def replay(  # noqa: PLR0917 - one parameter per option, as click passes them
-    where: Path,
-    until: str | None,
-    unverified: bool,
-    witnesses: tuple[str, ...],
-    quorum: int | None,
-    as_json: bool,
-) -> None:
+def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> None:
     """Rebuild and print the node state from the chain in WHERE alone.
 
     WHERE is the chain file, the node's data directory or its config file
@@ -57,9 +49,8 @@ def replay(  # noqa: PLR0917 - one parameter per option, as click passes them
             "--until",
         )
     db = chain_of(where)
-    read = read_offline(
-        db, unverified=unverified, until=upto, trust=TrustArgs(where, witnesses, quorum)
-    )
+    unverified = reading.unverified
+    read = read_offline(db, unverified=unverified, until=upto, trust=reading.trust)
     state = read.state
     if as_json:
         echo_json(wrap(read, state) if unverified else state)

@@ -10,13 +10,13 @@ import click
 
 from infervisor.replay import EventDecodeError, ReplayError, TimelineEntry, timeline_of
 
-from ..clikit.command import UNVERIFIED_HELP, Command
+from ..clikit.command import Command
 from ..clikit.failure import echo_json, fail
 from ..clikit.names import chain_roles, resolve
 from ..clikit.schemas import from_timeline
 from ..node.where import chain_of
 from .offline import every_role, print_marker, read_offline, wrap
-from .trust_options import TrustArgs, trust_options
+from .trust_options import Reading, reading_options
 
 __all__ = ["print_timeline", "timeline"]
 
@@ -24,17 +24,9 @@ __all__ = ["print_timeline", "timeline"]
 @click.command("timeline", cls=Command)
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.argument("instance")
-@click.option("--unverified", is_flag=True, help=UNVERIFIED_HELP)
-@trust_options
+@reading_options
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
-def timeline(  # noqa: PLR0917 - one parameter per option, as click passes them
-    where: Path,
-    instance: str,
-    unverified: bool,
-    witnesses: tuple[str, ...],
-    quorum: int | None,
-    as_json: bool,
-) -> None:
+def timeline(where: Path, instance: str, reading: Reading, as_json: bool) -> None:
     """Print INSTANCE's events from the chain in WHERE, one line each.
 
     WHERE is the chain file, the node's data directory or its config file
@@ -45,9 +37,8 @@ def timeline(  # noqa: PLR0917 - one parameter per option, as click passes them
     when INSTANCE names none of them.
     """
     db = chain_of(where)
-    read = read_offline(
-        db, unverified=unverified, keep_events=True, trust=TrustArgs(where, witnesses, quorum)
-    )
+    unverified = reading.unverified
+    read = read_offline(db, unverified=unverified, keep_events=True, trust=reading.trust)
     # Unloaded instances too: their history stays in the chain.
     iid = resolve(instance, every_role(read, chain_roles(read.state)), f"in {db}")
     try:

@@ -10,9 +10,10 @@ this module does not depend on the node config's dataclasses.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import click
 
@@ -22,9 +23,18 @@ from infervisor.chain.cosignature import WitnessPolicy, parse_witness_key
 from infervisor.chain.errors import CheckpointError, NoteError
 from infervisor.chain.trust import Verdict, assess, node_key
 
+from ..clikit.command import UNVERIFIED_HELP
 from ..clikit.failure import Failure
 
-__all__ = ["TrustArgs", "config_witnesses", "judge_chain", "say_anchor", "trust_options"]
+__all__ = [
+    "Reading",
+    "TrustArgs",
+    "config_witnesses",
+    "judge_chain",
+    "reading_options",
+    "say_anchor",
+    "trust_options",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +64,33 @@ def trust_options(f: F) -> F:
         "repeat for each. Its cosignatures stored in the chain anchor the verdict. "
         "Default: the [[witnesses]] of WHERE when it is a config.",
     )(f)
+
+
+class Reading(NamedTuple):
+    """How an offline reader was told to read WHERE: ``--unverified``, and what to trust."""
+
+    unverified: bool
+    trust: TrustArgs
+
+
+def reading_options(f: F) -> F:
+    """Add ``--unverified``, ``--witness VKEY`` and ``--quorum K`` to a command of WHERE
+    (replay, timeline, events); it gets them as one ``reading`` (a :class:`Reading`)."""
+
+    @functools.wraps(f)
+    def command(
+        *,
+        where: Path,
+        unverified: bool,
+        witnesses: tuple[str, ...],
+        quorum: int | None,
+        **options: Any,
+    ) -> Any:
+        reading = Reading(unverified, TrustArgs(where, witnesses, quorum))
+        return f(where=where, reading=reading, **options)
+
+    unverified = click.option("--unverified", is_flag=True, help=UNVERIFIED_HELP)
+    return cast(F, unverified(trust_options(command)))
 
 
 def config_witnesses(config: Path) -> tuple[tuple[str, ...], int | None]:

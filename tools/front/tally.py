@@ -25,11 +25,14 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = ["FrontCollector", "FrontTally"]
+
+F = TypeVar("F", CounterMetricFamily, GaugeMetricFamily)
 
 
 class FrontTally:
@@ -90,37 +93,51 @@ class FrontCollector(Collector):
 
     def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
         t = self._tally.snapshot()
-        requests = CounterMetricFamily(
-            "infervisor_front_requests",
-            "Requests the front routed to the instance, by route and status answered.",
-            labels=["instance", "route", "code"],
-        )
-        for (iid, route, code), n in sorted(t.requests.items()):
-            requests.add_metric([iid, route, code], n)
-        tokens = CounterMetricFamily(
-            "infervisor_front_tokens",
-            "Tokens the instance's server reported for the front's requests.",
-            labels=["instance", "kind"],
-        )
-        for (iid, kind), n in sorted(t.tokens.items()):
-            tokens.add_metric([iid, kind], n)
-        in_flight = GaugeMetricFamily(
-            "infervisor_front_in_flight", "Requests being served now.", labels=["instance"]
-        )
-        for iid, n in sorted(t.in_flight.items()):
-            in_flight.add_metric([iid], n)
-        waiting = GaugeMetricFamily(
-            "infervisor_front_waiting",
-            "Requests waiting for the instance to be ready.",
-            labels=["instance"],
-        )
-        for iid, n in sorted(t.waiting.items()):
-            waiting.add_metric([iid], n)
-        refused = CounterMetricFamily(
-            "infervisor_front_refused",
-            "Requests the front answered itself with an error, by code.",
-            labels=["code"],
-        )
-        for code, n in sorted(t.refused.items()):
-            refused.add_metric([code], n)
-        return [requests, tokens, in_flight, waiting, refused]
+        return [
+            _family(
+                CounterMetricFamily,
+                "infervisor_front_requests",
+                "Requests the front routed to the instance, by route and status answered.",
+                ["instance", "route", "code"],
+                t.requests,
+            ),
+            _family(
+                CounterMetricFamily,
+                "infervisor_front_tokens",
+                "Tokens the instance's server reported for the front's requests.",
+                ["instance", "kind"],
+                t.tokens,
+            ),
+            _family(
+                GaugeMetricFamily,
+                "infervisor_front_in_flight",
+                "Requests being served now.",
+                ["instance"],
+                t.in_flight,
+            ),
+            _family(
+                GaugeMetricFamily,
+                "infervisor_front_waiting",
+                "Requests waiting for the instance to be ready.",
+                ["instance"],
+                t.waiting,
+            ),
+            _family(
+                CounterMetricFamily,
+                "infervisor_front_refused",
+                "Requests the front answered itself with an error, by code.",
+                ["code"],
+                t.refused,
+            ),
+        ]
+
+
+def _family(
+    kind: type[F], name: str, documentation: str, labels: list[str], counts: Counter[Any]
+) -> F:
+    """One family of ``counts``, a sample per key (the key's parts are the label
+    values, in the order of ``labels``), sorted by key."""
+    family = kind(name, documentation, labels=labels)
+    for key, n in sorted(counts.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], n)
+    return family

@@ -15,15 +15,10 @@ Relative paths are resolved against the config file's folder.
 from __future__ import annotations
 
 import contextlib
-import difflib
-import enum
 import grp
 import os
 import pwd
-import re
 import tomllib
-import types
-import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,6 +39,7 @@ from infervisor.replay import RestartPolicy
 
 from ..api.scopes import ApiToken
 from ..front.settings import FrontConfig
+from .config_messages import explain
 from .witness_config import ConfigError, WitnessEntry, check_witnesses
 
 __all__ = [
@@ -142,7 +138,7 @@ def load_config(path: Path) -> NodeConfig:
     try:
         config = msgspec.convert(raw, NodeConfig)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{path}: {_explain(str(e))}") from e
+        raise ConfigError(f"{path}: {explain(str(e), NodeConfig)}") from e
     _check(config, path)
     resolved = _resolve_paths(config, path.parent, path)
     _check_features_file(config.node.features_file, resolved.node.features_file, path)
@@ -207,92 +203,6 @@ def _depth(value: object) -> int:
         if deepest > MAX_TOML_DEPTH:
             break
     return deepest
-
-
-# ---------------------------------------------------------------- error messages
-# msgspec says "Object contains unknown field `x` - at `$.instances[1]`"; operators
-# read TOML, so the message is rewritten to name the key and its section.
-_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
-_MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
-_PART = re.compile(r"\.?(?P<name>[^.\[]+)(?:\[(?P<index>\d+|\.\.\.)\])?")
-_TOP = "the top level"
-
-
-def _explain(message: str) -> str:
-    """Rewrite a msgspec validation message of a :class:`NodeConfig` in TOML terms."""
-    match = _AT.match(message)
-    if match is None:  # pragma: no cover - the pattern matches any string
-        return message
-    what, path = match["what"], match["path"] or ""
-    section, cls, key = _locate(path)
-    place = "at the top level" if section == _TOP else f"in {section}"
-    if unknown := _UNKNOWN.match(what):
-        return f"unknown key `{unknown['key']}` {place}; {_allowed(cls, unknown['key'])}"
-    if missing := _MISSING.match(what):
-        return f"missing key `{missing['key']}` {place}"
-    where = f"{section}, key `{key}`" if key else section
-    hint = _enum_hint(cls, key) if what.startswith("Invalid enum value") else ""
-    return f"{where}: {what[:1].lower()}{what[1:]}{hint}"
-
-
-def _locate(path: str) -> tuple[str, type[msgspec.Struct], str | None]:
-    """(TOML section, its struct, the key below it) of a msgspec path like ``.node.restart``.
-
-    ``[n]`` indexes an array of tables (shown 1-based); ``[...]`` is a table
-    keyed by any name (``[node.kinds.<name>]``).
-    """
-    cls: type[msgspec.Struct] = NodeConfig
-    names: list[str] = []
-    section = _TOP
-    parts = list(_PART.finditer(path))
-    for i, m in enumerate(parts):
-        child = _struct_field(cls, m["name"])
-        if child is None:
-            return section, cls, ".".join(p["name"] for p in parts[i:])
-        names.append(m["name"] + (".<name>" if m["index"] == "..." else ""))
-        dotted = ".".join(names)
-        index = m["index"]
-        section = f"[[{dotted}]] #{int(index) + 1}" if index and index.isdigit() else f"[{dotted}]"
-        cls = child
-    return section, cls, None
-
-
-def _struct_field(cls: type[msgspec.Struct], name: str) -> type[msgspec.Struct] | None:
-    """The struct type of field ``name`` (or of its list items or table values), if one."""
-    t = _field_types(cls).get(name)
-    origin = typing.get_origin(t)
-    if origin is list:
-        t = typing.get_args(t)[0]
-    elif origin is dict:
-        t = typing.get_args(t)[1]
-    if typing.get_origin(t) in (typing.Union, types.UnionType):  # `X | None`, `str | X`
-        t = next((a for a in typing.get_args(t) if isinstance(a, type) and a is not str), None)
-        t = None if t is type(None) else t
-    return t if isinstance(t, type) and issubclass(t, msgspec.Struct) else None
-
-
-def _field_types(cls: type[msgspec.Struct]) -> dict[str, Any]:
-    return {f.name: f.type for f in msgspec.structs.fields(cls)}
-
-
-def _allowed(cls: type[msgspec.Struct], key: str) -> str:
-    if cls is NodeConfig and key in NodeSettings.__struct_fields__:
-        return f"`{key}` belongs in the [node] section"
-    names = [f.name for f in msgspec.structs.fields(cls)]
-    close = difflib.get_close_matches(key, names, n=1)
-    if close:
-        return f"did you mean `{close[0]}`?"
-    return f"allowed keys: {', '.join(names)}"
-
-
-def _enum_hint(cls: type[msgspec.Struct], key: str | None) -> str:
-    t = _field_types(cls).get(key or "")
-    if isinstance(t, type) and issubclass(t, enum.Enum):
-        return f"; allowed: {', '.join(str(v.value) for v in t)}"
-    if typing.get_origin(t) is typing.Literal:
-        return f"; allowed: {', '.join(str(v) for v in typing.get_args(t))}"
-    return ""
 
 
 # ---------------------------------------------------------------- paths and checks

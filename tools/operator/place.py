@@ -166,7 +166,7 @@ def spec_of_fragment(
 
     Raises:
         Failure: the fragment cannot be read, or a key is unknown or mistyped
-            (named, with the allowed keys or values: tools/node/config.py's messages).
+            (named, with the allowed keys or values: tools/node/config_messages.py's hints).
     """
     from ..node import config as config_module  # noqa: PLC0415 - keeps --help fast
 
@@ -200,7 +200,7 @@ def spec_of_fragment(
     try:
         entry = msgspec.convert(raw, entry_type)
     except msgspec.ValidationError as e:
-        message, key = _explain_spec(str(e), entry_type, config_module)
+        message, key = _explain_spec(str(e), entry_type)
         flag = _PLACE_FLAGS.get(key or "") if key in flags or fragment is None else None
         # A whole-document error names the fragment: a bad_spec always names a field.
         raise Failure(f"{where}: {message}", "bad_spec", flag or key or name) from e
@@ -215,21 +215,26 @@ def spec_of_fragment(
 
 
 _SPEC_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", re.DOTALL)
-_SPEC_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
-_SPEC_MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
 
 
-def _explain_spec(message: str, cls: Any, config_module: Any) -> tuple[str, str | None]:
+def _explain_spec(message: str, cls: Any) -> tuple[str, str | None]:
     """A msgspec message about an instance's keys in TOML terms, and the key at fault."""
+    from ..node.config_messages import (  # noqa: PLC0415 - keeps --help fast
+        MISSING_KEY,
+        UNKNOWN_KEY,
+        allowed_keys,
+        enum_hint,
+    )
+
     match = _SPEC_AT.match(message)
     what, path = (match["what"], match["path"] or "") if match else (message, "")
-    if unknown := _SPEC_UNKNOWN.match(what):
+    if unknown := UNKNOWN_KEY.match(what):
         key = unknown["key"]
-        return f"unknown key `{key}`; {config_module._allowed(cls, key)}", key
-    if missing := _SPEC_MISSING.match(what):
+        return f"unknown key `{key}`; {allowed_keys(cls, key)}", key
+    if missing := MISSING_KEY.match(what):
         key = missing["key"]
         flag = _PLACE_FLAGS.get(key)
         return f"missing key `{key}`" + (f" (or {flag})" if flag else ""), key
     key = path.split(".")[0].split("[")[0] or None
-    hint = config_module._enum_hint(cls, key) if what.startswith("Invalid enum value") else ""
+    hint = enum_hint(cls, key) if what.startswith("Invalid enum value") else ""
     return f"key `{key}`: {what[:1].lower()}{what[1:]}{hint}", key

@@ -1,0 +1,111 @@
+"""msgspec's validation messages of a config, rewritten in the TOML terms an operator reads.
+
+msgspec says "Object contains unknown field `x` - at `$.instances[1]`"; the
+operator wrote TOML, so :func:`explain` names the key and its section
+(``unknown key `x` in [[instances]] #2; did you mean `y`?``), with the allowed
+keys or values. ``infervisor place`` words a spec fragment's errors with the
+same hints (:func:`allowed_keys`, :func:`enum_hint`; tools/operator/place.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import re
+import types
+import typing
+from typing import Any
+
+import msgspec
+
+from infervisor.actors.settings import NodeSettings
+
+__all__ = ["MISSING_KEY", "UNKNOWN_KEY", "allowed_keys", "enum_hint", "explain"]
+
+#: A message and the path msgspec appends to it (none for the whole document).
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+#: msgspec's message for a key the struct does not have (``key``: that key).
+UNKNOWN_KEY = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+#: msgspec's message for a required key that is absent (``key``: that key).
+MISSING_KEY = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
+_PART = re.compile(r"\.?(?P<name>[^.\[]+)(?:\[(?P<index>\d+|\.\.\.)\])?")
+_TOP = "the top level"
+
+
+def explain(message: str, root: type[msgspec.Struct]) -> str:
+    """Rewrite a msgspec validation message of a ``root`` document in TOML terms."""
+    match = _AT.match(message)
+    if match is None:  # pragma: no cover - the pattern matches any string
+        return message
+    what, path = match["what"], match["path"] or ""
+    section, cls, key = _locate(path, root)
+    place = "at the top level" if section == _TOP else f"in {section}"
+    if unknown := UNKNOWN_KEY.match(what):
+        return f"unknown key `{unknown['key']}` {place}; {allowed_keys(cls, unknown['key'])}"
+    if missing := MISSING_KEY.match(what):
+        return f"missing key `{missing['key']}` {place}"
+    where = f"{section}, key `{key}`" if key else section
+    hint = enum_hint(cls, key) if what.startswith("Invalid enum value") else ""
+    return f"{where}: {what[:1].lower()}{what[1:]}{hint}"
+
+
+def allowed_keys(cls: type[msgspec.Struct], key: str) -> str:
+    """What to write instead of the unknown ``key`` in a ``cls`` table: its section
+    (a ``[node]`` key given at the config's top level), the closest key, or all of them."""
+    if _struct_field(cls, "node") is NodeSettings and key in NodeSettings.__struct_fields__:
+        return f"`{key}` belongs in the [node] section"
+    names = [f.name for f in msgspec.structs.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1)
+    if close:
+        return f"did you mean `{close[0]}`?"
+    return f"allowed keys: {', '.join(names)}"
+
+
+def enum_hint(cls: type[msgspec.Struct], key: str | None) -> str:
+    """``; allowed: a, b`` when ``cls``'s field ``key`` is an enum or a Literal, else ``""``."""
+    t = _field_types(cls).get(key or "")
+    if isinstance(t, type) and issubclass(t, enum.Enum):
+        return f"; allowed: {', '.join(str(v.value) for v in t)}"
+    if typing.get_origin(t) is typing.Literal:
+        return f"; allowed: {', '.join(str(v) for v in typing.get_args(t))}"
+    return ""
+
+
+def _locate(path: str, root: type[msgspec.Struct]) -> tuple[str, type[msgspec.Struct], str | None]:
+    """(TOML section, its struct, the key below it) of a msgspec path like ``.node.restart``.
+
+    ``[n]`` indexes an array of tables (shown 1-based); ``[...]`` is a table
+    keyed by any name (``[node.kinds.<name>]``).
+    """
+    cls = root
+    names: list[str] = []
+    section = _TOP
+    parts = list(_PART.finditer(path))
+    for i, m in enumerate(parts):
+        child = _struct_field(cls, m["name"])
+        if child is None:
+            return section, cls, ".".join(p["name"] for p in parts[i:])
+        names.append(m["name"] + (".<name>" if m["index"] == "..." else ""))
+        dotted = ".".join(names)
+        index = m["index"]
+        section = f"[[{dotted}]] #{int(index) + 1}" if index and index.isdigit() else f"[{dotted}]"
+        cls = child
+    return section, cls, None
+
+
+def _struct_field(cls: type[msgspec.Struct], name: str) -> type[msgspec.Struct] | None:
+    """The struct type of field ``name`` (or of its list items or table values), if one."""
+    t = _field_types(cls).get(name)
+    origin = typing.get_origin(t)
+    if origin is list:
+        t = typing.get_args(t)[0]
+    elif origin is dict:
+        t = typing.get_args(t)[1]
+    if typing.get_origin(t) in (typing.Union, types.UnionType):  # `X | None`, `str | X`
+        t = next((a for a in typing.get_args(t) if isinstance(a, type) and a is not str), None)
+        t = None if t is type(None) else t
+    return t if isinstance(t, type) and issubclass(t, msgspec.Struct) else None
+
+
+def _field_types(cls: type[msgspec.Struct]) -> dict[str, Any]:
+    return {f.name: f.type for f in msgspec.structs.fields(cls)}
