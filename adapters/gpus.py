@@ -21,8 +21,6 @@ keeps the last report for a few seconds, so a frequently asked
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -147,6 +145,8 @@ def query_gpus(timeout_s: float = QUERY_TIMEOUT_S) -> GpuReport:
 
     Never raises: a tool that fails is one line of :attr:`GpuReport.errors`.
     """
+    import shutil  # noqa: PLC0415 - the node's side only: a client's start-up never loads it
+
     gpus: list[Gpu] = []
     errors: list[str] = []
     for program, args, parse in _TOOLS:
@@ -170,6 +170,8 @@ def _run(program: str, path: str, args: tuple[str, ...], timeout_s: float) -> st
         ValueError: it could not run, timed out, or exited non-zero (with its
             first line of error output).
     """
+    import subprocess  # noqa: PLC0415 - the node's side only: a client's start-up never loads it
+
     try:
         done = subprocess.run(
             [path, *args], capture_output=True, text=True, timeout=timeout_s, check=False

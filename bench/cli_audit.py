@@ -20,7 +20,12 @@ best of its rounds:
 The chain is bench/chain_audit.py's (``--events`` events, 20 instances,
 supervision cycles). ``bench/summary.py`` calls :func:`audit_rows`.
 
-Run: ``python bench/cli_audit.py [--events 200000] [--rounds 3]`` (~2 min).
+With ``--before DIR`` (another checkout with its own ``.venv``), its
+``infervisor`` runs the same commands in the same rounds, in turns with this
+one's, and a second table puts both side by side.
+
+Run: ``python bench/cli_audit.py [--events 200000] [--rounds 3] [--before DIR]`` (~2 min;
+twice that with ``--before``).
 """
 
 from __future__ import annotations
@@ -50,27 +55,29 @@ def cpu_s(argv: list[str], cwd: Path) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(root: Path, events: int, rounds: int, samples: int) -> dict[str, float]:
-    """Best CPU seconds of each process over interleaved rounds (start-ups: medians)."""
+def measure(
+    root: Path, events: int, rounds: int, samples: int, before: Path | None = None
+) -> dict[str, float]:
+    """Best CPU seconds of each process over interleaved rounds (start-ups: medians);
+    with `before` (another checkout's ``infervisor``), its runs too, named ``before-*``."""
     chain, small, empty = root / "chain.db", root / "small.db", root / "empty"
     total = build(chain, events, 20)
     build(small, 50, 2)
     empty.mkdir()
-    runs = {
-        "bare": [str(BIN / "python"), str(HERE / "_bare_verify.py"), str(chain)],
-        "verify": [str(INFERVISOR), "chain", "verify", str(chain)],
-        "replay": [str(INFERVISOR), "replay", str(chain)],
-    }
+    tools = {"": INFERVISOR} if before is None else {"": INFERVISOR, "before-": before}
+    runs = {"bare": [str(BIN / "python"), str(HERE / "_bare_verify.py"), str(chain)]}
+    for tag, tool in tools.items():
+        runs[f"{tag}verify"] = [str(tool), "chain", "verify", str(chain)]
+        runs[f"{tag}replay"] = [str(tool), "replay", str(chain)]
     best = dict.fromkeys(runs, float("inf"))
     for i in range(rounds):
-        order = list(runs)[i % 3 :] + list(runs)[: i % 3]
+        order = list(runs)[i % len(runs) :] + list(runs)[: i % len(runs)]
         for name in order:
             best[name] = min(best[name], cpu_s(runs[name], root))
-    starts = {
-        "floor": [str(BIN / "python"), "-c", FLOOR],
-        "verify-start": [str(INFERVISOR), "chain", "verify", str(small)],
-        "status-start": [str(INFERVISOR), "status", str(empty)],
-    }
+    starts = {"floor": [str(BIN / "python"), "-c", FLOOR]}
+    for tag, tool in tools.items():
+        starts[f"{tag}verify-start"] = [str(tool), "chain", "verify", str(small)]
+        starts[f"{tag}status-start"] = [str(tool), "status", str(empty)]
     seen: dict[str, list[float]] = {name: [] for name in starts}
     for _ in range(samples):
         for name, argv in starts.items():
@@ -86,7 +93,11 @@ def audit_rows(
     root: Path, *, events: int = 200_000, rounds: int = 3, samples: int = 7
 ) -> list[tuple[str, str, str, bool]]:
     """The figures as (figure, measured with its reference, target, met) rows."""
-    m = measure(root, events, rounds, samples)
+    return rows_of(measure(root, events, rounds, samples))
+
+
+def rows_of(m: dict[str, float]) -> list[tuple[str, str, str, bool]]:
+    """`audit_rows` of figures `measure` took."""
     n = int(m["events"])
     speed = m["bare"] / m["verify"]
     rate = n / m["replay"]
@@ -119,21 +130,55 @@ def audit_rows(
     ]
 
 
+def side_by_side(m: dict[str, float]) -> str:
+    """The table of this checkout's processes beside `--before`'s, from one run."""
+    n, bare = m["events"], m["bare"]
+    lines = []
+    for name, what in (
+        ("verify", "chain verify (CPU s, speed vs bare)"),
+        ("replay", "replay (CPU s, events/s)"),
+    ):
+        cells = [
+            f"{m[k]:.2f} s = "
+            + (f"{bare / m[k]:.2f}x" if name == "verify" else f"{n / m[k]:,.0f}/s")
+            for k in (f"before-{name}", name)
+        ]
+        lines.append([what, *cells, f"bare loop {bare:.2f} s"])
+    for name, what in (
+        ("verify-start", "chain verify, 50 events"),
+        ("status-start", "status, no node"),
+    ):
+        lines.append(
+            [
+                what,
+                f"{m[f'before-{name}'] * 1e3:.0f} ms",
+                f"{m[name] * 1e3:.0f} ms",
+                f"floor {m['floor'] * 1e3:.0f} ms",
+            ]
+        )
+    return table(["process", "before", "this checkout", "reference"], lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=200_000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--samples", type=int, default=7, help="start-ups measured, each")
+    p.add_argument("--before", type=Path, help="another checkout with its own .venv")
     args = p.parse_args()
     print(f"cli_audit: {machine()}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    before = None if args.before is None else args.before / ".venv" / "bin" / "infervisor"
     with workdir("cli-audit") as root:
-        rows = audit_rows(root, events=args.events, rounds=args.rounds, samples=args.samples)
+        m = measure(root, args.events, args.rounds, args.samples, before)
+    rows = rows_of(m)
     print(
         table(
             ["figure", "measured (reference in this run)", "target", "met"],
             [[f, v, t, "yes" if ok else "NO"] for f, v, t, ok in rows],
         )
     )
+    if before is not None:
+        print(f"\nbeside {args.before} (same rounds, in turns):\n{side_by_side(m)}")
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
 

@@ -90,7 +90,7 @@ def _json(payload: str, path: str) -> str:
 
 
 def _next_state(prev: str, proc: str, kind: str, payload: str, rest: str) -> str:
-    """SQL: the lifecycle state after an event of `kind` (replay/reducer.py `_target`);
+    """SQL: the lifecycle state after an event of `kind` (replay/instance_rules.py `_target`);
     ``rest``: 1 while the stop in flight rests the instance (its ``then`` is ``rest``)."""
     then_rest = f"{_json(payload, '$.then')} = 'rest'"
     return f"""CASE {kind}
@@ -117,7 +117,7 @@ def _next_state(prev: str, proc: str, kind: str, payload: str, rest: str) -> str
 
 
 def _next_rest(rest: str, kind: str, payload: str) -> str:
-    """SQL: 1 while the stop in flight rests the instance (replay/reducer.py `_on_stop`:
+    """SQL: 1 while the stop in flight rests the instance (replay/instance_rules.py `_on_stop`:
     a shutdown's stop leaves what follows as it was; a start clears it)."""
     then = f"coalesce({_json(payload, '$.then')}, '')"
     return f"""CASE {kind}

@@ -1,14 +1,63 @@
 """Pure replay: typed events, the lifecycle table, the reducer, restart policy, queries.
 
 No I/O but reading the chain.
+
+The names below are loaded when first asked for (PEP 562): a command that needs
+one record (``infervisor status`` needs `replay.views`) does not load the
+events, the reducer and the chain reader with it (tests/test_cli_imports.py).
 """
 
-from .events import Event, EventDecodeError, InstanceEvent, decode_event, encode_event, kind_of
-from .lifecycle import LIVE_STATES, TRANSITIONS, IllegalTransition, LifecycleState
-from .policy import Exhausted, Restart, RestartDecision, RestartPolicy, decide_restart
-from .queries import ChainRead, TimelineEntry, read_chain, rebuild, timeline, timeline_of
-from .reducer import Folder, ReplayError, apply, apply_instance, fold, reason_of
-from .state import Desired, ExitRecord, InstanceState, NodeState, ProcessRecord
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .events import Event, EventDecodeError, InstanceEvent, decode_event, encode_event, kind_of
+    from .lifecycle import LIVE_STATES, TRANSITIONS, IllegalTransition, LifecycleState
+    from .policy import Exhausted, Restart, RestartDecision, RestartPolicy, decide_restart
+    from .queries import ChainRead, TimelineEntry, read_chain, rebuild, timeline, timeline_of
+    from .reducer import Folder, ReplayError, apply, apply_instance, fold, reason_of
+    from .state import Desired, ExitRecord, InstanceState, NodeState, ProcessRecord
+
+#: Where each public name lives (the submodule that defines or re-exports it).
+_HOME: dict[str, str] = {
+    **dict.fromkeys(
+        ("Event", "EventDecodeError", "InstanceEvent", "decode_event", "encode_event", "kind_of"),
+        "events",
+    ),
+    **dict.fromkeys(
+        ("LIVE_STATES", "TRANSITIONS", "IllegalTransition", "LifecycleState"), "lifecycle"
+    ),
+    **dict.fromkeys(
+        ("Exhausted", "Restart", "RestartDecision", "RestartPolicy", "decide_restart"), "policy"
+    ),
+    **dict.fromkeys(
+        ("ChainRead", "TimelineEntry", "read_chain", "rebuild", "timeline", "timeline_of"),
+        "queries",
+    ),
+    **dict.fromkeys(
+        ("Folder", "ReplayError", "apply", "apply_instance", "fold", "reason_of"), "reducer"
+    ),
+    **dict.fromkeys(
+        ("Desired", "ExitRecord", "InstanceState", "NodeState", "ProcessRecord"), "state"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load the submodule that holds `name` and keep the name here (PEP 562)."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
+
 
 __all__ = [
     "LIVE_STATES",

@@ -18,7 +18,17 @@ import msgspec
 
 from infervisor.chain import StoredEvent, encode_payload
 
+from .event_base import EventBase
 from .fleet_events import NodeCordoned, NodeDrained, NodeUncordoned, PlacementSet
+from .node_events import (
+    AdmissionRefused,
+    KeyRotated,
+    LeaseRenewed,
+    NodeStarted,
+    NodeStopped,
+    NodeStraysEnded,
+    WitnessOverride,
+)
 from .residency_events import (
     Candidate,
     ResidencyBusy,
@@ -87,38 +97,7 @@ __all__ = [
 ]
 
 
-class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event", gc=False):
-    v: int = 1
-
-
-class NodeStarted(_Event, frozen=True, tag="node.started"):
-    """The node process started (or restarted) on this chain."""
-
-    pid: int
-    boot_id: str
-    version: str
-
-
-class NodeStopped(_Event, frozen=True, tag="node.stopped"):
-    """The node shut down cleanly (servers were stopped first)."""
-
-    reason: str
-
-
-class KeyRotated(_Event, frozen=True, tag="chain.key_rotated"):
-    """The node's checkpoint key was replaced (``infervisor chain rotate-key``).
-
-    ``old_key`` and ``new_key`` are C2SP verifier keys (``name+hash+base64``);
-    ``note`` is the rotation statement as a C2SP signed note, signed by both
-    (docs/chain-format.md, "Key rotation"). It changes no instance state.
-    """
-
-    old_key: str
-    new_key: str
-    note: str
-
-
-class Placed(_Event, frozen=True, tag="instance.placed"):
+class Placed(EventBase, frozen=True, tag="instance.placed"):
     """An instance was admitted. ``generation`` orders placements by a controller."""
 
     spec: dict[str, Any]
@@ -126,14 +105,14 @@ class Placed(_Event, frozen=True, tag="instance.placed"):
     generation: int = 0
 
 
-class Replaced(_Event, frozen=True, tag="instance.replaced"):
+class Replaced(EventBase, frozen=True, tag="instance.replaced"):
     """A newer placement (higher generation) of an instance already placed."""
 
     placed_by: str
     generation: int
 
 
-class PlacementIgnored(_Event, frozen=True, tag="instance.placement_ignored"):
+class PlacementIgnored(EventBase, frozen=True, tag="instance.placement_ignored"):
     """A stale placement (generation older than the one applied) was ignored."""
 
     placed_by: str
@@ -141,7 +120,7 @@ class PlacementIgnored(_Event, frozen=True, tag="instance.placement_ignored"):
     current: int
 
 
-class Starting(_Event, frozen=True, tag="instance.starting"):
+class Starting(EventBase, frozen=True, tag="instance.starting"):
     """A start was decided (before anything is spawned or loaded).
 
     ``by`` is ``operator``, ``controller``, ``boot`` or ``supervisor``; an
@@ -157,7 +136,7 @@ class Starting(_Event, frozen=True, tag="instance.starting"):
     at: Stamp | None = None
 
 
-class Spawned(_Event, frozen=True, tag="instance.spawned"):
+class Spawned(EventBase, frozen=True, tag="instance.spawned"):
     """The server process exists. Identity: pid, process group, start time (s), boot id."""
 
     pid: int
@@ -168,7 +147,7 @@ class Spawned(_Event, frozen=True, tag="instance.spawned"):
     at: Stamp | None = None
 
 
-class Reattached(_Event, frozen=True, tag="instance.reattached"):
+class Reattached(EventBase, frozen=True, tag="instance.reattached"):
     """After a node restart, the recorded server process was found still running
     (same pid, start time and boot id) and is supervised again, without a restart.
     ``up_since``: when that process started (for the stability period)."""
@@ -177,28 +156,28 @@ class Reattached(_Event, frozen=True, tag="instance.reattached"):
     up_since: Stamp | None = None
 
 
-class StartRefused(_Event, frozen=True, tag="instance.start_refused"):
+class StartRefused(EventBase, frozen=True, tag="instance.start_refused"):
     """A start was refused before anything was spawned (port taken, ...). No state change."""
 
     by: str
     reason: str
 
 
-class Ready(_Event, frozen=True, tag="instance.ready"):
+class Ready(EventBase, frozen=True, tag="instance.ready"):
     """The server answered its health probe: it is serving (since ``at``)."""
 
     detail: str = ""
     at: Stamp | None = None
 
 
-class Unhealthy(_Event, frozen=True, tag="instance.unhealthy"):
+class Unhealthy(EventBase, frozen=True, tag="instance.unhealthy"):
     """Consecutive health misses reached the limit."""
 
     misses: int
     reason: str
 
 
-class DeepHealthFailed(_Event, frozen=True, tag="instance.deep_health_failed"):
+class DeepHealthFailed(EventBase, frozen=True, tag="instance.deep_health_failed"):
     """A scheduled deep health check (one real token) failed: the health endpoint
     may still answer. ``misses``: consecutive failed deep checks (``miss_limit``
     of them make the instance unhealthy). No state change."""
@@ -207,13 +186,13 @@ class DeepHealthFailed(_Event, frozen=True, tag="instance.deep_health_failed"):
     reason: str
 
 
-class Recovered(_Event, frozen=True, tag="instance.recovered"):
+class Recovered(EventBase, frozen=True, tag="instance.recovered"):
     """An unhealthy server answered again."""
 
     detail: str = ""
 
 
-class Exited(_Event, frozen=True, tag="instance.exited"):
+class Exited(EventBase, frozen=True, tag="instance.exited"):
     """The server process is gone (its whole group). Code or signal, and an output tail.
 
     While stopping this completes the stop; while restarting it only clears the
@@ -231,7 +210,7 @@ class Exited(_Event, frozen=True, tag="instance.exited"):
     memory_max_bytes: int | None = None
 
 
-class RestartScheduled(_Event, frozen=True, tag="instance.restart_scheduled"):
+class RestartScheduled(EventBase, frozen=True, tag="instance.restart_scheduled"):
     """A restart was decided; it runs after ``delay_s`` seconds of backoff.
 
     ``at`` is when it was decided and ``due`` when it falls due: a node that
@@ -245,26 +224,26 @@ class RestartScheduled(_Event, frozen=True, tag="instance.restart_scheduled"):
     due: Stamp | None = None
 
 
-class Failed(_Event, frozen=True, tag="instance.failed"):
+class Failed(EventBase, frozen=True, tag="instance.failed"):
     """The restart budget is spent: held for the operator."""
 
     attempts: int
     reason: str
 
 
-class Finished(_Event, frozen=True, tag="instance.finished"):
+class Finished(EventBase, frozen=True, tag="instance.finished"):
     """A one-shot run ended cleanly (exit 0): never restarted, also after a node restart."""
 
     exit_code: int = 0
 
 
-class StableAgain(_Event, frozen=True, tag="instance.stable"):
+class StableAgain(EventBase, frozen=True, tag="instance.stable"):
     """Up for the stability period: the restart count clears."""
 
     uptime_s: float
 
 
-class StopRequested(_Event, frozen=True, tag="instance.stop_requested"):
+class StopRequested(EventBase, frozen=True, tag="instance.stop_requested"):
     """A stop was decided. ``by="shutdown"`` keeps the instance wanted running.
 
     ``then`` says what follows once the server is gone: ``restart`` (an
@@ -279,7 +258,7 @@ class StopRequested(_Event, frozen=True, tag="instance.stop_requested"):
     at: Stamp | None = None
 
 
-class Terminating(_Event, frozen=True, tag="instance.terminating"):
+class Terminating(EventBase, frozen=True, tag="instance.terminating"):
     """The supervisor is ending the server (a health kill): SIGTERM sent at
     ``at``, SIGKILL due ``grace_s`` later. The instance stays wanted running;
     the exit that follows goes through the restart policy."""
@@ -289,14 +268,14 @@ class Terminating(_Event, frozen=True, tag="instance.terminating"):
     at: Stamp
 
 
-class ModelClaimed(_Event, frozen=True, tag="instance.model_claimed"):
+class ModelClaimed(EventBase, frozen=True, tag="instance.model_claimed"):
     """Ollama: whether this node loads the model (``ours``: only then may it
     unload it). Recorded before the load request is sent."""
 
     ours: bool
 
 
-class ModelDropped(_Event, frozen=True, tag="instance.model_dropped"):
+class ModelDropped(EventBase, frozen=True, tag="instance.model_dropped"):
     """Ollama no longer lists the model (``/api/ps``) although the instance was
     running: its keep_alive ran out (``expired``) or Ollama dropped it earlier
     (evicted, restarted). ``expires_at_ns``: the expiry Ollama last reported
@@ -307,7 +286,7 @@ class ModelDropped(_Event, frozen=True, tag="instance.model_dropped"):
     expires_at_ns: int | None = None
 
 
-class MemoryCorrected(_Event, frozen=True, tag="instance.memory_corrected"):
+class MemoryCorrected(EventBase, frozen=True, tag="instance.memory_corrected"):
     """Ollama reports the loaded model takes more than was reserved: the
     reservation becomes ``reserved_bytes`` (what Ollama reports plus the node's
     overhead). ``size_bytes``/``size_vram_bytes``: ``/api/ps`` ``size`` and
@@ -318,14 +297,14 @@ class MemoryCorrected(_Event, frozen=True, tag="instance.memory_corrected"):
     size_vram_bytes: int = 0
 
 
-class MemoryReleased(_Event, frozen=True, tag="instance.memory_released"):
+class MemoryReleased(EventBase, frozen=True, tag="instance.memory_released"):
     """The residency ledger gave back the instance's reservation (the model is
     confirmed gone from memory)."""
 
     bytes: int
 
 
-class UnloadFailed(_Event, frozen=True, tag="instance.unload_failed"):
+class UnloadFailed(EventBase, frozen=True, tag="instance.unload_failed"):
     """Ollama did not unload this node's model when a stop asked it to (``error``:
     its answer, or why none came). The model may still be resident: it stays
     this node's, and so does its reservation, but no unload is in flight any
@@ -335,23 +314,14 @@ class UnloadFailed(_Event, frozen=True, tag="instance.unload_failed"):
     error: str
 
 
-class LeaseRenewed(_Event, frozen=True, tag="node.lease_renewed"):
-    """A controller other than this node was heard from. Recorded at most once
-    per a fraction of that controller's lease, so each controller's lease
-    survives a node restart without a chain row per heartbeat."""
-
-    controller: str
-    at: Stamp
-
-
-class Exposed(_Event, frozen=True, tag="instance.exposed"):
+class Exposed(EventBase, frozen=True, tag="instance.exposed"):
     """A managed server was found listening beyond loopback: it is stopped and
     will not start again until the instance is reloaded."""
 
     addresses: list[str]
 
 
-class StraysEnded(_Event, frozen=True, tag="instance.strays_ended"):
+class StraysEnded(EventBase, frozen=True, tag="instance.strays_ended"):
     """At boot, processes were found in the instance's cgroup (the kernel's
     membership, ``docs/process-supervision.md``) that no record claims (the
     server they belonged to is gone, or was never recorded): they are killed.
@@ -361,43 +331,7 @@ class StraysEnded(_Event, frozen=True, tag="instance.strays_ended"):
     cgroup: str
 
 
-class NodeStraysEnded(_Event, frozen=True, tag="node.strays_ended"):
-    """At boot, processes were found in the cgroup of an instance the chain does
-    not have (one unloaded while its node died, say): they are killed, and the
-    cgroup removed. ``instance_id`` names the cgroup's instance, ``pids`` the
-    processes, ``cgroup`` where they were found. A node-level event: the chain
-    has no instance to record it on."""
-
-    instance_id: str
-    pids: list[int]
-    cgroup: str
-
-
-class WitnessOverride(_Event, frozen=True, tag="node.witness_override"):
-    """At boot, the operator resumed a node that a witness's answer refused
-    (``infervisor run --accept-witness-conflict``): recorded before anything
-    else is appended. ``witness`` is the witness's key name, ``witness_size``
-    the tree size it last cosigned for this node's origin, ``chain_size`` the
-    events in the chain, ``reason`` why the boot check refused (a rollback:
-    the witness cosigned more than the chain has; a fork: the chain is not an
-    extension of what it cosigned), ``flag`` the command-line flag given. It
-    changes no instance state."""
-
-    witness: str
-    witness_size: int
-    chain_size: int
-    reason: str
-    flag: str
-
-
-class AdmissionRefused(_Event, frozen=True, tag="node.admission_refused"):
-    """A placement was refused because of the node's own condition (a taken port)."""
-
-    reason: str
-    spec: dict[str, Any]
-
-
-class Unloaded(_Event, frozen=True, tag="instance.unloaded"):
+class Unloaded(EventBase, frozen=True, tag="instance.unloaded"):
     """The instance is forgotten."""
 
     by: str

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import msgspec
 
+from .event_base import EventBase
+
 __all__ = [
     "Candidate",
     "ResidencyBusy",
@@ -23,10 +25,6 @@ __all__ = [
     "ResidencyRefused",
     "no_room",
 ]
-
-
-class _ResidencyEvent(msgspec.Struct, frozen=True, kw_only=True, tag_field="event", gc=False):
-    v: int = 1
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -53,7 +51,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     why_not: str = ""
 
 
-class ResidencyDemanded(_ResidencyEvent, frozen=True, tag="residency.demanded"):
+class ResidencyDemanded(EventBase, frozen=True, tag="residency.demanded"):
     """A request or verb asked for a resting instance; its start follows.
     ``request``: the request id (or ``verb``); ``model``: the name asked for;
     ``by``: who asked. The instance is wanted running from here (a node killed
@@ -64,7 +62,7 @@ class ResidencyDemanded(_ResidencyEvent, frozen=True, tag="residency.demanded"):
     by: str
 
 
-class ResidencyEvicted(_ResidencyEvent, frozen=True, tag="residency.evicted"):
+class ResidencyEvicted(EventBase, frozen=True, tag="residency.evicted"):
     """The instance is evicted to make room for ``for_instance``, which needs
     ``needed_bytes`` beside ``in_use_bytes`` of ``budget_bytes``; this eviction
     frees ``freed_bytes``. ``candidates``: every holder weighed, least recently
@@ -79,7 +77,7 @@ class ResidencyEvicted(_ResidencyEvent, frozen=True, tag="residency.evicted"):
     candidates: list[Candidate]
 
 
-class ResidencyExpired(_ResidencyEvent, frozen=True, tag="residency.expired"):
+class ResidencyExpired(EventBase, frozen=True, tag="residency.expired"):
     """Idle since ``idle_since_ns`` for longer than its ``idle_ttl_s`` (seconds):
     released to ``resting``. Its stop (``then = "rest"``) is in the same transaction."""
 
@@ -87,7 +85,7 @@ class ResidencyExpired(_ResidencyEvent, frozen=True, tag="residency.expired"):
     idle_ttl_s: float
 
 
-class ResidencyRefused(_ResidencyEvent, frozen=True, tag="residency.refused"):
+class ResidencyRefused(EventBase, frozen=True, tag="residency.refused"):
     """A start of the instance did not fit and nothing could be evicted: it needs
     ``needed_bytes`` beside ``in_use_bytes`` of ``budget_bytes``; ``held`` is the
     ledger then (instance id to bytes), ``candidates`` why none could go. The
@@ -100,12 +98,12 @@ class ResidencyRefused(_ResidencyEvent, frozen=True, tag="residency.refused"):
     candidates: list[Candidate]
 
 
-class ResidencyBusy(_ResidencyEvent, frozen=True, tag="residency.busy"):
+class ResidencyBusy(EventBase, frozen=True, tag="residency.busy"):
     """The instance began serving requests (it was idle): it is not evicted or
     expired while busy. Recorded once per busy spell, not per request."""
 
 
-class ResidencyIdle(_ResidencyEvent, frozen=True, tag="residency.idle"):
+class ResidencyIdle(EventBase, frozen=True, tag="residency.idle"):
     """The instance serves no request since ``idle_since_ns``: its last use."""
 
     idle_since_ns: int

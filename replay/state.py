@@ -22,6 +22,7 @@ __all__ = [
     "Cordon",
     "Desired",
     "ExitRecord",
+    "InstanceFields",
     "InstanceState",
     "LeaseRecord",
     "NodeState",
@@ -31,7 +32,9 @@ __all__ = [
     "Termination",
     "Then",
     "elapsed_s",
+    "freeze",
     "later",
+    "thaw",
 ]
 
 
@@ -169,8 +172,9 @@ class ExitRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     oom_killed: bool = False
 
 
-class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One instance as the chain says it is.
+class InstanceFields(msgspec.Struct, gc=False):
+    """One instance as the chain says it is, as a record replay may change in place
+    (`InstanceState` is the same record frozen: what every reader gets).
 
     Attributes:
         restarts: automatic restarts since the budget last cleared.
@@ -237,6 +241,23 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     busy: bool = False
     last_use_ns: int | None = None
     stopped_by: str = ""
+
+
+# mypy reads msgspec's dataclass_transform as a dataclass's, where a frozen class may not
+# derive from a changeable one; msgspec allows it (the instances are frozen).
+class InstanceState(InstanceFields, frozen=True, kw_only=True, gc=False):  # type: ignore[misc]
+    """One instance as the chain says it is (the fields: `InstanceFields`). Frozen:
+    the reducer makes a new one per event (replay/reducer.py)."""
+
+
+def thaw(inst: InstanceState) -> InstanceFields:
+    """A changeable copy of `inst` (replay folds events into it in place)."""
+    return InstanceFields(*msgspec.structs.astuple(inst))
+
+
+def freeze(work: InstanceFields) -> InstanceState:
+    """The frozen `InstanceState` of what `work` holds now."""
+    return InstanceState(*msgspec.structs.astuple(work))
 
 
 class NodeState(msgspec.Struct, frozen=True, kw_only=True):

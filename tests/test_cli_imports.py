@@ -31,6 +31,18 @@ else:
 print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
 """
 
+#: What a client without a node does not need either (issue 22, "CLI start-up"): the
+#: chain and the reducer (``infervisor.replay`` loads its parts when asked; a client
+#: needs only its records), logging (the inventory logs on the node's side),
+#: and subprocess and shutil (the GPU query runs on the node's side).
+_STATUS_SPARED = (
+    "infervisor.chain",
+    "infervisor.replay.events",
+    "infervisor.replay.reducer",
+    "logging",
+    "subprocess",
+    "shutil",
+)
 _FORBIDDEN = ("litestar", "infervisor.actors", "infervisor.adapters.ollama", "uvicorn", "pykka")
 
 
@@ -72,6 +84,8 @@ def test_an_operator_command_loads_no_part_of_the_node(
     assert _loaded(modules, "httpcore") == []
     assert _loaded(modules, "psutil") == []
     for package in _FORBIDDEN:
+        assert _loaded(modules, package) == [], package
+    for package in _STATUS_SPARED:
         assert _loaded(modules, package) == [], package
 
 

@@ -11,7 +11,6 @@ touching the weights.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
     from infervisor.replay.views import InstanceView
 
 __all__ = ["Gpu", "Inventory", "ModelInfo", "ModelList", "inventory_of", "models_of"]
-
-log = logging.getLogger(__name__)
 
 
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,6 +102,9 @@ def inventory_of(node: Node, views: list[InstanceView], gpus: GpuReport) -> Inve
 def models_of(registry: ModelRegistry) -> ModelList:
     """Every model with a readable manifest (a manifest that cannot be read is
     left out and logged; a missing registry directory lists none)."""
+    import logging  # noqa: PLC0415 - the node's side only: a client's start-up never loads it
+
+    log = logging.getLogger(__name__)
     try:
         names = registry.names()
     except RegistryError:

@@ -10,15 +10,17 @@ against real output by tests/test_cli_contract.py.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
-from infervisor.replay import InstanceState, TimelineEntry
 from infervisor.replay.views import InstanceView
 
 from ..api.wire import ErrorBody, ErrorEnvelope
+
+if TYPE_CHECKING:  # only annotations: `status` of a node loads no reducer (issue 22)
+    from infervisor.replay import InstanceState, TimelineEntry
 
 __all__ = [
     "ERROR_SCHEMA",
