@@ -247,7 +247,8 @@ class InstanceFields(msgspec.Struct, gc=False):
 # derive from a changeable one; msgspec allows it (the instances are frozen).
 class InstanceState(InstanceFields, frozen=True, kw_only=True, gc=False):  # type: ignore[misc]
     """One instance as the chain says it is (the fields: `InstanceFields`). Frozen:
-    the reducer makes a new one per event (replay/reducer.py)."""
+    the live node's reducer makes a new one per event (replay/reducer.py
+    `apply_instance`); a replay folds into an `InstanceFields` and freezes it once."""
 
 
 def thaw(inst: InstanceState) -> InstanceFields:

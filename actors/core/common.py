@@ -182,7 +182,7 @@ def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> N
         return
     if refusal is not None:
         # Once per cause; but a demand's refusal always, as it ends the demand its
-        # own ``residency.demanded`` began (replay/reducer.py), whatever came before.
+        # own ``residency.demanded`` began (replay/instance_rules.py), whatever came before.
         if inst.refusal != refusal or demand_pending(inst):
             d.emit(ev.StartRefused(by=c.by, reason=refusal))
         if c.verb:
