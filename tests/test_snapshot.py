@@ -611,3 +611,37 @@ def test_write_snapshot_refuses_what_msgpack_cannot_carry(tmp_path: Path) -> Non
     odd = msgspec.structs.replace(state, instances={inst.instance_id: big})
     assert not write_snapshot(tmp_path, odd)
     assert not (tmp_path / SNAPSHOT_FILE).exists()
+
+
+def _replay_imports(name: str, root: Path) -> set[str]:
+    """The replay modules `name` imports at module level or below, by its source (ast)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse((root / f"{name}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(node.module.split(".")[0])
+            else:
+                found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "infervisor.replay."
+        ):
+            found.add((node.module or "").split(".")[2])
+    return {m for m in found if (root / f"{m}.py").exists()}
+
+
+def test_the_fingerprint_covers_every_module_the_fold_reads() -> None:
+    """A module the reducer or the folder reads (at any depth) is in the fingerprint,
+    so a change to any rule of the fold makes older snapshots unusable."""
+    from infervisor.replay import snapshot
+
+    root = Path(snapshot.__file__).parent
+    todo, seen = ["reducer", "folder"], set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_replay_imports(name, root))
+    missing = seen - set(snapshot._FOLD_MODULES)
+    assert not missing, f"fold modules outside the snapshot's fingerprint: {sorted(missing)}"
