@@ -367,6 +367,7 @@ class InstanceActor(pykka.ThreadingActor):
     def _after_run(self) -> None:
         if self._gone:
             self.effects.close()
+            self.checks.close()  # nothing left to probe
         else:
             self.memory.sync(self.state.reserved_bytes)
             self.checks.decided(recording=not self.backlog)

@@ -330,6 +330,8 @@ def idle_window(node: Node, ports: list[int], count: int, seconds: float) -> dic
     return {
         "cpu_pct": 100 * (c1 - c0) / wall,
         "probes": hits1 - hits0,
+        # node CPU per probe made: comparable across runs whose fakes were starved
+        "us_per_probe": 1e6 * (c1 - c0) / max(1, hits1 - hits0),
         "due": count * wall / node.settings.health_interval_s,
         "load": os.getloadavg()[0],
     }
@@ -356,8 +358,8 @@ def at_scale(root: Path, ports: list[int], big: int, small: int, seconds: float)
         rows.append(
             Row(
                 f"{small} idle adopted instances, 1 s interval: node CPU",
-                f"{w['cpu_pct']:.1f} % of a core ({w['probes']:,} probes of {w['due']:,.0f} due; "
-                f"load {w['load']:.1f})",
+                f"{w['cpu_pct']:.1f} % of a core ({w['probes']:,} probes of {w['due']:,.0f} due, "
+                f"{w['us_per_probe']:.0f} us each; load {w['load']:.1f})",
                 "<= 5 % of a core",
                 w["cpu_pct"] <= 5,
             )
@@ -376,7 +378,8 @@ def at_scale(root: Path, ports: list[int], big: int, small: int, seconds: float)
     rows += [
         Row(
             f"{big} idle adopted instances, 1 s interval: node CPU",
-            f"{w['cpu_pct']:.1f} % of a core (load {w['load']:.1f})",
+            f"{w['cpu_pct']:.1f} % of a core ({w['us_per_probe']:.0f} us a probe; "
+            f"load {w['load']:.1f})",
             "<= 15 % of a core",
             w["cpu_pct"] <= 15,
         ),

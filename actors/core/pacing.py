@@ -1,13 +1,15 @@
 """When an instance's next health probe and deep health check are due (pure).
 
-The supervisor ticks every instance at the shortest probe interval of any
-kind; each instance's kind may ask for longer ones (``interval_s``,
-``deep_interval_s``). On each tick :func:`pace` says which of the two checks
-to send now, from the instance's sourced state, its rules and the
-:class:`Pacing` its executor keeps (when each check was last sent, and
-whether one is still out). The executor only sends what it is told and keeps
-the :class:`Pacing` returned. No check is sent while one of its kind is out:
-a hung server costs one probe worker, never a pile of them.
+Each instance's kind sets its intervals (``interval_s``, ``deep_interval_s``).
+The probes are scheduled by the instance's probe engine (actors/probe_loop.py)
+every :func:`probe_interval_s`: the kind's interval, or :data:`READINESS_S`
+while the instance starts. The deep checks are paced by :func:`deep_paced`
+from the instance's sourced state, its rules and the :class:`Pacing` its
+executor keeps (when a check was last sent, and whether one is still out);
+:func:`pace` paces both at a health tick told to the actor. The executor only
+sends what it is told and keeps the :class:`Pacing` returned. No check is sent
+while one of its kind is out: a hung server costs one probe worker, never a
+pile of them.
 
 Half a tick of slack: ticks are handled with jitter, and a check due a hair
 after this tick must not wait a whole extra tick.
