@@ -1,6 +1,8 @@
-"""The instance actor's health checks: sending probes and deep checks when the
-core's pacing (:func:`~.core.pacing.pace`) says they are due, and turning what
-comes back into observations for the core.
+"""The instance actor's health checks: probes scheduled by the instance's
+:class:`~.probe_loop.ProbeLoop` (which wakes the actor only when the core's
+:func:`~.core.wake.wake_for` says so), deep checks sent when the core's pacing
+(:func:`~.core.pacing.deep_paced`) says they are due, and what comes back
+turned into observations for the core.
 
 Nothing here runs on the actor's thread but the bookkeeping: a plain HTTP
 probe goes to the node's probe engine (one event loop for every instance, each
@@ -26,11 +28,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from functools import partial
 from typing import Any, Protocol
-
-import msgspec
 
 from infervisor.adapters.activity import ActivityError, ActivityReader
 from infervisor.adapters.probe import Health, HealthKind, ProbeTarget, ServerReport
@@ -38,12 +39,16 @@ from infervisor.adapters.prober import HttpProber, Prober
 from infervisor.adapters.server import ServerAdapter
 from infervisor.adapters.spec import Flavor
 from infervisor.replay import InstanceState, LifecycleState
+from infervisor.replay.state import Stamp
 
+from .clock import RealClock
 from .core import observations as o
 from .core.health import probe_token
-from .core.pacing import Pacing, pace
-from .core.rules import Mode, Rules
+from .core.pacing import Pacing, deep_paced
+from .core.rules import Mode, Rules, Tracking
+from .core.wake import watch_of
 from .effects_runner import EffectRunner
+from .probe_loop import Probed, ProbeLoop, Timers
 
 __all__ = ["HealthChecks", "Probed", "miss"]
 
@@ -51,15 +56,6 @@ log = logging.getLogger(__name__)
 
 #: The prober of contexts built without a node (its engine starts at a first probe).
 _HTTP_FALLBACK = HttpProber()
-
-
-class Probed(msgspec.Struct, frozen=True):
-    """A probe's report, back to the actor."""
-
-    token: int
-    report: ServerReport
-    latency_s: float  # from sending the probe to its report, seconds
-    active: int | None = None  # the server's own count of requests in progress (None: unknown)
 
 
 class Owner(Protocol):
@@ -70,53 +66,76 @@ class Owner(Protocol):
     rules: Rules
     adapter: ServerAdapter
     effects: EffectRunner
+    tracking: Tracking
 
     @property
     def ctx(self) -> Any: ...
 
     def tell_self(self, message: Any) -> None: ...
 
+    def now(self) -> Stamp: ...
+
 
 class HealthChecks:
     """One instance's probes and deep checks (owned by its actor, used on its thread).
 
     Attributes:
-        pacing: when each check was last sent and whether one is out.
-        report: the last probe's report (None before the first).
-        latency_s: how long the last probe took, seconds (real time).
+        pacing: when the last deep check was sent and whether one is out (the
+            probes are the loop's).
+        loop: the instance's probes, on their own timers.
     """
 
     def __init__(self, owner: Owner) -> None:
         self.owner = owner
         self.pacing = Pacing()
-        self.report: ServerReport | None = None
-        self.latency_s: float | None = None
         self._activity: _Activity | None = None
+        self.loop = ProbeLoop(_timers(owner.ctx), self._send_probe, owner.tell_self)
+
+    @property
+    def report(self) -> ServerReport | None:
+        """The last probe's report (None before the first)."""
+        return self.loop.report
+
+    @property
+    def latency_s(self) -> float | None:
+        """How long the last probe took, seconds (real time; None before the first)."""
+        return self.loop.latency_s
 
     @property
     def probing(self) -> bool:
         """A probe is out."""
-        return self.pacing.probing
+        return self.loop.probing
 
     def tick(self) -> None:
-        """A health tick: send the checks the pacing says are due."""
+        """A health tick told to the actor: the checks due now go now."""
+        self._send_deep()
+        self.loop.kick()
+
+    def decided(self, *, recording: bool) -> None:
+        """After a decision: send a deep check if one is due, and tell the loop
+        what it watches (``recording``: no observation waits for the chain)."""
+        if recording:
+            self._send_deep()
         owner = self.owner
-        ctx = owner.ctx
-        paced = pace(
-            owner.state, owner.rules, self.pacing, ctx.clock.monotonic(), ctx.settings.tick_s / 2
+        watch = watch_of(
+            owner.state, owner.rules, owner.tracking, self.pacing, owner.now(), recording=recording
         )
+        self.loop.publish(watch)
+
+    def _send_deep(self) -> None:
+        owner = self.owner
+        paced = deep_paced(owner.state, owner.rules, self.pacing, owner.ctx.clock.monotonic())
         self.pacing = paced.pacing
-        token = probe_token(owner.state)
         if paced.deep:
+            token = probe_token(owner.state)
             name = f"{owner.iid[:12]}-deep"
             threading.Thread(target=self._deep_job, args=(token,), name=name, daemon=True).start()
-        if paced.probe:
-            self._send_probe(token)
 
     def afresh(self) -> None:
-        """Both checks due at the next tick (the chain records again: what was
-        observed while it did not is no verdict)."""
+        """Both checks due at once (the chain records again: what was observed
+        while it did not is no verdict)."""
         self.pacing = self.pacing.afresh()
+        self.loop.afresh()
 
     def deep_checked(self) -> None:
         """A deep check reported."""
@@ -125,9 +144,7 @@ class HealthChecks:
     def probed(self, message: Probed) -> Iterator[o.Observation]:
         """A probe came back: the observations it makes, in order (the report is
         judged first; what Ollama listed in it, after)."""
-        self.pacing = self.pacing.probed()
-        report = self.report = message.report
-        self.latency_s = message.latency_s
+        report = message.report
         # The output is read for a failure line only while starting (the core
         # judges it only then); decoding its tails on every probe costs.
         starting = self.owner.state.lifecycle is LifecycleState.STARTING
@@ -140,39 +157,45 @@ class HealthChecks:
             yield o.ServerActivity(active=message.active)
 
     def close(self) -> None:
-        """Close the activity reader's connection (the actor stops)."""
+        """Stop the probes; close the activity reader's connection (the actor stops)."""
+        self.loop.close()
+        self._close_activity()
+
+    def _close_activity(self) -> None:
         if self._activity is not None:
             self._activity.close()
             self._activity = None
 
-    def _send_probe(self, token: int) -> None:
+    def _send_probe(self, token: int, back: Back) -> None:
+        """The loop's probe: through the engine (a plain HTTP probe) or the pool;
+        ``back(probed)`` always follows, on another thread or at once."""
         owner, engine = self.owner, self.owner.ctx.engine
         activity = self._activity_reader()
         if engine is not None and owner.adapter.plain_probe:
-            deliver = partial(self._probed_by_engine, token, time.perf_counter(), activity)
+            deliver = partial(self._probed_by_engine, token, time.perf_counter(), activity, back)
             engine.probe(owner.iid, self.target(), deliver)
         else:
-            owner.ctx.probes.submit(self._probe_job, token, activity)
+            owner.ctx.probes.submit(self._probe_job, token, back, activity)
 
     def _probed_by_engine(
-        self, token: int, sent: float, activity: _Activity | None, report: ServerReport
+        self, token: int, sent: float, activity: _Activity | None, back: Back, report: ServerReport
     ) -> None:
-        """On the engine's thread: hand the report (and its latency) to the actor;
+        """On the engine's thread: the report (and its latency) to the loop;
         with an activity read to make, on the probe pool (never the engine's loop)."""
         latency = time.perf_counter() - sent
         if activity is None or report.health.kind is not HealthKind.UP:
-            self.owner.tell_self(Probed(token=token, report=report, latency_s=latency))
+            back(Probed(token=token, report=report, latency_s=latency))
             return
-        self.owner.ctx.probes.submit(self._activity_job, token, report, latency, activity)
+        self.owner.ctx.probes.submit(self._activity_job, token, report, latency, activity, back)
 
     def _activity_job(
-        self, token: int, report: ServerReport, latency: float, activity: _Activity
+        self, token: int, report: ServerReport, latency: float, activity: _Activity, back: Back
     ) -> None:
         """On a probe worker: the probe's report with the server's own count."""
         active = activity.read(self.owner.ctx.clock.wall_ns())
-        self.owner.tell_self(Probed(token=token, report=report, latency_s=latency, active=active))
+        back(Probed(token=token, report=report, latency_s=latency, active=active))
 
-    def _probe_job(self, token: int, activity: _Activity | None = None) -> None:
+    def _probe_job(self, token: int, back: Back, activity: _Activity | None = None) -> None:
         """On a probe worker: always answer, so a probe that raises is a miss, never a
         probe that never ends."""
         sent = time.perf_counter()
@@ -185,7 +208,7 @@ class HealthChecks:
         active = None
         if activity is not None and report.health.kind is HealthKind.UP:
             active = activity.read(self.owner.ctx.clock.wall_ns())
-        self.owner.tell_self(Probed(token=token, report=report, latency_s=latency, active=active))
+        back(Probed(token=token, report=report, latency_s=latency, active=active))
 
     def _activity_reader(self) -> _Activity | None:
         """The server's counters to read with this probe (None: none to read; see
@@ -194,11 +217,11 @@ class HealthChecks:
         evictable = not rules.pinned and ctx.ledger is not None
         wanted = rules.mode is Mode.PROCESS and rules.flavor is Flavor.LLAMACPP
         if not wanted or (rules.idle_ttl_s is None and not evictable):
-            self.close()
+            self._close_activity()
             return None
         base_url = self.owner.adapter.spec.base_url
         if self._activity is None or self._activity.base_url != base_url:
-            self.close()
+            self._close_activity()
             self._activity = _Activity(base_url, ctx.settings.probe_timeout_s)
         return self._activity
 
@@ -222,6 +245,21 @@ class HealthChecks:
         spec, settings = self.owner.adapter.spec, self.owner.ctx.settings
         timeout = settings.probe_timeout_s if timeout_s is None else timeout_s
         return ProbeTarget(spec.base_url, spec.flavor, timeout)
+
+    def deep_health_verb(self) -> Future[str]:
+        """The ``deep-health`` verb: :meth:`deep_health` on a daemon thread of its
+        own; its token or error lands in the Future (never on the actor's thread)."""
+        done: Future[str] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(self.deep_health())
+            except Exception as e:  # noqa: BLE001 - handed to whoever waits on the Future
+                done.set_exception(e)
+
+        name = f"{self.owner.iid[:12]}-work"
+        threading.Thread(target=run, name=name, daemon=True).start()
+        return done
 
     def deep_health(self) -> str:
         """The probe plus one real token, through the prober (any thread).
@@ -258,6 +296,21 @@ class HealthChecks:
         out, err = proc.output()
         found: str | None = find(out[-8192:] + "\n" + err[-8192:])
         return found
+
+
+#: Where a probe's :class:`Probed` goes (the loop's :meth:`~.probe_loop.ProbeLoop.reported`).
+Back = Callable[[Probed], None]
+
+
+def _timers(ctx: Any) -> Timers:
+    """The probes' timers: the node's probe engine on a real clock (its own
+    thread, where the reports land), else the context's clock (a test's manual one)."""
+    clock = ctx.clock
+    if isinstance(clock, RealClock) and isinstance(ctx.engine, HttpProber):
+        engine = ctx.engine.timers()
+        if engine is not None:
+            return engine
+    return clock  # type: ignore[no-any-return]
 
 
 class _Activity:

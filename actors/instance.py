@@ -12,7 +12,9 @@ with every later one, undecided, until the chain takes writes again: nothing
 is decided from state the chain has not recorded. Slow work never runs on the
 actor's thread (probes and deep checks, sent when the core's pacing says:
 :mod:`.health_checks`; reaping, Ollama loads and unloads on threads of their
-own), so a hung server never holds up ``status``. An instance whose adapter
+own), so a hung server never holds up ``status``. The probes are scheduled by
+the instance's probe engine (:mod:`.probe_loop`), which wakes this actor only
+when the core says a report has something to decide. An instance whose adapter
 cannot be built runs here too, with a stand-in adapter whose start check
 refuses until a start can build it (:mod:`.stand_in`).
 """
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -30,7 +31,6 @@ from typing import Any
 import msgspec
 import pykka
 
-from infervisor.adapters.ports import ListenerSnapshot
 from infervisor.adapters.probe import ProbeTarget, ServerReport
 from infervisor.adapters.prober import Prober
 from infervisor.adapters.proc.errors import AdapterError
@@ -59,6 +59,7 @@ from .effects_runner import EffectRunner, TimerFired
 from .errors import InvalidState, RecordFailed
 from .health_checks import HealthChecks, Probed, miss
 from .ledger import Reservation
+from .reconcile_facts import listener_ports, tree_rss_seen
 from .stamps import now_stamp
 from .stand_in import UnbuiltServer
 from .view import build_view
@@ -185,7 +186,7 @@ class InstanceActor(pykka.ThreadingActor):
                     isinstance(e, ev.Replaced) for e in decision.events
                 )
             case m.DeepHealth():
-                return self._in_thread(self.checks.deep_health)
+                return self.checks.deep_health_verb()
         return self._residency_verb(message)
 
     def _residency_verb(self, message: Any) -> Any:
@@ -366,8 +367,10 @@ class InstanceActor(pykka.ThreadingActor):
     def _after_run(self) -> None:
         if self._gone:
             self.effects.close()
+            self.checks.close()  # nothing left to probe
         else:
             self.memory.sync(self.state.reserved_bytes)
+            self.checks.decided(recording=not self.backlog)
         self._waiters.resolve(None if self._gone else self.state)
 
     # ------------------------------------------------------------------ verbs
@@ -457,30 +460,13 @@ class InstanceActor(pykka.ThreadingActor):
     def _reconcile(self, listeners: Any, processes: ProcessTable | None) -> None:
         if self._closing:
             return
-        self._observe_processes(processes)
-        self._check_exposure(listeners)
+        self.rss_seen = tree_rss_seen(self.effects.proc, processes, self.rss_seen)
+        if listeners is not None:
+            self.listeners = listener_ports(listeners)
+            owned = owned_beyond(self.adapter, self.state, self.effects, listeners)
+            if owned:
+                self.run(o.ListenersSeen(owned_beyond=owned))
         self.run(o.Tick())
-
-    def _observe_processes(self, table: ProcessTable | None) -> None:
-        """Track the server's descendants and note its tree's RSS from the tick's
-        one process-table read (status reports that; it never scans itself)."""
-        proc = self.effects.proc
-        if table is None or proc is None:
-            return
-        proc.track_descendants(table)
-        pid = proc.identity.pid
-        rss = table.tree_rss_bytes(pid)
-        self.rss_seen = None if rss is None else (pid, rss)
-
-    def _check_exposure(self, listeners: Any) -> None:
-        """Our own server listening beyond loopback is an observation (the snapshot
-        is the node's one socket-table read of this tick)."""
-        if listeners is None or self._closing:
-            return
-        self.listeners = listeners.ports() if isinstance(listeners, ListenerSnapshot) else listeners
-        owned = owned_beyond(self.adapter, self.state, self.effects, listeners)
-        if owned:
-            self.run(o.ListenersSeen(owned_beyond=owned))
 
     # ------------------------------------------------------------------ helpers
     def tell_self(self, message: Any) -> None:
@@ -495,19 +481,6 @@ class InstanceActor(pykka.ThreadingActor):
     def probe_target(self, timeout_s: float | None = None) -> ProbeTarget:
         """This instance's server, each request within ``timeout_s`` seconds."""
         return self.checks.target(timeout_s)
-
-    def _in_thread(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run ``fn`` on its own daemon thread; its result or error lands in the Future."""
-        done: Future[Any] = Future()
-
-        def run() -> None:
-            try:
-                done.set_result(fn())
-            except Exception as e:  # noqa: BLE001 - handed to whoever waits on the Future
-                done.set_exception(e)
-
-        threading.Thread(target=run, name=f"{self.iid[:12]}-work", daemon=True).start()
-        return done
 
     def _settled(self) -> bool:
         state = self.state

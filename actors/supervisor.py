@@ -1,5 +1,8 @@
-"""The supervisor actor: sends every instance its health and reconcile ticks,
-and executes the controller leases' decisions.
+"""The supervisor actor: keeps the health tick (the leases, the watchdog, dead
+instance actors revived), sends every instance its reconcile tick, and
+executes the controller leases' decisions. The instances' probes are not the
+health tick's: each instance's probe engine schedules its own
+(actors/probe_loop.py), so an idle instance's actor is not woken per tick.
 
 Ticks run on the injected clock, so a test advances time instead of sleeping.
 The instance decides what a tick means; the supervisor never blocks on it.
@@ -58,8 +61,8 @@ class _Tick(msgspec.Struct, frozen=True):
 
 
 class SupervisorActor(pykka.ThreadingActor):
-    """Fans out :class:`HealthTick` every ``health_interval_s`` and
-    :class:`ReconcileTick` every ``reconcile_interval_s`` (seconds).
+    """Ticks health every ``health_interval_s`` (leases, watchdog, revivals) and
+    fans out :class:`ReconcileTick` every ``reconcile_interval_s`` (seconds).
 
     Args:
         clock: the node's clock.
@@ -167,7 +170,6 @@ class SupervisorActor(pykka.ThreadingActor):
             if what is TickKind.HEALTH:
                 self._revive_dead()
                 self._decide_lease(rule.HealthTickFired(late_s=self._health_late_s()))
-                self._fan_out(m.HealthTick())
             else:
                 tick = m.ReconcileTick(listeners=_listeners(), processes=REAL.table())
                 self._fan_out(tick)

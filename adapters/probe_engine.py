@@ -13,7 +13,9 @@ verdict are :class:`~.probe.ProbeSteps`, the same steps the
 synchronous :class:`~.probe.ServerClient` drives, so both judge alike.
 
 Thread-safe entry points: :meth:`ProbeEngine.probe`, :meth:`ProbeEngine.forget`,
-:meth:`ProbeEngine.close`. The report is handed to the ``done`` callback on
+:meth:`ProbeEngine.close`, :meth:`ProbeEngine.call_later` (a timer on the
+engine's loop: whoever schedules probes on it, actors/probe_loop.py, hands no
+message between threads for a probe). The report is handed to the ``done`` callback on
 the engine's thread: it must be quick (an actor's ``tell``).
 """
 
@@ -34,7 +36,7 @@ from .errors import ProbeError
 from .probe import Health, HealthKind, ProbeSteps, ProbeTarget, ServerReport, _Reply
 from .spec import Flavor
 
-__all__ = ["ProbeEngine", "ReportTo"]
+__all__ = ["Later", "ProbeEngine", "ReportTo"]
 
 #: Called with a probe's report (on the engine's thread: keep it quick, an actor's ``tell``).
 ReportTo = Callable[[ServerReport], None]
@@ -194,6 +196,29 @@ class _Server:
         self.busy = False
 
 
+class Later:
+    """A callback scheduled on the engine's loop; :meth:`cancel` keeps it from
+    running (idempotent, from any thread)."""
+
+    __slots__ = ("cancelled", "fn")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Do not run (a no-op once it has run)."""
+        self.cancelled = True
+
+    def run(self) -> None:
+        if self.cancelled:
+            return
+        try:
+            self.fn()
+        except Exception:
+            log.exception("probe engine: a scheduled callback failed")
+
+
 class ProbeEngine:
     """Probes every server of the node on one asyncio loop (thread ``probe-engine``).
 
@@ -217,8 +242,26 @@ class ProbeEngine:
         as unhealthy. After :meth:`close`, ``done`` is never called."""
         if self._closed:
             return
+        if threading.get_ident() == self._thread.ident:  # on the loop: no hand-off
+            self._start(key, target, done)
+            return
         with contextlib.suppress(RuntimeError):  # closed meanwhile
             self._loop.call_soon_threadsafe(self._start, key, target, done)
+
+    def monotonic(self) -> float:
+        """The clock :meth:`call_later` counts on (``time.monotonic``), seconds."""
+        return self._loop.time()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Later:
+        """Run ``fn`` on the engine's thread after ``delay`` seconds (it must be
+        quick, as a report callback). Never runs after :meth:`close`."""
+        later = Later(fn)
+        if threading.get_ident() == self._thread.ident:
+            self._loop.call_later(max(delay, 0.0), later.run)
+        elif not self._closed:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._loop.call_later, max(delay, 0.0), later.run)
+        return later
 
     def forget(self, key: Hashable) -> None:
         """Close the connection kept for ``key`` (an instance that went away)."""

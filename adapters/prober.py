@@ -95,6 +95,17 @@ class HttpProber:
             engine = self._engine
         engine.probe(key, target, done)
 
+    def timers(self) -> ProbeEngine | None:
+        """The engine as a clock whose timers run on its thread, where the
+        reports land: probes scheduled on it hand nothing between threads
+        (None once closed)."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._engine is None:
+                self._engine = ProbeEngine(max_body=self._max_body)
+            return self._engine
+
     def check(self, target: ProbeTarget) -> ServerReport:
         try:
             client = ServerClient(target.base_url, target.timeout_s, max_body=self._max_body)

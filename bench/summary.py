@@ -320,7 +320,8 @@ def place_and_start(node: Node, specs: list[InstanceSpec]) -> tuple[float, list[
 
 
 def idle_window(node: Node, ports: list[int], count: int, seconds: float) -> dict[str, float]:
-    """CPU (percent of one core), RSS, and probes made against probes due."""
+    """CPU (percent of one core), RSS, and probes made against probes due; the
+    1-minute load average at the window's end beside them (the machine is shared)."""
     time.sleep(3.0)  # every instance probed a few times
     hits0, c0, w0 = counted_health(ports), cpu_s(), time.monotonic()
     time.sleep(seconds)
@@ -329,7 +330,10 @@ def idle_window(node: Node, ports: list[int], count: int, seconds: float) -> dic
     return {
         "cpu_pct": 100 * (c1 - c0) / wall,
         "probes": hits1 - hits0,
+        # node CPU per probe made: comparable across runs whose fakes were starved
+        "us_per_probe": 1e6 * (c1 - c0) / max(1, hits1 - hits0),
         "due": count * wall / node.settings.health_interval_s,
+        "load": os.getloadavg()[0],
     }
 
 
@@ -354,7 +358,8 @@ def at_scale(root: Path, ports: list[int], big: int, small: int, seconds: float)
         rows.append(
             Row(
                 f"{small} idle adopted instances, 1 s interval: node CPU",
-                f"{w['cpu_pct']:.1f} % of a core ({w['probes']:,} probes of {w['due']:,.0f} due)",
+                f"{w['cpu_pct']:.1f} % of a core ({w['probes']:,} probes of {w['due']:,.0f} due, "
+                f"{w['us_per_probe']:.0f} us each; load {w['load']:.1f})",
                 "<= 5 % of a core",
                 w["cpu_pct"] <= 5,
             )
@@ -373,7 +378,8 @@ def at_scale(root: Path, ports: list[int], big: int, small: int, seconds: float)
     rows += [
         Row(
             f"{big} idle adopted instances, 1 s interval: node CPU",
-            f"{w['cpu_pct']:.1f} % of a core",
+            f"{w['cpu_pct']:.1f} % of a core ({w['us_per_probe']:.0f} us a probe; "
+            f"load {w['load']:.1f})",
             "<= 15 % of a core",
             w["cpu_pct"] <= 15,
         ),
@@ -501,12 +507,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts: a smoke run (~30 s)")
     ap.add_argument("--front", action="store_true", help="also bench/front.py's figures")
+    ap.add_argument(
+        "--only-idle",
+        action="store_true",
+        help="only the idle supervision rows (a node at scale; about 1 minute), for runs "
+        "repeated side by side",
+    )
     args = ap.parse_args()
     big, small, seconds, kills = (100, 30, 3.0, 10) if args.quick else (1000, 300, 10.0, 40)
     started = time.monotonic()
     print(f"# {machine()}, commit {commit()}", flush=True)
     rows: list[Row] = []
     with reaped_children(), workdir("summary") as root:
+        if args.only_idle:
+            with servers(FAKE_KEEPALIVE, FAKES, root) as fleet:
+                rows += at_scale(root, [p for p, _ in fleet], big, small, seconds)
+            _print(rows, started)
+            return
         rows += single_appends(root, 300 if args.quick else 1000)
         rows += group_commit(root, 32, 50 if args.quick else 300)
         with servers(FAKE_KEEPALIVE, FAKES, root) as fleet:
@@ -520,6 +537,10 @@ def main() -> None:
         rows += residency_loads()
         if args.front:
             rows += front_rows(args.quick)
+    _print(rows, started)
+
+
+def _print(rows: list[Row], started: float) -> None:
     print(
         table(
             ["figure", "measured (ratios in this run)", "target", "met"], [r.cells() for r in rows]

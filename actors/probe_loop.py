@@ -1,0 +1,190 @@
+"""The probe engine's schedule of one instance: probes sent on their own timers,
+reports handed to the instance's actor only when the core says they wake it.
+
+Before, every probe woke the instance's actor thread twice (the supervisor's
+health tick, then the report back). Now a :class:`ProbeLoop` sends the
+instance's probes itself, one ``interval_s`` after the last one was sent
+(the readiness cadence while the instance starts; :mod:`.core.pacing`), and
+judges nothing: :func:`~.core.wake.wake_for` says whether a report wakes the
+actor (a miss, a changed verdict, a deep check or the stability reset due,
+an instance not steady), and the actor decides it as it always did. A report
+that wakes nothing is kept for status (:attr:`ProbeLoop.report`).
+
+The schedule follows the actor's :class:`~.core.wake.Watch`, published after
+each decision; a new cadence (the instance began or ended its start-up)
+counts from the moment it is published. No second probe goes while one is out; a probe is sent with
+the token of the moment, and a report for another token is the core's to
+ignore. Timers run on :class:`Timers`: the node's probe engine (its loop's
+own thread, where the reports land: a steady probe hands nothing between
+threads) or, in tests, a :class:`~.clock.ManualClock`. Every entry point is
+thread-safe (one lock, never held while sending or telling).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from infervisor.adapters.probe import ServerReport
+
+from .core.wake import Seen, Wake, Watch, wake_for
+
+__all__ = ["ProbeLoop", "Probed", "Send", "Timers"]
+
+#: A timer that fires a hair early (the engine's loop rounds to its clock's
+#: resolution) still counts as due: seconds.
+_EARLY_S = 0.001
+
+
+class Probed(msgspec.Struct, frozen=True):
+    """A probe's report, back to the actor (``wake``: why it was handed over)."""
+
+    token: int
+    report: ServerReport
+    latency_s: float  # from sending the probe to its report, seconds
+    active: int | None = None  # the server's own count of requests in progress (None: unknown)
+    wake: Wake | None = None
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Timers(Protocol):
+    """A monotonic clock with timers (the probe engine, a :class:`~.clock.Clock`)."""
+
+    def monotonic(self) -> float: ...
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Cancellable: ...
+
+
+#: Sends one probe for a token; its :class:`Probed` comes back through the
+#: callback, on any thread, always (a probe that fails is a report).
+Send = Callable[[int, Callable[[Probed], None]], None]
+
+
+class ProbeLoop:
+    """One instance's probes. ``wake(probed)`` hands a report to its actor.
+
+    Attributes:
+        report: the last probe's report (None before the first).
+        latency_s: how long the last probe took, seconds (None before the first).
+        woken: reports handed to the actor, per reason.
+        quiet: reports that woke nothing.
+    """
+
+    def __init__(self, timers: Timers, send: Send, wake: Callable[[Probed], None]) -> None:
+        self._timers, self._send, self._wake = timers, send, wake
+        self._lock = threading.Lock()
+        self._watch = Watch()
+        self._timer: Cancellable | None = None
+        self._timer_due_s = 0.0
+        self._out = False
+        self._last_sent_s: float | None = None
+        self._reported: Seen | None = None
+        self._closed = False
+        self.report: ServerReport | None = None
+        self.latency_s: float | None = None
+        self.woken: Counter[Wake] = Counter()
+        self.quiet = 0
+
+    @property
+    def probing(self) -> bool:
+        """A probe is out."""
+        return self._out
+
+    def publish(self, watch: Watch) -> None:
+        """The actor's watch after a decision: the schedule follows it."""
+        with self._lock:
+            before, self._watch = self._watch, watch
+            if before.interval_s != watch.interval_s and self._last_sent_s is not None:
+                # A new cadence (start-up began or ended) counts from now.
+                self._last_sent_s = self._timers.monotonic()
+        if (before.probe, before.interval_s) != (watch.probe, watch.interval_s):
+            self._plan()
+
+    def afresh(self) -> None:
+        """Probe at once, and hand its report over whatever it says (what was
+        observed while the chain did not record is no verdict)."""
+        with self._lock:
+            self._reported = None
+            self._last_sent_s = None
+        self._plan()
+
+    def kick(self) -> None:
+        """Send the probe now if one is due (a health tick told to the actor)."""
+        self._fire()
+
+    def close(self) -> None:
+        """Send nothing more and hand nothing over (the actor stops)."""
+        with self._lock:
+            self._closed = True
+            self._cancel()
+
+    def reported(self, probed: Probed) -> None:
+        """A probe's report (any thread): hand it over if it wakes the actor."""
+        with self._lock:
+            self._out = False
+            if self._closed:
+                return
+            self.report, self.latency_s = probed.report, probed.latency_s
+            seen = Seen(probed.token, probed.report, probed.active)
+            reason = wake_for(self._watch, seen, self._reported, self._timers.monotonic())
+            if reason is None:
+                self.quiet += 1
+            else:
+                # Only a report decided on a steady state is a baseline: deciding
+                # its equal again is a no-op (one decided while starting was not).
+                self._reported = seen if self._watch.steady else None
+                self.woken[reason] += 1
+        if reason is not None:
+            self._wake(msgspec.structs.replace(probed, wake=reason))
+        self._plan()
+
+    # ------------------------------------------------------------------ schedule
+    def _next_due_s(self) -> float | None:
+        """When the next probe is due (None: none is wanted, or one is out)."""
+        if self._closed or self._out or not self._watch.probe:
+            return None
+        last = self._last_sent_s
+        return None if last is None else last + self._watch.interval_s
+
+    def _plan(self) -> None:
+        """Arm the timer for the next probe (an earlier one armed is kept: it plans again)."""
+        with self._lock:
+            if self._closed or self._out or not self._watch.probe:
+                self._cancel()
+                return
+            now = self._timers.monotonic()
+            due = self._next_due_s()
+            due = now if due is None else max(due, now)
+            if self._timer is not None and self._timer_due_s <= due:
+                return
+            self._cancel()
+            self._timer_due_s = due
+            self._timer = self._timers.call_later(due - now, self._fire)
+
+    def _fire(self) -> None:
+        """Send the probe if it is due; else plan again."""
+        token = 0
+        with self._lock:
+            self._cancel()
+            due = self._next_due_s()
+            now = self._timers.monotonic()
+            send = self._watch.probe and not self._out and not self._closed
+            send = send and (due is None or now >= due - _EARLY_S)
+            if send:
+                self._out, self._last_sent_s, token = True, now, self._watch.token
+        if send:
+            self._send(token, self.reported)
+        else:
+            self._plan()
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
