@@ -145,9 +145,11 @@ class LeaseExpired(_Msg, frozen=True):
 
 # Ticks and boot
 class HealthTick(_Msg, frozen=True):
-    """Probe the server (in the background) and judge the answer.
+    """Send the checks due now: a deep check, and the probe loop's next probe at once.
 
-    Exposure is checked on the reconcile tick, not here: a socket-table read
+    The probe loop (actors/probe_loop.py) paces the probes itself and wakes the
+    actor only when the core's wake rule says so (actors/core/wake.py); this
+    message is the manual kick, not the supervisor's beat. Exposure is checked on the reconcile tick, not here: a socket-table read
     with owners costs about 20 ms of CPU with a hundred processes, too much
     for every health interval.
     """
