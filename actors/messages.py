@@ -149,9 +149,11 @@ class HealthTick(_Msg, frozen=True):
 
     The probe loop (actors/probe_loop.py) paces the probes itself and wakes the
     actor only when the core's wake rule says so (actors/core/wake.py); this
-    message is the manual kick, not the supervisor's beat. Exposure is checked on the reconcile tick, not here: a socket-table read
-    with owners costs about 20 ms of CPU with a hundred processes, too much
-    for every health interval.
+    message is the manual kick, not the supervisor's beat.
+
+    Exposure is checked on the reconcile tick, not here: a socket-table read with
+    owners costs about 20 ms of CPU with a hundred processes, too much for every
+    health interval.
     """
 
 
