@@ -11,7 +11,10 @@ Marked slow: run alone with ``pytest -m slow``.
 
 from __future__ import annotations
 
+import itertools
+import os
 import shutil
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +37,9 @@ SECRET = "real-residency-secret"
 OVERHEAD = 1_000_000
 MODELS = ("m1", "m2", "m3", "m4")
 HELLO = [{"role": "user", "content": "Hello"}]
+#: A stream's length, tokens: long enough that its server cannot end it between the
+#: first chunk and the pause that follows (see the mid-stream test).
+LONG = 4000
 
 
 @pytest.fixture
@@ -50,6 +56,8 @@ def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
             registry,
             memory_budget_bytes=budget,
             reserve_overhead_bytes=OVERHEAD,
+            # A server paused mid-stream (below) must not be health-killed meanwhile.
+            miss_limit=10_000,
         )
     )
     for name in MODELS:
@@ -204,3 +212,69 @@ def test_requests_during_a_load_are_queued_and_served_by_one_start(
     rows = [(k, s) for _, _, k, s, _ in chain_rows(node.settings.chain_path)]
     assert rows.count(("residency.demanded", a)) == 1
     assert rows.count(("instance.starting", a)) == 1
+
+
+def test_a_model_mid_stream_is_never_evicted(
+    node: Node, front: FrontServer, sdk: openai.OpenAI
+) -> None:
+    long_ctx = {"ctx_size": LONG + 256}
+    iid = place(node, m1=long_ctx, m2=long_ctx)
+    a, b, c, d = (iid[m] for m in MODELS)
+    ask(sdk, "m1")
+    ask(sdk, "m2")  # a and b resident: the budget is full
+    # Each server's group is read before its stream opens, and the stream is long, so
+    # nothing but a signal stands between the first chunk and the pause: a server that
+    # ends its answer before it is paused (400 tokens took 0.3 to 4 s at load 6 to 13)
+    # leaves it in the sockets' buffers, the front ends the request, and the instance
+    # is idle again, rightly evictable (the test then raced the server, not the rule).
+    groups = {inst: node.status(inst).pid for inst in (a, b)}
+    assert None not in groups.values()
+    held: list[tuple[Any, Iterator[Any]]] = []
+    paused: list[int] = []
+    try:
+        for name, inst in (("m1", a), ("m2", b)):
+            stream = sdk.chat.completions.create(
+                model=name,
+                messages=HELLO,  # type: ignore[arg-type]
+                max_tokens=LONG,
+                stream=True,
+            )
+            chunks = iter(stream)
+            next(chunks)  # the stream has begun; its server paused at once, mid-answer
+            group = groups[inst]
+            assert group is not None
+            os.killpg(group, signal.SIGSTOP)
+            paused.append(group)
+            held.append((stream, chunks))
+        wait_until(lambda: busy_streams(front, node, a, b), 30, "both streams open and busy")
+
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask(sdk, "m3")
+        assert refused.value.status_code == 503 and refused.value.code == "no_room"
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        assert front.tally.snapshot().in_flight[a] == 1  # still streaming when refused
+        assert front.tally.snapshot().in_flight[b] == 1
+        assert evictions(node) == []
+    finally:
+        for group in paused:
+            os.killpg(group, signal.SIGCONT)
+
+    for stream, chunks in held:  # both streams go on where they were paused, then are closed
+        more = list(itertools.islice(chunks, 20))
+        assert len(more) == 20 and all(p.choices[0].finish_reason is None for p in more)
+        stream.close()
+    assert [node.status(i).lifecycle for i in (a, b, c, d)] == [
+        "running",
+        "running",
+        "resting",
+        "resting",
+    ]
+    idle(front, node, a, b)
+    ask(sdk, "m3")  # now one may go
+    assert len(evictions(node)) == 1
+
+
+def busy_streams(front: FrontServer, node: Node, *iids: str) -> bool:
+    """Each of ``iids`` holds one request open at the front and is busy at the node."""
+    in_flight = front.tally.snapshot().in_flight
+    return all(in_flight[i] == 1 and node.status(i).busy for i in iids)
