@@ -97,6 +97,7 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         self.witness_notes: builtins.list[str] = []
         self._fleet_lock = threading.Lock()
         self._room_lock = threading.Lock()
+        self._room_changed = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod

@@ -217,9 +217,15 @@ def test_an_instance_serving_a_request_is_not_evicted(
     node.request_began(b)
     wait_until(lambda: node.status(a).busy and node.status(b).busy, 10, "both busy")
 
+    # both still busy at the demand's deadline: it waited, then is refused, evicting neither
     with pytest.raises(NotResident) as refused:
-        node.demand(c, request="r3", model="m3", by="front")
+        node.demand(c, request="r3", model="m3", by="front", timeout_s=2.0)
     assert refused.value.code == "no_room"
+    assert [k for k, s, _ in kinds_of(node) if s == c] == [
+        "residency.demanded",
+        "residency.refused",
+    ]
+    assert node.status(a).lifecycle == node.status(b).lifecycle == "running"
 
     node.request_ended(a)  # a is idle again: it may go
     wait_until(lambda: not node.status(a).busy, 10, "a idle")
@@ -227,6 +233,38 @@ def test_an_instance_serving_a_request_is_not_evicted(
     assert node.status(a).lifecycle == "resting"
     assert node.status(b).lifecycle == "running"
     node.request_ended(b)
+
+
+def test_a_demand_waits_for_a_busy_instance_to_end_its_request_then_evicts_it(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    node, (a, b, c) = three_resting(nodes, fake_llama, models)
+    node.demand(a, request="r1", model="m1", by="front")
+    node.demand(b, request="r2", model="m2", by="front")
+    node.request_began(a)
+    node.request_began(b)
+    wait_until(lambda: node.status(a).busy and node.status(b).busy, 10, "both busy")
+    answers: list[Any] = []
+
+    def demand_c() -> None:
+        try:
+            answers.append(node.demand(c, request="r3", model="m3", by="front", timeout_s=60))
+        except Exception as e:  # collected for the assertion
+            answers.append(e)
+
+    waiting = threading.Thread(target=demand_c)
+    waiting.start()
+    # it waits (in the front's bounded queue) rather than being refused or evicting a busy one
+    wait_until(lambda: any(s == c for _, s, _ in kinds_of(node)), 10, "c demanded")
+    assert answers == [] and node.status(a).lifecycle == node.status(b).lifecycle == "running"
+    node.request_ended(b)  # b ends its request: it may go now, a may not
+    waiting.join(60)
+    assert [getattr(x, "lifecycle", x) for x in answers] == ["running"]
+    assert [node.status(i).lifecycle for i in (a, b)] == ["running", "resting"]
+    evicted = [(s, p["for_instance"]) for k, s, p in kinds_of(node) if k == "residency.evicted"]
+    assert evicted == [(b, c)]
+    assert not [k for k, s, _ in kinds_of(node) if k == "residency.refused"]
+    node.request_ended(a)
 
 
 def test_status_and_events_show_residency_and_why_an_instance_was_unloaded(

@@ -25,6 +25,7 @@ import pytest
 from conftest import NodeFactory
 from support import chain_rows, free_ports, wait_until
 
+from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
@@ -40,6 +41,8 @@ HELLO = [{"role": "user", "content": "Hello"}]
 #: A stream's length, tokens: long enough that its server cannot end it between the
 #: first chunk and the pause that follows (see the mid-stream test).
 LONG = 4000
+#: The start-up deadline of the instances, seconds: how long a demand waits for room.
+WAIT_S = 20.0
 
 
 @pytest.fixture
@@ -58,6 +61,9 @@ def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
             reserve_overhead_bytes=OVERHEAD,
             # A server paused mid-stream (below) must not be health-killed meanwhile.
             miss_limit=10_000,
+            # A demand waits for busy instances up to its kind's start-up deadline
+            # before it is refused (no_room): short here, so the refusal comes soon.
+            kinds={"inference": KindSettings(startup_deadline_s=WAIT_S, startup_cap_s=WAIT_S)},
         )
     )
     for name in MODELS:
@@ -248,6 +254,7 @@ def test_a_model_mid_stream_is_never_evicted(
             held.append((stream, chunks))
         wait_until(lambda: busy_streams(front, node, a, b), 30, "both streams open and busy")
 
+        # m3 waits up to its start-up deadline for one of them to end, then is refused
         with pytest.raises(openai.APIStatusError) as refused:
             ask(sdk, "m3")
         assert refused.value.status_code == 503 and refused.value.code == "no_room"
