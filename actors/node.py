@@ -405,13 +405,19 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         return _wait(fut, grace + 30)
 
     def restart(self, instance_id: str, *, by: str = "operator") -> InstanceView:
-        """Stop (when running), then start.
+        """Stop (when running), then start. A resting instance has nothing to stop:
+        it is started as :meth:`start` starts it (a demand, evicting by the
+        residency policy when it does not fit).
 
         Raises:
             UnknownInstance, InvalidState: refused (as :meth:`start`); or being unloaded.
+            NotResident: a resting instance for which nothing can be evicted (as :meth:`start`).
             VerbTimeout: not done within the stop grace plus 60 s; still in progress.
         """
         self._refuse_drained_start(instance_id)
+        current = self.status(instance_id)
+        if current.lifecycle == LifecycleState.RESTING:
+            return self._start_resting(current, by)
         fut: Future[InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
         return _wait(fut, self.settings.stop_grace_s + 60)
 

@@ -133,7 +133,9 @@ def _bar(h: Holder, priority: int) -> str:
 @pytest.mark.parametrize(
     ("fields", "field", "text"),
     [
-        ({"idle_ttl_s": 0}, "idle_ttl_s", "allowed seconds > 0"),
+        ({"idle_ttl_s": 0}, "idle_ttl_s", "allowed seconds from 1 to 604800"),
+        ({"idle_ttl_s": 1e-9}, "idle_ttl_s", "allowed seconds from 1 to 604800"),
+        ({"idle_ttl_s": 0.999}, "idle_ttl_s", "allowed seconds from 1 to"),
         ({"idle_ttl_s": 8 * 24 * 3600.0}, "idle_ttl_s", "7 days"),
         ({"priority": 1001}, "priority", "-1000 to 1000"),
         ({"priority": True}, "priority", "whole number"),

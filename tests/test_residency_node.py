@@ -378,3 +378,19 @@ def test_an_operators_start_of_a_resting_instance_evicts_as_a_request_does(
     demanded = [(s, p) for k, s, p in kinds_of(node) if k == "residency.demanded"]
     assert demanded[-1][0] == c and demanded[-1][1]["request"] == "verb"
     assert [s for k, s, _ in kinds_of(node) if k == "residency.evicted"] == [a]
+
+
+def test_a_restart_of_a_resting_instance_makes_room_as_a_start_does(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    node, (a, b, c) = three_resting(nodes, fake_llama, models)
+    node.demand(a, request="r1", model="m1", by="front")
+    node.demand(b, request="r2", model="m2", by="front")  # the budget is full; a is the LRU
+
+    node.restart(c, by="operator")  # nothing to stop: started as a start verb starts it
+
+    wait_until(lambda: node.status(c).lifecycle == "running", 30, "c running")
+    assert [node.status(i).lifecycle for i in (a, b)] == ["resting", "running"]
+    rows = kinds_of(node)
+    assert [(s, p["for_instance"]) for k, s, p in rows if k == "residency.evicted"] == [(a, c)]
+    assert [p["request"] for k, s, p in rows if k == "residency.demanded" and s == c] == ["verb"]
