@@ -290,6 +290,7 @@ def test_status_and_events_show_residency_and_why_an_instance_was_unloaded(
     assert events.returncode == 0, events.stderr
     (row,) = [line for line in events.stdout.splitlines() if "residency.evicted" in line]
     assert a in row and f"evicted for {c}" in row
+    assert row.split()[5:7] == ["-", "-"]  # no change of lifecycle (not running -> running)
     # the forensic view walks the states as the reducer does: resting after the rest
     db = node.settings.chain_path
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
