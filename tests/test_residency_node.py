@@ -207,15 +207,22 @@ def test_nothing_evictable_refuses_with_the_numbers_and_leaves_things_as_they_we
     assert not [k for k, _, _ in kinds_of(node) if k == "residency.evicted"]
 
 
-def test_an_instance_serving_a_request_is_not_evicted(
-    nodes: NodeFactory, fake_llama: str, models: Path
-) -> None:
+def two_busy(nodes: NodeFactory, fake_llama: str, models: Path) -> Any:
+    """As :func:`three_resting`, with the first two running, each serving a request
+    (the budget full), the third resting."""
     node, (a, b, c) = three_resting(nodes, fake_llama, models)
     node.demand(a, request="r1", model="m1", by="front")
     node.demand(b, request="r2", model="m2", by="front")
     node.request_began(a)
     node.request_began(b)
     wait_until(lambda: node.status(a).busy and node.status(b).busy, 10, "both busy")
+    return node, (a, b, c)
+
+
+def test_an_instance_serving_a_request_is_not_evicted(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    node, (a, b, c) = two_busy(nodes, fake_llama, models)
 
     # both still busy at the demand's deadline: it waited, then is refused, evicting neither
     with pytest.raises(NotResident) as refused:
@@ -238,12 +245,7 @@ def test_an_instance_serving_a_request_is_not_evicted(
 def test_a_demand_waits_for_a_busy_instance_to_end_its_request_then_evicts_it(
     nodes: NodeFactory, fake_llama: str, models: Path
 ) -> None:
-    node, (a, b, c) = three_resting(nodes, fake_llama, models)
-    node.demand(a, request="r1", model="m1", by="front")
-    node.demand(b, request="r2", model="m2", by="front")
-    node.request_began(a)
-    node.request_began(b)
-    wait_until(lambda: node.status(a).busy and node.status(b).busy, 10, "both busy")
+    node, (a, b, c) = two_busy(nodes, fake_llama, models)
     answers: list[Any] = []
 
     def demand_c() -> None:

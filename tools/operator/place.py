@@ -114,16 +114,12 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     key is refused naming it and the allowed keys or values; nothing is
     sent. As the node itself by default, or as --controller ID at
     --generation N (an older generation than the last one is ignored).
-    --start (or `start = true` in the fragment) starts it once placed.
-    An --on-demand instance rests until a request or `infervisor start`
-    asks for it; with --start it is asked for at once: it loads now
-    (evicting by the residency policy when the memory budget is full, as a
-    request would; recorded as residency.demanded by the verb) and stays on
-    demand (released again once idle past --idle-ttl-s, or evicted).
+    --start (or `start = true` in the fragment) starts it once placed; with
+    --on-demand (which rests until asked for) it is a demand now: it loads,
+    evicting as a request would, and stays on demand (released when idle).
 
-    Prints the outcome (applied, unchanged: the same spec again, or
-    ignored: a stale generation), the instance id and the seq and hash of
-    its last event in the chain (--json: the whole answer).
+    Prints the outcome (applied, unchanged: the same spec again, or ignored: a
+    stale generation), the instance id and its last event's seq and hash (--json: all).
 
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node.
