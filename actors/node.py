@@ -23,12 +23,10 @@ import builtins
 import contextlib
 import importlib.metadata
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from pathlib import Path
 from typing import TypeVar
 
 import pykka
@@ -36,14 +34,10 @@ import pykka
 from infervisor.adapters.capabilities import Capability, probe_capabilities
 from infervisor.adapters.prober import Prober
 from infervisor.adapters.proc.errors import AdapterError
-from infervisor.adapters.proc.identity import boot_id
 from infervisor.adapters.registry import ModelRegistry
 from infervisor.adapters.server import Admission
 from infervisor.adapters.spec import InstanceSpec
-from infervisor.chain import SqliteChain, StoredEvent
-from infervisor.chain.boot import check_node_chain
-from infervisor.chain.cosignature import WitnessPolicy
-from infervisor.replay import NodeState
+from infervisor.chain import StoredEvent
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.lifecycle import LifecycleState
@@ -53,20 +47,11 @@ from infervisor.replay.views import InstanceView
 from . import messages as m
 from .clock import Clock, RealClock
 from .core.common import demand_pending
-from .core.cordon import CordonDecision
 from .errors import BadArgument, InvalidState, NotResident, VerbTimeout
 from .host_work import Placement, PlacementOutcome
-from .ledger import hold
-from .node_boot import (
-    ASK_TIMEOUT_S,
-    NodeActors,
-    append_node_event,
-    boot_state,
-    end_unknown,
-    start_actors,
-    stop_actors,
-)
-from .node_fleet import NodeFleet, boot_cordon
+from .node_boot import ASK_TIMEOUT_S, NodeActors, append_node_event, start_actors, stop_actors
+from .node_fleet import NodeFleet
+from .node_open import boot_instances, open_chain
 from .node_residency import NodeResidency
 from .node_views import NodeViews
 from .settings import NodeSettings
@@ -112,6 +97,7 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         self.witness_notes: builtins.list[str] = []
         self._fleet_lock = threading.Lock()
         self._room_lock = threading.Lock()
+        self._room_changed = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -155,38 +141,21 @@ class Node(NodeViews, NodeFleet, NodeResidency):
                 (``chain.boot``: from the last signed checkpoint), naming the seq.
             WitnessConflict: a witness refuses the chain (one line: the witness, both sizes).
         """
-        settings.validate()
         clock = clock or RealClock()
         opened_s = clock.monotonic()
-        Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-        settings.registry_path.mkdir(parents=True, exist_ok=True)
-        # Open (and create) the chain here first, so its errors reach the caller as raised.
-        SqliteChain.open(settings.chain_path, settings.node_id).close()
-        # Refuses a tampered chain (from its last checkpoint), then each event replayed
-        # (those after the snapshot of the state, or all without one: node_boot.boot_state).
-        check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
-        booted = boot_state(settings.chain_path, settings.node_id)
-        state = booted.state
+        booted = open_chain(settings, witnesses)
         decision = boot_check(settings, witnesses, accept_conflict=accept_witness_conflict)
         startup_s = max(0.0, started_before_s) + (clock.monotonic() - opened_s)
         actors = start_actors(
-            settings, clock, on_event, state.leases, prober,
-            witnesses=witnesses, run=state.run, startup_s=startup_s, booted=booted,
+            settings, clock, on_event, booted.state.leases, prober,
+            witnesses=witnesses, run=booted.state.run, startup_s=startup_s, booted=booted,
         )  # fmt: skip
-        try:
-            started: ev.Event = ev.NodeStarted(pid=os.getpid(), boot_id=boot_id(), version=VERSION)
-            for event in (*decision.events, started):  # overrides before anything else
-                append_node_event(actors.writer, clock, event)
-            _seed_ledger(actors, state)
-            cordon = _boot_all(actors, state)
-        except BaseException:
-            stop_actors(actors)
-            raise
-        end_unknown(actors, clock, set(state.instances))
+        cordon = boot_instances(actors, clock, booted.state, decision.events, VERSION)
         node = cls(settings, clock, actors)
         node.witness_notes = list(decision.notes)
-        node.resume_cordon(state, cordon)
-        node.resume_demands([i for i, inst in state.instances.items() if demand_pending(inst)])
+        node.resume_cordon(booted.state, cordon)
+        pending = [i for i, inst in booted.state.instances.items() if demand_pending(inst)]
+        node.resume_demands(pending)
         return node
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -436,13 +405,19 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         return _wait(fut, grace + 30)
 
     def restart(self, instance_id: str, *, by: str = "operator") -> InstanceView:
-        """Stop (when running), then start.
+        """Stop (when running), then start. A resting instance has nothing to stop:
+        it is started as :meth:`start` starts it (a demand, evicting by the
+        residency policy when it does not fit).
 
         Raises:
             UnknownInstance, InvalidState: refused (as :meth:`start`); or being unloaded.
+            NotResident: a resting instance for which nothing can be evicted (as :meth:`start`).
             VerbTimeout: not done within the stop grace plus 60 s; still in progress.
         """
         self._refuse_drained_start(instance_id)
+        current = self.status(instance_id)
+        if current.lifecycle == LifecycleState.RESTING:
+            return self._start_resting(current, by)
         fut: Future[InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
         return _wait(fut, self.settings.stop_grace_s + 60)
 
@@ -471,28 +446,6 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         _answer(answer, wait, f"the unload of {instance_id}")
 
 
-def _seed_ledger(actors: NodeActors, state: NodeState) -> None:
-    """Hold in the ledger what the chain says each instance holds, before any
-    instance decides: a demand resumed at boot must not count memory a stop in
-    flight still holds as free (each actor syncs its own figure after that)."""
-    if actors.ledger is None:
-        return
-    for iid, inst in state.instances.items():
-        if inst.reserved_bytes:
-            hold(actors.ledger, iid, inst.reserved_bytes)
-
-
-def _boot_all(actors: NodeActors, state: NodeState) -> CordonDecision:
-    """Boot every instance of ``state``, a drained node holding its controllers'
-    ones (actors/core/cordon.py); the cordon's boot decision, once all are booted."""
-    cordon = boot_cordon(state)
-    booted: Future[list[str]] = actors.host.ask(
-        m.BootAll(state=state, hold=frozenset(cordon.hold)), block=True, timeout=ASK_TIMEOUT_S
-    )
-    booted.result()
-    return cordon
-
-
 def _wait(fut: Future[InstanceView], timeout: float) -> InstanceView:
     try:
         return fut.result(timeout=timeout)
@@ -515,10 +468,3 @@ def _answer(fut: Future[T], timeout: float, what: str) -> T:
             f"{what} is not answered after {timeout:g} s; it is still in progress "
             "and whatever it does is recorded"
         ) from e
-
-
-def _policy(settings: NodeSettings, witnesses: Sequence[WitnessTarget]) -> WitnessPolicy | None:
-    """The config's witnesses as the boot check's trust policy (None: no witnesses)."""
-    if not witnesses:
-        return None
-    return WitnessPolicy.of([w.key for w in witnesses], settings.witness_quorum)

@@ -118,10 +118,7 @@ def start_actors(
     commit_latency = CommitLatency()
     append_health = AppendHealth()
     witnessing = _witnessing(settings, clock, witnesses)
-    snapshotter = None
-    if booted is not None:
-        take_now = booted.replayed > SNAPSHOT_AFTER_REPLAYING
-        snapshotter = Snapshotter(settings.chain_path, booted.state, take_now=take_now)
+    snapshotter = _snapshotter(settings, booted)
     writer = ChainWriter.start(
         settings.chain_path,
         settings.node_id,
@@ -133,9 +130,7 @@ def start_actors(
         on_checkpoint=_checkpoint_hook(witnessing, snapshotter),
         origin=settings.origin,
     )
-    ledger = None
-    if settings.memory_budget_bytes is not None:
-        ledger = LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
+    ledger = _ledger(settings)
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
     engine = prober or HttpProber()
     relay = _GoneRelay()
@@ -160,6 +155,22 @@ def start_actors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
         append_health, containment, witnessing, snapshotter,
     )  # fmt: skip
+
+
+def _snapshotter(settings: NodeSettings, booted: BootState | None) -> Snapshotter | None:
+    """The snapshotter of the state the boot rebuilt (None: not given it); it takes
+    one at once when the boot replayed more than :data:`SNAPSHOT_AFTER_REPLAYING`."""
+    if booted is None:
+        return None
+    take_now = booted.replayed > SNAPSHOT_AFTER_REPLAYING
+    return Snapshotter(settings.chain_path, booted.state, take_now=take_now)
+
+
+def _ledger(settings: NodeSettings) -> pykka.ActorRef[Any] | None:
+    """The ledger actor of the node's memory budget (None: the node has none)."""
+    if settings.memory_budget_bytes is None:
+        return None
+    return LedgerActor.start(settings.memory_budget_bytes, settings.reserve_overhead_bytes)
 
 
 def _checkpoint_hook(

@@ -14,8 +14,13 @@ It executes the decisions of :mod:`.core.residency`: decide, append
   transaction) before anything of it is stopped, refusing if it turned busy
   meanwhile (then the node plans again); the node waits until the victims are
   gone and their memory released, then asks the demand again, which now fits.
-- Nothing evictable: the demanded instance records ``residency.refused`` with
-  the ledger, and the demand raises ``NotResident`` (``no_room``).
+- Nothing evictable for now, only because instances that would make room
+  serve a request or load (the plan's ``wait_for``): the demand waits for one
+  of them to end, within its own deadline (it is in the front's bounded
+  queue), then plans again; an instance is never evicted mid-request for it.
+- Nothing evictable (pinned, higher priority, or still busy at the deadline):
+  the demanded instance records ``residency.refused`` with the ledger, and the
+  demand raises ``NotResident`` (``no_room``).
 
 A node killed mid-way decides the same after boot: a victim's stop in flight
 is finished by its boot (it rests), and a demand recorded but not started
@@ -55,6 +60,10 @@ log = logging.getLogger(__name__)
 DEFAULT_START_S = 120.0
 #: How many times a demand plans room again when a victim turned busy meanwhile.
 _PLANS = 4
+#: The longest a demand waiting for a busy instance goes without planning again,
+#: seconds (a request routed by the node wakes it at once; the server's own count
+#: and a load's end are seen at the next plan).
+_REPLAN_S = 0.25
 
 
 class NodeResidency:
@@ -62,6 +71,8 @@ class NodeResidency:
 
     settings: NodeSettings
     _room_lock: threading.Lock
+    #: Set when a routed request ends: a demand waiting for room plans again.
+    _room_changed: threading.Event
 
     if TYPE_CHECKING:  # what Node (actors/node.py) and its views give
 
@@ -88,7 +99,9 @@ class NodeResidency:
         start-up deadline (its cap), else :data:`DEFAULT_START_S`.
 
         Blocks the calling thread (never an actor's) up to ``timeout_s`` plus
-        the victims' stop grace.
+        the victims' stop grace. Room that only instances serving a request or
+        loading could make is waited for within ``timeout_s`` (nothing is
+        evicted mid-request); ``no_room`` when they are still busy then.
 
         Raises:
             UnknownInstance, InvalidState: no such instance, or being unloaded.
@@ -111,7 +124,7 @@ class NodeResidency:
             facts: rule.Holder = _ask(ref, m.ResidencyFacts())
             timeout_s = facts.startup_s or DEFAULT_START_S
         if answer is None:
-            answer = self._make_room(instance_id, ref, asked)
+            answer = self._make_room(instance_id, ref, asked, began + timeout_s)
         return _ready(instance_id, answer, began + timeout_s, timeout_s)
 
     def request_began(self, instance_id: str) -> None:
@@ -122,8 +135,10 @@ class NodeResidency:
 
     def request_ended(self, instance_id: str) -> None:
         """A request routed to the instance ended (never blocks). The idle spell it
-        may begin is recorded at the instance's next reconcile tick."""
+        may begin is recorded at the instance's next reconcile tick; a demand
+        waiting for room plans again."""
         self._tell(instance_id, o.RequestEnded())
+        self._room_changed.set()
 
     def resume_demands(self, pending: Sequence[str]) -> threading.Thread | None:
         """At boot: go on with demands recorded but not started (room made first),
@@ -144,15 +159,20 @@ class NodeResidency:
 
     # ------------------------------------------------------------------ room
     def _make_room(
-        self, iid: str, ref: pykka.ActorRef[Any], asked: o.DemandVerb
+        self, iid: str, ref: pykka.ActorRef[Any], asked: o.DemandVerb, deadline: float
     ) -> Future[InstanceView]:
-        """Evict by the plan until the demand's start fits; its answer.
+        """Evict by the plan until the demand's start fits; its answer. Room that
+        busy or loading instances hold is waited for until ``deadline``
+        (``time.monotonic()``), planning again whenever a request ends.
 
         Raises:
             NotResident: ``no_room`` (recorded as ``residency.refused``).
         """
         with self._room_lock:
-            for _ in range(_PLANS):
+            plans = 0
+            while plans < _PLANS:
+                plans += 1
+                self._room_changed.clear()  # a request ending from here on wakes a wait
                 answer = _started(ref, asked)  # room may have been made meanwhile
                 if answer is not None:
                     return answer
@@ -168,6 +188,9 @@ class NodeResidency:
                 plan = rule.plan_room(
                     iid, me.needs_bytes, ledger.budget_bytes, me.priority, holders.values()
                 )
+                if plan.refusal is not None and plan.wait_for and self._await_room(deadline):
+                    plans -= 1  # waited, not planned in vain: bounded by the deadline
+                    continue
                 if plan.refusal is not None:
                     self._refuse(ref, me, ledger, plan)
                 if not self._evict(iid, me, ledger, plan):
@@ -177,6 +200,15 @@ class NodeResidency:
             code="no_room",
             retry_after_s=5.0,
         )
+
+    def _await_room(self, deadline: float) -> bool:
+        """Wait for a request to end (at most :data:`_REPLAN_S`); False, at once,
+        once ``deadline`` (``time.monotonic()``) has passed."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        self._room_changed.wait(min(left, _REPLAN_S))
+        return True
 
     def _await_released(self, iids: Sequence[str]) -> None:
         """Wait until each of ``iids`` has stopped (its grace plus 30 s at most)."""

@@ -197,6 +197,9 @@ def _check_memory_max(spec: InstanceSpec) -> None:
 
 #: The longest idle_ttl_s allowed, seconds (7 days).
 MAX_IDLE_TTL_S = 7 * 24 * 3600.0
+#: The shortest idle_ttl_s allowed, seconds: idleness is judged on the reconcile
+#: tick, and a shorter one would release a server between two requests of one client.
+MIN_IDLE_TTL_S = 1.0
 #: The priority range of an instance.
 PRIORITY_RANGE = (-1000, 1000)
 
@@ -206,11 +209,13 @@ def _check_residency(spec: InstanceSpec) -> None:
     policy for an adopted server (it is not the node's memory)."""
     ttl = spec.idle_ttl_s
     if ttl is not None and (
-        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= MAX_IDLE_TTL_S
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not MIN_IDLE_TTL_S <= ttl <= MAX_IDLE_TTL_S
     ):
         raise SpecError(
-            f"idle_ttl_s {ttl!r}: allowed seconds > 0 and at most {MAX_IDLE_TTL_S:g} (7 days), "
-            "or none",
+            f"idle_ttl_s {ttl!r}: allowed seconds from {MIN_IDLE_TTL_S:g} to "
+            f"{MAX_IDLE_TTL_S:g} (7 days), or none",
             field="idle_ttl_s",
         )
     low, high = PRIORITY_RANGE

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from infervisor.actors.core import effects as fx
 from infervisor.actors.core import observations as o
-from infervisor.actors.core.residency import EVICTABLE, Holder, plan_room
+from infervisor.actors.core.residency import EVICTABLE, PASSING, Holder, plan_room
 from infervisor.actors.core.rules import Mode as CoreMode
 from infervisor.adapters.errors import SpecError
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
@@ -79,9 +79,10 @@ def test_a_plan_evicts_the_least_recently_used_that_may_go_until_it_fits_or_none
         PLAN_SEEN["refused"] += 1
         assert plan.victims == () and plan.refusal is not None
         assert not any(c.chosen for c in plan.candidates)
+        _check_wait(plan.wait_for, holders, needed, budget, priority, eligible)
     else:
         PLAN_SEEN["evicts"] += 1
-        assert plan.refusal is None
+        assert plan.refusal is None and plan.wait_for == ()
         # the least recently used prefix of those that may go, and no more than needed
         assert list(plan.victims) == [h.instance_id for h in eligible[: len(plan.victims)]]
         freed = sum(by_id[v].held_bytes for v in plan.victims)
@@ -97,10 +98,44 @@ def test_a_plan_evicts_the_least_recently_used_that_may_go_until_it_fits_or_none
             PLAN_SEEN[f"why_not:{c.why_not}"] += 1
 
 
+def _check_wait(
+    wait_for: tuple[str, ...],
+    holders: list[Holder],
+    needed: int,
+    budget: int,
+    priority: int,
+    eligible: list[Holder],
+) -> None:
+    """A refused plan waits for the fewest holders barred only for now (serving or
+    loading, least recently used first) whose end, beside those that may go,
+    makes room; it waits for none when all of them would not."""
+    passing = sorted(
+        (h for h in holders if h.held_bytes > 0 and _bar(h, priority) in PASSING),
+        key=lambda h: (h.last_use_ns or 0, h.instance_id),
+    )
+    short = sum(h.held_bytes for h in holders) - sum(h.held_bytes for h in eligible) + needed
+    short -= budget
+    if sum(h.held_bytes for h in passing) < short:
+        PLAN_SEEN["refused for good"] += 1
+        assert wait_for == ()
+        return
+    PLAN_SEEN["waits"] += 1
+    assert list(wait_for) == [h.instance_id for h in passing[: len(wait_for)]]
+    by_id = {h.instance_id: h for h in holders}
+    assert sum(by_id[w].held_bytes for w in wait_for) >= short
+    assert sum(by_id[w].held_bytes for w in wait_for[:-1]) < short  # one fewer would not do
+
+
+def _bar(h: Holder, priority: int) -> str:
+    return next((name for name, bars in EVICTABLE if bars(h, priority)), "")
+
+
 @pytest.mark.parametrize(
     ("fields", "field", "text"),
     [
-        ({"idle_ttl_s": 0}, "idle_ttl_s", "allowed seconds > 0"),
+        ({"idle_ttl_s": 0}, "idle_ttl_s", "allowed seconds from 1 to 604800"),
+        ({"idle_ttl_s": 1e-9}, "idle_ttl_s", "allowed seconds from 1 to 604800"),
+        ({"idle_ttl_s": 0.999}, "idle_ttl_s", "allowed seconds from 1 to"),
         ({"idle_ttl_s": 8 * 24 * 3600.0}, "idle_ttl_s", "7 days"),
         ({"priority": 1001}, "priority", "-1000 to 1000"),
         ({"priority": True}, "priority", "whole number"),
@@ -248,7 +283,8 @@ def test_zz_every_outcome_reason_state_and_kind_reached(request: pytest.FixtureR
     mine = [i for i in request.session.items if i.module is request.module]
     if len(mine) < 3 or mine[-1] is not request.node:
         pytest.skip("only a part of this module ran: coverage not judged")
-    plan_wanted = {"fits", "evicts", "refused"} | {f"why_not:{n}" for n, _ in EVICTABLE}
+    plan_wanted = {"fits", "evicts", "refused", "waits", "refused for good"}
+    plan_wanted |= {f"why_not:{n}" for n, _ in EVICTABLE}
     missing_plan = sorted(plan_wanted - set(PLAN_SEEN))
     residency_kinds = {
         t.__struct_config__.tag for t in vars(ev).values()

@@ -207,19 +207,32 @@ def test_nothing_evictable_refuses_with_the_numbers_and_leaves_things_as_they_we
     assert not [k for k, _, _ in kinds_of(node) if k == "residency.evicted"]
 
 
-def test_an_instance_serving_a_request_is_not_evicted(
-    nodes: NodeFactory, fake_llama: str, models: Path
-) -> None:
+def two_busy(nodes: NodeFactory, fake_llama: str, models: Path) -> Any:
+    """As :func:`three_resting`, with the first two running, each serving a request
+    (the budget full), the third resting."""
     node, (a, b, c) = three_resting(nodes, fake_llama, models)
     node.demand(a, request="r1", model="m1", by="front")
     node.demand(b, request="r2", model="m2", by="front")
     node.request_began(a)
     node.request_began(b)
     wait_until(lambda: node.status(a).busy and node.status(b).busy, 10, "both busy")
+    return node, (a, b, c)
 
+
+def test_an_instance_serving_a_request_is_not_evicted(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    node, (a, b, c) = two_busy(nodes, fake_llama, models)
+
+    # both still busy at the demand's deadline: it waited, then is refused, evicting neither
     with pytest.raises(NotResident) as refused:
-        node.demand(c, request="r3", model="m3", by="front")
+        node.demand(c, request="r3", model="m3", by="front", timeout_s=2.0)
     assert refused.value.code == "no_room"
+    assert [k for k, s, _ in kinds_of(node) if s == c] == [
+        "residency.demanded",
+        "residency.refused",
+    ]
+    assert node.status(a).lifecycle == node.status(b).lifecycle == "running"
 
     node.request_ended(a)  # a is idle again: it may go
     wait_until(lambda: not node.status(a).busy, 10, "a idle")
@@ -227,6 +240,33 @@ def test_an_instance_serving_a_request_is_not_evicted(
     assert node.status(a).lifecycle == "resting"
     assert node.status(b).lifecycle == "running"
     node.request_ended(b)
+
+
+def test_a_demand_waits_for_a_busy_instance_to_end_its_request_then_evicts_it(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    node, (a, b, c) = two_busy(nodes, fake_llama, models)
+    answers: list[Any] = []
+
+    def demand_c() -> None:
+        try:
+            answers.append(node.demand(c, request="r3", model="m3", by="front", timeout_s=60))
+        except Exception as e:  # collected for the assertion
+            answers.append(e)
+
+    waiting = threading.Thread(target=demand_c)
+    waiting.start()
+    # it waits (in the front's bounded queue) rather than being refused or evicting a busy one
+    wait_until(lambda: any(s == c for _, s, _ in kinds_of(node)), 10, "c demanded")
+    assert answers == [] and node.status(a).lifecycle == node.status(b).lifecycle == "running"
+    node.request_ended(b)  # b ends its request: it may go now, a may not
+    waiting.join(60)
+    assert [getattr(x, "lifecycle", x) for x in answers] == ["running"]
+    assert [node.status(i).lifecycle for i in (a, b)] == ["running", "resting"]
+    evicted = [(s, p["for_instance"]) for k, s, p in kinds_of(node) if k == "residency.evicted"]
+    assert evicted == [(b, c)]
+    assert not [k for k, s, _ in kinds_of(node) if k == "residency.refused"]
+    node.request_ended(a)
 
 
 def test_status_and_events_show_residency_and_why_an_instance_was_unloaded(
@@ -252,6 +292,7 @@ def test_status_and_events_show_residency_and_why_an_instance_was_unloaded(
     assert events.returncode == 0, events.stderr
     (row,) = [line for line in events.stdout.splitlines() if "residency.evicted" in line]
     assert a in row and f"evicted for {c}" in row
+    assert row.split()[5:7] == ["-", "-"]  # no change of lifecycle (not running -> running)
     # the forensic view walks the states as the reducer does: resting after the rest
     db = node.settings.chain_path
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
@@ -340,3 +381,19 @@ def test_an_operators_start_of_a_resting_instance_evicts_as_a_request_does(
     demanded = [(s, p) for k, s, p in kinds_of(node) if k == "residency.demanded"]
     assert demanded[-1][0] == c and demanded[-1][1]["request"] == "verb"
     assert [s for k, s, _ in kinds_of(node) if k == "residency.evicted"] == [a]
+
+
+def test_a_restart_of_a_resting_instance_makes_room_as_a_start_does(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    node, (a, b, c) = three_resting(nodes, fake_llama, models)
+    node.demand(a, request="r1", model="m1", by="front")
+    node.demand(b, request="r2", model="m2", by="front")  # the budget is full; a is the LRU
+
+    node.restart(c, by="operator")  # nothing to stop: started as a start verb starts it
+
+    wait_until(lambda: node.status(c).lifecycle == "running", 30, "c running")
+    assert [node.status(i).lifecycle for i in (a, b)] == ["resting", "running"]
+    rows = kinds_of(node)
+    assert [(s, p["for_instance"]) for k, s, p in rows if k == "residency.evicted"] == [(a, c)]
+    assert [p["request"] for k, s, p in rows if k == "residency.demanded" and s == c] == ["verb"]

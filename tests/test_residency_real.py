@@ -11,7 +11,9 @@ Marked slow: run alone with ``pytest -m slow``.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import pytest
 from conftest import NodeFactory
 from support import chain_rows, free_ports, wait_until
 
+from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.tools.front import FrontServer
@@ -31,6 +34,8 @@ pytest_plugins = ("real_front",)  # the fixtures front and sdk
 OVERHEAD = 1_000_000
 MODELS = ("m1", "m2", "m3", "m4")
 HELLO = [{"role": "user", "content": "Hello"}]
+#: The start-up deadline of the instances, seconds: how long a demand waits for room.
+WAIT_S = 20.0
 
 
 @pytest.fixture
@@ -47,6 +52,11 @@ def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
             registry,
             memory_budget_bytes=budget,
             reserve_overhead_bytes=OVERHEAD,
+            # A server paused mid-stream (below) must not be health-killed meanwhile.
+            miss_limit=10_000,
+            # A demand waits for busy instances up to its kind's start-up deadline
+            # before it is refused (no_room): short here, so the refusal comes soon.
+            kinds={"inference": KindSettings(startup_deadline_s=WAIT_S, startup_cap_s=WAIT_S)},
         )
     )
     for name in MODELS:
@@ -181,3 +191,84 @@ def test_requests_during_a_load_are_queued_and_served_by_one_start(
     rows = [(k, s) for _, _, k, s, _ in chain_rows(node.settings.chain_path)]
     assert rows.count(("residency.demanded", a)) == 1
     assert rows.count(("instance.starting", a)) == 1
+
+
+def test_a_model_mid_stream_is_never_evicted(
+    node: Node, front: FrontServer, sdk: openai.OpenAI
+) -> None:
+    iid = place(node)
+    a, b, c, d = (iid[m] for m in MODELS)
+    ask(sdk, "m1")
+    ask(sdk, "m2")  # a and b resident: the budget is full
+    # Each server is paused (SIGSTOP of its group) BEFORE its stream is asked, so the
+    # answer cannot end before the question for a third model, whatever the load: the
+    # tiny model's whole answer (its 512-token context) takes well under a second on a
+    # warm server, and a pause after the first chunk lost that race in a busy suite (the
+    # answer ended into the sockets' buffers, the front ended the request, and the
+    # instance was idle again, rightly evictable: the test raced the server, not the
+    # rule). The front counts a request from the moment it sends it upstream.
+    groups = [node.status(inst).pid for inst in (a, b)]
+    streamed: dict[str, list[Any]] = {"m1": [], "m2": []}
+    readers = [
+        threading.Thread(target=stream_all, args=(sdk, name, out)) for name, out in streamed.items()
+    ]
+    paused: list[int] = []
+    try:
+        for group in groups:
+            assert group is not None
+            os.killpg(group, signal.SIGSTOP)
+            paused.append(group)
+        for reader in readers:
+            reader.start()
+        wait_until(lambda: busy_streams(front, node, a, b), 30, "both streams open and busy")
+
+        # m3 waits up to its start-up deadline for one of them to end, then is refused
+        with pytest.raises(openai.APIStatusError) as refused:
+            ask(sdk, "m3")
+        assert refused.value.status_code == 503 and refused.value.code == "no_room"
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        assert front.tally.snapshot().in_flight[a] == 1  # still streaming when refused
+        assert front.tally.snapshot().in_flight[b] == 1
+        assert evictions(node) == []
+    finally:
+        for group in paused:
+            os.killpg(group, signal.SIGCONT)
+        for reader in readers:
+            if reader.ident is not None:  # started
+                reader.join(120)
+
+    for name, out in streamed.items():  # both streams then run to their end
+        (reasons,) = out
+        assert isinstance(reasons, list), (name, reasons)
+        assert len(reasons) > 2 and reasons[-1] == "length", (name, reasons[-3:])
+    assert [node.status(i).lifecycle for i in (a, b, c, d)] == [
+        "running",
+        "running",
+        "resting",
+        "resting",
+    ]
+    idle(front, node, a, b)
+    ask(sdk, "m3")  # now one may go
+    assert len(evictions(node)) == 1
+
+
+def stream_all(sdk: openai.OpenAI, model: str, out: list[Any]) -> None:
+    """Stream a 400-token answer of ``model`` to its end; its chunks' finish reasons
+    (or the error) appended to ``out``."""
+    try:
+        stream: Any = sdk.chat.completions.create(
+            model=model,
+            messages=HELLO,  # type: ignore[arg-type]
+            max_tokens=400,
+            stream=True,
+        )
+        with stream:
+            out.append([p.choices[0].finish_reason for p in stream if p.choices])
+    except Exception as e:  # collected for the assertion
+        out.append(e)
+
+
+def busy_streams(front: FrontServer, node: Node, *iids: str) -> bool:
+    """Each of ``iids`` holds one request open at the front and is busy at the node."""
+    in_flight = front.tally.snapshot().in_flight
+    return all(in_flight[i] == 1 and node.status(i).busy for i in iids)

@@ -60,6 +60,7 @@ from .rules import Rules, Tracking
 
 __all__ = [
     "EVICTABLE",
+    "PASSING",
     "Holder",
     "RoomPlan",
     "Stop",
@@ -342,6 +343,10 @@ class RoomPlan(msgspec.Struct, frozen=True, kw_only=True):
         freed_bytes: what the victims free, bytes.
         in_use_bytes: what the others hold, bytes.
         refusal: why nothing can make room (None: it fits, or the victims do).
+        wait_for: with a refusal, the holders barred only for now (serving a
+            request or loading, least recently used first) whose end, beside
+            the victims allowed, would make room: a demand may wait for them
+            (empty: nothing will make room by itself; refuse at once).
     """
 
     victims: tuple[str, ...] = ()
@@ -349,6 +354,11 @@ class RoomPlan(msgspec.Struct, frozen=True, kw_only=True):
     freed_bytes: int = 0
     in_use_bytes: int = 0
     refusal: str | None = None
+    wait_for: tuple[str, ...] = ()
+
+
+#: The bars of :data:`EVICTABLE` that lift by themselves (a request ends, a load ends).
+PASSING = frozenset({"serving a request", "loading"})
 
 
 def _lru_key(h: Holder) -> tuple[int, str]:
@@ -409,4 +419,18 @@ def plan_room(
             f"memory budget {budget_bytes} bytes, {in_use} in use, {needed_bytes} needed: "
             f"evicting every instance that may go frees {freed}, not enough"
         ),
+        wait_for=_wait_for(others, why, in_use - freed + needed_bytes - budget_bytes),
     )
+
+
+def _wait_for(others: list[Holder], why: dict[str, str], short_bytes: int) -> tuple[str, ...]:
+    """The fewest holders barred only for now (:data:`PASSING`, least recently
+    used first) whose bytes cover ``short_bytes``; empty when all of them do not."""
+    waited: list[str] = []
+    for h in others:
+        if short_bytes <= 0:
+            break
+        if why[h.instance_id] in PASSING and h.held_bytes > 0:
+            waited.append(h.instance_id)
+            short_bytes -= h.held_bytes
+    return tuple(waited) if short_bytes <= 0 else ()

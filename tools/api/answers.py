@@ -15,6 +15,7 @@ from infervisor.actors.errors import (
     Cordoned,
     InvalidState,
     NotAController,
+    NotResident,
     RecordFailed,
     StaleGeneration,
     UnknownInstance,
@@ -45,7 +46,8 @@ __all__ = ["BY_CLASS", "answer_for", "spec_field"]
 #: Exception class -> (HTTP status, code). First match wins: subclasses first.
 BY_CLASS: tuple[tuple[type[BaseException], int, str], ...] = (
     (AddressTaken, 409, "port_taken"),
-    (BudgetExceeded, 422, "memory_budget"),
+    # a start that does not fit: one code for the verbs and the front (docs/api.md)
+    (BudgetExceeded, 422, "no_room"),
     (AdmissionRefused, 422, "admission_refused"),
     (UnknownInstance, 404, "unknown_instance"),
     (NotAController, 400, "invalid"),
@@ -70,6 +72,8 @@ def answer_for(error: BaseException) -> tuple[int, ErrorBody]:
     """The status and body an exception of the node's is answered with."""
     if isinstance(error, ApiError):
         return error.status, ErrorBody(code=error.code, message=cut(str(error)), field=error.field)
+    if isinstance(error, NotResident):  # its own code: no_room for a verb's start
+        return 422, ErrorBody(code=error.code, message=cut(str(error)))
     for cls, status, code in BY_CLASS:
         if isinstance(error, cls):
             field = _bad_spec_field(error) if code == "bad_spec" else None

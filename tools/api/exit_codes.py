@@ -69,7 +69,8 @@ CODES: dict[str, Exit] = {
     "invalid": Exit.REFUSED,
     "refused": Exit.REFUSED,
     "admission_refused": Exit.REFUSED,
-    "memory_budget": Exit.REFUSED,
+    "no_room": Exit.REFUSED,
+    "memory_budget": Exit.REFUSED,  # no_room's name before stop 30 (an older node's answer)
     "spawn_failed": Exit.REFUSED,
     "start_failed": Exit.REFUSED,
     "timeout": Exit.REFUSED,

@@ -18,7 +18,7 @@ from it. Errors are one shape, :class:`ErrorBody`, with a stable ``code``
         (``invalid_state``, ``refused``, ``port_taken``, ``idempotency_in_flight``),
         the node is cordoned (``cordoned``), a placement set is older than the
         controller's last (``stale_generation``)
-422     admission refused, with the numbers (``admission_refused``, ``memory_budget``),
+422     admission refused, with the numbers (``admission_refused``, ``no_room``),
         or an idempotency key reused for another request (``idempotency_mismatch``)
 415     a body not sent as ``Content-Type: application/json`` (``unsupported_media_type``)
 500     the verb was accepted but its work failed (``spawn_failed``, ``node_error``)

@@ -209,6 +209,9 @@ def _source_keys(source: str) -> tuple[str, ...]:
 
 
 def _table(rows: list[EventRow]) -> str:
+    """The rows as a table. FROM and TO show a change of lifecycle only: an event
+    that leaves it as it was (``residency.evicted`` before its stop, say) shows
+    ``-`` in both, not ``running -> running`` (--jsonl keeps both states)."""
     cells = [
         (
             str(r.seq),
@@ -216,8 +219,7 @@ def _table(rows: list[EventRow]) -> str:
             r.instance or "-",
             r.kind,
             r.source,
-            r.frm or "-",
-            r.to or "-",
+            *(("-", "-") if r.frm == r.to else (r.frm or "-", r.to or "-")),
             r.reason,
         )
         for r in rows

@@ -16,6 +16,7 @@ import click
 import msgspec
 
 from infervisor.adapters.errors import SpecError
+from infervisor.adapters.spec import MAX_IDLE_TTL_S, MIN_IDLE_TTL_S
 
 from ..api.errors import ApiError
 from ..clikit.command import Command
@@ -67,9 +68,9 @@ _PLACE_FLAGS = {
 )
 @click.option(
     "--idle-ttl-s",
-    type=click.FloatRange(min=0, min_open=True, max=7 * 86400),
+    type=click.FloatRange(min=MIN_IDLE_TTL_S, max=MAX_IDLE_TTL_S),
     metavar="SECONDS",
-    help="Released to resting after this long without a request (> 0, at most 7 days).",
+    help="Released to resting after this long without a request (1 s to 7 days).",
 )
 @click.option(
     "--priority",
@@ -85,7 +86,12 @@ _PLACE_FLAGS = {
     metavar="N",
     help="The controller's placement generation: an older one is ignored.",
 )
-@click.option("--start", "start_it", is_flag=True, help="Start it once placed.")
+@click.option(
+    "--start",
+    "start_it",
+    is_flag=True,
+    help="Start it once placed (with --on-demand: load it now, as a request would).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 @node_command("[WHERE]", 0, token_name="controller")  # noqa: S106 -- a name, not a secret
 def place(  # noqa: PLR0917 - one parameter per option, as click passes them
@@ -108,11 +114,12 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     key is refused naming it and the allowed keys or values; nothing is
     sent. As the node itself by default, or as --controller ID at
     --generation N (an older generation than the last one is ignored).
-    --start (or `start = true` in the fragment) starts it once placed.
+    --start (or `start = true` in the fragment) starts it once placed; with
+    --on-demand (which rests until asked for) it is a demand now: it loads,
+    evicting as a request would, and stays on demand (released when idle).
 
-    Prints the outcome (applied, unchanged: the same spec again, or
-    ignored: a stale generation), the instance id and the seq and hash of
-    its last event in the chain (--json: the whole answer).
+    Prints the outcome (applied, unchanged: the same spec again, or ignored: a
+    stale generation), the instance id and its last event's seq and hash (--json: all).
 
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node.

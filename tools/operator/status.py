@@ -64,7 +64,8 @@ def status(target: Target, as_json: bool, unverified: bool, watch: bool, check: 
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node.
     INSTANCE is an instance id or a role naming one instance. Columns:
-    INSTANCE, FLAVOR, MODE, STATE (lifecycle), WANTED (running or stopped),
+    INSTANCE, FLAVOR, MODE, STATE (lifecycle), WANTED (running, stopped, or
+    on-demand for a resting instance),
     SINCE (how long in that state: 42s, 5m, 3h, 2d), RESTARTS (used/budget),
     ENDPOINT, MEM MiB (reserved by the budget/observed resident). With
     INSTANCE, its details follow (health, pid, reason, last exit, the memory
@@ -347,7 +348,7 @@ def row(r: InstanceRecord, now_ns: int | None = None) -> tuple[str, ...]:
         r.flavor or "?",
         r.mode or "?",
         r.lifecycle,
-        r.desired,
+        _wanted(r),
         since,
         f"{r.restarts}/{budget}",
         r.endpoint or "-",
@@ -355,8 +356,18 @@ def row(r: InstanceRecord, now_ns: int | None = None) -> tuple[str, ...]:
     )
 
 
+def _wanted(r: InstanceRecord) -> str:
+    """WANTED: ``on-demand`` for a resting instance (started by the next request
+    or start for it; its desired state reads ``stopped`` though nobody stopped it)."""
+    return "on-demand" if r.resting or r.lifecycle == "resting" else r.desired
+
+
 def _mib(size: int | None) -> str:
-    return "-" if size is None else f"{size / _MIB:.0f}"
+    """Bytes as MiB: one decimal below 10 MiB (0.5 MiB is not 0), whole above."""
+    if size is None:
+        return "-"
+    mib = size / _MIB
+    return f"{mib:.1f}" if 0 < mib < 10 else f"{mib:.0f}"
 
 
 def _print_table(rows: list[tuple[str, ...]]) -> None:
