@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import msgspec
 
 from infervisor.replay.callers import source_for
@@ -36,6 +35,7 @@ from .bodies import ROUTES, parse
 from .errors import FrontError, retry_after
 from .proxy import Proxy, Receive, Send, until_disconnect
 from .routes import READY, Route
+from .upstream import UpstreamError
 
 if TYPE_CHECKING:
     from ..api.auth import Tokens
@@ -197,9 +197,11 @@ async def _ollama_lists(proxy: Proxy, path: str) -> dict[str, Any]:
 
     async def one(base: str, names: set[str]) -> list[Any]:
         try:
-            answer = await proxy.upstreams.client(base).get(path)
-            models = answer.json().get("models", []) if answer.status_code == 200 else []
-        except (httpx.HTTPError, ValueError, AttributeError):  # unreachable, not Ollama's
+            answer = await proxy.upstreams.get_json(base, path)
+        except UpstreamError:  # unreachable
+            return []
+        models = answer.get("models", []) if isinstance(answer, dict) else []  # Ollama's?
+        if not isinstance(models, list):
             return []
         return [m for m in models if isinstance(m, dict) and m.get("name", m.get("model")) in names]
 
