@@ -98,7 +98,7 @@ class _Conn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.head_done = self.complete = self.paused = False
+        self.head_done = self.complete = self.paused = self.keep_alive = False
         self.pieces: collections.deque[bytes] = collections.deque()
         self.error: UpstreamError | None = None
 
@@ -142,6 +142,7 @@ class _Conn(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # reset once the message ended
 
     # ---------------------------------------------------------- the request
     def _until_eof(self) -> bool:
@@ -203,7 +204,7 @@ class _Conn(asyncio.Protocol):
             and not self.lost
             and self.error is None
             and not self.pieces
-            and self.parser.should_keep_alive()
+            and self.keep_alive
         )
 
     def close(self) -> None:
