@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -51,11 +52,20 @@ _JSON = [(b"content-type", b"application/json")]
 
 
 class FrontApp:
-    """The ASGI app; :attr:`proxy` is None until the node is open (503 meanwhile)."""
+    """The ASGI app; :attr:`proxy` is None until the node is open (503 meanwhile).
 
-    def __init__(self, tokens: Tokens, node_id: str) -> None:
+    Attributes:
+        connections: the client connections open now (uvicorn's own set, given by
+            the server; each holds at most one request): a request while more than
+            ``max_connections`` are open is answered 503 ``too_many_connections``
+            with ``Retry-After``, and its connection closed.
+    """
+
+    def __init__(self, tokens: Tokens, node_id: str, *, max_connections: int = 1024) -> None:
         self.tokens = tokens
         self.node_id = node_id
+        self.max_connections = max_connections
+        self.connections: Sized = ()
         self.proxy: Proxy | None = None
         self.stopping = False
 
@@ -72,6 +82,14 @@ class FrontApp:
             return  # nobody to answer
 
     async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if len(self.connections) > self.max_connections:
+            raise FrontError(
+                503,
+                f"{len(self.connections)} connections are open, over the front's "
+                f"{self.max_connections} (front.max_connections): retry shortly",
+                "too_many_connections",
+                headers={"Retry-After": retry_after(1), "Connection": "close"},
+            )
         caller = self._caller(scope)
         proxy = self._proxy()
         path, method = scope["path"], scope["method"]
