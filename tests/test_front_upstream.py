@@ -68,8 +68,8 @@ async def server(answer: Answer) -> AsyncIterator[tuple[str, Served]]:
                         return
                     writer.write(part)
                     await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client went away, or the test ended (cancelled: ends quietly)
         finally:
             writer.close()
 
@@ -188,3 +188,37 @@ def test_failures_are_refused_dropped_or_timed_out() -> None:
         await up.aclose()
 
     asyncio.run(run())
+
+
+def test_a_stream_not_taken_stops_being_read_so_the_servers_socket_fills() -> None:
+    """Backpressure: while nobody takes the pieces, at most 64 (and what one read
+    brings) are queued, reading stops and the server's writes back up, instead
+    of the whole answer being read into memory."""
+    piece = b"4000\r\n" + b"x" * 0x4000 + b"\r\n"  # 16 KiB chunks
+    backed_up = asyncio.Event()
+    sent = [0]
+
+    async def flood(n: int) -> AsyncIterator[bytes]:
+        yield b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        for _ in range(4096):  # 64 MiB at most: far more than the sockets hold
+            yield piece
+            sent[0] += 1
+
+    async def run() -> None:
+        async with server(flood) as (base, _):
+            up = Upstreams(30.0)
+            answer = await up.send(base, "POST", "/s", [], b"")
+            conn = answer._conn
+            while not backed_up.is_set():
+                await asyncio.sleep(0.01)  # let the loop run: the server writes, we read
+                if conn.paused:
+                    backed_up.set()
+            queued = len(conn.pieces)
+            assert queued < 100  # 64, and what the last read brought (16 per 256 KiB)
+            for _ in range(100):  # the server goes on only while the sockets take it
+                await asyncio.sleep(0)
+            assert sent[0] < 4096 and len(conn.pieces) == queued
+            await answer.aclose()
+            await up.aclose()
+
+    asyncio.run(asyncio.wait_for(run(), 60))

@@ -13,9 +13,11 @@ pass the answer back as it arrives, and tell the node it ended.
 - **A stale table.** The table is at most :data:`TABLE_TTL_S` old; an instance
   seen running but gone since (evicted, stopped) refuses the connection, and
   the request then goes through the demand once, as if the table had said so.
-- **Streams.** Bytes pass through unchanged, piece by piece; the next piece is
-  read from the server only once the client took the last (backpressure:
-  uvicorn's ``send`` waits while the client's socket is full). A client that
+- **Streams.** Bytes pass through unchanged, as they arrive (what arrived
+  together goes on together); the next is sent only once the client took the
+  last (backpressure: uvicorn's ``send`` waits while the client's socket is
+  full, and the upstream connection stops reading while 64 pieces wait:
+  :mod:`.upstream`, so the server's socket fills and it waits). A client that
   goes away (``http.disconnect``) cancels the request, which closes the
   server's connection: llama-server and Ollama stop generating.
 """
