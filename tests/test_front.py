@@ -452,3 +452,47 @@ def test_a_managed_ollama_instance_keeps_the_nodes_keep_alive_whatever_a_client_
             low, high = before + kept_s * 10**9 - slack, after + kept_s * 10**9 + slack
             assert low <= expires <= high, (path, body, (expires - after) / 1e9)
     assert node.status(iid).lifecycle == "running"
+
+
+# --- limits -----------------------------------------------------------------------------
+
+
+def test_a_server_that_does_not_answer_in_time_is_504_in_openai_shape(
+    node: Node, front: Any, ollama_srv: Any
+) -> None:
+    osrv = ollama_srv(TAG, load_seconds=60)  # answers once loaded: not within 0.5 s
+    iid = node.place(
+        InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port, mode=Mode.ADOPTED)
+    )
+    node.start(iid)
+    running(node, iid)
+    srv = front(node, upstream_timeout_s=0.5)
+    with client(srv) as c:
+        answer = c.post("/api/generate", json={"model": TAG, "prompt": "hi"})
+    error = assert_openai_error(answer, 504, "upstream_timeout")
+    assert iid in error["message"]
+
+
+def test_over_max_connections_a_request_is_503_in_openai_shape_not_uvicorns_text(
+    node: Node, front: Any
+) -> None:
+    """uvicorn's own limit answered plain text; the front's answer is OpenAI's shape
+    with Retry-After, and closes its connection, so the next one is served."""
+    srv = front(node, max_connections=2)
+    kept = [client(srv) for _ in range(2)]
+    try:
+        for c in kept:  # two connections open and kept alive (each served once)
+            assert c.get("/v1/models").status_code == 200
+        with client(srv) as third:
+            answer = third.get("/v1/models")
+        error = assert_openai_error(answer, 503, "too_many_connections")
+        assert "front.max_connections" in error["message"]
+        assert int(answer.headers["retry-after"]) >= 1
+        assert answer.headers["connection"] == "close"
+    finally:
+        kept.pop().close()
+    with client(srv) as again:  # one of the two closed: room again
+        wait_until(
+            lambda: again.get("/v1/models").status_code == 200, 10, "a connection to be freed"
+        )
+    kept[0].close()

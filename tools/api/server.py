@@ -36,6 +36,7 @@ import uvicorn
 from infervisor.actors.node import Node
 from infervisor.chain import StoredEvent
 
+from ..listener import ListenError, bind_tcp, uvicorn_config
 from .app import build_app
 from .auth import TcpAddress, Tokens
 from .connection import protocol_for
@@ -91,16 +92,11 @@ class ApiServer:
         self.tcp = tcp
         self.listeners = Listeners(limits)
         self._sockets = sockets
-        config = uvicorn.Config(
+        config = uvicorn_config(
             wrap(build_app(ctx), ctx),
             http=protocol_for(self.listeners),  # the cap, the read deadlines, the peer
             backlog=ACCEPT_BATCH,  # asyncio accepts this many at once (see limits.py)
-            ws="none",  # no WebSocket routes: an upgrade is answered as plain HTTP
             lifespan="on",
-            log_config=None,
-            access_log=False,
-            proxy_headers=False,
-            server_header=False,
             timeout_graceful_shutdown=int(CLOSE_GRACE_S),
             timeout_keep_alive=math.ceil(limits.keep_alive_s),  # exact per connection
         )
@@ -239,22 +235,10 @@ def _bind_unix(path: Path) -> socket.socket:
 
 
 def _bind_tcp(address: TcpAddress) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address.host, address.port))
-        sock.listen(ACCEPT_BATCH)
-    except OSError as e:
-        sock.close()
-        raise ApiError(
-            f"cannot listen on api.tcp {address.host}:{address.port}: {e.strerror or e}",
-            "port_taken" if e.errno == 98 else "bad_config",
-            409 if e.errno == 98 else 400,
-            "api.tcp",
-        ) from e
-    sock.setblocking(False)
-    return sock
+        return bind_tcp(address.host, address.port, ACCEPT_BATCH, key="api.tcp")
+    except ListenError as e:
+        raise ApiError(str(e), e.code, e.status, e.key) from e
 
 
 def _remove_stale(path: Path) -> None:

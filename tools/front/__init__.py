@@ -16,7 +16,7 @@ __all__ = ["FrontConfig", "FrontServer"]
 
 def __getattr__(name: str) -> Any:
     if name == "FrontServer":
-        from .server import FrontServer  # noqa: PLC0415 - uvicorn and httpx load here
+        from .server import FrontServer  # noqa: PLC0415 - uvicorn and httptools load here
 
         return FrontServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

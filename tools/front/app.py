@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import msgspec
 
 from infervisor.replay.callers import source_for
@@ -36,6 +36,7 @@ from .bodies import ROUTES, parse
 from .errors import FrontError, retry_after
 from .proxy import Proxy, Receive, Send, until_disconnect
 from .routes import READY, Route
+from .upstream import UpstreamError
 
 if TYPE_CHECKING:
     from ..api.auth import Tokens
@@ -51,11 +52,20 @@ _JSON = [(b"content-type", b"application/json")]
 
 
 class FrontApp:
-    """The ASGI app; :attr:`proxy` is None until the node is open (503 meanwhile)."""
+    """The ASGI app; :attr:`proxy` is None until the node is open (503 meanwhile).
 
-    def __init__(self, tokens: Tokens, node_id: str) -> None:
+    Attributes:
+        connections: the client connections open now (uvicorn's own set, given by
+            the server; each holds at most one request): a request while more than
+            ``max_connections`` are open is answered 503 ``too_many_connections``
+            with ``Retry-After``, and its connection closed.
+    """
+
+    def __init__(self, tokens: Tokens, node_id: str, *, max_connections: int = 1024) -> None:
         self.tokens = tokens
         self.node_id = node_id
+        self.max_connections = max_connections
+        self.connections: Sized = ()
         self.proxy: Proxy | None = None
         self.stopping = False
 
@@ -72,6 +82,14 @@ class FrontApp:
             return  # nobody to answer
 
     async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if len(self.connections) > self.max_connections:
+            raise FrontError(
+                503,
+                f"{len(self.connections)} connections are open, over the front's "
+                f"{self.max_connections} (front.max_connections): retry shortly",
+                "too_many_connections",
+                headers={"Retry-After": retry_after(1), "Connection": "close"},
+            )
         caller = self._caller(scope)
         proxy = self._proxy()
         path, method = scope["path"], scope["method"]
@@ -197,9 +215,11 @@ async def _ollama_lists(proxy: Proxy, path: str) -> dict[str, Any]:
 
     async def one(base: str, names: set[str]) -> list[Any]:
         try:
-            answer = await proxy.upstreams.client(base).get(path)
-            models = answer.json().get("models", []) if answer.status_code == 200 else []
-        except (httpx.HTTPError, ValueError, AttributeError):  # unreachable, not Ollama's
+            answer = await proxy.upstreams.get_json(base, path)
+        except UpstreamError:  # unreachable
+            return []
+        models = answer.get("models", []) if isinstance(answer, dict) else []  # Ollama's?
+        if not isinstance(models, list):
             return []
         return [m for m in models if isinstance(m, dict) and m.get("name", m.get("model")) in names]
 

@@ -13,9 +13,11 @@ pass the answer back as it arrives, and tell the node it ended.
 - **A stale table.** The table is at most :data:`TABLE_TTL_S` old; an instance
   seen running but gone since (evicted, stopped) refuses the connection, and
   the request then goes through the demand once, as if the table had said so.
-- **Streams.** Bytes pass through unchanged, piece by piece; the next piece is
-  read from the server only once the client took the last (backpressure:
-  uvicorn's ``send`` waits while the client's socket is full). A client that
+- **Streams.** Bytes pass through unchanged, as they arrive (what arrived
+  together goes on together); the next is sent only once the client took the
+  last (backpressure: uvicorn's ``send`` waits while the client's socket is
+  full, and the upstream connection stops reading while 64 pieces wait:
+  :mod:`.upstream`, so the server's socket fills and it waits). A client that
   goes away (``http.disconnect``) cancels the request, which closes the
   server's connection: llama-server and Ollama stop generating.
 """
@@ -23,6 +25,7 @@ pass the answer back as it arrives, and tell the node it ended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
@@ -32,7 +35,6 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pykka
 
 from infervisor.actors.errors import NodeError, NotResident, UnknownInstance
@@ -43,7 +45,14 @@ from .bodies import KEEP_ALIVE_ROUTES, Asked, rewritten
 from .errors import FrontError, retry_after
 from .routes import Route, RouteTable, ollama_names
 from .tally import FrontTally
-from .upstream import Upstreams
+from .upstream import (
+    Answer,
+    UpstreamDropped,
+    UpstreamError,
+    UpstreamRefused,
+    Upstreams,
+    UpstreamTimeout,
+)
 from .usage import StreamCounter, usage_of
 
 if TYPE_CHECKING:
@@ -265,7 +274,7 @@ class Proxy:
                 route, asked=asked, base=base, path=path, headers=headers, body=body, by=by
             )
             try:
-                status = response.status_code
+                status = response.status
                 await self._pass_back(response, send, iid)
             finally:
                 await response.aclose()
@@ -295,60 +304,56 @@ class Proxy:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         by: str,
-    ) -> httpx.Response:
+    ) -> Answer:
         """The server's answer (its head; the body is streamed), once connected:
         a refused connection to an instance the table saw running is retried once
         after a demand (it was evicted or stopped since), and a kept-alive
         connection closed under the request once on a new one."""
         demanded = not route.ready
         for attempt in range(1, _ATTEMPTS + 1):
-            client = self.upstreams.client(base)
-            request = client.build_request("POST", path, content=body, headers=headers)
             try:
-                return await client.send(request, stream=True)
-            except httpx.ConnectError as e:
+                return await self.upstreams.send(base, "POST", path, headers, body)
+            except UpstreamRefused as e:
                 if demanded or attempt == _ATTEMPTS:
                     raise _unreachable(route, e) from None
                 self.stale()
                 base = await self.ready(route, asked.model, by)
                 demanded = True
-            except httpx.RemoteProtocolError as e:
+            except UpstreamDropped as e:
                 # A kept-alive connection the server closed as it was reused (llama-server
                 # does so now and then without saying so): again on another connection.
                 if attempt == _ATTEMPTS:
                     raise _unreachable(route, e) from None
-            except httpx.TimeoutException as e:
+            except UpstreamTimeout as e:
                 raise FrontError(
                     504,
-                    f"instance {route.instance_id} did not answer in time ({type(e).__name__})",
+                    f"instance {route.instance_id} did not answer in time ({e})",
                     "upstream_timeout",
                 ) from None
-            except httpx.HTTPError as e:
+            except UpstreamError as e:
                 raise _unreachable(route, e) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _pass_back(self, response: httpx.Response, send: Send, iid: str) -> None:
-        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED]
+    async def _pass_back(self, answer: Answer, send: Send, iid: str) -> None:
+        headers = [(k, v) for k, v in answer.headers if k.lower() not in _DROPPED]
         headers.append((b"x-infervisor-instance", iid.encode()))
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        )
-        kind = response.headers.get("content-type", "").encode()
-        streamed = kind.startswith(_STREAMED)
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        streamed = answer.header(b"content-type").startswith(_STREAMED)
         counter = StreamCounter() if streamed else None
         kept = bytearray()
         try:
-            async for chunk in response.aiter_raw():
-                if counter is not None:
-                    counter.feed(chunk)
-                elif len(kept) < USAGE_BODY_MAX:
-                    kept += chunk
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as e:  # the server died or stalled mid-answer: end it here
+            async with contextlib.aclosing(answer.chunks()) as chunks:
+                async for chunk in chunks:
+                    if counter is not None:
+                        counter.feed(chunk)
+                    elif len(kept) < USAGE_BODY_MAX:
+                        kept += chunk
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError as e:  # the server died or stalled mid-answer: end it here
             log.warning("front: the answer of %s ended early: %s", iid, e)
         finally:  # also when the client went away: what was generated still counts
             usage = counter.close() if counter is not None else usage_of(bytes(kept))
-            if usage is not None and response.status_code < 400:
+            if usage is not None and answer.status < 400:
                 self.tally.counted(iid, usage.prompt, usage.completion)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -361,8 +366,7 @@ class Proxy:
 def _unreachable(route: Route, e: Exception) -> FrontError:
     return FrontError(
         502,
-        f"instance {route.instance_id} ({route.base_url}) cannot be reached: "
-        f"{type(e).__name__}: {e}",
+        f"instance {route.instance_id} ({route.base_url}) cannot be reached: {e}",
         "upstream_unreachable",
     )
 

@@ -22,6 +22,7 @@ import uvicorn
 
 from ..api.auth import TcpAddress, Tokens
 from ..api.errors import ApiError
+from ..listener import ListenError, bind_tcp, uvicorn_config
 from .app import FrontApp
 from .proxy import Proxy
 from .settings import FrontConfig
@@ -57,25 +58,22 @@ class FrontServer:
     ) -> None:
         self.config = config
         self.address = address
-        self.app = FrontApp(tokens, node_id)
+        self.app = FrontApp(tokens, node_id, max_connections=config.max_connections)
         self.tally = FrontTally()
         self._sock = _bind(address)
-        uv = uvicorn.Config(
+        uv = uvicorn_config(
             self.app,
             http=_http_protocol(),
-            ws="none",
             lifespan="off",
-            log_config=None,
-            access_log=False,
-            proxy_headers=False,
-            server_header=False,
             date_header=False,
-            limit_concurrency=config.max_connections,
+            # no limit_concurrency: uvicorn's own 503 is plain text; the app answers
+            # over max_connections in OpenAI's shape (FrontApp.connections)
             backlog=BACKLOG,
             timeout_keep_alive=30,
             timeout_graceful_shutdown=int(CLOSE_GRACE_S),
         )
         self._server = uvicorn.Server(uv)
+        self.app.connections = self._server.server_state.connections
         self._thread = threading.Thread(target=self._run, name="infervisor-front", daemon=True)
         self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -158,22 +156,7 @@ class FrontServer:
 
 
 def _bind(address: TcpAddress) -> socket.socket:
-    """A listening socket; ``IPPROTO_TCP`` so that asyncio sets ``TCP_NODELAY`` on
-    each accepted connection (it does only for sockets of that protocol: without
-    it a stream's small pieces wait for the client's delayed ACK)."""
-    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address.host, address.port))
-        sock.listen(BACKLOG)
-    except OSError as e:
-        sock.close()
-        raise ApiError(
-            f"cannot listen on front.listen {address.host}:{address.port}: {e.strerror or e}",
-            "port_taken" if e.errno == 98 else "bad_config",
-            409 if e.errno == 98 else 400,
-            "front.listen",
-        ) from e
-    sock.setblocking(False)
-    return sock
+        return bind_tcp(address.host, address.port, BACKLOG, key="front.listen")
+    except ListenError as e:
+        raise ApiError(str(e), e.code, e.status, e.key) from e

@@ -28,8 +28,10 @@ class FrontConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         queue_limit: requests that may wait per instance while it is started or
             loads (1-65536); one more is answered 503 ``queue_full`` with
             ``Retry-After``.
-        max_connections: client connections and requests at once (1-65536); one
-            more is answered 503 at once (uvicorn's ``limit_concurrency``).
+        max_connections: client connections open at once (1-65536; each holds at
+            most one request); a request while more are open is answered 503
+            ``too_many_connections`` with ``Retry-After`` (the front's app, not
+            uvicorn's plain-text limit).
         upstream_timeout_s: seconds to wait for a server's answer to start, and
             between two pieces of a stream (a generation that stalls that long is
             ended: 504 before its first byte).

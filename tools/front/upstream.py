@@ -1,56 +1,386 @@
-"""The servers behind the front: one shared ``httpx.AsyncClient`` per server
-address, kept for the front's life (connections are reused across requests).
+"""The servers behind the front: a small HTTP/1.1 client on asyncio, one pool of
+kept-alive connections per server address, kept for the front's life.
 
-httpx is already the node's HTTP client; its async client streams a body as
-it arrives (``aiter_raw``: the bytes unchanged, no decoding), and closing a
-response closes its connection, which is how the server learns that a client
-went away.
+Why not httpx or httpcore: the front's requests go only to loopback servers
+the node launched or adopted, over plain HTTP/1.1, and the answer's bytes are
+passed on unchanged; what it needs is one write per request and a parser.
+httpx and then httpcore (h11, anyio) cost most of the front's time per
+request in a py-spy profile (the commit messages give the figures): their
+connect ran a task group, each request was two writes (head, then body), and
+h11 parses in Python. Here a request is one ``transport.write``, and the
+answer is parsed by httptools (llhttp, C), which uvicorn already serves the
+front with. A connection is an :class:`asyncio.Protocol`: the answer's pieces
+are queued as they arrive and reading pauses while the queue is long
+(backpressure: the server's socket fills, and it waits).
+
+Exceptions::
+
+    UpstreamError               the server cannot be reached or did not answer
+     +-- UpstreamRefused        no connection could be made (nothing listens)
+     +-- UpstreamDropped        the connection closed before the answer's head
+     +-- UpstreamTimeout        no connection, answer or next piece in time
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import time
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
+import httptools
+import msgspec
 
-__all__ = ["Upstreams"]
+__all__ = [
+    "Answer",
+    "UpstreamDropped",
+    "UpstreamError",
+    "UpstreamRefused",
+    "UpstreamTimeout",
+    "Upstreams",
+]
 
 #: Seconds to open a connection to a server on this machine.
 CONNECT_TIMEOUT_S = 5.0
+#: Seconds an idle kept-alive connection is kept (llama-server's cpp-httplib
+#: closes one after 5 s; httpx's default too).
+KEEPALIVE_EXPIRY_S = 5.0
+#: Idle connections kept per server.
+KEEPALIVE_MAX = 512
+#: Bytes of a ``GET`` answer read (``/api/tags``, ``/api/ps``).
+GET_MAX = 16 << 20
+#: Pieces of an answer queued before reading from the server pauses, and after
+#: which it resumes.
+_HIGH = 64
+#: Bodies up to this many bytes are sent in one write with the request's head.
+_JOINED_MAX = 256 << 10
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+
+class UpstreamError(Exception):
+    """The server cannot be reached, or its answer failed (the cause's text)."""
+
+
+class UpstreamRefused(UpstreamError):
+    """No connection could be made to the server."""
+
+
+class UpstreamDropped(UpstreamError):
+    """The server closed the connection without answering (a kept-alive one
+    closed under the request, which may be sent again on another)."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The server did not accept, answer or send the next piece in time."""
+
+
+def _expire(fut: asyncio.Future[None], timeout_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(UpstreamTimeout(f"nothing from the server in {timeout_s:g} s"))
+
+
+class _Conn(asyncio.Protocol):
+    """One HTTP/1.1 connection to a server, one request at a time; the httptools
+    parser's callbacks fill in the answer."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.idle_since = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = self.complete = self.paused = self.keep_alive = False
+        self.pieces: collections.deque[bytes] = collections.deque()
+        self.error: UpstreamError | None = None
+
+    # ---------------------------------------------------------- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)  # a TCP connection
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(UpstreamError(f"the server's answer is not HTTP/1.1: {e}"))
+            self.close()
+            return
+        if len(self.pieces) > _HIGH and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.head_done and not self.complete and self._until_eof():
+            self.complete = True  # a body without a length ends with the connection
+        elif not self.head_done:
+            self._fail(UpstreamDropped("the server closed the connection without an answer"))
+        elif not self.complete:
+            self._fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
+        self._wake()
+
+    # ---------------------------------------------------------- parser callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # reset once the message ended
+
+    # ---------------------------------------------------------- the request
+    def _until_eof(self) -> bool:
+        names = {k.lower() for k, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.error is None:
+            self.error = error
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _wait(self, timeout_s: float) -> None:
+        """Until the server sends something, or it closes (:data:`error` is set).
+
+        Raises:
+            UpstreamTimeout: nothing in ``timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        self._waiter = fut = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    async def head(self, timeout_s: float) -> None:
+        """Wait for the answer's head (status and headers)."""
+        while not self.head_done:
+            if self.error is not None:
+                raise self.error
+            await self._wait(timeout_s)
+
+    async def pieces_of_body(self, timeout_s: float) -> AsyncGenerator[bytes]:
+        """The body's bytes as they arrive (what arrived together, joined)."""
+        while True:
+            if self.pieces:
+                piece = self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
+                self.pieces.clear()
+                if self.paused and self.transport is not None:
+                    self.paused = False
+                    self.transport.resume_reading()
+                yield piece
+            elif self.complete:
+                return
+            elif self.error is not None:
+                raise self.error
+            else:
+                await self._wait(timeout_s)
+
+    def reusable(self) -> bool:
+        """The answer was read to its end and the server keeps the connection."""
+        return (
+            self.complete
+            and not self.lost
+            and self.error is None
+            and not self.pieces
+            and self.keep_alive
+        )
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Answer:
+    """A server's answer: its head, and its body as it arrives (:meth:`chunks`).
+
+    Close it (:meth:`aclose`): a body read to its end gives the connection back
+    to its pool; one not read through closes it, which is how the server learns
+    that the client went away.
+    """
+
+    def __init__(self, conn: _Conn, pool: _Pool) -> None:
+        self._conn = conn
+        self._pool: _Pool | None = pool
+        self.status: int = conn.status
+        self.headers: list[tuple[bytes, bytes]] = conn.headers
+
+    def header(self, name: bytes) -> bytes:
+        """The first value of header ``name`` (lower case), ``b""`` when absent."""
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return b""
+
+    def chunks(self) -> AsyncGenerator[bytes]:
+        """The body's bytes as they arrive, unchanged (no content decoding).
+
+        Raises:
+            UpstreamError: the server died or stalled (``UpstreamTimeout``) midway.
+        """
+        pool = self._pool
+        assert pool is not None  # read after aclose: a bug of ours
+        return self._conn.pieces_of_body(pool.read_timeout_s)
+
+    async def aclose(self) -> None:
+        """Give the connection back (kept alive) or close it (a body not read through)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.release(self._conn)
+
+
+class _Pool:
+    """One server's kept-alive connections (event loop thread only)."""
+
+    def __init__(self, base_url: str, read_timeout_s: float) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or parts.hostname is None:
+            raise UpstreamRefused(f"{base_url!r}: the front reaches only http://host:port servers")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.authority = parts.netloc.encode("ascii")
+        self.read_timeout_s = read_timeout_s
+        self.idle: list[_Conn] = []
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                _, conn = await loop.create_connection(_Conn, self.host, self.port)
+        except TimeoutError:
+            raise UpstreamTimeout(f"no connection in {CONNECT_TIMEOUT_S:g} s") from None
+        except OSError as e:
+            raise UpstreamRefused(f"{type(e).__name__}: {e.strerror or e}") from None
+        return conn
+
+    def _kept(self) -> _Conn | None:
+        """The most recently used idle connection still open and fresh."""
+        now = time.monotonic()
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.lost and now - conn.idle_since < KEEPALIVE_EXPIRY_S:
+                return conn
+            conn.close()
+        return None
+
+    async def send(self, method: str, path: str, headers: Headers, body: bytes) -> Answer:
+        conn = self._kept() or await self._connect()
+        head = [
+            f"{method} {path} HTTP/1.1\r\n".encode("ascii"),
+            b"host: ",
+            self.authority,
+            b"\r\ncontent-length: ",
+            str(len(body)).encode("ascii"),
+            b"\r\n",
+        ]
+        for k, v in headers:
+            head += (k, b": ", v, b"\r\n")
+        head.append(b"\r\n")
+        assert conn.transport is not None  # set once connected
+        try:
+            if len(body) <= _JOINED_MAX:
+                conn.transport.write(b"".join([*head, body]))  # one write, one packet
+            else:
+                conn.transport.write(b"".join(head))
+                conn.transport.write(body)
+            await conn.head(self.read_timeout_s)
+        except BaseException:
+            conn.close()
+            raise
+        return Answer(conn, self)
+
+    def release(self, conn: _Conn) -> None:
+        if conn.reusable() and len(self.idle) < KEEPALIVE_MAX:
+            conn.reset()
+            conn.idle_since = time.monotonic()
+            self.idle.append(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
 
 
 class Upstreams:
-    """An ``httpx.AsyncClient`` per base URL (event loop thread only)."""
+    """A pool of connections per base URL (event loop thread only)."""
 
     def __init__(self, read_timeout_s: float) -> None:
-        self._timeout = httpx.Timeout(
-            connect=CONNECT_TIMEOUT_S, read=read_timeout_s, write=read_timeout_s, pool=None
-        )
-        # No pool bound: the front's own connection cap bounds the requests.
-        self._limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self.read_timeout_s = read_timeout_s
+        self._pools: dict[str, _Pool] = {}
 
-    def client(self, base_url: str) -> httpx.AsyncClient:
-        """The shared client of ``base_url`` (``http://host:port``)."""
-        found = self._clients.get(base_url)
+    def _pool(self, base_url: str) -> _Pool:
+        found = self._pools.get(base_url)
         if found is None:
-            found = httpx.AsyncClient(
-                base_url=base_url,
-                timeout=self._timeout,
-                limits=self._limits,
-                trust_env=False,  # never a proxy from the environment: loopback servers
-                # plain http only: no TLS context (loading the CA bundle took 0.25 s of
-                # the first request's time to first token)
-                verify=False,  # noqa: S501 - no https upstream exists
-                follow_redirects=False,
-            )
-            self._clients[base_url] = found
+            found = self._pools[base_url] = _Pool(base_url, self.read_timeout_s)
         return found
 
+    async def send(
+        self, base_url: str, method: str, path: str, headers: Headers, body: bytes
+    ) -> Answer:
+        """Send a request to the server at ``base_url`` (``http://host:port``) on a
+        kept-alive connection or a new one; the answer once its head arrived (read
+        its body with :meth:`Answer.chunks`, then :meth:`Answer.aclose` it).
+
+        ``headers`` go as they are, after ``host`` and ``content-length``; ``path``
+        is sent as it is (the front's own route paths).
+
+        Raises:
+            UpstreamError: no connection (``UpstreamRefused``), none or no answer
+                in time (``UpstreamTimeout``, the connect's 5 s or the read
+                timeout), the connection closed before the answer
+                (``UpstreamDropped``), or an answer that is not HTTP/1.1.
+        """
+        return await self._pool(base_url).send(method, path, headers, body)
+
+    async def get_json(self, base_url: str, path: str) -> Any:
+        """The JSON document the server answers ``GET path`` with; None when its
+        status is not 200 or its body is not JSON.
+
+        Raises:
+            UpstreamError: as :meth:`send`; also an answer over :data:`GET_MAX` bytes.
+        """
+        answer = await self.send(base_url, "GET", path, [(b"accept", b"application/json")], b"")
+        try:
+            if answer.status != 200:
+                return None
+            body = bytearray()
+            async with contextlib.aclosing(answer.chunks()) as chunks:
+                async for chunk in chunks:
+                    body += chunk
+                    if len(body) > GET_MAX:
+                        raise UpstreamError(f"GET {path}: an answer over {GET_MAX} bytes")
+        finally:
+            await answer.aclose()
+        try:
+            return msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            return None
+
     async def aclose(self) -> None:
-        """Close every client and its connections."""
-        clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(c.aclose())
+        """Close every idle connection (those in use close as their answers end)."""
+        pools, self._pools = list(self._pools.values()), {}
+        for p in pools:
+            p.close()

@@ -18,6 +18,7 @@ import uvicorn
 
 from ..api.connection import protocol_for
 from ..api.limits import ACCEPT_BATCH, ConnectionLimits, Listeners
+from ..listener import ListenError, bind_tcp, uvicorn_config
 from .app import build_app
 from .config import ConfigError, WitnessConfig
 from .service import Witness
@@ -47,17 +48,10 @@ def bind(host: str, port: int) -> socket.socket:
     Raises:
         ConfigError: the address cannot be bound (in use: named).
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(ACCEPT_BATCH)
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-    sock.setblocking(False)
-    return sock
+        return bind_tcp(host, port, ACCEPT_BATCH)
+    except ListenError as e:
+        raise ConfigError(str(e)) from e
 
 
 def serve(witness: Witness, config: WitnessConfig, sock: socket.socket) -> None:
@@ -67,15 +61,10 @@ def serve(witness: Witness, config: WitnessConfig, sock: socket.socket) -> None:
         read_timeout_s=config.read_timeout_s,
         keep_alive_s=30.0,
     )
-    uv = uvicorn.Config(
+    uv = uvicorn_config(
         build_app(witness),
         http=protocol_for(Listeners(limits)),
-        ws="none",
         lifespan="off",
-        log_config=None,
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
         timeout_graceful_shutdown=CLOSE_GRACE_S,
         timeout_keep_alive=math.ceil(limits.keep_alive_s),
     )
