@@ -30,7 +30,6 @@ from .node_events import (
     WitnessOverride,
 )
 from .residency_events import (
-    Candidate,
     ResidencyBusy,
     ResidencyDemanded,
     ResidencyEvicted,
@@ -45,7 +44,6 @@ __all__ = [
     "EVENT_TYPES",
     "UPCASTERS",
     "AdmissionRefused",
-    "Candidate",
     "DeepHealthFailed",
     "Event",
     "EventDecodeError",
@@ -73,12 +71,6 @@ __all__ = [
     "Reattached",
     "Recovered",
     "Replaced",
-    "ResidencyBusy",
-    "ResidencyDemanded",
-    "ResidencyEvicted",
-    "ResidencyExpired",
-    "ResidencyIdle",
-    "ResidencyRefused",
     "RestartScheduled",
     "Spawned",
     "StableAgain",

@@ -17,6 +17,7 @@ from typing import Any
 from infervisor.chain import StoredEvent
 
 from . import events as ev
+from . import residency_events as rev
 from .callers import Role
 from .lifecycle import LIVE_STATES, TRANSITIONS, IllegalTransition, LifecycleState, check_transition
 from .reasons import REASONS, reason_of
@@ -249,11 +250,11 @@ def _on_unload_failed(w: InstanceFields, stored: StoredEvent, e: ev.UnloadFailed
     w.unload_error = e.error
 
 
-def _on_demanded(w: InstanceFields, stored: StoredEvent, e: ev.ResidencyDemanded) -> None:
+def _on_demanded(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyDemanded) -> None:
     w.desired, w.last_use_ns, w.stopped_by = Desired.RUNNING, stored.ts_ns, ""
 
 
-def _on_room_refused(w: InstanceFields, stored: StoredEvent, e: ev.ResidencyRefused) -> None:
+def _on_room_refused(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyRefused) -> None:
     """The demand that asked is refused: a resting instance is no longer wanted
     running; the refusal is kept (once per cause, as a refused start's)."""
     if w.lifecycle in (S.RESTING, S.LOADED):
@@ -261,11 +262,11 @@ def _on_room_refused(w: InstanceFields, stored: StoredEvent, e: ev.ResidencyRefu
     w.refusal = no_room(e.needed_bytes, e.in_use_bytes, e.budget_bytes)
 
 
-def _on_busy(w: InstanceFields, stored: StoredEvent, e: ev.ResidencyBusy) -> None:
+def _on_busy(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyBusy) -> None:
     w.busy, w.last_use_ns = True, stored.ts_ns
 
 
-def _on_idle(w: InstanceFields, stored: StoredEvent, e: ev.ResidencyIdle) -> None:
+def _on_idle(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyIdle) -> None:
     w.busy, w.last_use_ns = False, e.idle_since_ns
 
 
@@ -291,10 +292,10 @@ _UPDATES: dict[type[Any], _Handler] = {
     ev.ModelDropped: _on_dropped,
     ev.MemoryCorrected: _on_corrected,
     ev.UnloadFailed: _on_unload_failed,
-    ev.ResidencyDemanded: _on_demanded,
-    ev.ResidencyRefused: _on_room_refused,
-    ev.ResidencyBusy: _on_busy,
-    ev.ResidencyIdle: _on_idle,
+    rev.ResidencyDemanded: _on_demanded,
+    rev.ResidencyRefused: _on_room_refused,
+    rev.ResidencyBusy: _on_busy,
+    rev.ResidencyIdle: _on_idle,
 }
 
 _Rule = tuple[LifecycleState | None, bool, bool, _Handler | None, Callable[[Any], str]]

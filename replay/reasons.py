@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import events as ev
+from . import residency_events as rev
 
 __all__ = ["REASONS", "reason_of"]
 
@@ -31,7 +32,7 @@ def _why(reason: str | None) -> str:
     return f" ({reason})" if reason else ""
 
 
-def _evicted(e: ev.ResidencyEvicted) -> str:
+def _evicted(e: rev.ResidencyEvicted) -> str:
     return (
         f"evicted for {e.for_instance}: it needs {e.needed_bytes} bytes beside "
         f"{e.in_use_bytes} in use of {e.budget_bytes}; frees {e.freed_bytes}"
@@ -39,15 +40,15 @@ def _evicted(e: ev.ResidencyEvicted) -> str:
 
 
 REASONS: dict[type[Any], Callable[[Any], str]] = {
-    ev.ResidencyDemanded: lambda e: f"demanded by {e.by} (request {e.request}, model {e.model})",
-    ev.ResidencyEvicted: _evicted,
-    ev.ResidencyExpired: lambda e: f"idle longer than its idle_ttl_s {e.idle_ttl_s:g} s: resting",
-    ev.ResidencyRefused: lambda e: (
+    rev.ResidencyDemanded: lambda e: f"demanded by {e.by} (request {e.request}, model {e.model})",
+    rev.ResidencyEvicted: _evicted,
+    rev.ResidencyExpired: lambda e: f"idle longer than its idle_ttl_s {e.idle_ttl_s:g} s: resting",
+    rev.ResidencyRefused: lambda e: (
         f"no room: needs {e.needed_bytes} bytes beside {e.in_use_bytes} in use of "
         f"{e.budget_bytes}, and nothing can be evicted"
     ),
-    ev.ResidencyBusy: lambda e: "serving requests",
-    ev.ResidencyIdle: lambda e: "idle: no request in flight",
+    rev.ResidencyBusy: lambda e: "serving requests",
+    rev.ResidencyIdle: lambda e: "idle: no request in flight",
     ev.Placed: lambda e: f"placed by {e.placed_by} (generation {e.generation})",
     ev.Replaced: lambda e: f"placed again by {e.placed_by} (generation {e.generation})",
     ev.PlacementIgnored: lambda e: (

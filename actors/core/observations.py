@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from infervisor.adapters.probe import ServerReport
-from infervisor.replay import events as ev
+from infervisor.replay import residency_events as rev
 
 from .effects import Timer
 
@@ -107,7 +107,7 @@ class EvictVerb(_Obs, frozen=True):
     freed_bytes: int
     budget_bytes: int
     in_use_bytes: int
-    candidates: tuple[ev.Candidate, ...]
+    candidates: tuple[rev.Candidate, ...]
     grace_s: float
 
 
@@ -120,7 +120,7 @@ class RoomRefused(_Obs, frozen=True):
     budget_bytes: int
     in_use_bytes: int
     held: dict[str, int]
-    candidates: tuple[ev.Candidate, ...]
+    candidates: tuple[rev.Candidate, ...]
 
 
 class RequestBegan(_Obs, frozen=True):

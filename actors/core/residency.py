@@ -49,7 +49,7 @@ from typing import Any
 import msgspec
 
 from infervisor.replay import Desired, InstanceState, LifecycleState
-from infervisor.replay import events as ev
+from infervisor.replay import residency_events as rev
 from infervisor.replay.callers import Role
 from infervisor.replay.state import Then
 
@@ -111,7 +111,7 @@ def demand(d: Draft, v: o.DemandVerb) -> None:
         d.refuse(RefusalKind.INVALID_STATE, held)
         return
     if not demand_pending(inst):
-        d.emit(ev.ResidencyDemanded(request=v.request, model=v.model, by=v.by))
+        d.emit(rev.ResidencyDemanded(request=v.request, model=v.model, by=v.by))
     try_start(d, v.by, verb=True, demand=True)
 
 
@@ -148,7 +148,7 @@ def evict(d: Draft, v: o.EvictVerb, stop: Stop) -> None:
         d.refuse(RefusalKind.INVALID_STATE, f"{inst.instance_id} is not evicted: {why}")
         return
     d.emit(
-        ev.ResidencyEvicted(
+        rev.ResidencyEvicted(
             for_instance=v.for_instance,
             needed_bytes=v.needed_bytes,
             freed_bytes=v.freed_bytes,
@@ -174,7 +174,7 @@ def room_refused(d: Draft, r: o.RoomRefused) -> None:
     """Nothing could be evicted: recorded with the ledger, the demand refused (the
     instance keeps the refusal until a start, as a refused start's)."""
     d.emit(
-        ev.ResidencyRefused(
+        rev.ResidencyRefused(
             needed_bytes=r.needed_bytes,
             budget_bytes=r.budget_bytes,
             in_use_bytes=r.in_use_bytes,
@@ -194,7 +194,7 @@ def request_began(d: Draft, _: o.RequestBegan) -> None:
     """Count it; the first of a busy spell is recorded (``residency.busy``)."""
     d.track(msgspec.structs.replace(d.tracking, inflight=d.tracking.inflight + 1))
     if not d.inst.busy:
-        d.emit(ev.ResidencyBusy())
+        d.emit(rev.ResidencyBusy())
 
 
 def request_ended(d: Draft, _: o.RequestEnded) -> None:
@@ -217,7 +217,7 @@ def _count(d: Draft, counted: Tracking, before: int) -> None:
         counted = msgspec.structs.replace(counted, ended_ns=d.now.wall_ns)
     d.track(counted)
     if counted.serving > 0 and not d.inst.busy:
-        d.emit(ev.ResidencyBusy())
+        d.emit(rev.ResidencyBusy())
 
 
 def holder(inst: InstanceState, rules: Rules, serving: int, model_bytes: int) -> Holder:
@@ -251,7 +251,7 @@ def tick(d: Draft, stop: Stop) -> None:
     instance idle past its ``idle_ttl_s`` to ``resting``."""
     inst, tracking = d.inst, d.tracking
     if tracking.serving == 0 and inst.busy:
-        d.emit(ev.ResidencyIdle(idle_since_ns=tracking.ended_ns or d.now.wall_ns))
+        d.emit(rev.ResidencyIdle(idle_since_ns=tracking.ended_ns or d.now.wall_ns))
         inst = d.inst
     ttl = d.rules.idle_ttl_s
     if ttl is None or tracking.serving > 0 or inst.busy:
@@ -261,7 +261,7 @@ def tick(d: Draft, stop: Stop) -> None:
     since = idle_since_ns(inst)
     if d.now.wall_ns - since < ttl * 1e9:
         return
-    d.emit(ev.ResidencyExpired(idle_since_ns=since, idle_ttl_s=ttl))
+    d.emit(rev.ResidencyExpired(idle_since_ns=since, idle_ttl_s=ttl))
     stop(d, Role.SUPERVISOR, d.rules.stop_grace_s, f"idle longer than {ttl:g} s", Then.REST)
 
 
@@ -350,7 +350,7 @@ class RoomPlan(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     victims: tuple[str, ...] = ()
-    candidates: tuple[ev.Candidate, ...] = ()
+    candidates: tuple[rev.Candidate, ...] = ()
     freed_bytes: int = 0
     in_use_bytes: int = 0
     refusal: str | None = None
@@ -395,7 +395,7 @@ def plan_room(
     fits = in_use - freed + needed_bytes <= budget_bytes
     chosen = set(victims) if fits else set()
     candidates = tuple(
-        ev.Candidate(
+        rev.Candidate(
             instance_id=h.instance_id,
             last_use_ns=h.last_use_ns,
             priority=h.priority,
