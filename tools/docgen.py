@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from infervisor.actors.core.decide import RULES
+from infervisor.actors.core.wake import WAKE_MEANINGS, WAKE_RULES
 from infervisor.adapters.status import MAP_REPORT_CASES
 from infervisor.replay.lifecycle import LIVE_STATES, TRANSITIONS
 
@@ -34,6 +35,7 @@ __all__ = [
     "render_rule_table",
     "render_status_table",
     "render_transition_table",
+    "render_wake_table",
 ]
 
 
@@ -73,6 +75,13 @@ def render_rule_table() -> str:
             rows.append(f"| `{obs.__name__}`: {doc} | {where} | {what} |")
         parts.append("\n".join(rows))
     return "\n\n".join(parts)
+
+
+def render_wake_table() -> str:
+    """Markdown: the probe engine's wake rule, reason by reason, first match wins."""
+    rows = ["| reason | holds when |", "|---|---|"]
+    rows += [f"| `{reason}` | {WAKE_MEANINGS[reason]} |" for reason, _ in WAKE_RULES]
+    return "\n".join(rows)
 
 
 def render_cli_codes() -> str:
@@ -129,6 +138,7 @@ def render_api_scopes() -> str:
 GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "transitions": ("lifecycle.md", render_transition_table),
     "rules": ("lifecycle.md", render_rule_table),
+    "wake": ("lifecycle.md", render_wake_table),
     "status-map": ("status-map.md", render_status_table),
     "cli-commands": ("cli.md", render_cli_commands),
     "cli-codes": ("cli.md", render_cli_codes),

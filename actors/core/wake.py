@@ -9,24 +9,9 @@ and waking a pykka actor's thread costs more than the decision (bench/README.md:
 gives a reason, from the actor's :class:`Watch` (published after each of its
 decisions) and what the engine reported last.
 
-:data:`WAKE_RULES` is the table, first match wins:
-
-==============  ==========================================================
-reason          holds when
-==============  ==========================================================
-``miss``        the probe did not answer up (misses are counted in a row:
-                every miss is decided)
-``unsteady``    the instance is not steady (starting, with its loading
-                allowance; unhealthy; misses or failed deep checks counted):
-                every report is decided, as before the engine
-``changed``     the report (with its token and the server's count of
-                requests in progress) differs from the last one the actor
-                decided while steady, or there is none (the first report
-                once steady is always decided)
-``deep_due``    a deep check (one real token) is due on ``deep_interval_s``
-``stable_due``  the stability reset (restart count cleared) is due: it is
-                decided only on a probe answering up, as always
-==============  ==========================================================
+:data:`WAKE_RULES` is the table, first match wins; :data:`WAKE_MEANINGS` says
+when each reason holds (docs/lifecycle.md, "When a probe wakes the actor", is
+generated from both).
 
 Why skipping is safe: on a steady instance (``running``, no miss, no failed
 deep check) a report equal to the last one decided gives the same decision,
@@ -54,7 +39,7 @@ from .health import probe_token, wants_deep, wants_probe
 from .pacing import Pacing, probe_interval_s
 from .rules import Rules, Tracking
 
-__all__ = ["WAKE_RULES", "Seen", "Wake", "Watch", "wake_for", "watch_of"]
+__all__ = ["WAKE_MEANINGS", "WAKE_RULES", "Seen", "Wake", "Watch", "wake_for", "watch_of"]
 
 S = LifecycleState
 
@@ -155,6 +140,25 @@ WAKE_RULES: tuple[tuple[Wake, WakeRule], ...] = (
     (Wake.DEEP_DUE, lambda w, seen, last, now: _due(w.deep_due_s, now)),
     (Wake.STABLE_DUE, lambda w, seen, last, now: _due(w.stable_due_s, now)),
 )
+
+#: When each reason of :data:`WAKE_RULES` holds, in words (docs/lifecycle.md).
+WAKE_MEANINGS: dict[Wake, str] = {
+    Wake.MISS: "the probe did not answer up (misses are counted in a row: every miss is decided)",
+    Wake.UNSTEADY: (
+        "the instance is not steady (starting, with its loading allowance; unhealthy; misses"
+        " or failed deep checks counted): every report is decided, as before the engine"
+    ),
+    Wake.CHANGED: (
+        "the report (with its token and the server's count of requests in progress) differs"
+        " from the last one the actor decided while steady, or there is none (the first"
+        " report once steady is always decided)"
+    ),
+    Wake.DEEP_DUE: "a deep check (one real token) is due on `deep_interval_s`",
+    Wake.STABLE_DUE: (
+        "the stability reset (restart count cleared) is due: it is decided only on a probe"
+        " answering up, as always"
+    ),
+}
 
 
 def wake_for(watch: Watch, seen: Seen, last: Seen | None, now_s: float) -> Wake | None:
