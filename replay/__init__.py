@@ -9,8 +9,9 @@ events, the reducer and the chain reader with it (tests/test_cli_imports.py).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from infervisor.chain.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .events import Event, EventDecodeError, InstanceEvent, decode_event, encode_event, kind_of
@@ -45,18 +46,7 @@ _HOME: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Load the submodule that holds `name` and keep the name here (PEP 562)."""
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOME})
+__getattr__, __dir__ = lazy_names(__name__, _HOME, globals())
 
 
 __all__ = [

@@ -35,8 +35,15 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stder
 #: chain and the reducer (``infervisor.replay`` loads its parts when asked; a client
 #: needs only its records), logging (the inventory logs on the node's side),
 #: and subprocess and shutil (the GPU query runs on the node's side).
-_STATUS_SPARED = (
+#: What of the chain package a client may load: its lazy package and the record
+#: types its wire shares (chain/records.py's EventHeader), not the store or verifier.
+_CHAIN_FOR_A_CLIENT = {
     "infervisor.chain",
+    "infervisor.chain.lazy",
+    "infervisor.chain.errors",
+    "infervisor.chain.records",
+}
+_STATUS_SPARED = (
     "infervisor.replay.events",
     "infervisor.replay.reducer",
     "logging",
@@ -87,6 +94,7 @@ def test_an_operator_command_loads_no_part_of_the_node(
         assert _loaded(modules, package) == [], package
     for package in _STATUS_SPARED:
         assert _loaded(modules, package) == [], package
+    assert set(_loaded(modules, "infervisor.chain")) <= _CHAIN_FOR_A_CLIENT
 
 
 def test_the_root_help_loads_no_part_of_the_node(tmp_path: Path) -> None:
