@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -166,10 +167,45 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     command, 0.3 s for a node; bench/cli_startup.py). compileall writes the
     bytecode whatever that variable says, and Python checks each file's source
     against it at import, so a stale one is never used."""
-    del session
     for package in ("actors", "adapters", "chain", "replay", "tools"):
         for folder in importlib.import_module(f"infervisor.{package}").__path__:
             compileall.compile_dir(folder, quiet=2)  # best effort: a read-only install has its own
+    _cache_rewritten_modules(session.config)
+
+
+def _cache_rewritten_modules(config: pytest.Config) -> None:
+    """Write pytest's rewritten bytecode of the test files and of the modules it has
+    rewritten so far, once, before any worker starts.
+
+    pytest rewrites the asserts (an AST pass) of each test file, conftest and module of
+    a distribution holding a pytest plugin (hypothesis, anyio: httpx imports it) when
+    it imports them, and caches the result as a pyc only where bytecode may be written:
+    with PYTHONDONTWRITEBYTECODE set (this machine's environment sets it) each of the
+    ``-n auto`` workers rewrote them all again, 12 s of its CPU before its first test.
+    A worker reads a cached pyc whatever that variable says (checked against the
+    source, so a stale one is never used), and this hook runs in xdist's controller
+    before it starts the workers (xdist's own ``pytest_sessionstart`` is ``trylast``).
+    pytest's rewriting functions are private: best effort, any error only leaves the
+    rewriting to the workers, as before."""
+    if hasattr(config, "workerinput"):
+        return  # a worker: the controller wrote them
+    try:
+        from _pytest.assertion import rewrite  # private: used only here
+
+        state = config.stash[rewrite.assertstate_key]
+        rewritten = [
+            Path(module.__file__)
+            for module in list(sys.modules.values())
+            if isinstance(getattr(module, "__loader__", None), rewrite.AssertionRewritingHook)
+            and getattr(module, "__file__", None)
+        ]
+        for source in sorted({*rewritten, *Path(__file__).parent.glob("test_*.py")}):
+            pyc = rewrite.get_cache_dir(source) / (source.name[:-3] + rewrite.PYC_TAIL)
+            if rewrite._read_pyc(source, pyc) is None and rewrite.try_makedirs(pyc.parent):
+                source_hash, code = rewrite._rewrite_test(source, config)
+                rewrite._write_pyc(state, code, source_hash, pyc)
+    except Exception:  # best effort: see above
+        return
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,15 +1,17 @@
-"""Operator verbs against a running node: the command line as a client of the HTTP API.
+"""Operator verbs against a running node: the command line as a client of the HTTP API
+(status, start, stop, restart, unload, place; bad input; an adopted server; help).
+The helpers and the ``start_node`` fixture here serve the other files of the
+operator's commands: test_operator_follow.py (watch, status -w, logs -f),
+test_operator_listeners.py (the socket, TCP with tokens) and
+test_operator_shutdown.py (verbs in flight and the node's shutdown).
 
 ``infervisor run`` runs as a real process with the fake llama-protocol server
 (see test_run_resume.py). The verbs run the CLI's click group in this process
 (support.cli_here: the same commands, exit statuses and output, against the
 same real node over its socket, without a process start of about 0.6 s of CPU
-each); the console script itself runs where a process is what is checked (a
-signal or Ctrl-C ending it, a pipe, the environment, a verb beside another),
-and once per kind of run (a verb, a usage error, ``run``, ``--version``).
+each); the console script itself runs where a process is what is checked, and
+once per kind of run (a verb, a usage error, ``run``, ``--version``).
 ``ApiClient`` reads the node directly where only the node is checked.
-The gate between verbs and the node's shutdown is checked against a real
-``ApiServer`` serving a stub node whose stop blocks until the test lets it go.
 Synchronisation is by condition and deadline, never by sleeping.
 """
 
@@ -19,44 +21,29 @@ import contextlib
 import json
 import os
 import pwd
-import signal
 import socket
 import sqlite3
-import stat
 import subprocess
 import sys
-import threading
-import types
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
-from support import PROGRAMS, cli_here, make_launcher, wait_until
+from support import PROGRAMS, cli_here, wait_until
 from test_run_resume import (
     DEADLINE_S,
-    EXIT_DEADLINE_S,
-    INFERVISOR,
     NodeRun,
     cli,
     end_runs,
-    ignores_sigterm,
     put_model,
-    read_state,
     write_config,
 )
 
-from infervisor.actors.append_health import AppendStatus
-from infervisor.actors.errors import UnknownInstance
 from infervisor.adapters.ports import free_port
-from infervisor.chain import SqliteChain
 from infervisor.replay.views import InstanceView
 from infervisor.tools.api.client import SOCKET_FILE, ApiClient
-from infervisor.tools.api.errors import ApiError, NodeStopping, NodeUnavailable, VerbFailed
-from infervisor.tools.api.server import SOCKET_FILE as SERVER_SOCKET_FILE
-from infervisor.tools.api.server import ApiServer, check_socket_path
+from infervisor.tools.api.errors import NodeStopping, NodeUnavailable, VerbFailed
 
 NO_NODE = "no node is running on"
 FALLBACK = "no node running; state replayed from the chain"
@@ -178,6 +165,24 @@ def event_at(db: Path, seq: int) -> tuple[str, str]:
 def head_of(db: Path) -> int:
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
         return int(con.execute("SELECT max(seq) FROM events").fetchone()[0])
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def refused_as_stopping(data: Path) -> bool:
+    """True once the node refuses verbs that change state (probed with an unknown id:
+    refused as unknown before, so it changes nothing either way)."""
+    try:
+        with ApiClient(data) as client:
+            client.start("nope")
+    except NodeStopping:
+        return True
+    except VerbFailed:
+        return False
+    pytest.fail("a start of an unknown instance was accepted")
 
 
 # ---------------------------------------------------------------- the operator's verbs
@@ -395,404 +400,6 @@ def test_an_adopted_server_is_never_stopped(
     finally:
         outside.kill()
         outside.wait()
-
-
-def answers(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
-def refused_as_stopping(data: Path) -> bool:
-    """True once the node refuses verbs that change state (probed with an unknown id:
-    refused as unknown before, so it changes nothing either way)."""
-    try:
-        with ApiClient(data) as client:
-            client.start("nope")
-    except NodeStopping:
-        return True
-    except VerbFailed:
-        return False
-    pytest.fail("a start of an unknown instance was accepted")
-
-
-def test_the_shutdown_waits_for_an_operator_stop_and_a_second_signal_ends_it(
-    start_node: Callable[..., Started], tmp_path: Path
-) -> None:
-    stubborn = make_launcher(tmp_path, PROGRAMS / "ignore_sigterm.py")  # never answers: starting
-    node = start_node(program=stubborn, chat="starting")
-    chat, data = node.ids["chat"], node.data
-    pid = status_json(data, chat)["pid"]
-    node.run.until("the server ignoring SIGTERM", lambda: ignores_sigterm(pid))
-    with subprocess.Popen(
-        [str(INFERVISOR), "stop", str(data), chat, "--grace", "300"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as operator:
-        try:
-            node.run.until("chat stopping", lambda: chat_in(data, "stopping"))  # by the API
-            node.run.send(signal.SIGTERM)
-            # Generous: on a loaded machine the shutdown's first steps can take a while.
-            node.run.until("changes refused", lambda: refused_as_stopping(data), timeout=60)
-            refused(cli_here("start", data, chat), 3, "shutting down")
-            assert table(ok(cli_here("status", data)))[chat][3] == "stopping"  # reads go on
-            assert operator.poll() is None  # the operator's stop holds the shutdown
-            node.run.send(signal.SIGTERM)  # kills what is stopping: the operator's stop ends
-            out, err = operator.communicate(timeout=EXIT_DEADLINE_S)
-        finally:
-            if operator.poll() is None:
-                operator.kill()
-    assert operator.returncode == 0, out + err
-    assert f"{chat}: stopped (wanted stopped)" in out
-    assert err == ""  # no progress in a pipe
-    assert node.run.wait() == 0, node.run.output()
-    state = read_state(data / "chain.db")
-    assert state is not None
-    stopped = state.instances[chat]
-    assert (stopped.lifecycle, stopped.desired) == ("stopped", "stopped")  # the operator's stop
-    assert stopped.last_exit is not None
-    assert stopped.last_exit.signal == signal.SIGKILL
-
-
-# ---------------------------------------------------------------- watch, logs, status -w
-def read_lines(stream: Any, count: int, into: list[str]) -> Callable[[], bool]:
-    """Read lines of ``stream`` on a thread into ``into``; the predicate: ``count`` read."""
-
-    def reader() -> None:
-        for line in stream:
-            into.append(line)
-
-    threading.Thread(target=reader, daemon=True).start()
-    return lambda: len(into) >= count
-
-
-def test_watch_prints_new_events_and_resumes_across_a_node_restart(
-    start_node: Callable[..., Started],
-) -> None:
-    node = start_node()
-    chat, data = node.ids["chat"], node.data
-    db = data / "chain.db"
-
-    everything = cli_here("watch", data, "--from-seq", "0", "--no-follow", "--json")
-    events = [json.loads(line) for line in ok(everything).splitlines()]
-    assert [e["seq"] for e in events] == list(range(len(events)))
-    assert events[0]["kind"] == "chain.genesis"
-    text = ok(cli_here("watch", data, "--from-seq", "1", "--no-follow")).splitlines()
-    assert text[0].startswith("[1] ")
-    assert any(line.startswith("[") and f" {chat}: " in line for line in text)
-
-    lines: list[str] = []
-    with subprocess.Popen(
-        [str(INFERVISOR), "watch", str(data), "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as watcher:
-        try:
-            got = read_lines(watcher.stdout, 1, lines)
-
-            def cycle() -> bool:  # until one lands after the watch connected
-                ok(cli_here("stop", data, chat, "--grace", "5"))
-                ok(cli_here("start", data, chat))
-                return got()
-
-            wait_until(cycle, DEADLINE_S, "the watch printing a new event")
-            first = json.loads(lines[0])["seq"]
-            assert first > events[-1]["seq"]  # nothing from before the head
-            assert node.run.stop() == 0, node.run.output()
-            restarted = NodeRun(node.config, node.run.log.with_name("run-again.log"))
-            try:
-                restarted.until("chat running again", lambda: chat_running(data))
-                ok(cli_here("stop", data, chat, "--grace", "5"))
-                final = head_of(db)
-                wait_until(
-                    lambda: lines and json.loads(lines[-1])["seq"] >= final,
-                    DEADLINE_S,
-                    "the watch reaching the new boot's events",
-                )
-                assert restarted.stop() == 0, restarted.output()
-            finally:
-                end_runs([restarted], db)
-        finally:
-            watcher.send_signal(signal.SIGINT)
-            _, err = watcher.communicate(timeout=EXIT_DEADLINE_S)
-    assert watcher.returncode == 0, err
-    seqs = [json.loads(line)["seq"] for line in lines]
-    assert seqs == list(range(first, first + len(seqs)))  # each once, none missed
-    kinds = [json.loads(line)["kind"] for line in lines]
-    assert "node.started" in kinds  # the second boot's, after the reconnection
-    assert "reconnecting from seq" in err
-    assert "reconnected" in err
-
-
-def test_watch_exits_3_when_no_node_comes_back(tmp_path: Path) -> None:
-    result = cli_here("watch", tmp_path, "--retry-for", "0.5", "--json")
-    assert result.returncode == 3, result.stdout + result.stderr
-    assert json_error(result)["code"] == "no_node"
-    assert "--retry-for" in result.stderr
-
-
-def test_status_watch_redraws_in_a_pipe_and_ctrl_c_ends_it(
-    start_node: Callable[..., Started],
-) -> None:
-    node = start_node()
-    chat, data = node.ids["chat"], node.data
-    lines: list[str] = []
-    with subprocess.Popen(
-        [str(INFERVISOR), "status", str(data), "-w"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as watching:
-        try:
-            read_lines(watching.stdout, 1, lines)
-            wait_until(lambda: any(chat in line for line in lines), DEADLINE_S, "a first table")
-            ok(cli_here("stop", data, chat, "--grace", "5"))
-            wait_until(
-                lambda: any(line.split()[:4] == [chat, "llamacpp", "managed", "stopped"]
-                            for line in lines if line.strip()),
-                DEADLINE_S,
-                "a table redrawn with chat stopped",
-            )  # fmt: skip
-        finally:
-            watching.send_signal(signal.SIGINT)
-            _, err = watching.communicate(timeout=EXIT_DEADLINE_S)
-    assert watching.returncode == 0, err
-    assert "\x1b[" not in "".join(lines)  # no screen control in a pipe
-    assert "" in [line.strip() for line in lines]  # a blank line between the tables
-    assert node.run.stop() == 0, node.run.output()
-
-
-def test_logs_prints_the_captured_output_and_follows_it(
-    start_node: Callable[..., Started],
-) -> None:
-    from infervisor.tools.api.logs import log_file
-
-    node = start_node()
-    chat, data = node.ids["chat"], node.data
-    captured = log_file(data, chat, "stderr")
-    with captured.open("ab") as out:  # what the server would have written
-        out.write(b"first line of the server\n")
-    printed = ok(cli_here("logs", data, "chat", "--tail", "4096"))
-    assert printed.endswith("first line of the server\n")
-    assert printed in captured.read_text(errors="replace")
-    assert ok(cli_here("logs", data, chat, "--tail", "5")) == "rver\n"
-    got: list[bytes] = []
-    with subprocess.Popen(
-        [str(INFERVISOR), "logs", str(data), chat, "-f", "--tail", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    ) as following:
-        try:
-            assert following.stdout is not None
-            stdout = following.stdout
-
-            def reader() -> None:
-                while chunk := stdout.read1(4096):
-                    got.append(chunk)
-
-            threading.Thread(target=reader, daemon=True).start()
-
-            def appended() -> bool:  # until the follower is connected and sends it
-                with captured.open("ab") as out:
-                    out.write(b"more\n")
-                return b"more" in b"".join(got)
-
-            wait_until(appended, DEADLINE_S, "the follower printing what is appended")
-            assert following.poll() is None  # follows until Ctrl-C
-        finally:
-            following.send_signal(signal.SIGINT)
-            _, err = following.communicate(timeout=EXIT_DEADLINE_S)
-    assert following.returncode == 0, err
-    assert b"first line" not in b"".join(got)  # --tail 0: only what came after
-    assert node.run.stop() == 0, node.run.output()
-
-
-# ---------------------------------------------------------------- --url and tokens
-def test_the_verbs_over_tcp_with_a_token(start_node: Callable[..., Started]) -> None:
-    api_port = free_port()
-    node = start_node(top=f'[api]\ntcp = "127.0.0.1:{api_port}"\ntokens = ["operator", "ctl"]\n')
-    chat, data = node.ids["chat"], node.data
-    url = f"http://127.0.0.1:{api_port}"
-    tokens = data / "api-tokens.json"
-    secret = json.loads(tokens.read_text())["operator"]
-
-    rows = table(ok(cli_here("status", "--url", url, "--token", secret)))
-    assert rows[chat][3] == "running"
-    by_file = json.loads(
-        ok(cli_here("status", "--url", url, "--token-file", tokens, chat, "--json"))
-    )
-    assert by_file["instance_id"] == chat
-    bare = data.parent / "secret.txt"
-    bare.write_text(secret + "\n")
-    ok(cli_here("status", "--url", url, "--token-file", bare))
-    env = {**os.environ, "INFERVISOR_URL": url, "INFERVISOR_TOKEN": secret}
-    by_env = subprocess.run(
-        [str(INFERVISOR), "stop", "chat", "--grace", "5", "--json"],
-        capture_output=True, text=True, env=env, timeout=EXIT_DEADLINE_S, check=False,
-    )  # fmt: skip
-    assert by_env.returncode == 0, by_env.stdout + by_env.stderr
-    assert json.loads(by_env.stdout)["lifecycle"] == "stopped"
-    sources = {(k, s): src for k, s, src in chain_sources(data / "chain.db")}
-    assert sources[("instance.stop_requested", chat)] == "operator:token=operator (scope operate)"
-
-    # Refusals in this process (support.cli_here): the same command, no process start.
-    wrong = cli_here("status", "--url", url, "--token", "not-the-secret", "--json")
-    assert wrong.returncode == 2, wrong.stdout + wrong.stderr
-    assert json_error(wrong)["code"] == "unauthorized"
-    refused(cli_here("status", "--url", url, "--token-file", tokens, "--token-name", "x"), 2, "ctl")
-    refused(cli_here("status", "--url", url, data, chat), 2, "with --url there is no WHERE")
-    nobody = cli_here("status", "--url", f"http://127.0.0.1:{free_port()}", "--json")
-    assert nobody.returncode == 3, nobody.stdout + nobody.stderr
-    assert json_error(nobody)["code"] == "no_node"
-    assert node.run.stop() == 0, node.run.output()
-
-
-# ---------------------------------------------------------------- the socket
-def test_the_socket_is_private_and_removed_after_the_run(
-    start_node: Callable[..., Started],
-) -> None:
-    assert SOCKET_FILE == SERVER_SOCKET_FILE
-    node = start_node()
-    path = node.data / SOCKET_FILE
-    assert stat.S_ISSOCK(path.lstat().st_mode)
-    assert stat.S_IMODE(path.lstat().st_mode) == 0o600
-    with ApiClient(node.data) as first, ApiClient(node.data) as second:
-        ids = [v.instance_id for v in first.list()]
-        assert [v.instance_id for v in second.list()] == ids
-        with pytest.raises(VerbFailed, match="nope") as refusal:
-            second.stop("nope")
-        assert (refusal.value.code, refusal.value.status) == ("unknown_instance", 404)
-        assert first.ledger() is None  # no memory budget configured
-    assert node.run.stop() == 0, node.run.output()
-    assert not path.exists()
-
-
-def test_a_stale_socket_is_replaced_and_without_a_node_the_verbs_exit_3(
-    start_node: Callable[..., Started], tmp_path: Path
-) -> None:
-    data = tmp_path / "data"
-    put_model(data)
-    with socket.socket(socket.AF_UNIX) as crashed:  # bound, never unlinked: what a crash leaves
-        crashed.bind(str(data / SOCKET_FILE))
-    assert (data / SOCKET_FILE).exists()
-    refused(cli_here("restart", data, "chat"), 3, f"{NO_NODE} {data}", "infervisor run CONFIG")
-    refused(cli_here("status", data), 3, f"{NO_NODE} {data}", "holds no chain")
-
-    node = start_node()
-    assert stat.S_IMODE((data / SOCKET_FILE).lstat().st_mode) == 0o600
-    assert node.ids["chat"] in ok(cli_here("status", data))
-    assert node.run.stop() == 0, node.run.output()
-    assert not (data / SOCKET_FILE).exists()
-
-
-def test_a_file_in_the_sockets_place_stops_the_run_before_the_node_opens(
-    tmp_path: Path, fake_llama: str
-) -> None:
-    put_model(tmp_path / "data")
-    (tmp_path / "data" / SOCKET_FILE).write_text("not a socket")
-    result = cli("run", write_config(tmp_path, fake_llama))
-    refused(result, 2, f"{SOCKET_FILE} exists and is not a socket; move it away")
-    assert not (tmp_path / "data" / "chain.db").exists()
-
-
-def test_a_socket_path_too_long_for_unix_sockets_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ApiError, match="use a shorter data_dir"):
-        check_socket_path(tmp_path / ("d" * 120) / SOCKET_FILE)
-
-
-# ---------------------------------------------------------------- the gate, against a stub node
-def stub_view(instance_id: str, lifecycle: str) -> InstanceView:
-    fields: dict[str, object] = {name: None for name in InstanceView.__struct_fields__}
-    fields.update(
-        instance_id=instance_id, adapter="infer.llamacpp", placed_by="n1", generation=0,
-        role="chat", flavor="llamacpp", mode="managed", endpoint="http://127.0.0.1:1",
-        lifecycle=lifecycle, desired="running", reason="", since_ns=0, restarts=0,
-        health="", health_reason="", status="", reserved_bytes=0, exposure="loopback",
-        last_seq=0, misses=0, oom_kills=0, on_demand=False, priority=0, pinned=False,
-        resting=False, busy=False,
-    )  # fmt: skip
-    converted: InstanceView = msgspec.convert(fields, InstanceView)
-    return converted
-
-
-class StubNode:
-    """Answers list, status and start at once; stop blocks until ``release`` is set."""
-
-    def __init__(self) -> None:
-        self.stopping = threading.Event()
-        self.release = threading.Event()
-        self.by: list[str] = []
-        # What GET /v1/node reads besides append_status.
-        self.settings = types.SimpleNamespace(
-            lease_s=None, witness_quorum=None, adapters=(), allowed_ports=None,
-            memory_budget_bytes=None,
-        )  # fmt: skip
-        self.containment = types.SimpleNamespace(mode="pgroup", reason="a stub", memory=None)
-        self.cordon = types.SimpleNamespace(value="none")  # GET /v1/node's cordon
-
-    def append_status(self) -> AppendStatus:
-        return AppendStatus(writable=True, error=None, since_ns=None, failures=0)
-
-    def witness_lag(self) -> list[object]:
-        return []  # no [[witnesses]]
-
-    def ledger(self) -> None:
-        return None  # no memory budget
-
-    def list(self) -> list[InstanceView]:
-        return [stub_view("a", "running")]
-
-    def status(self, instance_id: str) -> InstanceView:
-        if instance_id != "a":
-            raise UnknownInstance(instance_id, ["a"])
-        return stub_view("a", "stopped" if self.release.is_set() else "running")
-
-    def start(self, instance_id: str, *, by: str) -> None:
-        self.status(instance_id)
-        self.by.append(by)
-
-    def stop(self, instance_id: str, *, grace_s: float | None, by: str) -> None:
-        self.stopping.set()
-        assert self.release.wait(DEADLINE_S)
-        self.by.append(by)
-
-
-def test_verbs_wait_for_the_node_and_the_shutdown_waits_for_verbs_in_flight(
-    tmp_path: Path,
-) -> None:
-    db = tmp_path / "chain.db"
-    SqliteChain.open(db, "n1").close()  # the answers carry the chain's seq and hash
-    server = ApiServer.listen(tmp_path, db, "n1")
-    node = StubNode()
-    try:
-        # The verbs run in this process (support.cli_here), but for the stop in
-        # flight: a process of its own, since it runs beside the others.
-        starting = cli_here("start", tmp_path, "a", "--json")
-        assert starting.returncode == 3, starting.stdout + starting.stderr
-        assert json_error(starting)["code"] == "node_starting"
-        fallback = cli_here("status", tmp_path)  # no node takes requests yet: from the chain
-        assert "node starting; state replayed from the chain" in fallback.stderr
-        server.serve(node)  # type: ignore[arg-type]  # duck-typed: the verbs it answers
-        me = f"operator:uid={os.getuid()}({pwd.getpwuid(os.getuid()).pw_name})"
-        assert json.loads(ok(cli_here("start", tmp_path, "a", "--json")))["seq"] == 0
-        assert node.by == [me]
-        with ThreadPoolExecutor(2) as pool:
-            in_flight = pool.submit(cli, "stop", tmp_path, "a")
-            assert node.stopping.wait(DEADLINE_S)
-            shutdown = pool.submit(server.stopping)
-            wait_until(lambda: refused_as_stopping(tmp_path), DEADLINE_S, "changes refused")
-            refused(cli_here("start", tmp_path, "a"), 3, "shutting down")
-            assert "a" in table(ok(cli_here("status", tmp_path)))  # reading is still served
-            assert not shutdown.done()  # the stop in flight holds the shutdown
-            node.release.set()
-            assert shutdown.result(DEADLINE_S) is True
-            assert "a: stopped" in ok(in_flight.result(DEADLINE_S))
-    finally:
-        node.release.set()
-        server.close()
-    assert not (tmp_path / SOCKET_FILE).exists()
-    refused(cli_here("start", tmp_path, "a"), 3, NO_NODE)
 
 
 # ---------------------------------------------------------------- help
