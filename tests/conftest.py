@@ -151,11 +151,12 @@ def ollama_url() -> Iterator[Callable[..., str]]:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: half again as many workers as cores. Most tests wait on real
+    """``-n auto``: twice as many workers as cores. Most tests wait on real
     processes and real time (grace periods, probes, restarts), so a core per
-    worker leaves the cores idle a third of the time (the suite measured 1.4 busy
-    cores of 2); three workers on 2 cores took 243 s where two took 271-285 s."""
-    return max(2, (os.cpu_count() or 2) * 3 // 2)
+    worker leaves the cores idle much of the time: three workers on 2 cores kept
+    1.5 of them busy (the whole suite 5 min 58 s, 528 s of CPU), four kept 1.76
+    busy (4 min 46 s, 522 s of CPU; both at light load, 2026-12-03)."""
+    return max(2, (os.cpu_count() or 2) * 2)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
