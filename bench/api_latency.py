@@ -50,7 +50,7 @@ from infervisor.actors.node import Node
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import RestartPolicy
 from infervisor.tools.api.client import ApiClient
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 
 CONTROLLER = "bench-ctl"
 

@@ -39,7 +39,7 @@ from infervisor.chain.checkpoint import load_or_create_signer
 from infervisor.chain.checkpoint_store import Checkpointer
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
 from infervisor.tools.api.scopes import ApiToken, Scope
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 from infervisor.tools.audit.chain_pull import pull
 
 NODE = "bench-node"

@@ -20,7 +20,7 @@ from infervisor.chain import SqliteChain
 from infervisor.chain.checkpoint import load_signer
 from infervisor.chain.checkpoint_store import Checkpointer
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 
 
 @dataclass

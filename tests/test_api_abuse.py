@@ -46,7 +46,7 @@ from test_run_resume import (
 from infervisor.adapters.ports import free_port
 from infervisor.replay import NodeState
 from infervisor.tools.api.limits import ACCEPT_BATCH
-from infervisor.tools.api.server import socket_path
+from infervisor.tools.api.serving.server import socket_path
 
 DEADLINE_S = 60.0  # real processes on a loaded machine: generous
 #: The node's read deadline in this test (seconds).

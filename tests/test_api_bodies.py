@@ -26,7 +26,7 @@ from infervisor.tools.api import watch
 from infervisor.tools.api.auth import TOKENS_FILE, ApiConfigError, load_or_create_tokens
 from infervisor.tools.api.client import ApiClient, _at
 from infervisor.tools.api.idempotency import IdempotencyStore, _Stored
-from infervisor.tools.api.server import ApiServer, socket_path
+from infervisor.tools.api.serving.server import ApiServer, socket_path
 from infervisor.tools.api.strict import MAX_BODY
 from infervisor.tools.api.wire import (
     HeartbeatRequest,

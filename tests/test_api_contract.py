@@ -31,7 +31,7 @@ from test_run_resume import MODEL_BYTES, NodeRun, end_runs, server_groups
 from tiles_support import grow_chain
 
 from infervisor.adapters.ports import free_port
-from infervisor.tools.api.openapi_cli import DOC
+from infervisor.tools.api.serving.openapi_cli import DOC
 
 pytestmark = pytest.mark.slow
 

@@ -38,7 +38,7 @@ from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.tools.api.client import ApiClient
 from infervisor.tools.api.errors import NodeUnavailable
-from infervisor.tools.api.server import ApiServer, socket_path
+from infervisor.tools.api.serving.server import ApiServer, socket_path
 
 CONTROLLER = "fleet-ctl"
 #: The lease: short, but well over three ticks (health_interval_s 0.1) and many beats.

@@ -19,7 +19,7 @@ import pytest
 from support import wait_until
 
 from infervisor.tools.api.limits import ConnectionLimits, Phase
-from infervisor.tools.api.server import ApiServer, socket_path
+from infervisor.tools.api.serving.server import ApiServer, socket_path
 from infervisor.tools.node.config import ConfigError, load_config
 
 DEADLINE_S = 60.0  # a bound on a hang, never a measurement: generous at load 10

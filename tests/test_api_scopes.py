@@ -27,7 +27,6 @@ from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.ports import free_port
 from infervisor.replay.callers import identity_of, role_of
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
-from infervisor.tools.api.openapi_cli import DOC
 from infervisor.tools.api.scopes import (
     ROUTE_SCOPES,
     ApiToken,
@@ -36,7 +35,8 @@ from infervisor.tools.api.scopes import (
     scope_for,
     token_scopes,
 )
-from infervisor.tools.api.server import ApiServer, socket_path
+from infervisor.tools.api.serving.openapi_cli import DOC
+from infervisor.tools.api.serving.server import ApiServer, socket_path
 from infervisor.tools.node.config import ConfigError, load_config
 
 TOKENS = {"ro": Scope.READ, "ops": Scope.OPERATE, "ctl": Scope.CONTROL}

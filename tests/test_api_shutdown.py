@@ -25,7 +25,7 @@ from support import PROGRAMS, make_launcher, wait_until
 from test_run_resume import DEADLINE_S, NodeRun, end_runs, put_model, write_config
 
 from infervisor.adapters.ports import free_port
-from infervisor.tools.api.server import socket_path
+from infervisor.tools.api.serving.server import socket_path
 
 #: The shutdown's grace for each server (each ignores SIGTERM, so takes all of it).
 GRACE_S = 3.0

@@ -27,7 +27,7 @@ from infervisor.chain.cosignature_store import cosigned_note, store
 from infervisor.chain.note import split_note
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
 from infervisor.tools.api.scopes import ApiToken, Scope
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 from infervisor.tools.audit.chain_pull import PullError, pull
 
 

@@ -38,7 +38,7 @@ from infervisor.chain import ChainIOError, SqliteChain, connect, verify_chain
 from infervisor.replay import RestartPolicy
 from infervisor.tools.api.client import ApiClient
 from infervisor.tools.api.metrics import NodeMetrics
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 from infervisor.tools.cli import cli
 
 #: What the chain must never say of a server that was SIGKILLed by someone else.

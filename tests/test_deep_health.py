@@ -29,7 +29,7 @@ from infervisor.adapters.manifest import ModelFormat
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import RestartPolicy, timeline
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 from infervisor.tools.cli import cli
 
 DEEP = KindSettings(

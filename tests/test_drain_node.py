@@ -34,7 +34,7 @@ from infervisor.chain import EventDraft, SqliteChain, StoredEvent, verify_chain
 from infervisor.replay import events as ev
 from infervisor.tools.api.client import ApiClient
 from infervisor.tools.api.errors import VerbFailed
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 
 CTL = "ctl1"
 DEADLINE_S = 60.0

@@ -23,7 +23,7 @@ from infervisor.adapters.ports import free_port
 from infervisor.chain.note import Signer
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
 from infervisor.tools.api.client import ApiClient
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 
 
 class Served:

@@ -39,7 +39,7 @@ from infervisor.adapters.gpus import (
 )
 from infervisor.adapters.registry import ModelFormat
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 from infervisor.tools.cli import cli
 
 MIB = 1024 * 1024

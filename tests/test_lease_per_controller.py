@@ -30,7 +30,7 @@ from infervisor.chain import SqliteChain
 from infervisor.replay.callers import parse_source
 from infervisor.tools.api.client import ApiClient
 from infervisor.tools.api.errors import ApiError
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 
 LEASE_S = 10.0
 TICK_S = 1.0

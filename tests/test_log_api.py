@@ -27,7 +27,7 @@ from infervisor.chain.merkle import leaf_hash, verify_consistency, verify_inclus
 from infervisor.chain.tiles import parse_entry_bundle
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
 from infervisor.tools.api.scopes import ApiToken, Scope
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 
 EVENTS = 700
 

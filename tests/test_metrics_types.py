@@ -31,7 +31,7 @@ from infervisor.chain.sqlite import SqliteChain
 from infervisor.replay import events as ev
 from infervisor.replay.state import Stamp
 from infervisor.tools.api.metrics import NodeMetrics
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 from infervisor.tools.api.tallies import LOAD_BUCKETS_S, ChainTallies
 
 BOOT = "boot-a"

@@ -14,8 +14,8 @@ import httpx
 import jsonschema
 import pytest
 
-from infervisor.tools.api.openapi_cli import DOC, REGENERATE, document, main
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.openapi_cli import DOC, REGENERATE, document, main
+from infervisor.tools.api.serving.server import ApiServer
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorEnvelope"}
 

@@ -42,8 +42,8 @@ from test_run_resume import (
 from infervisor.adapters.ports import free_port
 from infervisor.tools.api.client import SOCKET_FILE, ApiClient
 from infervisor.tools.api.errors import ApiError, VerbFailed
-from infervisor.tools.api.server import SOCKET_FILE as SERVER_SOCKET_FILE
-from infervisor.tools.api.server import check_socket_path
+from infervisor.tools.api.serving.server import SOCKET_FILE as SERVER_SOCKET_FILE
+from infervisor.tools.api.serving.server import check_socket_path
 
 start_node = test_operator_cli.start_node  # the fixture: starts ``infervisor run``
 

@@ -53,7 +53,7 @@ from infervisor.actors.errors import UnknownInstance
 from infervisor.chain import SqliteChain
 from infervisor.replay.views import InstanceView
 from infervisor.tools.api.client import SOCKET_FILE
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 
 start_node = test_operator_cli.start_node  # the fixture: starts ``infervisor run``
 

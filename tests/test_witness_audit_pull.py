@@ -34,7 +34,7 @@ from infervisor.replay import events as ev
 from infervisor.replay import kind_of
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
 from infervisor.tools.api.scopes import ApiToken, Scope
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 from infervisor.tools.witness.audit import ChainAuditor
 from infervisor.tools.witness.config import WitnessedLog
 from infervisor.tools.witness.service import Witness

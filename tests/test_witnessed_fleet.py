@@ -80,7 +80,7 @@ from infervisor.chain.witness_protocol import monitoring_path
 from infervisor.replay import events as ev
 from infervisor.replay import kind_of
 from infervisor.tools.api.auth import TcpAddress, load_or_create_tokens
-from infervisor.tools.api.server import ApiServer
+from infervisor.tools.api.serving.server import ApiServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(280)]
 

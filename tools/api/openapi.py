@@ -1,7 +1,7 @@
 """The control API's OpenAPI 3.1 document (docs/openapi.json): what each route
 may answer, and what Litestar cannot say from the route handlers.
 
-Litestar generates the document from the controllers (tools/api/routes/);
+Litestar generates the document from the controllers (tools/api/serving/);
 :func:`responses` gives each operation its documented error statuses, all of
 one shape (:class:`~.wire.ErrorEnvelope`); :func:`amend` adds the scope of
 each operation, the headers and the schemas the handlers do not declare.

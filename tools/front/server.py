@@ -1,5 +1,5 @@
 """Serving the front: uvicorn on its own thread and event loop, beside the
-node's actors and the control API's server (tools/api/server.py).
+node's actors and the control API's server (tools/api/serving/server.py).
 
 uvicorn with the httptools parser (the ``uvicorn[standard]`` choice: a C
 parser, where the control API's h11 is pure Python; the front's requests are
@@ -22,7 +22,7 @@ import uvicorn
 
 from ..api.auth import TcpAddress, Tokens
 from ..api.errors import ApiError
-from ..listener import ListenError, bind_tcp, uvicorn_config
+from ..netkit.listener import ListenError, bind_tcp, uvicorn_config
 from .app import FrontApp
 from .proxy import Proxy
 from .settings import FrontConfig

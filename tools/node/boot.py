@@ -30,7 +30,7 @@ from infervisor.adapters.spec import Flavor
 from infervisor.chain import ChainError, SqliteChain, StoredEvent
 
 from ..api.errors import ApiError
-from ..api.server import ApiServer
+from ..api.serving.server import ApiServer
 from ..front.server import FrontServer
 from ..servers.extras import install_hint, missing_modules
 from .config import ApiConfig, NodeConfig

@@ -82,7 +82,7 @@ if TYPE_CHECKING:
     from infervisor.actors.node import Node
     from infervisor.replay import NodeState
 
-    from ..api.server import ApiServer
+    from ..api.serving.server import ApiServer
     from ..front.server import FrontServer
     from .config import NodeConfig
 

@@ -18,7 +18,7 @@ import uvicorn
 
 from ..api.connection import protocol_for
 from ..api.limits import ACCEPT_BATCH, ConnectionLimits, Listeners
-from ..listener import ListenError, bind_tcp, uvicorn_config
+from ..netkit.listener import ListenError, bind_tcp, uvicorn_config
 from .app import build_app
 from .config import ConfigError, WitnessConfig
 from .service import Witness

@@ -1,4 +1,8 @@
-"""The control API's routes: one Litestar controller per resource.
+"""The control API's server side: the Litestar app (:mod:`.app`), the server that
+binds and serves it (:mod:`.server`), and one Litestar controller per resource.
+
+Nothing in ``tools.api`` imports this package (the client, the wire types and
+the helpers the routes share live there), so the two have no import cycle.
 
 The node (:mod:`.node`: ``/v1/node``, ``/v1/ledger``, ``/v1/heartbeat``), its
 models (:mod:`.models`: ``/v1/models``), its instances (:mod:`.instances`:

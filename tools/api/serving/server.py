@@ -36,14 +36,14 @@ import uvicorn
 from infervisor.actors.node import Node
 from infervisor.chain import StoredEvent
 
-from ..listener import ListenError, bind_tcp, uvicorn_config
+from ...netkit.listener import ListenError, bind_tcp, uvicorn_config
+from ..auth import TcpAddress, Tokens
+from ..connection import protocol_for
+from ..context import ApiContext
+from ..errors import ApiError
+from ..limits import ACCEPT_BATCH, LISTEN_BACKLOG, ConnectionLimits, Listeners
+from ..middleware import wrap
 from .app import build_app
-from .auth import TcpAddress, Tokens
-from .connection import protocol_for
-from .context import ApiContext
-from .errors import ApiError
-from .limits import ACCEPT_BATCH, LISTEN_BACKLOG, ConnectionLimits, Listeners
-from .middleware import wrap
 
 __all__ = ["MAX_SOCKET_PATH", "SOCKET_FILE", "ApiServer", "check_socket_path", "socket_path"]
 

@@ -1,5 +1,5 @@
 """The instances as a resource: list, status and placement, the verbs on one
-instance (done one way: tools/api/routes/verbs.py), its deep health check and
+instance (done one way: tools/api/serving/verbs.py), its deep health check and
 its captured output."""
 
 from __future__ import annotations

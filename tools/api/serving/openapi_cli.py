@@ -1,7 +1,7 @@
 """docs/openapi.json: write or check the control API's OpenAPI document.
 
-``python -m infervisor.tools.api.openapi_cli --write`` regenerates it from the
-routes (tools/api/routes/); ``--check`` exits 1 when the checked-in file
+``python -m infervisor.tools.api.serving.openapi_cli --write`` regenerates it from the
+routes (tools/api/serving/); ``--check`` exits 1 when the checked-in file
 differs; with neither, the document goes to standard output.
 """
 
@@ -11,16 +11,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..context import ApiContext
+from ..openapi import openapi_document
 from .app import build_app
-from .context import ApiContext
-from .openapi import openapi_document
 
 __all__ = ["DOC", "REGENERATE", "document", "main"]
 
 #: The checked-in document.
-DOC = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
 #: The command that regenerates it.
-REGENERATE = "python -m infervisor.tools.api.openapi_cli --write"
+REGENERATE = "python -m infervisor.tools.api.serving.openapi_cli --write"
 
 
 def document() -> bytes:

@@ -3,7 +3,7 @@
 Litestar is the framework: it takes msgspec Structs as bodies natively (the
 node's own types, validated by msgspec on the way in) and generates the
 OpenAPI 3.1 document from the same types (docs/openapi.json, tools/api/openapi.py).
-The routes are controllers, one per resource (tools/api/routes/); each is
+The routes are controllers, one per resource (tools/api/serving/); each is
 given the shared context and the node as Litestar dependencies
 (tools/api/context.py). Handlers are synchronous and run on Litestar's worker
 threads, since each one waits for an actor's answer; the event stream is
@@ -23,10 +23,10 @@ from litestar.di import Provide
 from litestar.plugins import PluginProtocol
 from litestar.plugins.core import MsgspecDIPlugin
 
-from .context import STATE_KEY, ApiContext, provide_api, reading
-from .openapi import amend, openapi_config
-from .refusals import EXCEPTION_HANDLERS
-from .routes import CONTROLLERS
+from ..context import STATE_KEY, ApiContext, provide_api, reading
+from ..openapi import amend, openapi_config
+from ..refusals import EXCEPTION_HANDLERS
+from . import CONTROLLERS
 
 __all__ = ["build_app"]
 

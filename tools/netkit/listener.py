@@ -1,7 +1,7 @@
 """Setting up an HTTP listener of the node's tools: the TCP socket, and the
 uvicorn settings every one of them shares.
 
-Used by the control API (tools/api/server.py), the OpenAI-compatible front
+Used by the control API (tools/api/serving/server.py), the OpenAI-compatible front
 (tools/front/server.py) and the witness (tools/witness/server.py); each turns
 :class:`ListenError` into its own error (the API's ``ApiError``, the witness's
 ``ConfigError``).
