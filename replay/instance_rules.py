@@ -77,6 +77,8 @@ def advance(
         work.lifecycle = target  # type: ignore[assignment]
         work.since_ns = stored.ts_ns
         work.reason = reasoner(event)
+        if target not in LIVE_STATES:
+            work.busy = False  # no process serves anything: the busy spell ended with it
     return work
 
 

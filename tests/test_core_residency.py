@@ -23,7 +23,7 @@ from infervisor.actors.core.residency import EVICTABLE, PASSING, Holder, plan_ro
 from infervisor.actors.core.rules import Mode as CoreMode
 from infervisor.adapters.errors import SpecError
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
-from infervisor.replay import Desired, LifecycleState, kind_of
+from infervisor.replay import LIVE_STATES, Desired, LifecycleState, kind_of
 from infervisor.replay import events as ev
 
 S = LifecycleState
@@ -236,11 +236,15 @@ def _step(sim: Sim, name: str) -> None:
     if "residency.evicted" in kinds or "residency.expired" in kinds:
         assert inflight_before == 0, "evicted or expired while serving a request"
         assert "instance.stop_requested" in kinds and sim.inst.then == "rest"
+    if "residency.busy" in kinds:  # only a server that runs serves anything
+        assert inst.lifecycle in (S.RUNNING, S.UNHEALTHY), inst.lifecycle
     if stopped_by_before and name == "demand":
         assert not kinds and decision.refusal is not None
         assert stopped_by_before in decision.refusal.message
     _finish(sim)
     WALK_STATES.add(sim.inst.lifecycle)
+    if sim.inst.lifecycle not in LIVE_STATES:  # the busy spell ends with the process
+        assert not sim.inst.busy
     if sim.inst.lifecycle is S.RESTING:
         assert sim.inst.process is None
         if sim.inst.desired is Desired.RUNNING:

@@ -193,7 +193,7 @@ def room_refused(d: Draft, r: o.RoomRefused) -> None:
 def request_began(d: Draft, _: o.RequestBegan) -> None:
     """Count it; the first of a busy spell is recorded (``residency.busy``)."""
     d.track(msgspec.structs.replace(d.tracking, inflight=d.tracking.inflight + 1))
-    if not d.inst.busy:
+    if not d.inst.busy and d.inst.lifecycle in _SERVING:
         d.emit(rev.ResidencyBusy())
 
 
@@ -216,7 +216,9 @@ def _count(d: Draft, counted: Tracking, before: int) -> None:
     if counted.serving == 0 and before > 0:
         counted = msgspec.structs.replace(counted, ended_ns=d.now.wall_ns)
     d.track(counted)
-    if counted.serving > 0 and not d.inst.busy:
+    # A count that arrives after the server stopped (a probe's late reading) is no
+    # busy spell: the spell ended when its process did (replay/instance_rules.py).
+    if counted.serving > 0 and not d.inst.busy and d.inst.lifecycle in _SERVING:
         d.emit(rev.ResidencyBusy())
 
 
