@@ -251,18 +251,33 @@ def _ready(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 def _in_flight_during_a_stream(base: str, reader: ActivityReader) -> list[int | None]:
-    """Counts read before, during (after its first token) and after a streamed completion."""
+    """Counts read before, during and after a streamed completion. "During" is the
+    largest count read while the stream runs, polled from its start: the tiny model
+    ends 480 tokens in a fraction of a second, and the server marks its slot busy
+    on its own loop, so one reading after the first token found it idle at load
+    10 either way."""
     seen = [reader.read(time.time_ns()).in_flight]
     body = {"prompt": "Hello", "n_predict": 480, "ignore_eos": True, "stream": True}
-    with (
-        httpx.Client(timeout=DEADLINE_S) as http,
-        http.stream("POST", f"{base}/completion", json=body) as stream,
-    ):
-        for line in stream.iter_lines():
-            if line.startswith("data:"):
-                break  # the first token: the request holds a slot until it ends
-        seen.append(reader.read(time.time_ns()).in_flight)
-    # The client went away: the server cancels the request and frees its slot.
+    done = threading.Event()
+
+    def stream() -> None:
+        try:
+            with (
+                httpx.Client(timeout=DEADLINE_S) as http,
+                http.stream("POST", f"{base}/completion", json=body) as answer,
+            ):
+                for _ in answer.iter_lines():
+                    pass
+        finally:
+            done.set()
+
+    streamer = threading.Thread(target=stream, daemon=True)
+    streamer.start()
+    during = 0
+    while not done.is_set():
+        during = max(during, reader.read(time.time_ns()).in_flight or 0)
+    streamer.join(DEADLINE_S)
+    seen.append(during)
     wait_until(lambda: reader.read(time.time_ns()).in_flight == 0, DEADLINE_S, "idle again")
     seen.append(0)
     return seen
