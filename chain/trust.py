@@ -227,7 +227,7 @@ def judge(
             points.append(
                 _Point(external[0].tree_size, _mismatch(hashes, roots, external[0]), True)
             )
-    problem = problem or _locate(points)
+    problem = problem or _locate(points) or _claims_beyond(evidence, keys)
     anchor, size = _anchor(cosigned, policy, external)
     latest = max([c.tree_size for c in checked], default=0)
     keys_checked = bool(keys) or not evidence.stored
@@ -235,6 +235,24 @@ def judge(
         anchor += f"; {len(evidence.stored)} stored checkpoints not checked: no node key known"
     newest = max(checked, key=lambda c: c.tree_size, default=None)
     return Verdict(problem, anchor, size > 0, len(checked), latest, size, keys_checked, newest)
+
+
+def _claims_beyond(evidence: Evidence, keys: list[Verifier]) -> Problem | None:
+    """With no node key, a stored checkpoint still tells a size: one beyond the
+    chain's end shows the chain is not what the node stored (its events were
+    removed, or the checkpoint was written by someone else), and comparing two
+    sizes needs no key. Which of the two only the key tells."""
+    if keys:
+        return None  # the signed checkpoints were judged above
+    beyond = max((row.tree_size for row in evidence.stored), default=0)
+    if beyond <= evidence.events:
+        return None
+    detail = (
+        f"the chain has {evidence.events} events but a stored checkpoint covers {beyond} "
+        f"(its signature not checked: no node key known): seq {evidence.events}..{beyond - 1} "
+        "were removed, or the checkpoint is not the node's; give the node's key to tell which"
+    )
+    return Problem(evidence.events, "truncated", detail)
 
 
 def _signatures(
