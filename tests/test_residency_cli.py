@@ -14,9 +14,11 @@ from support import cli_here
 
 from infervisor.actors.errors import NotResident
 from infervisor.actors.ledger import BudgetExceeded
+from infervisor.replay.lifecycle import LifecycleState
+from infervisor.replay.state import Desired, InstanceState
 from infervisor.tools.api.answers import answer_for
 from infervisor.tools.api.exit_codes import Exit, exit_for
-from infervisor.tools.clikit.schemas import InstanceRecord
+from infervisor.tools.clikit.schemas import InstanceRecord, from_state
 from infervisor.tools.operator import status
 
 MIB = 2**20
@@ -65,3 +67,18 @@ def test_place_refuses_an_idle_ttl_below_one_second_naming_the_flag_and_range() 
         error = json.loads(result.stdout)["error"]
         assert error["field"] == "--idle-ttl-s", error
         assert "1" in error["message"] and "604800" in error["message"], error
+
+
+def test_a_chain_record_whose_spec_cannot_be_read_says_its_residency_is_unknown() -> None:
+    # from the chain, what it cannot know is null (as role and model are), not "not
+    # pinned, priority 0": a claim the recorded spec does not support
+
+    state = InstanceState(
+        instance_id="i1", spec={"role": "chat", "unknown_key": 1}, placed_by="n1",
+        generation=0, lifecycle=LifecycleState.STOPPED, desired=Desired.STOPPED,
+        since_ns=0, last_seq=3, last_use_ns=5,
+    )  # fmt: skip
+    r = from_state(state)
+    assert (r.role, r.model) == ("chat", None)
+    assert (r.on_demand, r.idle_ttl_s, r.priority, r.pinned, r.busy) == (None,) * 5
+    assert status.residency_lines([r], 10) == ["residency: i1 stopped, last use 0s ago"]

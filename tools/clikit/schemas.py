@@ -87,13 +87,15 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     exposure: str | None
     last_exit: ExitInfo | None
     last_seq: int
-    #: Residency (issue 21): the spec's fields, whether it rests, its last use
-    #: (ns since the epoch, UTC; null: never used) and whether it serves a
-    #: request now (null from the chain: only the node counts requests).
-    on_demand: bool = False
+    #: Residency (issue 21): the spec's fields (null from the chain when its
+    #: recorded spec cannot be read, as ``role`` and ``model`` are), whether it
+    #: rests, its last use (ns since the epoch, UTC; null: never used) and
+    #: whether it serves a request now (null from the chain: only the node
+    #: counts requests).
+    on_demand: bool | None = None
     idle_ttl_s: float | None = None
-    priority: int = 0
-    pinned: bool = False
+    priority: int | None = None
+    pinned: bool | None = None
     resting: bool = False
     last_use_ns: int | None = None
     busy: bool | None = None
@@ -218,10 +220,10 @@ def from_state(s: InstanceState) -> InstanceRecord:
         exposure=None,
         last_exit=_exit(s.last_exit),
         last_seq=s.last_seq,
-        on_demand=spec.on_demand if spec else False,
+        on_demand=spec.on_demand if spec else None,
         idle_ttl_s=spec.idle_ttl_s if spec else None,
-        priority=spec.priority if spec else 0,
-        pinned=spec.pinned if spec else False,
+        priority=spec.priority if spec else None,
+        pinned=spec.pinned if spec else None,
         resting=s.lifecycle.value == "resting",
         last_use_ns=s.last_use_ns,
         busy=None,
@@ -269,6 +271,7 @@ _STR = {"type": "string"}
 _INT = {"type": "integer"}
 _OPT_STR = {"type": ["string", "null"]}
 _OPT_INT = {"type": ["integer", "null"]}
+_OPT_BOOL = {"type": ["boolean", "null"]}
 
 EXIT_SCHEMA: dict[str, Any] = {
     "type": ["object", "null"],
@@ -329,13 +332,13 @@ INSTANCE_SCHEMA: dict[str, Any] = {
         "exposure": _OPT_STR,
         "last_exit": EXIT_SCHEMA,
         "last_seq": _INT,
-        "on_demand": {"type": "boolean"},
+        "on_demand": _OPT_BOOL,
         "idle_ttl_s": {"type": ["number", "null"]},
-        "priority": _INT,
-        "pinned": {"type": "boolean"},
+        "priority": _OPT_INT,
+        "pinned": _OPT_BOOL,
         "resting": {"type": "boolean"},
         "last_use_ns": _OPT_INT,
-        "busy": {"type": ["boolean", "null"]},
+        "busy": _OPT_BOOL,
     },
 }
 

@@ -170,7 +170,8 @@ def residency_lines(records: list[InstanceRecord], now_ns: int | None = None) ->
             parts.append(f"last use {age((now_ns - r.last_use_ns) / 1e9)} ago")
         if r.pinned:
             parts.append("pinned")
-        parts.append(f"priority {r.priority}")
+        if r.priority is not None:
+            parts.append(f"priority {r.priority}")
         if r.idle_ttl_s is not None:
             parts.append(f"idle ttl {r.idle_ttl_s:g}s")
         if r.on_demand:
