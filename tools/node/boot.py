@@ -16,6 +16,7 @@ import resource
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pykka
 
@@ -31,11 +32,13 @@ from infervisor.chain import ChainError, SqliteChain, StoredEvent
 
 from ..api.errors import ApiError
 from ..api.serving.server import ApiServer
-from ..front.server import FrontServer
 from ..servers.extras import install_hint, missing_modules
 from .config import ApiConfig, NodeConfig
 from .lock import RunError
 from .models import register_models
+
+if TYPE_CHECKING:
+    from ..front.server import FrontServer
 
 __all__ = [
     "LOG_FILE",
@@ -205,12 +208,13 @@ def listen_for_clients(config: NodeConfig, control: ApiServer) -> FrontServer | 
     Raises:
         RunError: the address cannot be bound, or the tokens file cannot be used.
     """
-    from ..api.auth import load_or_create_tokens, parse_tcp  # noqa: PLC0415
-    from ..api.metrics import NodeMetrics  # noqa: PLC0415
-
     front, settings = config.front, config.node
     if front is None:
-        return None
+        return None  # the front's modules are not even imported: a node without one pays nothing
+    from ..api.auth import load_or_create_tokens, parse_tcp  # noqa: PLC0415
+    from ..api.metrics import NodeMetrics  # noqa: PLC0415
+    from ..front.server import FrontServer  # noqa: PLC0415
+
     try:
         address = parse_tcp(
             front.listen, allow_non_loopback=front.allow_non_loopback, key="front.listen"
