@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from support import chain_rows, free_ports, wait_until
 from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.tools.front import FrontServer
+from infervisor.tools.api.auth import TcpAddress, Tokens
+from infervisor.tools.front import FrontConfig, FrontServer
 
 pytestmark = pytest.mark.slow
 pytest_plugins = ("real_front",)  # the fixtures front and sdk
@@ -272,3 +274,71 @@ def busy_streams(front: FrontServer, node: Node, *iids: str) -> bool:
     """Each of ``iids`` holds one request open at the front and is busy at the node."""
     in_flight = front.tally.snapshot().in_flight
     return all(in_flight[i] == 1 and node.status(i).busy for i in iids)
+
+
+def test_a_full_queue_is_503_with_retry_after_and_the_queued_requests_are_served_by_one_start(
+    nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path
+) -> None:
+    # The real server is held before it loads: its launcher waits on a FIFO (opened for
+    # writing by the test) and then execs infervisor-llama-server, so the instance stays
+    # `starting` for as long as the test needs, whatever the load, and then loads for real.
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    real = shutil.which("infervisor-llama-server") or str(
+        Path(sys.executable).parent / "infervisor-llama-server"
+    )
+    launcher = tmp_path / "gated-llama-server"
+    launcher.write_text(f'#!/bin/sh\ncat "{gate}" >/dev/null\nexec "{real}" "$@"\n')
+    launcher.chmod(0o755)
+    registry = tmp_path / "models"
+    registry.mkdir()
+    shutil.copy(tiny_gguf, registry / "m1.gguf")
+    node = nodes.open(
+        nodes.settings(
+            str(launcher),
+            registry,
+            kinds={"inference": KindSettings(startup_deadline_s=120.0, startup_cap_s=120.0)},
+        )
+    )
+    node.registry.adopt("m1", registry / "m1.gguf")
+    iid = node.place(
+        InstanceSpec(
+            role="r-m1", flavor=Flavor.LLAMACPP, model="m1", port=free_ports(1)[0], on_demand=True
+        )
+    )
+    port = free_ports(1)[0]
+    config = FrontConfig(listen=f"127.0.0.1:{port}", queue_limit=2)
+    secret = "queue-test-secret"
+    tokens = Tokens({"ci": secret}, {})
+    with FrontServer.listen(config, TcpAddress("127.0.0.1", port), tokens, "n1") as front:
+        front.serve(node)
+        http = openai.DefaultHttpxClient(trust_env=False)
+        with openai.OpenAI(
+            base_url=f"{front.url}/v1", api_key=secret, max_retries=0, http_client=http
+        ) as sdk:
+            answers: list[Any] = []
+
+            def one() -> None:
+                try:
+                    answers.append(ask(sdk, "m1"))
+                except Exception as e:  # collected for the assertion
+                    answers.append(e)
+
+            waiters = [threading.Thread(target=one) for _ in range(2)]
+            try:
+                for t in waiters:
+                    t.start()
+                wait_until(lambda: front.tally.snapshot().waiting[iid] == 2, 60, "two waiting")
+                assert node.status(iid).lifecycle == "starting"  # the requests started it
+                with pytest.raises(openai.APIStatusError) as refused:
+                    ask(sdk, "m1")  # a third: the queue (2) is full
+                assert refused.value.status_code == 503 and refused.value.code == "queue_full"
+                assert int(refused.value.response.headers["retry-after"]) >= 1
+            finally:
+                with open(gate, "wb"):  # the launcher's `cat` ends: the real server loads
+                    pass
+                for t in waiters:
+                    t.join(120)
+    assert [type(x) for x in answers] == [str, str], answers
+    rows = [(k, s) for _, _, k, s, _ in chain_rows(node.settings.chain_path)]
+    assert rows.count(("instance.starting", iid)) == 1  # one start served both
