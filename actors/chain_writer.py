@@ -57,7 +57,7 @@ from infervisor.chain.records import check_drafts
 
 from .append_health import AppendHealth
 from .commit_fill import FillPolicy, WriterInbox
-from .latch import Latch
+from .latch import Latch, answer_in_turn
 from .messages import Append
 from .observer import DEFAULT_CAPACITY, EventObserver
 
@@ -269,6 +269,7 @@ class ChainWriter(pykka.ThreadingActor):
         # again at once is one of the group, not another caller.
         self._queued = self._inbox.appends_waiting()
         first: list[StoredEvent] = []
+        answers: list[tuple[pykka.Future[Any], list[StoredEvent]]] = []
         start = 0
         for ask in valid:
             mine = stored[start : start + len(ask.drafts)]
@@ -276,7 +277,8 @@ class ChainWriter(pykka.ThreadingActor):
             if ask.reply_to is None:
                 first = mine
             else:
-                ask.reply_to.set(mine)
+                answers.append((ask.reply_to, mine))
+        answer_in_turn(answers)  # one wake-up here; each caller wakes the next
         if self._observer is not None:
             self._observer.offer(stored)
         self._checkpoint(stored)
