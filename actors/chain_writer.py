@@ -8,9 +8,11 @@ come back, for at most that commit's duration (:mod:`.commit_fill`: the rule,
 and the inbox that wakes the writer once, when the batch is complete), so its
 batches fill instead of settling at half the callers. Each asker is answered
 only after that commit, with its own stored events (seqs and hashes) in the
-order of its drafts. An asker whose drafts are invalid fails alone, before the
-transaction; a transaction that fails fails every asker in it, and none of
-their events is stored.
+order of its drafts: every answer is set, then the writer wakes the first
+caller waiting and each woken caller the next (:mod:`.latch`: one wake-up on
+the writer's thread, no herd of 32 threads at the GIL). An asker whose
+drafts are invalid fails alone, before the transaction; a transaction that
+fails fails every asker in it, and none of their events is stored.
 
 The observer of appended events (``on_event``) runs on its own thread behind
 a bounded buffer (:class:`~infervisor.actors.observer.EventObserver`): the

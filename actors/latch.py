@@ -150,14 +150,17 @@ def answer_in_turn(answers: Sequence[tuple[pykka.Future[Any], Any]]) -> None:
     A future that is not a :class:`Latch` is simply set.
 
     Raises:
-        queue.Full: a future was already answered (the ones before it are set).
+        queue.Full: a future was already answered (the ones before it are
+            set and woken).
     """
     turns = _Turns([])
-    for future, value in answers:
-        if isinstance(future, Latch):
-            future._answer(value, None)
-            future._turns = turns
-            turns.latches.append(future)  # nothing is released before all are set
-        else:
-            future.set(value)
-    turns.wake_next()
+    try:
+        for future, value in answers:
+            if isinstance(future, Latch):
+                future._answer(value, None)
+                future._turns = turns
+                turns.latches.append(future)  # nothing is released before all are set
+            else:
+                future.set(value)
+    finally:
+        turns.wake_next()  # the ones set are woken even if one could not be

@@ -188,3 +188,14 @@ def test_turns_wake_every_waiter_whatever_mix_of_callers() -> None:
             assert waiter.result() == value
         assert [f.get(timeout=0) for f, _ in answers] == [v for _, v in answers]
     assert set(kinds) == {"waits", "never", "timed out"}, kinds
+
+
+def test_an_answer_refused_midway_still_wakes_the_waiters_set_before_it() -> None:
+    before: Latch[str] = Latch()
+    answered: Latch[str] = Latch()
+    answered.set("already")
+    waiter = Waiter(before).blocked()
+    with pytest.raises(queue.Full):
+        answer_in_turn([(before, "mine"), (answered, "again")])
+    assert waiter.result() == "mine"
+    assert answered.get(timeout=0) == "already"
