@@ -8,9 +8,11 @@ come back, for at most that commit's duration (:mod:`.commit_fill`: the rule,
 and the inbox that wakes the writer once, when the batch is complete), so its
 batches fill instead of settling at half the callers. Each asker is answered
 only after that commit, with its own stored events (seqs and hashes) in the
-order of its drafts. An asker whose drafts are invalid fails alone, before the
-transaction; a transaction that fails fails every asker in it, and none of
-their events is stored.
+order of its drafts: every answer is set, then the writer wakes the first
+caller waiting and each woken caller the next (:mod:`.latch`: one wake-up on
+the writer's thread, no herd of 32 threads at the GIL). An asker whose
+drafts are invalid fails alone, before the transaction; a transaction that
+fails fails every asker in it, and none of their events is stored.
 
 The observer of appended events (``on_event``) runs on its own thread behind
 a bounded buffer (:class:`~infervisor.actors.observer.EventObserver`): the
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from infervisor.chain.records import check_drafts
 
 from .append_health import AppendHealth
 from .commit_fill import FillPolicy, WriterInbox
+from .latch import Latch, answer_in_turn
 from .messages import Append
 from .observer import DEFAULT_CAPACITY, EventObserver
 
@@ -210,6 +212,10 @@ class ChainWriter(pykka.ThreadingActor):
     def _create_actor_inbox() -> WriterInbox:  # pykka's hook for an actor's inbox
         return WriterInbox()
 
+    @staticmethod
+    def _create_future() -> Latch[Any]:  # pykka's hook: what ``ask`` answers through
+        return Latch()
+
     def on_receive(self, message: Any) -> list[StoredEvent]:
         if not isinstance(message, Append):
             raise TypeError(f"ChainWriter takes Append, not {type(message).__name__}")
@@ -242,16 +248,9 @@ class ChainWriter(pykka.ThreadingActor):
 
     def _gather(self, group: list[_Ask]) -> Any | None:
         """Add every Append queued now to ``group``; stops at (and returns) any other envelope."""
-        inbox = self._inbox
-        for _ in range(inbox.qsize()):
-            try:
-                envelope = inbox.get_nowait()
-            except queue.Empty:
-                break
-            if not isinstance(envelope.message, Append):
-                return envelope
-            group.append(_Ask(list(envelope.message.drafts), envelope.reply_to))
-        return None
+        appends, other = self._inbox.take_appends()
+        group += [_Ask(list(e.message.drafts), e.reply_to) for e in appends]
+        return other
 
     def _commit(self, group: list[_Ask]) -> list[StoredEvent]:
         """Store the group in one transaction and answer each ask; returns the first's events.
@@ -259,23 +258,20 @@ class ChainWriter(pykka.ThreadingActor):
         Raises:
             The first ask's own error (invalid drafts) or the transaction's.
         """
+        # The chain checks every draft before its transaction, so the common case
+        # checks each once; only a group holding an invalid draft is sorted out.
         first_error: Exception | None = None
-        valid: list[_Ask] = []
-        for ask in group:
-            try:
-                check_drafts(ask.drafts)
-            except InvalidEventError as exc:
-                if ask.reply_to is None:
-                    first_error = exc
-                else:
-                    _fail(ask)
-                continue
-            valid.append(ask)
-        stored = self._append(valid)
+        valid = group
+        try:
+            stored = self._append(valid, invalid_alone=True)
+        except InvalidEventError:
+            valid, first_error = _without_invalid(group)
+            stored = self._append(valid, invalid_alone=False)
         # Counted before any ask is answered: an answered caller that appends
         # again at once is one of the group, not another caller.
         self._queued = self._inbox.appends_waiting()
         first: list[StoredEvent] = []
+        answers: list[tuple[pykka.Future[Any], list[StoredEvent]]] = []
         start = 0
         for ask in valid:
             mine = stored[start : start + len(ask.drafts)]
@@ -283,7 +279,8 @@ class ChainWriter(pykka.ThreadingActor):
             if ask.reply_to is None:
                 first = mine
             else:
-                ask.reply_to.set(mine)
+                answers.append((ask.reply_to, mine))
+        answer_in_turn(answers)  # one wake-up here; each caller wakes the next
         if self._observer is not None:
             self._observer.offer(stored)
         self._checkpoint(stored)
@@ -303,14 +300,20 @@ class ChainWriter(pykka.ThreadingActor):
         if signed is not None and self._on_checkpoint is not None:
             self._on_checkpoint(signed)  # a tell per witness: never waits
 
-    def _append(self, valid: list[_Ask]) -> list[StoredEvent]:
-        """One transaction for the drafts of ``valid``; if it fails, fail them all, re-raise."""
+    def _append(self, valid: list[_Ask], *, invalid_alone: bool) -> list[StoredEvent]:
+        """One transaction for the drafts of ``valid``; if it fails, fail them all, re-raise.
+
+        With ``invalid_alone``, an invalid draft (refused before any transaction:
+        nothing stored) fails nobody here: the caller fails its ask alone.
+        """
         assert self._chain is not None
         drafts = [draft for ask in valid for draft in ask.drafts]
         started = time.perf_counter()
         try:
             stored = self._chain.append_many(drafts)
         except Exception as exc:
+            if invalid_alone and isinstance(exc, InvalidEventError):
+                raise  # refused before its transaction, nothing stored: see _commit
             # One transaction: none of the group is stored, so every asker fails.
             if self._health is not None and drafts:
                 self._health.failed(exc)
@@ -336,6 +339,24 @@ class ChainWriter(pykka.ThreadingActor):
             return
         if envelope.reply_to is not None:
             envelope.reply_to.set(response)
+
+
+def _without_invalid(group: list[_Ask]) -> tuple[list[_Ask], Exception | None]:
+    """The asks of ``group`` whose drafts are all valid. Every other ask is failed
+    with its own error, but the first's (``reply_to`` None), which is returned."""
+    first_error: Exception | None = None
+    valid: list[_Ask] = []
+    for ask in group:
+        try:
+            check_drafts(ask.drafts)
+        except InvalidEventError as exc:
+            if ask.reply_to is None:
+                first_error = exc
+            else:
+                _fail(ask)
+            continue
+        valid.append(ask)
+    return valid, first_error
 
 
 def _fail(ask: _Ask) -> None:

@@ -115,6 +115,22 @@ class WriterInbox(queue.Queue[Any]):
             self._appends -= 1
         return item
 
+    def take_appends(self) -> tuple[list[Any], Any | None]:
+        """Take every Append envelope queued before the first other message, in
+        order, and that message (None: none is queued). One lock for them all."""
+        taken: list[Any] = []
+        other = None
+        with self.mutex:
+            waiting = self.queue
+            while waiting:
+                envelope = waiting.popleft()
+                if not _is_append(envelope):
+                    other = envelope
+                    break
+                taken.append(envelope)
+            self._appends -= len(taken)
+        return taken, other
+
     def appends_waiting(self) -> int:
         """Append envelopes queued now."""
         with self.mutex:

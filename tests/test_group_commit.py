@@ -7,6 +7,7 @@ gate (an Event) while asks queue up, so what shares a transaction is known.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,46 @@ def test_everything_queued_shares_one_transaction(start_writer, gate, tmp_path) 
     assert gate.batches[1] == [s for i in range(20) for s in (f"a{i}", f"b{i}")]
     writer.stop(timeout=TIMEOUT_S)
     assert verify_chain(tmp_path / "chain.db").ok
+
+
+def test_callers_woken_in_turn_all_wake_whoever_does_not_wait(start_writer, gate) -> None:
+    """One transaction answers callers blocked in ``get``, asks nobody waits on yet
+    (``block=False``) and a caller that gave up waiting: the turn that wakes them
+    one after another (actors/latch.py) passes over those not waiting, so every
+    blocked caller wakes, and the others read their answer later."""
+    writer = start_writer()
+    first = hold(writer, gate)
+    got: dict[int, list[str]] = {}
+    futures = [
+        writer.ask(m.Append(drafts=(draft(subject=f"s{i}"),)), block=False) for i in range(12)
+    ]
+
+    def wait_for(i: int) -> None:
+        got[i] = [e.subject for e in futures[i].get(timeout=TIMEOUT_S)]
+
+    waiting = [i for i in range(12) if i % 3 == 0]
+    threads = [threading.Thread(target=wait_for, args=(i,)) for i in waiting]
+    for t in threads:
+        t.start()
+    with pytest.raises(pykka.Timeout):
+        futures[1].get(timeout=0)  # gave up before the answer
+    for i in waiting:
+        until_waiting(futures[i])
+    gate.release.set()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    assert got == {i: [f"s{i}"] for i in waiting}
+    assert first.get(timeout=TIMEOUT_S)[0].subject == "gate"
+    assert [f.get(timeout=0)[0].subject for f in futures] == [f"s{i}" for i in range(12)]
+    assert gate.batches[1] == [f"s{i}" for i in range(12)]  # one transaction
+
+
+def until_waiting(future: pykka.Future[Any]) -> None:
+    """Until a thread blocks in ``future.get`` (the latch's flag; generous deadline)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not getattr(future, "_waiting", False):
+        assert time.monotonic() < deadline, "the caller never blocked in get"
+        time.sleep(0.001)
 
 
 def test_a_failed_transaction_fails_every_caller_and_stores_none(
