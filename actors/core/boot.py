@@ -13,7 +13,7 @@ from __future__ import annotations
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
-from infervisor.replay.state import Stamp, later
+from infervisor.replay.state import Stamp, Then, later
 
 from .common import (
     STARTABLE,
@@ -56,8 +56,7 @@ def boot_process(d: Draft, b: BootSeen) -> None:
             elif d.inst.lifecycle in _HAD_PROCESS:
                 why = "no server process was recorded when the node stopped"
                 d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why))
-                if not b.held:
-                    after_exit(d)
+                _exited_at_boot(d, b.held)
     if len(d.events) == before:
         _resume(d, b.held)
 
@@ -107,8 +106,31 @@ def _gone(d: Draft, p: ProcessGone, held: bool = False) -> None:
     cause = inst.terminating.cause if inst.terminating is not None else p.reason
     reason = f"{cause}: {describe_exit(p.exit_code, p.signal)}"
     d.emit(ev.Exited(pid=p.pid, exit_code=p.exit_code, signal=p.signal, reason=reason))
-    if not held:
-        after_exit(d)
+    _exited_at_boot(d, held)
+
+
+def _exited_at_boot(d: Draft, held: bool) -> None:
+    """An exit the boot has just recorded: what follows it, decided now.
+
+    | after the exit                                    | the boot       |
+    |---------------------------------------------------|----------------|
+    | held (the node is drained)                        | nothing        |
+    | stopped, nothing to follow, still wanted running  | starts it      |
+    | anything else                                     | ``after_exit`` |
+
+    The second row is a shutdown's stop the node was killed in the middle of:
+    the live node that boots wants it running (the shutdown left it wanted so),
+    as :func:`_resume` starts one whose exit the shutdown did record. Left to
+    ``after_exit`` (a stop with nothing to follow), it would wait for the
+    supervisor's reconcile tick."""
+    if held:
+        return
+    inst = d.inst
+    wanted = inst.desired is Desired.RUNNING and not inst.exposed
+    if inst.lifecycle is S.STOPPED and inst.then == Then.NOTHING and wanted:
+        try_start(d, Role.BOOT)
+        return
+    after_exit(d)
 
 
 def _resume(d: Draft, held: bool = False) -> None:
