@@ -19,6 +19,7 @@ from infervisor.chain.trust import Verdict
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
+from ..clikit.paths import KEY
 from ..node.where import chain_of
 from .chain_inputs import KEY_HELP, read_checkpoint, read_text, stored_hashes, warn
 from .trust_options import TrustArgs, judge_chain, trust_options
@@ -48,7 +49,7 @@ NO_CHECKPOINT_WARNING = (
     help="A checkpoint saved earlier (infervisor chain checkpoint --out): rules out "
     "truncation and rewriting up to its tree size.",
 )
-@click.option("--key", help=KEY_HELP + " Needed with --checkpoint.")
+@click.option("--key", type=KEY, help=KEY_HELP + " Needed with --checkpoint.")
 @click.option(
     "--proof",
     "proof_file",
