@@ -17,23 +17,9 @@ from typing import Any, NamedTuple
 
 import pytest
 from chain_tamper import alter_payload, make_chain, rewrite_from, truncate
-from click.testing import CliRunner
+from test_cli_paths import Ran, run
 
 from infervisor.tools.audit.trust_options import NOT_VOUCHED
-from infervisor.tools.cli import cli as main_cli
-
-
-class Ran(NamedTuple):
-    code: int
-    stdout: str
-    stderr: str
-
-
-def run(*args: object) -> Ran:
-    result = CliRunner().invoke(main_cli, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return Ran(result.exit_code, result.stdout, result.stderr)
 
 
 class Saved(NamedTuple):
