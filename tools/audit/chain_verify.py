@@ -104,11 +104,8 @@ def verify(  # noqa: PLR0917 - one parameter per option, as click passes them
     anchor = anchor_line(verdict, ok)
     if as_json:
         echo_json(_doc(report, against, ok=ok, proof=proof, warning=warning, anchor=anchor))
-    elif ok:
-        _say_ok(report, against, proof)
-        click.echo(anchor)
     else:
-        _say_invalid(report, against, proof)
+        (_say_ok if ok else _say_invalid)(report, against, proof)
         click.echo(anchor)
     if warning is not None and (report.ok or not as_json):  # JSON carries it in "warning"
         warn(warning)
