@@ -170,3 +170,11 @@ def test_a_backup_into_a_file_is_refused_naming_out(chain: Chain, tmp_path: Path
     a_file.write_text("x\n")
     _refused(run("chain", "backup", chain.db, a_file / "copy.db"), "OUT", "is a file")
     _refused(run("chain", "backup", chain.db, tmp_path / "no" / "copy.db"), "OUT", "no such")
+
+
+@pytest.mark.parametrize("command", ["chain verify", "replay", "events", "audit"])
+def test_where_names_itself_when_it_names_nothing(tmp_path: Path, command: str) -> None:
+    _refused(run(*command.split(), tmp_path / "missing"), "WHERE", "no such chain file")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _refused(run(*command.split(), empty), "WHERE", "no such chain file")
