@@ -60,7 +60,7 @@ class Role(enum.StrEnum):
     NODE = "node"  # the node itself (boot)
     SHUTDOWN = "shutdown"  # the node stopping: leaves instances wanted as they were
     LEASE = "lease"  # a lapsed controller lease
-    BOOT = "boot"  # a start the boot decided
+    BOOT = "boot"  # a start the boot decided (or a shutdown's stop it resumed, to start again)
 
 
 def source_for(role: str, identity: str | None = None) -> str:

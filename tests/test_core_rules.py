@@ -934,6 +934,55 @@ def test_boot_stopping_alive_resumes_stop_kill() -> None:
     assert fx.ArmTimer(name="kill", due=later(term.at, term.grace_s)) in sim.last.effects  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("fact", ["gone", "none"])
+def test_boot_starts_what_a_killed_shutdown_was_stopping(fact: str) -> None:
+    """The node died in its shutdown, the server's exit unrecorded: the boot records
+    the exit and starts it in the same decision (wanted running: the shutdown
+    leaves it so), not the reconcile tick after it (the newcomer's trial, stop 31)."""
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="shutdown", grace_s=10))
+    assert sim.inst.lifecycle is S.STOPPING and sim.inst.desired is Desired.RUNNING
+    if fact == "none":  # no process recorded (its record lost with the node)
+        sim.state = replace(sim.inst, process=None)
+    _boot(sim, _gone(sim, code=None) if fact == "gone" else o.ProcessNone())
+    assert sim.kinds_of_last() == ["instance.exited"]
+    assert sim.effect(fx.CheckStart).by == "boot"
+
+
+def test_boot_restarts_a_live_server_a_killed_shutdown_was_stopping() -> None:
+    """Still alive at boot: the shutdown's stop goes on with what is left of its grace,
+    and the boot records that it starts again once gone (then restart, by the boot)."""
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="shutdown", grace_s=10))
+    term = sim.inst.terminating
+    assert term is not None
+    _boot(sim, _alive(sim))
+    assert sim.kinds_of_last() == ["instance.reattached", "instance.stop_requested"]
+    assert fx.ArmTimer(name="kill", due=later(term.at, term.grace_s)) in sim.last.effects  # type: ignore[union-attr]
+    assert (sim.inst.then, sim.inst.then_by, sim.inst.desired) == (
+        "restart",
+        "boot",
+        Desired.RUNNING,
+    )
+    sim.gone(signal=15)
+    assert sim.effect(fx.CheckStart).by == "boot"
+
+
+def test_boot_of_a_drained_node_does_not_restart_what_its_shutdown_was_stopping() -> None:
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="shutdown", grace_s=10))
+    sim.clock.advance(1)
+    sim.feed(o.BootSeen(process=_alive(sim), held=True))
+    assert sim.kinds_of_last() == ["instance.reattached"] and sim.inst.then == ""
+
+
+def test_boot_leaves_an_operator_stop_the_node_died_in_stopped() -> None:
+    sim = _in_state(S.STOPPING)
+    _boot(sim, _gone(sim, code=None))
+    assert sim.kinds_of_last() == ["instance.exited"] and sim.inst.lifecycle is S.STOPPED
+    assert not [e for e in sim.last.effects if isinstance(e, fx.CheckStart)]  # type: ignore[union-attr]
+
+
 def test_boot_after_an_escalated_stop_kills_at_once() -> None:
     sim = running(process_sim())
     sim.feed(o.StopVerb(by="operator", grace_s=10))

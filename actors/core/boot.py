@@ -10,16 +10,17 @@ recorded is recognised by its launch token.
 
 from __future__ import annotations
 
-from infervisor.replay import Desired, LifecycleState
+from infervisor.replay import Desired, InstanceState, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
-from infervisor.replay.state import Stamp, later
+from infervisor.replay.state import Stamp, Then, later
 
 from .common import (
     STARTABLE,
     after_exit,
     demand_pending,
     describe_exit,
+    remaining_s,
     restart_due,
     try_start,
     unloading,
@@ -46,7 +47,7 @@ def boot_process(d: Draft, b: BootSeen) -> None:
     before = len(d.events)
     match b.process:
         case ProcessAlive():
-            _reattach(d, b.process)
+            _reattach(d, b.process, b.held)
             return
         case ProcessGone():
             _gone(d, b.process, b.held)
@@ -56,8 +57,7 @@ def boot_process(d: Draft, b: BootSeen) -> None:
             elif d.inst.lifecycle in _HAD_PROCESS:
                 why = "no server process was recorded when the node stopped"
                 d.emit(ev.Exited(pid=None, exit_code=None, signal=None, reason=why))
-                if not b.held:
-                    after_exit(d)
+                _exited_at_boot(d, b.held)
     if len(d.events) == before:
         _resume(d, b.held)
 
@@ -75,7 +75,7 @@ def _relaunch(d: Draft, held: bool) -> None:
     try_start(d, Role.BOOT)
 
 
-def _reattach(d: Draft, p: ProcessAlive) -> None:
+def _reattach(d: Draft, p: ProcessAlive, held: bool = False) -> None:
     inst = d.inst
     # The uptime recorded at spawn is on the monotonic clock; the process's own
     # start time is wall time, which a clock step moves. Only a launch that was
@@ -94,7 +94,9 @@ def _reattach(d: Draft, p: ProcessAlive) -> None:
         )
     d.emit(ev.Reattached(pid=p.pid, up_since=started))
     term = inst.terminating
-    if term is not None:
+    if term is not None and not held and inst.lifecycle is S.STOPPING and _wanted_back(inst):
+        _restart_after_shutdown(d, later(term.at, term.grace_s))
+    elif term is not None:
         d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(term.at, term.grace_s)))
     elif inst.lifecycle is S.STOPPING:
         d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, d.rules.stop_grace_s)))
@@ -107,8 +109,46 @@ def _gone(d: Draft, p: ProcessGone, held: bool = False) -> None:
     cause = inst.terminating.cause if inst.terminating is not None else p.reason
     reason = f"{cause}: {describe_exit(p.exit_code, p.signal)}"
     d.emit(ev.Exited(pid=p.pid, exit_code=p.exit_code, signal=p.signal, reason=reason))
-    if not held:
-        after_exit(d)
+    _exited_at_boot(d, held)
+
+
+def _exited_at_boot(d: Draft, held: bool) -> None:
+    """An exit the boot has just recorded: what follows it, decided now.
+
+    | after the exit                                    | the boot       |
+    |---------------------------------------------------|----------------|
+    | held (the node is drained)                        | nothing        |
+    | stopped, nothing to follow, still wanted running  | starts it      |
+    | anything else                                     | ``after_exit`` |
+
+    The second row is a shutdown's stop the node was killed in the middle of:
+    the live node that boots wants it running (the shutdown left it wanted so),
+    as :func:`_resume` starts one whose exit the shutdown did record. Left to
+    ``after_exit`` (a stop with nothing to follow), it would wait for the
+    supervisor's reconcile tick."""
+    if held:
+        return
+    if d.inst.lifecycle is S.STOPPED and _wanted_back(d.inst):
+        try_start(d, Role.BOOT)
+        return
+    after_exit(d)
+
+
+def _wanted_back(inst: InstanceState) -> bool:
+    """Stopped (or stopping) by the node's shutdown: nothing to follow the stop, and
+    still wanted running (a shutdown leaves it so; any other stop records it is not)."""
+    return inst.then == Then.NOTHING and inst.desired is Desired.RUNNING and not inst.exposed
+
+
+def _restart_after_shutdown(d: Draft, kill_due: Stamp) -> None:
+    """A live server the shutdown was stopping when the node died: the stop goes on
+    (SIGTERM again, SIGKILL when its grace ends, as recorded), and the boot records
+    that the server is started again once it is gone (``then`` restart, by the
+    boot), as it starts one whose exit it finds (:func:`_exited_at_boot`)."""
+    left = max(0.0, remaining_s(kill_due, d.now))
+    why = "the shutdown's stop, resumed at boot: started again once stopped"
+    d.emit(ev.StopRequested(by=Role.BOOT, grace_s=left, reason=why, then=Then.RESTART, at=d.now))
+    d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, left)))
 
 
 def _resume(d: Draft, held: bool = False) -> None:

@@ -16,6 +16,7 @@ from infervisor.chain.errors import BundleError, CheckpointError
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
+from ..clikit.paths import KEY, need_dir
 from ..node.where import chain_of
 from .chain_files import say_swept
 from .chain_inputs import KEY_HELP, warn
@@ -32,7 +33,7 @@ UNANCHORED = "unanchored: no checkpoint held outside this node"
 @click.command("export", cls=Command)
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
-@click.option("--key", help=KEY_HELP + " Default: node.pub beside the chain.")
+@click.option("--key", type=KEY, help=KEY_HELP + " Default: node.pub beside the chain.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 def export(where: Path, out: Path, key: str | None, as_json: bool) -> None:
     """Write the chain in WHERE as a bundle directory OUT (new or empty).
@@ -74,7 +75,7 @@ def export(where: Path, out: Path, key: str | None, as_json: bool) -> None:
 
 @click.command("verify-bundle", cls=Command)
 @click.argument("bundle", metavar="BUNDLE", type=click.Path(path_type=Path))
-@click.option("--key", help=KEY_HELP + " Default: the bundle's node.pub.")
+@click.option("--key", type=KEY, help=KEY_HELP + " Default: the bundle's node.pub.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 def verify_bundle_cmd(bundle: Path, key: str | None, as_json: bool) -> None:
     """Verify an export bundle with no database: events, checkpoints, manifest.
@@ -86,6 +87,7 @@ def verify_bundle_cmd(bundle: Path, key: str | None, as_json: bool) -> None:
     format.md, "Cosignatures and the trust policy"). Exit 0 when valid; 1 when
     not, naming the sequence number and the reason.
     """
+    need_dir(bundle, "BUNDLE")
     if not (bundle / "manifest.json").is_file():
         raise Failure(f"{bundle}: not a bundle (no manifest.json)", "bad_path", "BUNDLE")
     try:

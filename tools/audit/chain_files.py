@@ -18,6 +18,7 @@ from infervisor.chain.leftovers import sweep
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
+from ..clikit.paths import need_parent
 from ..node.lock import LOCK_FILE, RunError, holds_no_run
 from ..node.where import chain_of
 from .chain_inputs import warn
@@ -89,6 +90,7 @@ def backup(where: Path, out: Path, as_json: bool) -> None:
     OUT's folder is removed first, and stderr says so.
     """
     db = chain_of(where)
+    need_parent(out, "OUT")
     say_swept(out)
     if out.exists():
         raise Failure(f"OUT {out} exists: a backup goes to a new file", "bad_path", "OUT")

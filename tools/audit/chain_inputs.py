@@ -26,6 +26,7 @@ from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
 from infervisor.chain.note import Verifier, split_note
 
 from ..clikit.failure import Failure
+from ..clikit.paths import need_file
 
 __all__ = [
     "KEY_HELP",
@@ -48,6 +49,12 @@ def warn(message: str) -> None:
 
 
 def read_text(path: Path, field: str) -> bytes:
+    """The bytes of the file ``field`` names.
+
+    Raises:
+        Failure: ``bad_path`` (exit 2) when it is missing, a directory or unreadable.
+    """
+    need_file(path, field)
     try:
         return path.read_bytes()
     except OSError as e:
@@ -82,17 +89,19 @@ def trusted(db: Path, key: str) -> list[Verifier]:
     return trusted_keys(anchor, rotations_in((k, bytes(p)) for k, p in rows))
 
 
-def read_checkpoint(path: Path, key: str | None, db: Path) -> Checkpoint:
-    """The checkpoint in FILE: its signature verified with `key` (or a key the chain's
-    rotations link to it), or only parsed without one."""
-    note = read_text(path, "--checkpoint")
+def read_checkpoint(
+    path: Path, key: str | None, db: Path, field: str = "--checkpoint"
+) -> Checkpoint:
+    """The checkpoint in FILE (named ``field`` in errors): its signature verified with
+    `key` (or a key the chain's rotations link to it), or only parsed without one."""
+    note = read_text(path, field)
     try:
         if key is not None:
             return read_checkpoint_by(note, trusted(db, key))
         text, _ = split_note(note)
         origin, size, root, head = parse_checkpoint_text(text)
     except (CheckpointError, NoteError) as e:
-        raise Failure(f"--checkpoint {path}: {e}", "checkpoint_invalid", "--checkpoint") from e
+        raise Failure(f"{field} {path}: {e}", "checkpoint_invalid", field) from e
     return Checkpoint(origin, size, root, head, note.decode("utf-8"))
 
 

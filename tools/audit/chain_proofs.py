@@ -14,6 +14,7 @@ from infervisor.chain.merkle import consistency_proof, inclusion_proof, leaf_has
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
+from ..clikit.paths import KEY
 from ..node.where import chain_of
 from .chain_inputs import KEY_HELP, matches, read_checkpoint, refuse_invalid, stored_hashes
 
@@ -30,7 +31,9 @@ __all__ = ["consistency", "prove"]
     type=click.Path(path_type=Path),
     help="The checkpoint whose tree the proof is for.",
 )
-@click.option("--key", help=KEY_HELP + " When given, the checkpoint's signature is checked.")
+@click.option(
+    "--key", type=KEY, help=KEY_HELP + " When given, the checkpoint's signature is checked."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
 def prove(where: Path, seq: int, checkpoint_file: Path, key: str | None, as_json: bool) -> None:
     """Print the RFC 6962 inclusion proof of event SEQ in the checkpoint's tree.
@@ -93,7 +96,7 @@ def _b64(digest: bytes) -> str:
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
 @click.argument("old", metavar="OLD", type=click.Path(path_type=Path))
 @click.argument("new", metavar="NEW", type=click.Path(path_type=Path))
-@click.option("--key", help=KEY_HELP + " When given, both signatures are checked.")
+@click.option("--key", type=KEY, help=KEY_HELP + " When given, both signatures are checked.")
 @click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
 def consistency(where: Path, old: Path, new: Path, key: str | None, as_json: bool) -> None:
     """Print the RFC 6962 consistency proof between checkpoint files OLD and NEW.
@@ -101,8 +104,8 @@ def consistency(where: Path, old: Path, new: Path, key: str | None, as_json: boo
     Exit 1 when the chain does not extend OLD or match NEW (a fork or a rewrite).
     """
     db = chain_of(where)
-    old_cp = read_checkpoint(old, key, db)
-    new_cp = read_checkpoint(new, key, db)
+    old_cp = read_checkpoint(old, key, db, "OLD")
+    new_cp = read_checkpoint(new, key, db, "NEW")
     if old_cp.tree_size > new_cp.tree_size:
         raise Failure(
             f"OLD covers {old_cp.tree_size} events, NEW only {new_cp.tree_size}: "

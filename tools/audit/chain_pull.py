@@ -14,6 +14,7 @@ import click
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
+from ..clikit.paths import KEY
 from ..clikit.tokens import token_of
 from .pull import TRUST_FIRST_USE, PullError, PullReport, pull
 
@@ -40,6 +41,7 @@ scope first (a node's generated file has operator and controller)."""
 )
 @click.option(
     "--key",
+    type=KEY,
     help="The node's verifier key (string or file). Default: the one DIR pinned at its "
     "first pull; at the first pull without --key, the node's own key is trusted on first use.",
 )
@@ -65,6 +67,8 @@ def pull_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
             "bad_value",
             "URL",
         )
+    if folder.exists() and not folder.is_dir():
+        raise Failure(f"DIR {folder}: is a file, not a directory", "bad_path", "DIR")
     secret = token_of(token, token_file, token_name or PULL_TOKEN_NAMES)
     last = [0.0]
 

@@ -19,9 +19,10 @@ from infervisor.chain.trust import Verdict
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
+from ..clikit.paths import KEY
 from ..node.where import chain_of
 from .chain_inputs import KEY_HELP, read_checkpoint, read_text, stored_hashes, warn
-from .trust_options import TrustArgs, judge_chain, trust_options
+from .trust_options import TrustArgs, anchor_line, judge_chain, trust_options
 
 __all__ = ["NO_CHECKPOINT_WARNING", "verify"]
 
@@ -48,7 +49,7 @@ NO_CHECKPOINT_WARNING = (
     help="A checkpoint saved earlier (infervisor chain checkpoint --out): rules out "
     "truncation and rewriting up to its tree size.",
 )
-@click.option("--key", help=KEY_HELP + " Needed with --checkpoint.")
+@click.option("--key", type=KEY, help=KEY_HELP + " Needed with --checkpoint.")
 @click.option(
     "--proof",
     "proof_file",
@@ -100,16 +101,26 @@ def verify(  # noqa: PLR0917 - one parameter per option, as click passes them
     proof = _check_proof(db, proof_file, cp) if proof_file is not None else None
     warning = _warning(verdict, against)
     ok = report.ok and (against is None or against["ok"]) and (proof is None or proof["ok"])
+    anchor = anchor_line(verdict, ok)
     if as_json:
-        doc = msgspec.to_builtins(report)
-        doc.update(ok=ok, checkpoint=against, proof=proof, warning=warning, anchor=verdict.anchor)
-        echo_json(doc)
+        echo_json(_doc(report, against, ok=ok, proof=proof, warning=warning, anchor=anchor))
     else:
-        _say_verdict(report, against, proof)
-        click.echo(verdict.anchor)
+        (_say_ok if ok else _say_invalid)(report, against, proof)
+        click.echo(anchor)
     if warning is not None and (report.ok or not as_json):  # JSON carries it in "warning"
         warn(warning)
     sys.exit(0 if ok else 1)
+
+
+def _doc(report: VerifyReport, against: dict[str, Any] | None, **fields: Any) -> dict[str, Any]:
+    """The --json verdict: the rows' report, ``checkpoint`` (`against`) and `fields`.
+    The checkpoints' failure is the chain's: ``problem`` names it when the rows
+    verify, as the offline readers' wrapper does (a failed proof stays in ``proof``)."""
+    doc: dict[str, Any] = msgspec.to_builtins(report)
+    if report.problem is None and against is not None and not against["ok"]:
+        doc["problem"] = {k: against[k] for k in ("seq", "reason", "detail")}
+    doc.update(checkpoint=against, **fields)
+    return doc
 
 
 def _warning(verdict: Verdict, against: dict[str, Any] | None) -> str | None:
@@ -136,32 +147,43 @@ def _against(verdict: Verdict, cp: Checkpoint | None) -> dict[str, Any] | None:
     return {**base, "ok": False, "seq": p.seq, "reason": p.reason, "detail": p.detail + own}
 
 
-def _say_verdict(
+def _say_ok(
     report: VerifyReport, against: dict[str, Any] | None, proof: dict[str, Any] | None
 ) -> None:
-    if report.ok:
-        click.echo(
-            f"ok: {report.events} events, node {report.node}, head seq {report.head_seq} "
-            f"{report.head_hash}"
-        )
-    else:
-        p = report.problem
-        assert p is not None
-        click.echo(f"INVALID at seq {p.seq}: {p.reason}: {p.detail}")
+    """A valid verdict: the chain, the checkpoints, the proof, each ``ok``."""
+    click.echo(f"ok: {_rows(report)}")
     if against is not None:
-        if against["ok"]:
-            click.echo(
-                f"ok against checkpoint: tree size {against['tree_size']}: "
-                f"seq 0..{against['tree_size'] - 1} are as signed"
-            )
-        else:
-            click.echo(
-                f"INVALID against checkpoint at seq {against['seq']}: {against['reason']}: "
-                f"{against['detail']}"
-            )
+        click.echo(
+            f"ok against checkpoint: tree size {against['tree_size']}: "
+            f"seq 0..{against['tree_size'] - 1} are as signed"
+        )
     if proof is not None:
-        word = "ok" if proof["ok"] else "INVALID"
-        click.echo(f"{word} {proof['type']} proof: {proof['detail']}")
+        click.echo(f"ok {proof['type']} proof: {proof['detail']}")
+
+
+def _say_invalid(
+    report: VerifyReport, against: dict[str, Any] | None, proof: dict[str, Any] | None
+) -> None:
+    """A verdict that is not ok: each failure (rows, checkpoints, proof), then the
+    chain as read, in words that vouch for nothing (no ``ok`` line: a part that
+    checks out beside a failure is in --json, with its own ``ok``)."""
+    p = report.problem
+    if p is not None:
+        click.echo(f"INVALID at seq {p.seq}: {p.reason}: {p.detail}")
+    if against is not None and not against["ok"]:
+        click.echo(
+            f"INVALID against checkpoint at seq {against['seq']}: {against['reason']}: "
+            f"{against['detail']}"
+        )
+    if proof is not None and not proof["ok"]:
+        click.echo(f"INVALID {proof['type']} proof: {proof['detail']}")
+    click.echo(f"as stored: {_rows(report)}")
+
+
+def _rows(report: VerifyReport) -> str:
+    return (
+        f"{report.events} events, node {report.node}, head seq {report.head_seq} {report.head_hash}"
+    )
 
 
 def _check_proof(db: Path, path: Path, cp: Checkpoint | None) -> dict[str, Any]:

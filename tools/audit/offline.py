@@ -142,7 +142,7 @@ def read_offline(
             failed = Problem(seq=p.seq, reason=cast(Reason, p.reason), detail=p.detail)
             report = msgspec.structs.replace(read.report, ok=False, problem=failed)
             read = msgspec.structs.replace(read, report=report)
-        say_anchor(verdict)
+        say_anchor(verdict, read.report.problem is None)
     return read
 
 

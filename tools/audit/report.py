@@ -17,7 +17,7 @@ from ..clikit.command import Command, FiniteRange
 from ..clikit.failure import echo_json, fail
 from ..node.where import chain_of
 from .offline import iso
-from .trust_options import TrustArgs, judge_chain, say_anchor, trust_options
+from .trust_options import TrustArgs, anchor_line, judge_chain, say_anchor, trust_options
 
 __all__ = ["audit"]
 
@@ -71,17 +71,18 @@ def audit(  # noqa: PLR0917 - one parameter per option, as click passes them
         fail(str(e), "chain_unreadable")
     verdict = judge_chain(db, TrustArgs(where, witnesses, quorum))
     trusted = verdict.problem is None
+    verifies = trusted and report.verify.problem is None
     if as_json:
         doc = msgspec.to_builtins(report)
         problem = None if trusted else verdict.problem._asdict()  # type: ignore[union-attr]
-        doc.update(ok=report.ok and trusted, anchor=verdict.anchor, trust=problem)
+        doc.update(ok=report.ok and trusted, anchor=anchor_line(verdict, verifies), trust=problem)
         echo_json(doc)
     else:
         if verdict.problem is not None:
             p = verdict.problem
             click.echo(f"INVALID against its checkpoints at seq {p.seq}: {p.reason}: {p.detail}")
         _print_audit(db, report)
-        say_anchor(verdict)
+        say_anchor(verdict, verifies)
     sys.exit(0 if report.ok and trusted else 1)
 
 

@@ -27,8 +27,10 @@ from ..clikit.command import UNVERIFIED_HELP
 from ..clikit.failure import Failure
 
 __all__ = [
+    "NOT_VOUCHED",
     "Reading",
     "TrustArgs",
+    "anchor_line",
     "config_witnesses",
     "judge_chain",
     "reading_options",
@@ -178,6 +180,20 @@ def refuse(db: Path, verdict: Verdict) -> None:
         )
 
 
-def say_anchor(verdict: Verdict) -> None:
-    """The anchor line, on stderr (stdout stays the command's output)."""
-    click.echo(verdict.anchor, err=True)
+NOT_VOUCHED = "unanchored: the chain does not verify; nothing vouches for it"
+"""The anchor line under a verdict that is not ok (docs/chain-format.md, "Cosignatures
+and the trust policy")."""
+
+
+def anchor_line(verdict: Verdict, ok: bool) -> str:
+    """The anchor line under the whole verdict ``ok``: the trust policy's own
+    (``anchored: ...``, ``unanchored: ...``) when the chain verifies, else
+    :data:`NOT_VOUCHED`: a checkpoint or a witness quorum that a chain fails
+    against vouches for nothing, and ``anchored:`` under INVALID reads as
+    assurance (the newcomer's trial, stop 31)."""
+    return verdict.anchor if ok else NOT_VOUCHED
+
+
+def say_anchor(verdict: Verdict, ok: bool = True) -> None:
+    """The anchor line (:func:`anchor_line`), on stderr (stdout stays the command's output)."""
+    click.echo(anchor_line(verdict, ok), err=True)

@@ -20,6 +20,7 @@ import click
 
 from ..api.exit_codes import EPILOG, cut
 from .failure import Failure, echo_json, fail
+from .paths import BadPath
 
 __all__ = [
     "SECONDS",
@@ -71,6 +72,8 @@ class Command(click.Command):
                 from .schemas import ErrorBody, ErrorRecord  # noqa: PLC0415 - as failure.fail
 
                 code = "bad_value" if isinstance(e, click.BadParameter) else "usage"
+                if isinstance(e, BadPath):
+                    code = "bad_path"
                 body = ErrorBody(code=code, message=cut(e.format_message()), field=_usage_field(e))
                 echo_json(ErrorRecord(error=body))
             raise

@@ -18,6 +18,7 @@ from infervisor.adapters.spec import InstanceSpec
 from infervisor.replay.views import InstanceView
 
 from ..api.wire import ErrorBody, ErrorEnvelope
+from .node_schema import NODE_SCHEMA
 
 if TYPE_CHECKING:  # only annotations: `status` of a node loads no reducer (issue 22)
     from infervisor.replay import InstanceState, TimelineEntry
@@ -464,4 +465,5 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "timeline entry": TIMELINE_SCHEMA,
     "error": ERROR_SCHEMA,
     "chain verdict": VERIFY_SCHEMA,
+    "node": NODE_SCHEMA,
 }

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .failure import fail
+from .paths import file_problem
 
 __all__ = ["token_of"]
 
@@ -25,6 +26,9 @@ def token_of(
         return token.strip() or None
     if token_file is None:
         return os.environ.get("INFERVISOR_TOKEN", "").strip() or None
+    problem = file_problem(token_file)
+    if problem is not None:
+        fail(f"--token-file {token_file}: {problem}", "bad_path", "--token-file")
     try:
         text = token_file.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:

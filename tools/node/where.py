@@ -16,7 +16,7 @@ def where(arg: Path) -> tuple[Path, Path]:
     names nothing or its config does not load."""
     if not arg.exists():
         fail(
-            f"{arg}: no such chain file, data directory or config file (.toml)",
+            f"WHERE {arg}: no such chain file, data directory or config file (.toml)",
             "bad_path",
         )
     if arg.is_dir():
@@ -37,5 +37,8 @@ def chain_of(arg: Path) -> Path:
     """The chain file ARG names; exits 2 when there is none."""
     db = where(arg)[1]
     if not db.is_file():
-        fail(f"{db}: no such chain file (a node's data directory holds chain.db)", "no_chain")
+        fail(
+            f"WHERE {arg}: no such chain file {db} (a node's data directory holds chain.db)",
+            "no_chain",
+        )
     return db

@@ -57,8 +57,17 @@ _MIB = 1024 * 1024
     help="Exit 0 only when INSTANCE is running and healthy, else 1 (3: no node answers), "
     "like `systemctl is-active`.",
 )
+@click.option(
+    "--node",
+    "node_record",
+    is_flag=True,
+    help="Show the node itself (cordon, phase, chain head), not its instances; with "
+    "--json, one object (schema node).",
+)
 @node_command("[WHERE] [INSTANCE]", 1)
-def status(target: Target, as_json: bool, unverified: bool, watch: bool, check: bool) -> None:
+def status(  # noqa: PLR0917 - one parameter per option, as click passes them
+    target: Target, as_json: bool, unverified: bool, watch: bool, check: bool, node_record: bool
+) -> None:
     """Show the node's instances (or only INSTANCE): one line each, like `kubectl get`.
 
     WHERE is the node's data directory, its config file (.toml) or its
@@ -91,10 +100,23 @@ def status(target: Target, as_json: bool, unverified: bool, watch: bool, check: 
     only when the node has it running and its last probe did not fail, 1
     otherwise, 3 when no node answers (the chain is not asked).
 
+    --node shows the node instead of its instances: whether it takes
+    placements (cordon: none, cordoned, drained), its phase and its chain's
+    head, from the node or else its chain. With --json it is one object
+    (docs/cli.md, schema "node": "cordon", "takes_placements", "phase", ...);
+    --json without --node stays the list of instances.
+
     Exit 0; 1 when INSTANCE is not placed (the message names those that are);
     2 when WHERE names nothing; 3 when it has neither a running node nor a chain.
     """
     instance = target.rest[0] if target.rest else None
+    if node_record:
+        if instance is not None or watch or check:
+            fail("--node shows the node: not with INSTANCE, --watch or --check", "usage", "--node")
+        from .node_status import show_node  # noqa: PLC0415 - only --node pays for it
+
+        show_node(target, as_json, unverified)
+        return
     if check and (instance is None or watch):
         fail("--check needs INSTANCE, and not --watch", "usage", "--check")
     if not watch:

@@ -1,0 +1,59 @@
+"""The node's record as ``infervisor status --node --json`` prints it, and its JSON
+Schema (docs/cli.md, schema ``node``; listed in :data:`.schemas.SCHEMAS`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["NODE_SCHEMA", "NodeRecord"]
+
+
+class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """The node: whether it takes placements, its phase, its chain's head.
+
+    ``source`` is ``node`` (the running node answered) or ``chain`` (no node
+    runs: replayed from its chain; ``version``, ``phase``, ``chain_writable``
+    and ``chain_error`` are then null). ``cordon`` is ``none``, ``cordoned``
+    or ``drained`` (``infervisor cordon``, ``drain``, ``uncordon``; recorded in
+    the chain, so a stopped node's is known too); ``takes_placements`` is
+    whether it is ``none``. ``phase`` is the running node's (``open``,
+    ``stopping``). ``instances`` counts the placed instances.
+    """
+
+    source: str
+    node_id: str
+    version: str | None
+    phase: str | None
+    cordon: str
+    takes_placements: bool
+    head_seq: int
+    head_hash: str
+    instances: int
+    chain_writable: bool | None
+    chain_error: str | None
+
+
+_OPT_STR = {"type": ["string", "null"]}
+
+NODE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "node",
+    "type": "object",
+    "additionalProperties": False,
+    "required": list(NodeRecord.__struct_fields__),
+    "properties": {
+        "source": {"enum": ["node", "chain"]},
+        "node_id": {"type": "string"},
+        "version": _OPT_STR,
+        "phase": _OPT_STR,
+        "cordon": {"enum": ["none", "cordoned", "drained"]},
+        "takes_placements": {"type": "boolean"},
+        "head_seq": {"type": "integer"},
+        "head_hash": {"type": "string"},
+        "instances": {"type": "integer"},
+        "chain_writable": {"type": ["boolean", "null"]},
+        "chain_error": _OPT_STR,
+    },
+}

@@ -1,0 +1,120 @@
+"""``infervisor status --node``: the node itself rather than its instances: whether
+it takes placements (cordon, drain), its phase and its chain's head; from the
+running node (``GET /v1/node``), else replayed from its chain.
+
+``status --json`` stays the list of instances scripts read; the node's record is
+one object of its own (docs/cli.md, schema ``node``), with the same keys whether
+the node answered (``"source": "node"``) or its chain did (``"source": "chain"``:
+what only a running node knows is null).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from infervisor.replay import NodeState
+
+from ..api.errors import ApiError, NoAnswer, NodeUnavailable, NotRunning
+from ..api.wire import NodeInfo
+from ..clikit.failure import echo_json, fail
+from ..clikit.node_schema import NodeRecord
+from ..node.where import where
+from .target import Target, api_failure
+
+__all__ = ["show_node"]
+
+_TAKES = {
+    "none": "takes placements",
+    "cordoned": "cordoned: no new placements (`infervisor uncordon` ends it)",
+    "drained": "drained: no new placements, its controllers' instances stay stopped "
+    "(`infervisor uncordon` ends it)",
+}
+
+
+def show_node(target: Target, as_json: bool, unverified: bool) -> None:
+    """Print the node's record: a line or two, or one JSON object (``--json``).
+
+    Exits 3 (``api_failure``) when no node answers and no chain is there to read."""
+    try:
+        with target.client() as client:
+            record = _of_node(client.node())
+    except NoAnswer as e:
+        api_failure(e)
+    except NodeUnavailable as e:
+        if target.where is None:
+            api_failure(e)
+        _from_chain(*where(target.where), e, as_json=as_json, unverified=unverified)
+        return
+    except ApiError as e:
+        api_failure(e)
+    if as_json:
+        echo_json(record)
+        return
+    _say(record)
+
+
+def _say(record: NodeRecord) -> None:
+    phase = record.phase or "not running"
+    version = f" (infervisor {record.version})" if record.version else ""
+    click.echo(f"node {record.node_id}{version}: {phase}; {_TAKES.get(record.cordon, '?')}")
+    head = f"head seq {record.head_seq} {record.head_hash}"
+    click.echo(f"chain: {head}, {record.instances} instances")
+    if record.chain_writable is False:
+        click.echo(f"warning: the chain refuses writes: {record.chain_error}", err=True)
+
+
+def _of_node(info: NodeInfo) -> NodeRecord:
+    return NodeRecord(
+        source="node",
+        node_id=info.node_id,
+        version=info.version,
+        phase=info.phase,
+        cordon=info.cordon,
+        takes_placements=info.cordon == "none",
+        head_seq=info.head_seq,
+        head_hash=info.head_hash,
+        instances=info.instances,
+        chain_writable=info.chain_writable,
+        chain_error=info.chain_error,
+    )
+
+
+def _from_chain(
+    folder: Path, db: Path, why: NodeUnavailable, *, as_json: bool, unverified: bool
+) -> None:
+    """The record replayed from the chain (verified unless ``unverified``, as
+    ``status``), printed as :func:`show_node` prints the node's."""
+    if not db.is_file():
+        if not isinstance(why, NotRunning):
+            api_failure(why)  # a new node still opening: no chain yet
+        fail(f"no node is running on {folder}, and it holds no chain ({db})", "no_node")
+    # Imported here: verifying a chain loads its trust checks (checkpoints, notes).
+    from ..audit.offline import print_marker, read_offline, wrap  # noqa: PLC0415
+
+    read = read_offline(db, unverified=unverified)
+    click.echo("no node answers; its record replayed from the chain", err=True)
+    record = _of_state(read.state)
+    if as_json:
+        echo_json(wrap(read, record) if unverified else record)
+        return
+    if unverified:
+        print_marker(db, read)
+    _say(record)
+
+
+def _of_state(state: NodeState) -> NodeRecord:
+    return NodeRecord(
+        source="chain",
+        node_id=state.node_id,
+        version=None,
+        phase=None,
+        cordon=str(state.cordon),
+        takes_placements=state.cordon == "none",
+        head_seq=state.head_seq,
+        head_hash=state.head_hash,
+        instances=len(state.instances),
+        chain_writable=None,
+        chain_error=None,
+    )
