@@ -26,13 +26,14 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any
 
 import msgspec
 
 from .errors import ProbeError
 from .probe import Health, HealthKind, ProbeSteps, ProbeTarget, ServerReport
-from .probe_http import Connection
+from .probe_http import Connection, Outcome
 from .spec import Flavor
 
 __all__ = ["Later", "ProbeEngine", "ReportTo"]
@@ -158,22 +159,14 @@ class ProbeEngine:
             return
         server.busy = True
         server.connection.timeout = timeout
-        task = self._loop.create_task(self._probe(server, flavor, done))
+        server.connection.late_s = 0.0
+        _Probe(self, server, flavor, done).go(None)
+
+    def _run_task(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` as a task (cancelled at :meth:`close`)."""
+        task = self._loop.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _probe(self, server: _Server, flavor: Flavor, done: ReportTo) -> None:
-        server.connection.late_s = 0.0
-        try:
-            report = await _drive(server, flavor)
-            report = _with_lateness(report, server.connection.late_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a bug is a probe verdict, not a lost probe
-            report = _report(HealthKind.UNHEALTHY, f"probe error: {type(e).__name__}: {e}", flavor)
-        finally:
-            server.busy = False
-        _deliver(done, report)
 
     def _forget(self, key: Hashable) -> None:
         server = self._servers.pop(key, None)
@@ -195,21 +188,73 @@ class ProbeEngine:
         self._loop.stop()
 
 
-async def _drive(server: _Server, flavor: Flavor) -> ServerReport:
-    """Run one probe's steps over the server's connection."""
-    steps = server.steps.probe(flavor)
-    try:
-        path = next(steps)
-        while True:
-            try:
-                reply = await server.connection.get(path)
-            except ProbeError as e:
-                path = steps.throw(e)
+class _Probe:
+    """One probe's steps, driven by the answers' callbacks over the kept
+    connection (no task, no future: most of a steady probe's cost was theirs);
+    a step that needs a new connection awaits it in a task, then goes on so."""
+
+    __slots__ = ("done", "engine", "flavor", "path", "server", "steps")
+
+    def __init__(self, engine: ProbeEngine, server: _Server, flavor: Flavor, done: ReportTo):
+        self.engine, self.server, self.flavor, self.done = engine, server, flavor, done
+        self.steps = server.steps.probe(flavor)
+        self.path = ""
+
+    def go(self, outcome: Outcome) -> None:
+        """Feed the steps ``outcome`` (None: none yet) and send the next request."""
+        try:
+            steps = self.steps
+            if outcome is None:
+                path = next(steps)
+            elif isinstance(outcome, ProbeError):
+                path = steps.throw(outcome)
             else:
-                path = steps.send(reply)
-    except StopIteration as stop:
-        report: ServerReport = stop.value
-        return report
+                path = steps.send(outcome)
+            self.path = path
+            try:
+                sent = self.server.connection.send(path, self.answered)
+            except ProbeError as e:
+                self.go(e)
+                return
+        except StopIteration as stop:
+            self.finish(stop.value)
+            return
+        except Exception as e:  # noqa: BLE001 - a bug is a probe verdict, not a lost probe
+            self.failed(e)
+            return
+        if not sent:  # no kept connection: connecting awaits
+            self.engine._run_task(self.rest())
+
+    def answered(self, outcome: Outcome) -> None:
+        """The request's outcome; None: the kept connection was closed, one more try."""
+        if outcome is None:
+            self.engine._run_task(self.rest())
+        else:
+            self.go(outcome)
+
+    async def rest(self) -> None:
+        """The current request over a new connection, then the steps go on."""
+        outcome: Outcome
+        try:
+            outcome = await self.server.connection.get(self.path)
+        except ProbeError as e:
+            outcome = e
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug is a probe verdict, not a lost probe
+            self.failed(e)
+            return
+        self.go(outcome)
+
+    def failed(self, e: Exception) -> None:
+        reason = f"probe error: {type(e).__name__}: {e}"
+        self.finish(_report(HealthKind.UNHEALTHY, reason, self.flavor))
+
+    def finish(self, report: ServerReport) -> None:
+        """The report to its callback (never once the engine is closed)."""
+        self.server.busy = False
+        if not self.engine._closed:
+            _deliver(self.done, _with_lateness(report, self.server.connection.late_s))
 
 
 def _with_lateness(report: ServerReport, late_s: float) -> ServerReport:

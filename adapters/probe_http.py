@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
+from functools import partial
 from urllib.parse import urlsplit
 
 import httptools
@@ -24,7 +26,7 @@ import httptools
 from .errors import ProbeError
 from .probe import _Reply
 
-__all__ = ["Connection"]
+__all__ = ["Answered", "Connection", "Outcome"]
 
 _CLOSED = "{where}: the server closed the connection without answering"
 _GONE = "{where}: not probed any more (the instance went away)"
@@ -38,15 +40,22 @@ class _Stale(Exception):
     """The server closed a kept-alive connection before a byte of its answer."""
 
 
+#: What a request sent by :meth:`Connection.send` came to: the answer, the
+#: error, or None when the kept connection turned out closed (try a new one).
+Outcome = _Reply | ProbeError | None
+#: Told the :data:`Outcome` of a request (on the engine's loop).
+Answered = Callable[[Outcome], None]
+
+
 class _Wire(asyncio.Protocol):
     """One TCP connection; the parser's callbacks fill in the answer of the
-    request in flight, and wake :attr:`waiter` when it is whole (or lost)."""
+    request in flight, and call :attr:`then` once when it is whole (or lost)."""
 
     def __init__(self, max_body: int) -> None:
         self.max_body = max_body
         self.transport: asyncio.Transport | None = None
         self.lost = False
-        self.waiter: asyncio.Future[None] | None = None
+        self.then: Callable[[], None] | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.body = bytearray()
@@ -55,11 +64,11 @@ class _Wire(asyncio.Protocol):
         self.framed = False  # the answer says its length (Content-Length, chunked)
         self.error: BaseException | None = None
 
-    def ask(self, request: bytes, waiter: asyncio.Future[None]) -> None:
-        """Send ``request``; ``waiter`` is done when its answer is (or failed)."""
+    def ask(self, request: bytes, then: Callable[[], None]) -> None:
+        """Send ``request``; ``then()`` follows once its answer is whole (or failed)."""
         self.status, self.body = 0, bytearray()
         self.heard = self.head_done = self.complete = self.truncated = self.framed = False
-        self.error, self.waiter = None, waiter
+        self.error, self.then = None, then
         assert self.transport is not None
         self.transport.write(request)
 
@@ -82,7 +91,7 @@ class _Wire(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self.waiter is None or self.waiter.done():
+        if self.then is None:
             return
         if self.head_done and not self.framed:
             self._end(None)  # a body without a length ends with the connection
@@ -118,11 +127,16 @@ class _Wire(asyncio.Protocol):
         self._end(None)
 
     def _end(self, error: BaseException | None) -> None:
-        waiter = self.waiter
-        if waiter is None or waiter.done():
+        then, self.then = self.then, None
+        if then is None:
             return
         self.complete = error is None
         self.error = error
+        then()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
         waiter.set_result(None)
 
 
@@ -155,6 +169,38 @@ class Connection:
         self._retired = False
         #: Seconds the last timeout fired after it was due (0: none fired late).
         self.late_s = 0.0
+
+    def send(self, path: str, answered: Answered) -> bool:
+        """``GET path`` over the kept connection, without a task: ``answered``
+        gets its :data:`Outcome` (within the timeout). False, and nothing sent,
+        when no connection is kept (then :meth:`get`, which connects).
+
+        Raises:
+            ProbeError: ``path`` is not a probe path.
+        """
+        wire = self._wire
+        if wire is None or wire.lost:
+            return False
+        request = self._request(path)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.timeout
+
+        def expire() -> None:
+            if wire.then is None:
+                return  # answered meanwhile
+            wire.then = None
+            self.close()
+            self.late_s = max(self.late_s, loop.time() - due)  # the loop did not run on time
+            answered(ProbeError(f"{self.base_url}{path}: no answer within {self.timeout} s"))
+
+        timer = loop.call_at(due, expire)
+
+        def then() -> None:
+            timer.cancel()
+            answered(self._outcome(wire, path))
+
+        wire.ask(request, then)
+        return True
 
     async def get(self, path: str) -> _Reply:
         """``GET path`` within the timeout; a kept-alive connection the server
@@ -207,14 +253,25 @@ class Connection:
         waiter: asyncio.Future[None] = loop.create_future()
         timer = loop.call_at(due, _expire, waiter)
         try:
-            wire.ask(self._request(path), waiter)
+            wire.ask(self._request(path), partial(_wake, waiter))
             await waiter
         finally:
             timer.cancel()
+        outcome = self._outcome(wire, path)
+        if outcome is None:
+            raise _Stale
+        if isinstance(outcome, ProbeError):
+            raise outcome
+        return outcome
+
+    def _outcome(self, wire: _Wire, path: str) -> Outcome:
+        """The answer of the request ``wire`` ended (the connection closed when it
+        is not to be used again)."""
         if wire.error is not None:
+            self.close()
             if isinstance(wire.error, _Stale):
-                raise _Stale
-            raise ProbeError(f"{where}: {wire.error}")
+                return None
+            return ProbeError(f"{self.base_url}{path}: {wire.error}")
         if wire.truncated or not wire.keep_alive:
             self.close()  # the rest of a long body; or the server closes after this answer
         return _Reply(wire.status, bytes(wire.body), truncated=wire.truncated)
