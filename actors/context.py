@@ -18,6 +18,7 @@ from .append import ChainAppend
 from .clock import Clock
 from .core.rules import Mode, Rules
 from .core.supervision import Supervision
+from .probe_loop import Gates
 from .settings import NodeSettings
 
 __all__ = ["InstanceContext", "rules_for"]
@@ -52,6 +53,9 @@ class InstanceContext:
     gone: Callable[[str], None] = field(default=lambda _iid: None)
     #: How managed servers are contained (cgroups, or process groups only).
     containment: Containment = field(default_factory=no_containment)
+    #: Each instance's probe loop, where the supervisor asks whether a reconcile
+    #: tick wakes it (None: every tick is told, as in tests without a node).
+    gates: Gates | None = None
 
 
 def rules_for(

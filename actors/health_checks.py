@@ -90,6 +90,9 @@ class HealthChecks:
         self.pacing = Pacing()
         self._activity: _Activity | None = None
         self.loop = ProbeLoop(_timers(owner.ctx), self._send_probe, owner.tell_self)
+        gates = getattr(owner.ctx, "gates", None)  # the supervisor's reconcile gates
+        if gates is not None:
+            gates.put(owner.iid, self.loop)
 
     @property
     def report(self) -> ServerReport | None:
@@ -118,8 +121,9 @@ class HealthChecks:
             self._send_deep()
         owner = self.owner
         watch = watch_of(
-            owner.state, owner.rules, owner.tracking, self.pacing, owner.now(), recording=recording
-        )
+            owner.state, owner.rules, owner.tracking, self.pacing, owner.now(),
+            recording=recording, port=owner.adapter.spec.port,
+        )  # fmt: skip
         self.loop.publish(watch)
 
     def _send_deep(self) -> None:
@@ -159,6 +163,9 @@ class HealthChecks:
     def close(self) -> None:
         """Stop the probes; close the activity reader's connection (the actor stops)."""
         self.loop.close()
+        gates = getattr(self.owner.ctx, "gates", None)
+        if gates is not None:
+            gates.drop(self.owner.iid, self.loop)
         self._close_activity()
 
     def _close_activity(self) -> None:

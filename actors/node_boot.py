@@ -39,6 +39,7 @@ from .clock import Clock
 from .context import InstanceContext
 from .host import HostActor
 from .ledger import LedgerActor
+from .probe_loop import Gates
 from .routes import Routes
 from .settings import NodeSettings
 from .snapshots import Snapshotter, read_snapshot_file
@@ -136,15 +137,17 @@ def start_actors(
     relay = _GoneRelay()
     containment = detect(settings.containment, settings.node_id, settings.data_dir)
     log.info("containment: %s (%s)", containment.mode, containment.reason)
+    gates = Gates()
     ctx = InstanceContext(
         settings.node_id, WriterAppend(writer, clock), clock, settings, ledger, probes, engine,
-        gone=relay.tell, containment=containment,
+        gone=relay.tell, containment=containment, gates=gates,
     )  # fmt: skip
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
     supervisor = SupervisorActor.start(
         clock, settings.tick_s, settings.reconcile_interval_s, settings.lease_s,
         writer=writer, leases=leases, run=run, watchdog=watchdog, startup_s=startup_s,
+        gates=gates,
     )  # fmt: skip
     routes = Routes()
     host = HostActor.start(ctx, ModelRegistry(settings.registry_path), supervisor, routes)

@@ -31,9 +31,9 @@ import msgspec
 
 from infervisor.adapters.probe import ServerReport
 
-from .core.wake import Seen, Wake, Watch, wake_for
+from .core.wake import PortListeners, Reconcile, Seen, Wake, Watch, reconcile_for, wake_for
 
-__all__ = ["ProbeLoop", "Probed", "Send", "Timers"]
+__all__ = ["Gates", "ProbeLoop", "Probed", "Send", "Timers"]
 
 #: A timer that fires a hair early (the engine's loop rounds to its clock's
 #: resolution) still counts as due: seconds.
@@ -75,6 +75,8 @@ class ProbeLoop:
         latency_s: how long the last probe took, seconds (None before the first).
         woken: reports handed to the actor, per reason.
         quiet: reports that woke nothing.
+        reconciled: reconcile ticks that wake the actor, per reason.
+        reconcile_quiet: reconcile ticks that did not.
     """
 
     def __init__(self, timers: Timers, send: Send, wake: Callable[[Probed], None]) -> None:
@@ -91,6 +93,9 @@ class ProbeLoop:
         self.latency_s: float | None = None
         self.woken: Counter[Wake] = Counter()
         self.quiet = 0
+        self._told: PortListeners = None
+        self.reconciled: Counter[Reconcile] = Counter()
+        self.reconcile_quiet = 0
 
     @property
     def probing(self) -> bool:
@@ -145,6 +150,25 @@ class ProbeLoop:
             self._wake(msgspec.structs.replace(probed, wake=reason))
         self._plan()
 
+    def reconcile(self, ports: dict[int, list[str]] | None) -> Reconcile | None:
+        """Whether a reconcile tick wakes the actor (any thread; the caller tells
+        it the tick on a reason). ``ports``: the tick's listeners beyond loopback
+        by port (None: the socket table could not be read). After :meth:`close`,
+        always a reason: the actor, if any, decides."""
+        with self._lock:
+            watch = self._watch
+            seen = None if ports is None else tuple(ports.get(watch.port, ()))
+            reason = reconcile_for(watch, seen, self._told)
+            if self._closed and reason is None:
+                reason = Reconcile.TICKS
+            if reason is None:
+                self.reconcile_quiet += 1
+                return None
+            self.reconciled[reason] += 1
+            if seen is not None:
+                self._told = seen
+            return reason
+
     # ------------------------------------------------------------------ schedule
     def _next_due_s(self) -> float | None:
         """When the next probe is due (None: none is wanted, or one is out)."""
@@ -188,3 +212,32 @@ class ProbeLoop:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class Gates:
+    """The node's probe loops by instance id, for the supervisor's reconcile tick
+    (thread-safe): an instance whose loop says its tick changes nothing is not
+    woken (:func:`~.core.wake.reconcile_for`). An instance without a loop here is
+    always told."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loops: dict[str, ProbeLoop] = {}
+
+    def put(self, iid: str, loop: ProbeLoop) -> None:
+        """``loop`` is the instance's (a revived actor's replaces its predecessor's)."""
+        with self._lock:
+            self._loops[iid] = loop
+
+    def drop(self, iid: str, loop: ProbeLoop) -> None:
+        """Forget ``loop`` (only if it is still the instance's)."""
+        with self._lock:
+            if self._loops.get(iid) is loop:
+                del self._loops[iid]
+
+    def wakes(self, iid: str, ports: dict[int, list[str]] | None) -> bool:
+        """Whether the reconcile tick with ``ports`` (see :meth:`ProbeLoop.reconcile`)
+        wakes the instance ``iid``."""
+        with self._lock:
+            loop = self._loops.get(iid)
+        return loop is None or loop.reconcile(ports) is not None

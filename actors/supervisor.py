@@ -1,8 +1,13 @@
 """The supervisor actor: keeps the health tick (the leases, the watchdog, dead
-instance actors revived), sends every instance its reconcile tick, and
+instance actors revived), sends the instances their reconcile tick, and
 executes the controller leases' decisions. The instances' probes are not the
 health tick's: each instance's probe engine schedules its own
 (actors/probe_loop.py), so an idle instance's actor is not woken per tick.
+Nor is it woken by a reconcile tick that changes nothing for it: the core's
+reconcile rule (:func:`~.core.wake.reconcile_for`, asked through the node's
+:class:`~.probe_loop.Gates`) tells an adopted server only a change of the
+listeners on its port; the process table is read only when some instance is
+told.
 
 Ticks run on the injected clock, so a test advances time instead of sleeping.
 The instance decides what a tick means; the supervisor never blocks on it.
@@ -41,6 +46,8 @@ from . import messages as m
 from .append import WriterAppend
 from .clock import Clock, Timer
 from .core import lease as rule
+from .probe_loop import Gates
+from .reconcile_facts import listener_ports
 from .stamps import now_stamp
 from .watchdog import PAUSE_AFTER_S, Watchdog
 
@@ -76,6 +83,8 @@ class SupervisorActor(pykka.ThreadingActor):
         startup_s: seconds the node process spent starting before this actor
             (excused from the leases at boot: nobody could reach the node).
         watchdog: told of every health tick armed, and of this actor's failure.
+        gates: the instances' probe loops, asked whether a reconcile tick wakes
+            each (None: every instance is told every tick).
     """
 
     def __init__(
@@ -90,8 +99,10 @@ class SupervisorActor(pykka.ThreadingActor):
         run: RunClock | None = None,
         watchdog: Watchdog | None = None,
         startup_s: float = 0.0,
+        gates: Gates | None = None,
     ) -> None:
         super().__init__()
+        self._gates = gates
         self._clock = clock
         self._intervals = {
             TickKind.HEALTH: health_interval_s,
@@ -171,8 +182,7 @@ class SupervisorActor(pykka.ThreadingActor):
                 self._revive_dead()
                 self._decide_lease(rule.HealthTickFired(late_s=self._health_late_s()))
             else:
-                tick = m.ReconcileTick(listeners=_listeners(), processes=REAL.table())
-                self._fan_out(tick)
+                self._reconcile()
         except Exception:
             log.exception("supervisor: the %s tick failed; the ticks go on", what)
         finally:
@@ -188,8 +198,21 @@ class SupervisorActor(pykka.ThreadingActor):
                 with contextlib.suppress(pykka.ActorDeadError):
                     self._host.tell(m.Revive(instance_id=iid))
 
-    def _fan_out(self, tick: Any) -> None:
-        for ref in list(self._instances.values()):
+    def _reconcile(self) -> None:
+        """Tell the reconcile tick to every instance it wakes (one socket snapshot,
+        and one process table read only when some instance is told)."""
+        listeners = _listeners()
+        gates = self._gates
+        if gates is None:
+            woken = list(self._instances.values())
+        else:
+            ports = None if listeners is None else listener_ports(listeners)
+            woken = [ref for iid, ref in self._instances.items() if gates.wakes(iid, ports)]
+        if woken:
+            self._fan_out(woken, m.ReconcileTick(listeners=listeners, processes=REAL.table()))
+
+    def _fan_out(self, refs: list[pykka.ActorRef[Any]], tick: Any) -> None:
+        for ref in refs:
             try:
                 ref.tell(tick)
             except pykka.ActorDeadError:

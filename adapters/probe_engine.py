@@ -7,8 +7,9 @@ probes as tasks of one asyncio loop on one thread instead, with a kept-alive
 HTTP/1.1 connection per server. Each request has its own timeout, so a hung
 server delays nothing but its own probe.
 
-HTTP is parsed by h11 (the sans-IO HTTP/1.1 library httpx's own stack is
-built on; well-kept, no hand-written parsing). A probe's requests and its
+The HTTP exchange is :mod:`.probe_http`'s (httptools' C parser, a request
+encoded once per path; h11 before, whose pure-Python state machine was most
+of a probe's cost). A probe's requests and its
 verdict are :class:`~.probe.ProbeSteps`, the same steps the
 synchronous :class:`~.probe.ServerClient` drives, so both judge alike.
 
@@ -24,16 +25,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import threading
-from collections.abc import Callable, Hashable
-from urllib.parse import urlsplit
+from collections.abc import Callable, Coroutine, Hashable
+from typing import Any
 
-import h11
 import msgspec
 
 from .errors import ProbeError
-from .probe import Health, HealthKind, ProbeSteps, ProbeTarget, ServerReport, _Reply
+from .probe import Health, HealthKind, ProbeSteps, ProbeTarget, ServerReport
+from .probe_http import Connection, Outcome
 from .spec import Flavor
 
 __all__ = ["Later", "ProbeEngine", "ReportTo"]
@@ -43,155 +43,12 @@ ReportTo = Callable[[ServerReport], None]
 
 log = logging.getLogger(__name__)
 
-_READ = 65536  # bytes asked of the socket at once
-_END = h11.EndOfMessage()
-_CLOSED = "{where}: the server closed the connection without answering"
-#: A kept-alive connection: the HTTP state machine and the stream pair.
-_Link = tuple[h11.Connection, asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class _Connection:
-    """A kept-alive connection to one server; lives on the engine's loop."""
-
-    def __init__(self, base_url: str, timeout: float, max_body: int) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ProbeError(f"invalid server URL {base_url!r}: expected http://host:port")
-        self.base_url = base_url
-        self._tls = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port or (443 if self._tls else 80)
-        self._host_header = parts.netloc
-        self.timeout, self._max_body = timeout, max_body
-        self._link: _Link | None = None
-        self._requests: dict[str, h11.Request] = {}
-        self._retired = False
-        #: Seconds the last timeout fired after it was due (0: none fired late).
-        self.late_s = 0.0
-
-    async def get(self, path: str) -> _Reply:
-        """``GET path`` within the timeout; a kept-alive connection the server
-        closed meanwhile is replaced once.
-
-        Raises:
-            ProbeError: no answer (refused, timed out, reset, not HTTP), worded
-                as :class:`~.probe.ServerClient` words it.
-        """
-        where = f"{self.base_url}{path}"
-        reused = self._link is not None
-        loop = asyncio.get_running_loop()
-        due = loop.time() + self.timeout
-        try:
-            async with asyncio.timeout_at(due):
-                return await self._exchange_once_more(path, where, again=reused)
-        except TimeoutError:
-            self.close()
-            self.late_s = max(self.late_s, loop.time() - due)  # the loop did not run on time
-            raise ProbeError(f"{where}: no answer within {self.timeout} s") from None
-        except BaseException:
-            self.close()  # whatever went wrong, this connection is not used again
-            raise
-
-    def retire(self) -> None:
-        """Drop the connection for good: a probe still running opens no other."""
-        self._retired = True
-        self.close()
-
-    def close(self) -> None:
-        """Drop the connection (the next GET opens a new one)."""
-        link, self._link = self._link, None
-        if link is not None:
-            link[2].transport.abort()
-
-    async def _exchange_once_more(self, path: str, where: str, *, again: bool) -> _Reply:
-        """One exchange; with ``again``, a second on a new connection when the kept
-        one turned out closed (never a third)."""
-        try:
-            return await self._exchange(path, where)
-        except _Stale:
-            self.close()
-            if not again:
-                raise ProbeError(_CLOSED.format(where=where)) from None
-        try:
-            return await self._exchange(path, where)
-        except _Stale:
-            self.close()
-            raise ProbeError(_CLOSED.format(where=where)) from None
-
-    async def _exchange(self, path: str, where: str) -> _Reply:
-        if self._link is not None and self._link[0].our_state is not h11.IDLE:
-            self.close()  # a connection h11 no longer takes a request on: a new one
-        if self._link is None:
-            if self._retired:
-                raise ProbeError(f"{where}: not probed any more (the instance went away)")
-            self._link = await self._connect(where)
-            if self._retired:  # retired while it connected
-                self.close()
-                raise ProbeError(f"{where}: not probed any more (the instance went away)")
-        conn, reader, writer = self._link
-        request = self._requests.get(path)
-        if request is None:  # h11 validates a request's headers as it is made: once a path
-            headers = [("Host", self._host_header), ("Accept", "application/json")]
-            request = self._requests[path] = h11.Request(method="GET", target=path, headers=headers)
-        try:
-            writer.write(conn.send(request))
-            writer.write(conn.send(_END) or b"")
-            return await self._response(conn, reader)
-        except (ConnectionResetError, BrokenPipeError, _Stale) as e:
-            raise _Stale from e
-        except h11.RemoteProtocolError as e:
-            raise ProbeError(f"{where}: not an HTTP answer ({e})") from e
-        except h11.LocalProtocolError as e:
-            raise ProbeError(f"{where}: the request could not be sent ({e})") from e
-        except OSError as e:
-            raise ProbeError(f"{where}: {e.strerror or type(e).__name__}") from e
-
-    async def _response(self, conn: h11.Connection, reader: asyncio.StreamReader) -> _Reply:
-        status, body, heard = 0, bytearray(), False
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                data = await reader.read(_READ)
-                if not data and not heard:
-                    raise _Stale  # closed before a byte of the answer
-                heard = True
-                conn.receive_data(data)
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-            elif isinstance(event, h11.Data):
-                room = self._max_body - len(body)
-                body += event.data[:room]
-                if len(event.data) > room:  # the rest is never read
-                    self.close()
-                    return _Reply(status, bytes(body), truncated=True)
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            elif isinstance(event, h11.ConnectionClosed):
-                raise _Stale
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
-        else:
-            self.close()  # the server closes after this answer (HTTP/1.0, Connection: close)
-        return _Reply(status, bytes(body), truncated=False)
-
-    async def _connect(self, where: str) -> _Link:
-        context = ssl.create_default_context() if self._tls else None
-        try:
-            reader, writer = await asyncio.open_connection(self._host, self._port, ssl=context)
-        except OSError as e:
-            raise ProbeError(f"{where}: cannot connect ({e.strerror or e})") from e
-        return h11.Connection(h11.CLIENT), reader, writer
-
-
-class _Stale(Exception):
-    """The server closed a kept-alive connection before answering."""
-
 
 class _Server:
     """What the engine keeps per probed server: its connection and probe steps."""
 
     def __init__(self, base_url: str, timeout: float, max_body: int) -> None:
-        self.connection = _Connection(base_url, timeout, max_body)
+        self.connection = Connection(base_url, timeout, max_body)
         self.steps = ProbeSteps(max_body)
         self.busy = False
 
@@ -302,22 +159,14 @@ class ProbeEngine:
             return
         server.busy = True
         server.connection.timeout = timeout
-        task = self._loop.create_task(self._probe(server, flavor, done))
+        server.connection.late_s = 0.0
+        _Probe(self, server, flavor, done).go(None)
+
+    def _run_task(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` as a task (cancelled at :meth:`close`)."""
+        task = self._loop.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _probe(self, server: _Server, flavor: Flavor, done: ReportTo) -> None:
-        server.connection.late_s = 0.0
-        try:
-            report = await _drive(server, flavor)
-            report = _with_lateness(report, server.connection.late_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a bug is a probe verdict, not a lost probe
-            report = _report(HealthKind.UNHEALTHY, f"probe error: {type(e).__name__}: {e}", flavor)
-        finally:
-            server.busy = False
-        _deliver(done, report)
 
     def _forget(self, key: Hashable) -> None:
         server = self._servers.pop(key, None)
@@ -339,21 +188,73 @@ class ProbeEngine:
         self._loop.stop()
 
 
-async def _drive(server: _Server, flavor: Flavor) -> ServerReport:
-    """Run one probe's steps over the server's connection."""
-    steps = server.steps.probe(flavor)
-    try:
-        path = next(steps)
-        while True:
-            try:
-                reply = await server.connection.get(path)
-            except ProbeError as e:
-                path = steps.throw(e)
+class _Probe:
+    """One probe's steps, driven by the answers' callbacks over the kept
+    connection (no task, no future: most of a steady probe's cost was theirs);
+    a step that needs a new connection awaits it in a task, then goes on so."""
+
+    __slots__ = ("done", "engine", "flavor", "path", "server", "steps")
+
+    def __init__(self, engine: ProbeEngine, server: _Server, flavor: Flavor, done: ReportTo):
+        self.engine, self.server, self.flavor, self.done = engine, server, flavor, done
+        self.steps = server.steps.probe(flavor)
+        self.path = ""
+
+    def go(self, outcome: Outcome) -> None:
+        """Feed the steps ``outcome`` (None: none yet) and send the next request."""
+        try:
+            steps = self.steps
+            if outcome is None:
+                path = next(steps)
+            elif isinstance(outcome, ProbeError):
+                path = steps.throw(outcome)
             else:
-                path = steps.send(reply)
-    except StopIteration as stop:
-        report: ServerReport = stop.value
-        return report
+                path = steps.send(outcome)
+            self.path = path
+            try:
+                sent = self.server.connection.send(path, self.answered)
+            except ProbeError as e:
+                self.go(e)
+                return
+        except StopIteration as stop:
+            self.finish(stop.value)
+            return
+        except Exception as e:  # noqa: BLE001 - a bug is a probe verdict, not a lost probe
+            self.failed(e)
+            return
+        if not sent:  # no kept connection: connecting awaits
+            self.engine._run_task(self.rest())
+
+    def answered(self, outcome: Outcome) -> None:
+        """The request's outcome; None: the kept connection was closed, one more try."""
+        if outcome is None:
+            self.engine._run_task(self.rest())
+        else:
+            self.go(outcome)
+
+    async def rest(self) -> None:
+        """The current request over a new connection, then the steps go on."""
+        outcome: Outcome
+        try:
+            outcome = await self.server.connection.get(self.path)
+        except ProbeError as e:
+            outcome = e
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug is a probe verdict, not a lost probe
+            self.failed(e)
+            return
+        self.go(outcome)
+
+    def failed(self, e: Exception) -> None:
+        reason = f"probe error: {type(e).__name__}: {e}"
+        self.finish(_report(HealthKind.UNHEALTHY, reason, self.flavor))
+
+    def finish(self, report: ServerReport) -> None:
+        """The report to its callback (never once the engine is closed)."""
+        self.server.busy = False
+        if not self.engine._closed:
+            _deliver(self.done, _with_lateness(report, self.server.connection.late_s))
 
 
 def _with_lateness(report: ServerReport, late_s: float) -> ServerReport:

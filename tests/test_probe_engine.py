@@ -23,6 +23,7 @@ import pytest
 from support import wait_until
 from test_probe import server  # noqa: F401 - the fixture
 
+from infervisor.adapters import probe_http
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.probe import HealthKind, ProbeTarget, ServerClient, ServerReport
 from infervisor.adapters.probe_engine import ProbeEngine
@@ -253,3 +254,93 @@ def test_a_server_that_closes_every_connection_is_a_plain_verdict_each_time(
         assert reports.wait("f", 6).health.kind is HealthKind.UP  # and it recovers
     finally:
         flaky.close()
+
+
+class ScriptedServer:
+    """A keep-alive HTTP/1.1 server on a thread whose /health answers follow a
+    script, one entry per request: "ok" (a length), "chunked", "huge" (a body
+    beyond the engine's limit), "hang" (no answer). Counts its connections."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = list(script)
+        self.connections = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            while True:
+                request = conn.recv(65536)
+                if not request:
+                    return
+                if request.startswith(b"GET /v1/models"):
+                    conn.sendall(_answer(b'{"data":[{"id":"tiny"}]}'))
+                    continue
+                mode = self.script.pop(0)
+                if mode == "hang":
+                    conn.recv(65536)  # until the engine gives up and closes
+                    return
+                if mode == "chunked":
+                    body = b'{"status":"ok"}'
+                    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    conn.sendall(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+                    continue
+                size = 100_000 if mode == "huge" else 0
+                conn.sendall(_answer(b'{"status":"ok"}' + b" " * size))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _answer(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def test_answers_over_a_kept_connection_each_judged_and_the_connection_replaced_when_spent(
+    engine: ProbeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's callback path (a kept connection, no task): chunked bodies, a
+    body beyond the limit (the connection dropped), a hang (the timeout, the
+    connection dropped), each followed by a probe that connects again."""
+    sent: list[bool] = []  # each request: over the kept connection (True) or not
+    send = probe_http.Connection.send
+
+    def counted(self: probe_http.Connection, path: str, answered: probe_http.Answered) -> bool:
+        sent.append(send(self, path, answered))
+        return sent[-1]
+
+    monkeypatch.setattr(probe_http.Connection, "send", counted)
+    script = ["ok", "chunked", "ok", "huge", "ok", "hang", "ok"]
+    scripted = ScriptedServer(script)
+    try:
+        reports = Reports()
+        for n in range(1, len(script) + 1):
+            target = ProbeTarget(scripted.url, Flavor.LLAMACPP, 1.0)
+            engine.probe("s", target, reports.done("s"))
+            reports.wait("s", n)
+        kinds = [r.health.kind for r in reports.got["s"]]
+        up, down = HealthKind.UP, HealthKind.UNREACHABLE
+        assert kinds[:3] == [up, up, up] and kinds[4] is up and kinds[6] is up, kinds
+        assert reports.got["s"][0].models == ["tiny"] and reports.got["s"][1].models == ["tiny"]
+        assert kinds[3] is not up  # what the synchronous client says of a body too long
+        assert kinds[5] is down
+        assert reports.got["s"][5].health.reason == f"{scripted.url}/health: no answer within 1.0 s"
+        assert scripted.connections == 3  # kept through 1-4, again 5-6, again 7
+        # each probe's requests (/health, then /v1/models at first and after a
+        # verdict other than up or unreachable): a new connection False, the kept one True
+        by_probe = [[False, True], [True], [True], [True], [False, True], [True], [False]]
+        assert sent == [kept for probe in by_probe for kept in probe], sent
+    finally:
+        scripted.close()

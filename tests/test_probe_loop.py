@@ -15,8 +15,19 @@ from infervisor.actors.clock import ManualClock
 from infervisor.actors.core import observations as o
 from infervisor.actors.core.pacing import READINESS_S, Pacing, deep_paced
 from infervisor.actors.core.rules import Mode
-from infervisor.actors.core.wake import Seen, Wake, Watch, wake_for, watch_of
-from infervisor.actors.probe_loop import Probed, ProbeLoop
+from infervisor.actors.core.wake import (
+    RECONCILE_MEANINGS,
+    RECONCILE_RULES,
+    PortListeners,
+    Reconcile,
+    Seen,
+    Wake,
+    Watch,
+    reconcile_for,
+    wake_for,
+    watch_of,
+)
+from infervisor.actors.probe_loop import Gates, Probed, ProbeLoop
 from infervisor.adapters.probe import Health, HealthKind, ServerReport
 from infervisor.replay import LifecycleState
 
@@ -221,3 +232,68 @@ def msgspec_replace_report(probed: Probed, report: ServerReport) -> Probed:
 )
 def test_the_wake_table(watch: Watch, seen: Seen, last: Seen | None, reason: Wake | None) -> None:
     assert wake_for(watch, seen, last, 10.0) is reason
+
+
+# ---------------------------------------------------------------- the reconcile tick
+WIDE = ("0.0.0.0:8080",)
+
+
+@pytest.mark.parametrize(
+    ("watch", "seen", "told", "reason"),
+    [
+        (Watch(ticks=True), (), (), Reconcile.TICKS),  # a managed process: every tick
+        (Watch(ticks=True), None, (), Reconcile.TICKS),  # even with the table unread
+        (Watch(ticks=False), (), None, Reconcile.LISTENERS),  # none told yet
+        (Watch(ticks=False), WIDE, (), Reconcile.LISTENERS),  # it began to listen wide
+        (Watch(ticks=False), (), WIDE, Reconcile.LISTENERS),  # and stopped
+        (Watch(ticks=False), (), (), None),  # nothing new: not woken
+        (Watch(ticks=False), WIDE, WIDE, None),
+        (Watch(ticks=False), None, (), None),  # the table unread: nothing to tell
+    ],
+)
+def test_the_reconcile_table(
+    watch: Watch, seen: PortListeners, told: PortListeners, reason: Reconcile | None
+) -> None:
+    assert reconcile_for(watch, seen, told) is reason
+
+
+def test_every_reconcile_reason_is_in_the_rule_and_in_words() -> None:
+    assert [reason for reason, _ in RECONCILE_RULES] == list(Reconcile) == list(RECONCILE_MEANINGS)
+
+
+def test_an_adopted_server_ticks_nothing_and_a_managed_one_does() -> None:
+    """The watch says which instances a reconcile tick has anything for."""
+    for mode, ticks in ((Mode.ADOPTED, False), (Mode.PROCESS, True)):
+        sim = Sim(rules=make_rules(mode), clock=Clock(mono_s=0.0))
+        sim.start()
+        watch = watch_of(
+            sim.inst, sim.rules, sim.tracking, Pacing(), sim.clock.now, recording=True, port=8080
+        )
+        assert (watch.ticks, watch.port) == (ticks, 8080), mode
+
+
+def test_a_reconcile_tick_wakes_an_adopted_server_only_when_its_listeners_change() -> None:
+    """Through the loop and the node's gates, as the supervisor asks: each reason
+    is reached and counted, and one never reached fails the test."""
+    gates = Gates()
+    loop = ProbeLoop(ManualClock(), lambda token, back: None, lambda probed: None)
+    gates.put("a", loop)
+    assert gates.wakes("a", {}) is True  # before any watch: told (ticks by default)
+    loop.publish(Watch(ticks=False, port=8080))
+    ticks = [{}, {}, None, {9000: ["0.0.0.0:9000"]}, {8080: ["0.0.0.0:8080"]}, {8080: list(WIDE)}]
+    woken = [gates.wakes("a", ports) for ports in ticks]
+    # told () at first; the same (), an unread table, another port's listener: nothing
+    # new; then its own port listens wide; the same again: nothing new.
+    assert woken == [False, False, False, False, True, False]
+    loop.publish(Watch(ticks=True, port=8080))  # a process of its own (or a tick rule)
+    assert gates.wakes("a", {}) is True
+    assert loop.reconciled == {Reconcile.TICKS: 2, Reconcile.LISTENERS: 1}
+    assert set(loop.reconciled) == set(Reconcile), f"never reached: {set(Reconcile)}"
+    assert loop.reconcile_quiet == 5
+    gates.drop("a", ProbeLoop(ManualClock(), lambda token, back: None, lambda probed: None))
+    loop.publish(Watch(ticks=False, port=8080))
+    assert gates.wakes("a", {}) is False  # another loop's drop: still gated
+    loop.close()
+    assert gates.wakes("a", {}) is True  # closed: the actor decides
+    gates.drop("a", loop)
+    assert gates.wakes("a", {}) is True  # no loop: always told

@@ -37,9 +37,22 @@ from infervisor.replay.state import Stamp, elapsed_s
 
 from .health import probe_token, wants_deep, wants_probe
 from .pacing import Pacing, probe_interval_s
-from .rules import Rules, Tracking
+from .rules import Mode, Rules, Tracking
 
-__all__ = ["WAKE_MEANINGS", "WAKE_RULES", "Seen", "Wake", "Watch", "wake_for", "watch_of"]
+__all__ = [
+    "RECONCILE_MEANINGS",
+    "RECONCILE_RULES",
+    "WAKE_MEANINGS",
+    "WAKE_RULES",
+    "PortListeners",
+    "Reconcile",
+    "Seen",
+    "Wake",
+    "Watch",
+    "reconcile_for",
+    "wake_for",
+    "watch_of",
+]
 
 S = LifecycleState
 
@@ -64,6 +77,8 @@ class Watch(msgspec.Struct, frozen=True, kw_only=True):
         steady: a report equal to the last one decided changes nothing.
         deep_due_s: when a deep check falls due (None: none wanted, or one runs).
         stable_due_s: when the stability reset falls due (None: nothing to reset).
+        ticks: the reconcile tick has something to decide or track (:data:`RECONCILE_RULES`).
+        port: the server's port (whose listeners beyond loopback status shows).
     """
 
     token: int = 0
@@ -72,6 +87,8 @@ class Watch(msgspec.Struct, frozen=True, kw_only=True):
     steady: bool = False
     deep_due_s: float | None = None
     stable_due_s: float | None = None
+    ticks: bool = True
+    port: int = 0
 
 
 class Seen(msgspec.Struct, frozen=True):
@@ -91,6 +108,7 @@ def watch_of(
     now: Stamp,
     *,
     recording: bool,
+    port: int = 0,
 ) -> Watch:
     """The :class:`Watch` of an instance at ``now``.
 
@@ -100,6 +118,7 @@ def watch_of(
         now: now (``now.mono_s`` is the clock the engine schedules on).
         recording: the chain records (no observation waits in the backlog):
             no verdict is made on a state the chain has not recorded.
+        port: the server's port (the reconcile tick's listeners).
     """
     sup = rules.supervision
     deep_due: float | None = None
@@ -113,7 +132,17 @@ def watch_of(
         steady=inst.lifecycle is S.RUNNING and not tracking.misses and not tracking.deep_misses,
         deep_due_s=deep_due,
         stable_due_s=_stable_due_s(inst, rules, now),
+        ticks=_ticks(inst, rules),
+        port=port,
     )
+
+
+def _ticks(inst: InstanceState, rules: Rules) -> bool:
+    """The reconcile tick decides or tracks something: a mode whose tick rule acts
+    (a managed process, Ollama, residency's idle expiry), or a process of its own
+    (descendants, tree RSS, listeners it owns). An adopted server's tick rule is
+    ``untouched`` (actors/core/adopted.py) and it has no process."""
+    return rules.mode is not Mode.ADOPTED or inst.process is not None
 
 
 def _stable_due_s(inst: InstanceState, rules: Rules, now: Stamp) -> float | None:
@@ -173,5 +202,56 @@ def wake_for(watch: Watch, seen: Seen, last: Seen | None, now_s: float) -> Wake 
     """
     for reason, holds in WAKE_RULES:
         if holds(watch, seen, last, now_s):
+            return reason
+    return None
+
+
+class Reconcile(enum.StrEnum):
+    """Why a reconcile tick wakes the actor (see :data:`RECONCILE_RULES`)."""
+
+    TICKS = "ticks"
+    LISTENERS = "listeners"
+
+
+#: Listeners beyond loopback on a port, as a tick's socket snapshot shows them
+#: (None: the table could not be read this tick).
+PortListeners = tuple[str, ...] | None
+#: A reconcile rule: whether it holds for (watch, this tick's listeners, the last told).
+ReconcileRule = Callable[[Watch, PortListeners, PortListeners], bool]
+
+#: The reconcile table, in order: the first reason that holds tells the actor the tick.
+RECONCILE_RULES: tuple[tuple[Reconcile, ReconcileRule], ...] = (
+    (Reconcile.TICKS, lambda w, seen, told: w.ticks),
+    (Reconcile.LISTENERS, lambda w, seen, told: seen is not None and seen != told),
+)
+
+#: When each reason of :data:`RECONCILE_RULES` holds, in words.
+RECONCILE_MEANINGS: dict[Reconcile, str] = {
+    Reconcile.TICKS: (
+        "the tick has something to decide or track: a mode whose tick rule acts (managed"
+        " process, Ollama, idle expiry) or a process of the instance's own"
+    ),
+    Reconcile.LISTENERS: (
+        "the listeners beyond loopback on the instance's port differ from the last ones"
+        " told, or none were told yet (status shows them)"
+    ),
+}
+
+
+def reconcile_for(watch: Watch, seen: PortListeners, told: PortListeners) -> Reconcile | None:
+    """Why this reconcile tick wakes the actor (None: deciding it changes nothing).
+
+    An adopted server's tick decides nothing (its rule is ``untouched``) and it
+    has no process to track: the one thing the tick brings it is the socket
+    table, of which its status shows its own port's listeners. So it is told a
+    tick only when those changed.
+
+    Args:
+        watch: the actor's last :class:`Watch`.
+        seen: this tick's listeners beyond loopback on ``watch.port`` (None: unread).
+        told: those of the last tick told (None: none told yet, or unread then).
+    """
+    for reason, holds in RECONCILE_RULES:
+        if holds(watch, seen, told):
             return reason
     return None
