@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
-from infervisor.replay.views import InstanceView
+from infervisor.replay.views import InstanceView, rest_reason
 
 from ..api.wire import ErrorBody, ErrorEnvelope
 
@@ -97,6 +97,9 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     resting: bool = False
     last_use_ns: int | None = None
     busy: bool | None = None
+    #: Why it rests (``evicted for B``, ``idle longer than 60 s``, ``placed on
+    #: demand``); "" when it does not rest.
+    rest_reason: str = ""
 
 
 class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
@@ -182,6 +185,7 @@ def from_view(v: InstanceView) -> InstanceRecord:
         resting=v.resting,
         last_use_ns=v.last_use_ns,
         busy=v.busy,
+        rest_reason=v.rest_reason,
     )
 
 
@@ -225,6 +229,7 @@ def from_state(s: InstanceState) -> InstanceRecord:
         resting=s.lifecycle.value == "resting",
         last_use_ns=s.last_use_ns,
         busy=None,
+        rest_reason=rest_reason(s),
     )
 
 
@@ -336,6 +341,7 @@ INSTANCE_SCHEMA: dict[str, Any] = {
         "resting": {"type": "boolean"},
         "last_use_ns": _OPT_INT,
         "busy": {"type": ["boolean", "null"]},
+        "rest_reason": _STR,
     },
 }
 
