@@ -169,4 +169,4 @@ def test_the_status_of_an_evicted_start_true_instance_says_why_it_rests(
     assert as_json.returncode == 0, as_json.stderr
     records = {r["instance_id"]: r for r in json.loads(as_json.stdout)}
     assert records[b]["rest_reason"] == f"evicted for {c}"
-    assert records[a]["rest_reason"] == "" and records[c]["rest_reason"] == ""
+    assert records[a]["rest_reason"] is None and records[c]["rest_reason"] is None

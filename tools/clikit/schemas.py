@@ -98,8 +98,8 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     last_use_ns: int | None = None
     busy: bool | None = None
     #: Why it rests (``evicted for B``, ``idle longer than 60 s``, ``placed on
-    #: demand``); "" when it does not rest.
-    rest_reason: str = ""
+    #: demand``); null when it does not rest.
+    rest_reason: str | None = None
 
 
 class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
@@ -185,7 +185,7 @@ def from_view(v: InstanceView) -> InstanceRecord:
         resting=v.resting,
         last_use_ns=v.last_use_ns,
         busy=v.busy,
-        rest_reason=v.rest_reason,
+        rest_reason=_none(v.rest_reason),
     )
 
 
@@ -229,7 +229,7 @@ def from_state(s: InstanceState) -> InstanceRecord:
         resting=s.lifecycle.value == "resting",
         last_use_ns=s.last_use_ns,
         busy=None,
-        rest_reason=rest_reason(s),
+        rest_reason=_none(rest_reason(s)),
     )
 
 
@@ -341,7 +341,7 @@ INSTANCE_SCHEMA: dict[str, Any] = {
         "resting": {"type": "boolean"},
         "last_use_ns": _OPT_INT,
         "busy": {"type": ["boolean", "null"]},
-        "rest_reason": _STR,
+        "rest_reason": _OPT_STR,
     },
 }
 

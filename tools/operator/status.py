@@ -367,7 +367,8 @@ def _wanted(r: InstanceRecord) -> str:
     ``on-demand`` for one placed on demand that rests since; else the desired state."""
     if not (r.resting or r.lifecycle == "resting"):
         return r.desired
-    return next((w for start, w in _RESTS_AS if r.rest_reason.startswith(start)), "on-demand")
+    why = r.rest_reason or ""
+    return next((w for start, w in _RESTS_AS if why.startswith(start)), "on-demand")
 
 
 def _mib(size: int | None) -> str:
