@@ -219,6 +219,7 @@ def _step(sim: Sim, name: str) -> None:
     inst = sim.inst
     inflight_before = sim.tracking.serving
     use_before = inst.last_use_ns
+    demanded_before = inst.demanded and inst.lifecycle not in LIVE_STATES
     # stopped, and no operator's start of it under way (a request joins that one)
     held = inst.lifecycle is S.STOPPED and not inst.demanded
     stopped_by_before = inst.stopped_by if held else ""
@@ -269,6 +270,9 @@ def _step(sim: Sim, name: str) -> None:
         folded = sim.tracking.refusals_folded_total > folded_before
         assert folded == (not kinds)
         WALK_RULES["room_refused folded" if folded else "room_refused recorded"] += 1
+    if name == "tick" and demanded_before:  # the node starts it once room is made
+        assert not [e for e in decision.effects if isinstance(e, fx.CheckStart)]
+        WALK_RULES["tick while demanded"] += 1
     if "residency.demanded" in kinds and name in ("demand", "operator_start"):
         assert "instance.starting" in kinds  # recorded with its start, never before it
     # the rules' promises
@@ -320,6 +324,7 @@ def _step(sim: Sim, name: str) -> None:
         "room_planned",
         "verb_no_room",
         "room_planned_verb",
+        "tick",
         "room_refused",
         "room_refused",
         "later",
@@ -355,7 +360,7 @@ def test_zz_every_outcome_reason_state_and_kind_reached(request: pytest.FixtureR
         "demand", "demand refused", "evict", "evict refused", "room_refused refused",
         "room_refused folded", "room_refused recorded", "no_room refused stopped",
         "room_planned refused stopped", "room_planned_verb", "no_room checked refused",
-        "started with demand", "started alone",
+        "started with demand", "started alone", "tick while demanded",
     }  # fmt: skip
     missing_rules = sorted(wanted_rules - set(WALK_RULES))
     assert not (missing_plan or missing_kinds or missing_states or missing_rules), (

@@ -1377,6 +1377,25 @@ def test_room_planned_records_the_demand_before_the_evictions_and_its_start_is_t
     assert sim.inst.last_use_ns == sim.clock.wall_ns and not sim.inst.demanded
 
 
+def test_an_operator_stopped_instance_demanded_by_a_verb_waits_for_the_node() -> None:
+    """The node makes room for an operator's start of an instance the operator
+    stopped: demanded, it is wanted running, yet no reconcile tick starts it
+    meanwhile (its start would be refused for memory and end the demand); a
+    request joins it; an operator's stop ends it."""
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="operator:uid=1(bob)", grace_s=5.0))
+    sim.gone(exit_code=0)
+    sim.feed(o.RoomPlanned(request="verb", model="tiny", by="operator:uid=1(bob)", verb=True))
+    assert sim.kinds_of_last() == ["residency.demanded"]
+    assert sim.inst.lifecycle is S.STOPPED and sim.inst.desired is Desired.RUNNING
+    d = sim.feed(o.Tick())
+    assert d.events == () and not [e for e in d.effects if isinstance(e, fx.CheckStart)]
+    d = _demand(sim)
+    assert d.refusal is None and sim.effect(fx.CheckStart).demand is True
+    sim.feed(o.StopVerb(by="operator:uid=1(bob)", grace_s=5.0))
+    assert not sim.inst.demanded and sim.inst.desired is Desired.STOPPED
+
+
 def test_a_verbs_start_is_a_use_and_the_supervisors_is_not() -> None:
     sim = process_sim()
     sim.start(by="operator:uid=1(ann)")
