@@ -58,9 +58,7 @@ def rows_of(db: Path, kind: str, subject: str) -> list[Any]:
 
 
 @pytest.mark.parametrize("asker", ["request", "operator"])
-def test_a_node_killed_mid_eviction_decides_the_same_after_boot(
-    tmp_path: Path, asker: str
-) -> None:
+def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, asker: str) -> None:
     """``operator``: the third instance was stopped by an operator, and its start
     is the operator's verb (it makes room as a request's does; the start recorded
     as demanded is resumed at boot though the instance was stopped)."""
