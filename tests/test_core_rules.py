@@ -1396,6 +1396,19 @@ def test_an_operator_stopped_instance_demanded_by_a_verb_waits_for_the_node() ->
     assert not sim.inst.demanded and sim.inst.desired is Desired.STOPPED
 
 
+def test_a_demand_joins_a_verbs_start_of_a_failed_instance_as_a_boot_resumes_it() -> None:
+    """An operator's start of a failed instance that needs room is demanded before
+    the evictions; the demand a boot resumes for it (by the request path) starts
+    it rather than being refused ``failed``. Without that start a request is refused."""
+    failed = _in_state(S.FAILED)
+    d = _demand(failed)
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.NOT_FAILED
+    failed.feed(o.RoomPlanned(request="verb", model="tiny", by="operator", verb=True))
+    assert failed.kinds_of_last() == ["residency.demanded"]
+    d = failed.feed(o.DemandVerb(request="boot", model="", by="boot"))
+    assert d.refusal is None and failed.effect(fx.CheckStart).demand is True
+
+
 def test_a_verbs_start_is_a_use_and_the_supervisors_is_not() -> None:
     sim = process_sim()
     sim.start(by="operator:uid=1(ann)")

@@ -95,26 +95,14 @@ _SERVING = frozenset({S.RUNNING, S.UNHEALTHY})
 
 # ---------------------------------------------------------------- per instance
 def demand(d: Draft, v: o.DemandVerb) -> None:
-    """A request or verb asks for the instance (see the module's table)."""
+    """A request asks for the instance (see the module's table); one joins a start
+    already demanded (allowed by whoever asked: a verb may start a stopped one)."""
     inst = d.inst
     if _on_its_way(inst):
         return
-    if inst.lifecycle is S.FAILED:
-        d.refuse(
-            RefusalKind.NOT_FAILED,
-            f"{inst.instance_id} is failed ({inst.reason}): held for the operator; "
-            "start it (infervisor start) once the cause is fixed",
-        )
-        return
-    refusal = _stopped_refusal(inst)
-    if refusal is not None:
-        d.refuse(RefusalKind.NOT_STOPPED, refusal)
-        return
-    if inst.lifecycle not in STARTABLE:
-        d.refuse(
-            RefusalKind.INVALID_STATE,
-            f"{inst.instance_id} is {inst.lifecycle}: ask again once it has stopped",
-        )
+    refused = None if demand_pending(inst) else _not_for_a_request(inst)
+    if refused is not None:
+        d.refuse(*refused)
         return
     held = _held_back(inst)
     if held is not None:
@@ -127,15 +115,34 @@ def demand(d: Draft, v: o.DemandVerb) -> None:
 def room_planned(d: Draft, r: o.RoomPlanned) -> None:
     """The node evicts for this start: ``residency.demanded`` first (a boot resumes
     it), unless it is up or already demanded; a request's is refused when an
-    operator or controller stopped the instance meanwhile."""
+    operator or controller stopped the instance meanwhile (or it failed)."""
     inst = d.inst
     if _on_its_way(inst) or inst.lifecycle not in STARTABLE or demand_pending(inst):
         return
-    refusal = None if r.verb else _stopped_refusal(inst)
-    if refusal is not None:
-        d.refuse(RefusalKind.NOT_STOPPED, refusal)
+    refused = None if r.verb else _not_for_a_request(inst)
+    if refused is not None:
+        d.refuse(*refused)
         return
     d.emit(rev.ResidencyDemanded(request=r.request, model=r.model, by=r.by))
+
+
+def _not_for_a_request(inst: InstanceState) -> tuple[RefusalKind, str] | None:
+    """Why a request must not start it (a verb may): failed, stopped, or busy stopping."""
+    if inst.lifecycle is S.FAILED:
+        return (
+            RefusalKind.NOT_FAILED,
+            f"{inst.instance_id} is failed ({inst.reason}): held for the operator; "
+            "start it (infervisor start) once the cause is fixed",
+        )
+    refusal = _stopped_refusal(inst)
+    if refusal is not None:
+        return RefusalKind.NOT_STOPPED, refusal
+    if inst.lifecycle not in STARTABLE:
+        return (
+            RefusalKind.INVALID_STATE,
+            f"{inst.instance_id} is {inst.lifecycle}: ask again once it has stopped",
+        )
+    return None
 
 
 def _on_its_way(inst: InstanceState) -> bool:
