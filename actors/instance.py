@@ -166,16 +166,17 @@ class InstanceActor(pykka.ThreadingActor):
     def _verb(self, message: Any) -> Any:
         s = self.ctx.settings
         match message:
-            case m.Start(by=by):
-                self._decide_verb(o.StartVerb(by=by))
+            case m.Start(by=by, room=room):
+                self._decide_verb(o.StartVerb(by=by, room=room))
                 return self.view()
             case m.Stop(by=by, grace_s=grace, reason=reason):
                 if by == Role.SHUTDOWN:
                     self._closing = True
                 grace = s.stop_grace_s if grace is None else grace
                 return self._await(o.StopVerb(by=by, grace_s=grace, reason=reason), answers.stopped)
-            case m.Restart(by=by):
-                return self._await(o.RestartVerb(by=by, grace_s=s.stop_grace_s), answers.restarted)
+            case m.Restart(by=by, room=room):
+                restart = o.RestartVerb(by=by, grace_s=s.stop_grace_s, room=room)
+                return self._await(restart, answers.restarted)
             case m.Unload(by=by):
                 verb = o.UnloadVerb(by=by, grace_s=s.stop_grace_s)
                 return self._await(verb, lambda st, _r: st is None)
@@ -200,7 +201,7 @@ class InstanceActor(pykka.ThreadingActor):
                 return self._await_state(lambda st: answers.stopped(st, self.rules))
             case o.EvictVerb():
                 return self._await(message, answers.stopped)
-            case o.RoomRefused():
+            case o.RoomRefused() | o.RoomPlanned():
                 self._decide_verb(message)
                 return None
             case m.ResidencyFacts():
@@ -453,7 +454,7 @@ class InstanceActor(pykka.ThreadingActor):
         stand_in.built(self.actor_ref)
         self.run(boot_seen(adapter, self.state, self.effects))
         if isinstance(verb, o.RestartVerb) and self.state.lifecycle not in STARTABLE:
-            return o.StartVerb(by=verb.by)  # its boot started it: nothing to restart
+            return o.StartVerb(by=verb.by, room=verb.room)  # its boot started it: no restart
         return verb
 
     # ------------------------------------------------------------------ reconcile

@@ -69,9 +69,12 @@ class Append(_Msg, frozen=True):
 
 # Verbs to an instance
 class Start(_Msg, frozen=True):
-    """Start the server. ``by="operator"`` resets the restart budget."""
+    """Start the server. ``by="operator"`` resets the restart budget. ``room``: a
+    start that does not fit is answered ``BudgetExceeded`` unrecorded, for the
+    node to make room (actors/node_residency.py)."""
 
     by: str = "operator"
+    room: bool = False
 
 
 class Stop(_Msg, frozen=True):
@@ -83,9 +86,11 @@ class Stop(_Msg, frozen=True):
 
 
 class Restart(_Msg, frozen=True):
-    """Stop (when running), then start; an operator restart resets the budget."""
+    """Stop (when running), then start; an operator restart resets the budget.
+    ``room``: as :class:`Start`'s."""
 
     by: str = "operator"
+    room: bool = False
 
 
 class Unload(_Msg, frozen=True):

@@ -40,14 +40,13 @@ from infervisor.adapters.spec import InstanceSpec
 from infervisor.chain import StoredEvent
 from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
-from infervisor.replay.lifecycle import LifecycleState
 from infervisor.replay.policy import check_duration
 from infervisor.replay.views import InstanceView
 
 from . import messages as m
 from .clock import Clock, RealClock
 from .core.common import demand_pending
-from .errors import BadArgument, InvalidState, NotResident, VerbTimeout
+from .errors import BadArgument, InvalidState, VerbTimeout
 from .host_work import Placement, PlacementOutcome
 from .node_boot import ASK_TIMEOUT_S, NodeActors, append_node_event, start_actors, stop_actors
 from .node_fleet import NodeFleet
@@ -341,37 +340,25 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         the role decides the rules (an ``operator`` start resets the budget).
         Stop, restart and unload take ``by`` the same way.
 
-        A resting instance (on demand, evicted or expired: issue 21) is started
-        as a request starts it, evicting by the residency policy when it does not
-        fit (``residency.demanded``, request ``verb``); this answers once its
-        start is recorded, as any start does. A stopped or failed instance that
-        does not fit is refused with the numbers (nothing is evicted for it).
+        Whatever the instance rests as (placed on demand, evicted, expired, or
+        stopped by an operator or controller), a start that does not fit the
+        memory budget makes room by the residency policy (issue 21,
+        :mod:`.node_residency`): idle, unpinned instances of lower or equal
+        priority are evicted, least recently used first, and gone before it
+        starts. This answers once its start is recorded, as any start does; the
+        start is a use of the instance (its last use).
 
         Raises:
             UnknownInstance, InvalidState: refused; nothing recorded.
             Cordoned: the node is drained and a controller placed the instance.
             AdmissionRefused: the address is taken (the refusal is recorded).
-            NotResident: a resting instance for which nothing can be evicted
-                (``no_room``, recorded as ``residency.refused``).
+            NotResident: nothing can be evicted for it (``no_room``, recorded as
+                ``residency.refused`` with the numbers).
             SpawnError: the launcher could not run (recorded as an exit).
         """
         self._refuse_drained_start(instance_id)
-        current = self.status(instance_id)
-        if current.lifecycle == LifecycleState.RESTING:
-            return self._start_resting(current, by)
-        view: InstanceView = self._ask(self._ref(instance_id), m.Start(by=by))
-        return view
-
-    def _start_resting(self, current: InstanceView, by: str) -> InstanceView:
-        """A start verb of a resting instance: a demand that does not wait for readiness."""
-        iid = current.instance_id
-        model = current.model or current.role or iid
-        try:
-            return self.demand(iid, request="verb", model=model, by=by, timeout_s=0.0)
-        except NotResident as e:
-            if e.code != "start_timeout":  # recorded and started: not ready yet
-                raise
-        return self.status(iid)
+        answer = self._start_making_room(instance_id, m.Start(by=by, room=True))
+        return _wait(answer, ASK_TIMEOUT_S)
 
     def stop(
         self,
@@ -405,21 +392,17 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         return _wait(fut, grace + 30)
 
     def restart(self, instance_id: str, *, by: str = "operator") -> InstanceView:
-        """Stop (when running), then start. A resting instance has nothing to stop:
-        it is started as :meth:`start` starts it (a demand, evicting by the
-        residency policy when it does not fit).
+        """Stop (when running), then start. An instance with nothing to stop is
+        started as :meth:`start` starts it (making room when it does not fit).
 
         Raises:
             UnknownInstance, InvalidState: refused (as :meth:`start`); or being unloaded.
-            NotResident: a resting instance for which nothing can be evicted (as :meth:`start`).
+            NotResident: nothing can be evicted for its start (as :meth:`start`).
             VerbTimeout: not done within the stop grace plus 60 s; still in progress.
         """
         self._refuse_drained_start(instance_id)
-        current = self.status(instance_id)
-        if current.lifecycle == LifecycleState.RESTING:
-            return self._start_resting(current, by)
-        fut: Future[InstanceView] = self._ask(self._ref(instance_id), m.Restart(by=by))
-        return _wait(fut, self.settings.stop_grace_s + 60)
+        answer = self._start_making_room(instance_id, m.Restart(by=by, room=True))
+        return _wait(answer, self.settings.stop_grace_s + 60)
 
     def unload(self, instance_id: str, *, by: str = "operator") -> None:
         """Stop the server (the stop grace, ``stop_grace_s``) and forget the instance; answers once

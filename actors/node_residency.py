@@ -1,31 +1,39 @@
-"""What a node does for residency (issue 21): demands, evictions, requests
-begun and ended. A base of :class:`~.node.Node`; F's OpenAI-compatible front
-calls these from its own threads.
+"""What a node does for residency (issue 21): starts that must make room,
+demands, evictions, requests begun and ended. A base of :class:`~.node.Node`;
+F's OpenAI-compatible front calls these from its own threads.
 
 It executes the decisions of :mod:`.core.residency`: decide, append
 (durable), then act.
 
-- A demand goes to the instance's own actor: ``residency.demanded`` and the
-  start's checks in one decision. When the memory does not fit, nothing more
-  is recorded there and the node plans room (:func:`.core.residency.plan_room`)
-  from each instance's facts and the ledger, under one lock (plans are made
-  one at a time, so two starts never count the same victim's bytes).
-- Each victim's actor records ``residency.evicted`` with its stop to rest (one
+- Any start the node is asked for goes to the instance's own actor: a
+  request's demand (which never starts an instance an operator or controller
+  stopped), or an operator's or controller's start or restart (which may).
+  The actor decides it with the start's checks; when the memory does not fit,
+  nothing is recorded there and the node plans room
+  (:func:`.core.residency.plan_room`) from each instance's facts and the
+  ledger, under one lock (plans are made one at a time, so two starts never
+  count the same victim's bytes).
+- With victims, the started instance records ``residency.demanded`` first
+  (``RoomPlanned``: it is wanted running, and a boot resumes it); each
+  victim's actor records ``residency.evicted`` with its stop to rest (one
   transaction) before anything of it is stopped, refusing if it turned busy
-  meanwhile (then the node plans again); the node waits until the victims are
-  gone and their memory released, then asks the demand again, which now fits.
+  meanwhile (then the node plans again); the node waits until the victims
+  are gone and their memory released, then asks the start again, which now
+  fits (``instance.starting``: the use).
 - Nothing evictable for now, only because instances that would make room
-  serve a request or load (the plan's ``wait_for``): the demand waits for one
+  serve a request or load (the plan's ``wait_for``): a request waits for one
   of them to end, within its own deadline (it is in the front's bounded
   queue), then plans again; an instance is never evicted mid-request for it.
+  A verb does not wait.
 - Nothing evictable (pinned, higher priority, or still busy at the deadline):
-  the demanded instance records ``residency.refused`` with the ledger, and the
-  demand raises ``NotResident`` (``no_room``).
+  the instance records ``residency.refused`` with the ledger (identical
+  refusals within a window are counted, not recorded), and the start raises
+  ``NotResident`` (``no_room``). A refused start is no use.
 
 A node killed mid-way decides the same after boot: a victim's stop in flight
-is finished by its boot (it rests), and a demand recorded but not started
-(``residency.demanded`` folds the instance wanted running) is resumed by
-:meth:`NodeResidency.resume_demands`, room made first as the live node would have.
+is finished by its boot (it rests), and a start recorded as demanded but not
+made is resumed by :meth:`NodeResidency.resume_demands`, room made first as
+the live node would have.
 """
 
 from __future__ import annotations
@@ -81,6 +89,7 @@ class NodeResidency:
         def _ref(self, instance_id: str) -> pykka.ActorRef[Any]: ...
         def _refs(self) -> builtins.list[pykka.ActorRef[Any]]: ...
         def _refuse_drained_start(self, iid: str) -> None: ...
+        def status(self, instance_id: str) -> InstanceView: ...
 
     def demand(
         self,
@@ -124,8 +133,26 @@ class NodeResidency:
             facts: rule.Holder = _ask(ref, m.ResidencyFacts())
             timeout_s = facts.startup_s or DEFAULT_START_S
         if answer is None:
-            answer = self._make_room(instance_id, ref, asked, began + timeout_s)
+            planned = o.RoomPlanned(request=request, model=model, by=by, verb=False)
+            answer = self._make_room(instance_id, ref, asked, planned, began + timeout_s)
         return _ready(instance_id, answer, began + timeout_s, timeout_s)
+
+    def _start_making_room(self, instance_id: str, verb: m.Start | m.Restart) -> Future[Any]:
+        """An operator's or controller's start or restart (``room`` set): its answer,
+        room made first when it does not fit (a verb waits for no request to end).
+
+        Raises:
+            NotResident: ``no_room`` (recorded as ``residency.refused``).
+            UnknownInstance, InvalidState, AdmissionRefused, ...: the verb's refusal.
+        """
+        ref = self._ref(instance_id)
+        answer = _started(ref, verb)
+        if answer is not None:
+            return answer
+        view = self.status(instance_id)
+        model = view.model or view.role or instance_id
+        planned = o.RoomPlanned(request="verb", model=model, by=verb.by, verb=True)
+        return self._make_room(instance_id, ref, verb, planned, time.monotonic())
 
     def request_began(self, instance_id: str) -> None:
         """A request routed to the instance began (never blocks: an actor tell).
@@ -159,14 +186,21 @@ class NodeResidency:
 
     # ------------------------------------------------------------------ room
     def _make_room(
-        self, iid: str, ref: pykka.ActorRef[Any], asked: o.DemandVerb, deadline: float
-    ) -> Future[InstanceView]:
-        """Evict by the plan until the demand's start fits; its answer. Room that
-        busy or loading instances hold is waited for until ``deadline``
+        self,
+        iid: str,
+        ref: pykka.ActorRef[Any],
+        asked: Any,
+        planned: o.RoomPlanned,
+        deadline: float,
+    ) -> Future[Any]:
+        """Evict by the plan until the start ``asked`` (a demand, a start or restart
+        verb) fits; its answer. ``planned`` is recorded before any eviction. Room
+        that busy or loading instances hold is waited for until ``deadline``
         (``time.monotonic()``), planning again whenever a request ends.
 
         Raises:
-            NotResident: ``no_room`` (recorded as ``residency.refused``).
+            NotResident: ``no_room`` (recorded as ``residency.refused``), or
+                ``stopped`` (a request's, stopped meanwhile).
         """
         with self._room_lock:
             plans = 0
@@ -193,6 +227,8 @@ class NodeResidency:
                     continue
                 if plan.refusal is not None:
                     self._refuse(ref, me, ledger, plan)
+                if plan.victims:
+                    _ask(ref, planned)  # residency.demanded, before any eviction
                 if not self._evict(iid, me, ledger, plan):
                     log.info("%s: a victim turned busy while room was made; planning again", iid)
         raise NotResident(
@@ -303,14 +339,22 @@ def _fields(h: rule.Holder) -> dict[str, Any]:
     return {f: getattr(h, f) for f in h.__struct_fields__}
 
 
-def _started(ref: pykka.ActorRef[Any], asked: o.DemandVerb) -> Future[InstanceView] | None:
-    """Ask the demand; its answer, or None when the start does not fit (no room).
-    The start's memory check runs in the decision, so a refusal is known at once.
+def _started(ref: pykka.ActorRef[Any], asked: Any) -> Future[Any] | None:
+    """Ask for the start (a demand, or a start or restart verb with ``room``); its
+    answer, or None when the start does not fit (no room). The start's memory
+    check runs in the decision, so a refusal is known at once.
 
     Raises:
-        NotResident: stopped or failed (the decision's refusal).
+        NotResident: stopped or failed (a demand's refusal); a verb's refusals.
     """
-    answer: Future[InstanceView] = _ask(ref, asked)
+    try:
+        answer = _ask(ref, asked)
+    except BudgetExceeded:  # a start verb's: answered at once, not recorded
+        return None
+    if not isinstance(answer, Future):  # a start verb's view
+        done: Future[Any] = Future()
+        done.set_result(answer)
+        return done
     if answer.done() and isinstance(answer.exception(), BudgetExceeded):
         return None
     if answer.done() and answer.exception() is not None:

@@ -108,7 +108,7 @@ def is_verb(obs: o.Observation) -> bool:
         obs,
         (
             o.StartVerb, o.StopVerb, o.RestartVerb, o.UnloadVerb, o.PlacementVerb,
-            o.DemandVerb, o.EvictVerb, o.RoomRefused,
+            o.DemandVerb, o.EvictVerb, o.RoomRefused, o.RoomPlanned,
         ),
     )  # fmt: skip
 

@@ -11,7 +11,7 @@ from infervisor.adapters.status import map_report
 from infervisor.replay import InstanceState
 from infervisor.replay.policy import restarts_in_window
 from infervisor.replay.state import Stamp
-from infervisor.replay.views import InstanceView
+from infervisor.replay.views import InstanceView, rest_reason
 
 from .core.health import wants_probe
 from .core.rules import Mode, Rules, Tracking
@@ -100,6 +100,8 @@ def build_view(actor: Viewed) -> InstanceView:
         priority=spec.priority,
         pinned=spec.pinned,
         resting=state.lifecycle.value == "resting",
+        rest_reason=rest_reason(state),
+        refusals_folded=actor.tracking.refusals_folded_total,
         last_use_ns=state.last_use_ns,
         busy=actor.tracking.serving > 0,
         **_accounting(actor.effects, pid),

@@ -18,7 +18,7 @@ from infervisor.chain import StoredEvent
 
 from . import events as ev
 from . import residency_events as rev
-from .callers import Role
+from .callers import Role, role_of
 from .lifecycle import LIVE_STATES, TRANSITIONS, IllegalTransition, LifecycleState, check_transition
 from .reasons import REASONS, reason_of
 from .residency_events import no_room
@@ -136,7 +136,16 @@ def _target(inst: InstanceFields, event: ev.InstanceEvent) -> LifecycleState | N
 # record as the event found it before it writes (the rules are of the state before).
 
 
+#: Whose start is a use of the instance (issue 21): a caller's verb. A request's
+#: start is one by its ``residency.demanded``; the node's own (a restart after an
+#: exit, a boot's resume of a running instance) is not.
+_USERS = frozenset({Role.OPERATOR, Role.CONTROLLER})
+
+
 def _on_starting(w: InstanceFields, stored: StoredEvent, e: ev.Starting) -> None:
+    if w.demanded or role_of(e.by) in _USERS:
+        w.last_use_ns = stored.ts_ns
+    w.demanded, w.rested_for, w.refused_ns = False, "", None
     if e.reset_budget:
         w.restarts, w.restart_times_ns, w.restart_stamps = 0, (), ()
     w.desired = Desired.RUNNING
@@ -208,8 +217,10 @@ def _on_stop(w: InstanceFields, stored: StoredEvent, e: ev.StopRequested) -> Non
         w.then, w.then_by = e.then, e.by
     held_by = "" if keeps_wanted or e.then == Then.REST else e.by
     w.stopped_by = held_by or (w.stopped_by if keeps_wanted else "")
+    if e.then != Then.REST and not keeps_wanted:
+        w.rested_for = ""  # an operator's stop: it no longer rests for a reason of its own
     if not keeps_wanted:
-        w.desired = Desired.STOPPED
+        w.desired, w.demanded = Desired.STOPPED, False  # a stop ends a demand not yet started
     if not w.then:
         w.then_by = ""
     w.restart_due = None
@@ -227,9 +238,15 @@ def _on_ready(w: InstanceFields, stored: StoredEvent, e: ev.Ready) -> None:
 def _on_refused(w: InstanceFields, stored: StoredEvent, e: ev.StartRefused) -> None:
     """A refused start keeps its cause; one a demand asked for ends the demand (the
     next request asks again), so no boot resumes a request that failed long ago."""
-    if w.lifecycle in (S.RESTING, S.LOADED) and w.desired is Desired.RUNNING:
-        w.desired = Desired.STOPPED
+    _end_demand(w)
     w.refusal = e.reason
+
+
+def _end_demand(w: InstanceFields) -> None:
+    """A demand recorded and not started is refused: no longer wanted running."""
+    if w.demanded and w.lifecycle not in LIVE_STATES:
+        w.desired = Desired.STOPPED
+    w.demanded = False
 
 
 def _on_claimed(w: InstanceFields, stored: StoredEvent, e: ev.ModelClaimed) -> None:
@@ -253,15 +270,24 @@ def _on_unload_failed(w: InstanceFields, stored: StoredEvent, e: ev.UnloadFailed
 
 
 def _on_demanded(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyDemanded) -> None:
-    w.desired, w.last_use_ns, w.stopped_by = Desired.RUNNING, stored.ts_ns, ""
+    """Wanted running until its start (the use: ``instance.starting``) or refusal."""
+    w.desired, w.demanded = Desired.RUNNING, True
 
 
 def _on_room_refused(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyRefused) -> None:
-    """The demand that asked is refused: a resting instance is no longer wanted
-    running; the refusal is kept (once per cause, as a refused start's)."""
-    if w.lifecycle in (S.RESTING, S.LOADED):
-        w.desired = Desired.STOPPED
+    """The start that asked is refused: a demand recorded for it ends; the refusal
+    and its time are kept (identical ones soon after record nothing more)."""
+    _end_demand(w)
     w.refusal = no_room(e.needed_bytes, e.in_use_bytes, e.budget_bytes)
+    w.refused_ns = stored.ts_ns
+
+
+def _on_evicted(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyEvicted) -> None:
+    w.rested_for = f"evicted for {e.for_instance}"
+
+
+def _on_expired(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyExpired) -> None:
+    w.rested_for = f"idle longer than {e.idle_ttl_s:g} s"
 
 
 def _on_busy(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyBusy) -> None:
@@ -296,6 +322,8 @@ _UPDATES: dict[type[Any], _Handler] = {
     ev.UnloadFailed: _on_unload_failed,
     rev.ResidencyDemanded: _on_demanded,
     rev.ResidencyRefused: _on_room_refused,
+    rev.ResidencyEvicted: _on_evicted,
+    rev.ResidencyExpired: _on_expired,
     rev.ResidencyBusy: _on_busy,
     rev.ResidencyIdle: _on_idle,
 }

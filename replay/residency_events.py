@@ -16,6 +16,7 @@ import msgspec
 from .event_base import EventBase
 
 __all__ = [
+    "REFUSAL_WINDOW_S",
     "Candidate",
     "ResidencyBusy",
     "ResidencyDemanded",
@@ -52,10 +53,12 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class ResidencyDemanded(EventBase, frozen=True, tag="residency.demanded"):
-    """A request or verb asked for a resting instance; its start follows.
-    ``request``: the request id (or ``verb``); ``model``: the name asked for;
-    ``by``: who asked. The instance is wanted running from here (a node killed
-    before the start decides it again at boot)."""
+    """A start a request or verb asked for is made: in the transaction of its
+    ``instance.starting`` when it fits, or before the evictions that make room
+    for it. ``request``: the request id (or ``verb``); ``model``: the name asked
+    for; ``by``: who asked. The instance is wanted running from here (a node
+    killed before the start decides it again at boot); its start is a use
+    (``last_use_ns``). A refused start records none."""
 
     request: str
     model: str
@@ -89,13 +92,23 @@ class ResidencyRefused(EventBase, frozen=True, tag="residency.refused"):
     """A start of the instance did not fit and nothing could be evicted: it needs
     ``needed_bytes`` beside ``in_use_bytes`` of ``budget_bytes``; ``held`` is the
     ledger then (instance id to bytes), ``candidates`` why none could go. The
-    demand that asked is refused (the instance stays as it was)."""
+    start that asked is refused (the instance stays as it was, and it is no
+    use). Identical refusals (the same numbers) within
+    :data:`REFUSAL_WINDOW_S` of it record nothing; ``folded`` counts those
+    since the previous ``residency.refused`` of the instance, as far as the
+    node counted them (a node restart counts from 0)."""
 
     needed_bytes: int
     budget_bytes: int
     in_use_bytes: int
     held: dict[str, int]
     candidates: list[Candidate]
+    folded: int = 0
+
+
+#: How long identical refusals of one instance's start fold into the last
+#: ``residency.refused``, seconds (counted in metrics, not chain rows).
+REFUSAL_WINDOW_S = 60.0
 
 
 class ResidencyBusy(EventBase, frozen=True, tag="residency.busy"):

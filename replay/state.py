@@ -208,8 +208,17 @@ class InstanceFields(msgspec.Struct, gc=False):
             demand, the moment it turned busy, or the ``idle_since_ns`` it
             turned idle at; None: never used.
         stopped_by: who stopped it (an operator's or controller's stop, not a
-            rest); cleared by a start or a demand. A demand of a stopped
-            instance is refused naming them.
+            rest); cleared by a start. A request for a stopped instance is
+            refused naming them.
+        demanded: a start asked by a request or verb is recorded
+            (``residency.demanded``) and not yet made: room is being made for
+            it, and a boot resumes it (cleared by the start or its refusal).
+        rested_for: why it rests, once evicted or expired (``evicted for B``,
+            ``idle longer than 60 s``); "" when it was placed on demand and
+            never ran, or does not rest. Cleared by a start or a stop.
+        refused_ns: when a start of it was last refused for room
+            (``residency.refused``, ns since the epoch); None: never, or
+            started since. Identical refusals soon after it record nothing.
     """
 
     instance_id: str
@@ -241,6 +250,9 @@ class InstanceFields(msgspec.Struct, gc=False):
     busy: bool = False
     last_use_ns: int | None = None
     stopped_by: str = ""
+    demanded: bool = False
+    rested_for: str = ""
+    refused_ns: int | None = None
 
 
 # mypy reads msgspec's dataclass_transform as a dataclass's, where a frozen class may not

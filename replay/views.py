@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import msgspec
 
-from .state import ExitRecord
+from .state import ExitRecord, InstanceState
 
-__all__ = ["InstanceView", "LedgerView"]
+__all__ = ["InstanceView", "LedgerView", "rest_reason"]
+
+
+def rest_reason(inst: InstanceState) -> str:
+    """Why a resting instance rests: ``evicted for B``, ``idle longer than 60 s``
+    or ``placed on demand`` (never run, or not since it was placed); "" when it
+    does not rest. Sourced (``residency.evicted``/``.expired``)."""
+    if inst.lifecycle.value != "resting":
+        return ""
+    return inst.rested_for or "placed on demand"
 
 
 class LedgerView(msgspec.Struct, frozen=True):
@@ -57,6 +66,12 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
             (issue 21; ``idle_ttl_s`` in seconds, None: never released).
         resting: it rests (evicted, expired or placed on demand): a request
             or verb for it starts it.
+        refusals_folded: starts of it refused for room, identical to the
+            ``residency.refused`` recorded before them (within its window), so
+            not recorded, since the node started (not sourced: a counter that
+            a node restart starts again from 0).
+        rest_reason: why it rests (:func:`rest_reason`: ``evicted for B``,
+            ``idle longer than 60 s``, ``placed on demand``); "" when it does not.
         last_use_ns: its last use (ns since the epoch, UTC; sourced: a demand,
             ``residency.busy``/``.idle``); None: never used.
         busy: it serves a request now (the node's count of requests in flight).
@@ -101,3 +116,5 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     resting: bool = False
     last_use_ns: int | None = None
     busy: bool = False
+    rest_reason: str = ""
+    refusals_folded: int = 0

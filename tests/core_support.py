@@ -219,6 +219,8 @@ class Sim:
         """Feed back the StartChecked a CheckStart effect asks for."""
         c = check or self.effect(fx.CheckStart)
         kw.setdefault("precheck", c.weights_only)
+        kw.setdefault("request", c.request)
+        kw.setdefault("model", c.model)
         return self.feed(
             o.StartChecked(
                 by=c.by, reset_budget=c.reset_budget, attempt=c.attempt, verb=c.verb, **kw

@@ -374,7 +374,7 @@ def test_refusals(api: Api, listener: str) -> None:
     placed = api.call(listener, "POST", "/v1/instances", 200, json=huge)
     iid = placed["instance_id"]
     error = api.refused(listener, "POST", f"/v1/instances/{iid}/start", 422, "no_room")
-    assert str(api.budget) in error["message"] and "does not fit" in error["message"]
+    assert str(api.budget) in error["message"] and "nothing can be evicted" in error["message"]
     error = api.refused(
         listener, "POST", f"/v1/instances/{iid}/stop", 400, "bad_request", json={"grace_s": -1}
     )

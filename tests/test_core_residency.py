@@ -160,8 +160,11 @@ OBS = st.sampled_from(
     [
         "demand", "evict", "room_refused", "began", "ended", "tick", "idle",
         "operator_stop", "operator_start", "crash", "server_busy", "server_idle",
+        "no_room", "verb_no_room", "room_planned", "room_planned_verb", "later",
     ]
 )  # fmt: skip
+#: The memory check's answer when a start does not fit.
+NO_ROOM = "memory budget 1 bytes, 1 in use, 1 needed: does not fit"
 
 
 def _sim() -> Sim:
@@ -171,9 +174,10 @@ def _sim() -> Sim:
     return sim
 
 
-def _finish(sim: Sim) -> None:
-    """Run what the last decision asked the world for: checks pass, spawns succeed,
-    a terminated server exits (so a walk reaches the ends of its stops)."""
+def _finish(sim: Sim, no_room: bool = False) -> None:
+    """Run what the last decision asked the world for: checks pass (the memory
+    refused with ``no_room``), spawns succeed, a terminated server exits (so a
+    walk reaches the ends of its stops)."""
     for _ in range(4):
         last = sim.last
         if last is None or sim.state is None:
@@ -181,7 +185,9 @@ def _finish(sim: Sim) -> None:
         WALK_STATES.add(sim.inst.lifecycle)
         check = [e for e in last.effects if isinstance(e, fx.CheckStart)]
         if check:
-            sim.checked(check[0], demand=check[0].demand)
+            memory = NO_ROOM if no_room else None
+            answer = sim.checked(check[0], demand=check[0].demand, memory_refusal=memory)
+            _count(("no_room " if no_room else "") + "checked", answer)
             continue
         if any(isinstance(e, fx.Spawn) for e in last.effects):
             sim.spawn_ok()
@@ -192,10 +198,31 @@ def _finish(sim: Sim) -> None:
         return
 
 
+def _count(name: str, decision: Any) -> None:
+    kinds = [kind_of(e) for e in decision.events]
+    WALK_RULES[name if not decision.refusal else f"{name} refused"] += 1
+    WALK_KINDS.update(kinds)
+    if "instance.starting" in kinds:
+        WALK_RULES["started " + ("with demand" if "residency.demanded" in kinds else "alone")] += 1
+
+
+def _room_refused(sim: Sim) -> o.RoomRefused:
+    """The node's refusal; the same numbers each time but after a change of the
+    budget by the walk's ``later`` (so both folded and recorded ones are reached)."""
+    budget = 100 + sim.clock.wall_ns // 10**12  # changes only when much time passed
+    return o.RoomRefused(
+        by="node", needed_bytes=50, budget_bytes=budget, in_use_bytes=60, held={}, candidates=()
+    )
+
+
 def _step(sim: Sim, name: str) -> None:
     inst = sim.inst
     inflight_before = sim.tracking.serving
-    stopped_by_before = inst.stopped_by if inst.lifecycle is S.STOPPED else ""
+    use_before = inst.last_use_ns
+    demanded_before = inst.demanded and inst.lifecycle not in LIVE_STATES
+    # stopped, and no operator's start of it under way (a request joins that one)
+    held = inst.lifecycle is S.STOPPED and not inst.demanded
+    stopped_by_before = inst.stopped_by if held else ""
     obs: Any = {
         "demand": o.DemandVerb(request="r", model="m", by="front"),
         "evict": o.EvictVerb(
@@ -208,9 +235,11 @@ def _step(sim: Sim, name: str) -> None:
             candidates=(),
             grace_s=2.0,
         ),
-        "room_refused": o.RoomRefused(
-            by="node", needed_bytes=1, budget_bytes=1, in_use_bytes=1, held={}, candidates=()
-        ),
+        "room_refused": _room_refused(sim),
+        "no_room": o.DemandVerb(request="r", model="m", by="front"),
+        "verb_no_room": o.StartVerb(by="operator:uid=1(ann)", room=True),
+        "room_planned": o.RoomPlanned(request="r", model="m", by="front", verb=False),
+        "room_planned_verb": o.RoomPlanned(request="verb", model="m", by="operator", verb=True),
         "began": o.RequestBegan(),
         "server_busy": o.ServerActivity(active=2),
         "server_idle": o.ServerActivity(active=0),
@@ -222,33 +251,50 @@ def _step(sim: Sim, name: str) -> None:
     if name == "idle":
         sim.clock.advance(31)
         obs = o.Tick()
+    if name == "later":  # past the refusals' window, and another budget (see _room_refused)
+        sim.clock.advance(1001)
+        obs = o.Tick()
     if name == "crash":
         if inst.process is None:
             return
         sim.gone(exit_code=1)
         return
+    folded_before = sim.tracking.refusals_folded_total
     decision = sim.feed(obs)
     WALK_STATES.add(sim.inst.lifecycle)
     kinds = [kind_of(e) for e in decision.events]
-    WALK_RULES[name if not decision.refusal else f"{name} refused"] += 1
-    WALK_KINDS.update(kinds)
+    _count(name, decision)
+    if name == "room_refused":  # at most one event; an identical one soon after: none
+        assert kinds in (["residency.refused"], []), kinds
+        assert sim.inst.last_use_ns == use_before, "a refused start counted as a use"
+        folded = sim.tracking.refusals_folded_total > folded_before
+        assert folded == (not kinds)
+        WALK_RULES["room_refused folded" if folded else "room_refused recorded"] += 1
+    if name == "tick" and demanded_before:  # the node starts it once room is made
+        assert not [e for e in decision.effects if isinstance(e, fx.CheckStart)]
+        WALK_RULES["tick while demanded"] += 1
+    if "residency.demanded" in kinds and name in ("demand", "operator_start"):
+        assert "instance.starting" in kinds  # recorded with its start, never before it
     # the rules' promises
     if "residency.evicted" in kinds or "residency.expired" in kinds:
         assert inflight_before == 0, "evicted or expired while serving a request"
         assert "instance.stop_requested" in kinds and sim.inst.then == "rest"
     if "residency.busy" in kinds:  # only a server that runs serves anything
         assert inst.lifecycle in (S.RUNNING, S.UNHEALTHY), inst.lifecycle
-    if stopped_by_before and name == "demand":
+    if stopped_by_before and name in ("demand", "no_room", "room_planned"):
         assert not kinds and decision.refusal is not None
         assert stopped_by_before in decision.refusal.message
-    _finish(sim)
+        WALK_RULES[f"{name} refused stopped"] += 1
+    _finish(sim, no_room=name in ("no_room", "verb_no_room"))
     WALK_STATES.add(sim.inst.lifecycle)
     if sim.inst.lifecycle not in LIVE_STATES:  # the busy spell ends with the process
         assert not sim.inst.busy
     if sim.inst.lifecycle is S.RESTING:
         assert sim.inst.process is None
-        if sim.inst.desired is Desired.RUNNING:
-            assert sim.inst.last_use_ns is not None  # a pending demand is a use
+    if name in ("no_room", "verb_no_room", "room_planned", "room_planned_verb"):
+        assert sim.inst.last_use_ns == use_before, "a start not made counted as a use"
+    if sim.inst.demanded:
+        assert sim.inst.desired is Desired.RUNNING and sim.inst.lifecycle not in LIVE_STATES
 
 
 @settings(max_examples=150, derandomize=True)
@@ -272,6 +318,18 @@ def _step(sim: Sim, name: str) -> None:
         "operator_stop",
         "demand",
         "crash",
+        "operator_start",
+        "operator_stop",
+        "no_room",
+        "room_planned",
+        "verb_no_room",
+        "room_planned_verb",
+        "tick",
+        "room_refused",
+        "room_refused",
+        "later",
+        "room_refused",
+        "room_planned_verb",
         "operator_start",
     ]
 )
@@ -298,7 +356,12 @@ def test_zz_every_outcome_reason_state_and_kind_reached(request: pytest.FixtureR
     missing_kinds = sorted(residency_kinds - WALK_KINDS)
     wanted_states = {S.RESTING, S.STARTING, S.RUNNING, S.STOPPING, S.STOPPED}
     missing_states = sorted(wanted_states - WALK_STATES)
-    wanted_rules = {"demand", "demand refused", "evict", "evict refused", "room_refused refused"}
+    wanted_rules = {
+        "demand", "demand refused", "evict", "evict refused", "room_refused refused",
+        "room_refused folded", "room_refused recorded", "no_room refused stopped",
+        "room_planned refused stopped", "room_planned_verb", "no_room checked refused",
+        "started with demand", "started alone", "tick while demanded",
+    }  # fmt: skip
     missing_rules = sorted(wanted_rules - set(WALK_RULES))
     assert not (missing_plan or missing_kinds or missing_states or missing_rules), (
         f"never reached: plan {missing_plan}, kinds {missing_kinds}, states {missing_states}, "

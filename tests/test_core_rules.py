@@ -41,6 +41,7 @@ from infervisor.adapters.ollama_wire import RunningModel
 from infervisor.adapters.spec import Flavor
 from infervisor.replay import Desired, LifecycleState, RestartPolicy, apply_instance
 from infervisor.replay import events as ev
+from infervisor.replay import residency_events as rev
 from infervisor.replay.policy import jitter_unit, restarts_in_window
 from infervisor.replay.state import later
 
@@ -1366,51 +1367,122 @@ def _demand(sim: Sim, request: str = "r1") -> Decision:
     return sim.feed(o.DemandVerb(request=request, model="tiny", by="front"))
 
 
-def test_a_demand_of_a_resting_instance_records_it_then_starts() -> None:
+def test_a_demand_of_a_resting_instance_is_recorded_with_its_start() -> None:
+    """residency.demanded (the request, a use) in the transaction of its start,
+    never before it: a demand whose start is not made records nothing."""
     sim = _resting()
     d = _demand(sim)
-    assert sim.kinds_of_last() == ["residency.demanded"]
-    assert sim.effect(fx.CheckStart).demand is True
-    assert sim.inst.desired is Desired.RUNNING and sim.inst.lifecycle is S.RESTING
-    assert sim.inst.last_use_ns == sim.clock.wall_ns
-    assert d.refusal is None
-    sim.checked()
-    assert sim.kinds_of_last() == ["instance.starting"]
+    assert sim.kinds_of_last() == [] and d.refusal is None
+    check = sim.effect(fx.CheckStart)
+    assert (check.demand, check.request, check.model) == (True, "r1", "tiny")
+    assert sim.inst.last_use_ns is None
+    sim.checked(check, demand=True)
+    assert sim.kinds_of_last() == ["residency.demanded", "instance.starting"]
+    assert sim.inst.last_use_ns == sim.clock.wall_ns and not sim.inst.demanded
     sim.spawn_ok()
     assert sim.inst.lifecycle is S.RUNNING  # process kind: alive is ready
 
 
-def test_a_demand_that_does_not_fit_is_answered_not_recorded_and_stays_pending() -> None:
+_NO_ROOM = o.RoomRefused(
+    by="node", needed_bytes=5, budget_bytes=10, in_use_bytes=8, held={"x": 8}, candidates=()
+)
+
+
+def test_a_demand_that_does_not_fit_is_answered_and_its_refusal_recorded_once() -> None:
+    """No room: answered, nothing recorded; the node's refusal is one
+    residency.refused, the same one again soon after is counted, not recorded
+    (the next recorded one says how many were folded); none is a use."""
     sim = _resting()
     _demand(sim)
     d = sim.checked(memory_refusal="memory budget 10 bytes, 8 in use, 5 needed", demand=True)
     assert d.events == () and d.refusal is not None and d.refusal.kind is RefusalKind.MEMORY
-    assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.RUNNING
-    _demand(sim, "r2")  # a second demand coalesces: no second residency.demanded
-    assert sim.kinds_of_last() == []
-    sim.feed(
-        o.RoomRefused(
-            by="node", needed_bytes=5, budget_bytes=10, in_use_bytes=8, held={"x": 8},
-            candidates=(),
-        )
-    )  # fmt: skip
-    assert sim.kinds_of_last() == ["residency.refused"]
-    assert sim.last is not None and sim.last.refusal is not None
-    assert sim.last.refusal.kind is RefusalKind.NOT_NO_ROOM
-    assert sim.inst.desired is Desired.STOPPED and sim.inst.lifecycle is S.RESTING
+    assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
+    assert not sim.inst.demanded
+    for n in range(3):
+        sim.clock.advance(10.0)
+        sim.feed(_NO_ROOM)
+        assert sim.kinds_of_last() == (["residency.refused"] if n == 0 else [])
+        assert sim.last is not None and sim.last.refusal is not None
+        assert sim.last.refusal.kind is RefusalKind.NOT_NO_ROOM
+    assert sim.tracking.refusals_folded == 2 and sim.inst.last_use_ns is None
+    sim.clock.advance(60.0)  # past the window: recorded again, saying how many it folded
+    sim.feed(_NO_ROOM)
+    (refused,) = sim.last.events if sim.last is not None else ()
+    assert isinstance(refused, rev.ResidencyRefused) and refused.folded == 2
+    assert sim.tracking.refusals_folded == 0 and sim.tracking.refusals_folded_total == 2
+
+
+def test_room_planned_records_the_demand_before_the_evictions_and_its_start_is_the_use() -> None:
+    sim = _resting()
+    sim.feed(o.RoomPlanned(request="r1", model="tiny", by="front", verb=False))
+    assert sim.kinds_of_last() == ["residency.demanded"]
+    assert sim.inst.demanded and sim.inst.desired is Desired.RUNNING
+    assert sim.inst.last_use_ns is None  # not yet: the victims may turn busy
+    sim.feed(o.RoomPlanned(request="r1", model="tiny", by="front", verb=False))
+    assert sim.kinds_of_last() == []  # pending already
+    _demand(sim, "r2")
+    sim.checked(demand=True)
+    assert sim.kinds_of_last() == ["instance.starting"]
+    assert sim.inst.last_use_ns == sim.clock.wall_ns and not sim.inst.demanded
+
+
+def test_an_operator_stopped_instance_demanded_by_a_verb_waits_for_the_node() -> None:
+    """The node makes room for an operator's start of an instance the operator
+    stopped: demanded, it is wanted running, yet no reconcile tick starts it
+    meanwhile (its start would be refused for memory and end the demand); a
+    request joins it; an operator's stop ends it."""
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="operator:uid=1(bob)", grace_s=5.0))
+    sim.gone(exit_code=0)
+    sim.feed(o.RoomPlanned(request="verb", model="tiny", by="operator:uid=1(bob)", verb=True))
+    assert sim.kinds_of_last() == ["residency.demanded"]
+    assert sim.inst.lifecycle is S.STOPPED and sim.inst.desired is Desired.RUNNING
+    d = sim.feed(o.Tick())
+    assert d.events == () and not [e for e in d.effects if isinstance(e, fx.CheckStart)]
+    d = _demand(sim)
+    assert d.refusal is None and sim.effect(fx.CheckStart).demand is True
+    sim.feed(o.StopVerb(by="operator:uid=1(bob)", grace_s=5.0))
+    assert not sim.inst.demanded and sim.inst.desired is Desired.STOPPED
+
+
+def test_a_demand_joins_a_verbs_start_of_a_failed_instance_as_a_boot_resumes_it() -> None:
+    """An operator's start of a failed instance that needs room is demanded before
+    the evictions; the demand a boot resumes for it (by the request path) starts
+    it rather than being refused ``failed``. Without that start a request is refused."""
+    failed = _in_state(S.FAILED)
+    d = _demand(failed)
+    assert d.refusal is not None and d.refusal.kind is RefusalKind.NOT_FAILED
+    failed.feed(o.RoomPlanned(request="verb", model="tiny", by="operator", verb=True))
+    assert failed.kinds_of_last() == ["residency.demanded"]
+    d = failed.feed(o.DemandVerb(request="boot", model="", by="boot"))
+    assert d.refusal is None and failed.effect(fx.CheckStart).demand is True
+
+
+def test_a_verbs_start_is_a_use_and_the_supervisors_is_not() -> None:
+    sim = process_sim()
+    sim.start(by="operator:uid=1(ann)")
+    assert sim.inst.last_use_ns == sim.clock.wall_ns
+    sim.clock.advance(5.0)
+    sim.gone(exit_code=1)  # the supervisor restarts it: no use
+    sim.clock.advance(60.0)
+    sim.feed(o.TimerDue(name=fx.Timer.RESTART))
+    sim.checked()
+    assert sim.kinds_of_last() == ["instance.starting"]
+    assert sim.inst.last_use_ns == sim.clock.wall_ns - int(65 * 1e9)
 
 
 def test_a_demand_whose_start_is_refused_for_its_weights_ends_and_is_not_resumed() -> None:
     """A start refused for a reason of the instance's own (weights that no longer
-    match) ends the demand: it rests, not wanted running, so no boot resumes it."""
+    match) rests, not wanted running, so no boot resumes it; the same refusal
+    again records nothing more (once per cause)."""
     sim = _resting()
     _demand(sim)
     sim.checked(model_refusal="model tiny: digest mismatch", demand=True)
     assert sim.kinds_of_last() == ["instance.start_refused"]
     assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
-    _demand(sim, "r2")  # the same refusal again: recorded again, the demand ends again
-    sim.checked(model_refusal="model tiny: digest mismatch", demand=True)
-    assert sim.kinds_of_last() == ["instance.start_refused"]
+    _demand(sim, "r2")
+    d = sim.checked(model_refusal="model tiny: digest mismatch", demand=True)
+    assert sim.kinds_of_last() == [] and d.refusal is not None
     assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
 
 
@@ -1443,9 +1515,11 @@ def test_an_eviction_records_its_reason_with_a_stop_to_rest_and_ends_resting() -
     sim.gone(signal=15)
     assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
     assert sim.inst.stopped_by == ""  # a rest is nobody's stop: a demand starts it
+    assert sim.inst.rested_for == "evicted for other"
     _demand(sim)
-    assert sim.kinds_of_last() == ["residency.demanded"]
+    assert sim.effect(fx.CheckStart).demand is True
     sim.feed(o.StopVerb(by="operator", grace_s=5.0))  # an operator's stop of a resting one
+    assert sim.inst.rested_for == ""
     sim2 = _resting()
     sim2.feed(o.StopVerb(by="operator", grace_s=5.0))
     assert sim2.inst.lifecycle is S.STOPPED

@@ -136,6 +136,8 @@ EVICT = o.EvictVerb(
     by="node", for_instance="other-1", needed_bytes=RESERVED, freed_bytes=RESERVED,
     budget_bytes=2 * RESERVED, in_use_bytes=2 * RESERVED, candidates=(), grace_s=2.0,
 )  # fmt: skip
+#: The node evicts for the slot's start (a request's): its demand is recorded first.
+ROOM_PLANNED = o.RoomPlanned(request="req-1", model="tiny", by="front", verb=False)
 ROOM_REFUSED = o.RoomRefused(
     by="node", needed_bytes=RESERVED, budget_bytes=RESERVED, in_use_bytes=RESERVED,
     held={"other-1": RESERVED}, candidates=(),
@@ -329,6 +331,8 @@ class SimNode:
                     reserved_bytes=0 if taken or no_room else RESERVED,
                     memory_refusal="memory budget 100 bytes, 100 in use" if no_room else None,
                     demand=e.demand,
+                    request=e.request,
+                    model=e.model,
                 )
             case fx.CheckAnswers():
                 return o.AnswersChecked(by=e.by, why_not=None)
@@ -650,6 +654,13 @@ class CrashAnywhere(RuleBasedStateMachine):
         self._verb(slot, EVICT)
 
     @rule(slot=st.sampled_from(["llama", "ollama"]))
+    def room_planned(self, slot: str) -> None:
+        """The node evicts others for this one's start (a boot resumes it), then,
+        the victims gone, asks for the start again."""
+        self._verb(slot, ROOM_PLANNED)
+        self._verb(slot, DEMAND)
+
+    @rule(slot=st.sampled_from(["llama", "ollama"]))
     def room_refused(self, slot: str) -> None:
         """The node found nothing to evict for this one's start."""
         self._verb(slot, ROOM_REFUSED)
@@ -798,7 +809,7 @@ class CrashAnywhere(RuleBasedStateMachine):
     # ------------------------------------------------------------ the crash
     @rule(
         during=st.sampled_from(
-            ["start", "restart", "stop", "tick", "deliver", "demand", "evict", "none"]
+            ["start", "restart", "stop", "tick", "deliver", "demand", "evict", "planned", "none"]
         ),
         slot=st.sampled_from(SLOTS),
         after=st.integers(0, 3),
@@ -814,6 +825,7 @@ class CrashAnywhere(RuleBasedStateMachine):
             "tick": o.Tick(),
             "demand": DEMAND,
             "evict": EVICT,
+            "planned": ROOM_PLANNED,
         }.get(during)
         interrupted = False
         if obs is not None and self._live(slot):
@@ -824,6 +836,8 @@ class CrashAnywhere(RuleBasedStateMachine):
                 interrupted = True
             if len(node.chain) > mark or not interrupted:
                 twin.run(slot, obs)  # else nothing was recorded: the observation is lost
+                if during == "planned":  # the live node went on: the start, room made
+                    twin.run(slot, DEMAND)
         elif during == "deliver" and node.pending:
             head = node.pending[0]
             node.pending.popleft()  # lost in flight; the world acted on it already

@@ -11,14 +11,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import NodeFactory
 from support import PROGRAMS, make_launcher, pids_of_group, wait_until
 
 from infervisor.actors.clock import ManualClock
-from infervisor.actors.errors import InvalidState
+from infervisor.actors.errors import InvalidState, NotResident
 from infervisor.actors.node import Node
-from infervisor.adapters.errors import AdmissionRefused
 from infervisor.adapters.ports import free_port, listeners_beyond_loopback
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.replay import timeline
@@ -70,20 +70,19 @@ def test_two_concurrent_starts_only_one_fits_the_budget(
     )
     node = nodes.open(settings)
     assert node.registry.adopt("tiny", fake_model / "tiny.gguf").size_bytes == model_bytes
-    iids = [node.place(spec("a", free_port())), node.place(spec("b", free_port()))]
+    # pinned: neither start may evict the other (issue 21), so one is refused for room
+    pinned = [spec(role, free_port()) for role in ("a", "b")]
+    iids = [node.place(msgspec.structs.replace(s, pinned=True)) for s in pinned]
 
     results = start_together(node, iids)
     won = [iid for iid, r in results.items() if isinstance(r, InstanceView)]
-    lost = [iid for iid, r in results.items() if isinstance(r, AdmissionRefused)]
+    lost = [iid for iid, r in results.items() if isinstance(r, NotResident)]
     assert len(won) == 1 and len(lost) == 1, results
     winner, loser = won[0], lost[0]
     why = str(results[loser])
-    assert f"memory budget {budget} bytes, {needed} in use, {needed} needed" in why
-    refused = [
-        e for e in timeline(settings.chain_path, loser) if e.kind == "instance.start_refused"
-    ]
+    assert f"needs {needed} bytes beside {needed} in use of the budget {budget}" in why
+    refused = [e for e in timeline(settings.chain_path, loser) if e.kind == "residency.refused"]
     assert len(refused) == 1
-    assert why in refused[0].reason
     assert node.status(loser).lifecycle == "loaded"
     assert node.status(loser).reserved_bytes == 0
 

@@ -57,7 +57,11 @@ def rows_of(db: Path, kind: str, subject: str) -> list[Any]:
     return [r for r in chain_rows(db) if r[2] == kind and r[3] == subject]
 
 
-def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path) -> None:
+@pytest.mark.parametrize("asker", ["request", "operator"])
+def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, asker: str) -> None:
+    """``operator``: the third instance was stopped by an operator, and its start
+    is the operator's verb (it makes room as a request's does; the start recorded
+    as demanded is resumed at boot though the instance was stopped)."""
     models = tmp_path / "models"
     models.mkdir()
     for name in ("m1", "m2", "m3"):
@@ -91,12 +95,15 @@ def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path) 
             )
             for n in range(3)
         )  # fmt: skip
+        if asker == "operator":
+            placer.stop(c, by="operator:uid=1(alice)")
+    asked = [a, b, c if asker == "request" else f"start:{c}"]
     child = subprocess.Popen(
         [
             sys.executable,
             str(PROGRAMS / "residency_node.py"),
             json.dumps(fields),
-            json.dumps([a, b, c]),
+            json.dumps(asked),
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -109,7 +116,8 @@ def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path) 
         (evicted,) = rows_of(db, "residency.evicted", a)
         assert evicted[4]["for_instance"] == c
         assert rows_of(db, "instance.stop_requested", a)[0][4]["then"] == "rest"
-        assert rows_of(db, "residency.demanded", c)
+        (demanded,) = rows_of(db, "residency.demanded", c)
+        assert demanded[4]["request"] == ("verb" if asker == "operator" else f"req-{c[:6]}")
         assert not rows_of(db, "instance.exited", a)
         assert not rows_of(db, "instance.starting", c)
         victim = rows_of(db, "instance.spawned", a)[-1][4]["pid"]

@@ -228,10 +228,9 @@ def test_an_instance_serving_a_request_is_not_evicted(
     with pytest.raises(NotResident) as refused:
         node.demand(c, request="r3", model="m3", by="front", timeout_s=2.0)
     assert refused.value.code == "no_room"
-    assert [k for k, s, _ in kinds_of(node) if s == c] == [
-        "residency.demanded",
-        "residency.refused",
-    ]
+    # one row: the refusal (a refused start is no demand and no use)
+    assert [k for k, s, _ in kinds_of(node) if s == c] == ["residency.refused"]
+    assert node.status(c).last_use_ns is None
     assert node.status(a).lifecycle == node.status(b).lifecycle == "running"
 
     node.request_ended(a)  # a is idle again: it may go
@@ -257,7 +256,9 @@ def test_a_demand_waits_for_a_busy_instance_to_end_its_request_then_evicts_it(
     waiting = threading.Thread(target=demand_c)
     waiting.start()
     # it waits (in the front's bounded queue) rather than being refused or evicting a busy one
-    wait_until(lambda: any(s == c for _, s, _ in kinds_of(node)), 10, "c demanded")
+    # nothing is recorded while it waits (a start not made is no demand): the node's
+    # room lock, held while a start plans and waits, says it waits
+    wait_until(node._room_lock.locked, 10, "c waiting for room")
     assert answers == [] and node.status(a).lifecycle == node.status(b).lifecycle == "running"
     node.request_ended(b)  # b ends its request: it may go now, a may not
     waiting.join(60)

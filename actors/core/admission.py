@@ -158,6 +158,8 @@ def start_checked(
         reserved_bytes=reserved_bytes,
         precheck=check.weights_only,
         demand=check.demand,
+        request=check.request,
+        model=check.model,
     )
 
 

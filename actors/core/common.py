@@ -9,6 +9,7 @@ import signal
 
 from infervisor.replay import Desired, InstanceState, LifecycleState
 from infervisor.replay import events as ev
+from infervisor.replay import residency_events as rev
 from infervisor.replay.callers import Role, role_of
 from infervisor.replay.policy import (
     Exhausted,
@@ -51,7 +52,7 @@ STARTABLE = frozenset(
 def demand_pending(inst: InstanceState) -> bool:
     """A demand was recorded (``residency.demanded``) and its start was not: the
     node's demand goes on (making room first); boot resumes it the same way."""
-    return inst.lifecycle in (S.RESTING, S.LOADED) and inst.desired is Desired.RUNNING
+    return inst.demanded and inst.lifecycle in STARTABLE
 
 
 def unloading(inst: InstanceState) -> bool:
@@ -158,12 +159,31 @@ def resets_budget(by: str) -> bool:
 
 
 def try_start(
-    d: Draft, by: str, *, attempt: int = 0, verb: bool = False, demand: bool = False
+    d: Draft,
+    by: str,
+    *,
+    attempt: int = 0,
+    verb: bool = False,
+    demand: bool = False,
+    request: str = "",
+    model: str = "",
 ) -> None:
     """Ask for the start checks (address, memory); :func:`start_checked` goes on.
-    ``demand``: a demand's start, whose memory refusal the node answers by evicting."""
+    ``demand``: a start whose memory refusal the node answers by making room
+    (a request's, or a verb's through the node). ``request``/``model``: a
+    request's, recorded as ``residency.demanded`` with the start."""
     reset = resets_budget(by)
-    d.do(CheckStart(by=by, reset_budget=reset, attempt=attempt, verb=verb, demand=demand))
+    d.do(
+        CheckStart(
+            by=by,
+            reset_budget=reset,
+            attempt=attempt,
+            verb=verb,
+            demand=demand,
+            request=request,
+            model=model,
+        )
+    )
 
 
 def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> None:
@@ -191,6 +211,8 @@ def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> N
         elif inst.then == Then.RESTART:
             d.refuse(RefusalKind.FAILED, refusal)  # answers a restart verb still waiting
         return
+    if c.request and not inst.demanded:  # a request's start: a use, with the start
+        d.emit(rev.ResidencyDemanded(request=c.request, model=c.model, by=c.by))
     d.emit(
         ev.Starting(
             by=c.by,

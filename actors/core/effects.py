@@ -53,6 +53,8 @@ class CheckStart(_Effect, frozen=True):
     verb: bool
     weights_only: bool = False  # a restart's pre-check: its own server holds the port
     demand: bool = False  # a demand's start: a memory refusal is answered, not recorded
+    request: str = ""  # a request's start: its id (residency.demanded with the start)
+    model: str = ""  # the model the request asked for
 
 
 class CheckAnswers(_Effect, frozen=True):

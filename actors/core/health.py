@@ -19,7 +19,7 @@ from infervisor.replay import events as ev
 from infervisor.replay.callers import Role
 from infervisor.replay.state import Then, elapsed_s
 
-from .common import after_exit, restart_due, try_start, unloading
+from .common import after_exit, demand_pending, restart_due, try_start, unloading
 from .decision import Draft
 from .observations import DeepChecked, ProbeResult
 from .rules import Mode, Rules
@@ -209,6 +209,8 @@ def reconcile(d: Draft) -> None:
     inst = d.inst
     if inst.desired is not Desired.RUNNING or inst.exposed:
         return
+    if demand_pending(inst):
+        return  # the node makes room for it, then starts it (actors/node_residency.py)
     if inst.lifecycle is S.EXITED:
         after_exit(d)
     elif inst.lifecycle is S.RESTARTING:

@@ -51,9 +51,12 @@ class _Obs(msgspec.Struct, frozen=True, kw_only=True):
 
 # ---------------------------------------------------------------- verbs
 class StartVerb(_Obs, frozen=True):
-    """Start the server; ``by="operator"`` resets the restart budget."""
+    """Start the server; ``by="operator"`` resets the restart budget. ``room``: the
+    node makes room when it does not fit (a memory refusal is answered, not
+    recorded: actors/node_residency.py plans the evictions)."""
 
     by: str
+    room: bool = False
 
 
 class StopVerb(_Obs, frozen=True):
@@ -69,6 +72,7 @@ class RestartVerb(_Obs, frozen=True):
 
     by: str
     grace_s: float
+    room: bool = False  #: as StartVerb's
 
 
 class UnloadVerb(_Obs, frozen=True):
@@ -123,6 +127,18 @@ class RoomRefused(_Obs, frozen=True):
     candidates: tuple[rev.Candidate, ...]
 
 
+class RoomPlanned(_Obs, frozen=True):
+    """The node evicts others for this instance's start: record the start as
+    demanded first (``residency.demanded``: a boot resumes it), unless it is up
+    or already demanded. ``verb``: an operator's or controller's start (it may
+    start a stopped instance); otherwise a request's (refused ``stopped``)."""
+
+    request: str
+    model: str
+    by: str
+    verb: bool
+
+
 class RequestBegan(_Obs, frozen=True):
     """A request routed to the instance began (the front, or a server's counters)."""
 
@@ -169,6 +185,10 @@ class StartChecked(_Obs, frozen=True):
     precheck: bool = False
     #: A demand's start: a memory refusal is answered (the node may evict) not recorded.
     demand: bool = False
+    #: A request's start (its id and the model asked for; "" for any other start):
+    #: ``residency.demanded`` is recorded with the start when none is pending.
+    request: str = ""
+    model: str = ""
 
 
 class AnswersChecked(_Obs, frozen=True):
@@ -367,6 +387,7 @@ Observation = (
     | DemandVerb
     | EvictVerb
     | RoomRefused
+    | RoomPlanned
     | RequestBegan
     | RequestEnded
     | ServerActivity

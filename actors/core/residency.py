@@ -4,16 +4,22 @@ from sourced facts. Pure, as the rest of the core.
 Two parts:
 
 - **Per instance** (:func:`rules_with`, merged into each managed mode's table): a
-  demand starts a resting instance (``residency.demanded``; the start's memory
-  check answers ``no room`` to the node rather than recording a refusal); the
-  node's eviction of it (``residency.evicted`` with a stop whose ``then`` is
-  ``rest``, in one transaction) unless it turned busy or is loading; the
-  node's refusal (``residency.refused``); requests beginning and ending
-  (``residency.busy`` at once, ``residency.idle`` at the next tick: debounced,
-  not a row per request); and idle expiry on the tick (``residency.expired``
-  with a stop to rest) once ``idle_ttl_s`` has passed with nothing in flight.
+  demand (a request) starts a resting instance; its start's memory check
+  answers ``no room`` to the node rather than recording a refusal, as a start
+  or restart verb's does when the node sends it (``room``). The start, once
+  made, is recorded with ``residency.demanded`` (the use) in its own
+  transaction; when the node evicts for it, ``residency.demanded`` is recorded
+  first (``RoomPlanned``: a boot resumes it). The node's eviction of an
+  instance (``residency.evicted`` with a stop whose ``then`` is ``rest``, in one
+  transaction) unless it turned busy or is loading; the node's refusal
+  (``residency.refused``, at most one per window for identical ones); requests
+  beginning and ending (``residency.busy`` at once, ``residency.idle`` at the
+  next tick: debounced, not a row per request); and idle expiry on the tick
+  (``residency.expired`` with a stop to rest) once ``idle_ttl_s`` has passed
+  with nothing in flight.
 - **Per node** (:func:`plan_room`): which instances a start that does not fit
-  evicts. The least recently used first, of those :data:`EVICTABLE` allows;
+  evicts, whoever asked for it (a request, an operator's or controller's
+  verb). The least recently used first, of those :data:`EVICTABLE` allows;
   all of them or none (evicting some that cannot make room would unload for
   nothing).
 
@@ -24,11 +30,15 @@ demand              starting, running, unhealthy           nothing (it is, or be
 demand              restarting, exited (wanted running)    nothing (the restart policy runs)
 demand              failed                                 refused ``failed``
 demand              stopped (by an operator/controller)    refused ``stopped``, naming who
-demand              resting or loaded, not yet demanded    ``residency.demanded``, start
-demand              resting or loaded, demanded            start (a coalesced demand)
+demand              resting or loaded                      start checks (``residency.demanded``
+                                                           with the start; no room: answered)
+room planned        up, or demanded already                nothing
+room planned        stopped, by a request                  refused ``stopped``, naming who
+room planned        startable                              ``residency.demanded`` (wanted running)
 evict               running, idle, not pinned              ``residency.evicted`` + stop to rest
 evict               anything else                          refused (the node plans again)
-room refused        any                                    ``residency.refused``, refused no_room
+room refused        refused the same, within the window    counted (metrics), refused no_room
+room refused        otherwise                              ``residency.refused``, refused no_room
 request began       idle as recorded                       ``residency.busy``
 request began/ended otherwise                              tracking only
 server activity     as request began/ended, counted by the server itself
@@ -37,8 +47,10 @@ tick                running, idle past idle_ttl_s          ``residency.expired``
 ==================  ====================================  ================================
 
 An operator's or controller's stop wins: a stopped instance is not started by
-a demand. Last use is sourced (``residency.demanded``, ``.busy``, ``.idle``),
-so eviction order and expiry are decided the same after a boot.
+a request, only by a verb. Last use is sourced (a start a caller asked for:
+``instance.starting`` by an operator or controller, or after
+``residency.demanded``; ``residency.busy``, ``.idle``), so eviction order and
+expiry are decided the same after a boot; a refused start is no use.
 """
 
 from __future__ import annotations
@@ -83,36 +95,61 @@ _SERVING = frozenset({S.RUNNING, S.UNHEALTHY})
 
 # ---------------------------------------------------------------- per instance
 def demand(d: Draft, v: o.DemandVerb) -> None:
-    """A request or verb asks for the instance (see the module's table)."""
+    """A request asks for the instance (see the module's table); one joins a start
+    already demanded (allowed by whoever asked: a verb may start a stopped one)."""
     inst = d.inst
-    if inst.lifecycle in _UP:
+    if _on_its_way(inst):
         return
-    if inst.lifecycle in _COMING_BACK and inst.desired is Desired.RUNNING:
-        return
-    if inst.lifecycle is S.FAILED:
-        d.refuse(
-            RefusalKind.NOT_FAILED,
-            f"{inst.instance_id} is failed ({inst.reason}): held for the operator; "
-            "start it (infervisor start) once the cause is fixed",
-        )
-        return
-    refusal = _stopped_refusal(inst)
-    if refusal is not None:
-        d.refuse(RefusalKind.NOT_STOPPED, refusal)
-        return
-    if inst.lifecycle not in STARTABLE:
-        d.refuse(
-            RefusalKind.INVALID_STATE,
-            f"{inst.instance_id} is {inst.lifecycle}: ask again once it has stopped",
-        )
+    refused = None if demand_pending(inst) else _not_for_a_request(inst)
+    if refused is not None:
+        d.refuse(*refused)
         return
     held = _held_back(inst)
     if held is not None:
         d.refuse(RefusalKind.INVALID_STATE, held)
         return
-    if not demand_pending(inst):
-        d.emit(rev.ResidencyDemanded(request=v.request, model=v.model, by=v.by))
-    try_start(d, v.by, verb=True, demand=True)
+    # recorded with its start (a use), or answered "no room" for the node to plan
+    try_start(d, v.by, verb=True, demand=True, request=v.request, model=v.model)
+
+
+def room_planned(d: Draft, r: o.RoomPlanned) -> None:
+    """The node evicts for this start: ``residency.demanded`` first (a boot resumes
+    it), unless it is up or already demanded; a request's is refused when an
+    operator or controller stopped the instance meanwhile (or it failed)."""
+    inst = d.inst
+    if _on_its_way(inst) or inst.lifecycle not in STARTABLE or demand_pending(inst):
+        return
+    refused = None if r.verb else _not_for_a_request(inst)
+    if refused is not None:
+        d.refuse(*refused)
+        return
+    d.emit(rev.ResidencyDemanded(request=r.request, model=r.model, by=r.by))
+
+
+def _not_for_a_request(inst: InstanceState) -> tuple[RefusalKind, str] | None:
+    """Why a request must not start it (a verb may): failed, stopped, or busy stopping."""
+    if inst.lifecycle is S.FAILED:
+        return (
+            RefusalKind.NOT_FAILED,
+            f"{inst.instance_id} is failed ({inst.reason}): held for the operator; "
+            "start it (infervisor start) once the cause is fixed",
+        )
+    refusal = _stopped_refusal(inst)
+    if refusal is not None:
+        return RefusalKind.NOT_STOPPED, refusal
+    if inst.lifecycle not in STARTABLE:
+        return (
+            RefusalKind.INVALID_STATE,
+            f"{inst.instance_id} is {inst.lifecycle}: ask again once it has stopped",
+        )
+    return None
+
+
+def _on_its_way(inst: InstanceState) -> bool:
+    """Up, or coming back under the supervisor: a start asked for waits for it."""
+    if inst.lifecycle in _UP:
+        return True
+    return inst.lifecycle in _COMING_BACK and inst.desired is Desired.RUNNING
 
 
 def _held_back(inst: InstanceState) -> str | None:
@@ -171,23 +208,46 @@ def _not_evictable(inst: InstanceState, inflight: int, pinned: bool) -> str | No
 
 
 def room_refused(d: Draft, r: o.RoomRefused) -> None:
-    """Nothing could be evicted: recorded with the ledger, the demand refused (the
-    instance keeps the refusal until a start, as a refused start's)."""
-    d.emit(
-        rev.ResidencyRefused(
-            needed_bytes=r.needed_bytes,
-            budget_bytes=r.budget_bytes,
-            in_use_bytes=r.in_use_bytes,
-            held=dict(r.held),
-            candidates=list(r.candidates),
+    """Nothing could be evicted: recorded with the ledger, the start refused (the
+    instance keeps the refusal until a start, as a refused start's). One the same
+    as the last recorded, within :data:`~rev.REFUSAL_WINDOW_S` of it and with no
+    demand of it pending, is counted, not recorded (a front token holder cannot
+    grow the chain by asking again)."""
+    inst, tracking = d.inst, d.tracking
+    if _folds(inst, r, d.now.wall_ns):
+        d.track(
+            msgspec.structs.replace(
+                tracking,
+                refusals_folded=tracking.refusals_folded + 1,
+                refusals_folded_total=tracking.refusals_folded_total + 1,
+            )
         )
-    )
+    else:
+        d.emit(
+            rev.ResidencyRefused(
+                needed_bytes=r.needed_bytes,
+                budget_bytes=r.budget_bytes,
+                in_use_bytes=r.in_use_bytes,
+                held=dict(r.held),
+                candidates=list(r.candidates),
+                folded=tracking.refusals_folded,
+            )
+        )
+        d.track(msgspec.structs.replace(tracking, refusals_folded=0))
     d.refuse(
         RefusalKind.NOT_NO_ROOM,
         f"no room for {d.inst.instance_id}: it needs {r.needed_bytes} bytes beside "
         f"{r.in_use_bytes} in use of the budget {r.budget_bytes}, and nothing can be "
         "evicted (pinned, higher priority, serving or loading)",
     )
+
+
+def _folds(inst: InstanceState, r: o.RoomRefused, now_ns: int) -> bool:
+    """An identical refusal soon after the last recorded one (see :func:`room_refused`)."""
+    if inst.refused_ns is None or demand_pending(inst):
+        return False
+    same = inst.refusal == rev.no_room(r.needed_bytes, r.in_use_bytes, r.budget_bytes)
+    return same and now_ns - inst.refused_ns < rev.REFUSAL_WINDOW_S * 1e9
 
 
 def request_began(d: Draft, _: o.RequestBegan) -> None:
@@ -284,6 +344,7 @@ def rules_with(stop: Stop, mode_tick: Rule) -> dict[type[Any], Rule]:
         o.DemandVerb: demand,
         o.EvictVerb: on_evict,
         o.RoomRefused: room_refused,
+        o.RoomPlanned: room_planned,
         o.RequestBegan: request_began,
         o.RequestEnded: request_ended,
         o.ServerActivity: server_activity,

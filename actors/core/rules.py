@@ -78,6 +78,9 @@ class Tracking(msgspec.Struct, frozen=True, kw_only=True):
         server_active: requests the server itself reports in progress (its
             own counters, :class:`~.observations.ServerActivity`: clients that
             talk to it directly); 0 when it reports none or nothing.
+        refusals_folded: refusals for room not recorded since the last
+            ``residency.refused`` (identical, within its window).
+        refusals_folded_total: all of those since the node started (a metric).
     """
 
     misses: int = 0
@@ -86,6 +89,8 @@ class Tracking(msgspec.Struct, frozen=True, kw_only=True):
     inflight: int = 0
     ended_ns: int | None = None
     server_active: int = 0
+    refusals_folded: int = 0
+    refusals_folded_total: int = 0
 
     @property
     def serving(self) -> int:

@@ -61,7 +61,7 @@ def start_verb(d: Draft, v: StartVerb) -> None:
         )
         return
     d.do(CancelTimer(name=Timer.RESTART))
-    try_start(d, v.by, verb=True)
+    try_start(d, v.by, verb=True, demand=v.room)
 
 
 def restart(d: Draft, v: RestartVerb, *, holds_something: bool, stop: Stop) -> None:
@@ -82,7 +82,7 @@ def restart(d: Draft, v: RestartVerb, *, holds_something: bool, stop: Stop) -> N
         start_verb(d, StartVerb(by=v.by))  # refused with the reason
         return
     d.do(CancelTimer(name=Timer.RESTART))
-    try_start(d, v.by, verb=True)
+    try_start(d, v.by, verb=True, demand=v.room)
 
 
 def placement(d: Draft, p: PlacementVerb) -> None:

@@ -34,6 +34,9 @@ each is a gauge unless it says otherwise):
   probes since the node started (not sourced: a node restart starts it again
   from 0, a counter reset).
 - ``infervisor_instance_health_misses_consecutive``: consecutive missed probes now.
+- ``infervisor_instance_room_refusals_folded_total`` (a counter): starts refused
+  for room the same as the ``residency.refused`` recorded just before (within
+  its window), so not recorded, since the node started (not sourced).
 - ``infervisor_instance_loads_total`` (a counter): starts that became ready
   over the chain's life.
 - ``infervisor_instance_evictions_total`` (a counter): models Ollama dropped
@@ -323,9 +326,18 @@ def _counter_families(views: list[InstanceView], tallies: ChainTallies) -> Itera
         "Missed health probes since the node started.",
         labels=_LABELS,
     )
+    folded = CounterMetricFamily(
+        "infervisor_instance_room_refusals_folded",
+        "Starts refused for room like the residency.refused before them, so not "
+        "recorded, since the node started.",
+        labels=_LABELS,
+    )
     for view in views:
-        misses.add_metric([view.instance_id, view.flavor, view.mode], view.missed_probes or 0)
+        labels = [view.instance_id, view.flavor, view.mode]
+        misses.add_metric(labels, view.missed_probes or 0)
+        folded.add_metric(labels, view.refusals_folded)
     yield misses
+    yield folded
     tally = tallies.refresh()
     if tally is None:
         log.warning("metrics: the chain cannot be read; its counters are left out")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
-from infervisor.replay.views import InstanceView
+from infervisor.replay.views import InstanceView, rest_reason
 
 from ..api.wire import ErrorBody, ErrorEnvelope
 from .node_schema import NODE_SCHEMA
@@ -100,6 +100,9 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     resting: bool = False
     last_use_ns: int | None = None
     busy: bool | None = None
+    #: Why it rests (``evicted for B``, ``idle longer than 60 s``, ``placed on
+    #: demand``); null when it does not rest.
+    rest_reason: str | None = None
 
 
 class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
@@ -185,6 +188,7 @@ def from_view(v: InstanceView) -> InstanceRecord:
         resting=v.resting,
         last_use_ns=v.last_use_ns,
         busy=v.busy,
+        rest_reason=_none(v.rest_reason),
     )
 
 
@@ -228,6 +232,7 @@ def from_state(s: InstanceState) -> InstanceRecord:
         resting=s.lifecycle.value == "resting",
         last_use_ns=s.last_use_ns,
         busy=None,
+        rest_reason=_none(rest_reason(s)),
     )
 
 
@@ -340,6 +345,7 @@ INSTANCE_SCHEMA: dict[str, Any] = {
         "resting": {"type": "boolean"},
         "last_use_ns": _OPT_INT,
         "busy": _OPT_BOOL,
+        "rest_reason": _OPT_STR,
     },
 }
 

@@ -73,8 +73,8 @@ def status(  # noqa: PLR0917 - one parameter per option, as click passes them
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node.
     INSTANCE is an instance id or a role naming one instance. Columns:
-    INSTANCE, FLAVOR, MODE, STATE (lifecycle), WANTED (running, stopped, or
-    on-demand for a resting instance),
+    INSTANCE, FLAVOR, MODE, STATE (lifecycle), WANTED (running, stopped; for a
+    resting instance on-demand, evicted or expired: why it rests),
     SINCE (how long in that state: 42s, 5m, 3h, 2d), RESTARTS (used/budget),
     ENDPOINT, MEM MiB (reserved by the budget/observed resident). With
     INSTANCE, its details follow (health, pid, reason, last exit, the memory
@@ -203,10 +203,10 @@ def residency_lines(records: list[InstanceRecord], now_ns: int | None = None) ->
 
 
 def _use_of(r: InstanceRecord, now_ns: int) -> str:
-    """``resting``, ``busy``, ``idle for 5m`` (since its last use, else since it
-    entered its state), or the lifecycle state."""
+    """``resting (evicted for B)``, ``busy``, ``idle for 5m`` (since its last use,
+    else since it entered its state), or the lifecycle state."""
     if r.resting:
-        return "resting"
+        return f"resting ({r.rest_reason})" if r.rest_reason else "resting"
     if r.busy:
         return "busy"
     if r.lifecycle != "running":
@@ -379,10 +379,19 @@ def row(r: InstanceRecord, now_ns: int | None = None) -> tuple[str, ...]:
     )
 
 
+#: WANTED of a resting instance, by the start of its ``rest_reason``: it is started
+#: by the next request or start for it (its desired state reads ``stopped``
+#: though nobody stopped it), and this says why it rests.
+_RESTS_AS = (("evicted", "evicted"), ("idle", "expired"))
+
+
 def _wanted(r: InstanceRecord) -> str:
-    """WANTED: ``on-demand`` for a resting instance (started by the next request
-    or start for it; its desired state reads ``stopped`` though nobody stopped it)."""
-    return "on-demand" if r.resting or r.lifecycle == "resting" else r.desired
+    """WANTED: ``evicted`` or ``expired`` for an instance that rests for that,
+    ``on-demand`` for one placed on demand that rests since; else the desired state."""
+    if not (r.resting or r.lifecycle == "resting"):
+        return r.desired
+    why = r.rest_reason or ""
+    return next((w for start, w in _RESTS_AS if why.startswith(start)), "on-demand")
 
 
 def _mib(size: int | None) -> str:
