@@ -120,16 +120,8 @@ def start_actors(
     append_health = AppendHealth()
     witnessing = _witnessing(settings, clock, witnesses)
     snapshotter = _snapshotter(settings, booted)
-    writer = ChainWriter.start(
-        settings.chain_path,
-        settings.node_id,
-        on_event,
-        checkpoint_every_events=settings.checkpoint_every_events,
-        checkpoint_every_s=settings.checkpoint_every_s,
-        latency=commit_latency,
-        health=append_health,
-        on_checkpoint=_checkpoint_hook(witnessing, snapshotter),
-        origin=settings.origin,
+    writer = _writer(
+        settings, on_event, commit_latency, append_health, _checkpoint_hook(witnessing, snapshotter)
     )
     ledger = _ledger(settings)
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
@@ -158,6 +150,27 @@ def start_actors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
         append_health, containment, witnessing, snapshotter,
     )  # fmt: skip
+
+
+def _writer(
+    settings: NodeSettings,
+    on_event: Callable[[StoredEvent], None] | None,
+    latency: CommitLatency,
+    health: AppendHealth,
+    on_checkpoint: Callable[[Any], None] | None,
+) -> pykka.ActorRef[ChainWriter]:
+    """The chain writer of ``settings``' chain, checkpointing as they say."""
+    return ChainWriter.start(
+        settings.chain_path,
+        settings.node_id,
+        on_event,
+        checkpoint_every_events=settings.checkpoint_every_events,
+        checkpoint_every_s=settings.checkpoint_every_s,
+        latency=latency,
+        health=health,
+        on_checkpoint=on_checkpoint,
+        origin=settings.origin,
+    )
 
 
 def _snapshotter(settings: NodeSettings, booted: BootState | None) -> Snapshotter | None:
