@@ -218,17 +218,41 @@ def test_models_lists_every_instance_with_its_residency(
     srv = front(node)
     with sdk(srv) as c:
         models = c.models.list().data
-    listed = {m.model_extra["instance_id"]: m for m in models if m.model_extra}
-    assert len(listed) == 3
-    assert listed[on].id == "tiny" and listed[on].model_extra is not None
+    listed = {m.id: m for m in models}
+    assert len(listed) == 3 and set(listed) >= {on, rests}
+    assert listed[on].model_extra is not None
+    assert listed[on].model_extra["served_name"] == "tiny"
+    assert listed[on].model_extra["instance_id"] == on
     assert listed[on].model_extra["residency"] == "resident"
     assert listed[on].model_extra["role"] == "chat"
     assert listed[rests].model_extra is not None
     assert listed[rests].model_extra["residency"] == "loaded"
-    ollama_entry = next(m for m in listed.values() if m.id == TAG)
+    ollama_entry = next(m for m in listed.values() if (m.model_extra or {})["served_name"] == TAG)
     assert ollama_entry.model_extra is not None
     assert f"{TAG}:latest" in ollama_entry.model_extra["names"]
+    assert ollama_entry.id in ollama_entry.model_extra["names"]
     assert all(m.object == "model" and m.owned_by == "n1" for m in listed.values())
+
+
+def test_each_of_four_instances_of_one_model_is_listed_by_its_id_and_routed_by_it(
+    node: Node, front: Any
+) -> None:
+    """Four instances serving ``tiny``: ``models.list()`` gives four distinct ids, a
+    request by each id reaches that instance, and ``tiny`` and the role still route."""
+    ids = {node.place(llama(role)) for role in ("a", "b", "c", "d")}
+    srv = front(node)
+    with sdk(srv) as c:
+        listed = c.models.list().data
+        assert {m.id for m in listed} == ids
+        assert all((m.model_extra or {})["served_name"] == "tiny" for m in listed)
+        for m in listed:
+            raw = c.completions.with_raw_response.create(model=m.id, prompt="hi", max_tokens=2)
+            assert raw.headers["x-infervisor-instance"] == m.id
+            assert raw.parse().choices[0].text == " fake"
+        by_name = c.completions.with_raw_response.create(model="tiny", prompt="hi")
+        assert by_name.headers["x-infervisor-instance"] in ids
+        by_role = c.completions.with_raw_response.create(model="c", prompt="hi")
+        assert by_role.headers["x-infervisor-instance"] == next(i for i in ids if i[:2] == "c-")
 
 
 def test_a_role_routes_to_its_instance_and_a_loaded_one_is_started_on_request(

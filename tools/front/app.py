@@ -7,7 +7,8 @@ about as much per request as the whole proxy does (commit message: the
 measurements). Routes (docs/front.md):
 
 - ``GET /v1/models``: every placed instance with its residency (OpenAI's list
-  shape; the extra fields name the instance and its state);
+  shape; ``id`` is the instance id, which routes to that one instance; the extra
+  fields give the served model name, the role and the instance's state);
 - ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``:
   routed by ``model`` (:mod:`.routes`), forwarded (:mod:`.proxy`);
 - Ollama's ``POST /api/chat``, ``/api/generate``, ``/api/embed``,
@@ -166,15 +167,16 @@ class FrontApp:
     def _model(self, route: Route) -> dict[str, Any]:
         v = route.view
         entry: dict[str, Any] = {
-            "id": route.served or v.role,
+            "id": v.instance_id,
             "object": "model",
             "created": v.since_ns // 1_000_000_000,
             "owned_by": self.node_id,
             "instance_id": v.instance_id,
+            "served_name": route.served,
             "role": v.role,
             "flavor": v.flavor,
             "mode": v.mode,
-            "names": list(route.names),
+            "names": [v.instance_id, *route.names],
             "lifecycle": v.lifecycle,
             "residency": residency_of(v.lifecycle, v.resting),
             "on_demand": v.on_demand,

@@ -34,6 +34,8 @@ from urllib.parse import urlsplit
 import httptools
 import msgspec
 
+from .pipe import ClientSocket, Dechunk, FramingError, PipeCounter
+
 __all__ = [
     "Answer",
     "UpstreamDropped",
@@ -57,6 +59,9 @@ GET_MAX = 16 << 20
 _HIGH = 64
 #: Bodies up to this many bytes are sent in one write with the request's head.
 _JOINED_MAX = 256 << 10
+#: Bytes an answer's head (status line and headers) may take, and bytes of its body
+#: read before the front chose how to read it (then reading pauses).
+HEAD_MAX = 64 << 10
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -90,6 +95,7 @@ class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.lost = False
+        self._lost_by: Exception | None = None
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self.reset()
@@ -101,6 +107,11 @@ class _Conn(asyncio.Protocol):
         self.head_done = self.complete = self.paused = self.keep_alive = False
         self.pieces: collections.deque[bytes] = collections.deque()
         self.error: UpstreamError | None = None
+        self._head = b""
+        #: The body's bytes that came before the reader chose how to read them (None:
+        #: chosen, and fed to the parser or the pipe as they come).
+        self.held: bytes | None = None
+        self.pipe: _Piped | None = None
 
     # ---------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -108,6 +119,102 @@ class _Conn(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self.pipe is not None:
+            self.pipe.received(data)
+        elif self.held is not None:
+            self.held += data
+            if len(self.held) > HEAD_MAX and not self.paused and self.transport is not None:
+                self.paused = True  # nobody reads yet: the server waits
+                self.transport.pause_reading()
+        elif self.head_done:
+            self._parse(data)
+        else:
+            self._head_received(data)
+
+    def _head_received(self, data: bytes) -> None:
+        """Parse the head once it is whole; hold the body's bytes that came with it."""
+        data = self._head + data
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            self._head = data
+            if len(data) > HEAD_MAX:
+                self._fail(UpstreamError(f"the server's answer has a head over {HEAD_MAX} bytes"))
+                self.close()
+            return
+        self._head = b""
+        self._parse(data[: end + 4])
+        if not self.head_done and self.error is None:  # a 1xx: the answer's head is next
+            self._head_received(data[end + 4 :])
+            return
+        self.held = data[end + 4 :]
+        self._wake()
+
+    def read_parsed(self) -> None:
+        """From now on the body goes through the parser (:meth:`pieces_of_body`)."""
+        held, self.held = self.held, None
+        if held:
+            self._parse(held)
+        if self.lost:
+            self._ended()
+        elif self.paused and not self.pieces and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    async def piped(self, sink: ClientSocket, timeout_s: float) -> PipeCounter:
+        """Pass the (chunked) body to ``sink`` as it arrives, unparsed (:mod:`.pipe`),
+        until its last chunk; reading pauses while ``sink`` does (backpressure).
+
+        Raises:
+            UpstreamError: the server closed the connection midway, broke the framing
+                or sent nothing for ``timeout_s`` (``UpstreamTimeout``).
+        """
+        loop = asyncio.get_running_loop()
+        pipe = self.pipe = _Piped(self, sink, loop)
+        held, self.held = self.held, None
+        if held:
+            pipe.received(held)
+        if self.lost:
+            self._ended()
+        while not self.complete:
+            if self.error is not None:
+                raise self.error
+            if self.paused:
+                await sink.drain()
+                pipe.seen = loop.time()
+                self.paused = False
+                if self.transport is not None and not self.lost:
+                    self.transport.resume_reading()
+                continue
+            await self._quiet(timeout_s, pipe)
+        return pipe.counter
+
+    async def _quiet(self, timeout_s: float, pipe: _Piped) -> None:
+        """Until the pipe ends, fails or pauses; one timer (re-armed while pieces
+        come) instead of one per piece.
+
+        Raises:
+            UpstreamTimeout: nothing came for ``timeout_s``.
+        """
+        loop = asyncio.get_running_loop()
+        self._waiter = fut = loop.create_future()
+
+        timer: list[asyncio.TimerHandle] = []
+
+        def check() -> None:
+            quiet = loop.time() - pipe.seen
+            if quiet >= timeout_s:
+                _expire(fut, timeout_s)
+            else:
+                timer[0] = loop.call_later(timeout_s - quiet, check)
+
+        timer.append(loop.call_later(timeout_s, check))
+        try:
+            await fut
+        finally:
+            timer[0].cancel()
+            self._waiter = None
+
+    def _parse(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
@@ -121,13 +228,24 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self.head_done and not self.complete and self._until_eof():
+        self._lost_by = exc
+        if self.held is None:  # else the reader, once it chose how to read, ends it
+            self._ended()
+        self._wake()
+
+    def _ended(self) -> None:
+        """The connection closed: the answer is complete, or failed."""
+        exc = self._lost_by
+        if self.pipe is not None:
+            self.pipe.lost(exc)
+        elif self.complete:
+            pass
+        elif self.head_done and self._until_eof():
             self.complete = True  # a body without a length ends with the connection
         elif not self.head_done:
             self._fail(UpstreamDropped("the server closed the connection without an answer"))
-        elif not self.complete:
+        else:
             self._fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
-        self._wake()
 
     # ---------------------------------------------------------- parser callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -136,6 +254,7 @@ class _Conn(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()  # the message's end may say again
 
     def on_body(self, body: bytes) -> None:
         self.pieces.append(body)
@@ -204,12 +323,61 @@ class _Conn(asyncio.Protocol):
             and not self.lost
             and self.error is None
             and not self.pieces
+            and not self.held
             and self.keep_alive
         )
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+class _Piped:
+    """A body piped to the client's socket, from the connection's ``data_received``."""
+
+    __slots__ = ("conn", "counter", "framing", "loop", "seen", "sink")
+
+    def __init__(self, conn: _Conn, sink: ClientSocket, loop: asyncio.AbstractEventLoop) -> None:
+        self.conn = conn
+        self.sink = sink
+        self.loop = loop
+        self.framing = Dechunk()
+        self.counter = PipeCounter()
+        self.seen = loop.time()
+
+    def received(self, data: bytes) -> None:
+        conn = self.conn
+        if self.framing.ended:
+            return  # the last chunk's trailers, or its CRLF
+        self.seen = self.loop.time()
+        if self.sink.is_closing():
+            self._stop(UpstreamError("the client went away"))
+            return
+        try:
+            out = self.framing.feed(data)
+        except FramingError as e:
+            self._stop(UpstreamError(f"the server's chunked framing is broken: {e}"))
+            return
+        if out:
+            self.sink.write(out)
+            self.counter.feed(out)
+        if self.framing.ended:
+            conn.complete = True
+            conn.keep_alive = conn.keep_alive and self.framing.tail == b"0\r\n\r\n"
+            conn._wake()
+        elif not conn.paused and self.sink.write_paused and conn.transport is not None:
+            conn.paused = True
+            conn.transport.pause_reading()
+            conn._wake()
+
+    def lost(self, exc: Exception | None) -> None:
+        if not self.framing.ended:
+            self.conn._fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
+
+    def _stop(self, error: UpstreamError) -> None:
+        self.conn._fail(error)
+        self.conn.close()
+        self.conn._wake()
 
 
 class Answer:
@@ -241,7 +409,29 @@ class Answer:
         """
         pool = self._pool
         assert pool is not None  # read after aclose: a bug of ours
+        self._conn.read_parsed()
         return self._conn.pieces_of_body(pool.read_timeout_s)
+
+    @property
+    def chunked(self) -> bool:
+        """The body comes in HTTP/1.1 chunked framing (and nothing else)."""
+        return self.header(b"transfer-encoding").strip().lower() == b"chunked"
+
+    def pipe_counter(self) -> PipeCounter | None:
+        """What :meth:`pipe` counted so far (None: not piped)."""
+        piped = self._conn.pipe
+        return piped.counter if piped is not None else None
+
+    async def pipe(self, sink: ClientSocket) -> PipeCounter:
+        """Pass the body, a :attr:`chunked` one, to ``sink`` as it arrives, in its
+        framing less the last chunk (:mod:`.pipe`); the tokens it counted.
+
+        Raises:
+            UpstreamError: as :meth:`chunks`, and a broken chunked framing.
+        """
+        pool = self._pool
+        assert pool is not None  # piped after aclose: a bug of ours
+        return await self._conn.piped(sink, pool.read_timeout_s)
 
     async def aclose(self) -> None:
         """Give the connection back (kept alive) or close it (a body not read through)."""
