@@ -33,7 +33,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
 from infervisor.tools.api.auth import TcpAddress, Tokens
 from infervisor.tools.api.metrics import NodeMetrics
-from infervisor.tools.front import FrontConfig, FrontServer, proxy
+from infervisor.tools.front import FrontConfig, FrontServer, app, proxy
 
 SECRET = "front-secret-for-tests"
 TAG = "tinyllama"
@@ -520,3 +520,80 @@ def test_over_max_connections_a_request_is_503_in_openai_shape_not_uvicorns_text
             lambda: again.get("/v1/models").status_code == 200, 10, "a connection to be freed"
         )
     kept[0].close()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/v1/chat/completions", b"[1, 2]", 400, "invalid_body"),
+        ("/v1/chat/completions", b'"tiny"', 400, "invalid_body"),
+        ("/v1/chat/completions", b"null", 400, "invalid_body"),
+        ("/v1/chat/completions", b"", 400, "invalid_body"),
+        ("/v1/chat/completions", b"\xff\xfe{}", 400, "invalid_body"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "tiny", "messages": [], "stream": "yes"}',
+            400,
+            "invalid_body",
+        ),
+        ("/v1/chat/completions", b'{"model": {"a": 1}, "messages": []}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": ["tiny"], "messages": []}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": null, "messages": []}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": "", "messages": []}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": "tiny", "messages": {}}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": "\\u0000", "messages": []}', 404, "model_not_found"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "tiny", "messages": [], "model": 3}',
+            400,
+            "invalid_body",
+        ),
+        ("/v1/completions", b'{"model": "tiny", "prompt": "x", "stream": 1}', 400, "invalid_body"),
+        ("/v1/embeddings", b'{"model": "tiny", "input": null}', 400, "invalid_body"),
+        ("/api/generate", b'{"model": 5}', 400, "invalid_body"),
+        ("/api/generate", b'{"name": []}', 400, "invalid_body"),
+        ("/api/generate", b'{"model": "tiny", "stream": "no"}', 400, "invalid_body"),
+        ("/api/show", b"{}", 400, "invalid_body"),
+        ("/api/embeddings", b'{"model": "x", "prompt": ["a"]}', 400, "invalid_body"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "x' + b"a" * 100_000 + b'", "messages": []}',
+            404,
+            "model_not_found",
+        ),
+        ("/v1/chat/completions", b"[" * 100_000, 400, "invalid_body"),
+    ],
+)
+def test_what_a_caller_sends_is_never_a_500(
+    node: Node, front: Any, path: str, body: bytes, status: int, code: str
+) -> None:
+    node.place(llama("chat"))
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post(path, content=body, headers={"content-type": "application/json"})
+    assert_openai_error(answer, status, code)
+
+
+def test_bad_requests_beyond_the_body_are_answered_in_openai_shape(
+    node: Node, front: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body over the limit is 413; an instance id of a llama.cpp instance on Ollama's
+    own routes is 404 saying so; a HEAD is 405; an unknown model to retrieve is 404."""
+    monkeypatch.setattr(app, "MAX_BODY_BYTES", 1000)
+    iid = node.place(llama("chat"))
+    srv = front(node)
+    with client(srv) as c:
+        big = c.post("/v1/completions", json={"model": "tiny", "prompt": "x" * 2000})
+        assert_openai_error(big, 413, "body_too_large")
+        other = c.post("/api/generate", json={"model": iid, "prompt": "hi"})
+        error = assert_openai_error(other, 404, "model_not_found")
+        assert "llamacpp instance" in error["message"] and error["param"] == "model"
+        head = c.head("/v1/models")
+        assert head.status_code == 405
+        assert_openai_error(c.get("/v1/models/gpt-9"), 404, "model_not_found")
+        assert_openai_error(c.post(f"/v1/models/{iid}"), 405, "method_not_allowed")
+    with sdk(srv) as s:
+        assert s.models.retrieve(iid).id == iid
+        assert s.models.retrieve("tiny").id == iid  # the instance "tiny" routes to
+        with pytest.raises(openai.NotFoundError):
+            s.models.retrieve("gpt-9")

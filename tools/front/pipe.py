@@ -23,9 +23,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from .upstream_errors import UpstreamError
 from .usage import StreamCounter, Usage
 
-__all__ = ["ClientSocket", "Dechunk", "FramingError", "PipeCounter", "client_socket"]
+__all__ = ["ClientSocket", "Dechunk", "FramingError", "PipeCounter", "Piped", "client_socket"]
 
 #: Bytes a chunk's size line may take (with extensions) before the framing is refused.
 SIZE_LINE_MAX = 4096
@@ -179,3 +180,106 @@ def client_socket(send: Callable[..., Any], scope: dict[str, Any]) -> ClientSock
     ):
         return None
     return _Uvicorn(transport, flow)
+
+
+class Wire(Protocol):
+    """The upstream connection (:class:`~.upstream._Conn`) as a pipe drives it."""
+
+    complete: bool
+    paused: bool
+    keep_alive: bool
+    lost: bool
+    error: UpstreamError | None
+    transport: asyncio.Transport | None
+
+    def fail(self, error: UpstreamError) -> None: ...
+
+    def close(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def ended(self) -> None: ...
+
+    async def wait(self, timeout_s: float, since: Callable[[], float] | None = None) -> None: ...
+
+
+class Piped:
+    """A chunked body going from the server's socket to the client's: the
+    connection's ``data_received`` calls :meth:`received` with each piece;
+    :meth:`run` waits for the end and drains the client's socket when it fills."""
+
+    __slots__ = ("counter", "framing", "loop", "seen", "sink", "wire")
+
+    def __init__(self, wire: Wire, sink: ClientSocket, loop: asyncio.AbstractEventLoop) -> None:
+        self.wire = wire
+        self.sink = sink
+        self.loop = loop
+        self.framing = Dechunk()
+        self.counter = PipeCounter()
+        #: The loop time the last piece came (or the client's socket drained).
+        self.seen = loop.time()
+
+    async def run(self, held: bytes | None, timeout_s: float) -> PipeCounter:
+        """Pass ``held`` (the body's bytes read before), then the rest as it comes,
+        until the last chunk; reading pauses while the client's socket is full.
+
+        Raises:
+            UpstreamError: the server closed the connection midway, broke the framing
+                or sent nothing for ``timeout_s`` (``UpstreamTimeout``).
+        """
+        wire = self.wire
+        if held:
+            self.received(held)
+        if wire.lost:
+            wire.ended()
+        while not wire.complete:
+            if wire.error is not None:
+                raise wire.error
+            if wire.paused:
+                await self.sink.drain()
+                self.seen = self.loop.time()
+                wire.paused = False
+                if wire.transport is not None and not wire.lost:
+                    wire.transport.resume_reading()
+                continue
+            await wire.wait(timeout_s, self._since)
+        return self.counter
+
+    def _since(self) -> float:
+        return self.seen
+
+    def received(self, data: bytes) -> None:
+        """The next bytes of the body, from the server's socket."""
+        wire = self.wire
+        if self.framing.ended:
+            return  # the last chunk's trailers, or its CRLF
+        self.seen = self.loop.time()
+        if self.sink.is_closing():
+            self._stop(UpstreamError("the client went away"))
+            return
+        try:
+            out = self.framing.feed(data)
+        except FramingError as e:
+            self._stop(UpstreamError(f"the server's chunked framing is broken: {e}"))
+            return
+        if out:
+            self.sink.write(out)
+            self.counter.feed(out)
+        if self.framing.ended:
+            wire.complete = True
+            wire.keep_alive = wire.keep_alive and self.framing.tail == b"0\r\n\r\n"
+            wire.wake()
+        elif not wire.paused and self.sink.write_paused and wire.transport is not None:
+            wire.paused = True
+            wire.transport.pause_reading()
+            wire.wake()
+
+    def lost(self, exc: Exception | None) -> None:
+        """The server closed the connection."""
+        if not self.framing.ended:
+            self.wire.fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
+
+    def _stop(self, error: UpstreamError) -> None:
+        self.wire.fail(error)
+        self.wire.close()
+        self.wire.wake()

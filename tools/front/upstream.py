@@ -13,12 +13,8 @@ front with. A connection is an :class:`asyncio.Protocol`: the answer's pieces
 are queued as they arrive and reading pauses while the queue is long
 (backpressure: the server's socket fills, and it waits).
 
-Exceptions::
-
-    UpstreamError               the server cannot be reached or did not answer
-     +-- UpstreamRefused        no connection could be made (nothing listens)
-     +-- UpstreamDropped        the connection closed before the answer's head
-     +-- UpstreamTimeout        no connection, answer or next piece in time
+Exceptions: :mod:`.upstream_errors` (re-exported here). A chunked stream can
+also be piped to the client's socket unparsed (:mod:`.pipe`, :meth:`Answer.pipe`).
 """
 
 from __future__ import annotations
@@ -27,14 +23,15 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
 import msgspec
 
-from .pipe import ClientSocket, Dechunk, FramingError, PipeCounter
+from .pipe import ClientSocket, PipeCounter, Piped
+from .upstream_errors import UpstreamDropped, UpstreamError, UpstreamRefused, UpstreamTimeout
 
 __all__ = [
     "Answer",
@@ -66,23 +63,6 @@ HEAD_MAX = 64 << 10
 Headers = Sequence[tuple[bytes, bytes]]
 
 
-class UpstreamError(Exception):
-    """The server cannot be reached, or its answer failed (the cause's text)."""
-
-
-class UpstreamRefused(UpstreamError):
-    """No connection could be made to the server."""
-
-
-class UpstreamDropped(UpstreamError):
-    """The server closed the connection without answering (a kept-alive one
-    closed under the request, which may be sent again on another)."""
-
-
-class UpstreamTimeout(UpstreamError):
-    """The server did not accept, answer or send the next piece in time."""
-
-
 def _expire(fut: asyncio.Future[None], timeout_s: float) -> None:
     if not fut.done():
         fut.set_exception(UpstreamTimeout(f"nothing from the server in {timeout_s:g} s"))
@@ -111,7 +91,7 @@ class _Conn(asyncio.Protocol):
         #: The body's bytes that came before the reader chose how to read them (None:
         #: chosen, and fed to the parser or the pipe as they come).
         self.held: bytes | None = None
-        self.pipe: _Piped | None = None
+        self.pipe: Piped | None = None
 
     # ---------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -138,7 +118,7 @@ class _Conn(asyncio.Protocol):
         if end < 0:
             self._head = data
             if len(data) > HEAD_MAX:
-                self._fail(UpstreamError(f"the server's answer has a head over {HEAD_MAX} bytes"))
+                self.fail(UpstreamError(f"the server's answer has a head over {HEAD_MAX} bytes"))
                 self.close()
             return
         self._head = b""
@@ -147,7 +127,7 @@ class _Conn(asyncio.Protocol):
             self._head_received(data[end + 4 :])
             return
         self.held = data[end + 4 :]
-        self._wake()
+        self.wake()
 
     def read_parsed(self) -> None:
         """From now on the body goes through the parser (:meth:`pieces_of_body`)."""
@@ -155,85 +135,31 @@ class _Conn(asyncio.Protocol):
         if held:
             self._parse(held)
         if self.lost:
-            self._ended()
+            self.ended()
         elif self.paused and not self.pieces and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
-
-    async def piped(self, sink: ClientSocket, timeout_s: float) -> PipeCounter:
-        """Pass the (chunked) body to ``sink`` as it arrives, unparsed (:mod:`.pipe`),
-        until its last chunk; reading pauses while ``sink`` does (backpressure).
-
-        Raises:
-            UpstreamError: the server closed the connection midway, broke the framing
-                or sent nothing for ``timeout_s`` (``UpstreamTimeout``).
-        """
-        loop = asyncio.get_running_loop()
-        pipe = self.pipe = _Piped(self, sink, loop)
-        held, self.held = self.held, None
-        if held:
-            pipe.received(held)
-        if self.lost:
-            self._ended()
-        while not self.complete:
-            if self.error is not None:
-                raise self.error
-            if self.paused:
-                await sink.drain()
-                pipe.seen = loop.time()
-                self.paused = False
-                if self.transport is not None and not self.lost:
-                    self.transport.resume_reading()
-                continue
-            await self._quiet(timeout_s, pipe)
-        return pipe.counter
-
-    async def _quiet(self, timeout_s: float, pipe: _Piped) -> None:
-        """Until the pipe ends, fails or pauses; one timer (re-armed while pieces
-        come) instead of one per piece.
-
-        Raises:
-            UpstreamTimeout: nothing came for ``timeout_s``.
-        """
-        loop = asyncio.get_running_loop()
-        self._waiter = fut = loop.create_future()
-
-        timer: list[asyncio.TimerHandle] = []
-
-        def check() -> None:
-            quiet = loop.time() - pipe.seen
-            if quiet >= timeout_s:
-                _expire(fut, timeout_s)
-            else:
-                timer[0] = loop.call_later(timeout_s - quiet, check)
-
-        timer.append(loop.call_later(timeout_s, check))
-        try:
-            await fut
-        finally:
-            timer[0].cancel()
-            self._waiter = None
 
     def _parse(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
-            self._fail(UpstreamError(f"the server's answer is not HTTP/1.1: {e}"))
+            self.fail(UpstreamError(f"the server's answer is not HTTP/1.1: {e}"))
             self.close()
             return
         if len(self.pieces) > _HIGH and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
+        self.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._lost_by = exc
         if self.held is None:  # else the reader, once it chose how to read, ends it
-            self._ended()
-        self._wake()
+            self.ended()
+        self.wake()
 
-    def _ended(self) -> None:
+    def ended(self) -> None:
         """The connection closed: the answer is complete, or failed."""
         exc = self._lost_by
         if self.pipe is not None:
@@ -243,9 +169,9 @@ class _Conn(asyncio.Protocol):
         elif self.head_done and self._until_eof():
             self.complete = True  # a body without a length ends with the connection
         elif not self.head_done:
-            self._fail(UpstreamDropped("the server closed the connection without an answer"))
+            self.fail(UpstreamDropped("the server closed the connection without an answer"))
         else:
-            self._fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
+            self.fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
 
     # ---------------------------------------------------------- parser callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -268,28 +194,39 @@ class _Conn(asyncio.Protocol):
         names = {k.lower() for k, _ in self.headers}
         return b"content-length" not in names and b"transfer-encoding" not in names
 
-    def _fail(self, error: UpstreamError) -> None:
+    def fail(self, error: UpstreamError) -> None:
         if self.error is None:
             self.error = error
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def _wait(self, timeout_s: float) -> None:
-        """Until the server sends something, or it closes (:data:`error` is set).
+    async def wait(self, timeout_s: float, since: Callable[[], float] | None = None) -> None:
+        """Until the server sends something (or, with ``since``, until the pipe wakes
+        this: its end, a failure, a pause), or it closes (:data:`error` is set).
 
         Raises:
-            UpstreamTimeout: nothing in ``timeout_s``.
+            UpstreamTimeout: nothing in ``timeout_s`` (since ``since()``, the loop
+                time the last piece came, when given: one timer, re-armed while
+                pieces come, instead of one per piece).
         """
         loop = asyncio.get_running_loop()
         self._waiter = fut = loop.create_future()
-        timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
+
+        def due() -> None:
+            quiet = 0.0 if since is None else loop.time() - since()
+            if since is None or quiet >= timeout_s:
+                _expire(fut, timeout_s)
+            else:
+                timers.append(loop.call_later(timeout_s - quiet, due))
+
+        timers = [loop.call_later(timeout_s, due)]
         try:
             await fut
         finally:
-            timer.cancel()
+            timers[-1].cancel()
             self._waiter = None
 
     async def head(self, timeout_s: float) -> None:
@@ -297,7 +234,7 @@ class _Conn(asyncio.Protocol):
         while not self.head_done:
             if self.error is not None:
                 raise self.error
-            await self._wait(timeout_s)
+            await self.wait(timeout_s)
 
     async def pieces_of_body(self, timeout_s: float) -> AsyncGenerator[bytes]:
         """The body's bytes as they arrive (what arrived together, joined)."""
@@ -314,7 +251,7 @@ class _Conn(asyncio.Protocol):
             elif self.error is not None:
                 raise self.error
             else:
-                await self._wait(timeout_s)
+                await self.wait(timeout_s)
 
     def reusable(self) -> bool:
         """The answer was read to its end and the server keeps the connection."""
@@ -330,54 +267,6 @@ class _Conn(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-
-class _Piped:
-    """A body piped to the client's socket, from the connection's ``data_received``."""
-
-    __slots__ = ("conn", "counter", "framing", "loop", "seen", "sink")
-
-    def __init__(self, conn: _Conn, sink: ClientSocket, loop: asyncio.AbstractEventLoop) -> None:
-        self.conn = conn
-        self.sink = sink
-        self.loop = loop
-        self.framing = Dechunk()
-        self.counter = PipeCounter()
-        self.seen = loop.time()
-
-    def received(self, data: bytes) -> None:
-        conn = self.conn
-        if self.framing.ended:
-            return  # the last chunk's trailers, or its CRLF
-        self.seen = self.loop.time()
-        if self.sink.is_closing():
-            self._stop(UpstreamError("the client went away"))
-            return
-        try:
-            out = self.framing.feed(data)
-        except FramingError as e:
-            self._stop(UpstreamError(f"the server's chunked framing is broken: {e}"))
-            return
-        if out:
-            self.sink.write(out)
-            self.counter.feed(out)
-        if self.framing.ended:
-            conn.complete = True
-            conn.keep_alive = conn.keep_alive and self.framing.tail == b"0\r\n\r\n"
-            conn._wake()
-        elif not conn.paused and self.sink.write_paused and conn.transport is not None:
-            conn.paused = True
-            conn.transport.pause_reading()
-            conn._wake()
-
-    def lost(self, exc: Exception | None) -> None:
-        if not self.framing.ended:
-            self.conn._fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
-
-    def _stop(self, error: UpstreamError) -> None:
-        self.conn._fail(error)
-        self.conn.close()
-        self.conn._wake()
 
 
 class Answer:
@@ -431,7 +320,10 @@ class Answer:
         """
         pool = self._pool
         assert pool is not None  # piped after aclose: a bug of ours
-        return await self._conn.piped(sink, pool.read_timeout_s)
+        conn = self._conn
+        piped = conn.pipe = Piped(conn, sink, asyncio.get_running_loop())
+        held, conn.held = conn.held, None
+        return await piped.run(held, pool.read_timeout_s)
 
     async def aclose(self) -> None:
         """Give the connection back (kept alive) or close it (a body not read through)."""
