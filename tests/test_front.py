@@ -33,7 +33,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
 from infervisor.tools.api.auth import TcpAddress, Tokens
 from infervisor.tools.api.metrics import NodeMetrics
-from infervisor.tools.front import FrontConfig, FrontServer, app, proxy
+from infervisor.tools.front import FrontConfig, FrontServer, app, pipe, proxy
 
 SECRET = "front-secret-for-tests"
 TAG = "tinyllama"
@@ -271,8 +271,21 @@ def test_a_role_routes_to_its_instance_and_a_loaded_one_is_started_on_request(
 
 
 def test_the_openai_client_streams_through_the_front_and_tokens_are_counted(
-    node: Node, front: Any, ollama_srv: Any, request: pytest.FixtureRequest
+    node: Node,
+    front: Any,
+    ollama_srv: Any,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The stream (chunked, to an HTTP/1.1 client) goes socket to socket (the pipe)."""
+    piped: list[int] = []
+    run = pipe.Piped.run
+
+    async def spied(self: pipe.Piped, held: bytes | None, timeout_s: float) -> Any:
+        piped.append(1)
+        return await run(self, held, timeout_s)
+
+    monkeypatch.setattr(pipe.Piped, "run", spied)
     osrv = ollama_srv(TAG, load_seconds=0.05)
     iid = node.place(InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port))
     node.start(iid)
@@ -290,6 +303,7 @@ def test_the_openai_client_streams_through_the_front_and_tokens_are_counted(
     )
     text = "".join(p.choices[0].delta.content or "" for p in pieces if p.choices)
     assert text == "Hello from ollama_server."
+    assert piped == [1]
     done = c.completions.create(model=f"{TAG}:latest", prompt="hi")
     assert done.choices[0].text == "Hello from ollama_server."
     wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the requests to end")
