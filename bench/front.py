@@ -10,7 +10,9 @@ interleaved in one run, so outside load hits both sides alike:
   (target: the front adds at most 2 ms);
 - **tokens per second with 64 concurrent streams** (each ``--tokens`` tokens,
   ``ignore_eos``), rounds in turns, the median round of each side (target:
-  the front at least 0.97x);
+  the front at least 0.97x); beside it the node process's CPU seconds per
+  token over the rounds through the front (the front's cost, which outside
+  load does not change as it changes the ratio);
 - **a request for a resting model**: a second instance (another copy of the
   tiny model, under its own name) not running; the first request for it
   through the front, to its first token, against the same server started
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 from _harness import free_port, machine, percentile, reaped_children, table, workdir
 
 from infervisor.tools.servers.tinymodel import generate_tiny_gguf
@@ -84,6 +87,7 @@ class Setup:
     sock: Path
     cold_spec: dict[str, object]
     cold_weights: Path
+    node_pid: int
 
 
 def write_config(root: Path, front_port: int, hot_port: int, cold_port: int, hz: float) -> Path:
@@ -151,6 +155,7 @@ def node(root: Path, hz: float) -> Iterator[Setup]:
             root / "data" / "api.sock",
             cold,
             root / "models" / "tiny-cold.gguf",
+            proc.pid,
         )
     finally:
         if proc.poll() is None:
@@ -272,13 +277,29 @@ async def one_stream(client: httpx.AsyncClient, url: str, tokens: int) -> int:
     return chunks
 
 
-async def streams_rate(base: str, headers: dict[str, str], streams: int, tokens: int) -> float:
+NODE_CPU: list[tuple[float, int]] = []
+"""(CPU seconds the node process spent, tokens) of each round through the front."""
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used."""
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+async def streams_rate(
+    base: str, headers: dict[str, str], streams: int, tokens: int, node_pid: int | None = None
+) -> float:
     limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
     async with httpx.AsyncClient(timeout=600, headers=headers, limits=limits) as client:
         url = f"{base}/v1/chat/completions"
+        cpu = cpu_s(node_pid) if node_pid else 0.0
         t = time.perf_counter()
         counts = await asyncio.gather(*(one_stream(client, url, tokens) for _ in range(streams)))
-        return sum(counts) / (time.perf_counter() - t)
+        took = time.perf_counter() - t
+        if node_pid:
+            NODE_CPU.append((cpu_s(node_pid) - cpu, sum(counts)))
+        return sum(counts) / took
 
 
 def throughput(s: Setup, streams: int, tokens: int, rounds: int) -> list[Row]:
@@ -289,16 +310,24 @@ def throughput(s: Setup, streams: int, tokens: int, rounds: int) -> list[Row]:
         order = ("direct", "front") if i % 2 == 0 else ("front", "direct")
         for side in order:
             base, headers = (s.direct, {}) if side == "direct" else (s.front, auth)
-            rate = functools.partial(streams_rate, base, headers, streams, tokens)
+            pid = s.node_pid if side == "front" else None
+            rate = functools.partial(streams_rate, base, headers, streams, tokens, pid)
             got[side].append(counted(side, lambda r=rate: asyncio.run(r())))
     d, f = statistics.median(got["direct"]), statistics.median(got["front"])
+    cpu, count = sum(c for c, _ in NODE_CPU), sum(n for _, n in NODE_CPU)
     return [
         Row(
             f"tokens/s, {streams} concurrent streams ({rounds} rounds each)",
             f"{f:,.0f}/s through the front = {f / d:.3f}x direct's {d:,.0f}/s",
             ">= 0.97x direct",
             f / d >= 0.97,
-        )
+        ),
+        Row(
+            "the node's CPU per token through the front (its rounds; load-independent)",
+            f"{cpu * 1e6 / max(count, 1):.1f} us/token ({cpu:.2f} s for {count:,} tokens)",
+            "-",
+            None,
+        ),
     ]
 
 

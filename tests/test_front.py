@@ -33,7 +33,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
 from infervisor.tools.api.auth import TcpAddress, Tokens
 from infervisor.tools.api.metrics import NodeMetrics
-from infervisor.tools.front import FrontConfig, FrontServer, proxy
+from infervisor.tools.front import FrontConfig, FrontServer, app, pipe, proxy
 
 SECRET = "front-secret-for-tests"
 TAG = "tinyllama"
@@ -218,17 +218,41 @@ def test_models_lists_every_instance_with_its_residency(
     srv = front(node)
     with sdk(srv) as c:
         models = c.models.list().data
-    listed = {m.model_extra["instance_id"]: m for m in models if m.model_extra}
-    assert len(listed) == 3
-    assert listed[on].id == "tiny" and listed[on].model_extra is not None
+    listed = {m.id: m for m in models}
+    assert len(listed) == 3 and set(listed) >= {on, rests}
+    assert listed[on].model_extra is not None
+    assert listed[on].model_extra["served_name"] == "tiny"
+    assert listed[on].model_extra["instance_id"] == on
     assert listed[on].model_extra["residency"] == "resident"
     assert listed[on].model_extra["role"] == "chat"
     assert listed[rests].model_extra is not None
     assert listed[rests].model_extra["residency"] == "loaded"
-    ollama_entry = next(m for m in listed.values() if m.id == TAG)
+    ollama_entry = next(m for m in listed.values() if (m.model_extra or {})["served_name"] == TAG)
     assert ollama_entry.model_extra is not None
     assert f"{TAG}:latest" in ollama_entry.model_extra["names"]
+    assert ollama_entry.id in ollama_entry.model_extra["names"]
     assert all(m.object == "model" and m.owned_by == "n1" for m in listed.values())
+
+
+def test_each_of_four_instances_of_one_model_is_listed_by_its_id_and_routed_by_it(
+    node: Node, front: Any
+) -> None:
+    """Four instances serving ``tiny``: ``models.list()`` gives four distinct ids, a
+    request by each id reaches that instance, and ``tiny`` and the role still route."""
+    ids = {node.place(llama(role)) for role in ("a", "b", "c", "d")}
+    srv = front(node)
+    with sdk(srv) as c:
+        listed = c.models.list().data
+        assert {m.id for m in listed} == ids
+        assert all((m.model_extra or {})["served_name"] == "tiny" for m in listed)
+        for m in listed:
+            raw = c.completions.with_raw_response.create(model=m.id, prompt="hi", max_tokens=2)
+            assert raw.headers["x-infervisor-instance"] == m.id
+            assert raw.parse().choices[0].text == " fake"
+        by_name = c.completions.with_raw_response.create(model="tiny", prompt="hi")
+        assert by_name.headers["x-infervisor-instance"] in ids
+        by_role = c.completions.with_raw_response.create(model="c", prompt="hi")
+        assert by_role.headers["x-infervisor-instance"] == next(i for i in ids if i[:2] == "c-")
 
 
 def test_a_role_routes_to_its_instance_and_a_loaded_one_is_started_on_request(
@@ -247,8 +271,21 @@ def test_a_role_routes_to_its_instance_and_a_loaded_one_is_started_on_request(
 
 
 def test_the_openai_client_streams_through_the_front_and_tokens_are_counted(
-    node: Node, front: Any, ollama_srv: Any, request: pytest.FixtureRequest
+    node: Node,
+    front: Any,
+    ollama_srv: Any,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The stream (chunked, to an HTTP/1.1 client) goes socket to socket (the pipe)."""
+    piped: list[int] = []
+    run = pipe.Piped.run
+
+    async def spied(self: pipe.Piped, held: bytes | None, timeout_s: float) -> Any:
+        piped.append(1)
+        return await run(self, held, timeout_s)
+
+    monkeypatch.setattr(pipe.Piped, "run", spied)
     osrv = ollama_srv(TAG, load_seconds=0.05)
     iid = node.place(InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port))
     node.start(iid)
@@ -266,6 +303,7 @@ def test_the_openai_client_streams_through_the_front_and_tokens_are_counted(
     )
     text = "".join(p.choices[0].delta.content or "" for p in pieces if p.choices)
     assert text == "Hello from ollama_server."
+    assert piped == [1]
     done = c.completions.create(model=f"{TAG}:latest", prompt="hi")
     assert done.choices[0].text == "Hello from ollama_server."
     wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the requests to end")
@@ -496,3 +534,80 @@ def test_over_max_connections_a_request_is_503_in_openai_shape_not_uvicorns_text
             lambda: again.get("/v1/models").status_code == 200, 10, "a connection to be freed"
         )
     kept[0].close()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/v1/chat/completions", b"[1, 2]", 400, "invalid_body"),
+        ("/v1/chat/completions", b'"tiny"', 400, "invalid_body"),
+        ("/v1/chat/completions", b"null", 400, "invalid_body"),
+        ("/v1/chat/completions", b"", 400, "invalid_body"),
+        ("/v1/chat/completions", b"\xff\xfe{}", 400, "invalid_body"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "tiny", "messages": [], "stream": "yes"}',
+            400,
+            "invalid_body",
+        ),
+        ("/v1/chat/completions", b'{"model": {"a": 1}, "messages": []}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": ["tiny"], "messages": []}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": null, "messages": []}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": "", "messages": []}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": "tiny", "messages": {}}', 400, "invalid_body"),
+        ("/v1/chat/completions", b'{"model": "\\u0000", "messages": []}', 404, "model_not_found"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "tiny", "messages": [], "model": 3}',
+            400,
+            "invalid_body",
+        ),
+        ("/v1/completions", b'{"model": "tiny", "prompt": "x", "stream": 1}', 400, "invalid_body"),
+        ("/v1/embeddings", b'{"model": "tiny", "input": null}', 400, "invalid_body"),
+        ("/api/generate", b'{"model": 5}', 400, "invalid_body"),
+        ("/api/generate", b'{"name": []}', 400, "invalid_body"),
+        ("/api/generate", b'{"model": "tiny", "stream": "no"}', 400, "invalid_body"),
+        ("/api/show", b"{}", 400, "invalid_body"),
+        ("/api/embeddings", b'{"model": "x", "prompt": ["a"]}', 400, "invalid_body"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "x' + b"a" * 100_000 + b'", "messages": []}',
+            404,
+            "model_not_found",
+        ),
+        ("/v1/chat/completions", b"[" * 100_000, 400, "invalid_body"),
+    ],
+)
+def test_what_a_caller_sends_is_never_a_500(
+    node: Node, front: Any, path: str, body: bytes, status: int, code: str
+) -> None:
+    node.place(llama("chat"))
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post(path, content=body, headers={"content-type": "application/json"})
+    assert_openai_error(answer, status, code)
+
+
+def test_bad_requests_beyond_the_body_are_answered_in_openai_shape(
+    node: Node, front: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body over the limit is 413; an instance id of a llama.cpp instance on Ollama's
+    own routes is 404 saying so; a HEAD is 405; an unknown model to retrieve is 404."""
+    monkeypatch.setattr(app, "MAX_BODY_BYTES", 1000)
+    iid = node.place(llama("chat"))
+    srv = front(node)
+    with client(srv) as c:
+        big = c.post("/v1/completions", json={"model": "tiny", "prompt": "x" * 2000})
+        assert_openai_error(big, 413, "body_too_large")
+        other = c.post("/api/generate", json={"model": iid, "prompt": "hi"})
+        error = assert_openai_error(other, 404, "model_not_found")
+        assert "llamacpp instance" in error["message"] and error["param"] == "model"
+        head = c.head("/v1/models")
+        assert head.status_code == 405
+        assert_openai_error(c.get("/v1/models/gpt-9"), 404, "model_not_found")
+        assert_openai_error(c.post(f"/v1/models/{iid}"), 405, "method_not_allowed")
+    with sdk(srv) as s:
+        assert s.models.retrieve(iid).id == iid
+        assert s.models.retrieve("tiny").id == iid  # the instance "tiny" routes to
+        with pytest.raises(openai.NotFoundError):
+            s.models.retrieve("gpt-9")

@@ -36,6 +36,7 @@ class Served:
 
     def __init__(self) -> None:
         self.connections = 0
+        self.ended = 0  # connections the server saw end
         self.requests: list[bytes] = []
 
 
@@ -71,6 +72,7 @@ async def server(answer: Answer) -> AsyncIterator[tuple[str, Served]]:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass  # the client went away, or the test ended (cancelled: ends quietly)
         finally:
+            served.ended += 1
             writer.close()
 
     srv = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -208,6 +210,7 @@ def test_a_stream_not_taken_stops_being_read_so_the_servers_socket_fills() -> No
         async with server(flood) as (base, _):
             up = Upstreams(30.0)
             answer = await up.send(base, "POST", "/s", [], b"")
+            answer.chunks()  # read through the parser, and not taken
             conn = answer._conn
             while not backed_up.is_set():
                 await asyncio.sleep(0.01)  # let the loop run: the server writes, we read
@@ -218,6 +221,147 @@ def test_a_stream_not_taken_stops_being_read_so_the_servers_socket_fills() -> No
             for _ in range(100):  # the server goes on only while the sockets take it
                 await asyncio.sleep(0)
             assert sent[0] < 4096 and len(conn.pieces) == queued
+            await answer.aclose()
+            await up.aclose()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+# --- the pipe (tools/front/pipe.py): a chunked body passed on unparsed ------------------
+
+SSE = [b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(3)]
+CHUNKED_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class Sink:
+    """The client's socket as the pipe sees it: takes what is written; ``full``
+    says its buffer is over its high-water mark (the pipe then waits in drain)."""
+
+    def __init__(self) -> None:
+        self.got = bytearray()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.got += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    @property
+    def write_paused(self) -> bool:
+        return not self.writable.is_set()
+
+    async def drain(self) -> None:
+        await self.writable.wait()
+
+
+def test_a_chunked_stream_is_piped_in_its_framing_less_the_last_chunk_and_kept_alive() -> None:
+    """The client gets the server's chunks byte for byte (the front writes the last
+    chunk itself), the tokens are counted, and the connection is used again."""
+
+    async def stream(n: int) -> AsyncIterator[bytes]:
+        yield CHUNKED_HEAD + chunk(SSE[0])
+        yield chunk(SSE[1])[:3]  # a size line split between two reads
+        yield chunk(SSE[1])[3:] + chunk(SSE[2]) + b"0\r\n"
+        yield b"\r\n"
+
+    async def run() -> None:
+        async with server(stream) as (base, served):
+            up = Upstreams(30.0)
+            for _ in range(2):
+                answer = await up.send(base, "POST", "/s", [], b"")
+                sink = Sink()
+                assert answer.chunked
+                counted = await answer.pipe(sink)
+                await answer.aclose()
+                assert bytes(sink.got) == b"".join(chunk(e) for e in SSE)
+                assert counted.close().completion == 3
+            assert served.connections == 1
+            await up.aclose()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+async def endless(n: int) -> AsyncIterator[bytes]:
+    yield CHUNKED_HEAD
+    while True:
+        yield chunk(b"x" * 0x4000)
+
+
+def test_a_piped_stream_stops_being_read_while_the_client_is_full() -> None:
+    """Backpressure: while the client's socket is full the server's is not read (its
+    writes back up); once the client drains, the stream goes on."""
+
+    async def run() -> None:
+        async with server(endless) as (base, _):
+            up = Upstreams(30.0)
+            answer = await up.send(base, "POST", "/s", [], b"")
+            sink = Sink()
+            sink.writable.clear()  # full from the start
+            task = asyncio.ensure_future(answer.pipe(sink))
+            while not answer._conn.paused:
+                await asyncio.sleep(0.01)
+            before = len(sink.got)
+            for _ in range(50):
+                await asyncio.sleep(0.005)
+            assert len(sink.got) == before  # nothing read while paused
+            sink.writable.set()
+            while len(sink.got) < before + (1 << 20):  # goes on once drained
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await answer.aclose()
+            await up.aclose()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+@pytest.mark.parametrize("how", ["cancelled", "client closing"])
+def test_a_piped_stream_left_midway_closes_the_servers_connection(how: str) -> None:
+    """A client gone (the request cancelled, or its socket closing as a piece
+    comes) closes the server's connection: the server sees it end."""
+
+    async def run() -> None:
+        async with server(endless) as (base, served):
+            up = Upstreams(30.0)
+            answer = await up.send(base, "POST", "/s", [], b"")
+            sink = Sink()
+            task = asyncio.ensure_future(answer.pipe(sink))
+            while len(sink.got) < 0x10000:
+                await asyncio.sleep(0.01)
+            if how == "cancelled":
+                task.cancel()
+            else:
+                sink.closing = True
+            with contextlib.suppress(asyncio.CancelledError, UpstreamError):
+                await task
+            await answer.aclose()
+            while served.ended < 1:
+                await asyncio.sleep(0.01)
+            await up.aclose()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_broken_chunked_framing_fails_the_pipe() -> None:
+    async def broken(n: int) -> AsyncIterator[bytes]:
+        yield CHUNKED_HEAD + chunk(SSE[0]) + b"zz\r\n"
+
+    async def run() -> None:
+        async with server(broken) as (base, _):
+            up = Upstreams(30.0)
+            answer = await up.send(base, "POST", "/s", [], b"")
+            with pytest.raises(UpstreamError, match="framing"):
+                await answer.pipe(Sink())
             await answer.aclose()
             await up.aclose()
 

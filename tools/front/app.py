@@ -7,7 +7,9 @@ about as much per request as the whole proxy does (commit message: the
 measurements). Routes (docs/front.md):
 
 - ``GET /v1/models``: every placed instance with its residency (OpenAI's list
-  shape; the extra fields name the instance and its state);
+  shape; ``id`` is the instance id, which routes to that one instance; the extra
+  fields give the served model name, the role and the instance's state);
+  ``GET /v1/models/{model}`` the entry a ``model`` routes to;
 - ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``:
   routed by ``model`` (:mod:`.routes`), forwarded (:mod:`.proxy`);
 - Ollama's ``POST /api/chat``, ``/api/generate``, ``/api/embed``,
@@ -48,6 +50,7 @@ MAX_BODY_BYTES = 64 << 20
 #: The role of a request's source in the events it causes (``front:<caller>``).
 REQUEST_ROLE = "front"
 _GETS = ("/v1/models", "/api/tags", "/api/ps")
+_ONE_MODEL = "/v1/models/"
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -100,10 +103,14 @@ class FrontApp:
             else:
                 await _json(send, 200, await _ollama_lists(proxy, path))
             return
+        if path.startswith(_ONE_MODEL):
+            _allow(method, "GET", path)
+            await _json(send, 200, await self._one_model(proxy, path.removeprefix(_ONE_MODEL)))
+            return
         if path not in ROUTES:
             raise FrontError(
                 404,
-                f"no route {path}; routes: GET {', GET '.join(_GETS)}, "
+                f"no route {path}; routes: GET {', GET '.join(_GETS)}, GET /v1/models/ID, "
                 f"POST {', POST '.join(ROUTES)}",
                 "unknown_route",
             )
@@ -163,18 +170,32 @@ class FrontApp:
         table = await proxy.table(fresh=True)
         return {"object": "list", "data": [self._model(r) for r in table.routes]}
 
+    async def _one_model(self, proxy: Proxy, model: str) -> dict[str, Any]:
+        """``GET /v1/models/{model}`` (OpenAI's retrieve): the entry of the instance
+        ``model`` routes to (an instance id, a served name or a role).
+
+        Raises:
+            FrontError: 404 ``model_not_found`` naming the models there are.
+        """
+        table = await proxy.table(fresh=True)
+        found = table.find(model)
+        if found is None:
+            raise table.refuse_unknown(model)
+        return self._model(found)
+
     def _model(self, route: Route) -> dict[str, Any]:
         v = route.view
         entry: dict[str, Any] = {
-            "id": route.served or v.role,
+            "id": v.instance_id,
             "object": "model",
             "created": v.since_ns // 1_000_000_000,
             "owned_by": self.node_id,
             "instance_id": v.instance_id,
+            "served_name": route.served,
             "role": v.role,
             "flavor": v.flavor,
             "mode": v.mode,
-            "names": list(route.names),
+            "names": [v.instance_id, *route.names],
             "lifecycle": v.lifecycle,
             "residency": residency_of(v.lifecycle, v.resting),
             "on_demand": v.on_demand,

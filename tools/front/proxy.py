@@ -43,6 +43,7 @@ from infervisor.adapters.proc.errors import AdapterError
 
 from .bodies import KEEP_ALIVE_ROUTES, Asked, rewritten
 from .errors import FrontError, retry_after
+from .pipe import ClientSocket, client_socket
 from .routes import Route, RouteTable, ollama_names
 from .tally import FrontTally
 from .upstream import (
@@ -275,7 +276,7 @@ class Proxy:
             )
             try:
                 status = response.status
-                await self._pass_back(response, send, iid)
+                await self._pass_back(response, send, iid, scope)
             finally:
                 await response.aclose()
         finally:
@@ -334,11 +335,16 @@ class Proxy:
                 raise _unreachable(route, e) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _pass_back(self, answer: Answer, send: Send, iid: str) -> None:
+    async def _pass_back(self, answer: Answer, send: Send, iid: str, scope: dict[str, Any]) -> None:
         headers = [(k, v) for k, v in answer.headers if k.lower() not in _DROPPED]
         headers.append((b"x-infervisor-instance", iid.encode()))
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         streamed = answer.header(b"content-type").startswith(_STREAMED)
+        sink = client_socket(send, scope) if streamed and answer.chunked else None
+        if sink is not None:
+            await self._piped(answer, sink, iid)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         counter = StreamCounter() if streamed else None
         kept = bytearray()
         try:
@@ -356,6 +362,19 @@ class Proxy:
             if usage is not None and answer.status < 400:
                 self.tally.counted(iid, usage.prompt, usage.completion)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _piped(self, answer: Answer, sink: ClientSocket, iid: str) -> None:
+        """A chunked stream to a chunked client: its bytes go from socket to socket
+        (:mod:`.pipe`), its tokens counted by bytes."""
+        try:
+            await answer.pipe(sink)
+        except UpstreamError as e:  # the server died or stalled mid-answer: end it here
+            log.warning("front: the answer of %s ended early: %s", iid, e)
+        finally:  # also when the client went away: what was generated still counts
+            counter = answer.pipe_counter()
+            if counter is not None and answer.status < 400:
+                usage = counter.close()
+                self.tally.counted(iid, usage.prompt, usage.completion)
 
     async def aclose(self) -> None:
         """Close the upstream clients and the worker threads (not waiting for them)."""

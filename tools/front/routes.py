@@ -6,10 +6,13 @@ A request names a model as its clients know it; an instance answers to:
   started with ``--alias <name>``; mlx-lm and adopted servers are asked for it),
   and for Ollama also the tag Ollama knows it by (``ollama_tag``; ``name`` and
   ``name:latest`` are the same model to Ollama);
-- its role (``chat``, ``embed``).
+- its role (``chat``, ``embed``);
+- its instance id (``chat-1a2b3c4d-node``: the ``id`` ``GET /v1/models`` lists,
+  the one name that picks one instance among several serving one model).
 
-A served name wins over a role. Among several instances answering to one
-name, one that is running now is taken first, then the first by id.
+An instance id wins over a served name, and a served name over a role. Among
+several instances answering to one name, one that is running now is taken
+first, then the first by id.
 
 The table is a snapshot of :meth:`Node.list` (every instance's view) and the
 registry; :class:`RouteTable` is immutable and built off the event loop.
@@ -79,6 +82,7 @@ class RouteTable:
     """Every placed instance's :class:`Route`, and the names that reach them."""
 
     routes: tuple[Route, ...] = ()
+    _by_id: dict[str, Route] = field(default_factory=dict)
     _by_name: dict[str, tuple[Route, ...]] = field(default_factory=dict)
     _by_role: dict[str, tuple[Route, ...]] = field(default_factory=dict)
 
@@ -94,12 +98,16 @@ class RouteTable:
             by_role.setdefault(route.view.role, []).append(route)
         return cls(
             routes,
+            {route.instance_id: route for route in routes},
             {k: tuple(v) for k, v in by_name.items()},
             {k: tuple(v) for k, v in by_role.items()},
         )
 
     def find(self, model: str, *, ollama_only: bool = False) -> Route | None:
-        """The instance for ``model`` (a served name, else a role), or None."""
+        """The instance for ``model`` (an instance id, a served name, else a role), or None."""
+        by_id = self._by_id.get(model)
+        if by_id is not None and (by_id.ollama or not ollama_only):
+            return by_id
         for table in (self._by_name, self._by_role):
             found = [r for r in table.get(model, ()) if r.ollama or not ollama_only]
             if found:
@@ -107,7 +115,18 @@ class RouteTable:
         return None
 
     def refuse_unknown(self, model: str, *, ollama_only: bool = False) -> FrontError:
-        """The 404 for a ``model`` no instance answers to, naming the ones there are."""
+        """The 404 for a ``model`` no instance answers to, naming the ones there are
+        (or, on Ollama's own routes, saying that ``model`` is an instance of another
+        flavor)."""
+        other = self._by_id.get(model)
+        if other is not None and ollama_only and not other.ollama:
+            return FrontError(
+                404,
+                f"instance {model!r} is a {other.view.flavor} instance: Ollama's own "
+                "routes (/api/...) reach Ollama instances only; send it to /v1/...",
+                "model_not_found",
+                param="model",
+            )
         names = sorted(
             {n for r in self.routes if r.ollama or not ollama_only for n in r.names[:1]}
             | {r.view.role for r in self.routes if r.ollama or not ollama_only}
@@ -117,7 +136,7 @@ class RouteTable:
         return FrontError(
             404,
             f"the {what} {model!r} is served by no instance of this node; "
-            f"models (served names and roles): {there}",
+            f"models (served names and roles; or an instance id, GET /v1/models): {there}",
             "model_not_found",
             param="model",
         )

@@ -13,12 +13,8 @@ front with. A connection is an :class:`asyncio.Protocol`: the answer's pieces
 are queued as they arrive and reading pauses while the queue is long
 (backpressure: the server's socket fills, and it waits).
 
-Exceptions::
-
-    UpstreamError               the server cannot be reached or did not answer
-     +-- UpstreamRefused        no connection could be made (nothing listens)
-     +-- UpstreamDropped        the connection closed before the answer's head
-     +-- UpstreamTimeout        no connection, answer or next piece in time
+Exceptions: :mod:`.upstream_errors` (re-exported here). A chunked stream can
+also be piped to the client's socket unparsed (:mod:`.pipe`, :meth:`Answer.pipe`).
 """
 
 from __future__ import annotations
@@ -27,12 +23,15 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
 import msgspec
+
+from .pipe import ClientSocket, PipeCounter, Piped
+from .upstream_errors import UpstreamDropped, UpstreamError, UpstreamRefused, UpstreamTimeout
 
 __all__ = [
     "Answer",
@@ -57,25 +56,11 @@ GET_MAX = 16 << 20
 _HIGH = 64
 #: Bodies up to this many bytes are sent in one write with the request's head.
 _JOINED_MAX = 256 << 10
+#: Bytes an answer's head (status line and headers) may take, and bytes of its body
+#: read before the front chose how to read it (then reading pauses).
+HEAD_MAX = 64 << 10
 
 Headers = Sequence[tuple[bytes, bytes]]
-
-
-class UpstreamError(Exception):
-    """The server cannot be reached, or its answer failed (the cause's text)."""
-
-
-class UpstreamRefused(UpstreamError):
-    """No connection could be made to the server."""
-
-
-class UpstreamDropped(UpstreamError):
-    """The server closed the connection without answering (a kept-alive one
-    closed under the request, which may be sent again on another)."""
-
-
-class UpstreamTimeout(UpstreamError):
-    """The server did not accept, answer or send the next piece in time."""
 
 
 def _expire(fut: asyncio.Future[None], timeout_s: float) -> None:
@@ -90,6 +75,7 @@ class _Conn(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.lost = False
+        self._lost_by: Exception | None = None
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self.reset()
@@ -101,6 +87,11 @@ class _Conn(asyncio.Protocol):
         self.head_done = self.complete = self.paused = self.keep_alive = False
         self.pieces: collections.deque[bytes] = collections.deque()
         self.error: UpstreamError | None = None
+        self._head = b""
+        #: The body's bytes that came before the reader chose how to read them (None:
+        #: chosen, and fed to the parser or the pipe as they come).
+        self.held: bytes | None = None
+        self.pipe: Piped | None = None
 
     # ---------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -108,26 +99,79 @@ class _Conn(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self.pipe is not None:
+            self.pipe.received(data)
+        elif self.held is not None:
+            self.held += data
+            if len(self.held) > HEAD_MAX and not self.paused and self.transport is not None:
+                self.paused = True  # nobody reads yet: the server waits
+                self.transport.pause_reading()
+        elif self.head_done:
+            self._parse(data)
+        else:
+            self._head_received(data)
+
+    def _head_received(self, data: bytes) -> None:
+        """Parse the head once it is whole; hold the body's bytes that came with it."""
+        data = self._head + data
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            self._head = data
+            if len(data) > HEAD_MAX:
+                self.fail(UpstreamError(f"the server's answer has a head over {HEAD_MAX} bytes"))
+                self.close()
+            return
+        self._head = b""
+        self._parse(data[: end + 4])
+        if not self.head_done and self.error is None:  # a 1xx: the answer's head is next
+            self._head_received(data[end + 4 :])
+            return
+        self.held = data[end + 4 :]
+        self.wake()
+
+    def read_parsed(self) -> None:
+        """From now on the body goes through the parser (:meth:`pieces_of_body`)."""
+        held, self.held = self.held, None
+        if held:
+            self._parse(held)
+        if self.lost:
+            self.ended()
+        elif self.paused and not self.pieces and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def _parse(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
-            self._fail(UpstreamError(f"the server's answer is not HTTP/1.1: {e}"))
+            self.fail(UpstreamError(f"the server's answer is not HTTP/1.1: {e}"))
             self.close()
             return
         if len(self.pieces) > _HIGH and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
+        self.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self.head_done and not self.complete and self._until_eof():
+        self._lost_by = exc
+        if self.held is None:  # else the reader, once it chose how to read, ends it
+            self.ended()
+        self.wake()
+
+    def ended(self) -> None:
+        """The connection closed: the answer is complete, or failed."""
+        exc = self._lost_by
+        if self.pipe is not None:
+            self.pipe.lost(exc)
+        elif self.complete:
+            pass
+        elif self.head_done and self._until_eof():
             self.complete = True  # a body without a length ends with the connection
         elif not self.head_done:
-            self._fail(UpstreamDropped("the server closed the connection without an answer"))
-        elif not self.complete:
-            self._fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
-        self._wake()
+            self.fail(UpstreamDropped("the server closed the connection without an answer"))
+        else:
+            self.fail(UpstreamError(f"the server closed the connection mid-answer ({exc})"))
 
     # ---------------------------------------------------------- parser callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -136,6 +180,7 @@ class _Conn(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()  # the message's end may say again
 
     def on_body(self, body: bytes) -> None:
         self.pieces.append(body)
@@ -149,28 +194,39 @@ class _Conn(asyncio.Protocol):
         names = {k.lower() for k, _ in self.headers}
         return b"content-length" not in names and b"transfer-encoding" not in names
 
-    def _fail(self, error: UpstreamError) -> None:
+    def fail(self, error: UpstreamError) -> None:
         if self.error is None:
             self.error = error
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def _wait(self, timeout_s: float) -> None:
-        """Until the server sends something, or it closes (:data:`error` is set).
+    async def wait(self, timeout_s: float, since: Callable[[], float] | None = None) -> None:
+        """Until the server sends something (or, with ``since``, until the pipe wakes
+        this: its end, a failure, a pause), or it closes (:data:`error` is set).
 
         Raises:
-            UpstreamTimeout: nothing in ``timeout_s``.
+            UpstreamTimeout: nothing in ``timeout_s`` (since ``since()``, the loop
+                time the last piece came, when given: one timer, re-armed while
+                pieces come, instead of one per piece).
         """
         loop = asyncio.get_running_loop()
         self._waiter = fut = loop.create_future()
-        timer = loop.call_later(timeout_s, _expire, fut, timeout_s)
+
+        def due() -> None:
+            quiet = 0.0 if since is None else loop.time() - since()
+            if since is None or quiet >= timeout_s:
+                _expire(fut, timeout_s)
+            else:
+                timers.append(loop.call_later(timeout_s - quiet, due))
+
+        timers = [loop.call_later(timeout_s, due)]
         try:
             await fut
         finally:
-            timer.cancel()
+            timers[-1].cancel()
             self._waiter = None
 
     async def head(self, timeout_s: float) -> None:
@@ -178,7 +234,7 @@ class _Conn(asyncio.Protocol):
         while not self.head_done:
             if self.error is not None:
                 raise self.error
-            await self._wait(timeout_s)
+            await self.wait(timeout_s)
 
     async def pieces_of_body(self, timeout_s: float) -> AsyncGenerator[bytes]:
         """The body's bytes as they arrive (what arrived together, joined)."""
@@ -195,7 +251,7 @@ class _Conn(asyncio.Protocol):
             elif self.error is not None:
                 raise self.error
             else:
-                await self._wait(timeout_s)
+                await self.wait(timeout_s)
 
     def reusable(self) -> bool:
         """The answer was read to its end and the server keeps the connection."""
@@ -204,6 +260,7 @@ class _Conn(asyncio.Protocol):
             and not self.lost
             and self.error is None
             and not self.pieces
+            and not self.held
             and self.keep_alive
         )
 
@@ -241,7 +298,32 @@ class Answer:
         """
         pool = self._pool
         assert pool is not None  # read after aclose: a bug of ours
+        self._conn.read_parsed()
         return self._conn.pieces_of_body(pool.read_timeout_s)
+
+    @property
+    def chunked(self) -> bool:
+        """The body comes in HTTP/1.1 chunked framing (and nothing else)."""
+        return self.header(b"transfer-encoding").strip().lower() == b"chunked"
+
+    def pipe_counter(self) -> PipeCounter | None:
+        """What :meth:`pipe` counted so far (None: not piped)."""
+        piped = self._conn.pipe
+        return piped.counter if piped is not None else None
+
+    async def pipe(self, sink: ClientSocket) -> PipeCounter:
+        """Pass the body, a :attr:`chunked` one, to ``sink`` as it arrives, in its
+        framing less the last chunk (:mod:`.pipe`); the tokens it counted.
+
+        Raises:
+            UpstreamError: as :meth:`chunks`, and a broken chunked framing.
+        """
+        pool = self._pool
+        assert pool is not None  # piped after aclose: a bug of ours
+        conn = self._conn
+        piped = conn.pipe = Piped(conn, sink, asyncio.get_running_loop())
+        held, conn.held = conn.held, None
+        return await piped.run(held, pool.read_timeout_s)
 
     async def aclose(self) -> None:
         """Give the connection back (kept alive) or close it (a body not read through)."""
