@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import os
 import re
 import stat
@@ -79,6 +78,8 @@ def default_origin(node_id: str, public: bytes) -> str:
         node_id: the node id.
         public: the node's 32-byte Ed25519 public key.
     """
+    import hashlib  # noqa: PLC0415 - OpenSSL, only when a key is named (start-up)
+
     return f"{ORIGIN_PREFIX}{node_id}/{hashlib.sha256(public).hexdigest()[:16]}"
 
 

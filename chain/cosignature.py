@@ -20,7 +20,6 @@ public key)>``; its private key ``PRIVATE+KEY+<name>+<hex key ID>+<base64(0x04
 from __future__ import annotations
 
 import base64
-import hashlib
 import struct
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -48,6 +47,8 @@ class CosignatureError(NoteError):
 
 def witness_key_id(name: str, public: bytes) -> bytes:
     """Return the 4-byte key ID: SHA-256(name || 0x0A || 0x04 || public)[:4]."""
+    import hashlib  # noqa: PLC0415 - OpenSSL, only when a key is named (start-up)
+
     return hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([COSIGNATURE_V1]) + public).digest()[
         :4
     ]

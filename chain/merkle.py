@@ -18,16 +18,32 @@ average one node hash per appended leaf.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from infervisor.chain.errors import ProofError
 
 HASH_SIZE = 32
-EMPTY_ROOT = hashlib.sha256(b"").digest()
+EMPTY_ROOT = bytes.fromhex("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
 """MTH({}): SHA-256 of the empty string (RFC 6962 section 2.1)."""
 
-_sha256 = hashlib.sha256
+
+class _Digest(Protocol):
+    def digest(self) -> bytes: ...
+
+
+def _first_sha256(data: bytes) -> _Digest:
+    """``hashlib.sha256(data)``, importing hashlib at the first tree hashed: it loads
+    OpenSSL (~5 ms of every start-up), and a reader of a chain without checkpoints
+    hashes no tree (tests/test_cli_imports.py)."""
+    global _sha256  # noqa: PLW0603 - replaced once by the function it stood for
+    import hashlib  # noqa: PLC0415 - see above
+
+    _sha256 = hashlib.sha256
+    return _sha256(data)
+
+
+_sha256: Callable[[bytes], _Digest] = _first_sha256
 
 
 def leaf_hash(data: bytes) -> bytes:

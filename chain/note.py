@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 from typing import TYPE_CHECKING, NamedTuple
 
 from infervisor.chain import ed25519
@@ -53,6 +52,8 @@ def check_key_name(name: str) -> str:
 
 def key_id(name: str, public: bytes) -> bytes:
     """Return the 4-byte key ID of an Ed25519 key: SHA-256(name || 0x0A || 0x01 || public)[:4]."""
+    import hashlib  # noqa: PLC0415 - OpenSSL, only when a key is named (start-up)
+
     return hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([ED25519]) + public).digest()[:4]
 
 

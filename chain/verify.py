@@ -138,38 +138,36 @@ def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> Ve
 def _walk_rest(
     rows: Iterator[Any], first: Any, genesis: Row, lookups: Lookups, consume: Consumer | None
 ) -> VerifyReport:
-    """Every row after genesis: inline checks, `_slow` for the first row that fails one."""
+    """Every row after genesis: inline checks, `_slow` for the first row that fails one.
+
+    ``struct.pack`` refuses a seq or ts_ns that is not an integer in range, a hasher
+    a payload that is not bytes, and the comparisons need the hashes to be the 32
+    bytes expected: each sends the row to `_slow`, which names what is wrong. The
+    source, kind and subject of a row are decoded once per distinct triple (`_names`).
+    """
     node, node_text = genesis.node, genesis.node.decode()
     node_part = _LENGTH(len(node)) + node
-    sources: dict[object, tuple[str, bytes]] = {}
-    kinds: dict[object, tuple[str, bytes]] = {}
-    subjects: dict[object, tuple[str, bytes]] = {}
-    seq_ts = _SEQ_TS
+    names: dict[tuple[object, object, object], _Names] = {}
+    seq_ts, payload_hasher, event_hasher = _SEQ_TS, _PAYLOAD_HASHER.copy, _EVENT_HASHER.copy
     expected: int = 1
     want_prev: bytes = genesis.hash
     last: Any = first
     for raw in rows:
         seq, ts_ns, row_node, source, kind, subject, payload, digest, prev, event = raw
-        src = sources.get(source) or _text(sources, source, False)
-        knd = kinds.get(kind) or _text(kinds, kind, True)
-        sub = subjects.get(subject) or _text(subjects, subject, False)
-        if (
-            seq != expected
-            or type(seq) is not int
-            or type(ts_ns) is not int
-            or prev != want_prev
-            or row_node != node
-            or src is None
-            or knd is None
-            or sub is None
-            or not _hashes_ok(
-                payload,
-                digest,
-                prev,
-                seq_ts(seq, ts_ns) + node_part + src[1] + knd[1] + sub[1],
-                event,
-            )
-        ):
+        key = (source, kind, subject)
+        texts = names.get(key) or _names(names, key)
+        sealed = False
+        if texts is not None:
+            try:
+                hasher = payload_hasher()
+                hasher.update(payload)
+                if hasher.digest() == digest:
+                    hasher = event_hasher()
+                    hasher.update(seq_ts(seq, ts_ns) + node_part + texts[3] + digest + prev)
+                    sealed = hasher.digest() == event
+            except (TypeError, struct.error):
+                sealed = False
+        if texts is None or not sealed or seq != expected or prev != want_prev or row_node != node:
             return _slow(raw, last, genesis, lookups, expected)
         if consume is not None:
             consume(
@@ -177,9 +175,9 @@ def _walk_rest(
                     seq=seq,
                     ts_ns=ts_ns,
                     node=node_text,
-                    source=src[0],
-                    kind=knd[0],
-                    subject=sub[0],
+                    source=texts[0],
+                    kind=texts[1],
+                    subject=texts[2],
                     payload=payload,
                     payload_hash=digest,
                     prev_hash=prev,
@@ -192,37 +190,25 @@ def _walk_rest(
     return _report(expected, head, genesis, None)
 
 
-def _hashes_ok(payload: Any, digest: Any, prev: bytes, header: bytes, event: Any) -> bool:
-    """Whether the row's payload hash and event hash are those its columns give.
-
-    ``header``: the encoded header before the payload hash (seq, ts, node, source,
-    kind, subject), already checked. A column of an unexpected type is False: the
-    careful path names it.
-    """
-    try:
-        hasher = _PAYLOAD_HASHER.copy()
-        hasher.update(payload)
-        if hasher.digest() != digest:
-            return False
-        hasher = _EVENT_HASHER.copy()
-        hasher.update(header + digest + prev)
-    except TypeError:
-        return False
-    sealed: bool = hasher.digest() == event
-    return sealed
+_Names = tuple[str, str, str, bytes]
+"""A row's source, kind and subject as text, and the three as the header encodes them."""
 
 
-def _text(
-    cache: dict[object, tuple[str, bytes]], value: object, is_kind: bool
-) -> tuple[str, bytes] | None:
-    """Decode and remember a header text (with its length prefix); None if unusual."""
-    if not isinstance(value, bytes) or (is_kind and value == _GENESIS_KIND):
-        return None
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    cache[value] = entry = (text, _LENGTH(len(value)) + value)
+def _names(
+    cache: dict[tuple[object, object, object], _Names], key: tuple[object, object, object]
+) -> _Names | None:
+    """Decode and remember a (source, kind, subject) triple; None if one is unusual."""
+    texts: list[str] = []
+    encoded = b""
+    for i, value in enumerate(key):
+        if not isinstance(value, bytes) or (i == 1 and value == _GENESIS_KIND):
+            return None
+        try:
+            texts.append(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+        encoded += _LENGTH(len(value)) + value
+    cache[key] = entry = (texts[0], texts[1], texts[2], encoded)
     return entry
 
 

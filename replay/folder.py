@@ -18,7 +18,7 @@ import msgspec
 from infervisor.chain import GENESIS_KIND, StoredEvent
 
 from . import events as ev
-from .instance_rules import INSTANCE_TYPES, ReplayError, advance
+from .instance_rules import INSTANCE_TYPES, Pending, ReplayError, advance, settle
 from .node_sets import NODE_SET_TYPES, node_sets
 from .state import (
     Cordon,
@@ -52,7 +52,7 @@ class Folder:
 
     __slots__ = (
         "_base", "_booting", "_boots", "_cordon", "_down_ns", "_head", "_head_ns", "_instances",
-        "_lease", "_leases", "_next", "_node_id", "_sets",
+        "_lease", "_leases", "_next", "_node_id", "_sets", "_why",
     )  # fmt: skip
 
     def __init__(self, node_id: str) -> None:
@@ -69,6 +69,9 @@ class Folder:
         self._leases: dict[str, LeaseRecord] = {}
         self._cordon = Cordon.NONE
         self._sets: dict[str, int] = {}
+        #: Reasons not formatted yet (instance_rules.advance's `pending`): one per
+        #: instance, settled when its state is asked for.
+        self._why: Pending = {}
 
     @classmethod
     def resume(cls, state: NodeState) -> Folder:
@@ -90,7 +93,7 @@ class Folder:
     def instance(self, instance_id: str) -> InstanceState | None:
         """The instance's state after the events fed so far (None: not placed)."""
         work = self._instances.get(instance_id)
-        return None if work is None else freeze(work)
+        return None if work is None else freeze(settle(work, self._why))
 
     @property
     def head_seq(self) -> int:
@@ -99,35 +102,37 @@ class Folder:
 
     def feed(self, stored: StoredEvent) -> None:
         """Fold one event. Raises as `apply` does (ReplayError, EventDecodeError)."""
-        if stored.seq != self._next:
-            raise ReplayError(
-                f"seq {stored.seq} applied after {self._next - 1}: not the next event"
-            )
-        self._next += 1
+        seq, name = stored.seq, stored.kind
+        if seq != self._next:
+            raise ReplayError(f"seq {seq} applied after {self._next - 1}: not the next event")
+        self._next = seq + 1
         self._head = stored
-        if stored.kind == GENESIS_KIND:
+        if name == GENESIS_KIND:
             return
         try:  # decode_event's common case, inlined: a current payload of the header's kind
             event: ev.Event = _DECODE(stored.payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
             event = _decode(stored)  # names the problem, or upcasts
         else:
-            if event.v != 1 or _TAGS[type(event)] != stored.kind:
+            if event.v != 1 or _TAGS[type(event)] != name:
                 event = _decode(stored)
         kind = type(event)
-        boot = kind in BOOT_TYPES  # RunClock.after, kept as plain values on this hot path
+        if kind in _INSTANCE:  # the common case: no boot (RunClock.after, as plain values)
+            self._head_ns, self._booting = stored.ts_ns, False
+            instances, subject = self._instances, stored.subject
+            work = instances.get(subject)
+            updated = advance(work, stored, event, self._why)  # type: ignore[arg-type]
+            if updated is None:
+                instances.pop(subject, None)
+                self._why.pop(subject, None)
+            elif updated is not work:
+                instances[subject] = updated
+            return
+        boot = kind in BOOT_TYPES
         if boot and not self._booting and self._head_ns:
             self._down_ns += max(0, stored.ts_ns - self._head_ns)
         self._head_ns, self._booting = stored.ts_ns, boot
-        if kind in _INSTANCE:
-            instances = self._instances
-            work = instances.get(stored.subject)
-            updated = advance(work, stored, event)  # type: ignore[arg-type]
-            if updated is None:
-                instances.pop(stored.subject, None)
-            elif updated is not work:
-                instances[stored.subject] = updated
-        elif kind is _NODE_STARTED:
+        if kind is _NODE_STARTED:
             self._boots += 1
         elif kind is _LEASE:
             assert isinstance(event, ev.LeaseRenewed)
@@ -140,12 +145,12 @@ class Folder:
 
     def state(self, node_id: str = "") -> NodeState:
         """The node state after the events fed so far (`node_id` overrides the one given)."""
-        head = self._head
+        head, why = self._head, self._why
         return NodeState(
             node_id=node_id or self._node_id,
             head_seq=self._base[0] if head is None else head.seq,
             head_hash=self._base[1] if head is None else head.hash.hex(),
-            instances={iid: freeze(work) for iid, work in self._instances.items()},
+            instances={iid: freeze(settle(work, why)) for iid, work in self._instances.items()},
             boots=self._boots,
             lease=self._lease,
             leases=dict(self._leases),

@@ -24,7 +24,7 @@ from .reasons import REASONS, reason_of
 from .residency_events import no_room
 from .state import Desired, ExitRecord, InstanceFields, ProcessRecord, Termination, Then
 
-__all__ = ["INSTANCE_TYPES", "RULES", "ReplayError", "advance"]
+__all__ = ["INSTANCE_TYPES", "RULES", "Pending", "ReplayError", "advance", "settle"]
 
 S = LifecycleState
 
@@ -40,12 +40,20 @@ _PLACED, _UNLOADED = ev.Placed, ev.Unloaded
 
 
 def advance(
-    work: InstanceFields | None, stored: StoredEvent, event: ev.InstanceEvent
+    work: InstanceFields | None,
+    stored: StoredEvent,
+    event: ev.InstanceEvent,
+    pending: Pending | None = None,
 ) -> InstanceFields | None:
     """Fold one instance event into `work`, in place (``None``: not placed / unloaded).
 
     Returns the record that holds the instance now: `work` itself, a new one
     for a placement, or None once unloaded. On an error `work` is unchanged.
+
+    With `pending`, a transition's reason is not formatted: its rule and event
+    go to ``pending[instance_id]``, and whoever reads the record first sets
+    ``reason`` from the last one (`settle`; replay/folder.py does, so a chain
+    formats one reason per instance, not one per transition).
 
     Raises:
         ReplayError: unknown instance, a second placement, or an illegal transition.
@@ -76,9 +84,25 @@ def advance(
     if moves:
         work.lifecycle = target  # type: ignore[assignment]
         work.since_ns = stored.ts_ns
-        work.reason = reasoner(event)
+        if pending is None:
+            work.reason = reasoner(event)
+        else:
+            pending[work.instance_id] = (reasoner, event)
         if target not in LIVE_STATES:
             work.busy = False  # no process serves anything: the busy spell ended with it
+    return work
+
+
+Pending = dict[str, tuple[Callable[[Any], str], Any]]
+"""Per instance id, the reason rule and event of its last transition not yet formatted."""
+
+
+def settle(work: InstanceFields, pending: Pending) -> InstanceFields:
+    """`work` with its reason set from ``pending`` (its entry removed), as `advance`
+    without `pending` would have left it."""
+    due = pending.pop(work.instance_id, None)
+    if due is not None:
+        work.reason = due[0](due[1])
     return work
 
 
