@@ -222,6 +222,8 @@ class NodeResidency:
                 plan = rule.plan_room(
                     iid, me.needs_bytes, ledger.budget_bytes, me.priority, holders.values()
                 )
+                if plan.refusal is None and not plan.victims:
+                    return _own_refusal(ref, asked)
                 if plan.refusal is not None and plan.wait_for and self._await_room(deadline):
                     plans -= 1  # waited, not planned in vain: bounded by the deadline
                     continue
@@ -348,18 +350,40 @@ def _started(ref: pykka.ActorRef[Any], asked: Any) -> Future[Any] | None:
         NotResident: stopped or failed (a demand's refusal); a verb's refusals.
     """
     try:
-        answer = _ask(ref, asked)
+        answer = _as_future(_ask(ref, asked))
     except BudgetExceeded:  # a start verb's: answered at once, not recorded
         return None
-    if not isinstance(answer, Future):  # a start verb's view
-        done: Future[Any] = Future()
-        done.set_result(answer)
-        return done
     if answer.done() and isinstance(answer.exception(), BudgetExceeded):
         return None
     if answer.done() and answer.exception() is not None:
         answer.result()  # raises it
     return answer
+
+
+def _own_refusal(ref: pykka.ActorRef[Any], asked: Any) -> Future[Any]:
+    """The start asked once more, where the room planner sees room that the start
+    does not find: the instance alone knows its size (an Ollama model's, read from
+    its tags as it starts), so no eviction can be planned for it. Its answer if it
+    fits now, else its own refusal, with its numbers.
+
+    Raises:
+        BudgetExceeded: a verb's (the API's 422 ``no_room``).
+        NotResident: ``no_room``, a demand's, with the same message.
+    """
+    answer = _as_future(_ask(ref, asked))  # a verb's BudgetExceeded is raised here
+    refusal = answer.exception() if answer.done() else None
+    if isinstance(refusal, BudgetExceeded):
+        raise NotResident(str(refusal), code="no_room", retry_after_s=5.0) from refusal
+    return answer
+
+
+def _as_future(answer: Any) -> Future[Any]:
+    """A demand's answer is a future already; a start verb's is its view."""
+    if isinstance(answer, Future):
+        return answer
+    done: Future[Any] = Future()
+    done.set_result(answer)
+    return done
 
 
 def _ready(iid: str, answer: Future[InstanceView], deadline: float, wait_s: float) -> InstanceView:

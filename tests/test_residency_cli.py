@@ -81,4 +81,4 @@ def test_a_chain_record_whose_spec_cannot_be_read_says_its_residency_is_unknown(
     r = from_state(state)
     assert (r.role, r.model) == ("chat", None)
     assert (r.on_demand, r.idle_ttl_s, r.priority, r.pinned, r.busy) == (None,) * 5
-    assert status.residency_lines([r], 10) == ["residency: i1 stopped, last use 0s ago"]
+    assert status.residency_lines([r], 10) == []  # no policy known, not resting: no line

@@ -180,12 +180,13 @@ def _print_table_and_details(
 def residency_lines(records: list[InstanceRecord], now_ns: int | None = None) -> list[str]:
     """One line per instance under a residency policy (issue 21): resting or
     serving, busy or idle for how long, its last use, pinned, priority, idle ttl.
-    Instances with none of it (no policy, never used) get no line."""
+    Instances with none of it (no policy, not resting, not serving) get no line:
+    every start is a use, so a last use alone says nothing an operator asked for."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     lines = []
     for r in records:
         policy = r.on_demand or r.pinned or r.priority or r.idle_ttl_s is not None
-        if not (policy or r.resting or r.last_use_ns is not None):
+        if not (policy or r.resting or r.busy):
             continue
         parts = [_use_of(r, now_ns)]
         if r.last_use_ns is not None:
