@@ -232,9 +232,7 @@ def test_ollama_reservation_survives_a_node_restart_and_refuses_what_does_not_fi
     assert ledger.in_use_bytes == RESERVED
     # of lower priority, it may not evict the running one (issue 21): refused, with the numbers
     other = b.place(
-        InstanceSpec(
-            role="other", flavor=Flavor.OLLAMA, model=OTHER, port=second.port, priority=-1
-        )
+        InstanceSpec(role="other", flavor=Flavor.OLLAMA, model=OTHER, port=second.port, priority=-1)
     )
     with pytest.raises(NotResident) as refused:
         b.start(other)
