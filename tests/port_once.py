@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,7 +47,17 @@ def _band() -> range:
     return range(start, start + width)
 
 
-_turns: Iterator[int] = itertools.cycle(_band())
+def _turns_from_anywhere(band: range) -> Iterator[int]:
+    """The band in turn, from a random place in it: two suites running at once on one
+    machine (another checkout's, CI's) have the same bands, and from the same first
+    port they took the same ports in step (a port checked free by one, bound by the
+    other before its server started: "already listening" in three tests of a run
+    beside another suite)."""
+    start = random.SystemRandom().randrange(len(band))
+    return itertools.islice(itertools.cycle(band), start, None)
+
+
+_turns: Iterator[int] = _turns_from_anywhere(_band())
 _handed_out: set[int] = set()
 
 

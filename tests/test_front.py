@@ -190,7 +190,8 @@ def test_a_full_queue_is_503_with_retry_after_and_the_waiter_is_served_once_read
     thread = threading.Thread(target=waiter)
     thread.start()
     wait_until(lambda: srv.tally.snapshot().waiting[iid] == 1, 30, "the first request to wait")
-    assert node.status(iid).lifecycle == "starting"  # the request started it
+    # the request started it (the front counts a waiter before its demand is decided)
+    wait_until(lambda: node.status(iid).lifecycle == "starting", 30, "the request's start")
     with client(srv) as c:
         answer = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
     error = assert_openai_error(answer, 503, "queue_full")
