@@ -612,3 +612,36 @@ def test_bad_requests_beyond_the_body_are_answered_in_openai_shape(
         assert s.models.retrieve("tiny").id == iid  # the instance "tiny" routes to
         with pytest.raises(openai.NotFoundError):
             s.models.retrieve("gpt-9")
+
+
+def test_a_request_that_does_not_arrive_whole_is_408_and_closed_and_holds_no_place(
+    node: Node, front: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a newcomer's trial: ~1,024 half-sent heads from a process with no token kept every
+    # client out with 503 too_many_connections, for as long as they were held open
+    from infervisor.tools.front import connection
+
+    monkeypatch.setattr(connection, "ARRIVAL_S", 0.5)
+    srv = front(node, max_connections=2)
+    port = srv.address.port
+
+    def answer_to(sent: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(sent)
+            got = b""
+            while chunk := sock.recv(4096):  # until the front closes it
+                got += chunk
+            return got
+
+    half_head = answer_to(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+    assert half_head.startswith(b"HTTP/1.1 408 ")
+    assert b'"code": "timeout"' in half_head
+    half_body = answer_to(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n"
+        + f"authorization: Bearer {SECRET}\r\n\r\n".encode()
+        + b'{"mo'
+    )
+    assert half_body.startswith(b"HTTP/1.1 408 ")
+    assert answer_to(b"").startswith(b"HTTP/1.1 408 ")  # nothing sent at all
+    with client(srv) as c:  # the places they held are free again
+        assert c.get("/v1/models").status_code == 200

@@ -16,7 +16,7 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -42,12 +42,13 @@ _STARTED_S = 10.0
 BACKLOG = 1024
 
 
-def _http_protocol() -> str:
+def _http_protocol() -> Any:
+    """The front's connection (httptools, with its arrival deadline: .connection)."""
     try:
-        import httptools  # noqa: F401, PLC0415 - only whether it is there
+        from .connection import FrontConnection  # noqa: PLC0415 - httptools is there
     except ImportError:  # pragma: no cover - a dependency; h11 still works
         return "h11"
-    return "httptools"
+    return FrontConnection
 
 
 class FrontServer:
