@@ -77,6 +77,7 @@ from infervisor.chain.cosignature_store import lines_by_size
 from infervisor.chain.errors import CheckpointError, CheckpointMismatch, NoteError
 from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
 from infervisor.chain.note import Verifier
+from infervisor.chain.unkeyed import claims_beyond, roots_disagree
 
 __all__ = ["Evidence", "Problem", "Verdict", "assess", "judge", "node_key", "read_evidence"]
 
@@ -227,7 +228,7 @@ def judge(
             points.append(
                 _Point(external[0].tree_size, _mismatch(hashes, roots, external[0]), True)
             )
-    problem = problem or _locate(points) or _claims_beyond(evidence, keys)
+    problem = problem or _locate(points) or _unkeyed(evidence, keys, load_hashes)
     anchor, size = _anchor(cosigned, policy, external)
     latest = max([c.tree_size for c in checked], default=0)
     keys_checked = bool(keys) or not evidence.stored
@@ -237,22 +238,16 @@ def judge(
     return Verdict(problem, anchor, size > 0, len(checked), latest, size, keys_checked, newest)
 
 
-def _claims_beyond(evidence: Evidence, keys: list[Verifier]) -> Problem | None:
-    """With no node key, a stored checkpoint still tells a size: one beyond the
-    chain's end shows the chain is not what the node stored (its events were
-    removed, or the checkpoint was written by someone else), and comparing two
-    sizes needs no key. Which of the two only the key tells."""
-    if keys:
+def _unkeyed(
+    evidence: Evidence, keys: list[Verifier], load_hashes: Callable[[], Sequence[bytes]]
+) -> Problem | None:
+    """What the stored checkpoints tell with no node key (:mod:`.unkeyed`)."""
+    if keys or not evidence.stored:
         return None  # the signed checkpoints were judged above
-    beyond = max((row.tree_size for row in evidence.stored), default=0)
-    if beyond <= evidence.events:
-        return None
-    detail = (
-        f"the chain has {evidence.events} events but a stored checkpoint covers {beyond} "
-        f"(its signature not checked: no node key known): seq {evidence.events}..{beyond - 1} "
-        "were removed, or the checkpoint is not the node's; give the node's key to tell which"
+    found = claims_beyond(evidence.stored, evidence.events) or roots_disagree(
+        evidence.stored, load_hashes
     )
-    return Problem(evidence.events, "truncated", detail)
+    return None if found is None else Problem(*found)
 
 
 def _signatures(

@@ -147,6 +147,24 @@ def test_key_file_readable_by_others_is_refused(tmp_path: Path) -> None:
         load_or_create_signer(tmp_path, NODE)
 
 
+def test_a_rewrite_under_a_stored_checkpoint_is_invalid_without_the_node_key(
+    tmp_path: Path,
+) -> None:
+    # a newcomer's trial: a `chain backup` file, one payload edited and every later row
+    # rehashed, read "ok" (exit 0) without node.pub beside it, though its stored
+    # checkpoint's root disagrees with the chain: comparing roots needs no key
+    path = make_chain(tmp_path / "a", 12, every=4)
+    rewrite_from(path, 2)
+    (tmp_path / "a" / "node.pub").rename(tmp_path / "node.pub")  # no key beside it
+    alone = cli("chain", "verify", str(path))
+    assert alone.returncode == 1, alone.stdout
+    assert alone.stdout.startswith("INVALID")
+    assert "no node key known" in alone.stdout and "give the node's key" in alone.stdout
+    assert not any(line.startswith(("ok", "anchored")) for line in alone.stdout.splitlines())
+    doc = json.loads(cli("chain", "verify", str(path), "--json").stdout)
+    assert doc["ok"] is False
+
+
 # ---------------------------------------------------------------- against a saved checkpoint
 def saved_checkpoint(tmp_path: Path, path: Path) -> Path:
     out = tmp_path / "saved.checkpoint"
