@@ -6,9 +6,10 @@ uvicorn's ``timeout_keep_alive`` runs only between requests: a connection that
 sends nothing, or part of a request head or body, was held forever, and about
 1,024 of them (``max_connections``) from any local process, token or not, kept
 every real client out with 503 ``too_many_connections`` (a newcomer's trial).
-Here a request must arrive whole within :data:`ARRIVAL_S` of the connection
-opening or of its first byte; else it is answered 408 and closed (or just
-closed, where an answer has begun).
+Here a request's head must arrive within :data:`ARRIVAL_S` of the connection
+opening or of its first byte, and then its body within :data:`ARRIVAL_S` (the
+control API's ``read_timeout_s``, per phase, not per read); else it is answered
+408 and closed (or just closed, where an answer has begun).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = ["ARRIVAL_S", "FrontConnection"]
 
-#: Seconds a request (head and body) may take to arrive, as the control API's
-#: ``read_timeout_s`` (tools/api/limits.py).
+#: Seconds a request's head, and then its body, may take to arrive, as the control
+#: API's ``read_timeout_s`` (tools/api/limits.py).
 ARRIVAL_S = 10.0
 
 _TIMED_OUT_BODY = (
@@ -35,7 +36,8 @@ _TIMED_OUT = (
 
 
 class FrontConnection(HttpToolsProtocol):
-    """An httptools connection whose request must arrive within :data:`ARRIVAL_S`."""
+    """An httptools connection whose request head, then body, must each arrive
+    within :data:`ARRIVAL_S`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,6 +50,10 @@ class FrontConnection(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._arm()
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm()  # the body has a deadline of its own, as on the control API
 
     def on_message_complete(self) -> None:
         self._disarm()
