@@ -20,7 +20,12 @@ from pathlib import Path
 import click
 
 from infervisor.actors.core.decide import RULES
-from infervisor.actors.core.wake import WAKE_MEANINGS, WAKE_RULES
+from infervisor.actors.core.wake import (
+    RECONCILE_MEANINGS,
+    RECONCILE_RULES,
+    WAKE_MEANINGS,
+    WAKE_RULES,
+)
 from infervisor.adapters.status import MAP_REPORT_CASES
 from infervisor.replay.lifecycle import LIVE_STATES, TRANSITIONS
 
@@ -32,6 +37,7 @@ __all__ = [
     "render_cli_codes",
     "render_cli_commands",
     "render_cli_schemas",
+    "render_reconcile_table",
     "render_rule_table",
     "render_status_table",
     "render_transition_table",
@@ -81,6 +87,13 @@ def render_wake_table() -> str:
     """Markdown: the probe engine's wake rule, reason by reason, first match wins."""
     rows = ["| reason | holds when |", "|---|---|"]
     rows += [f"| `{reason}` | {WAKE_MEANINGS[reason]} |" for reason, _ in WAKE_RULES]
+    return "\n".join(rows)
+
+
+def render_reconcile_table() -> str:
+    """Markdown: why a reconcile tick wakes an instance's actor, first match wins."""
+    rows = ["| reason | holds when |", "|---|---|"]
+    rows += [f"| `{reason}` | {RECONCILE_MEANINGS[reason]} |" for reason, _ in RECONCILE_RULES]
     return "\n".join(rows)
 
 
@@ -139,6 +152,7 @@ GENERATORS: dict[str, tuple[str, Callable[[], str]]] = {
     "transitions": ("lifecycle.md", render_transition_table),
     "rules": ("lifecycle.md", render_rule_table),
     "wake": ("lifecycle.md", render_wake_table),
+    "reconcile-wake": ("lifecycle.md", render_reconcile_table),
     "status-map": ("status-map.md", render_status_table),
     "cli-commands": ("cli.md", render_cli_commands),
     "cli-codes": ("cli.md", render_cli_codes),
