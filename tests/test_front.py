@@ -512,29 +512,91 @@ def test_a_server_that_does_not_answer_in_time_is_504_in_openai_shape(
     assert iid in error["message"]
 
 
-def test_over_max_connections_a_request_is_503_in_openai_shape_not_uvicorns_text(
-    node: Node, front: Any
+def _generate_sent(port: int) -> socket.socket:
+    """A raw connection that sent a whole ``/api/generate`` (its answer is not read)."""
+    body = json.dumps({"model": TAG, "prompt": "hi"}).encode()
+    head = (
+        f"POST /api/generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    got = b""
+    while chunk := sock.recv(4096):  # until the front closes it
+        got += chunk
+    return got
+
+
+def test_when_full_a_half_sent_request_is_shed_for_a_whole_one_never_one_in_flight(
+    node: Node, front: Any, ollama_srv: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """uvicorn's own limit answered plain text; the front's answer is OpenAI's shape
-    with Retry-After, and closes its connection, so the next one is served."""
-    srv = front(node, max_connections=2)
-    kept = [client(srv) for _ in range(2)]
+    """A newcomer's trial: a sender re-opening ~1,024 half-sent requests held the front
+    for the 10 s each lasted. Now, as on the control API's listeners, a new connection
+    takes the place of the oldest half-sent one (answered 503 in OpenAI's shape), else
+    of an idle kept-alive one; requests in flight (here a generation waiting for its
+    model to load upstream) are never shed, and when every connection has one, the new
+    connection is the one refused."""
+    from infervisor.tools.front import connection
+
+    monkeypatch.setattr(connection, "ARRIVAL_S", 600.0)  # no deadline frees a place here
+    osrv = ollama_srv(TAG, load_seconds=120)  # each generation waits for the load
+    iid = node.place(
+        InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port, mode=Mode.ADOPTED)
+    )
+    node.start(iid)
+    running(node, iid)
+    srv = front(node, max_connections=3)
+    port = srv.address.port
+
+    def phases() -> list[str]:
+        return [p.value for p in srv.listeners.phases(connection.LISTENER)]
+
+    opened: list[socket.socket] = []
     try:
-        for c in kept:  # two connections open and kept alive (each served once)
-            assert c.get("/v1/models").status_code == 200
-        with client(srv) as third:
-            answer = third.get("/v1/models")
+        opened.append(_generate_sent(port))
+        wait_until(lambda: phases() == ["busy"], 30, "the generation in flight")
+        for half in (  # the rest filled with half-sent requests, as the trial did
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+            # a whole head without a token, then part of its body: answered 401 at once,
+            # it holds its place only until shed (or the deadline)
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 99\r\n\r\n{",
+        ):
+            opened.append(socket.create_connection(("127.0.0.1", port), timeout=60))
+            opened[-1].sendall(half)
+        wait_until(lambda: phases() == ["busy", "head", "head"], 30, "the front full")
+        with sdk(srv) as s:  # a real client's whole request is served
+            assert [m.id for m in s.models.list()] == [iid]
+            shed = _until_closed(opened[1])  # the oldest half-sent one made room
+            assert shed.startswith(b"HTTP/1.1 503 ")
+            error = json.loads(shed.split(b"\r\n\r\n", 1)[1])["error"]
+            assert error["code"] == "too_many_connections"
+            assert "front.max_connections" in error["message"]
+            assert b"\r\nretry-after: 1\r\n" in shed.lower()
+            wait_until(lambda: phases() == ["busy", "head", "idle"], 30, "the client kept alive")
+            # two more generations take the half-sent place, then the idle one's
+            opened.append(_generate_sent(port))
+            wait_until(lambda: phases() == ["busy", "idle", "busy"], 30, "a second in flight")
+            assert _until_closed(opened[2]).startswith(b"HTTP/1.1 401 ")  # and nothing more
+            opened.append(_generate_sent(port))
+            wait_until(lambda: phases() == ["busy"] * 3, 30, "three in flight")
+        with client(srv) as full:  # every connection has a request in flight
+            answer = full.get("/v1/models")
         error = assert_openai_error(answer, 503, "too_many_connections")
-        assert "front.max_connections" in error["message"]
+        assert "in flight" in error["message"]
         assert int(answer.headers["retry-after"]) >= 1
         assert answer.headers["connection"] == "close"
+        assert phases() == ["busy"] * 3  # none of them shed
+        assert srv.tally.snapshot().in_flight[iid] == 3
     finally:
-        kept.pop().close()
-    with client(srv) as again:  # one of the two closed: room again
-        wait_until(
-            lambda: again.get("/v1/models").status_code == 200, 10, "a connection to be freed"
-        )
-    kept[0].close()
+        for sock in opened:
+            sock.close()
+    wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the requests to end")
+    with client(srv) as again:  # room again
+        assert again.get("/v1/models").status_code == 200
 
 
 @pytest.mark.parametrize(
