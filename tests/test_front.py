@@ -33,7 +33,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
 from infervisor.tools.api.auth import TcpAddress, Tokens
 from infervisor.tools.api.metrics import NodeMetrics
-from infervisor.tools.front import FrontConfig, FrontServer, app, pipe, proxy
+from infervisor.tools.front import FrontConfig, FrontServer, app, pipe, proxy, routes
 
 SECRET = "front-secret-for-tests"
 TAG = "tinyllama"
@@ -398,6 +398,69 @@ def test_a_resting_instance_is_listed_resting_and_started_by_a_request(
     assert demanded[0].source == "front:token=ci (scope read)"
 
 
+def test_a_name_routes_to_a_resting_instance_before_one_an_operator_stopped(
+    node: Node, front: Any
+) -> None:
+    """Two instances serve ``tiny``; the first by id was stopped by the operator, the
+    other rests (on demand): a request by name starts the resting one, where it was
+    answered 503 ``stopped``. By its id the stopped one is still refused, naming who."""
+    stopped = node.place(llama("alpha"))
+    node.start(stopped)
+    running(node, stopped)
+    node.stop(stopped)
+    node.wait_for(stopped, lambda v: v.lifecycle == "stopped", 60)
+    resting = node.place(msgspec.structs.replace(llama("beta"), on_demand=True))
+    assert stopped < resting  # the first by id is the stopped one
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-infervisor-instance"] == resting
+        assert c.get("/v1/models/tiny").json()["id"] == resting
+        by_id = c.post("/v1/completions", json={"model": stopped, "prompt": "hi"})
+    error = assert_openai_error(by_id, 503, "stopped")
+    assert stopped in error["message"] and "stopped by" in error["message"]
+    assert node.status(stopped).lifecycle == "stopped"
+
+
+def test_a_name_routes_to_running_then_starting_then_resting_then_stopped_then_failed(
+    node: Node,
+) -> None:
+    """The routing table's preference among instances answering to one name
+    (routes.rank), on views of each state; the first by id among equals."""
+    base = node.status(node.place(llama("chat")))
+    states = {  # instance id -> (lifecycle, desired), ids in the reverse of the rank
+        "a-failed": ("failed", "stopped"),
+        "b-stopped": ("stopped", "stopped"),
+        "c-exited-held": ("exited", "stopped"),
+        "d-resting": ("resting", "stopped"),
+        "e-placed": ("loaded", "stopped"),
+        "f-restarting": ("restarting", "running"),
+        "g-starting": ("starting", "running"),
+        "h-running": ("running", "running"),
+    }
+    views = [
+        msgspec.structs.replace(base, instance_id=i, lifecycle=lc, desired=want)
+        for i, (lc, want) in states.items()
+    ]
+    order: list[str] = []
+    while views:
+        found = routes.RouteTable.build(views, lambda name: name).find("tiny")
+        assert found is not None
+        order.append(found.instance_id)
+        views = [v for v in views if v.instance_id != found.instance_id]
+    assert order == [
+        "h-running",
+        "f-restarting",
+        "g-starting",
+        "d-resting",
+        "e-placed",
+        "b-stopped",
+        "c-exited-held",
+        "a-failed",
+    ]
+
+
 def test_no_room_is_503_with_retry_after_in_openai_shape(
     nodes: NodeFactory, fake_llama: str, fake_model: Path, front: Any
 ) -> None:
@@ -664,7 +727,15 @@ def test_bad_requests_beyond_the_body_are_answered_in_openai_shape(
         assert_openai_error(big, 413, "body_too_large")
         other = c.post("/api/generate", json={"model": iid, "prompt": "hi"})
         error = assert_openai_error(other, 404, "model_not_found")
-        assert "llamacpp instance" in error["message"] and error["param"] == "model"
+        assert "llama.cpp instance" in error["message"] and error["param"] == "model"
+        for name in ("tiny", "chat"):  # by its served name or role: the same, not "no instance"
+            other = c.post("/api/chat", json={"model": name, "messages": []})
+            error = assert_openai_error(other, 404, "model_not_found")
+            assert error["message"] == (
+                f"model {name!r} is served by a llama.cpp instance ({iid}); Ollama's own "
+                "routes (/api/...) reach only Ollama instances: send it to /v1/..."
+            )
+            assert error["param"] == "model"
         head = c.head("/v1/models")
         assert head.status_code == 405
         assert_openai_error(c.get("/v1/models/gpt-9"), 404, "model_not_found")
