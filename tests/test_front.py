@@ -33,7 +33,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
 from infervisor.tools.api.auth import TcpAddress, Tokens
 from infervisor.tools.api.metrics import NodeMetrics
-from infervisor.tools.front import FrontConfig, FrontServer, app, pipe, proxy
+from infervisor.tools.front import FrontConfig, FrontServer, app, pipe, proxy, routes
 
 SECRET = "front-secret-for-tests"
 TAG = "tinyllama"
@@ -398,6 +398,69 @@ def test_a_resting_instance_is_listed_resting_and_started_by_a_request(
     assert demanded[0].source == "front:token=ci (scope read)"
 
 
+def test_a_name_routes_to_a_resting_instance_before_one_an_operator_stopped(
+    node: Node, front: Any
+) -> None:
+    """Two instances serve ``tiny``; the first by id was stopped by the operator, the
+    other rests (on demand): a request by name starts the resting one, where it was
+    answered 503 ``stopped``. By its id the stopped one is still refused, naming who."""
+    stopped = node.place(llama("alpha"))
+    node.start(stopped)
+    running(node, stopped)
+    node.stop(stopped)
+    node.wait_for(stopped, lambda v: v.lifecycle == "stopped", 60)
+    resting = node.place(msgspec.structs.replace(llama("beta"), on_demand=True))
+    assert stopped < resting  # the first by id is the stopped one
+    srv = front(node)
+    with client(srv) as c:
+        answer = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-infervisor-instance"] == resting
+        assert c.get("/v1/models/tiny").json()["id"] == resting
+        by_id = c.post("/v1/completions", json={"model": stopped, "prompt": "hi"})
+    error = assert_openai_error(by_id, 503, "stopped")
+    assert stopped in error["message"] and "stopped by" in error["message"]
+    assert node.status(stopped).lifecycle == "stopped"
+
+
+def test_a_name_routes_to_running_then_starting_then_resting_then_stopped_then_failed(
+    node: Node,
+) -> None:
+    """The routing table's preference among instances answering to one name
+    (routes.rank), on views of each state; the first by id among equals."""
+    base = node.status(node.place(llama("chat")))
+    states = {  # instance id -> (lifecycle, desired), ids in the reverse of the rank
+        "a-failed": ("failed", "stopped"),
+        "b-stopped": ("stopped", "stopped"),
+        "c-exited-held": ("exited", "stopped"),
+        "d-resting": ("resting", "stopped"),
+        "e-placed": ("loaded", "stopped"),
+        "f-restarting": ("restarting", "running"),
+        "g-starting": ("starting", "running"),
+        "h-running": ("running", "running"),
+    }
+    views = [
+        msgspec.structs.replace(base, instance_id=i, lifecycle=lc, desired=want)
+        for i, (lc, want) in states.items()
+    ]
+    order: list[str] = []
+    while views:
+        found = routes.RouteTable.build(views, lambda name: name).find("tiny")
+        assert found is not None
+        order.append(found.instance_id)
+        views = [v for v in views if v.instance_id != found.instance_id]
+    assert order == [
+        "h-running",
+        "f-restarting",
+        "g-starting",
+        "d-resting",
+        "e-placed",
+        "b-stopped",
+        "c-exited-held",
+        "a-failed",
+    ]
+
+
 def test_no_room_is_503_with_retry_after_in_openai_shape(
     nodes: NodeFactory, fake_llama: str, fake_model: Path, front: Any
 ) -> None:
@@ -512,29 +575,91 @@ def test_a_server_that_does_not_answer_in_time_is_504_in_openai_shape(
     assert iid in error["message"]
 
 
-def test_over_max_connections_a_request_is_503_in_openai_shape_not_uvicorns_text(
-    node: Node, front: Any
+def _generate_sent(port: int) -> socket.socket:
+    """A raw connection that sent a whole ``/api/generate`` (its answer is not read)."""
+    body = json.dumps({"model": TAG, "prompt": "hi"}).encode()
+    head = (
+        f"POST /api/generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    got = b""
+    while chunk := sock.recv(4096):  # until the front closes it
+        got += chunk
+    return got
+
+
+def test_when_full_a_half_sent_request_is_shed_for_a_whole_one_never_one_in_flight(
+    node: Node, front: Any, ollama_srv: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """uvicorn's own limit answered plain text; the front's answer is OpenAI's shape
-    with Retry-After, and closes its connection, so the next one is served."""
-    srv = front(node, max_connections=2)
-    kept = [client(srv) for _ in range(2)]
+    """A newcomer's trial: a sender re-opening ~1,024 half-sent requests held the front
+    for the 10 s each lasted. Now, as on the control API's listeners, a new connection
+    takes the place of the oldest half-sent one (answered 503 in OpenAI's shape), else
+    of an idle kept-alive one; requests in flight (here a generation waiting for its
+    model to load upstream) are never shed, and when every connection has one, the new
+    connection is the one refused."""
+    from infervisor.tools.front import connection
+
+    monkeypatch.setattr(connection, "ARRIVAL_S", 600.0)  # no deadline frees a place here
+    osrv = ollama_srv(TAG, load_seconds=120)  # each generation waits for the load
+    iid = node.place(
+        InstanceSpec(role="llm", flavor=Flavor.OLLAMA, model=TAG, port=osrv.port, mode=Mode.ADOPTED)
+    )
+    node.start(iid)
+    running(node, iid)
+    srv = front(node, max_connections=3)
+    port = srv.address.port
+
+    def phases() -> list[str]:
+        return [p.value for p in srv.listeners.phases(connection.LISTENER)]
+
+    opened: list[socket.socket] = []
     try:
-        for c in kept:  # two connections open and kept alive (each served once)
-            assert c.get("/v1/models").status_code == 200
-        with client(srv) as third:
-            answer = third.get("/v1/models")
+        opened.append(_generate_sent(port))
+        wait_until(lambda: phases() == ["busy"], 30, "the generation in flight")
+        for half in (  # the rest filled with half-sent requests, as the trial did
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+            # a whole head without a token, then part of its body: answered 401 at once,
+            # it holds its place only until shed (or the deadline)
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 99\r\n\r\n{",
+        ):
+            opened.append(socket.create_connection(("127.0.0.1", port), timeout=60))
+            opened[-1].sendall(half)
+        wait_until(lambda: phases() == ["busy", "head", "head"], 30, "the front full")
+        with sdk(srv) as s:  # a real client's whole request is served
+            assert [m.id for m in s.models.list()] == [iid]
+            shed = _until_closed(opened[1])  # the oldest half-sent one made room
+            assert shed.startswith(b"HTTP/1.1 503 ")
+            error = json.loads(shed.split(b"\r\n\r\n", 1)[1])["error"]
+            assert error["code"] == "too_many_connections"
+            assert "front.max_connections" in error["message"]
+            assert b"\r\nretry-after: 1\r\n" in shed.lower()
+            wait_until(lambda: phases() == ["busy", "head", "idle"], 30, "the client kept alive")
+            # two more generations take the half-sent place, then the idle one's
+            opened.append(_generate_sent(port))
+            wait_until(lambda: phases() == ["busy", "idle", "busy"], 30, "a second in flight")
+            assert _until_closed(opened[2]).startswith(b"HTTP/1.1 401 ")  # and nothing more
+            opened.append(_generate_sent(port))
+            wait_until(lambda: phases() == ["busy"] * 3, 30, "three in flight")
+        with client(srv) as full:  # every connection has a request in flight
+            answer = full.get("/v1/models")
         error = assert_openai_error(answer, 503, "too_many_connections")
-        assert "front.max_connections" in error["message"]
+        assert "in flight" in error["message"]
         assert int(answer.headers["retry-after"]) >= 1
         assert answer.headers["connection"] == "close"
+        assert phases() == ["busy"] * 3  # none of them shed
+        assert srv.tally.snapshot().in_flight[iid] == 3
     finally:
-        kept.pop().close()
-    with client(srv) as again:  # one of the two closed: room again
-        wait_until(
-            lambda: again.get("/v1/models").status_code == 200, 10, "a connection to be freed"
-        )
-    kept[0].close()
+        for sock in opened:
+            sock.close()
+    wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the requests to end")
+    with client(srv) as again:  # room again
+        assert again.get("/v1/models").status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -602,7 +727,15 @@ def test_bad_requests_beyond_the_body_are_answered_in_openai_shape(
         assert_openai_error(big, 413, "body_too_large")
         other = c.post("/api/generate", json={"model": iid, "prompt": "hi"})
         error = assert_openai_error(other, 404, "model_not_found")
-        assert "llamacpp instance" in error["message"] and error["param"] == "model"
+        assert "llama.cpp instance" in error["message"] and error["param"] == "model"
+        for name in ("tiny", "chat"):  # by its served name or role: the same, not "no instance"
+            other = c.post("/api/chat", json={"model": name, "messages": []})
+            error = assert_openai_error(other, 404, "model_not_found")
+            assert error["message"] == (
+                f"model {name!r} is served by a llama.cpp instance ({iid}); Ollama's own "
+                "routes (/api/...) reach only Ollama instances: send it to /v1/..."
+            )
+            assert error["param"] == "model"
         head = c.head("/v1/models")
         assert head.status_code == 405
         assert_openai_error(c.get("/v1/models/gpt-9"), 404, "model_not_found")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -57,18 +56,12 @@ _JSON = [(b"content-type", b"application/json")]
 class FrontApp:
     """The ASGI app; :attr:`proxy` is None until the node is open (503 meanwhile).
 
-    Attributes:
-        connections: the client connections open now (uvicorn's own set, given by
-            the server; each holds at most one request): a request while more than
-            ``max_connections`` are open is answered 503 ``too_many_connections``
-            with ``Retry-After``, and its connection closed.
+    The connection limit is the server's, not the app's (:mod:`.connection`).
     """
 
-    def __init__(self, tokens: Tokens, node_id: str, *, max_connections: int = 1024) -> None:
+    def __init__(self, tokens: Tokens, node_id: str) -> None:
         self.tokens = tokens
         self.node_id = node_id
-        self.max_connections = max_connections
-        self.connections: Sized = ()
         self.proxy: Proxy | None = None
         self.stopping = False
 
@@ -85,14 +78,6 @@ class FrontApp:
             return  # nobody to answer
 
     async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if len(self.connections) > self.max_connections:
-            raise FrontError(
-                503,
-                f"{len(self.connections)} connections are open, over the front's "
-                f"{self.max_connections} (front.max_connections): retry shortly",
-                "too_many_connections",
-                headers={"Retry-After": retry_after(1), "Connection": "close"},
-            )
         caller = self._caller(scope)
         proxy = self._proxy()
         path, method = scope["path"], scope["method"]

@@ -11,8 +11,12 @@ A request names a model as its clients know it; an instance answers to:
   the one name that picks one instance among several serving one model).
 
 An instance id wins over a served name, and a served name over a role. Among
-several instances answering to one name, one that is running now is taken
-first, then the first by id.
+several instances answering to one name, the one most likely to serve the
+request is taken (:func:`rank`): one running now, then one starting or coming
+back, then one a request may start (resting: evicted, expired or on demand),
+and only then one an operator or controller stopped, or a failed one (which
+the node refuses to start for a request: 503 ``stopped`` or ``failed``); the
+first by id among equals.
 
 The table is a snapshot of :meth:`Node.list` (every instance's view) and the
 registry; :class:`RouteTable` is immutable and built off the event loop.
@@ -28,10 +32,33 @@ from infervisor.replay.views import InstanceView
 
 from .errors import FrontError
 
-__all__ = ["Route", "RouteTable", "ollama_names"]
+__all__ = ["Route", "RouteTable", "ollama_names", "rank"]
 
 #: The lifecycle state in which a server answers requests.
 READY = "running"
+#: Up or on its way back under the supervisor: a demand waits for it
+#: (actors/core/residency.py ``_UP``, ``_COMING_BACK``).
+_COMING = frozenset({"starting", "restarting", "unhealthy"})
+#: Where an instance that is not wanted running was stopped (by an operator, a
+#: controller or a drain): a request does not start it (``_stopped_refusal`` there).
+_HELD = frozenset({"stopped", "exited", "finished", "stopping"})
+
+
+def rank(view: InstanceView) -> int:
+    """How likely ``view``'s instance is to serve a request now, best first: 0
+    running, 1 starting or coming back (the wait is for it), 2 startable by a
+    request (resting, or anything else the node's demand would start), 3 stopped
+    by an operator or controller, 4 failed (both refused to a request)."""
+    wanted = view.desired == READY
+    if view.lifecycle == READY:
+        return 0
+    if view.lifecycle in _COMING or (view.lifecycle == "exited" and wanted):
+        return 1
+    if view.lifecycle == "failed":
+        return 4
+    if view.lifecycle in _HELD and not wanted:
+        return 3
+    return 2
 
 
 def ollama_names(tag: str) -> tuple[str, ...]:
@@ -111,19 +138,24 @@ class RouteTable:
         for table in (self._by_name, self._by_role):
             found = [r for r in table.get(model, ()) if r.ollama or not ollama_only]
             if found:
-                return next((r for r in found if r.ready), found[0])
+                return found[0]  # the best ranked (the table is in that order)
         return None
 
     def refuse_unknown(self, model: str, *, ollama_only: bool = False) -> FrontError:
         """The 404 for a ``model`` no instance answers to, naming the ones there are
-        (or, on Ollama's own routes, saying that ``model`` is an instance of another
-        flavor)."""
-        other = self._by_id.get(model)
-        if other is not None and ollama_only and not other.ollama:
+        (or, on Ollama's own routes, naming the instance of another flavor that
+        ``model``, an instance id, a served name or a role, reaches on ``/v1/...``)."""
+        other = self.find(model) if ollama_only else None  # of another flavor
+        if other is not None:
+            flavor = f"{_FLAVORS.get(other.view.flavor, 'an')} instance"
+            if model == other.instance_id:
+                what = f"instance {model!r} is {flavor}"
+            else:
+                what = f"model {model!r} is served by {flavor} ({other.instance_id})"
             return FrontError(
                 404,
-                f"instance {model!r} is a {other.view.flavor} instance: Ollama's own "
-                "routes (/api/...) reach Ollama instances only; send it to /v1/...",
+                f"{what}; Ollama's own routes (/api/...) reach only Ollama instances: "
+                "send it to /v1/...",
                 "model_not_found",
                 param="model",
             )
@@ -142,8 +174,12 @@ class RouteTable:
         )
 
 
+#: Each flavor as a message names it.
+_FLAVORS = {"llamacpp": "a llama.cpp", "mlx-lm": "an mlx-lm", "ollama": "an Ollama"}
+
+
 def _order(view: InstanceView) -> tuple[int, str]:
-    return (0 if view.lifecycle == READY else 1, view.instance_id)
+    return (rank(view), view.instance_id)
 
 
 def _route(view: InstanceView, tag_of: Callable[[str], str]) -> Route:

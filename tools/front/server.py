@@ -16,14 +16,16 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from ..api.auth import TcpAddress, Tokens
 from ..api.errors import ApiError
+from ..api.limits import ACCEPT_BATCH, LISTEN_BACKLOG, ConnectionLimits, Listeners
 from ..netkit.listener import ListenError, bind_tcp, uvicorn_config
 from .app import FrontApp
+from .connection import protocol_for
 from .proxy import Proxy
 from .settings import FrontConfig
 from .tally import FrontCollector, FrontTally
@@ -38,17 +40,6 @@ log = logging.getLogger(__name__)
 #: Seconds the server waits for open streams when it closes.
 CLOSE_GRACE_S = 3.0
 _STARTED_S = 10.0
-#: Connections the kernel queues before the front accepts them.
-BACKLOG = 1024
-
-
-def _http_protocol() -> Any:
-    """The front's connection (httptools, with its arrival deadline: .connection)."""
-    try:
-        from .connection import FrontConnection  # noqa: PLC0415 - httptools is there
-    except ImportError:  # pragma: no cover - a dependency; h11 still works
-        return "h11"
-    return FrontConnection
 
 
 class FrontServer:
@@ -59,22 +50,24 @@ class FrontServer:
     ) -> None:
         self.config = config
         self.address = address
-        self.app = FrontApp(tokens, node_id, max_connections=config.max_connections)
+        self.app = FrontApp(tokens, node_id)
         self.tally = FrontTally()
+        #: The open client connections, and what is shed when the front is full
+        #: (the control API's own bookkeeping: .connection).
+        self.listeners = Listeners(ConnectionLimits(max_connections=config.max_connections))
         self._sock = _bind(address)
         uv = uvicorn_config(
             self.app,
-            http=_http_protocol(),
+            # httptools with the connection limit and the arrival deadline; no
+            # limit_concurrency: uvicorn's own 503 is plain text and sheds nothing
+            http=protocol_for(self.listeners),
             lifespan="off",
             date_header=False,
-            # no limit_concurrency: uvicorn's own 503 is plain text; the app answers
-            # over max_connections in OpenAI's shape (FrontApp.connections)
-            backlog=BACKLOG,
+            backlog=ACCEPT_BATCH,  # asyncio accepts this many at once (tools/api/limits.py)
             timeout_keep_alive=30,
             timeout_graceful_shutdown=int(CLOSE_GRACE_S),
         )
         self._server = uvicorn.Server(uv)
-        self.app.connections = self._server.server_state.connections
         self._thread = threading.Thread(target=self._run, name="infervisor-front", daemon=True)
         self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,6 +84,9 @@ class FrontServer:
         server = cls(config, address, tokens, node_id)
         server._thread.start()
         server._wait_started()
+        # asyncio listened with ACCEPT_BATCH, also its accept batch: a second listen()
+        # deepens only the kernel's queue (as the control API's listeners do)
+        server._sock.listen(LISTEN_BACKLOG)
         return server
 
     @property
@@ -158,6 +154,6 @@ class FrontServer:
 
 def _bind(address: TcpAddress) -> socket.socket:
     try:
-        return bind_tcp(address.host, address.port, BACKLOG, key="front.listen")
+        return bind_tcp(address.host, address.port, ACCEPT_BATCH, key="front.listen")
     except ListenError as e:
         raise ApiError(str(e), e.code, e.status, e.key) from e

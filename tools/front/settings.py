@@ -29,9 +29,11 @@ class FrontConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             loads (1-65536); one more is answered 503 ``queue_full`` with
             ``Retry-After``.
         max_connections: client connections open at once (1-65536; each holds at
-            most one request); a request while more are open is answered 503
-            ``too_many_connections`` with ``Retry-After`` (the front's app, not
-            uvicorn's plain-text limit).
+            most one request); one more takes the place of the oldest that has
+            not sent a whole request head, else of the oldest idle kept-alive
+            one; when each has a request in flight it is answered 503
+            ``too_many_connections`` with ``Retry-After`` and closed (as the
+            control API's listeners: tools/api/limits.py).
         upstream_timeout_s: seconds to wait for a server's answer to start, and
             between two pieces of a stream (a generation that stalls that long is
             ended: 504 before its first byte).
