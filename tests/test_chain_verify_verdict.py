@@ -167,6 +167,20 @@ def test_audit_of_a_chain_that_does_not_verify_audits_only_what_verified(
     assert max(f["seq"] for f in doc["findings"]) == 12
 
 
+def test_audit_of_a_truncated_chain_audits_what_is_left_and_says_what_is_not(
+    tmp_path: Path,
+) -> None:
+    db = make_chain(tmp_path / "node", 20, every=4)
+    truncate(db, 13)
+    ran = run("audit", db)
+    assert ran.code == 1, ran
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("INVALID against its checkpoints at seq 13: truncated")
+    assert lines[1].endswith(
+        "13 events, 12 findings (every event the file holds; the events it lost cannot be audited)"
+    ), lines
+
+
 def test_audit_with_no_verified_event_makes_no_audit(tmp_path: Path) -> None:
     db = make_chain(tmp_path / "node", 8, every=100)
     alter_payload(db, 0)

@@ -138,6 +138,11 @@ def _print_audit(db: Path, report: AuditReport, held: int, *, verifies: bool) ->
             f"holds {held} events); see infervisor chain verify"
         )
         return
+    elif report.events >= held:  # a truncated chain: every row the file still holds
+        click.echo(
+            f"audit of {db}: {report.events} events, {findings} (every event the file "
+            "holds; the events it lost cannot be audited)"
+        )
     else:
         click.echo(
             f"audit of {db}: only seq 0..{report.events - 1}, the {report.events} events "
