@@ -76,6 +76,7 @@ from infervisor.chain.cosignature_store import has_table as has_cosignatures
 from infervisor.chain.cosignature_store import lines_by_size
 from infervisor.chain.errors import CheckpointError, CheckpointMismatch, NoteError
 from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
+from infervisor.chain.locate import bounds, last_of
 from infervisor.chain.note import Verifier
 from infervisor.chain.unkeyed import claims_beyond, roots_disagree
 
@@ -86,11 +87,16 @@ STOPPED_KIND = "node.stopped"
 
 
 class Problem(NamedTuple):
-    """Why a chain fails the trust policy: the first seq affected, a reason, a detail."""
+    """Why a chain fails the trust policy: the first seq affected, a reason, a detail.
+
+    ``last_seq``: when the evidence bounds the first event that differs only to a
+    range (:func:`_locate`), its last seq: the change is in ``seq..last_seq``
+    (None: ``seq`` itself is named)."""
 
     seq: int
     reason: str
     detail: str
+    last_seq: int | None = None
 
 
 class Verdict(NamedTuple):
@@ -406,14 +412,13 @@ def _locate(points: Sequence[_Point]) -> Problem | None:
             return Problem(last.mismatch.seq, "truncated", last.mismatch.detail)
         good = [p.size for p in same if p.mismatch is None and p.size < first.size]
         low, high = max(good, default=0), first.size - 1
-        where = (
-            f"the first event that differs is seq {low}"
-            if low == high
-            else f"the first event that differs is in seq {low}..{high} (checkpoints of sizes "
-            f"{low or 'none'} and {first.size} bound it; only a copy of the events names it)"
-        )
         detail = _detail(last.mismatch.detail)
-        return Problem(low, last.mismatch.reason, f"{detail}; {where}")
+        return Problem(
+            low,
+            last.mismatch.reason,
+            f"{detail}; {bounds(low, high, bool(good))}",
+            last_of(low, high),
+        )
     return None
 
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from infervisor.chain.checkpoint import parse_checkpoint_text, roots_at
 from infervisor.chain.checkpoint_store import StoredCheckpoint
 from infervisor.chain.errors import CheckpointError, NoteError
+from infervisor.chain.locate import last_of
 from infervisor.chain.note import split_note
 
 __all__ = ["Found", "claims_beyond", "roots_disagree"]
@@ -20,11 +21,13 @@ __all__ = ["Found", "claims_beyond", "roots_disagree"]
 
 class Found(NamedTuple):
     """A disagreement: the first seq affected, a reason (``truncated``, ``rewritten``,
-    ``forked``), a detail for an operator."""
+    ``forked``), a detail for an operator, and the last seq of the range the first
+    event that differs lies in (None: ``seq`` itself)."""
 
     seq: int
     reason: str
     detail: str
+    last_seq: int | None = None
 
 
 def claims_beyond(stored: Sequence[StoredCheckpoint], events: int) -> Found | None:
@@ -61,14 +64,19 @@ def roots_disagree(
         claims.append((size, root))
     hashes = load_hashes()
     roots = roots_at(hashes, [size for size, _ in claims if 0 < size <= len(hashes)])
+    matched = 0  # the largest size whose stored root the chain still has
     for size, root in sorted(claims):
-        if size in roots and roots[size] != root:
-            reason = "rewritten" if len(hashes) == size else "forked"
-            detail = (
-                f"a stored checkpoint (its signature not checked: no node key known) says the "
-                f"root of the first {size} events is {root.hex()}; the chain's is "
-                f"{roots[size].hex()}: an event in seq 0..{size - 1}, or the checkpoint, was "
-                "altered since it was stored; give the node's key to tell which"
-            )
-            return Found(0, reason, detail)
+        if size not in roots:
+            continue
+        if roots[size] == root:
+            matched = size
+            continue
+        reason = "rewritten" if len(hashes) == size else "forked"
+        detail = (
+            f"a stored checkpoint (its signature not checked: no node key known) says the "
+            f"root of the first {size} events is {root.hex()}; the chain's is "
+            f"{roots[size].hex()}: an event in seq {matched}..{size - 1}, or the checkpoint, "
+            "was altered since it was stored; give the node's key to tell which"
+        )
+        return Found(matched, reason, detail, last_of(matched, size - 1))
     return None

@@ -213,6 +213,7 @@ def test_rewrite_detected_and_localised(tmp_path: Path) -> None:
     cp = doc["checkpoint"]
     assert cp["reason"] == "rewritten"  # type: ignore[index]
     assert cp["seq"] == 4  # type: ignore[index]  # the stored checkpoint of size 4 still matches
+    assert cp["last_seq"] == 7  # type: ignore[index]  # and the one of size 8 does not
     text = cli(
         "chain",
         "verify",
@@ -222,7 +223,7 @@ def test_rewrite_detected_and_localised(tmp_path: Path) -> None:
         "--key",
         str(tmp_path / "a" / "node.pub"),
     )
-    assert "INVALID against checkpoint at seq 4: rewritten" in text.stdout
+    assert "INVALID against checkpoint in seq 4..7: rewritten" in text.stdout
 
 
 def test_fork_detected(tmp_path: Path) -> None:

@@ -237,6 +237,9 @@ def test_events_prints_a_table_of_every_event(db: Path) -> None:
         (["--until", "2026-11-01T00:00:00.250Z"], [0, 1, 2]),
         (["--grep", "STOPPED BY"], [7]),
         (["--instance", CHAT, "--source", "operator", "--kind", "starting"], [3]),
+        (["--kind", "node.*"], [1, 9]),  # a prefix: every kind under it (stop 32)
+        (["--kind", "instance.*", "--instance", "embed"], [8]),
+        (["--kind", "chain.*", "--kind", "exited"], [0, 7]),
     ],
 )
 def test_events_filters(db: Path, args: list[str], seqs: list[int]) -> None:
@@ -260,6 +263,14 @@ def test_events_jsonl_and_csv_carry_the_same_rows(db: Path) -> None:
 def test_events_of_an_unknown_instance_or_a_bad_time_are_refused(db: Path) -> None:
     assert invoke("events", "--instance", "nope", db).exit_code == 1
     assert invoke("events", "--since", "last tuesday", db).exit_code == 2
+
+
+@pytest.mark.parametrize("kind", ["residency.", "residency", "*", ".*", "resi*.*", "nope.*"])
+def test_a_kind_that_names_no_kind_nor_a_prefix_of_one_is_refused(db: Path, kind: str) -> None:
+    """Only ``PREFIX.*`` is a prefix (``--help`` and docs/forensics.md say so)."""
+    result = invoke("events", "--kind", kind, db)
+    assert result.exit_code == 2, result.output
+    assert "--kind" in result.output and "residency.*" in result.output
 
 
 # ---------------------------------------------------------------- offline reads verify

@@ -129,3 +129,92 @@ def test_the_documents_give_the_line() -> None:
     docs = Path(__file__).parents[1] / "docs"
     for name in ("chain-format.md", "cli.md"):
         assert f"`{NOT_VOUCHED}`" in (docs / name).read_text(), name
+
+
+# ---------------------------------------------------------------- stop 32's trial
+def test_as_stored_says_what_the_file_holds_and_how_far_it_verified(tmp_path: Path) -> None:
+    """A payload altered at seq 13 of 57 events: the line under INVALID counted only
+    the 13 that verified ("13 events, head seq 12"); it says the file holds 57."""
+    db = make_chain(tmp_path / "node", 57, every=100)
+    alter_payload(db, 13)
+    ran = run("chain", "verify", db)
+    assert ran.code == 1, ran
+    (stored,) = [line for line in ran.stdout.splitlines() if line.startswith("as stored: ")]
+    assert stored.startswith("as stored: 57 events, head seq 56; verified seq 0..12 (13 events)")
+    doc = json.loads(run("chain", "verify", db, "--json").stdout)
+    assert (doc["events"], doc["head_seq"]) == (13, 12)  # how far the rows verified
+    assert doc["stored"] == {"events": 57, "head_seq": 56}  # what the file holds
+
+
+def test_audit_of_a_chain_that_does_not_verify_audits_only_what_verified(
+    tmp_path: Path,
+) -> None:
+    """``audit`` printed "N findings" of rows after the first bad one, which no check
+    vouches for: it audits seq 0..12 and says the other 44 were not audited."""
+    db = make_chain(tmp_path / "node", 57, every=100)
+    alter_payload(db, 13)
+    ran = run("audit", db)
+    assert ran.code == 1, ran
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("INVALID chain at seq 13: payload altered")
+    assert lines[1].endswith(
+        "only seq 0..12, the 13 events that verified, 12 findings; the other 44 of the "
+        "57 events the file holds are not audited"
+    ), lines
+    assert all(int(line.split()[1]) < 13 for line in lines[2:]), lines  # no later row's
+    doc = json.loads(run("audit", db, "--json").stdout)
+    assert (doc["ok"], doc["events"], doc["stored_events"]) == (False, 13, 57)
+    assert max(f["seq"] for f in doc["findings"]) == 12
+
+
+def test_audit_of_a_truncated_chain_audits_what_is_left_and_says_what_is_not(
+    tmp_path: Path,
+) -> None:
+    db = make_chain(tmp_path / "node", 20, every=4)
+    truncate(db, 13)
+    ran = run("audit", db)
+    assert ran.code == 1, ran
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("INVALID against its checkpoints at seq 13: truncated")
+    assert lines[1].endswith(
+        "13 events, 12 findings (every event the file holds; the events it lost cannot be audited)"
+    ), lines
+
+
+def test_audit_with_no_verified_event_makes_no_audit(tmp_path: Path) -> None:
+    db = make_chain(tmp_path / "node", 8, every=100)
+    alter_payload(db, 0)
+    ran = run("audit", db)
+    assert ran.code == 1, ran
+    assert (
+        "none made: the chain does not verify from seq 0 on (the file holds 8 events)" in ran.stdout
+    )
+    assert "findings" not in ran.stdout
+
+
+def test_a_keyed_fork_names_the_range_and_the_checkpoints_that_bound_it(
+    tmp_path: Path,
+) -> None:
+    """A chain whose one signed checkpoint (size 58) it no longer matches: the headline
+    read "at seq 0" and "checkpoints of sizes none and 58"; it names seq 0..57 and the
+    checkpoint it fails against. With checkpoints every 8 events it names the two that
+    bound the change (a rewrite from seq 30: the chain matches 24, fails 32)."""
+    db = make_chain(tmp_path / "one", 58, every=100)
+    rewrite_from(db, 30)
+    ran = run("chain", "verify", db)
+    assert ran.code == 1, ran
+    head = ran.stdout.splitlines()[0]
+    assert head.startswith("INVALID against checkpoint in seq 0..57: rewritten: "), head
+    assert "none" not in head and "at seq 0" not in head
+    assert "does not match the checkpoint of size 58, and no smaller checkpoint" in head
+    doc = json.loads(run("chain", "verify", db, "--json").stdout)
+    assert (doc["checkpoint"]["seq"], doc["checkpoint"]["last_seq"]) == (0, 57)
+    audit = run("audit", db)
+    assert audit.stdout.startswith("INVALID against its checkpoints in seq 0..57: rewritten")
+    assert "none made: the chain does not verify from seq 0 on" in audit.stdout
+
+    db = make_chain(tmp_path / "every", 58, every=8)
+    rewrite_from(db, 30)
+    head = run("chain", "verify", db).stdout.splitlines()[0]
+    assert head.startswith("INVALID against checkpoint in seq 24..31: "), head
+    assert "the chain matches the checkpoint of size 24 and not the one of size 32" in head

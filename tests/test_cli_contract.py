@@ -214,7 +214,11 @@ def test_exit_codes_without_a_node(offline: dict[str, Path], tmp_path: Path) -> 
         )
     empty = tmp_path / "empty"
     empty.mkdir()
-    json_error(exits(cli_here("status", empty, "--json"), Exit.NO_NODE), "no_node")
+    # neither a node nor a chain there: WHERE names nothing, a usage error (stop 32)
+    json_error(exits(cli_here("status", empty, "--json"), Exit.USAGE), "no_chain", "WHERE")
+    json_error(
+        exits(cli_here("status", empty, "--node", "--json"), Exit.USAGE), "no_chain", "WHERE"
+    )
     json_error(exits(cli_here("replay", empty, "--json"), Exit.USAGE), "no_chain")
     tamper(offline["db"], "UPDATE events SET prev_hash = randomblob(32) WHERE seq = 5")
     verdict = json.loads(exits(cli_here("chain", "verify", data, "--json"), Exit.REFUSED).stdout)

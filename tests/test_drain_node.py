@@ -196,3 +196,43 @@ def test_a_placement_set_converges_and_repeats_nothing(
         assert error.field == "placements[0]"
         assert len(chain_rows(db)) == rows + 1  # only node.cordoned: the refusals left it so
         assert client.status(older).lifecycle == "running"
+
+
+def test_the_cli_names_its_own_commands_and_the_cordons_reason(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path, tmp_path: Path
+) -> None:
+    """Stop 32's trial, through the real CLI: a placement refused on a cordoned node
+    told the operator the API's route (it names `infervisor uncordon`; the API's own
+    answer keeps the route); an over-long --reason was called `reason`; `status --node`
+    left out the cordon's reason (shown from the node, and replayed from its chain)."""
+    settings = nodes.settings(fake_llama, fake_model)
+    data = settings.data_dir
+    fragment = tmp_path / "c3.toml"
+    fragment.write_text(f'role = "c3"\nflavor = "llamacpp"\nmodel = "tiny"\nport = {free_port()}\n')
+    with served(nodes, settings, fake_model) as (_, client):
+        long = cli_here("cordon", data, "--reason", "x" * 501, "--json")
+        assert long.returncode == 2, long
+        error = json.loads(long.stdout)["error"]
+        assert error["field"] == "--reason" and "--reason" in error["message"], error
+        assert "x" * 20 not in long.stderr  # the value is not echoed back whole
+
+        assert cli_here("cordon", data, "--reason", "kernel update").returncode == 0
+        place = cli_here("place", data, "--file", fragment)
+        assert place.returncode == 1, place
+        assert "`infervisor uncordon`" in place.stderr and "/v1/" not in place.stderr, place
+        api = refused("cordoned", lambda: client.place(spec("c4")))
+        assert "POST /v1/node/uncordon" in str(api)  # the API's answer names its route
+
+        shown = cli_here("status", data, "--node")
+        assert shown.returncode == 0, shown
+        assert "cordoned because: kernel update" in shown.stdout.splitlines(), shown.stdout
+        doc = json.loads(cli_here("status", data, "--node", "--json").stdout)
+        assert (doc["cordon"], doc["cordon_reason"]) == ("cordoned", "kernel update")
+        assert client.node().cordon_reason == "kernel update"
+
+    replayed = json.loads(cli_here("status", data, "--node", "--json").stdout)  # no node runs
+    assert (replayed["source"], replayed["cordon_reason"]) == ("chain", "kernel update")
+    with served(nodes, settings, fake_model) as (_, client):
+        assert cli_here("uncordon", data).returncode == 0
+        assert client.node().cordon_reason is None
+        assert "because" not in cli_here("status", data, "--node").stdout

@@ -12,6 +12,7 @@ sizes, and the ledger counts them.
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 from pathlib import Path
@@ -398,3 +399,45 @@ def test_a_restart_of_a_resting_instance_makes_room_as_a_start_does(
     rows = kinds_of(node)
     assert [(s, p["for_instance"]) for k, s, p in rows if k == "residency.evicted"] == [(a, c)]
     assert [p["request"] for k, s, p in rows if k == "residency.demanded" and s == c] == ["verb"]
+
+
+def test_start_names_the_instances_it_evicted(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    """Stop 32's trial: `infervisor start` said nothing of the instance it evicted to
+    make room, and its --json had no field for it: both name it now (``evicted``,
+    also in the API's answer), and a start that evicts nothing has ``evicted: []``."""
+    from infervisor.tools.api.client import ApiClient
+    from infervisor.tools.api.serving.server import ApiServer
+
+    budget = needs(models, "m1") + needs(models, "m2") // 2  # room for one of the two
+    settings = nodes.settings(
+        fake_llama, models, memory_budget_bytes=budget, reserve_overhead_bytes=OVERHEAD
+    )
+    data = Path(settings.data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    server = ApiServer.listen(data, settings.chain_path, settings.node_id)
+    try:
+        node = nodes.open(settings)
+        for name in SIZES:
+            node.registry.adopt(name, models / f"{name}.gguf")
+        server.serve(node)
+        ports = free_ports(2)
+        a, b = node.place(spec("a", "m1", ports[0])), node.place(spec("b", "m2", ports[1]))
+        first = cli_here("start", data, a, "--json", "--wait")  # running: idle, evictable
+        assert first.returncode == 0, first
+        assert json.loads(first.stdout)["evicted"] == []
+        second = cli_here("start", data, b, "--json", "--wait")
+        assert second.returncode == 0, second
+        assert json.loads(second.stdout)["evicted"] == [a]
+        assert node.status(a).lifecycle == "resting"
+        third = cli_here("start", data, a, "--wait")  # evicts b in turn: one line names it
+        assert third.returncode == 0, third
+        assert f"evicted {b} to make room for it" in third.stdout.splitlines()[1], third.stdout
+        with ApiClient(data_dir=data, timeout_s=60) as client:
+            node.wait_for(a, lambda v: v.lifecycle == "running", 60)
+            assert client.start(b).evicted == [a]
+        server.stopping()
+        node.shutdown()
+    finally:
+        server.close()

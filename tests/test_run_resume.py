@@ -545,3 +545,16 @@ def test_the_example_documents_every_key_with_a_valid_value(tmp_path: Path) -> N
             f"examples/node.toml {section}: add {sorted(known - shown)}, "
             f"remove {sorted(shown - known)}"
         )
+
+
+def test_the_examples_budget_comment_says_the_start_not_the_placement_is_refused() -> None:
+    """Stop 32's trial: the comment said a placement that does not fit is refused; a
+    placement is taken whatever its size (actors/node.py ``place`` checks no budget)
+    and only its start is weighed (evictions, else ``no_room``)."""
+    lines = EXAMPLE.read_text().splitlines()
+    at = next(n for n, line in enumerate(lines) if line.startswith("# memory_budget_bytes"))
+    start = max(n for n in range(at) if not lines[n].startswith("#")) + 1
+    comment = " ".join(line.lstrip("# ") for line in lines[start:at])
+    assert "a placement whose model" not in comment, comment
+    assert "checked when an instance starts, not when it is placed" in comment, comment
+    assert "refused (no_room) only when nothing can be evicted" in comment, comment

@@ -12,6 +12,7 @@ unchanged, so the count is released on every path.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,21 @@ def last_of(chain_path: Path, instance_id: str | None = None) -> tuple[int, str]
     finally:
         conn.close()
     return (int(row[0]), bytes(row[1]).hex()) if row else (-1, "")
+
+
+def evicted_for(chain_path: Path, instance_id: str, after_seq: int) -> list[str]:
+    """The instances evicted for ``instance_id`` since ``after_seq``: the subjects
+    of the ``residency.evicted`` events after it whose ``for_instance`` names it,
+    in seq order (the answer of a start that made room)."""
+    conn = connect_reader(str(chain_path))
+    try:
+        rows = conn.execute(
+            "SELECT subject, payload FROM events WHERE seq > ? AND kind = ? ORDER BY seq",
+            (after_seq, "residency.evicted"),
+        ).fetchall()
+    finally:
+        conn.close()
+    return [str(s) for s, p in rows if json.loads(bytes(p)).get("for_instance") == instance_id]
 
 
 _LAST = "SELECT seq, hash FROM events "

@@ -123,11 +123,16 @@ class HeartbeatRequest(_Body, frozen=True):
 
 
 class VerbAnswer(msgspec.Struct, frozen=True, kw_only=True):
-    """A verb's answer once its events are durable: the instance and the chain's head of it."""
+    """A verb's answer once its events are durable: the instance and the chain's head of it.
+
+    ``evicted``: the instances the node evicted to make room for this start (a
+    start or restart that did not fit the memory budget: ``residency.evicted``
+    events naming it), in the order recorded; empty for the other verbs."""
 
     instance: InstanceView
     seq: int
     hash: str
+    evicted: list[str] = msgspec.field(default_factory=list)
 
 
 class PlaceAnswer(msgspec.Struct, frozen=True, kw_only=True):
@@ -240,6 +245,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     #: Whether the node takes placements: ``none``, ``cordoned`` (no new
     #: placements) or ``drained`` (also its controllers' instances stopped).
     cordon: str = "none"
+    #: The reason recorded with the cordon or drain in force (null: none given,
+    #: or the node is not cordoned).
+    cordon_reason: str | None = None
 
 
 class WatchEvent(EventHeader, frozen=True, kw_only=True, gc=True):

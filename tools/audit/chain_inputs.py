@@ -34,6 +34,7 @@ __all__ = [
     "read_checkpoint",
     "read_text",
     "refuse_invalid",
+    "stored_extent",
     "stored_hashes",
     "trusted",
     "verifier",
@@ -117,6 +118,27 @@ def stored_hashes(db: Path) -> list[bytes]:
             conn.close()
     except ChainError as e:
         raise Failure(str(e), "chain_unreadable") from e
+
+
+def stored_extent(db: Path) -> tuple[int, int | None]:
+    """What the file holds, verified or not: its number of event rows and the
+    largest seq among them (None: no row). A verdict that is not ok reports how
+    far the rows verified; this is the rest of the picture (stop 32's trial read
+    ``13 events`` of a file holding 57).
+
+    Raises:
+        Failure: ``chain_unreadable`` when the file cannot be read.
+    """
+    try:
+        conn = connect_reader(str(db))
+        try:
+            with translated(str(db), "read"):
+                count, last = conn.execute("SELECT count(*), max(seq) FROM events").fetchone()
+        finally:
+            conn.close()
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+    return int(count), (last if isinstance(last, int) else None)
 
 
 def matches(db: Path, hashes: list[bytes], cp: Checkpoint, field: str) -> None:

@@ -15,14 +15,21 @@ from infervisor.chain import ChainError, VerifyReport, verify_chain
 from infervisor.chain.checkpoint import Checkpoint
 from infervisor.chain.errors import ProofError
 from infervisor.chain.merkle import leaf_hash, verify_consistency, verify_inclusion
-from infervisor.chain.trust import Verdict
+from infervisor.chain.trust import Problem, Verdict
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
 from ..clikit.paths import KEY
 from ..node.where import chain_of
-from .chain_inputs import KEY_HELP, read_checkpoint, read_text, stored_hashes, warn
-from .trust_options import TrustArgs, anchor_line, judge_chain, trust_options
+from .chain_inputs import (
+    KEY_HELP,
+    read_checkpoint,
+    read_text,
+    stored_extent,
+    stored_hashes,
+    warn,
+)
+from .trust_options import TrustArgs, anchor_line, judge_chain, located, trust_options
 
 __all__ = ["NO_CHECKPOINT_WARNING", "verify"]
 
@@ -102,10 +109,17 @@ def verify(  # noqa: PLR0917 - one parameter per option, as click passes them
     warning = _warning(verdict, against)
     ok = report.ok and (against is None or against["ok"]) and (proof is None or proof["ok"])
     anchor = anchor_line(verdict, ok)
+    count, last = stored_extent(db)
+    stored = {"events": count, "head_seq": last}
     if as_json:
-        echo_json(_doc(report, against, ok=ok, proof=proof, warning=warning, anchor=anchor))
+        doc = _doc(report, against, ok=ok, proof=proof, warning=warning, anchor=anchor)
+        echo_json({**doc, "stored": stored})
+    elif ok:
+        _say_ok(report, against, proof)
     else:
-        (_say_ok if ok else _say_invalid)(report, against, proof)
+        _say_invalid(report, against, proof)
+        click.echo(_as_stored(report, count, last))
+    if not as_json:
         click.echo(anchor)
     if warning is not None and (report.ok or not as_json):  # JSON carries it in "warning"
         warn(warning)
@@ -143,8 +157,14 @@ def _against(verdict: Verdict, cp: Checkpoint | None) -> dict[str, Any] | None:
     }
     p = verdict.problem
     if p is None:
-        return {**base, "ok": True, "seq": None, "reason": None, "detail": "as signed" + own}
-    return {**base, "ok": False, "seq": p.seq, "reason": p.reason, "detail": p.detail + own}
+        return {
+            **base, "ok": True, "seq": None, "last_seq": None, "reason": None,
+            "detail": "as signed" + own,
+        }  # fmt: skip
+    return {
+        **base, "ok": False, "seq": p.seq, "last_seq": p.last_seq, "reason": p.reason,
+        "detail": p.detail + own,
+    }  # fmt: skip
 
 
 def _say_ok(
@@ -172,12 +192,30 @@ def _say_invalid(
         click.echo(f"INVALID at seq {p.seq}: {p.reason}: {p.detail}")
     if against is not None and not against["ok"]:
         click.echo(
-            f"INVALID against checkpoint at seq {against['seq']}: {against['reason']}: "
-            f"{against['detail']}"
+            f"INVALID against checkpoint {_at(against)}: {against['reason']}: {against['detail']}"
         )
     if proof is not None and not proof["ok"]:
         click.echo(f"INVALID {proof['type']} proof: {proof['detail']}")
-    click.echo(f"as stored: {_rows(report)}")
+
+
+def _at(against: dict[str, Any]) -> str:
+    """Where the checkpoints' failure is: ``at seq N`` or ``in seq N..M``."""
+    return located(Problem(against["seq"], against["reason"], "", against["last_seq"]))
+
+
+def _as_stored(report: VerifyReport, count: int, last: int | None) -> str:
+    """The chain as read, in words that vouch for nothing: what the file holds
+    (every row, verified or not), then how far its rows verified (``events``
+    of the report counts only the rows before the first bad one)."""
+    held = f"{count} events" + ("" if last is None else f", head seq {last}")
+    if report.head_seq is None:
+        return f"as stored: {held}; none verified (node {report.node})"
+    if report.ok:
+        return f"as stored: {held}; every row's hash and link check out, node {report.node}"
+    return (
+        f"as stored: {held}; verified seq 0..{report.head_seq} ({report.events} events), "
+        f"node {report.node}, last verified {report.head_hash}"
+    )
 
 
 def _rows(report: VerifyReport) -> str:

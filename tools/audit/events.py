@@ -44,7 +44,9 @@ __all__ = ["EventRow", "events"]
     "--kind",
     "kinds",
     multiple=True,
-    help="Only events of this kind (instance.exited, or just exited); repeatable.",
+    help="Only events of this kind (instance.exited, or just exited), or of every kind "
+    "under a prefix ending in .* ('residency.*': residency.demanded, residency.evicted, "
+    "...); repeatable.",
 )
 @click.option(
     "--source",
@@ -191,7 +193,7 @@ class _Filter(NamedTuple):
         kinds = self.kinds
         return (
             (self.instance is None or row.instance == self.instance)
-            and (not kinds or row.kind in kinds or row.kind.removeprefix("instance.") in kinds)
+            and (not kinds or any(_kind_matches(row.kind, k) for k in kinds))
             and (self.source is None or self.source in _source_keys(row.source))
             and (self.since is None or row.ts_ns >= self.since)
             and (self.until is None or row.ts_ns <= self.until)
@@ -267,6 +269,14 @@ def _csv(rows: list[EventRow]) -> str:
     return buffer.getvalue().rstrip("\n")
 
 
+def _kind_matches(kind: str, wanted: str) -> bool:
+    """``--kind wanted`` holds for ``kind``: the kind, an instance's without its
+    ``instance.``, or a prefix (``residency.*``: every kind that starts ``residency.``)."""
+    if wanted.endswith(".*"):
+        return kind.startswith(wanted[:-1])
+    return wanted in (kind, kind.removeprefix("instance."))
+
+
 def _check_filters(kinds: tuple[str, ...], since: int | None, until: int | None) -> None:
     """Refuse filters that can match nothing by mistake (a kind mistyped, times swapped).
 
@@ -274,12 +284,12 @@ def _check_filters(kinds: tuple[str, ...], since: int | None, until: int | None)
         Failure: ``bad_value``, naming the option and the allowed values.
     """
     known = sorted({*ev.EVENT_TYPES, GENESIS_KIND})
-    short = {k.removeprefix("instance.") for k in known if k.startswith("instance.")}
     for kind in kinds:
-        if kind not in known and kind not in short:
+        if not any(_kind_matches(k, kind) for k in known) or "*" in kind[:-1]:
             raise Failure(
                 f"--kind {kind!r} is not an event kind; one of {', '.join(known)} "
-                "(an instance's without its 'instance.')",
+                "(an instance's without its 'instance.'), or a prefix of some ending in "
+                ".* (residency.*)",
                 "bad_value",
                 "--kind",
             )

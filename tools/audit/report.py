@@ -10,14 +10,23 @@ import click
 import msgspec
 
 from infervisor.chain import ChainError
+from infervisor.chain.trust import Verdict
 from infervisor.replay.audit import AuditReport, audit_chain
 from infervisor.replay.policy import RestartPolicy
 
 from ..clikit.command import Command, FiniteRange
 from ..clikit.failure import echo_json, fail
 from ..node.where import chain_of
+from .chain_inputs import stored_extent
 from .offline import iso
-from .trust_options import TrustArgs, anchor_line, judge_chain, say_anchor, trust_options
+from .trust_options import (
+    TrustArgs,
+    anchor_line,
+    judge_chain,
+    located,
+    say_anchor,
+    trust_options,
+)
 
 __all__ = ["audit"]
 
@@ -72,27 +81,74 @@ def audit(  # noqa: PLR0917 - one parameter per option, as click passes them
     verdict = judge_chain(db, TrustArgs(where, witnesses, quorum))
     trusted = verdict.problem is None
     verifies = trusted and report.verify.problem is None
+    held, _ = stored_extent(db)
+    audited = _verified_prefix(report, verdict)
     if as_json:
-        doc = msgspec.to_builtins(report)
+        doc = msgspec.to_builtins(audited)
         problem = None if trusted else verdict.problem._asdict()  # type: ignore[union-attr]
-        doc.update(ok=report.ok and trusted, anchor=anchor_line(verdict, verifies), trust=problem)
+        doc.update(
+            ok=report.ok and trusted,
+            anchor=anchor_line(verdict, verifies),
+            trust=problem,
+            stored_events=held,
+        )
         echo_json(doc)
     else:
         if verdict.problem is not None:
             p = verdict.problem
-            click.echo(f"INVALID against its checkpoints at seq {p.seq}: {p.reason}: {p.detail}")
-        _print_audit(db, report)
+            click.echo(f"INVALID against its checkpoints {located(p)}: {p.reason}: {p.detail}")
+        _print_audit(db, audited, held, verifies=verifies)
         say_anchor(verdict, verifies)
     sys.exit(0 if report.ok and trusted else 1)
 
 
-def _print_audit(db: Path, report: AuditReport) -> None:
+def _verified_prefix(report: AuditReport, verdict: Verdict) -> AuditReport:
+    """The audit of what verified: the events below the first seq a problem names
+    (the rows', else the trust policy's), findings of later rows dropped.
+
+    The audit folds events in seq order, so a finding at seq N depends only on
+    seq 0..N: the findings below the problem are the prefix's own. Rows after a
+    problem are not what the node recorded, or may not be: an audit of them
+    would vouch for events nobody can vouch for (stop 32's trial read "0
+    findings" under INVALID)."""
+    first = report.verify.problem
+    trust = verdict.problem
+    limit = first.seq if first is not None else trust.seq if trust is not None else None
+    if limit is None:
+        return report
+    return msgspec.structs.replace(
+        report,
+        events=min(report.events, limit),
+        findings=[f for f in report.findings if f.seq < limit],
+    )
+
+
+def _print_audit(db: Path, report: AuditReport, held: int, *, verifies: bool) -> None:
     v = report.verify
     if v.problem is not None:
         p = v.problem
-        click.echo(f"INVALID chain at seq {p.seq}: {p.reason}: {p.detail} (audited as stored)")
+        click.echo(f"INVALID chain at seq {p.seq}: {p.reason}: {p.detail}")
     found = len(report.findings)
-    click.echo(f"audit of {db}: {report.events} events, {found} finding{'s' * (found != 1)}")
+    findings = f"{found} finding{'s' * (found != 1)}"
+    if verifies:
+        click.echo(f"audit of {db}: {report.events} events, {findings}")
+    elif report.events == 0:
+        click.echo(
+            f"audit of {db}: none made: the chain does not verify from seq 0 on (the file "
+            f"holds {held} events); see infervisor chain verify"
+        )
+        return
+    elif report.events >= held:  # a truncated chain: every row the file still holds
+        click.echo(
+            f"audit of {db}: {report.events} events, {findings} (every event the file "
+            "holds; the events it lost cannot be audited)"
+        )
+    else:
+        click.echo(
+            f"audit of {db}: only seq 0..{report.events - 1}, the {report.events} events "
+            f"that verified, {findings}; the other {held - report.events} of the "
+            f"{held} events the file holds are not audited"
+        )
     for f in report.findings:
         who = f.instance or "(node)"
         click.echo(f"  seq {f.seq:>6} {iso(f.ts_ns)} {who}: {f.rule}: {f.detail}")

@@ -21,7 +21,7 @@ from infervisor.chain import ChainError
 from infervisor.chain.checkpoint import Checkpoint
 from infervisor.chain.cosignature import WitnessPolicy, parse_witness_key
 from infervisor.chain.errors import CheckpointError, NoteError
-from infervisor.chain.trust import Verdict, assess, node_key
+from infervisor.chain.trust import Problem, Verdict, assess, node_key
 
 from ..clikit.command import UNVERIFIED_HELP
 from ..clikit.failure import Failure
@@ -33,6 +33,7 @@ __all__ = [
     "anchor_line",
     "config_witnesses",
     "judge_chain",
+    "located",
     "reading_options",
     "say_anchor",
     "trust_options",
@@ -174,10 +175,19 @@ def refuse(db: Path, verdict: Verdict) -> None:
     p = verdict.problem
     if p is not None:
         raise Failure(
-            f"{db} does not verify against its checkpoints: seq {p.seq}: {p.reason}: "
+            f"{db} does not verify against its checkpoints {located(p)}: {p.reason}: "
             f"{p.detail}; nothing shown (--unverified reads it anyway, marked)",
             "chain_invalid",
         )
+
+
+def located(problem: Problem) -> str:
+    """Where a trust problem is, for a headline: ``at seq N``, or ``in seq N..M``
+    when the checkpoints bound the first event that differs only to a range
+    (chain/locate.py; stop 32's trial read "at seq 0" of a fork in seq 0..57)."""
+    if problem.last_seq is None:
+        return f"at seq {problem.seq}"
+    return f"in seq {problem.seq}..{problem.last_seq}"
 
 
 NOT_VOUCHED = "unanchored: the chain does not verify; nothing vouches for it"

@@ -17,7 +17,8 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     runs: replayed from its chain; ``version``, ``phase``, ``chain_writable``
     and ``chain_error`` are then null). ``cordon`` is ``none``, ``cordoned``
     or ``drained`` (``infervisor cordon``, ``drain``, ``uncordon``; recorded in
-    the chain, so a stopped node's is known too); ``takes_placements`` is
+    the chain, so a stopped node's is known too); ``cordon_reason`` the reason
+    recorded with it (null: none given, or ``none``); ``takes_placements`` is
     whether it is ``none``. ``phase`` is the running node's (``open``,
     ``stopping``). ``instances`` counts the placed instances.
     """
@@ -27,6 +28,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     version: str | None
     phase: str | None
     cordon: str
+    cordon_reason: str | None
     takes_placements: bool
     head_seq: int
     head_hash: str
@@ -49,6 +51,7 @@ NODE_SCHEMA: dict[str, Any] = {
         "version": _OPT_STR,
         "phase": _OPT_STR,
         "cordon": {"enum": ["none", "cordoned", "drained"]},
+        "cordon_reason": _OPT_STR,
         "takes_placements": {"type": "boolean"},
         "head_seq": {"type": "integer"},
         "head_hash": {"type": "string"},

@@ -10,6 +10,7 @@ against real output by tests/test_cli_contract.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -106,11 +107,14 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
-    """A verb's answer (``start``, ``stop``, ``restart --json``): the instance, and the
-    seq and hash (hex) of its last event in the chain once the verb's events are durable."""
+    """A verb's answer (``start``, ``stop``, ``restart --json``): the instance, the
+    seq and hash (hex) of its last event in the chain once the verb's events are
+    durable, and the instances evicted to make room for it (``evicted``: a start's
+    or restart's, in the order recorded; empty otherwise)."""
 
     seq: int
     hash: str
+    evicted: list[str] = msgspec.field(default_factory=list)
 
 
 class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -242,9 +246,12 @@ def _budget(spec: InstanceSpec | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def verb_record(v: InstanceView, seq: int, digest: str) -> VerbRecord:
-    """The record of a verb's answer: the instance, and the chain's seq and hash of it."""
-    return VerbRecord(**msgspec.structs.asdict(from_view(v)), seq=seq, hash=digest)
+def verb_record(v: InstanceView, seq: int, digest: str, evicted: Sequence[str] = ()) -> VerbRecord:
+    """The record of a verb's answer: the instance, the chain's seq and hash of it,
+    and the instances evicted for it."""
+    return VerbRecord(
+        **msgspec.structs.asdict(from_view(v)), seq=seq, hash=digest, evicted=list(evicted)
+    )
 
 
 def place_record(answer: Any) -> PlaceRecord:
@@ -351,10 +358,11 @@ INSTANCE_SCHEMA: dict[str, Any] = {
 
 INSTANCE_SCHEMA["required"] = list(INSTANCE_SCHEMA["properties"])
 
+_STRS = {"type": "array", "items": _STR}
 VERB_SCHEMA: dict[str, Any] = {
     **INSTANCE_SCHEMA,
     "title": "verb answer",
-    "properties": {**INSTANCE_SCHEMA["properties"], "seq": _INT, "hash": _STR},
+    "properties": {**INSTANCE_SCHEMA["properties"], "seq": _INT, "hash": _STR, "evicted": _STRS},
 }
 VERB_SCHEMA["required"] = list(VERB_SCHEMA["properties"])
 
@@ -425,6 +433,7 @@ VERIFY_SCHEMA: dict[str, Any] = {
         "proof",
         "warning",
         "anchor",
+        "stored",
     ],
     "properties": {
         "ok": {"type": "boolean"},
@@ -441,13 +450,23 @@ VERIFY_SCHEMA: dict[str, Any] = {
         "checkpoint": {
             "type": ["object", "null"],
             "additionalProperties": False,
-            "required": ["ok", "tree_size", "root", "origin", "seq", "reason", "detail"],
+            "required": [
+                "ok",
+                "tree_size",
+                "root",
+                "origin",
+                "seq",
+                "last_seq",
+                "reason",
+                "detail",
+            ],
             "properties": {
                 "ok": {"type": "boolean"},
                 "tree_size": _INT,
                 "root": _OPT_STR,
                 "origin": _OPT_STR,
                 "seq": _OPT_INT,
+                "last_seq": _OPT_INT,
                 "reason": _OPT_STR,
                 "detail": _STR,
             },
@@ -460,6 +479,12 @@ VERIFY_SCHEMA: dict[str, Any] = {
         },
         "warning": _OPT_STR,
         "anchor": _STR,
+        "stored": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["events", "head_seq"],
+            "properties": {"events": _INT, "head_seq": _OPT_INT},
+        },
     },
 }
 

@@ -46,7 +46,7 @@ def _options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _run(target: Target, verb: str, reason: str | None, as_json: bool) -> None:
-    with connected(target) as client:
+    with connected(target, {"reason": "--reason"}) as client:
         answer: CordonAnswer = client.cordon(verb, reason)
     if as_json:
         echo_json(msgspec.to_builtins(answer))

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from infervisor.replay import NodeState
+from infervisor.replay.cordon_reason import cordon_reason
 
 from ..api.errors import ApiError, NoAnswer, NodeUnavailable, NotRunning
 from ..api.wire import NodeInfo
@@ -36,7 +37,8 @@ _TAKES = {
 def show_node(target: Target, as_json: bool, unverified: bool) -> None:
     """Print the node's record: a line or two, or one JSON object (``--json``).
 
-    Exits 3 (``api_failure``) when no node answers and no chain is there to read."""
+    Exits 3 (``api_failure``) when no node answers at --url, 2 (``no_chain``) when
+    none runs on WHERE and no chain is there to read."""
     try:
         with target.client() as client:
             record = _of_node(client.node())
@@ -59,6 +61,8 @@ def _say(record: NodeRecord) -> None:
     phase = record.phase or "not running"
     version = f" (infervisor {record.version})" if record.version else ""
     click.echo(f"node {record.node_id}{version}: {phase}; {_TAKES.get(record.cordon, '?')}")
+    if record.cordon_reason is not None:
+        click.echo(f"{record.cordon} because: {record.cordon_reason}")
     head = f"head seq {record.head_seq} {record.head_hash}"
     click.echo(f"chain: {head}, {record.instances} instances")
     if record.chain_writable is False:
@@ -72,6 +76,7 @@ def _of_node(info: NodeInfo) -> NodeRecord:
         version=info.version,
         phase=info.phase,
         cordon=info.cordon,
+        cordon_reason=info.cordon_reason,
         takes_placements=info.cordon == "none",
         head_seq=info.head_seq,
         head_hash=info.head_hash,
@@ -89,13 +94,15 @@ def _from_chain(
     if not db.is_file():
         if not isinstance(why, NotRunning):
             api_failure(why)  # a new node still opening: no chain yet
-        fail(f"no node is running on {folder}, and it holds no chain ({db})", "no_node")
+        fail(  # a WHERE that names no node and no chain: a usage error, as `status`'s
+            f"no node is running on {folder}, and it holds no chain ({db})", "no_chain", "WHERE"
+        )
     # Imported here: verifying a chain loads its trust checks (checkpoints, notes).
     from ..audit.offline import print_marker, read_offline, wrap  # noqa: PLC0415
 
     read = read_offline(db, unverified=unverified)
     click.echo("no node answers; its record replayed from the chain", err=True)
-    record = _of_state(read.state)
+    record = _of_state(read.state, db)
     if as_json:
         echo_json(wrap(read, record) if unverified else record)
         return
@@ -104,13 +111,17 @@ def _from_chain(
     _say(record)
 
 
-def _of_state(state: NodeState) -> NodeRecord:
+def _of_state(state: NodeState, db: Path) -> NodeRecord:
+    """The record of the replayed state; the cordon's reason read from the same
+    chain, no later than the state's head (what verified, unless --unverified)."""
+    reason = None if state.cordon == "none" else cordon_reason(db, state.head_seq)
     return NodeRecord(
         source="chain",
         node_id=state.node_id,
         version=None,
         phase=None,
         cordon=str(state.cordon),
+        cordon_reason=reason,
         takes_placements=state.cordon == "none",
         head_seq=state.head_seq,
         head_hash=state.head_hash,

@@ -101,13 +101,14 @@ def status(  # noqa: PLR0917 - one parameter per option, as click passes them
     otherwise, 3 when no node answers (the chain is not asked).
 
     --node shows the node instead of its instances: whether it takes
-    placements (cordon: none, cordoned, drained), its phase and its chain's
-    head, from the node or else its chain. With --json it is one object
-    (docs/cli.md, schema "node": "cordon", "takes_placements", "phase", ...);
-    --json without --node stays the list of instances.
+    placements (cordon: none, cordoned, drained; and its reason), its phase
+    and its chain's head, from the node or else its chain. With --json it
+    is one object (docs/cli.md, schema "node": "cordon", "cordon_reason",
+    "takes_placements", ...); --json without --node stays the instances.
 
     Exit 0; 1 when INSTANCE is not placed (the message names those that are);
-    2 when WHERE names nothing; 3 when it has neither a running node nor a chain.
+    2 when WHERE names nothing, no running node and no chain (no_chain); 3
+    when no node answers at --url, or WHERE's is still opening its chain.
     """
     instance = target.rest[0] if target.rest else None
     if node_record:
@@ -315,10 +316,11 @@ def _status_from_chain(
     if not db.is_file():
         if not isinstance(why, NotRunning):
             api_failure(why)  # a new node still opening: no chain yet
-        fail(
+        fail(  # a WHERE that names no node and no chain: a usage error, as chain_of's
             f"no node is running on {folder}, and it holds no chain ({db}): give a node's "
             "data directory, its config file (.toml) or its chain file",
-            "no_node",
+            "no_chain",
+            "WHERE",
         )
     # Imported here: verifying a chain loads its trust checks (checkpoints, notes).
     from ..audit.offline import print_marker, read_offline, wrap  # noqa: PLC0415

@@ -50,6 +50,10 @@ UNAVAILABLE_CODE: dict[type[NodeUnavailable], str] = {
 }
 #: The API's field names, as the operator typed them.
 _FIELDS = {"grace_s": "--grace", "stream": "--stream", "tail_bytes": "--tail"}
+#: The command that does what a refusal's route does: an operator at a terminal is
+#: told the command (stop 32's trial: a placement on a cordoned node pointed to
+#: POST /v1/node/uncordon); the API's own answer keeps naming the route.
+_COMMAND_OF_ROUTE = {"POST /v1/node/uncordon": "`infervisor uncordon`"}
 
 
 def api_failure(e: ApiError, fields: Mapping[str, str] | None = None) -> NoReturn:
@@ -63,6 +67,8 @@ def api_failure(e: ApiError, fields: Mapping[str, str] | None = None) -> NoRetur
     message = str(e)
     for name, flag in names.items():
         message = message.replace(name, flag) if e.field == name else message
+    for route, command in _COMMAND_OF_ROUTE.items():
+        message = message.replace(route, command)
     fail(message, e.code, field)
 
 
@@ -226,13 +232,15 @@ def _node_options(
 
 
 @contextmanager
-def connected(target: Target) -> Iterator[ApiClient]:
-    """A client of the node; exits by the table on any error of the API."""
+def connected(target: Target, fields: Mapping[str, str] | None = None) -> Iterator[ApiClient]:
+    """A client of the node; exits by the table on any error of the API (``fields``:
+    the command's option for each body field an error may name, as
+    :func:`api_failure` takes them)."""
     try:
         with target.client() as client:
             yield client
     except ApiError as e:
-        api_failure(e)
+        api_failure(e, fields)
 
 
 def view_of(client: ApiClient, instance: str) -> InstanceView:

@@ -5,7 +5,7 @@ state (and, under --json, the seq and hash of its last event in the chain)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import click
 
@@ -96,7 +96,9 @@ def start(target: Target, as_json: bool, wait: bool, timeout: float) -> None:
         already = before.lifecycle in LIVE and view.last_seq == before.last_seq
         if wait:
             view = wait_running(client, view, timeout, progress)
-    say_view(view, as_json, seq=answer.seq, digest=answer.hash, already=already)
+    say_view(
+        view, as_json, seq=answer.seq, digest=answer.hash, already=already, evicted=answer.evicted
+    )
 
 
 @click.command(cls=Command)
@@ -131,7 +133,9 @@ def stop(target: Target, grace: float | None, as_json: bool) -> None:
     already = (
         before.pid is None and before.lifecycle not in LIVE and view.last_seq == before.last_seq
     )
-    say_view(view, as_json, seq=answer.seq, digest=answer.hash, already=already)
+    say_view(
+        view, as_json, seq=answer.seq, digest=answer.hash, already=already, evicted=answer.evicted
+    )
 
 
 @click.command(cls=Command)
@@ -160,7 +164,7 @@ def restart(target: Target, as_json: bool, wait: bool, timeout: float) -> None:
         view = answer.instance
         if wait:
             view = wait_running(client, view, timeout, progress, verb="restart")
-    say_view(view, as_json, seq=answer.seq, digest=answer.hash)
+    say_view(view, as_json, seq=answer.seq, digest=answer.hash, evicted=answer.evicted)
 
 
 @click.command(cls=Command)
@@ -197,15 +201,25 @@ def unload(target: Target, as_json: bool) -> None:
 
 
 def say_view(
-    view: InstanceView, as_json: bool, *, seq: int, digest: str, already: bool = False
+    view: InstanceView,
+    as_json: bool,
+    *,
+    seq: int,
+    digest: str,
+    already: bool = False,
+    evicted: Sequence[str] = (),
 ) -> None:
+    """A verb's answer: the instance's line, then one line per instance evicted to
+    make room for it (a start or restart; ``evicted`` in --json)."""
     if as_json:
-        echo_json(verb_record(view, seq, digest))
+        echo_json(verb_record(view, seq, digest, evicted))
         return
     pid = f", pid {view.pid}" if view.pid is not None else ""
     state = f"already {view.lifecycle}" if already else view.lifecycle
     reason = f": {view.reason}" if view.reason else ""
     click.echo(f"{view.instance_id}: {state} (wanted {view.desired}){pid}{reason}")
+    for victim in evicted:
+        click.echo(f"evicted {victim} to make room for it (it rests until a demand or start)")
 
 
 def wait_running(

@@ -5,8 +5,10 @@ its captured output."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Annotated, Any
 
+import msgspec
 from litestar import Controller, MediaType, get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody, QueryParameter, SkipValidation
@@ -16,7 +18,7 @@ from infervisor.actors.errors import NodeError
 from infervisor.adapters.proc.errors import AdapterError
 
 from ..answers import answer_for
-from ..context import AdmittedNode, ApiContext, last_of
+from ..context import AdmittedNode, ApiContext, evicted_for, last_of
 from ..errors import ApiError
 from ..logs import STREAMS, follow_log, log_file
 from ..openapi import BODIED, POSTED, responses, text
@@ -117,8 +119,9 @@ class InstanceController(Controller):
         self, verb: Verb, instance_id: InstanceId, data: Body = None, idempotency_key: Key = None
     ) -> VerbAnswer:
         """Start the server (an operator start resets the restart budget; a
-        controller's does not). A start of a running instance records nothing."""
-        return verb.answer(instance_id, data, verb.node.start)
+        controller's does not). A start of a running instance records nothing.
+        ``evicted`` names the instances evicted to make room for it."""
+        return _making_room(verb, instance_id, data, verb.node.start)
 
     @post("/{instance_id:str}/stop", operation_id="stopInstance", **_VERB)
     def stop_instance(
@@ -137,8 +140,8 @@ class InstanceController(Controller):
     def restart_instance(
         self, verb: Verb, instance_id: InstanceId, data: Body = None, idempotency_key: Key = None
     ) -> VerbAnswer:
-        """Stop (when running), then start."""
-        return verb.answer(instance_id, data, verb.node.restart)
+        """Stop (when running), then start (``evicted``: as a start's)."""
+        return _making_room(verb, instance_id, data, verb.node.restart)
 
     @post("/{instance_id:str}/unload", operation_id="unloadInstance", **_VERB)
     def unload_instance(
@@ -208,3 +211,15 @@ def _check_port(api: ApiContext, port: int) -> None:
             409,
             "spec.port",
         )
+
+
+def _making_room(
+    verb: VerbCall, instance_id: str, data: VerbRequest | None, act: Callable[..., object]
+) -> VerbAnswer:
+    """A start (or restart) answered with the instances evicted for it: the
+    ``residency.evicted`` events recorded for it while it made room (stop 32's
+    trial: a start said nothing of its victims)."""
+    before, _ = last_of(verb.api.chain_path)
+    answer = verb.answer(instance_id, data, act)
+    evicted = evicted_for(verb.api.chain_path, instance_id, before)
+    return msgspec.structs.replace(answer, evicted=evicted)

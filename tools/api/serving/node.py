@@ -8,6 +8,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import JSONBody
 
 from infervisor.actors.node import VERSION
+from infervisor.replay.cordon_reason import cordon_reason
 from infervisor.replay.lapses import lapse_stopped
 from infervisor.replay.views import LedgerView
 
@@ -52,6 +53,7 @@ class NodeController(Controller):
             witnesses=[WitnessInfo(**row._asdict()) for row in lag],
             witness_quorum=(node.settings.witness_quorum or len(lag)) if lag else None,
             cordon=node.cordon.value,
+            cordon_reason=None if node.cordon == "none" else cordon_reason(api.chain_path),
         )
 
     @get("/ledger", operation_id="getLedger", sync_to_thread=True, responses=responses())
