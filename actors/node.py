@@ -155,6 +155,7 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         node.resume_cordon(booted.state, cordon)
         pending = [i for i, inst in booted.state.instances.items() if demand_pending(inst)]
         node.resume_demands(pending)
+        actors.rooms.attach(node.node_start)  # the starts the boot decided that need room
         return node
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -167,6 +168,7 @@ class Node(NodeViews, NodeFleet, NodeResidency):
             stop_actors(self._actors)
 
     def _stop_and_record(self, stop_servers: bool, reason: str) -> None:
+        self._actors.rooms.close()  # a shutdown evicts nothing for the node's own starts
         with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
             self._actors.supervisor.ask(m.ShuttingDown(), timeout=ASK_TIMEOUT_S)
         if stop_servers:
