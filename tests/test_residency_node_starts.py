@@ -11,6 +11,7 @@ of the fake llama-protocol server and real model sizes (test_residency_node):
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -20,15 +21,15 @@ from typing import Any
 
 import pytest
 from conftest import NodeFactory
-from support import chain_rows, free_ports, wait_until
+from support import chain_rows, cli_here, free_ports, wait_until
 from test_residency_node import OVERHEAD, SIZES, models, needs
 
 from infervisor.actors.errors import NotResident
 from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
 from infervisor.adapters.spec import Flavor, InstanceSpec
-from infervisor.tools.api.answers import answer_for
-from infervisor.tools.api.exit_codes import Exit, exit_for
+from infervisor.tools.api.exit_codes import Exit
+from infervisor.tools.api.serving.server import ApiServer
 
 __all__ = ["models"]  # the fixture, imported to be found
 
@@ -151,7 +152,8 @@ def test_a_verbs_start_is_refused_at_its_deadline_naming_what_was_busy(
 ) -> None:
     """c's kind gives it 2 s to start: its start waits that long for a or b to turn
     idle, then is refused ``no_room`` naming both as serving a request; nothing
-    is evicted; the command line exits with its refusal code."""
+    is evicted; the command line (``infervisor start`` through the control API)
+    exits with its refusal code and says the same."""
     brief = KindSettings(startup_deadline_s=2.0, startup_cap_s=2.0)
     node, (a, b, c) = two_busy(
         nodes, fake_llama, models, kind="brief", settings={"kinds": {"brief": brief}}
@@ -170,7 +172,18 @@ def test_a_verbs_start_is_refused_at_its_deadline_naming_what_was_busy(
     assert refusal[0] == c
     assert {x["why_not"] for x in refusal[1]["candidates"]} == {"serving a request"}
     assert not [r for r in rows(node) if r[0] == "residency.evicted"]
-    # the control API's answer and the command line's exit code
-    status, body = answer_for(e)
-    assert (status, body.code) == (422, "no_room") and a in body.message
-    assert exit_for(body.code) == Exit.REFUSED
+    # the command line, through the control API: its refusal code, and the message
+    data = Path(node.settings.data_dir)
+    server = ApiServer.listen(data, node.settings.chain_path, node.settings.node_id)
+    try:
+        server.serve(node)
+        done = cli_here("start", data, c)
+        assert done.returncode == Exit.REFUSED, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"{a} (serving a request)" in done.stderr and "waited" in done.stderr
+        as_json = cli_here("start", data, c, "--json")
+        assert json.loads(as_json.stdout)["error"]["code"] == "no_room"
+        assert as_json.returncode == Exit.REFUSED
+    finally:
+        server.stopping()
+        server.close()
