@@ -141,3 +141,28 @@ def test_a_node_starts_identical_refusal_is_recorded_once_however_long_apart() -
     # a request's identical refusal that long after is recorded again
     d = sim.feed(_refused(node=False))
     assert sim.kinds_of_last() == ["residency.refused"]
+
+
+def test_a_boot_resuming_an_instance_wanted_running_asks_for_room_the_same() -> None:
+    """Stopped by the node's shutdown (still wanted running): the boot starts it;
+    when it does not fit, the boot's start asks for room as a restart's does."""
+    sim = Sim(rules=make_rules(Mode.PROCESS))
+    sim.start()
+    sim.feed(o.StopVerb(by="shutdown", grace_s=1.0))
+    sim.gone(signal=15)
+    assert sim.inst.lifecycle is S.STOPPED and sim.inst.desired is Desired.RUNNING
+    sim.clock.reboot("boot-b", down_s=5)
+
+    sim.feed(o.BootSeen(process=o.ProcessNone()))
+    check = sim.effect(fx.CheckStart)
+    assert check.by == "boot"
+    d = sim.checked(check, memory_refusal=NO_ROOM)
+
+    assert d.events == ()
+    assert sim.effect(fx.AskRoom) == fx.AskRoom(
+        by="boot", cause="its start at boot (it was wanted running)"
+    )
+    sim.feed(o.StartAgain(by="boot"))
+    assert sim.effect(fx.CheckStart).by == "boot"
+    sim.checked(demand=True, reserved_bytes=40)
+    assert sim.kinds_of_last() == ["instance.starting"]
