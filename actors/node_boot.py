@@ -152,7 +152,7 @@ def start_actors(
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
-        append_health, containment, witnessing, snapshotter, rooms,
+        append_health, containment, witnessing, snapshotter, rooms=rooms,
     )  # fmt: skip
 
 
