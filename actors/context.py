@@ -56,6 +56,10 @@ class InstanceContext:
     #: Each instance's probe loop, where the supervisor asks whether a reconcile
     #: tick wakes it (None: every tick is told, as in tests without a node).
     gates: Gates | None = None
+    #: Told ``(instance id, by, cause)`` when a start the node decided itself does
+    #: not fit (``AskRoom``): the node makes room and asks the start again
+    #: (actors/room_asks.py). Never blocks; without a node, nothing is done.
+    room: Callable[[str, str, str], None] = field(default=lambda _iid, _by, _cause: None)
 
 
 def rules_for(

@@ -125,6 +125,10 @@ class EffectRunner:
         except BudgetExceeded as err:
             return str(err), 0
 
+    def ask_room(self, e: fx.AskRoom) -> None:
+        """Ask the node to make room for a start it decided itself (never blocks)."""
+        self.actor.ctx.room(self.actor.iid, e.by, e.cause)
+
     def check_answers(self, e: fx.CheckAnswers) -> o.Observation:
         adapter = self.actor.adapter
         assert isinstance(adapter, AdoptedServer)
@@ -341,6 +345,7 @@ def _quietly(iid: str, fn: Callable[[], Any]) -> None:
 
 _HANDLERS: dict[type[Any], Callable[[EffectRunner, Any], o.Observation | None]] = {
     fx.CheckStart: EffectRunner.check_start,
+    fx.AskRoom: EffectRunner.ask_room,
     fx.CheckAnswers: EffectRunner.check_answers,
     fx.Spawn: EffectRunner.spawn,
     fx.Terminate: EffectRunner.terminate,

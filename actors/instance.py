@@ -201,9 +201,9 @@ class InstanceActor(pykka.ThreadingActor):
                 return self._await_state(lambda st: answers.stopped(st, self.rules))
             case o.EvictVerb():
                 return self._await(message, answers.stopped)
-            case o.RoomRefused() | o.RoomPlanned():
+            case o.RoomRefused() | o.RoomPlanned() | o.StartAgain():
                 self._decide_verb(message)
-                return None
+                return self.view()
             case m.ResidencyFacts():
                 serving = self.tracking.serving
                 return holder(self.state, self.rules, serving, self.adapter.model_bytes)

@@ -155,6 +155,7 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         node.resume_cordon(booted.state, cordon)
         pending = [i for i, inst in booted.state.instances.items() if demand_pending(inst)]
         node.resume_demands(pending)
+        actors.rooms.attach(node.node_start)  # the starts the boot decided that need room
         return node
 
     def shutdown(self, *, stop_servers: bool = True, reason: str = "shutdown") -> None:
@@ -167,6 +168,7 @@ class Node(NodeViews, NodeFleet, NodeResidency):
             stop_actors(self._actors)
 
     def _stop_and_record(self, stop_servers: bool, reason: str) -> None:
+        self._actors.rooms.close()  # a shutdown evicts nothing for the node's own starts
         with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
             self._actors.supervisor.ask(m.ShuttingDown(), timeout=ASK_TIMEOUT_S)
         if stop_servers:
@@ -345,15 +347,19 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         memory budget makes room by the residency policy (issue 21,
         :mod:`.node_residency`): idle, unpinned instances of lower or equal
         priority are evicted, least recently used first, and gone before it
-        starts. This answers once its start is recorded, as any start does; the
-        start is a use of the instance (its last use).
+        starts. Room that only instances serving a request (or loading) could
+        make is waited for, within the kind's start-up deadline (nothing is
+        evicted mid-request), so this may block that long. This answers once
+        its start is recorded, as any start does; the start is a use of the
+        instance (its last use).
 
         Raises:
             UnknownInstance, InvalidState: refused; nothing recorded.
             Cordoned: the node is drained and a controller placed the instance.
             AdmissionRefused: the address is taken (the refusal is recorded).
-            NotResident: nothing can be evicted for it (``no_room``, recorded as
-                ``residency.refused`` with the numbers).
+            NotResident: nothing can be evicted for it, or what could was still
+                busy at the deadline (``no_room``, recorded as ``residency.refused``
+                with the numbers; the message names each candidate and why not).
             SpawnError: the launcher could not run (recorded as an exit).
         """
         self._refuse_drained_start(instance_id)

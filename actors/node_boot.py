@@ -40,6 +40,7 @@ from .context import InstanceContext
 from .host import HostActor
 from .ledger import LedgerActor
 from .probe_loop import Gates
+from .room_asks import RoomAsks
 from .routes import Routes
 from .settings import NodeSettings
 from .snapshots import Snapshotter, read_snapshot_file
@@ -95,6 +96,8 @@ class NodeActors:
     witnessing: Witnessing | None = None
     #: Takes the snapshots of the projection (None: not given the booted state).
     snapshotter: Snapshotter | None = None
+    #: The starts the node decided itself that wait for room (the node attaches).
+    rooms: RoomAsks = field(default_factory=RoomAsks)
 
 
 def start_actors(
@@ -127,12 +130,13 @@ def start_actors(
     probes = ThreadPoolExecutor(max_workers=PROBE_WORKERS, thread_name_prefix="probe")
     engine = prober or HttpProber()
     relay = _GoneRelay()
+    rooms = RoomAsks()
     containment = detect(settings.containment, settings.node_id, settings.data_dir)
     log.info("containment: %s (%s)", containment.mode, containment.reason)
     gates = Gates()
     ctx = InstanceContext(
         settings.node_id, WriterAppend(writer, clock), clock, settings, ledger, probes, engine,
-        gone=relay.tell, containment=containment, gates=gates,
+        gone=relay.tell, containment=containment, gates=gates, room=rooms.ask,
     )  # fmt: skip
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
@@ -148,7 +152,7 @@ def start_actors(
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
-        append_health, containment, witnessing, snapshotter,
+        append_health, containment, witnessing, snapshotter, rooms=rooms,
     )  # fmt: skip
 
 
@@ -254,6 +258,7 @@ def end_unknown(actors: NodeActors, clock: Clock, known: set[str]) -> None:
 def stop_actors(actors: NodeActors) -> None:
     """Stop the node-wide actors in dependency order: the watchdog and ticks
     first, the writer last."""
+    actors.rooms.close()
     if actors.watchdog is not None:
         actors.watchdog.stop()
     actors.supervisor.stop()

@@ -2,38 +2,37 @@
 demands, evictions, requests begun and ended. A base of :class:`~.node.Node`;
 F's OpenAI-compatible front calls these from its own threads.
 
-It executes the decisions of :mod:`.core.residency`: decide, append
-(durable), then act.
+It executes the decisions of :mod:`.core.residency` and :mod:`.core.room`:
+decide, append (durable), then act.
 
-- Any start the node is asked for goes to the instance's own actor: a
-  request's demand (which never starts an instance an operator or controller
-  stopped), or an operator's or controller's start or restart (which may).
-  The actor decides it with the start's checks; when the memory does not fit,
-  nothing is recorded there and the node plans room
-  (:func:`.core.residency.plan_room`) from each instance's facts and the
-  ledger, under one lock (plans are made one at a time, so two starts never
-  count the same victim's bytes).
-- With victims, the started instance records ``residency.demanded`` first
-  (``RoomPlanned``: it is wanted running, and a boot resumes it); each
-  victim's actor records ``residency.evicted`` with its stop to rest (one
-  transaction) before anything of it is stopped, refusing if it turned busy
-  meanwhile (then the node plans again); the node waits until the victims
-  are gone and their memory released, then asks the start again, which now
-  fits (``instance.starting``: the use).
-- Nothing evictable for now, only because instances that would make room
-  serve a request or load (the plan's ``wait_for``): a request waits for one
-  of them to end, within its own deadline (it is in the front's bounded
-  queue), then plans again; an instance is never evicted mid-request for it.
-  A verb does not wait.
+- Any start goes to the instance's own actor: a request's demand (which never
+  starts an instance an operator or controller stopped), an operator's or
+  controller's start or restart (which may), or a start the node decided
+  itself (a restart coming due, a boot resuming: the core's ``AskRoom``,
+  through actors/room_asks.py). The actor decides it with the start's checks;
+  when the memory does not fit, nothing is recorded there and the node plans
+  room (:func:`.core.room.plan_room`) from each instance's facts and the
+  ledger, one plan at a time (two starts never count the same victim's bytes).
+- With victims, a request's or verb's start records ``residency.demanded``
+  first (``RoomPlanned``: wanted running, and a boot resumes it; a node's own
+  start is wanted running already, and no use); each victim's actor records
+  ``residency.evicted`` (with why the other starts) and its stop to rest in
+  one transaction before anything of it is stopped, refusing if it turned busy
+  meanwhile (then the node plans again); once the victims are gone and their
+  memory released, the start is asked again and fits (``instance.starting``).
+- Room that only instances serving a request or loading could make (the
+  plan's ``wait_for``): a request or verb waits for one of them to end, within
+  its deadline (the kind's start-up deadline), then plans again; nothing is
+  evicted mid-request. A node's own start does not wait (its tick asks again).
 - Nothing evictable (pinned, higher priority, or still busy at the deadline):
   the instance records ``residency.refused`` with the ledger (identical
-  refusals within a window are counted, not recorded), and the start raises
-  ``NotResident`` (``no_room``). A refused start is no use.
+  refusals within a window are counted, not recorded; a node's own start's
+  once per cause), and the start raises ``NotResident`` (``no_room``).
 
 A node killed mid-way decides the same after boot: a victim's stop in flight
-is finished by its boot (it rests), and a start recorded as demanded but not
-made is resumed by :meth:`NodeResidency.resume_demands`, room made first as
-the live node would have.
+is finished by its boot (it rests); a start recorded as demanded but not made
+is resumed by :meth:`NodeResidency.resume_demands`, and a node's own start by
+its boot, room made first as the live node would have.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -57,9 +57,9 @@ from . import messages as m
 from .core import observations as o
 from .core import residency as rule
 from .errors import Cordoned, InvalidState, NodeError, NotResident
-from .ledger import BudgetExceeded
 from .node_boot import ASK_TIMEOUT_S
 from .settings import NodeSettings
+from .start_answers import ask, own_refusal, ready, recorded, started
 
 __all__ = ["DEFAULT_START_S", "NodeResidency"]
 
@@ -72,6 +72,32 @@ _PLANS = 4
 #: seconds (a request routed by the node wakes it at once; the server's own count
 #: and a load's end are seen at the next plan).
 _REPLAN_S = 0.25
+#: What one plan tells the loop: wait for a busy instance, or plan again.
+_WAIT, _AGAIN = object(), object()
+
+
+@dataclass(frozen=True)
+class _Start:
+    """One start that makes room.
+
+    Attributes:
+        iid: the instance.
+        ref: its actor.
+        asked: the start (a demand, a start or restart verb, ``StartAgain``).
+        planned: recorded before any eviction (``residency.demanded``); None for
+            a start the node decided (wanted running already, and no use).
+        cause: why it starts, recorded with each eviction.
+        deadline: until when busy instances are waited for (``time.monotonic()``).
+        began: when the start was asked (``time.monotonic()``).
+    """
+
+    iid: str
+    ref: pykka.ActorRef[Any]
+    asked: Any
+    planned: o.RoomPlanned | None
+    cause: str
+    deadline: float
+    began: float
 
 
 class NodeResidency:
@@ -126,33 +152,65 @@ class NodeResidency:
             raise NotResident(str(e), code="stopped", retry_after_s=0.0) from e
         asked = o.DemandVerb(request=request, model=model, by=by)
         began = time.monotonic()
-        answer = _started(ref, asked)
+        answer = started(ref, asked)
         if answer is not None and answer.done():  # serving already: one ask, the hot path
-            return _ready(instance_id, answer, began, 0.0)
+            return ready(instance_id, answer, began, 0.0)
         if timeout_s is None:
-            facts: rule.Holder = _ask(ref, m.ResidencyFacts())
+            facts: rule.Holder = ask(ref, m.ResidencyFacts())
             timeout_s = facts.startup_s or DEFAULT_START_S
         if answer is None:
             planned = o.RoomPlanned(request=request, model=model, by=by, verb=False)
-            answer = self._make_room(instance_id, ref, asked, planned, began + timeout_s)
-        return _ready(instance_id, answer, began + timeout_s, timeout_s)
+            cause = f"request {request} by {by}"
+            start = _Start(instance_id, ref, asked, planned, cause, began + timeout_s, began)
+            answer = self._make_room(start)
+        return ready(instance_id, answer, began + timeout_s, timeout_s)
 
     def _start_making_room(self, instance_id: str, verb: m.Start | m.Restart) -> Future[Any]:
         """An operator's or controller's start or restart (``room`` set): its answer,
-        room made first when it does not fit (a verb waits for no request to end).
+        room made first when it does not fit. Room that only instances serving a
+        request (or loading) could make is waited for, as a request waits in the
+        front's queue, within the kind's start-up deadline (its cap, else
+        :data:`DEFAULT_START_S`); nothing is evicted mid-request.
+
+        Blocks the calling thread up to that deadline plus the victims' stop grace.
 
         Raises:
-            NotResident: ``no_room`` (recorded as ``residency.refused``).
+            NotResident: ``no_room`` (recorded as ``residency.refused``; the
+                message names what could not go and why, what was busy
+                included, and how long the start waited).
             UnknownInstance, InvalidState, AdmissionRefused, ...: the verb's refusal.
         """
         ref = self._ref(instance_id)
-        answer = _started(ref, verb)
+        began = time.monotonic()
+        answer = started(ref, verb)
         if answer is not None:
             return answer
         view = self.status(instance_id)
         model = view.model or view.role or instance_id
         planned = o.RoomPlanned(request="verb", model=model, by=verb.by, verb=True)
-        return self._make_room(instance_id, ref, verb, planned, time.monotonic())
+        facts: rule.Holder = ask(ref, m.ResidencyFacts())
+        deadline = began + (facts.startup_s or DEFAULT_START_S)
+        cause = f"a {type(verb).__name__.lower()} by {verb.by}"
+        return self._make_room(_Start(instance_id, ref, verb, planned, cause, deadline, began))
+
+    def node_start(self, instance_id: str, by: str, cause: str) -> None:
+        """A start the node decided itself (``by`` the supervisor or the boot: a
+        restart coming due, a boot resuming an instance wanted running) did not
+        fit: evict by the same rules as for a verb (LRU, priority, pins; nothing
+        busy or loading), each eviction recording ``cause``, then decide the start
+        again. No demand is recorded (the instance is wanted running already, and
+        the start is no use of it); no wait for busy instances (the reconcile tick
+        asks again). Nothing evictable: ``residency.refused``, once per cause.
+
+        Runs on the room asks' thread (actors/room_asks.py), never an actor's."""
+        try:
+            ref = self._ref(instance_id)
+            now = time.monotonic()
+            self._make_room(_Start(instance_id, ref, o.StartAgain(by=by), None, cause, now, now))
+        except NotResident as e:
+            log.info("%s: its %s is refused: %s", instance_id, cause, e)
+        except (NodeError, AdapterError, pykka.ActorDeadError, pykka.Timeout) as e:
+            log.warning("%s: room for its %s was not made: %s", instance_id, cause, e)
 
     def request_began(self, instance_id: str) -> None:
         """A request routed to the instance began (never blocks: an actor tell).
@@ -185,75 +243,83 @@ class NodeResidency:
         return thread
 
     # ------------------------------------------------------------------ room
-    def _make_room(
-        self,
-        iid: str,
-        ref: pykka.ActorRef[Any],
-        asked: Any,
-        planned: o.RoomPlanned,
-        deadline: float,
-    ) -> Future[Any]:
-        """Evict by the plan until the start ``asked`` (a demand, a start or restart
-        verb) fits; its answer. ``planned`` is recorded before any eviction. Room
-        that busy or loading instances hold is waited for until ``deadline``
-        (``time.monotonic()``), planning again whenever a request ends.
+    def _make_room(self, start: _Start) -> Future[Any]:
+        """Evict by the plan until ``start.asked`` (a demand, a start or restart verb,
+        a node's own start) fits; its answer. Room that busy or loading instances
+        hold is waited for until ``start.deadline``, planning again whenever a
+        request ends; plans are made one at a time, waits are not.
 
         Raises:
             NotResident: ``no_room`` (recorded as ``residency.refused``), or
                 ``stopped`` (a request's, stopped meanwhile).
         """
-        with self._room_lock:
-            plans = 0
-            while plans < _PLANS:
-                plans += 1
-                self._room_changed.clear()  # a request ending from here on wakes a wait
-                answer = _started(ref, asked)  # room may have been made meanwhile
-                if answer is not None:
-                    return answer
-                ledger = self.ledger()
-                if ledger is None:  # no budget: nothing to plan (cannot refuse on memory)
-                    break
-                holders = self._holders(ledger)
-                me: rule.Holder = holders.get(iid) or _ask(ref, m.ResidencyFacts())
-                releasing = [h.instance_id for h in holders.values() if h.releasing]
-                if releasing:
-                    self._await_released(releasing)  # memory on its way back: count it first
-                    continue
-                plan = rule.plan_room(
-                    iid, me.needs_bytes, ledger.budget_bytes, me.priority, holders.values()
-                )
-                if plan.refusal is None and not plan.victims:
-                    return _own_refusal(ref, asked)
-                if plan.refusal is not None and plan.wait_for and self._await_room(deadline):
-                    plans -= 1  # waited, not planned in vain: bounded by the deadline
-                    continue
-                if plan.refusal is not None:
-                    self._refuse(ref, me, ledger, plan)
-                if plan.victims:
-                    _ask(ref, planned)  # residency.demanded, before any eviction
-                if not self._evict(iid, me, ledger, plan):
-                    log.info("%s: a victim turned busy while room was made; planning again", iid)
+        plans = 0
+        while plans < _PLANS:
+            plans += 1
+            self._room_changed.clear()  # a request ending from here on wakes a wait
+            with self._room_lock:
+                step = self._plan_once(start)
+            if isinstance(step, Future):
+                return step
+            if step is _WAIT:
+                plans -= 1  # waited, not planned in vain: bounded by the deadline
+                self._await_room(start.deadline)
         raise NotResident(
-            f"{iid}: no room could be made for it (victims kept turning busy)",
+            f"{start.iid}: no room could be made for it (victims kept turning busy)",
             code="no_room",
             retry_after_s=5.0,
         )
 
-    def _await_room(self, deadline: float) -> bool:
-        """Wait for a request to end (at most :data:`_REPLAN_S`); False, at once,
-        once ``deadline`` (``time.monotonic()``) has passed."""
+    def _plan_once(self, start: _Start) -> Future[Any] | object:
+        """One plan (under the room lock): the start's answer once it fits or the
+        plan cannot make room for it; :data:`_WAIT` when only busy instances
+        could make room and the deadline has not passed; :data:`_AGAIN` when it
+        should plan again (a victim turned busy, or memory was on its way back).
+
+        Raises:
+            NotResident: ``no_room`` (recorded), or a refusal of the start.
+        """
+        iid, ref, asked = start.iid, start.ref, start.asked
+        answer = started(ref, asked)  # room may have been made meanwhile
+        if answer is not None:
+            return answer
+        ledger = self.ledger()
+        if ledger is None:  # no budget: nothing to plan (cannot refuse on memory)
+            raise NotResident(f"{iid}: no room, and no memory budget to plan", code="no_room")
+        holders = self._holders(ledger)
+        me: rule.Holder = holders.get(iid) or ask(ref, m.ResidencyFacts())
+        releasing = [h.instance_id for h in holders.values() if h.releasing]
+        if releasing:
+            self._await_released(releasing)  # memory on its way back: count it first
+            return _AGAIN
+        budget = ledger.budget_bytes
+        plan = rule.plan_room(iid, me.needs_bytes, budget, me.priority, holders.values())
+        if plan.refusal is None and not plan.victims:
+            return own_refusal(ref, recorded(asked))
+        if plan.refusal is not None and plan.wait_for and time.monotonic() < start.deadline:
+            return _WAIT
+        if plan.refusal is not None:
+            waited = time.monotonic() - start.began if plan.wait_for else 0.0
+            self._refuse(ref, me, ledger, plan, waited, node=isinstance(asked, o.StartAgain))
+        if plan.victims and start.planned is not None:
+            ask(ref, start.planned)  # residency.demanded, before any eviction
+        if not self._evict(iid, me, ledger, plan, start.cause):
+            log.info("%s: a victim turned busy while room was made; planning again", iid)
+        return _AGAIN
+
+    def _await_room(self, deadline: float) -> None:
+        """Wait for a request to end (at most :data:`_REPLAN_S`, and never past
+        ``deadline``, ``time.monotonic()``)."""
         left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        self._room_changed.wait(min(left, _REPLAN_S))
-        return True
+        if left > 0:
+            self._room_changed.wait(min(left, _REPLAN_S))
 
     def _await_released(self, iids: Sequence[str]) -> None:
         """Wait until each of ``iids`` has stopped (its grace plus 30 s at most)."""
         grace = self.settings.stop_grace_s
         for iid in iids:
             try:
-                answer: Future[Any] = _ask(self._ref(iid), m.AwaitStopped())
+                answer: Future[Any] = ask(self._ref(iid), m.AwaitStopped())
                 answer.result(timeout=grace + 30)
             except (FutureTimeout, NodeError, pykka.ActorDeadError) as e:
                 log.warning("%s: its stop did not end: %s", iid, e)
@@ -274,9 +340,18 @@ class NodeResidency:
         return holders
 
     def _refuse(
-        self, ref: pykka.ActorRef[Any], me: rule.Holder, ledger: LedgerView, plan: rule.RoomPlan
+        self,
+        ref: pykka.ActorRef[Any],
+        me: rule.Holder,
+        ledger: LedgerView,
+        plan: rule.RoomPlan,
+        waited_s: float,
+        *,
+        node: bool,
     ) -> None:
-        """Record ``residency.refused`` on the demanded instance; raises NotResident."""
+        """Record ``residency.refused`` on the demanded instance (``waited_s``: how
+        long the start waited for busy instances; ``node``: a start the node
+        decided, refused once per cause); raises NotResident."""
         held = {iid: b for iid, b in ledger.reservations.items() if iid != me.instance_id}
         refused = o.RoomRefused(
             by=Role.NODE,
@@ -285,15 +360,20 @@ class NodeResidency:
             in_use_bytes=plan.in_use_bytes,
             held=held,
             candidates=plan.candidates,
+            waited_s=waited_s,
+            node=node,
         )
-        _ask(ref, refused)  # raises the refusal: NotResident no_room
+        ask(ref, refused)  # raises the refusal: NotResident no_room
         raise NotResident(  # not reached unless the instance changed meanwhile
             f"{me.instance_id}: no room ({plan.refusal})", code="no_room", retry_after_s=5.0
         )
 
-    def _evict(self, iid: str, me: rule.Holder, ledger: LedgerView, plan: rule.RoomPlan) -> bool:
-        """Ask each victim to rest (recorded before it is stopped) and wait until all
-        are gone; False when one refused (it turned busy: plan again)."""
+    def _evict(
+        self, iid: str, me: rule.Holder, ledger: LedgerView, plan: rule.RoomPlan, cause: str
+    ) -> bool:
+        """Ask each victim to rest (recorded before it is stopped, with ``cause``: why
+        ``iid`` starts) and wait until all are gone; False when one refused (it
+        turned busy: plan again)."""
         grace = self.settings.stop_grace_s
         waiting: builtins.list[tuple[str, Future[Any]]] = []
         refused = False
@@ -307,9 +387,10 @@ class NodeResidency:
                 in_use_bytes=plan.in_use_bytes,
                 candidates=plan.candidates,
                 grace_s=grace,
+                cause=cause,
             )
             try:
-                answer: Future[Any] = _ask(self._ref(victim), verb)
+                answer: Future[Any] = ask(self._ref(victim), verb)
             except (NodeError, pykka.ActorDeadError) as e:
                 log.info("%s: not evicted: %s", victim, e)
                 refused = True
@@ -333,80 +414,5 @@ class NodeResidency:
             return  # unloaded meanwhile: its requests no longer count
 
 
-def _ask(ref: pykka.ActorRef[Any], msg: Any) -> Any:
-    return ref.ask(msg, block=True, timeout=ASK_TIMEOUT_S)
-
-
 def _fields(h: rule.Holder) -> dict[str, Any]:
     return {f: getattr(h, f) for f in h.__struct_fields__}
-
-
-def _started(ref: pykka.ActorRef[Any], asked: Any) -> Future[Any] | None:
-    """Ask for the start (a demand, or a start or restart verb with ``room``); its
-    answer, or None when the start does not fit (no room). The start's memory
-    check runs in the decision, so a refusal is known at once.
-
-    Raises:
-        NotResident: stopped or failed (a demand's refusal); a verb's refusals.
-    """
-    try:
-        answer = _as_future(_ask(ref, asked))
-    except BudgetExceeded:  # a start verb's: answered at once, not recorded
-        return None
-    if answer.done() and isinstance(answer.exception(), BudgetExceeded):
-        return None
-    if answer.done() and answer.exception() is not None:
-        answer.result()  # raises it
-    return answer
-
-
-def _own_refusal(ref: pykka.ActorRef[Any], asked: Any) -> Future[Any]:
-    """The start asked once more, where the room planner sees room that the start
-    does not find: the instance alone knows its size (an Ollama model's, read from
-    its tags as it starts), so no eviction can be planned for it. Its answer if it
-    fits now, else its own refusal, with its numbers.
-
-    Raises:
-        BudgetExceeded: a verb's (the API's 422 ``no_room``).
-        NotResident: ``no_room``, a demand's, with the same message.
-    """
-    answer = _as_future(_ask(ref, asked))  # a verb's BudgetExceeded is raised here
-    refusal = answer.exception() if answer.done() else None
-    if isinstance(refusal, BudgetExceeded):
-        raise NotResident(str(refusal), code="no_room", retry_after_s=5.0) from refusal
-    return answer
-
-
-def _as_future(answer: Any) -> Future[Any]:
-    """A demand's answer is a future already; a start verb's is its view."""
-    if isinstance(answer, Future):
-        return answer
-    done: Future[Any] = Future()
-    done.set_result(answer)
-    return done
-
-
-def _ready(iid: str, answer: Future[InstanceView], deadline: float, wait_s: float) -> InstanceView:
-    """The view once the instance serves.
-
-    Raises:
-        NotResident: it did not become ready in time, or will not by itself.
-    """
-    try:
-        view = answer.result(timeout=max(0.0, deadline - time.monotonic()))
-    except FutureTimeout:
-        raise NotResident(
-            f"{iid}: not ready within {wait_s:g} s (its start-up deadline); it goes on starting",
-            code="start_timeout",
-            retry_after_s=5.0,
-        ) from None
-    if view is None:
-        raise InvalidState(f"{iid} was unloaded while it was demanded")
-    if view.lifecycle == "running":
-        return view
-    code = "failed" if view.lifecycle == "failed" else "stopped"
-    raise NotResident(
-        f"{iid} is {view.lifecycle} and will not serve: {view.reason}",
-        code=code,
-        retry_after_s=0.0,
-    )

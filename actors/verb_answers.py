@@ -108,7 +108,7 @@ def is_verb(obs: o.Observation) -> bool:
         obs,
         (
             o.StartVerb, o.StopVerb, o.RestartVerb, o.UnloadVerb, o.PlacementVerb,
-            o.DemandVerb, o.EvictVerb, o.RoomRefused, o.RoomPlanned,
+            o.DemandVerb, o.EvictVerb, o.RoomRefused, o.RoomPlanned, o.StartAgain,
         ),
     )  # fmt: skip
 

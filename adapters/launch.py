@@ -74,7 +74,8 @@ def build_llamacpp_launch(
     """The plan for a managed llama.cpp server::
 
         program -m <model path> --host <host> --port <port> -c <ctx_size>
-                --alias <model name> [-md <draft path>]
+                --alias <model name> [-md <draft path>] [--embeddings]
+                [--pooling <pooling>]
 
     run in ``workdir`` with only the ``passthrough`` variables of this process,
     then ``extra_env``, then ``spec.env`` (a later one wins on a clash), then,
@@ -96,6 +97,10 @@ def build_llamacpp_launch(
     args += ["-c", str(spec.ctx_size), "--alias", model.entry.name]
     if draft is not None:
         args += ["-md", _weights(draft, "draft model")]
+    if spec.embeddings:
+        args += ["--embeddings"]
+    if spec.pooling is not None:
+        args += ["--pooling", spec.pooling]
     return LaunchPlan(
         program=program,
         args=args,

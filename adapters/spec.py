@@ -113,6 +113,13 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         priority: an eviction takes instances of lower or equal priority only
             (-1000..1000).
         pinned: never evicted (managed only).
+        embeddings: serve embeddings only (llama-server's ``--embeddings``:
+            ``/v1/embeddings`` answers, completions may not); managed
+            llama.cpp only.
+        pooling: how token embeddings are pooled (llama-server's ``--pooling``,
+            one of :data:`POOLINGS`); None: the model's own (a model with none,
+            a causal LM, must be given one for ``/v1/embeddings``); managed
+            llama.cpp only.
     """
 
     role: str
@@ -132,6 +139,8 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     idle_ttl_s: float | None = None
     priority: int = 0
     pinned: bool = False
+    embeddings: bool = False
+    pooling: str | None = None
 
     def validate(self) -> None:
         """Check every field an operator can get wrong.
@@ -166,6 +175,7 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
             )
         check_env(self.env)
         _check_residency(self)
+        _check_embeddings(self)
         _check_encoded_size(self)
 
     @property
@@ -236,6 +246,29 @@ def _check_residency(spec: InstanceSpec) -> None:
                     "not the node's memory: the node neither starts nor releases it)",
                     field=name,
                 )
+
+
+#: llama-server's ``--pooling`` choices.
+POOLINGS = ("none", "mean", "cls", "last", "rank")
+
+
+def _check_embeddings(spec: InstanceSpec) -> None:
+    """``embeddings`` and ``pooling``: a managed llama.cpp server's flags only."""
+    llamacpp = spec.flavor is Flavor.LLAMACPP and spec.mode is Mode.MANAGED
+    if spec.embeddings is not False and (spec.embeddings is not True or not llamacpp):
+        raise SpecError(
+            f"embeddings {spec.embeddings!r}: allowed true or false, and true only for a "
+            "managed llama.cpp server (its --embeddings flag)",
+            field="embeddings",
+        )
+    if spec.pooling is None:
+        return
+    if spec.pooling not in POOLINGS or not llamacpp:
+        raise SpecError(
+            f"pooling {spec.pooling!r}: allowed {', '.join(POOLINGS)}, for a managed "
+            "llama.cpp server only (its --pooling flag)",
+            field="pooling",
+        )
 
 
 def instance_id(spec: InstanceSpec, node_id: str) -> str:

@@ -33,8 +33,9 @@ def _why(reason: str | None) -> str:
 
 
 def _evicted(e: rev.ResidencyEvicted) -> str:
+    cause = f" ({e.cause})" if e.cause else ""
     return (
-        f"evicted for {e.for_instance}: it needs {e.needed_bytes} bytes beside "
+        f"evicted for {e.for_instance}{cause}: it needs {e.needed_bytes} bytes beside "
         f"{e.in_use_bytes} in use of {e.budget_bytes}; frees {e.freed_bytes}"
     )
 

@@ -69,8 +69,10 @@ class ResidencyEvicted(EventBase, frozen=True, tag="residency.evicted"):
     """The instance is evicted to make room for ``for_instance``, which needs
     ``needed_bytes`` beside ``in_use_bytes`` of ``budget_bytes``; this eviction
     frees ``freed_bytes``. ``candidates``: every holder weighed, least recently
-    used first, the ones chosen marked. Its stop (``then = "rest"``) is in the
-    same transaction."""
+    used first, the ones chosen marked. ``cause``: why ``for_instance`` starts
+    (``request ID by WHO``, ``a start by WHO``, ``its restart after an exit
+    (attempt N)``, ``its start at boot ...``; empty in chains written before
+    stop 32). Its stop (``then = "rest"``) is in the same transaction."""
 
     for_instance: str
     needed_bytes: int
@@ -78,6 +80,7 @@ class ResidencyEvicted(EventBase, frozen=True, tag="residency.evicted"):
     budget_bytes: int
     in_use_bytes: int
     candidates: list[Candidate]
+    cause: str = ""
 
 
 class ResidencyExpired(EventBase, frozen=True, tag="residency.expired"):

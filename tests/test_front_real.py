@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import NodeFactory
-from support import wait_until
+from support import chain_rows, wait_until
 
 from infervisor.actors.node import Node
 from infervisor.adapters.ports import free_port
@@ -70,3 +70,28 @@ def test_the_openai_client_through_the_front_to_llama_server(
     assert tally.requests[(iid, "/v1/chat/completions", "200")] == 2
     assert tally.requests[(iid, "/v1/embeddings", "501")] == 1
     assert tally.tokens[(iid, "completion")] == 8 + 6 + 5
+
+
+def test_embeddings_through_the_front_from_a_llama_server_placed_for_them(
+    node: Node, front: FrontServer, sdk: openai.OpenAI
+) -> None:
+    """``embeddings = true`` (with ``pooling``: the tiny model's GGUF names none)
+    launches llama-server with ``--embeddings --pooling mean``; the first request
+    through the front starts it and gets one vector per input."""
+    spec = InstanceSpec(
+        role="embed", flavor=Flavor.LLAMACPP, model="tiny", port=free_port(),
+        embeddings=True, pooling="mean",
+    )  # fmt: skip
+    iid = node.place(spec)
+
+    answer = sdk.embeddings.create(model="embed", input=["hello", "world", "again"])
+
+    assert [d.index for d in answer.data] == [0, 1, 2]
+    sizes = {len(d.embedding) for d in answer.data}
+    assert len(sizes) == 1 and sizes.pop() > 0
+    assert answer.data[0].embedding != answer.data[1].embedding
+    assert answer.usage is not None and answer.usage.prompt_tokens > 0
+    view = node.status(iid)
+    assert view.lifecycle == "running"
+    argv = [p for _, _, k, s, p in chain_rows(node.settings.chain_path) if k == "instance.spawned"]
+    assert argv and argv[-1]["argv"][-3:] == ["--embeddings", "--pooling", "mean"]

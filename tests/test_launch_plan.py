@@ -93,3 +93,41 @@ def test_refusals(reg: ModelRegistry, tmp_path: Path) -> None:
         build_llamacpp_launch(spec(host="0.0.0.0"), tiny, None, program="p", workdir=tmp_path)
     assert isinstance(tiny, ResolvedModel)
     assert spec().mode is Mode.MANAGED
+
+
+def test_embeddings_and_pooling_are_llama_servers_flags(reg: ModelRegistry, tmp_path: Path) -> None:
+    """``embeddings`` and ``pooling`` become ``--embeddings --pooling P``; the
+    launcher passes them on to llama-server (and to the embedded one)."""
+    from infervisor.tools.servers.launcher import llama_server_argv, parse_args
+
+    s = spec(embeddings=True, pooling="mean")
+    plan = build_llamacpp_launch(
+        s, reg.resolve("tiny"), None, program="p", workdir=tmp_path / "inst"
+    )
+    assert plan.args[-3:] == ["--embeddings", "--pooling", "mean"]
+    plain = build_llamacpp_launch(spec(), reg.resolve("tiny"), None, program="p", workdir=tmp_path)
+    assert "--embeddings" not in plain.args and "--pooling" not in plain.args
+    args = parse_args(plan.args)
+    assert args is not None and args.embeddings and args.pooling == "mean"
+    assert llama_server_argv("/bin/llama-server", args)[-3:] == [
+        "--embeddings",
+        "--pooling",
+        "mean",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"embeddings": True, "flavor": Flavor.MLX_LM}, "embeddings"),
+        ({"embeddings": True, "mode": Mode.ADOPTED}, "embeddings"),
+        ({"pooling": "mean", "flavor": Flavor.MLX_LM}, "pooling"),
+        ({"embeddings": True, "pooling": "max"}, "pooling"),
+    ],
+)
+def test_embeddings_and_pooling_are_refused_naming_the_field(
+    fields: dict[str, object], field: str
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        spec(**fields).validate()
+    assert refused.value.field == field and field in str(refused.value)

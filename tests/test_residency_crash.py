@@ -57,11 +57,12 @@ def rows_of(db: Path, kind: str, subject: str) -> list[Any]:
     return [r for r in chain_rows(db) if r[2] == kind and r[3] == subject]
 
 
-@pytest.mark.parametrize("asker", ["request", "operator"])
-def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, asker: str) -> None:
-    """``operator``: the third instance was stopped by an operator, and its start
-    is the operator's verb (it makes room as a request's does; the start recorded
-    as demanded is resumed at boot though the instance was stopped)."""
+def three_on_demand(
+    tmp_path: Path, *, stopped_c: bool = False, c_restart: dict[str, float] | None = None
+) -> tuple[dict[str, Any], NodeSettings, list[str]]:
+    """The child node's settings (fields and struct) and three on-demand instances
+    with room for two, placed by a node that has closed (nothing runs): m1, m2, m3
+    (``stopped_c``: c stopped by an operator; ``c_restart``: c's restart policy)."""
     models = tmp_path / "models"
     models.mkdir()
     for name in ("m1", "m2", "m3"):
@@ -81,24 +82,27 @@ def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, 
         "restart": {"base_s": 0.2, "cap_s": 1.0, "stable_after_s": 60.0},
     }
     settings = NodeSettings(**{**fields, "restart": RestartPolicy(**fields["restart"])})
-    db = settings.chain_path
     ports = free_ports(3)
     with Node.open(settings) as placer:  # nothing runs: they rest
         for name in ("m1", "m2", "m3"):
             placer.registry.adopt(name, models / f"{name}.gguf")
-        a, b, c = (
+        iids = [
             placer.place(
                 InstanceSpec(
                     role=f"r{n}", flavor=Flavor.LLAMACPP, model=f"m{n + 1}", port=ports[n],
-                    on_demand=True,
+                    on_demand=True, restart=c_restart if n == 2 else None,
                 )
             )
             for n in range(3)
-        )  # fmt: skip
-        if asker == "operator":
-            placer.stop(c, by="operator:uid=1(alice)")
-    asked = [a, b, c if asker == "request" else f"start:{c}"]
-    child = subprocess.Popen(
+        ]  # fmt: skip
+        if stopped_c:
+            placer.stop(iids[2], by="operator:uid=1(alice)")
+    return fields, settings, iids
+
+
+def run_child(fields: dict[str, Any], asked: list[str]) -> subprocess.Popen[bytes]:
+    """tests/programs/residency_node.py on ``fields``, asking ``asked`` in turn."""
+    return subprocess.Popen(
         [
             sys.executable,
             str(PROGRAMS / "residency_node.py"),
@@ -109,6 +113,33 @@ def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, 
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
+
+
+def end(child: subprocess.Popen[bytes], node: Node | None, db: Path) -> None:
+    """Whatever the test left: the child, the node opened again, every server."""
+    if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    for pipe in (child.stdin, child.stdout):
+        if pipe is not None:
+            pipe.close()
+    if node is not None:
+        node.shutdown()
+    for r in chain_rows(db):
+        if r[2] == "instance.spawned":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(r[4]["pgid"], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("asker", ["request", "operator"])
+def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, asker: str) -> None:
+    """``operator``: the third instance was stopped by an operator, and its start
+    is the operator's verb (it makes room as a request's does; the start recorded
+    as demanded is resumed at boot though the instance was stopped)."""
+    fields, settings, (a, b, c) = three_on_demand(tmp_path, stopped_c=asker == "operator")
+    db = settings.chain_path
+    child = run_child(fields, [a, b, c if asker == "request" else f"start:{c}"])
     node: Node | None = None
     try:
         # the eviction of a (the least recently used) is durable; its server lives on
@@ -147,16 +178,56 @@ def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, 
         assert led is not None and led.in_use_bytes <= led.budget_bytes
         assert verify_chain(db).ok
     finally:
-        if child.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-        for pipe in (child.stdin, child.stdout):
-            if pipe is not None:
-                pipe.close()
-        if node is not None:
-            node.shutdown()
-        for r in chain_rows(db):
-            if r[2] == "instance.spawned":
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(r[4]["pgid"], signal.SIGKILL)
+        end(child, node, db)
+
+
+def test_a_node_killed_between_a_restarts_eviction_and_the_restart_decides_the_same(
+    tmp_path: Path,
+) -> None:
+    """a, then c run; c's server is killed and, while its restart backs off, b takes
+    its room. c's restart, due, evicts a (the least recently used); the node is
+    killed with ``residency.evicted`` and a's stop durable, a's server alive and
+    c's restart not made. The node opened again finishes a's stop (it rests) and
+    makes c's restart once, after a's memory is back, as the supervisor's (no
+    demand, no use); b is re-attached as it was."""
+    fields, settings, (a, b, c) = three_on_demand(tmp_path, c_restart={"base_s": 4.0, "cap_s": 8.0})
+    db = settings.chain_path
+    child = run_child(fields, [a, c, f"crash:{c}", b])
+    node: Node | None = None
+    try:
+        wait_until(lambda: rows_of(db, "instance.stop_requested", a), 60, "a's eviction")
+        (evicted,) = rows_of(db, "residency.evicted", a)
+        assert evicted[4]["for_instance"] == c
+        assert evicted[4]["cause"] == "its restart after an exit (attempt 1)"
+        assert len(rows_of(db, "instance.starting", c)) == 1  # its first start only
+        assert not rows_of(db, "instance.exited", a)
+        victim = rows_of(db, "instance.spawned", a)[-1][4]["pid"]
+        os.killpg(child.pid, signal.SIGKILL)  # the node only: its servers live on
+        child.wait(timeout=30)
+        assert alive(victim), "the victim died with the node"
+        head = chain_rows(db)[-1][0]
+
+        node = Node.open(settings)
+        wait_until(lambda: node.status(c).lifecycle == "running", 60, "c running after boot")
+        wait_until(lambda: node.status(a).lifecycle == "resting", 30, "a resting")
+        assert not alive(victim)
+        assert node.status(b).lifecycle == "running"
+        after = [r for r in chain_rows(db) if r[0] > head]
+        assert len(rows_of(db, "residency.evicted", a)) == 1
+        assert len(rows_of(db, "instance.stop_requested", a)) == 1
+        assert len(rows_of(db, "residency.demanded", c)) == 1  # its first start's, no more
+        starts = rows_of(db, "instance.starting", c)
+        assert len(starts) == 2 and (starts[1][4]["by"], starts[1][4]["attempt"]) == (
+            "supervisor",
+            1,
+        )
+        assert len(rows_of(db, "instance.starting", b)) == 1
+        assert not [r for r in after if r[2] in ("residency.refused", "instance.start_refused")]
+        assert [r[2] for r in after if r[3] == b][:1] == ["instance.reattached"]
+        (exited,) = rows_of(db, "instance.exited", a)
+        assert exited[0] < starts[1][0]  # the restart came once the victim's memory was back
+        led = node.ledger()
+        assert led is not None and led.in_use_bytes <= led.budget_bytes
+        assert verify_chain(db).ok
+    finally:
+        end(child, node, db)

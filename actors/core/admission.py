@@ -160,6 +160,7 @@ def start_checked(
         demand=check.demand,
         request=check.request,
         model=check.model,
+        planned=check.planned,
     )
 
 

@@ -21,7 +21,7 @@ from infervisor.replay.policy import (
 from infervisor.replay.state import Stamp, Then, later
 
 from .decision import Draft, RefusalKind
-from .effects import ArmTimer, CancelTimer, CheckStart, Effect, Kill, Terminate, Timer
+from .effects import ArmTimer, AskRoom, CancelTimer, CheckStart, Effect, Kill, Terminate, Timer
 from .observations import StartChecked, TimerDue
 
 __all__ = [
@@ -31,11 +31,13 @@ __all__ = [
     "begin_termination",
     "demand_pending",
     "describe_exit",
+    "node_decided",
     "record_stop",
     "remaining_s",
     "resets_budget",
     "restart_due",
     "scheduled_attempt",
+    "start_cause",
     "start_checked",
     "timer_due",
     "try_start",
@@ -167,11 +169,13 @@ def try_start(
     demand: bool = False,
     request: str = "",
     model: str = "",
+    planned: bool = False,
 ) -> None:
     """Ask for the start checks (address, memory); :func:`start_checked` goes on.
     ``demand``: a start whose memory refusal the node answers by making room
     (a request's, or a verb's through the node). ``request``/``model``: a
-    request's, recorded as ``residency.demanded`` with the start."""
+    request's, recorded as ``residency.demanded`` with the start. ``planned``:
+    the node planned room for it already (a memory refusal is recorded)."""
     reset = resets_budget(by)
     d.do(
         CheckStart(
@@ -182,6 +186,7 @@ def try_start(
             demand=demand,
             request=request,
             model=model,
+            planned=planned,
         )
     )
 
@@ -200,6 +205,9 @@ def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> N
     if refusal is not None and c.demand and refusal == c.memory_refusal:
         d.refuse(RefusalKind.MEMORY, refusal)  # the node makes room, or records residency.refused
         return
+    if refusal is not None and refusal == c.memory_refusal and node_decided(c):
+        d.do(AskRoom(by=c.by, cause=start_cause(inst, c.by, c.attempt)))
+        return  # the node makes room, or records residency.refused (once per cause)
     if refusal is not None:
         # Once per cause; but a demand's refusal always, as it ends the demand its
         # own ``residency.demanded`` began (replay/instance_rules.py), whatever came before.
@@ -224,6 +232,28 @@ def start_checked(d: Draft, c: StartChecked, *, token: str, launch: Effect) -> N
         )
     )
     d.do(CancelTimer(name=Timer.RESTART), launch)
+
+
+#: Who decides a start of the node's own (no caller asked for it).
+_NODE_ROLES = frozenset({Role.SUPERVISOR, Role.BOOT})
+
+
+def node_decided(c: StartChecked) -> bool:
+    """A start the node decided itself (a restart coming due, a boot resuming an
+    instance wanted running), not yet planned for: one that does not fit makes
+    room by the residency policy, as a verb's or request's does. It is no use of
+    the instance (``instance.starting`` by the supervisor or boot: its last use
+    stays as it was)."""
+    return not (c.verb or c.demand or c.planned) and role_of(c.by) in _NODE_ROLES
+
+
+def start_cause(inst: InstanceState, by: str, attempt: int) -> str:
+    """Why a start the node decided is made, as an eviction for it records it."""
+    if attempt > 0:
+        return f"its restart after an exit (attempt {attempt})"
+    if role_of(by) == Role.BOOT:
+        return "its start at boot (it was wanted running)"
+    return f"its start by the {role_of(by)} ({inst.lifecycle}, wanted running)"
 
 
 def _refusal(c: StartChecked) -> str | None:

@@ -44,7 +44,7 @@ def source_of(observation: o.Observation) -> str:
             return by
         case o.PlacementVerb(by=by) | o.DemandVerb(by=by) | o.EvictVerb(by=by):
             return by
-        case o.RoomRefused(by=by) | o.RoomPlanned(by=by):
+        case o.RoomRefused(by=by) | o.RoomPlanned(by=by) | o.StartAgain(by=by):
             return by
         case o.LeaseLapsed(controller=controller):
             return lease_source(controller)

@@ -16,6 +16,7 @@ from infervisor.replay.state import Stamp
 __all__ = [
     "AbortLoad",
     "ArmTimer",
+    "AskRoom",
     "CancelTimer",
     "CheckAnswers",
     "CheckResident",
@@ -55,6 +56,18 @@ class CheckStart(_Effect, frozen=True):
     demand: bool = False  # a demand's start: a memory refusal is answered, not recorded
     request: str = ""  # a request's start: its id (residency.demanded with the start)
     model: str = ""  # the model the request asked for
+    planned: bool = False  # the node planned room for it already: a memory refusal is recorded
+
+
+class AskRoom(_Effect, frozen=True):
+    """A start the node decided itself (by ``by``: a restart coming due, boot
+    resuming) does not fit: ask the node to make room by the residency policy
+    (actors/node_residency.py), then to decide the start again
+    (:class:`~.observations.StartAgain`). ``cause``: why it starts, for the
+    eviction's record. Never blocks the instance."""
+
+    by: str
+    cause: str
 
 
 class CheckAnswers(_Effect, frozen=True):
@@ -125,6 +138,7 @@ class RemoveWorkdir(_Effect, frozen=True):
 
 Effect = (
     CheckStart
+    | AskRoom
     | CheckAnswers
     | Spawn
     | Terminate

@@ -113,6 +113,8 @@ class EvictVerb(_Obs, frozen=True):
     in_use_bytes: int
     candidates: tuple[rev.Candidate, ...]
     grace_s: float
+    #: Why ``for_instance`` starts (a request, a verb, a restart after an exit, a boot).
+    cause: str = ""
 
 
 class RoomRefused(_Obs, frozen=True):
@@ -125,6 +127,22 @@ class RoomRefused(_Obs, frozen=True):
     in_use_bytes: int
     held: dict[str, int]
     candidates: tuple[rev.Candidate, ...]
+    #: How long the start waited for busy or loading instances, seconds.
+    waited_s: float = 0.0
+    #: A start the node decided itself (retried at each reconcile tick): an
+    #: identical refusal is recorded once, however long apart (as a start's).
+    node: bool = False
+
+
+class StartAgain(_Obs, frozen=True):
+    """The node made room (or found none to make) for a start it decided itself
+    (``by``: the supervisor or the boot, as the start that asked): decide that
+    start again, as the reconcile tick would. Not ``record``: a memory refusal
+    is answered to the node (it plans again); ``record``: recorded
+    (``instance.start_refused``, once per cause), the node having nothing to evict."""
+
+    by: str
+    record: bool = False
 
 
 class RoomPlanned(_Obs, frozen=True):
@@ -189,6 +207,8 @@ class StartChecked(_Obs, frozen=True):
     #: ``residency.demanded`` is recorded with the start when none is pending.
     request: str = ""
     model: str = ""
+    #: The node planned room for it already: a memory refusal is recorded, not asked again.
+    planned: bool = False
 
 
 class AnswersChecked(_Obs, frozen=True):
@@ -388,6 +408,7 @@ Observation = (
     | EvictVerb
     | RoomRefused
     | RoomPlanned
+    | StartAgain
     | RequestBegan
     | RequestEnded
     | ServerActivity

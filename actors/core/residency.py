@@ -55,7 +55,7 @@ expiry are decided the same after a boot; a refused start is no use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -66,9 +66,17 @@ from infervisor.replay.callers import Role
 from infervisor.replay.state import Then
 
 from . import observations as o
-from .common import STARTABLE, demand_pending, try_start, unloading
+from .common import (
+    STARTABLE,
+    demand_pending,
+    remaining_s,
+    scheduled_attempt,
+    try_start,
+    unloading,
+)
 from .decision import Draft, RefusalKind, Rule
-from .rules import Rules, Tracking
+from .room import EVICTABLE, PASSING, Holder, RoomPlan, busy_named, holder, plan_room
+from .rules import Tracking
 
 __all__ = [
     "EVICTABLE",
@@ -81,6 +89,7 @@ __all__ = [
     "plan_room",
     "rules_with",
     "server_activity",
+    "start_again",
 ]
 
 S = LifecycleState
@@ -124,6 +133,32 @@ def room_planned(d: Draft, r: o.RoomPlanned) -> None:
         d.refuse(*refused)
         return
     d.emit(rev.ResidencyDemanded(request=r.request, model=r.model, by=r.by))
+
+
+#: Where a start the node decided itself may be taken up again (a restart's or a
+#: boot's: an exit is left to the restart policy, a failed instance to the operator).
+_AGAIN = frozenset({S.LOADED, S.STOPPED, S.RESTARTING, S.RESTING})
+
+
+def start_again(d: Draft, s: o.StartAgain) -> None:
+    """The node made room for a start it decided itself (``AskRoom``): decide it
+    again, as the reconcile tick would, unless it is no longer wanted (stopped,
+    started meanwhile, demanded, held, or its restart not due yet). The start is
+    the supervisor's or the boot's, as before: no use of the instance."""
+    inst = d.inst
+    restarting = inst.then == Then.RESTART
+    if inst.lifecycle not in _AGAIN or inst.exposed or unloading(inst) or demand_pending(inst):
+        return
+    if inst.desired is not Desired.RUNNING and not restarting:
+        return
+    attempt = 0
+    if inst.lifecycle is S.RESTARTING:
+        due = inst.restart_due
+        if inst.process is not None or (due is not None and remaining_s(due, d.now) > 1e-3):
+            return  # its timer starts it when due
+        attempt = scheduled_attempt(inst, d.rules.supervision.restart)
+    by = (inst.then_by or s.by) if restarting else s.by
+    try_start(d, by, attempt=attempt, demand=not s.record, planned=s.record)
 
 
 def _not_for_a_request(inst: InstanceState) -> tuple[RefusalKind, str] | None:
@@ -192,6 +227,7 @@ def evict(d: Draft, v: o.EvictVerb, stop: Stop) -> None:
             budget_bytes=v.budget_bytes,
             in_use_bytes=v.in_use_bytes,
             candidates=list(v.candidates),
+            cause=v.cause,
         )
     )
     stop(d, v.by, v.grace_s, f"evicted for {v.for_instance}", Then.REST)
@@ -234,11 +270,17 @@ def room_refused(d: Draft, r: o.RoomRefused) -> None:
             )
         )
         d.track(msgspec.structs.replace(tracking, refusals_folded=0))
-    d.refuse(
-        RefusalKind.NOT_NO_ROOM,
-        f"no room for {d.inst.instance_id}: it needs {r.needed_bytes} bytes beside "
-        f"{r.in_use_bytes} in use of the budget {r.budget_bytes}, and nothing can be "
-        "evicted (pinned, higher priority, serving or loading)",
+    d.refuse(RefusalKind.NOT_NO_ROOM, _no_room_message(d.inst.instance_id, r))
+
+
+def _no_room_message(iid: str, r: o.RoomRefused) -> str:
+    """The refusal's text: the numbers, and what could not go and why (what was
+    busy named), with how long the start waited for it."""
+    named = busy_named(r.candidates) or "pinned, higher priority, serving or loading"
+    waited = f"; waited {r.waited_s:.0f} s for one to turn idle" if r.waited_s > 0 else ""
+    return (
+        f"no room for {iid}: it needs {r.needed_bytes} bytes beside {r.in_use_bytes} in "
+        f"use of the budget {r.budget_bytes}, and nothing can be evicted ({named}){waited}"
     )
 
 
@@ -247,7 +289,7 @@ def _folds(inst: InstanceState, r: o.RoomRefused, now_ns: int) -> bool:
     if inst.refused_ns is None or demand_pending(inst):
         return False
     same = inst.refusal == rev.no_room(r.needed_bytes, r.in_use_bytes, r.budget_bytes)
-    return same and now_ns - inst.refused_ns < rev.REFUSAL_WINDOW_S * 1e9
+    return same and (r.node or now_ns - inst.refused_ns < rev.REFUSAL_WINDOW_S * 1e9)
 
 
 def request_began(d: Draft, _: o.RequestBegan) -> None:
@@ -280,24 +322,6 @@ def _count(d: Draft, counted: Tracking, before: int) -> None:
     # busy spell: the spell ended when its process did (replay/instance_rules.py).
     if counted.serving > 0 and not d.inst.busy and d.inst.lifecycle in _SERVING:
         d.emit(rev.ResidencyBusy())
-
-
-def holder(inst: InstanceState, rules: Rules, serving: int, model_bytes: int) -> Holder:
-    """What an eviction weighs of this instance (``model_bytes``: its model's size)."""
-    kind = rules.supervision
-    return Holder(
-        instance_id=inst.instance_id,
-        held_bytes=inst.reserved_bytes,
-        last_use_ns=inst.last_use_ns,
-        priority=rules.priority,
-        pinned=rules.pinned,
-        busy=serving > 0,
-        loading=inst.lifecycle is S.STARTING,
-        serving=inst.lifecycle in _SERVING and inst.desired is Desired.RUNNING,
-        needs_bytes=model_bytes + rules.reserve_overhead_bytes,
-        startup_s=max(kind.startup_cap_s, kind.startup_deadline_s),
-        releasing=inst.lifecycle is S.STOPPING and inst.reserved_bytes > 0,
-    )
 
 
 def idle_since_ns(inst: InstanceState) -> int:
@@ -345,155 +369,9 @@ def rules_with(stop: Stop, mode_tick: Rule) -> dict[type[Any], Rule]:
         o.EvictVerb: on_evict,
         o.RoomRefused: room_refused,
         o.RoomPlanned: room_planned,
+        o.StartAgain: start_again,
         o.RequestBegan: request_began,
         o.RequestEnded: request_ended,
         o.ServerActivity: server_activity,
         o.Tick: on_tick,
     }
-
-
-# ---------------------------------------------------------------- per node
-class Holder(msgspec.Struct, frozen=True, kw_only=True):
-    """What an eviction weighs of one instance (gathered by the node from its actor).
-
-    Attributes:
-        instance_id: the instance.
-        held_bytes: what it holds in the ledger, bytes.
-        last_use_ns: its last use (sourced; None: never).
-        priority: its spec's priority.
-        pinned: never evicted.
-        busy: serving a request now.
-        loading: starting (a server loading its model).
-        serving: running or unhealthy (only these hold memory to give back).
-        needs_bytes: what a start of it reserves (model plus overhead), bytes.
-        startup_s: how long its kind lets it start (the start-up cap), seconds
-            (0: the kind sets none).
-        releasing: stopping while it holds memory (an eviction or expiry in
-            flight, or one a boot resumes): its memory is on its way back, so a
-            plan waits for it before it evicts or refuses anything.
-    """
-
-    instance_id: str
-    held_bytes: int
-    last_use_ns: int | None
-    priority: int
-    pinned: bool
-    busy: bool
-    loading: bool
-    serving: bool
-    needs_bytes: int = 0
-    startup_s: float = 0.0
-    releasing: bool = False
-
-
-#: Why a holder may not be evicted for a start of priority ``p``, in order:
-#: the first that applies is recorded as its ``why_not``.
-EVICTABLE: tuple[tuple[str, Callable[[Holder, int], bool]], ...] = (
-    ("pinned", lambda h, p: h.pinned),
-    ("higher priority", lambda h, p: h.priority > p),
-    ("serving a request", lambda h, p: h.busy),
-    ("loading", lambda h, p: h.loading),
-    ("not serving", lambda h, p: not h.serving),
-)
-
-
-class RoomPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """What a start that needs ``needed_bytes`` calls for.
-
-    Attributes:
-        victims: the instances to evict, in order (empty: it fits, or refused).
-        candidates: every holder weighed, least recently used first.
-        freed_bytes: what the victims free, bytes.
-        in_use_bytes: what the others hold, bytes.
-        refusal: why nothing can make room (None: it fits, or the victims do).
-        wait_for: with a refusal, the holders barred only for now (serving a
-            request or loading, least recently used first) whose end, beside
-            the victims allowed, would make room: a demand may wait for them
-            (empty: nothing will make room by itself; refuse at once).
-    """
-
-    victims: tuple[str, ...] = ()
-    candidates: tuple[rev.Candidate, ...] = ()
-    freed_bytes: int = 0
-    in_use_bytes: int = 0
-    refusal: str | None = None
-    wait_for: tuple[str, ...] = ()
-
-
-#: The bars of :data:`EVICTABLE` that lift by themselves (a request ends, a load ends).
-PASSING = frozenset({"serving a request", "loading"})
-
-
-def _lru_key(h: Holder) -> tuple[int, str]:
-    return (h.last_use_ns or 0, h.instance_id)
-
-
-def plan_room(
-    for_instance: str,
-    needed_bytes: int,
-    budget_bytes: int,
-    priority: int,
-    holders: Iterable[Holder],
-) -> RoomPlan:
-    """Which instances to evict so that ``needed_bytes`` fit ``budget_bytes`` beside
-    what the others hold (pure). The least recently used of those
-    :data:`EVICTABLE` allows go first, until it fits; when all of them are not
-    enough, none goes and the plan is refused with the numbers."""
-    others = sorted((h for h in holders if h.instance_id != for_instance), key=_lru_key)
-    in_use = sum(h.held_bytes for h in others)
-    if in_use + needed_bytes <= budget_bytes:
-        return RoomPlan(in_use_bytes=in_use)
-    victims: list[str] = []
-    freed = 0
-    why: dict[str, str] = {}
-    for h in others:
-        reason = next((name for name, bars in EVICTABLE if bars(h, priority)), "")
-        if h.held_bytes <= 0:
-            reason = reason or "holds nothing"
-        why[h.instance_id] = reason
-        if reason or in_use - freed + needed_bytes <= budget_bytes:
-            continue
-        victims.append(h.instance_id)
-        freed += h.held_bytes
-    fits = in_use - freed + needed_bytes <= budget_bytes
-    chosen = set(victims) if fits else set()
-    candidates = tuple(
-        rev.Candidate(
-            instance_id=h.instance_id,
-            last_use_ns=h.last_use_ns,
-            priority=h.priority,
-            pinned=h.pinned,
-            held_bytes=h.held_bytes,
-            busy=h.busy,
-            chosen=h.instance_id in chosen,
-            why_not=why[h.instance_id],
-        )
-        for h in others
-        if h.held_bytes > 0
-    )
-    if fits:
-        return RoomPlan(
-            victims=tuple(victims), candidates=candidates, freed_bytes=freed, in_use_bytes=in_use
-        )
-    return RoomPlan(
-        candidates=candidates,
-        in_use_bytes=in_use,
-        refusal=(
-            f"memory budget {budget_bytes} bytes, {in_use} in use, {needed_bytes} needed: "
-            f"evicting every instance that may go frees {freed}, not enough"
-        ),
-        wait_for=_wait_for(others, why, in_use - freed + needed_bytes - budget_bytes),
-    )
-
-
-def _wait_for(others: list[Holder], why: dict[str, str], short_bytes: int) -> tuple[str, ...]:
-    """The fewest holders barred only for now (:data:`PASSING`, least recently
-    used first) whose bytes cover ``short_bytes``; empty when all of them do not."""
-    waited: list[str] = []
-    for h in others:
-        if short_bytes <= 0:
-            break
-        if why[h.instance_id] in PASSING and h.held_bytes > 0:
-            waited.append(h.instance_id)
-            short_bytes -= h.held_bytes
-    return tuple(waited) if short_bytes <= 0 else ()

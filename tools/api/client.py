@@ -67,7 +67,9 @@ LONGEST_WAIT_S = 3600.0
 #: bound on it (actors/node.py). A stop's given grace replaces the longest one.
 VERB_WAIT_S: dict[str, float] = {
     "place": 120.0,  # the host's ask and the admission's (ASK_TIMEOUT_S, 60 s each)
-    "start": 60.0,  # the instance's ask (ASK_TIMEOUT_S)
+    # the instance's ask (ASK_TIMEOUT_S), after a wait for busy instances to turn idle
+    # within the kind's start-up deadline (the inference kind's cap, 900 s, by default)
+    "start": 60.0 + 900.0,
     "stop": LONGEST_WAIT_S + 30.0,  # stop_grace_s plus 30 s
     "restart": LONGEST_WAIT_S + 60.0,  # stop_grace_s plus 60 s
     "unload": 120.0,  # the host's ask plus UNLOAD_WAIT_S

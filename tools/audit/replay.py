@@ -66,5 +66,15 @@ def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> N
         pid = inst.process.pid if inst.process else "-"
         click.echo(
             f"  {iid:<32} {inst.lifecycle:<10} wanted {inst.desired:<8} pid {pid!s:<8} "
-            f"restarts {inst.restarts}  {inst.reason}"
+            f"restarts {inst.restarts}  {one_line(inst.reason)}"
         )
+
+
+#: Control characters as escapes: a reason comes from the chain, and one holding a
+#: newline must not print a line that reads as another instance's.
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(32), 127)}
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: its control characters escaped (``\\x0a``)."""
+    return text.translate(_ESCAPES)

@@ -55,6 +55,7 @@ from typing import Any
 from infervisor.adapters.errors import ProgramMissing
 from infervisor.adapters.llama_choice import AUTO, EMBEDDED, LLAMA_SERVER_VAR, PACKAGED
 from infervisor.adapters.llamacpp_bin import find_packaged_server
+from infervisor.adapters.spec import POOLINGS
 
 __all__ = [
     "DEFAULT_HOST",
@@ -98,6 +99,8 @@ class LaunchArgs:
     alias: str | None = None
     model_draft: Path | None = None
     threads: int = DEFAULT_THREADS
+    embeddings: bool = False
+    pooling: str | None = None
 
 
 def _bounded_int(low: int, high: int) -> Callable[[str], int]:
@@ -130,6 +133,14 @@ def _parser() -> argparse.ArgumentParser:
         "-t", "--threads", type=_bounded_int(1, 1024), default=DEFAULT_THREADS,
         help="CPU threads for generation and batches (%(default)s)",
     )  # fmt: skip
+    p.add_argument(
+        "--embedding", "--embeddings", dest="embeddings", action="store_true",
+        help="serve embeddings only (/v1/embeddings), as llama-server's flag",
+    )  # fmt: skip
+    p.add_argument(
+        "--pooling", choices=POOLINGS,
+        help="how token embeddings are pooled (default: the model's own)",
+    )  # fmt: skip
     return p
 
 
@@ -153,6 +164,8 @@ def parse_args(argv: list[str]) -> LaunchArgs | None:
         alias=ns.alias,
         model_draft=ns.model_draft,
         threads=ns.threads,
+        embeddings=ns.embeddings,
+        pooling=ns.pooling,
     )
 
 
@@ -212,6 +225,10 @@ def llama_server_argv(binary: str, args: LaunchArgs) -> list[str]:
         argv += ["--alias", args.alias]
     if args.model_draft is not None:
         argv += ["-md", str(args.model_draft)]
+    if args.embeddings:
+        argv += ["--embeddings"]
+    if args.pooling is not None:
+        argv += ["--pooling", args.pooling]
     return argv
 
 
@@ -231,6 +248,11 @@ def _build_params(xllamacpp: Any, args: LaunchArgs) -> Any:
         params.n_ctx = args.ctx_size
     if args.alias is not None:
         params.model_alias = {args.alias}
+    params.embedding = args.embeddings  # llama-server's --embeddings: embeddings only
+    if args.pooling is not None:
+        params.pooling_type = getattr(
+            xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{args.pooling.upper()}"
+        )
     if args.model_draft is not None:
         draft = params.speculative.draft
         draft.mparams.path = str(args.model_draft)
