@@ -51,7 +51,7 @@ from .host_work import Placement, PlacementOutcome
 from .node_boot import ASK_TIMEOUT_S, NodeActors, append_node_event, start_actors, stop_actors
 from .node_fleet import NodeFleet
 from .node_open import boot_instances, open_chain
-from .node_residency import NodeResidency
+from .node_residency import MAX_VERB_WAITS, NodeResidency
 from .node_views import NodeViews
 from .settings import NodeSettings
 from .witness_boot import boot_check
@@ -97,6 +97,7 @@ class Node(NodeViews, NodeFleet, NodeResidency):
         self._fleet_lock = threading.Lock()
         self._room_lock = threading.Lock()
         self._room_changed = threading.Event()
+        self._verb_waits = threading.BoundedSemaphore(MAX_VERB_WAITS)
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod

@@ -61,7 +61,7 @@ from .node_boot import ASK_TIMEOUT_S
 from .settings import NodeSettings
 from .start_answers import ask, own_refusal, ready, recorded, started
 
-__all__ = ["DEFAULT_START_S", "NodeResidency"]
+__all__ = ["DEFAULT_START_S", "MAX_VERB_WAITS", "NodeResidency"]
 
 log = logging.getLogger(__name__)
 #: A demand's wait for readiness when the kind sets no start-up cap, seconds.
@@ -72,6 +72,11 @@ _PLANS = 4
 #: seconds (a request routed by the node wakes it at once; the server's own count
 #: and a load's end are seen at the next plan).
 _REPLAN_S = 0.25
+#: How many verb starts may wait for busy instances at once. Each holds one of the
+#: control API's worker threads (anyio's default limiter: 40) for up to its kind's
+#: start-up deadline, so a bound keeps a burst of waiting starts from taking every
+#: thread the API answers with; one more is refused ``queue_full`` at once.
+MAX_VERB_WAITS = 8
 #: What one plan tells the loop: wait for a busy instance, or plan again.
 _WAIT, _AGAIN = object(), object()
 
@@ -107,6 +112,8 @@ class NodeResidency:
     _room_lock: threading.Lock
     #: Set when a routed request ends: a demand waiting for room plans again.
     _room_changed: threading.Event
+    #: Held by each verb start while it waits for busy instances (:data:`MAX_VERB_WAITS`).
+    _verb_waits: threading.BoundedSemaphore
 
     if TYPE_CHECKING:  # what Node (actors/node.py) and its views give
 
@@ -263,7 +270,7 @@ class NodeResidency:
                 return step
             if step is _WAIT:
                 plans -= 1  # waited, not planned in vain: bounded by the deadline
-                self._await_room(start.deadline)
+                self._wait_for_room(start)
         raise NotResident(
             f"{start.iid}: no room could be made for it (victims kept turning busy)",
             code="no_room",
@@ -306,6 +313,29 @@ class NodeResidency:
         if not self._evict(iid, me, ledger, plan, start.cause):
             log.info("%s: a victim turned busy while room was made; planning again", iid)
         return _AGAIN
+
+    def _wait_for_room(self, start: _Start) -> None:
+        """Wait for busy instances to make room (:meth:`_await_room`); a verb's start
+        waits only while fewer than :data:`MAX_VERB_WAITS` others do.
+
+        Raises:
+            NotResident: ``queue_full`` (not recorded: nothing was decided) when
+                that many verb starts wait already.
+        """
+        if start.planned is None or not start.planned.verb:
+            self._await_room(start.deadline)
+            return
+        if not self._verb_waits.acquire(blocking=False):
+            raise NotResident(
+                f"{start.iid}: {MAX_VERB_WAITS} starts already wait for busy instances to"
+                " make room; try again once one of them is served",
+                code="queue_full",
+                retry_after_s=5.0,
+            )
+        try:
+            self._await_room(start.deadline)
+        finally:
+            self._verb_waits.release()
 
     def _await_room(self, deadline: float) -> None:
         """Wait for a request to end (at most :data:`_REPLAN_S`, and never past

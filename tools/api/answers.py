@@ -73,7 +73,9 @@ def answer_for(error: BaseException) -> tuple[int, ErrorBody]:
     if isinstance(error, ApiError):
         return error.status, ErrorBody(code=error.code, message=cut(str(error)), field=error.field)
     if isinstance(error, NotResident):  # its own code: no_room for a verb's start
-        return 422, ErrorBody(code=error.code, message=cut(str(error)))
+        # queue_full: too many verb starts wait for room already; retry, as for a full listener
+        status = 503 if error.code == "queue_full" else 422
+        return status, ErrorBody(code=error.code, message=cut(str(error)))
     for cls, status, code in BY_CLASS:
         if isinstance(error, cls):
             field = _bad_spec_field(error) if code == "bad_spec" else None

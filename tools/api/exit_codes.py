@@ -70,6 +70,7 @@ CODES: dict[str, Exit] = {
     "refused": Exit.REFUSED,
     "admission_refused": Exit.REFUSED,
     "no_room": Exit.REFUSED,
+    "queue_full": Exit.REFUSED,
     "memory_budget": Exit.REFUSED,  # no_room's name before stop 30 (an older node's answer)
     "spawn_failed": Exit.REFUSED,
     "start_failed": Exit.REFUSED,
