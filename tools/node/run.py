@@ -73,6 +73,7 @@ from infervisor.chain import ChainError, StoredEvent
 from infervisor.replay import EventDecodeError, decode_event, reason_of
 
 from ..api.errors import ApiError
+from ..clikit import startup
 from ..clikit.command import Command
 from ..clikit.failure import fail
 from .lock import RunError, claim_data_dir
@@ -198,6 +199,7 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
             front = boot.listen_for_clients(config, control)
             if front is not None:
                 held.callback(front.close)
+            startup.done()  # the node's code and its API's are loaded (clikit/startup.py)
             files = _resident_files(config, notify)
             notify.status("starting: verifying and replaying the chain, re-attaching servers")
             node = boot.open_node(
