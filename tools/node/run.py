@@ -199,7 +199,6 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
             front = boot.listen_for_clients(config, control)
             if front is not None:
                 held.callback(front.close)
-            startup.done()  # the node's code and its API's are loaded (clikit/startup.py)
             files = _resident_files(config, notify)
             notify.status("starting: verifying and replaying the chain, re-attaching servers")
             node = boot.open_node(
@@ -219,6 +218,7 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
             say(f"error: {e}")
             node.shutdown(reason=f"the API cannot serve: {e}")
             return 2
+        startup.done()  # the node is open and its API serves (tools/clikit/startup.py)
         if front is not None:
             front.serve(node)
         say(f"diagnostics (Python logging): {log}")
