@@ -49,7 +49,7 @@ def test_a_command_runs_with_the_collector_on_and_its_start_up_frozen(tmp_path: 
     record = _collector_after("status", "data", cwd=tmp_path)
     assert record["code"] == 3  # no node there: the whole client path ran
     assert record["enabled"] is True
-    assert isinstance(record["frozen"], int) and record["frozen"] > 10_000
+    assert isinstance(record["frozen"], int) and record["frozen"] > 0  # its start-up, frozen
 
 
 def test_the_collector_stays_off_only_during_the_start_up(tmp_path: Path) -> None:
