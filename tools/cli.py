@@ -78,7 +78,7 @@ BY_USER: dict[str, dict[str, str]] = {
 }
 COMMANDS = {name: where for commands in BY_USER.values() for name, where in commands.items()}
 #: The commands that say themselves when their start-up is over (clikit/startup.py):
-#: the node's is over once it has loaded its actors and built its API.
+#: the node's is over once it is open and its API serves (tools/node/run.py).
 OWN_STARTUP = {"run"}
 
 
