@@ -50,6 +50,8 @@ _STATUS_SPARED = (
     "subprocess",
     "shutil",
 )
+#: A whole instance spec, as ``infervisor place --file`` reads one.
+_FRAGMENT = 'role = "chat"\nflavor = "llamacpp"\nmodel = "tiny"\nport = 18080\n'
 _FORBIDDEN = ("litestar", "infervisor.actors", "infervisor.adapters.ollama", "uvicorn", "pykka")
 
 
@@ -77,12 +79,16 @@ def _loaded(modules: list[str], package: str) -> list[str]:
         pytest.param(("status", "data"), id="status-no-node"),
         pytest.param(("status", "data", "--json"), id="status-json"),
         pytest.param(("stop", "data", "chat"), id="stop-no-node"),
+        # The fragment is read and checked before the node is asked: with the
+        # spec's own types (tools/node/fragment.py), not the node's whole config.
+        pytest.param(("place", "data", "--file", "fragment.toml"), id="place-no-node"),
     ],
 )
 def test_an_operator_command_loads_no_part_of_the_node(
     tmp_path: Path, args: tuple[str, ...]
 ) -> None:
     (tmp_path / "data").mkdir()
+    (tmp_path / "fragment.toml").write_text(_FRAGMENT)
     code, modules = _modules(*args, cwd=tmp_path)
     # no node runs there: the whole client path ran (status then finds no chain
     # either: WHERE names nothing, 2; a verb has no node to ask, 3)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import click
 
+from .clikit import startup
 from .clikit.command import LazyGroup
 
 __all__ = ["cli", "main"]
@@ -76,6 +77,9 @@ BY_USER: dict[str, dict[str, str]] = {
     "fleet": {"fleet": ".fleet.command:fleet"},
 }
 COMMANDS = {name: where for commands in BY_USER.values() for name, where in commands.items()}
+#: The commands that say themselves when their start-up is over (clikit/startup.py):
+#: the node's is over once it is open and its API serves (tools/node/run.py).
+OWN_STARTUP = {"run"}
 
 
 @click.group(
@@ -119,6 +123,8 @@ def cli(verbose: bool) -> None:
     WHERE (a node's [api] tcp). INSTANCE is an instance id, or a role that
     names one instance. See docs/cli.md for the JSON schemas and error codes.
     """
+    if click.get_current_context().invoked_subcommand not in OWN_STARTUP:
+        startup.done()  # the command's module is loaded (see below)
     if not verbose and "logging" not in sys.modules:
         # The command's module is imported by now (click resolves it before this
         # callback) and nothing it loaded logs: do not load logging only to
@@ -134,5 +140,7 @@ def cli(verbose: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point."""
+    """Console entry point: the process's start-up runs without the cyclic garbage
+    collector (clikit/startup.py)."""
+    startup.begin()
     cli.main(args=argv)

@@ -18,10 +18,9 @@ import contextlib
 import grp
 import os
 import pwd
-import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
@@ -33,13 +32,14 @@ from infervisor.adapters.launch import resolve_program
 from infervisor.adapters.llama_choice import resolve_llama_server
 from infervisor.adapters.managed_ollama import address_conflict
 from infervisor.adapters.registry import ModelFormat
-from infervisor.adapters.spec import InstanceSpec, Mode, valid_token
+from infervisor.adapters.spec import Mode, valid_token
 from infervisor.chain.cosignature import parse_witness_key
 from infervisor.replay import RestartPolicy
 
 from ..api.scopes import ApiToken
 from ..front.settings import FrontConfig
 from .config_messages import explain
+from .fragment import InstanceEntry, parse_toml, read_toml
 from .witness_config import ConfigError, WitnessEntry, check_witnesses
 
 __all__ = [
@@ -70,18 +70,6 @@ class ModelEntryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     generate_tiny: bool = False
     ollama_tag: str | None = None
     draft: str | None = None
-
-
-class InstanceEntry(InstanceSpec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """An instance spec plus ``start``: wanted running when first placed."""
-
-    start: bool = True
-
-    def spec(self) -> InstanceSpec:
-        """The spec without the config-only fields."""
-        fields = msgspec.structs.asdict(self)
-        fields.pop("start")
-        return InstanceSpec(**fields)
 
 
 class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -144,65 +132,6 @@ def load_config(path: Path) -> NodeConfig:
     _check_features_file(config.node.features_file, resolved.node.features_file, path)
     _check_models_known(resolved, path)
     return resolved
-
-
-MAX_TOML_DEPTH = 16
-"""Deepest nesting of tables and arrays a config or spec fragment may have
-(the deepest key of a valid config is 4 levels down: ``[node.kinds.<name>.restart]``)."""
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """The TOML document in ``path``: a config file or a ``--file`` spec fragment.
-
-    Raises:
-        ConfigError: one line naming the file: unreadable, not UTF-8 text, not
-            TOML, or nested deeper than :data:`MAX_TOML_DEPTH` (tomllib raises
-            RecursionError on a few thousand levels; that is caught here too).
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a text file: {e}") from e
-    return parse_toml(text, str(path))
-
-
-def parse_toml(text: str, where: str) -> dict[str, Any]:
-    """``text`` parsed as TOML; ``where`` (the file) starts the error message.
-
-    Raises:
-        ConfigError: not TOML, or nested deeper than :data:`MAX_TOML_DEPTH`.
-    """
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{where}: not valid TOML: {e}") from e
-    except RecursionError:
-        raise ConfigError(f"{where}: not valid TOML: {_TOO_DEEP}") from None
-    if _depth(raw) > MAX_TOML_DEPTH:
-        raise ConfigError(f"{where}: not valid TOML: {_TOO_DEEP}")
-    return raw
-
-
-_TOO_DEEP = f"tables or arrays nested more than {MAX_TOML_DEPTH} levels deep"
-
-
-def _depth(value: object) -> int:
-    """Nesting depth of ``value`` (a scalar is 0), walked without recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, level = stack.pop()
-        children: Iterable[object] = ()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        stack.extend((child, level + 1) for child in children)
-        deepest = max(deepest, level)
-        if deepest > MAX_TOML_DEPTH:
-            break
-    return deepest
 
 
 # ---------------------------------------------------------------- paths and checks

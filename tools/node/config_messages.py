@@ -18,8 +18,6 @@ from typing import Any
 
 import msgspec
 
-from infervisor.actors.settings import NodeSettings
-
 __all__ = ["MISSING_KEY", "UNKNOWN_KEY", "allowed_keys", "enum_hint", "explain"]
 
 #: A message and the path msgspec appends to it (none for the whole document).
@@ -52,13 +50,25 @@ def explain(message: str, root: type[msgspec.Struct]) -> str:
 def allowed_keys(cls: type[msgspec.Struct], key: str) -> str:
     """What to write instead of the unknown ``key`` in a ``cls`` table: its section
     (a ``[node]`` key given at the config's top level), the closest key, or all of them."""
-    if _struct_field(cls, "node") is NodeSettings and key in NodeSettings.__struct_fields__:
+    if _in_node_section(cls, key):
         return f"`{key}` belongs in the [node] section"
     names = [f.name for f in msgspec.structs.fields(cls)]
     close = difflib.get_close_matches(key, names, n=1)
     if close:
         return f"did you mean `{close[0]}`?"
     return f"allowed keys: {', '.join(names)}"
+
+
+def _in_node_section(cls: type[msgspec.Struct], key: str) -> bool:
+    """Whether ``cls`` has the config's ``[node]`` section and ``key`` is one of its keys.
+    NodeSettings is imported only for a table with a ``node`` field: a spec fragment
+    (``infervisor place --file``) has none, and its messages load none of the node's actors."""
+    node = _struct_field(cls, "node")
+    if node is None:
+        return False
+    from infervisor.actors.settings import NodeSettings  # noqa: PLC0415 - see above
+
+    return node is NodeSettings and key in NodeSettings.__struct_fields__
 
 
 def enum_hint(cls: type[msgspec.Struct], key: str | None) -> str:

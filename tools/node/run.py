@@ -73,6 +73,7 @@ from infervisor.chain import ChainError, StoredEvent
 from infervisor.replay import EventDecodeError, decode_event, reason_of
 
 from ..api.errors import ApiError
+from ..clikit import startup
 from ..clikit.command import Command
 from ..clikit.failure import fail
 from .lock import RunError, claim_data_dir
@@ -217,6 +218,7 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
             say(f"error: {e}")
             node.shutdown(reason=f"the API cannot serve: {e}")
             return 2
+        startup.done()  # the node is open and its API serves (tools/clikit/startup.py)
         if front is not None:
             front.serve(node)
         say(f"diagnostics (Python logging): {log}")

@@ -16,11 +16,9 @@ import msgspec
 from infervisor.chain.cosignature import parse_witness_key
 from infervisor.chain.errors import NoteError
 
+from .fragment import ConfigError
+
 __all__ = ["ConfigError", "WitnessEntry", "check_witnesses"]
-
-
-class ConfigError(Exception):
-    """The config file cannot be used; the message names the file and the key."""
 
 
 class WitnessEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

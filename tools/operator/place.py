@@ -175,7 +175,7 @@ def spec_of_fragment(
         Failure: the fragment cannot be read, or a key is unknown or mistyped
             (named, with the allowed keys or values: tools/node/config_messages.py's hints).
     """
-    from ..node import config as config_module  # noqa: PLC0415 - keeps --help fast
+    from ..node import fragment as config_module  # noqa: PLC0415 - keeps --help fast
 
     raw: dict[str, Any] = {}
     where = "the flags"
