@@ -47,7 +47,8 @@ def _collector_after(*args: str, cwd: Path) -> dict[str, object]:
 def test_a_command_runs_with_the_collector_on_and_its_start_up_frozen(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     record = _collector_after("status", "data", cwd=tmp_path)
-    assert record["code"] == 3  # no node there: the whole client path ran
+    # no node and no chain there: asked of the socket, then refused as a usage error
+    assert record["code"] == 2
     assert record["enabled"] is True
     assert isinstance(record["frozen"], int) and record["frozen"] > 0  # its start-up, frozen
 
@@ -70,6 +71,6 @@ def test_the_collector_stays_off_only_during_the_start_up(tmp_path: Path) -> Non
 def test_a_command_in_this_process_leaves_its_collector_alone(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     frozen = gc.get_freeze_count()
-    assert cli_here("status", tmp_path / "data").returncode == 3
+    assert cli_here("status", tmp_path / "data").returncode == 2  # no node, no chain
     assert gc.isenabled()
     assert gc.get_freeze_count() == frozen
