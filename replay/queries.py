@@ -95,10 +95,12 @@ def read_chain(
         if keep_events:
             kept.setdefault(stored.subject, []).append(stored)
 
-    plain = until_seq is None and until_ns is None and not keep_events
-    report = scan_chain(path, feed if plain else consume, keep_going=unverified)
-    if plain:
+    if until_seq is None and until_ns is None and not keep_events:
+        # Every event: the scan's rows in lists to the folder, without a StoredEvent each.
+        report = scan_chain(path, keep_going=unverified, batch=folder.feed_rows)
         count = folder.head_seq + 1
+    else:
+        report = scan_chain(path, consume, keep_going=unverified)
     node = report.node or ""
     return ChainRead(state=folder.state(node), report=report, replayed=count, by_subject=kept)
 
