@@ -6,10 +6,12 @@ reasons are specified in docs/chain-format.md ("Verification").
 
 `scan_chain` is the same walk handing every row that checked out to a
 consumer (the replay reducer), so a reader verifies what it reads in the one
-snapshot it reads it from. The walk has a fast path for rows that are what a
-writer stores (inline hashing, no per-row objects unless a consumer wants
-them); anything unusual about a row sends it through `checks.check_row`,
-which names the problem exactly as the format document orders the checks.
+snapshot it reads it from: one `StoredEvent` at a time, or (`batch`) plain
+tuples a list at a time, which is how replay folds. The walk has a fast path
+for rows that are what a writer stores (inline hashing, no per-row objects
+unless a consumer wants them); anything unusual about a row sends it through
+`checks.check_row`, which names the problem exactly as the format document
+orders the checks.
 """
 
 from __future__ import annotations
@@ -36,9 +38,20 @@ _EVENT_HASHER = blake3.blake3(derive_key_context=EVENT_CONTEXT)
 _SEQ_TS = struct.Struct(">Qq").pack
 _LENGTH = struct.Struct(">I").pack
 _GENESIS_KIND = GENESIS_KIND.encode()
+#: Rows handed to a batch consumer at a time: enough to make the hand-off's cost per
+#: row nothing, few enough that a batch is a few hundred kB at most.
+BATCH_ROWS = 1024
 
 Consumer = Callable[[StoredEvent], None]
 """Called with each event that checked out, in seq order (see `scan_chain`)."""
+
+Verified = tuple[int, int, str, str, str, bytes, bytes, bytes, bytes]
+"""An event that checked out, as a batch consumer gets it (`scan_chain`'s `batch`):
+seq, ts_ns, source, kind, subject, payload, payload_hash, prev_hash, hash, the
+fields of `StoredEvent` in its order but the node (the chain's: `VerifyReport.node`)."""
+
+Batch = Callable[[list[Verified]], None]
+"""Called with the events that checked out, in seq order, a list of them at a time."""
 
 
 class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,8 +96,10 @@ def scan_chain(
     consume: Consumer | None = None,
     *,
     keep_going: bool = False,
+    batch: Batch | None = None,
 ) -> VerifyReport:
-    """Verify the chain at `path` in one snapshot, handing each good event to `consume`.
+    """Verify the chain at `path` in one snapshot, handing each good event to `consume`
+    (or, as tuples, a list at a time, to `batch`).
 
     Args:
         path: the chain file (opened read-only).
@@ -92,16 +107,26 @@ def scan_chain(
             before the next row is read; an exception it raises ends the scan
             and propagates (the connection is closed).
         keep_going: after the first problem, still hand the remaining rows
-            to `consume`, unchecked (an auditor's `--unverified` read); a
+            to the consumer, unchecked (an auditor's `--unverified` read); a
             row that cannot even be read as an event (a NULL or mistyped
             column) ends the scan. The report still names the first problem.
+        batch: instead of `consume`, called with lists of `Verified` events (up
+            to `BATCH_ROWS`; each list is the consumer's to keep), in seq order:
+            what `consume` would get, without a `StoredEvent` and a call per row.
+            The rows of a list are read (and checked) before it is handed over;
+            the events before a problem, or before an error reading the file,
+            are handed over before the scan ends, so an exception the consumer
+            raises for one of them comes first, as with `consume`.
 
     Returns:
         The verdict on the whole chain, as `verify_chain` gives it.
 
     Raises:
+        ValueError: both `consume` and `batch`.
         ChainFormatError, ChainIOError: as `verify_chain`.
     """
+    if consume is not None and batch is not None:
+        raise ValueError("scan_chain takes consume or batch, not both")
     name = os.fspath(path)
     conn = connect_reader(name, text_as_bytes=True)
     try:
@@ -110,15 +135,17 @@ def scan_chain(
             conn.execute("BEGIN")
             schema.check_version(conn, name)
             rows = conn.execute(_ROWS)
-            report = _walk(rows, SqlLookups(conn), consume)
-            if keep_going and consume is not None and report.problem is not None:
-                _feed_rest(conn, report, consume)
+            report = _walk(rows, SqlLookups(conn), consume, batch)
+            if keep_going and report.problem is not None:
+                _feed_rest(conn, report, consume, batch)
             return report
     finally:
         conn.close()
 
 
-def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> VerifyReport:
+def _walk(
+    rows: Iterator[Any], lookups: Lookups, consume: Consumer | None, batch: Batch | None
+) -> VerifyReport:
     """The verification loop: genesis the careful way, then the fast path per row."""
     first = next(rows, None)
     if first is None:
@@ -130,76 +157,122 @@ def _walk(rows: Iterator[Any], lookups: Lookups, consume: Consumer | None) -> Ve
     problem = check_row(genesis, None, None, lookups)
     if problem is not None:
         return _report(0, None, None, problem)
+    node = genesis.node.decode()
     if consume is not None:
-        consume(stored_event(genesis, genesis.node.decode()))
-    return _walk_rest(rows, first, genesis, lookups, consume)
+        consume(stored_event(genesis, node))
+        batch, limit = _one_by_one(consume, node), 1
+    else:
+        limit = BATCH_ROWS
+    return _walk_rest(rows, first, genesis, lookups, _Hand(batch, limit, verified(genesis)))
+
+
+class _Hand:
+    """Where `_walk_rest` hands the rows that checked out: a batch consumer, the number
+    of rows it takes at a time, the rows already checked (genesis) to go first."""
+
+    __slots__ = ("deliver", "limit", "start")
+
+    def __init__(self, deliver: Batch | None, limit: int, start: Verified) -> None:
+        self.deliver, self.limit = deliver, limit
+        self.start = [start] if deliver is not None and limit > 1 else []
+
+
+def _one_by_one(consume: Consumer, node: str) -> Batch:
+    """A batch consumer (of one row at a time) that hands `consume` each row's `StoredEvent`."""
+
+    def deliver(rows: list[Verified]) -> None:
+        for row in rows:
+            consume(stored_of(row, node))
+
+    return deliver
 
 
 def _walk_rest(
-    rows: Iterator[Any], first: Any, genesis: Row, lookups: Lookups, consume: Consumer | None
+    rows: Iterator[Any], first: Any, genesis: Row, lookups: Lookups, hand: _Hand
 ) -> VerifyReport:
     """Every row after genesis: inline checks, `_slow` for the first row that fails one.
 
     ``struct.pack`` refuses a seq or ts_ns that is not an integer in range, a hasher
     a payload that is not bytes, and the comparisons need the hashes to be the 32
-    bytes expected: each sends the row to `_slow`, which names what is wrong. The
-    source, kind and subject of a row are decoded once per distinct triple (`_names`).
+    bytes expected: each sends the row to `_slow`, which names what is wrong. A
+    (source, kind, subject) triple is decoded once (`_names`, with its header's
+    packer); one hasher per context is fed, read and reset per row (cheaper than a copy).
     """
-    node, node_text = genesis.node, genesis.node.decode()
-    node_part = _LENGTH(len(node)) + node
+    node = genesis.node
     names: dict[tuple[object, object, object], _Names] = {}
-    seq_ts, payload_hasher, event_hasher = _SEQ_TS, _PAYLOAD_HASHER.copy, _EVENT_HASHER.copy
-    expected: int = 1
-    want_prev: bytes = genesis.hash
-    last: Any = first
-    for raw in rows:
-        seq, ts_ns, row_node, source, kind, subject, payload, digest, prev, event = raw
-        key = (source, kind, subject)
-        texts = names.get(key) or _names(names, key)
-        sealed = False
-        if texts is not None:
-            try:
-                hasher = payload_hasher()
-                hasher.update(payload)
-                if hasher.digest() == digest:
-                    hasher = event_hasher()
-                    hasher.update(seq_ts(seq, ts_ns) + node_part + texts[3] + digest + prev)
-                    sealed = hasher.digest() == event
-            except (TypeError, struct.error):
-                sealed = False
-        if texts is None or not sealed or seq != expected or prev != want_prev or row_node != node:
-            return _slow(raw, last, genesis, lookups, expected)
-        if consume is not None:
-            consume(
-                StoredEvent(
-                    seq=seq,
-                    ts_ns=ts_ns,
-                    node=node_text,
-                    source=texts[0],
-                    kind=texts[1],
-                    subject=texts[2],
-                    payload=payload,
-                    payload_hash=digest,
-                    prev_hash=prev,
-                    hash=event,
-                )
-            )
-        expected, want_prev, last = seq + 1, event, raw
+    p_update, p_digest, p_reset = _methods(_PAYLOAD_HASHER.copy())
+    e_update, e_digest, e_reset = _methods(_EVENT_HASHER.copy())
+    deliver, limit, chunk = hand.deliver or _nothing, hand.limit, hand.start
+    put = None if hand.deliver is None else chunk.append
+    expected, want_prev, last = 1, genesis.hash, first
+    try:
+        for raw in rows:
+            seq, ts_ns, row_node, source, kind, subject, payload, digest, prev, event = raw
+            key = (source, kind, subject)
+            texts = names.get(key) or _names(names, key, node)
+            sealed = False
+            if texts is not None:
+                try:
+                    p_update(payload)
+                    if p_digest() == digest:
+                        e_update(texts[3](seq, ts_ns, texts[4], digest, prev))
+                        sealed = e_digest() == event
+                        e_reset()
+                except (TypeError, struct.error):
+                    sealed = False
+                p_reset()
+            if (
+                texts is None
+                or not sealed
+                or seq != expected
+                or prev != want_prev
+                or row_node != node
+            ):
+                if chunk:  # the rows before it go first, as with `consume`
+                    deliver(chunk)
+                return _slow(raw, last, genesis, lookups, expected)
+            if put is not None:
+                put((seq, ts_ns, texts[0], texts[1], texts[2], payload, digest, prev, event))
+                if len(chunk) >= limit:
+                    full, chunk = chunk, []
+                    put = chunk.append
+                    deliver(full)
+            expected, want_prev, last = seq + 1, event, raw
+    except sqlite3.Error:
+        if chunk:  # the rows read before the file failed go first, as with `consume`
+            deliver(chunk)
+        raise
+    if chunk:
+        deliver(chunk)
     head = parse_row(last, expected - 1)
     assert not isinstance(head, Problem)
     return _report(expected, head, genesis, None)
 
 
-_Names = tuple[str, str, str, bytes]
-"""A row's source, kind and subject as text, and the three as the header encodes them."""
+def _methods(hasher: Any) -> tuple[Callable[[Any], Any], Callable[[], bytes], Callable[[], Any]]:
+    """A hasher's update, digest and reset, bound (the walk calls them per row)."""
+    return hasher.update, hasher.digest, hasher.reset
+
+
+_Names = tuple[str, str, str, Callable[..., bytes], bytes]
+"""A row's source, kind and subject as text, the packer of its header and the part of
+the header between ts_ns and payload_hash (the node, source, kind and subject, each
+with its length)."""
 
 
 def _names(
-    cache: dict[tuple[object, object, object], _Names], key: tuple[object, object, object]
+    cache: dict[tuple[object, object, object], _Names],
+    key: tuple[object, object, object],
+    node: bytes,
 ) -> _Names | None:
-    """Decode and remember a (source, kind, subject) triple; None if one is unusual."""
+    """Decode and remember a (source, kind, subject) triple; None if one is unusual.
+
+    The packer writes seq and ts_ns (``>Qq``), the triple's part and two 32-byte
+    fields; it pads or cuts a field of another length, so a row is sealed only if
+    its payload hash is the 32-byte digest and its previous hash the one expected.
+    """
     texts: list[str] = []
-    encoded = b""
+    middle = _LENGTH(len(node)) + node
     for i, value in enumerate(key):
         if not isinstance(value, bytes) or (i == 1 and value == _GENESIS_KIND):
             return None
@@ -207,9 +280,14 @@ def _names(
             texts.append(value.decode("utf-8"))
         except UnicodeDecodeError:
             return None
-        encoded += _LENGTH(len(value)) + value
-    cache[key] = entry = (texts[0], texts[1], texts[2], encoded)
+        middle += _LENGTH(len(value)) + value
+    pack = struct.Struct(f">Qq{len(middle)}s32s32s").pack
+    cache[key] = entry = (texts[0], texts[1], texts[2], pack, middle)
     return entry
+
+
+def _nothing(rows: list[Verified]) -> None:
+    """The batch consumer of a scan without one (it is never handed a row)."""
 
 
 def _slow(
@@ -229,6 +307,38 @@ def _slow(
     return _report(expected, before, genesis, problem)
 
 
+def verified(row: Row) -> Verified:
+    """The `Verified` tuple of a checked row."""
+    return (
+        row.seq,
+        row.ts_ns,
+        row.source.decode(),
+        row.kind.decode(),
+        row.subject.decode(),
+        row.payload,
+        row.payload_hash,
+        row.prev_hash,
+        row.hash,
+    )
+
+
+def stored_of(row: Verified, node: str) -> StoredEvent:
+    """The `StoredEvent` of a `Verified` row of the chain of `node`."""
+    seq, ts_ns, source, kind, subject, payload, payload_hash, prev_hash, digest = row
+    return StoredEvent(
+        seq=seq,
+        ts_ns=ts_ns,
+        node=node,
+        source=source,
+        kind=kind,
+        subject=subject,
+        payload=payload,
+        payload_hash=payload_hash,
+        prev_hash=prev_hash,
+        hash=digest,
+    )
+
+
 def stored_event(row: Row, node: str | None = None) -> StoredEvent:
     """The `StoredEvent` of a checked row (`node`: the chain's node id, else the row's)."""
     return StoredEvent(
@@ -245,14 +355,20 @@ def stored_event(row: Row, node: str | None = None) -> StoredEvent:
     )
 
 
-def _feed_rest(conn: sqlite3.Connection, report: VerifyReport, consume: Consumer) -> None:
-    """Hand the rows from the first bad one on to `consume`, unchecked (`keep_going`)."""
+def _feed_rest(
+    conn: sqlite3.Connection, report: VerifyReport, consume: Consumer | None, batch: Batch | None
+) -> None:
+    """Hand the rows from the first bad one on to the consumer, unchecked (`keep_going`),
+    each before the next is read (a `StoredEvent` holds the row's own node)."""
     after = -1 if report.head_seq is None else report.head_seq
     for raw in conn.execute(schema.SELECT_EVENTS + " WHERE seq > ? ORDER BY seq", (after,)):
         row = parse_row(raw, after + 1)
         if isinstance(row, Problem):
             return
-        consume(stored_event(row, row.node.decode("utf-8", "replace")))
+        if batch is not None:
+            batch([verified(row)])
+        elif consume is not None:
+            consume(stored_event(row, row.node.decode("utf-8", "replace")))
         after = row.seq
 
 

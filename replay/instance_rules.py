@@ -14,8 +14,6 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from infervisor.chain import StoredEvent
-
 from . import events as ev
 from . import residency_events as rev
 from .callers import Role, role_of
@@ -39,62 +37,79 @@ INSTANCE_TYPES: frozenset[type[Any]] = frozenset(typing.get_args(ev.InstanceEven
 _PLACED, _UNLOADED = ev.Placed, ev.Unloaded
 
 
-def advance(
+def advance(  # noqa: PLR0917 - the stored event's fields, as the folder holds them
     work: InstanceFields | None,
-    stored: StoredEvent,
     event: ev.InstanceEvent,
+    seq: int,
+    ts_ns: int,
+    kind: str,
+    subject: str,
     pending: Pending | None = None,
 ) -> InstanceFields | None:
     """Fold one instance event into `work`, in place (``None``: not placed / unloaded).
 
+    `seq`, `ts_ns`, `kind` and `subject` are the stored event's (its header):
+    replay hands them without a `StoredEvent` per row (chain/verify.py, `Verified`).
     Returns the record that holds the instance now: `work` itself, a new one
     for a placement, or None once unloaded. On an error `work` is unchanged.
 
-    With `pending`, a transition's reason is not formatted: its rule and event
-    go to ``pending[instance_id]``, and whoever reads the record first sets
-    ``reason`` from the last one (`settle`; replay/folder.py does, so a chain
-    formats one reason per instance, not one per transition).
+    With `pending`, a transition's reason is not formatted: its event goes to
+    ``pending[instance_id]``, and whoever reads the record first sets ``reason``
+    from the last one (`settle`; replay/folder.py does, so a chain formats one
+    reason per instance, not one per transition).
 
     Raises:
         ReplayError: unknown instance, a second placement, or an illegal transition.
     """
-    kind = type(event)
-    if kind is _PLACED:
-        if work is not None:
-            raise ReplayError(f"seq {stored.seq}: {stored.subject} is already placed")
-        return _placed(stored, event)  # type: ignore[arg-type]
-    if work is None:
-        raise ReplayError(f"seq {stored.seq}: {stored.kind} for unknown instance {stored.subject}")
-    if stored.seq <= work.last_seq:
-        raise ReplayError(f"seq {stored.seq} is not after {work.last_seq} for {work.instance_id}")
-    if kind is _UNLOADED:
+    if work is None or type(event) is _PLACED:
+        return _first(work, event, seq, ts_ns, kind, subject)
+    if seq <= work.last_seq:
+        raise ReplayError(f"seq {seq} is not after {work.last_seq} for {work.instance_id}")
+    kind_of = type(event)
+    if kind_of is _UNLOADED:
         return None
     current = work.lifecycle
-    fixed, dependent, loops, handler, reasoner = RULES[kind]
+    fixed, dependent, loops, handler, reasoner = RULES[kind_of]
     target = _target(work, event) if dependent else fixed
     moves = target is not None and (target is not current or loops)
     if moves and target not in TRANSITIONS[current]:
         try:
             check_transition(current, target, work.instance_id)  # type: ignore[arg-type]
         except IllegalTransition as e:
-            raise ReplayError(f"seq {stored.seq}: {e}") from e
+            raise ReplayError(f"seq {seq}: {e}") from e
     if handler is not None:
-        handler(work, stored, event)
-    work.last_seq = stored.seq
+        handler(work, ts_ns, event)
+    work.last_seq = seq
     if moves:
         work.lifecycle = target  # type: ignore[assignment]
-        work.since_ns = stored.ts_ns
+        work.since_ns = ts_ns
         if pending is None:
             work.reason = reasoner(event)
         else:
-            pending[work.instance_id] = (reasoner, event)
+            pending[work.instance_id] = event
         if target not in LIVE_STATES:
             work.busy = False  # no process serves anything: the busy spell ended with it
     return work
 
 
-Pending = dict[str, tuple[Callable[[Any], str], Any]]
-"""Per instance id, the reason rule and event of its last transition not yet formatted."""
+def _first(  # noqa: PLR0917 - as `advance`
+    work: InstanceFields | None,
+    event: ev.InstanceEvent,
+    seq: int,
+    ts_ns: int,
+    kind: str,
+    subject: str,
+) -> InstanceFields:
+    """`advance` of a placement, or of any event for an instance not placed (refused)."""
+    if type(event) is not _PLACED:
+        raise ReplayError(f"seq {seq}: {kind} for unknown instance {subject}")
+    if work is not None:
+        raise ReplayError(f"seq {seq}: {subject} is already placed")
+    return _placed(subject, seq, ts_ns, event)
+
+
+Pending = dict[str, Any]
+"""Per instance id, the event of its last transition whose reason is not formatted yet."""
 
 
 def settle(work: InstanceFields, pending: Pending) -> InstanceFields:
@@ -102,20 +117,20 @@ def settle(work: InstanceFields, pending: Pending) -> InstanceFields:
     without `pending` would have left it."""
     due = pending.pop(work.instance_id, None)
     if due is not None:
-        work.reason = due[0](due[1])
+        work.reason = REASONS[type(due)](due)
     return work
 
 
-def _placed(stored: StoredEvent, event: ev.Placed) -> InstanceFields:
+def _placed(subject: str, seq: int, ts_ns: int, event: ev.Placed) -> InstanceFields:
     return InstanceFields(
-        instance_id=stored.subject,
+        instance_id=subject,
         spec=event.spec,
         placed_by=event.placed_by,
         generation=event.generation,
         lifecycle=S.RESTING if event.spec.get("on_demand") else S.LOADED,
         desired=Desired.STOPPED,
-        since_ns=stored.ts_ns,
-        last_seq=stored.seq,
+        since_ns=ts_ns,
+        last_seq=seq,
         reason=reason_of(event),
     )
 
@@ -166,9 +181,9 @@ def _target(inst: InstanceFields, event: ev.InstanceEvent) -> LifecycleState | N
 _USERS = frozenset({Role.OPERATOR, Role.CONTROLLER})
 
 
-def _on_starting(w: InstanceFields, stored: StoredEvent, e: ev.Starting) -> None:
+def _on_starting(w: InstanceFields, ts_ns: int, e: ev.Starting) -> None:
     if w.demanded or role_of(e.by) in _USERS:
-        w.last_use_ns = stored.ts_ns
+        w.last_use_ns = ts_ns
     w.demanded, w.rested_for, w.refused_ns = False, "", None
     if e.reset_budget:
         w.restarts, w.restart_times_ns, w.restart_stamps = 0, (), ()
@@ -180,22 +195,22 @@ def _on_starting(w: InstanceFields, stored: StoredEvent, e: ev.Starting) -> None
     w.reserved_bytes = e.reserved_bytes
 
 
-def _on_spawned(w: InstanceFields, stored: StoredEvent, e: ev.Spawned) -> None:
+def _on_spawned(w: InstanceFields, ts_ns: int, e: ev.Spawned) -> None:
     w.process = ProcessRecord(pid=e.pid, pgid=e.pgid, start_time=e.start_time, boot_id=e.boot_id)
     w.up_since = e.at
 
 
-def _on_reattached(w: InstanceFields, stored: StoredEvent, e: ev.Reattached) -> None:
+def _on_reattached(w: InstanceFields, ts_ns: int, e: ev.Reattached) -> None:
     w.up_since = e.up_since or w.up_since
 
 
-def _on_exited(w: InstanceFields, stored: StoredEvent, e: ev.Exited) -> None:
+def _on_exited(w: InstanceFields, ts_ns: int, e: ev.Exited) -> None:
     w.last_exit = ExitRecord(
         pid=e.pid,
         exit_code=e.exit_code,
         signal=e.signal,
         reason=e.reason,
-        ts_ns=stored.ts_ns,
+        ts_ns=ts_ns,
         output_tail=e.output_tail,
         oom_killed=e.oom_killed,
     )
@@ -205,32 +220,32 @@ def _on_exited(w: InstanceFields, stored: StoredEvent, e: ev.Exited) -> None:
     w.reserved_bytes = 0
 
 
-def _on_restart(w: InstanceFields, stored: StoredEvent, e: ev.RestartScheduled) -> None:
+def _on_restart(w: InstanceFields, ts_ns: int, e: ev.RestartScheduled) -> None:
     w.restarts += 1
-    w.restart_times_ns = (*w.restart_times_ns, stored.ts_ns)
+    w.restart_times_ns = (*w.restart_times_ns, ts_ns)
     if e.at is not None:
         w.restart_stamps = (*w.restart_stamps, e.at)
     w.restart_due = e.due
 
 
-def _on_held(w: InstanceFields, stored: StoredEvent, e: ev.InstanceEvent) -> None:
+def _on_held(w: InstanceFields, ts_ns: int, e: ev.InstanceEvent) -> None:
     w.desired, w.restart_due, w.then = Desired.STOPPED, None, Then.NOTHING
 
 
-def _on_stable(w: InstanceFields, stored: StoredEvent, e: ev.StableAgain) -> None:
+def _on_stable(w: InstanceFields, ts_ns: int, e: ev.StableAgain) -> None:
     w.restarts, w.restart_times_ns, w.restart_stamps = 0, (), ()
 
 
-def _on_exposed(w: InstanceFields, stored: StoredEvent, e: ev.Exposed) -> None:
-    _on_held(w, stored, e)
+def _on_exposed(w: InstanceFields, ts_ns: int, e: ev.Exposed) -> None:
+    _on_held(w, ts_ns, e)
     w.exposed = tuple(e.addresses)
 
 
-def _on_replaced(w: InstanceFields, stored: StoredEvent, e: ev.Replaced) -> None:
+def _on_replaced(w: InstanceFields, ts_ns: int, e: ev.Replaced) -> None:
     w.placed_by, w.generation = e.placed_by, e.generation
 
 
-def _on_stop(w: InstanceFields, stored: StoredEvent, e: ev.StopRequested) -> None:
+def _on_stop(w: InstanceFields, ts_ns: int, e: ev.StopRequested) -> None:
     keeps_wanted = e.by == Role.SHUTDOWN or e.then == Then.RESTART
     if w.process is not None and e.at is not None:
         why = f" ({e.reason})" if e.reason else ""
@@ -251,15 +266,15 @@ def _on_stop(w: InstanceFields, stored: StoredEvent, e: ev.StopRequested) -> Non
     w.unload_error = ""
 
 
-def _on_terminating(w: InstanceFields, stored: StoredEvent, e: ev.Terminating) -> None:
+def _on_terminating(w: InstanceFields, ts_ns: int, e: ev.Terminating) -> None:
     w.terminating = Termination(cause=e.cause, grace_s=e.grace_s, by=Role.SUPERVISOR, at=e.at)
 
 
-def _on_ready(w: InstanceFields, stored: StoredEvent, e: ev.Ready) -> None:
+def _on_ready(w: InstanceFields, ts_ns: int, e: ev.Ready) -> None:
     w.up_since = w.up_since or e.at
 
 
-def _on_refused(w: InstanceFields, stored: StoredEvent, e: ev.StartRefused) -> None:
+def _on_refused(w: InstanceFields, ts_ns: int, e: ev.StartRefused) -> None:
     """A refused start keeps its cause; one a demand asked for ends the demand (the
     next request asks again), so no boot resumes a request that failed long ago."""
     _end_demand(w)
@@ -273,56 +288,56 @@ def _end_demand(w: InstanceFields) -> None:
     w.demanded = False
 
 
-def _on_claimed(w: InstanceFields, stored: StoredEvent, e: ev.ModelClaimed) -> None:
+def _on_claimed(w: InstanceFields, ts_ns: int, e: ev.ModelClaimed) -> None:
     w.ollama_owned = e.ours
 
 
-def _on_dropped(w: InstanceFields, stored: StoredEvent, e: ev.ModelDropped) -> None:
+def _on_dropped(w: InstanceFields, ts_ns: int, e: ev.ModelDropped) -> None:
     w.ollama_owned = False
 
 
-def _on_corrected(w: InstanceFields, stored: StoredEvent, e: ev.MemoryCorrected) -> None:
+def _on_corrected(w: InstanceFields, ts_ns: int, e: ev.MemoryCorrected) -> None:
     w.reserved_bytes = e.reserved_bytes
 
 
-def _on_released(w: InstanceFields, stored: StoredEvent, e: ev.MemoryReleased) -> None:
+def _on_released(w: InstanceFields, ts_ns: int, e: ev.MemoryReleased) -> None:
     w.reserved_bytes = 0
 
 
-def _on_unload_failed(w: InstanceFields, stored: StoredEvent, e: ev.UnloadFailed) -> None:
+def _on_unload_failed(w: InstanceFields, ts_ns: int, e: ev.UnloadFailed) -> None:
     w.unload_error = e.error
 
 
-def _on_demanded(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyDemanded) -> None:
+def _on_demanded(w: InstanceFields, ts_ns: int, e: rev.ResidencyDemanded) -> None:
     """Wanted running until its start (the use: ``instance.starting``) or refusal."""
     w.desired, w.demanded = Desired.RUNNING, True
 
 
-def _on_room_refused(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyRefused) -> None:
+def _on_room_refused(w: InstanceFields, ts_ns: int, e: rev.ResidencyRefused) -> None:
     """The start that asked is refused: a demand recorded for it ends; the refusal
     and its time are kept (identical ones soon after record nothing more)."""
     _end_demand(w)
     w.refusal = no_room(e.needed_bytes, e.in_use_bytes, e.budget_bytes)
-    w.refused_ns = stored.ts_ns
+    w.refused_ns = ts_ns
 
 
-def _on_evicted(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyEvicted) -> None:
+def _on_evicted(w: InstanceFields, ts_ns: int, e: rev.ResidencyEvicted) -> None:
     w.rested_for = f"evicted for {e.for_instance}"
 
 
-def _on_expired(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyExpired) -> None:
+def _on_expired(w: InstanceFields, ts_ns: int, e: rev.ResidencyExpired) -> None:
     w.rested_for = f"idle longer than {e.idle_ttl_s:g} s"
 
 
-def _on_busy(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyBusy) -> None:
-    w.busy, w.last_use_ns = True, stored.ts_ns
+def _on_busy(w: InstanceFields, ts_ns: int, e: rev.ResidencyBusy) -> None:
+    w.busy, w.last_use_ns = True, ts_ns
 
 
-def _on_idle(w: InstanceFields, stored: StoredEvent, e: rev.ResidencyIdle) -> None:
+def _on_idle(w: InstanceFields, ts_ns: int, e: rev.ResidencyIdle) -> None:
     w.busy, w.last_use_ns = False, e.idle_since_ns
 
 
-_Handler = Callable[[InstanceFields, StoredEvent, Any], None]
+_Handler = Callable[[InstanceFields, int, Any], None]
 
 _UPDATES: dict[type[Any], _Handler] = {
     ev.Starting: _on_starting,

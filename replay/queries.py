@@ -8,12 +8,14 @@ optionally only up to a sequence number or a time.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 
 import msgspec
 
 from infervisor.chain import SqliteChain, StoredEvent, VerifyReport, scan_chain
+from infervisor.chain.verify import Batch, Verified
 
 from . import events as ev
 from .reducer import Folder, apply_instance, fold, reason_of
@@ -95,12 +97,37 @@ def read_chain(
         if keep_events:
             kept.setdefault(stored.subject, []).append(stored)
 
-    plain = until_seq is None and until_ns is None and not keep_events
-    report = scan_chain(path, feed if plain else consume, keep_going=unverified)
-    if plain:
+    if not keep_events:
+        # The scan's rows in lists to the folder, without a StoredEvent each.
+        batch = _up_to(folder.feed_rows, until_seq, until_ns)
+        report = scan_chain(path, keep_going=unverified, batch=batch)
         count = folder.head_seq + 1
+    else:
+        report = scan_chain(path, consume, keep_going=unverified)
     node = report.node or ""
     return ChainRead(state=folder.state(node), report=report, replayed=count, by_subject=kept)
+
+
+def _up_to(feed: Batch, until_seq: int | None, until_ns: int | None) -> Batch:
+    """`feed` of the rows up to the first after `until_seq` or stamped after `until_ns`
+    (`read_chain`'s cut); none after it."""
+    if until_seq is None and until_ns is None:
+        return feed
+    last_seq = until_seq if until_seq is not None else math.inf
+    last_ns = until_ns if until_ns is not None else math.inf
+    done = False
+
+    def take(rows: list[Verified]) -> None:
+        nonlocal done
+        if done:
+            return
+        for i, row in enumerate(rows):
+            if row[0] > last_seq or row[1] > last_ns:
+                done, rows = True, rows[:i]
+                break
+        feed(rows)
+
+    return take
 
 
 def timeline_of(stored_events: list[StoredEvent]) -> list[TimelineEntry]:

@@ -72,5 +72,6 @@ def apply_instance(
     Raises:
         ReplayError: unknown instance, a second placement, or an illegal transition.
     """
-    updated = advance(None if inst is None else thaw(inst), stored, event)
+    work = None if inst is None else thaw(inst)
+    updated = advance(work, event, stored.seq, stored.ts_ns, stored.kind, stored.subject)
     return None if updated is None else freeze(updated)

@@ -11,6 +11,7 @@ always refused, and the live node's reducer stays a pure function (issue 22, ite
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -132,3 +133,33 @@ def test_apply_instance_leaves_the_state_it_is_given_as_it_was() -> None:
     assert (placed.desired, started.desired) == ("stopped", "running")
     with pytest.raises(AttributeError):  # what readers get is frozen
         placed.desired = started.desired  # type: ignore[misc]
+
+
+def _long_chain(db: Path, bad: int, events: int = 300) -> None:
+    """A started instance, then health flaps up to seq `events`; the payload at seq
+    `bad` fits no event though its hashes are right (the chain's own append wrote it)."""
+    flap = [ev.Unhealthy(misses=3, reason="timed out"), ev.Recovered(detail="ok")]
+    drafts = [_draft(_placed()), _draft(ev.Starting(by="operator")), _draft(ev.Ready(detail="ok"))]
+    drafts += [_draft(flap[n % 2]) for n in range(events - len(drafts))]
+    drafts[bad - 1] = _draft(flap[0], payload=b'{"event":"instance.unhealthy","v":1}')
+    with SqliteChain.open(db, NODE) as chain:
+        chain.append_many(drafts)
+
+
+def test_an_unreplayable_event_is_named_before_a_later_broken_row(tmp_path: Path) -> None:
+    """Replay hands the verified rows to the fold in batches; the fold's refusal of an
+    event still comes before a problem the verifier finds further on (as when each
+    row was folded before the next was read)."""
+    db = tmp_path / "chain.db"
+    _long_chain(db, bad=100)
+    with pytest.raises(EventDecodeError, match="seq 100"):
+        read_chain(db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'"):
+        conn.execute(f'DROP TRIGGER "{name}"')
+    conn.execute("UPDATE events SET hash = zeroblob(32) WHERE seq = 200")
+    conn.close()
+    with pytest.raises(EventDecodeError, match="seq 100"):
+        read_chain(db)
+    with pytest.raises(EventDecodeError, match="seq 100"):
+        read_chain(db, unverified=True)

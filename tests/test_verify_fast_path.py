@@ -13,13 +13,14 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_chain_verify import attacker
 from varied_chain import write_varied_chain
 
 from infervisor.chain import StoredEvent, scan_chain, schema
 from infervisor.chain.checks import Problem, check_row, parse_row
-from infervisor.chain.verify import SqlLookups, stored_event
+from infervisor.chain.verify import BATCH_ROWS, SqlLookups, Verified, stored_event, stored_of
 
 Verdict = tuple[int, int | None, str | None, Problem | None]
 
@@ -56,6 +57,19 @@ def documented(path: Path) -> tuple[Verdict, list[StoredEvent]]:
 def fast(path: Path) -> tuple[Verdict, list[StoredEvent]]:
     good: list[StoredEvent] = []
     report = scan_chain(path, good.append)
+    verdict = (report.events, report.head_seq, report.head_hash, report.problem)
+    assert batched(path) == (verdict, good)
+    return verdict, good
+
+
+def batched(path: Path, *, keep_going: bool = False) -> tuple[Verdict, list[StoredEvent]]:
+    """`fast` through ``scan_chain``'s batch consumer (what replay folds): the same
+    verdict and events, in lists of at most BATCH_ROWS."""
+    lists: list[list[Verified]] = []
+    report = scan_chain(path, keep_going=keep_going, batch=lists.append)
+    assert all(0 < len(rows) <= BATCH_ROWS for rows in lists)
+    node = report.node or ""
+    good = [stored_of(row, node) for rows in lists for row in rows]
     return (report.events, report.head_seq, report.head_hash, report.problem), good
 
 
@@ -133,3 +147,43 @@ def test_a_changed_row_gets_the_documented_verdict(
     else:  # every change is caught, where it was made
         assert verdict[3] is not None
         assert verdict[3].seq in (-1, 150, 151, 1000)
+
+
+def test_batches_hold_at_most_batch_rows_and_a_raise_ends_the_scan(
+    varied: Path, tmp_path: Path
+) -> None:
+    """Lists of BATCH_ROWS rows, the last one shorter; a consumer that raises ends the
+    scan, its exception propagating (as with one event at a time)."""
+    path = tmp_path / "long.db"
+    write_varied_chain(path, BATCH_ROWS * 2 + 10)
+    sizes: list[int] = []
+    scan_chain(path, batch=lambda rows: sizes.append(len(rows)))
+    assert sizes == [BATCH_ROWS, BATCH_ROWS, 11]
+
+    def refuse(rows: list[Verified]) -> None:
+        raise RuntimeError(f"refused at seq {rows[0][0]}")
+
+    with pytest.raises(RuntimeError, match="refused at seq 0"):
+        scan_chain(path, batch=refuse)
+    with pytest.raises(ValueError, match="not both"):
+        scan_chain(path, sizes.append, batch=sizes.append)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "change", ["hash = zeroblob(32) WHERE seq = 150", "node = 'x' WHERE seq = 9"]
+)
+def test_unverified_rows_after_a_problem_are_handed_over_unchecked(
+    varied: Path, tmp_path: Path, change: str
+) -> None:
+    """``keep_going``: the rows after the first problem go to the batch consumer as
+    they go to `consume` (the node of a `StoredEvent` is the row's own there)."""
+    path = tmp_path / "chain.db"
+    path.write_bytes(varied.read_bytes())
+    with attacker(path, strip=True) as conn:
+        conn.execute(f"UPDATE events SET {change}")
+    one: list[StoredEvent] = []
+    report = scan_chain(path, one.append, keep_going=True)
+    verdict, good = batched(path, keep_going=True)
+    assert verdict == (report.events, report.head_seq, report.head_hash, report.problem)
+    assert report.problem is not None and len(good) == len(one) > report.events
+    assert good == [msgspec.structs.replace(e, node="varied") for e in one]
