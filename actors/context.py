@@ -20,6 +20,7 @@ from .core.rules import Mode, Rules
 from .core.supervision import Supervision
 from .probe_loop import Gates
 from .settings import NodeSettings
+from .view_board import ViewBoard
 
 __all__ = ["InstanceContext", "rules_for"]
 
@@ -56,6 +57,8 @@ class InstanceContext:
     #: Each instance's probe loop, where the supervisor asks whether a reconcile
     #: tick wakes it (None: every tick is told, as in tests without a node).
     gates: Gates | None = None
+    #: Where each instance posts its view for ``list`` (a node's is shared by all).
+    views: ViewBoard = field(default_factory=ViewBoard)
 
 
 def rules_for(

@@ -44,6 +44,7 @@ from .routes import Routes
 from .settings import NodeSettings
 from .snapshots import Snapshotter, read_snapshot_file
 from .supervisor import SupervisorActor
+from .view_board import ViewBoard
 from .watchdog import Watchdog, stall_after
 from .witness_submit import WitnessTarget
 from .witnessing import Witnessing
@@ -95,6 +96,8 @@ class NodeActors:
     witnessing: Witnessing | None = None
     #: Takes the snapshots of the projection (None: not given the booted state).
     snapshotter: Snapshotter | None = None
+    #: Each instance's posted view, read by ``list`` without asking the actors.
+    views: ViewBoard = field(default_factory=ViewBoard)
 
 
 def start_actors(
@@ -129,10 +132,10 @@ def start_actors(
     relay = _GoneRelay()
     containment = detect(settings.containment, settings.node_id, settings.data_dir)
     log.info("containment: %s (%s)", containment.mode, containment.reason)
-    gates = Gates()
+    gates, views = Gates(), ViewBoard()
     ctx = InstanceContext(
         settings.node_id, WriterAppend(writer, clock), clock, settings, ledger, probes, engine,
-        gone=relay.tell, containment=containment, gates=gates,
+        gone=relay.tell, containment=containment, gates=gates, views=views,
     )  # fmt: skip
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
@@ -148,7 +151,7 @@ def start_actors(
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
-        append_health, containment, witnessing, snapshotter,
+        append_health, containment, witnessing, snapshotter, views,
     )  # fmt: skip
 
 
