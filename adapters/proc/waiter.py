@@ -165,6 +165,19 @@ class WatchedProcess:
         """The descendants remembered so far (pid -> start time) and not seen gone."""
         return self._descendants.known()
 
+    def ended_alone(self) -> ExitInfo | None:
+        """How the server ended, if nothing of its tree outlived it: the exit is
+        reported, its group had no member left when the exit was seen, no
+        descendant is remembered and its cgroup (if any) holds nobody. Then there
+        is nothing to wait for, reap or kill; None otherwise (or while it runs).
+        Reads no process table (one cgroup file with a cgroup)."""
+        info = self._info
+        if info is None or self._at_exit or self._descendants.known():
+            return None
+        if self.cgroup is not None and self.cgroup.server_members():
+            return None
+        return info
+
     def survivors(self) -> list[int]:
         """Live members of the server's process group once its leader has exited
         (those that outlived it; ``[]`` before the exit is seen). Scans the
