@@ -20,6 +20,7 @@ from .core.rules import Mode, Rules
 from .core.supervision import Supervision
 from .probe_loop import Gates
 from .settings import NodeSettings
+from .view_board import ViewBoard
 
 __all__ = ["InstanceContext", "rules_for"]
 
@@ -60,6 +61,8 @@ class InstanceContext:
     #: not fit (``AskRoom``): the node makes room and asks the start again
     #: (actors/room_asks.py). Never blocks; without a node, nothing is done.
     room: Callable[[str, str, str], None] = field(default=lambda _iid, _by, _cause: None)
+    #: Where each instance posts its view for ``list`` (a node's is shared by all).
+    views: ViewBoard = field(default_factory=ViewBoard)
 
 
 def rules_for(

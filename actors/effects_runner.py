@@ -190,10 +190,18 @@ class EffectRunner:
         if proc is not None:
             self._thread("kill", lambda: _quietly(self.actor.iid, proc.kill_tree))
 
-    def reap(self, e: fx.Reap) -> None:
+    def reap(self, e: fx.Reap) -> o.Observation | None:
+        """Reap what is left of the server's tree once its leader exited: at once,
+        on this thread, when nothing of it outlived the leader (no grace to give,
+        no thread to start, no process table to scan: the exit is decided without
+        another hop through the mailbox); else on a thread of its own (what is
+        left given the rest of a stop's grace, then killed), reported back."""
         proc = self.proc
         if proc is None:
-            return
+            return None
+        alone = proc.ended_alone()
+        if alone is not None:
+            return _group_gone(proc, alone, "")
 
         def run() -> o.Observation:
             proc.settle(e.grace_s)  # a stop's grace is the children's too
@@ -209,14 +217,10 @@ class EffectRunner:
             except ProcessControlError as err:
                 note = f"{note}; {err}" if note else str(err)
                 info = proc.exit_info() or ExitInfo(proc.identity.pid, None, None, "")
-            limit = proc.cgroup.memory_max if proc.cgroup is not None else None
-            return o.GroupGone(
-                pid=info.pid, exit_code=info.exit_code, signal=info.signal,
-                output_tail=info.output_tail, note=note, oom_killed=info.oom_killed,
-                memory_max_bytes=limit,
-            )  # fmt: skip
+            return _group_gone(proc, info, note)
 
         self._report("reap", run)
+        return None
 
     # ------------------------------------------------------------------ timers
     def arm_timer(self, e: fx.ArmTimer) -> None:
@@ -333,6 +337,16 @@ class EffectRunner:
             self.cancel_timer(fx.CancelTimer(name=name))
         if self.load is not None:
             self.load.abort()
+
+
+def _group_gone(proc: ServerProcess, info: ExitInfo, note: str) -> o.GroupGone:
+    """Nothing of ``proc``'s tree is left: how it ended, for the core."""
+    limit = proc.cgroup.memory_max if proc.cgroup is not None else None
+    return o.GroupGone(
+        pid=info.pid, exit_code=info.exit_code, signal=info.signal,
+        output_tail=info.output_tail, note=note, oom_killed=info.oom_killed,
+        memory_max_bytes=limit,
+    )  # fmt: skip
 
 
 def _quietly(iid: str, fn: Callable[[], Any]) -> None:

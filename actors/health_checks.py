@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from functools import partial
@@ -49,10 +50,19 @@ from .core.rules import Mode, Rules, Tracking
 from .core.wake import watch_of
 from .effects_runner import EffectRunner
 from .probe_loop import Probed, ProbeLoop, Timers
+from .timer_wheel import TimerWheel
 
 __all__ = ["HealthChecks", "Probed", "miss"]
 
 log = logging.getLogger(__name__)
+
+#: The grid the node's probes are sent on, seconds: at most ``1 / PROBE_SLOT_S``
+#: loop wake-ups a second to send them, each probe at most half a slot early or
+#: late. A divisor of the readiness cadence (50 ms) and of whole-second intervals.
+PROBE_SLOT_S = 0.025
+#: Each probe engine's grid (one per engine: instances share its slots).
+_WHEELS: weakref.WeakKeyDictionary[Any, TimerWheel] = weakref.WeakKeyDictionary()
+_WHEELS_LOCK = threading.Lock()
 
 #: The prober of contexts built without a node (its engine starts at a first probe).
 _HTTP_FALLBACK = HttpProber()
@@ -311,12 +321,18 @@ Back = Callable[[Probed], None]
 
 def _timers(ctx: Any) -> Timers:
     """The probes' timers: the node's probe engine on a real clock (its own
-    thread, where the reports land), else the context's clock (a test's manual one)."""
+    thread, where the reports land), on one grid for the whole node (probes due
+    in the same slot go in one pass of the engine's loop: :mod:`.timer_wheel`),
+    else the context's clock (a test's manual one)."""
     clock = ctx.clock
     if isinstance(clock, RealClock) and isinstance(ctx.engine, HttpProber):
         engine = ctx.engine.timers()
         if engine is not None:
-            return engine
+            with _WHEELS_LOCK:
+                wheel = _WHEELS.get(engine)
+                if wheel is None:
+                    wheel = _WHEELS[engine] = TimerWheel(engine, PROBE_SLOT_S)
+            return wheel
     return clock  # type: ignore[no-any-return]
 
 

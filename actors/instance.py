@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import pykka
 
-from infervisor.adapters.probe import ProbeTarget, ServerReport
+from infervisor.adapters.probe import ProbeTarget
 from infervisor.adapters.prober import Prober
 from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.proc.table import ProcessTable
@@ -59,10 +59,11 @@ from .effects_runner import EffectRunner, TimerFired
 from .errors import InvalidState, RecordFailed
 from .health_checks import HealthChecks, Probed, miss
 from .ledger import Reservation
+from .probe_loop import ProbeLoop
 from .reconcile_facts import listener_ports, tree_rss_seen
 from .stamps import now_stamp
 from .stand_in import UnbuiltServer
-from .view import build_view
+from .view import build_view, post_of
 
 __all__ = ["InstanceActor", "tell"]
 
@@ -111,6 +112,7 @@ class InstanceActor(pykka.ThreadingActor):
         self.missed_probes = 0
         self.effects = EffectRunner(self)
         self.checks = HealthChecks(self)
+        self.probes: ProbeLoop = self.checks.loop  # the last probe's report and latency
         self._take_adapter(adapter)
         #: The last socket-table snapshot (for status' exposure of adopted servers).
         self.listeners: dict[int, list[str]] | None = None
@@ -121,6 +123,7 @@ class InstanceActor(pykka.ThreadingActor):
         self._closing = False
         self._waiters = answers.Waiters()
         self.backlog = Backlog()
+        self._post()
 
     def _take_adapter(self, adapter: ServerAdapter) -> None:
         """Drive the server through ``adapter`` (at start, and once an unbuilt one is built)."""
@@ -130,22 +133,18 @@ class InstanceActor(pykka.ThreadingActor):
         )
         self.memory = Reservation(self.ctx.ledger, self.iid, adapter.model_bytes)
 
-    @property
-    def report(self) -> ServerReport | None:
-        """The last probe's report (None before the first)."""
-        return self.checks.report
-
-    @property
-    def probe_latency_s(self) -> float | None:
-        """How long the last probe took, seconds (real time; None before the first)."""
-        return self.checks.latency_s
-
     # ------------------------------------------------------------------ dispatch
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, m.GetStatus):
             return self.view()
         if isinstance(message, m.IsSettled):
             return self._settled()
+        try:
+            return self._receive(message)
+        finally:
+            self._post()  # what it changed (listeners, the fault, an adapter built) is seen
+
+    def _receive(self, message: Any) -> Any:
         if self._gone:
             if isinstance(message, (m.Start, m.Stop, m.Restart, m.Unload)):
                 raise InvalidState(f"{self.iid} is unloaded")
@@ -238,6 +237,7 @@ class InstanceActor(pykka.ThreadingActor):
                 self._drain()
 
     def on_stop(self) -> None:
+        self.ctx.views.drop(self.iid, self)
         self.effects.close()
         self.checks.close()
         self.adapter.close()
@@ -372,6 +372,7 @@ class InstanceActor(pykka.ThreadingActor):
         else:
             self.memory.sync(self.state.reserved_bytes)
             self.checks.decided(recording=not self.backlog)
+        self._post()  # before any waiter is answered: a caller reads what it waited for
         self._waiters.resolve(None if self._gone else self.state)
 
     # ------------------------------------------------------------------ verbs
@@ -492,3 +493,7 @@ class InstanceActor(pykka.ThreadingActor):
     def view(self) -> InstanceView:
         """This instance's status view (never probes)."""
         return build_view(self)
+
+    def _post(self) -> None:
+        """Post the view for ``list`` (:mod:`.view_board`); never ahead of the chain."""
+        self.ctx.views.post(self.iid, post_of(self))

@@ -45,6 +45,7 @@ from .routes import Routes
 from .settings import NodeSettings
 from .snapshots import Snapshotter, read_snapshot_file
 from .supervisor import SupervisorActor
+from .view_board import ViewBoard
 from .watchdog import Watchdog, stall_after
 from .witness_submit import WitnessTarget
 from .witnessing import Witnessing
@@ -98,6 +99,8 @@ class NodeActors:
     snapshotter: Snapshotter | None = None
     #: The starts the node decided itself that wait for room (the node attaches).
     rooms: RoomAsks = field(default_factory=RoomAsks)
+    #: Each instance's posted view, read by ``list`` without asking the actors.
+    views: ViewBoard = field(default_factory=ViewBoard)
 
 
 def start_actors(
@@ -133,10 +136,10 @@ def start_actors(
     rooms = RoomAsks()
     containment = detect(settings.containment, settings.node_id, settings.data_dir)
     log.info("containment: %s (%s)", containment.mode, containment.reason)
-    gates = Gates()
+    gates, views = Gates(), ViewBoard()
     ctx = InstanceContext(
         settings.node_id, WriterAppend(writer, clock), clock, settings, ledger, probes, engine,
-        gone=relay.tell, containment=containment, gates=gates, room=rooms.ask,
+        gone=relay.tell, containment=containment, gates=gates, room=rooms.ask, views=views,
     )  # fmt: skip
     watchdog = Watchdog(clock, stall_after(settings.tick_s))
     clock.on_error = watchdog.clock_error
@@ -152,7 +155,7 @@ def start_actors(
     watchdog.start({"supervisor": supervisor, "host": host, "chain writer": writer})
     return NodeActors(
         writer, supervisor, host, ledger, probes, routes, watchdog, engine, commit_latency,
-        append_health, containment, witnessing, snapshotter, rooms=rooms,
+        append_health, containment, witnessing, snapshotter, rooms=rooms, views=views,
     )  # fmt: skip
 
 

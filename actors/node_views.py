@@ -10,6 +10,7 @@ wait at all.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from .ledger import snapshot
 from .node_boot import ASK_TIMEOUT_S, NodeActors, rebuild
 from .routes import Routes
 from .settings import NodeSettings
+from .view import compose
 from .watchdog import NodeFailure
 from .witnessing import WitnessLag
 
@@ -81,19 +83,29 @@ class NodeViews:
         return view
 
     def list(self) -> builtins.list[InstanceView]:
-        """Every routed instance's view, ordered by id (asked of all at once).
+        """Every routed instance's view, ordered by id, as :meth:`status` would
+        answer it: composed from the view its actor last posted (actors/view_board.py;
+        no actor is woken), or asked of the actor that has posted none.
 
         Instances being unloaded are not listed, nor one whose actor ended
         between the snapshot of the routes and its answer (unloaded meanwhile).
         """
-        refs = self._routes.current.refs
-        asked = [(iid, refs[iid].ask(m.GetStatus(), block=False)) for iid in sorted(refs)]
+        refs, board = self._routes.current.refs, self._actors.views
+        got: builtins.list[InstanceView | pykka.Future[Any] | None] = []
+        for iid in sorted(refs):
+            ref, posted = refs[iid], board.get(iid)
+            if posted is None:
+                got.append(ref.ask(m.GetStatus(), block=False))
+            else:
+                got.append(compose(posted) if ref.is_alive() else None)
         views = []
-        for _, reply in asked:
-            try:
-                views.append(reply.get(timeout=ASK_TIMEOUT_S))
-            except pykka.ActorDeadError:
+        for reply in got:
+            if isinstance(reply, InstanceView):
+                views.append(reply)
                 continue
+            with contextlib.suppress(pykka.ActorDeadError):
+                if reply is not None:
+                    views.append(reply.get(timeout=ASK_TIMEOUT_S))
         return views
 
     def wait_for(

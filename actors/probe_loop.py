@@ -3,8 +3,9 @@ reports handed to the instance's actor only when the core says they wake it.
 
 Before, every probe woke the instance's actor thread twice (the supervisor's
 health tick, then the report back). Now a :class:`ProbeLoop` sends the
-instance's probes itself, one ``interval_s`` after the last one was sent
-(the readiness cadence while the instance starts; :mod:`.core.pacing`), and
+instance's probes itself, one ``interval_s`` after the last one was due
+(sent, if it went more than half an interval late; the readiness cadence
+while the instance starts; :mod:`.core.pacing`), and
 judges nothing: :func:`~.core.wake.wake_for` says whether a report wakes the
 actor (a miss, a changed verdict, a deep check or the stability reset due,
 an instance not steady), and the actor decides it as it always did. A report
@@ -25,18 +26,19 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
-from typing import Protocol
 
 import msgspec
 
 from infervisor.adapters.probe import ServerReport
 
 from .core.wake import PortListeners, Reconcile, Seen, Wake, Watch, reconcile_for, wake_for
+from .timer_wheel import Cancellable, Timers
 
 __all__ = ["Gates", "ProbeLoop", "Probed", "Send", "Timers"]
 
 #: A timer that fires a hair early (the engine's loop rounds to its clock's
-#: resolution) still counts as due: seconds.
+#: resolution) still counts as due: seconds. Timers on a grid say how early
+#: theirs may fire (:attr:`~.timer_wheel.TimerWheel.early_s`).
 _EARLY_S = 0.001
 
 
@@ -48,18 +50,6 @@ class Probed(msgspec.Struct, frozen=True):
     latency_s: float  # from sending the probe to its report, seconds
     active: int | None = None  # the server's own count of requests in progress (None: unknown)
     wake: Wake | None = None
-
-
-class Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Timers(Protocol):
-    """A monotonic clock with timers (the probe engine, a :class:`~.clock.Clock`)."""
-
-    def monotonic(self) -> float: ...
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Cancellable: ...
 
 
 #: Sends one probe for a token; its :class:`Probed` comes back through the
@@ -81,6 +71,7 @@ class ProbeLoop:
 
     def __init__(self, timers: Timers, send: Send, wake: Callable[[Probed], None]) -> None:
         self._timers, self._send, self._wake = timers, send, wake
+        self._early_s: float = max(_EARLY_S, getattr(timers, "early_s", 0.0))
         self._lock = threading.Lock()
         self._watch = Watch()
         self._timer: Cancellable | None = None
@@ -200,9 +191,10 @@ class ProbeLoop:
             due = self._next_due_s()
             now = self._timers.monotonic()
             send = self._watch.probe and not self._out and not self._closed
-            send = send and (due is None or now >= due - _EARLY_S)
+            send = send and (due is None or now >= due - self._early_s)
             if send:
-                self._out, self._last_sent_s, token = True, now, self._watch.token
+                self._out, token = True, self._watch.token
+                self._last_sent_s = _counted_from(due, now, self._watch.interval_s)
         if send:
             self._send(token, self.reported)
         else:
@@ -212,6 +204,16 @@ class ProbeLoop:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def _counted_from(due: float | None, now: float, interval_s: float) -> float:
+    """When a probe sent ``now`` counts as sent, for the next one's due time: when it
+    was due, if it went within half an interval of that (a probe a busy loop sent a
+    little late, or a grid's timer a little early, moves no later probe: the
+    cadence does not drift), else now (after a long stall, no burst to catch up)."""
+    if due is None or abs(now - due) > interval_s / 2:
+        return now
+    return due
 
 
 class Gates:

@@ -1,15 +1,35 @@
-"""The status view of an instance, built from what its actor already knows."""
+"""The status view of an instance, built from what its actor already knows.
+
+A view has two parts. Most of it changes only when the instance's actor
+changes it (its sourced state after an applied event, its tracking, the last
+socket and process tables it was told): :func:`post_of` captures that part on
+the actor's thread as a :class:`Posted`, which the actor posts on the node's
+:class:`~.view_board.ViewBoard` after each change. The rest changes without
+the actor: the last probe's report and latency (the probe engine keeps them;
+a steady probe wakes no actor), the restarts still inside the budget's window
+(time), an Ollama load's progress (its thread), and the cgroup's memory and
+CPU (read when asked). :func:`compose` adds that part when the view is read,
+so ``status`` (composed on the actor's thread) and ``list`` (composed from the
+board on the caller's, issue 22) build the same view the same way.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
 
 from infervisor.adapters.adopted import AdoptedServer
+from infervisor.adapters.ollama_load import OllamaLoad
 from infervisor.adapters.probe import ServerReport
+from infervisor.adapters.proc.cgroups import InstanceCgroup
 from infervisor.adapters.server import ServerAdapter
+from infervisor.adapters.spec import Flavor
 from infervisor.adapters.status import map_report
 from infervisor.replay import InstanceState
-from infervisor.replay.policy import restarts_in_window
+from infervisor.replay.policy import RestartPolicy, restarts_in_window
 from infervisor.replay.state import Stamp
 from infervisor.replay.views import InstanceView, rest_reason
 
@@ -19,13 +39,25 @@ from .core.supervision import Supervision
 from .effects_runner import EffectRunner
 from .stand_in import UnbuiltServer
 
-__all__ = ["Viewed", "build_view", "describe"]
+__all__ = ["LiveProbes", "Posted", "Viewed", "build_view", "compose", "describe", "post_of"]
 
 #: Lifecycle states in which the last exit is what the operator needs to know.
 _AFTER_AN_EXIT = frozenset({"exited", "restarting", "failed"})
 #: How much of a crash's output the reason quotes.
 _TAIL_LINES = 2
 _TAIL_CHARS = 200
+
+
+class LiveProbes(Protocol):
+    """Where the last probe's report and latency are kept (the instance's probe
+    loop, :class:`~.probe_loop.ProbeLoop`): written by the probe engine, read
+    from any thread."""
+
+    @property
+    def report(self) -> ServerReport | None: ...
+
+    @property
+    def latency_s(self) -> float | None: ...
 
 
 class Viewed(Protocol):
@@ -35,10 +67,7 @@ class Viewed(Protocol):
     adapter: ServerAdapter
 
     @property
-    def report(self) -> ServerReport | None: ...
-
-    @property
-    def probe_latency_s(self) -> float | None: ...
+    def probes(self) -> LiveProbes: ...
 
     rules: Rules
     supervision: Supervision
@@ -52,12 +81,99 @@ class Viewed(Protocol):
     def now(self) -> Stamp: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Posted:
+    """An instance's view as its actor last posted it (:func:`post_of`), and
+    where :func:`compose` reads what of it changes without the actor.
+
+    Attributes:
+        view: the view with every field the actor changes; the live fields
+            (probe, restarts, cgroup accounting) are filled by :func:`compose`.
+        owner: the actor that posted it (a revived actor's post replaces its
+            predecessor's; only the owner's own post is taken off the board).
+        probes: the probe loop's last report and latency (live).
+        probed: the state is one that is probed (its report is shown).
+        flavor, served_model, alive, adopted: what the report is mapped with.
+        load: an Ollama load in progress while starting (its state is live).
+        state, policy, now: the restart window's inputs (``windowed``: the
+            count depends on the time; else ``view.restarts`` holds).
+        cgroup: the running server's cgroup (memory and CPU read when composed).
+    """
+
+    view: InstanceView
+    owner: object
+    probes: LiveProbes
+    probed: bool
+    flavor: Flavor
+    served_model: str | None
+    alive: bool
+    adopted: bool
+    load: OllamaLoad | None
+    state: InstanceState
+    policy: RestartPolicy
+    now: Callable[[], Stamp]
+    windowed: bool
+    cgroup: InstanceCgroup | None
+
+
 def build_view(actor: Viewed) -> InstanceView:
     """Combine sourced state, the last probe and the live server into one view."""
+    return compose(post_of(actor))
+
+
+def post_of(actor: Viewed) -> Posted:
+    """What of ``actor``'s view only its actor changes, captured now (on its thread)."""
+    state, adapter = actor.state, actor.adapter
+    pid = state.process.pid if state.process is not None else None
+    policy = actor.supervision.restart
+    windowed = policy.window_s is not None and state.restarts != 0
+    proc = actor.effects.proc
+    load = actor.effects.load
+    return Posted(
+        view=_fixed_view(actor, pid, windowed),
+        owner=actor,
+        probes=actor.probes,
+        probed=wants_probe(state, actor.rules),
+        flavor=adapter.spec.flavor,
+        served_model=adapter.served_model,
+        alive=pid is not None,
+        adopted=actor.rules.mode is Mode.ADOPTED,
+        load=load if state.lifecycle.value == "starting" else None,
+        state=state,
+        policy=policy,
+        now=actor.now,
+        windowed=windowed,
+        cgroup=proc.cgroup if proc is not None and pid is not None else None,
+    )
+
+
+def compose(posted: Posted) -> InstanceView:
+    """The view of ``posted`` as of now: the last probe's report and latency,
+    the restarts inside the window, the cgroup's memory and CPU (any thread)."""
+    probes = posted.probes
+    report = probes.report if posted.probed else None
+    status, detail = _mapped(posted, report)
+    restarts = posted.view.restarts
+    if posted.windowed:
+        restarts = restarts_in_window(posted.state, posted.policy, posted.now())
+    cgroup = posted.cgroup
+    return msgspec.structs.replace(
+        posted.view,
+        restarts=restarts,
+        health=report.health.kind.value if report is not None else "",
+        health_reason=report.health.reason if report is not None else "",
+        status=status,
+        status_detail=detail,
+        probe_latency_s=probes.latency_s,
+        cgroup_memory_bytes=cgroup.memory_bytes() if cgroup is not None else None,
+        cpu_seconds=cgroup.cpu_seconds() if cgroup is not None else None,
+    )
+
+
+def _fixed_view(actor: Viewed, pid: int | None, windowed: bool) -> InstanceView:
+    """Every field of the view its actor changes (the live ones empty)."""
     state, adapter = actor.state, actor.adapter
     spec = adapter.spec
-    pid = state.process.pid if state.process is not None else None
-    report, status, detail = _observed(actor, pid)
     exposure = _exposure(adapter, actor.listeners)
     if state.exposed:
         exposure = f"stopped: listened beyond loopback on {', '.join(state.exposed)}"
@@ -79,17 +195,16 @@ def build_view(actor: Viewed) -> InstanceView:
         reason=reason,
         since_ns=state.since_ns,
         pid=pid,
-        restarts=restarts_in_window(state, actor.supervision.restart, actor.now()),
-        health=report.health.kind.value if report is not None else "",
-        health_reason=report.health.reason if report is not None else "",
-        status=status,
-        status_detail=detail,
+        restarts=0 if windowed else state.restarts,
+        health="",
+        health_reason="",
+        status="",
+        status_detail=None,
         reserved_bytes=state.reserved_bytes,
         rss_bytes=_rss(actor.rss_seen, pid),
         exposure=exposure,
         last_exit=state.last_exit,
         last_seq=state.last_seq,
-        probe_latency_s=actor.probe_latency_s,
         misses=actor.tracking.misses,
         missed_probes=actor.missed_probes,
         max_restarts=actor.supervision.restart.max_restarts,
@@ -104,26 +219,24 @@ def build_view(actor: Viewed) -> InstanceView:
         refusals_folded=actor.tracking.refusals_folded_total,
         last_use_ns=state.last_use_ns,
         busy=actor.tracking.serving > 0,
-        **_accounting(actor.effects, pid),
     )
 
 
-def _observed(actor: Viewed, pid: int | None) -> tuple[ServerReport | None, str, str | None]:
-    """The last probe's report while the state is one that is probed, and the
-    status and detail it maps to (adapters/status.py); else None, "" and None."""
-    state, adapter, report = actor.state, actor.adapter, actor.report
-    if report is None or not wants_probe(state, actor.rules):
-        return None, "", None
-    load = actor.effects.load.state if actor.effects.load is not None else None
+def _mapped(posted: Posted, report: ServerReport | None) -> tuple[str, str | None]:
+    """The status and detail the last report maps to (adapters/status.py) while
+    the state is one that is probed; else "" and None."""
+    if report is None:
+        return "", None
+    load = posted.load.state if posted.load is not None else None
     mapped = map_report(
-        adapter.spec.flavor,
-        adapter.served_model,
+        posted.flavor,
+        posted.served_model,
         report,
-        alive=pid is not None,
-        adopted=actor.rules.mode is Mode.ADOPTED,
-        load=load if state.lifecycle.value == "starting" else None,
+        alive=posted.alive,
+        adopted=posted.adopted,
+        load=load,
     )
-    return report, mapped.state.value, mapped.detail
+    return mapped.state.value, mapped.detail
 
 
 def _exposure(adapter: ServerAdapter, listeners: dict[int, list[str]] | None) -> str:
@@ -134,16 +247,6 @@ def _exposure(adapter: ServerAdapter, listeners: dict[int, list[str]] | None) ->
     if isinstance(adapter, UnbuiltServer) and adapter.adopted:
         return "unknown (not observed)"
     return "loopback (managed)"
-
-
-def _accounting(effects: EffectRunner, pid: int | None) -> dict[str, Any]:
-    """Memory and CPU of the server's whole tree, from its cgroup (read now:
-    status is asked rarely; health ticks never read them)."""
-    proc = effects.proc
-    cgroup = proc.cgroup if proc is not None and pid is not None else None
-    if cgroup is None:
-        return {}
-    return {"cgroup_memory_bytes": cgroup.memory_bytes(), "cpu_seconds": cgroup.cpu_seconds()}
 
 
 def _rss(seen: tuple[int, int] | None, pid: int | None) -> int | None:

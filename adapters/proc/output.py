@@ -193,6 +193,17 @@ class LogReader:
         self._stop = stop
         self._resume = resume
         self._pos = 0
+        self._following = False
+
+    def caught_up(self) -> bool:
+        """Everything the log holds now is in the tail (any thread): its reader
+        follows it and has read to its end. False while it has not begun."""
+        if not self._following:
+            return False
+        try:
+            return os.stat(self._path).st_size == self._pos
+        except OSError:
+            return False
 
     def run(self) -> None:
         try:
@@ -203,6 +214,7 @@ class LogReader:
         try:
             if self._resume:
                 self._catch_up(fd)
+            self._following = True
             self._follow(fd)
         except OSError as e:
             _log.warning("stopped following %s: %s", self._path, e)

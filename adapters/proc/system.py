@@ -259,6 +259,13 @@ class RealSystem:
 
     def group_members(self, pgid: int) -> dict[int, float]:
         members: dict[int, float] = {}
+        if pgid > 1:
+            try:
+                os.killpg(pgid, 0)  # signal 0 delivers nothing: is anything in the group?
+            except ProcessLookupError:
+                return members  # nothing, zombies included: no process table to scan
+            except OSError:
+                pass  # not ours to signal: the scan says
         for pid in psutil.pids():
             try:
                 if os.getpgid(pid) != pgid:

@@ -92,10 +92,11 @@ class WatchedProcess:
         self._tree = ServerTree(
             REAL, identity.pgid, cgroup, self._descendants, lambda: self._at_exit
         )
-        self._readers = [
-            self._thread(LogReader(path, tail, output_limit, self._stop_reading, resume=resume).run)
+        self._logs = [
+            LogReader(path, tail, output_limit, self._stop_reading, resume=resume)
             for path, tail in zip(log_paths(cwd), (self._out, self._err), strict=True)
         ]
+        self._readers = [self._thread(log.run) for log in self._logs]
         self._thread(self._wait_and_report)
 
     def _thread(self, target: Callable[[], None]) -> threading.Thread:
@@ -118,11 +119,14 @@ class WatchedProcess:
             code, sig = None, None
         self._at_exit = REAL.group_members(self.identity.pgid)
         # What the server wrote is read first; a descendant that keeps writing
-        # delays the report by at most _READER_DRAIN seconds.
+        # delays the report by at most _READER_DRAIN seconds. Readers that have
+        # read everything already are not waited for (two thread wake-ups saved
+        # on the way from an exit to its event).
         self._stop_reading.set()
-        drained_by = time.monotonic() + _READER_DRAIN
-        for reader in self._readers:
-            reader.join(max(drained_by - time.monotonic(), 0.0))
+        if not all(log.caught_up() for log in self._logs):
+            drained_by = time.monotonic() + _READER_DRAIN
+            for reader in self._readers:
+                reader.join(max(drained_by - time.monotonic(), 0.0))
         oom = bool(self.cgroup.oom_kills()) if self.cgroup is not None else False
         tail = exit_tail(self._out, self._err)
         self._info = ExitInfo(self.identity.pid, code, sig, tail, oom_killed=oom)
@@ -164,6 +168,19 @@ class WatchedProcess:
     def descendants(self) -> dict[int, float]:
         """The descendants remembered so far (pid -> start time) and not seen gone."""
         return self._descendants.known()
+
+    def ended_alone(self) -> ExitInfo | None:
+        """How the server ended, if nothing of its tree outlived it: the exit is
+        reported, its group had no member left when the exit was seen, no
+        descendant is remembered and its cgroup (if any) holds nobody. Then there
+        is nothing to wait for, reap or kill; None otherwise (or while it runs).
+        Reads no process table (one cgroup file with a cgroup)."""
+        info = self._info
+        if info is None or self._at_exit or self._descendants.known():
+            return None
+        if self.cgroup is not None and self.cgroup.server_members():
+            return None
+        return info
 
     def survivors(self) -> list[int]:
         """Live members of the server's process group once its leader has exited
