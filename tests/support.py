@@ -129,7 +129,13 @@ def listening_pids(port: int) -> set[int]:
 
 
 def pids_of_group(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in a process group."""
+    """Live (non-zombie) processes in a process group.
+
+    On Linux read from each /proc/PID/stat's state and pgrp fields, one read a
+    process (about a third of psutil's cost: tests poll this); elsewhere psutil.
+    """
+    if os.path.isdir("/proc/self/task"):
+        return _pids_of_group_proc(pgid)
     found = []
     for p in psutil.process_iter(["pid", "status"]):
         try:
@@ -137,6 +143,21 @@ def pids_of_group(pgid: int) -> list[int]:
                 found.append(p.pid)
         except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
             continue
+    return found
+
+
+def _pids_of_group_proc(pgid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as info:
+                fields = info.read().rpartition(b")")[2].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            found.append(int(name))
     return found
 
 
