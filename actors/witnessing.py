@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import httpx
 import pykka
 
+from infervisor.adapters.tls import client_tls
 from infervisor.chain.checkpoint import Checkpoint
 from infervisor.chain.errors import ChainError
 
@@ -66,7 +67,12 @@ longer gets it at the next boot."""
 
 def http_client(timeout_s: float = HTTP_TIMEOUT_S) -> httpx.Client:
     """An HTTP client for witnesses: keep-alive, every timeout bounded, no redirects."""
-    return httpx.Client(timeout=httpx.Timeout(timeout_s), follow_redirects=False, trust_env=False)
+    return httpx.Client(
+        timeout=httpx.Timeout(timeout_s),
+        follow_redirects=False,
+        trust_env=False,
+        verify=client_tls(trust_env=False),
+    )
 
 
 class WitnessLag(NamedTuple):

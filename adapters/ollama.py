@@ -36,6 +36,7 @@ import msgspec
 from .errors import ProbeError, excerpt
 from .ollama_keep_alive import DEFAULT_KEEP_ALIVE, load_keep_alive
 from .ollama_wire import byte_count, same_model
+from .tls import client_tls
 
 __all__ = [
     "LOAD_TIMEOUT",
@@ -94,7 +95,12 @@ def _call(
     extensions = {"trace": trace} if trace is not None else None
     try:
         with (
-            httpx.Client(base_url=base_url, timeout=timeout, trust_env=False) as http,
+            httpx.Client(
+                base_url=base_url,
+                timeout=timeout,
+                trust_env=False,
+                verify=client_tls(trust_env=False),
+            ) as http,
             http.stream(method, path, json=payload, extensions=extensions) as r,
         ):
             body = bytearray()

@@ -27,6 +27,7 @@ from .errors import ProbeError, excerpt
 from .http_get import GetFailed, KeepAliveGet
 from .ollama_wire import RunningModel, running_models, same_model
 from .spec import Flavor
+from .tls import client_tls
 
 __all__ = [
     "MODELS_EVERY",
@@ -230,7 +231,12 @@ class ServerClient:
                 raise ProbeError(_get_failure(where, e, self._timeout)) from e
             return _Reply(got.status, got.body, got.truncated)
         if self._http is None:
-            self._http = httpx.Client(base_url=self._url, timeout=self._timeout, trust_env=False)
+            self._http = httpx.Client(
+                base_url=self._url,
+                timeout=self._timeout,
+                trust_env=False,
+                verify=client_tls(trust_env=False),
+            )
         try:
             with self._http.stream(method, path, json=payload) as r:
                 body = bytearray()

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import httpx
 
+from .tls import client_tls
+
 __all__ = ["MAX_ANSWER_BYTES", "WitnessClient", "WitnessReply", "WitnessUnreachable", "post"]
 
 MAX_ANSWER_BYTES = 64 * 1024
@@ -47,7 +49,7 @@ class WitnessClient:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"witness url must start with http:// or https://, found {url!r}")
         self.url = url.rstrip("/")
-        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False)
+        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, verify=client_tls())
 
     def add_checkpoint(self, body: bytes) -> WitnessReply:
         """POST ``body`` to ``<url>/add-checkpoint``.

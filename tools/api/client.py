@@ -133,6 +133,8 @@ class ApiClient:
     def _http(self) -> httpx.Client:
         """The HTTP client, made at the first request (it loads httpx)."""
         if self._client is None:
+            from infervisor.adapters.tls import client_tls  # noqa: PLC0415 - loads httpx
+
             timeout = httpx.Timeout(self.timeout_s)
             if self.path is not None:
                 from .uds import unix_transport  # noqa: PLC0415 - loads httpcore
@@ -146,7 +148,7 @@ class ApiClient:
             else:
                 assert self._url is not None
                 self._client = httpx.Client(
-                    base_url=self._url, headers=self._headers, timeout=timeout
+                    base_url=self._url, headers=self._headers, timeout=timeout, verify=client_tls()
                 )
         return self._client
 

@@ -16,6 +16,8 @@ import httpcore
 import httpx
 from httpcore._backends.sync import SyncStream
 
+from infervisor.adapters.tls import client_tls
+
 __all__ = ["unix_transport"]
 
 
@@ -43,7 +45,7 @@ class _ClosingBackend(httpcore.SyncBackend):
 
 def unix_transport(path: str) -> httpx.HTTPTransport:
     """An httpx transport to the Unix socket at `path` that closes failed sockets."""
-    transport = httpx.HTTPTransport(uds=path)
+    transport = httpx.HTTPTransport(uds=path, verify=client_tls())
     # httpx takes no network backend; its pool keeps the one it connects with.
     transport._pool._network_backend = _ClosingBackend()
     return transport

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
+from infervisor.adapters.tls import client_tls
 from infervisor.chain import cosignature_store, schema
 from infervisor.chain.checkpoint import KEY_FILE, PUBLIC_KEY_FILE, Checkpoint, read_checkpoint
 from infervisor.chain.checkpoint_store import (
@@ -109,7 +110,7 @@ class _Log:
         base = url.rstrip("/")
         self.prefix = base if base.endswith("/v1/log") else base + "/v1/log"
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(headers=headers, timeout=timeout_s)
+        self._client = httpx.Client(headers=headers, timeout=timeout_s, verify=client_tls())
 
     def get(self, path: str, params: dict[str, int] | None = None) -> bytes:
         url = f"{self.prefix}/{path}"
