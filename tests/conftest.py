@@ -71,6 +71,25 @@ hypothesis.settings.register_profile("suite", deadline=None)
 hypothesis.settings.load_profile("suite")
 
 
+def _draws_independent_of_imports() -> None:
+    """Hypothesis draws about one choice in twenty from the constants written in
+    every local module in ``sys.modules`` (``_get_local_constants``, 6.131 on),
+    a pool that grows with each module imported: a ``derandomize=True`` test
+    then drew other examples depending on which test files were collected or
+    ran before it (tests/test_crash_anywhere.py passed alone, failed after
+    tests/test_chain_boot.py). An empty pool makes the examples a function of
+    the test alone. Private API: tests/test_hypothesis_import_order.py fails if
+    an upgrade changes it."""
+    from hypothesis.internal.conjecture import providers
+
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
+_draws_independent_of_imports()
+
+
 @pytest.fixture
 def fake_llama(tmp_path: Path) -> str:
     """A launcher running tests/programs/fake_llama.py with llama-server's flags."""

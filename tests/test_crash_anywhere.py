@@ -973,6 +973,41 @@ def test_crash_mid_expiry_rests_after_boot_and_nothing_runs_twice() -> None:
     assert kinds.count("residency.expired") == 1 and kinds.count("instance.stop_requested") == 1
 
 
+def test_demand_planned_while_its_unload_is_in_flight_is_refused() -> None:
+    """Found by the machine (once other test files changed its draws, see
+    tests/test_hypothesis_import_order.py): an Ollama model evicted, its unload
+    in flight, the node plans room for a request for it. ``residency.demanded``
+    was recorded then, though the demand itself is held back until the unload
+    ends and nothing took it up after: the live node left the model resting,
+    wanted running, while a boot resumed the recorded demand and loaded it.
+    Now the plan is refused like the demand (nothing recorded): the crashed
+    node and its twin agree, and a demand after the unload starts it."""
+    node = SimNode()
+    for slot in SLOTS:
+        node.place(slot)
+    iid = node.slot_iid["ollama"]
+    node.run("ollama", o.StartVerb(by="operator"))
+    node.drain()  # not resident: claimed, loaded, ready
+    assert node.states[iid].lifecycle is LifecycleState.RUNNING
+    node.run("ollama", EVICT)
+    assert list(node.pending) == [("ollama", "unload")]
+    mark = len(node.chain)
+    node.run("ollama", ROOM_PLANNED)
+    node.run("ollama", DEMAND)
+    assert [stored.kind for stored, _ in node.chain[mark:]] == []  # both held back
+    node.deliver_one()  # the unload ends: memory released
+    twin = copy.deepcopy(node)
+    node.crash()
+    node.boot()
+    node.settle()
+    twin.settle()
+    assert node.sourced() == twin.sourced()
+    assert node.states[iid].lifecycle is LifecycleState.RESTING
+    node.run("ollama", DEMAND)  # asked again once the unload has ended
+    node.drain()
+    assert node.states[iid].lifecycle is LifecycleState.RUNNING
+
+
 def test_zz_coverage() -> None:
     """Runs after the machine: every lifecycle state and event kind was reached."""
     if not SEEN_KINDS:

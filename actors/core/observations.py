@@ -149,7 +149,9 @@ class RoomPlanned(_Obs, frozen=True):
     """The node evicts others for this instance's start: record the start as
     demanded first (``residency.demanded``: a boot resumes it), unless it is up
     or already demanded. ``verb``: an operator's or controller's start (it may
-    start a stopped instance); otherwise a request's (refused ``stopped``)."""
+    start a stopped instance); otherwise a request's (refused ``stopped``).
+    Refused, nothing recorded, while the start would be held back (an unload
+    in flight, stopped for exposure), as the demand is."""
 
     request: str
     model: str

@@ -34,6 +34,7 @@ demand              resting or loaded                      start checks (``resid
                                                            with the start; no room: answered)
 room planned        up, or demanded already                nothing
 room planned        stopped, by a request                  refused ``stopped``, naming who
+room planned        unloading, or stopped for exposure     refused (nothing recorded)
 room planned        startable                              ``residency.demanded`` (wanted running)
 evict               running, idle, not pinned              ``residency.evicted`` + stop to rest
 evict               anything else                          refused (the node plans again)
@@ -124,13 +125,20 @@ def demand(d: Draft, v: o.DemandVerb) -> None:
 def room_planned(d: Draft, r: o.RoomPlanned) -> None:
     """The node evicts for this start: ``residency.demanded`` first (a boot resumes
     it), unless it is up or already demanded; a request's is refused when an
-    operator or controller stopped the instance meanwhile (or it failed)."""
+    operator or controller stopped the instance meanwhile (or it failed), and
+    any is refused, nothing recorded, while the start itself would be held back
+    (its Ollama unload in flight, or stopped for exposure): a demand recorded
+    then would be one the live node never starts and a boot resumes."""
     inst = d.inst
     if _on_its_way(inst) or inst.lifecycle not in STARTABLE or demand_pending(inst):
         return
     refused = None if r.verb else _not_for_a_request(inst)
     if refused is not None:
         d.refuse(*refused)
+        return
+    held = _held_back(inst)
+    if held is not None:
+        d.refuse(RefusalKind.INVALID_STATE, held)
         return
     d.emit(rev.ResidencyDemanded(request=r.request, model=r.model, by=r.by))
 
