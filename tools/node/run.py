@@ -385,10 +385,14 @@ def _next_signal_or_failure(inbox: queue.SimpleQueue[str], node: Node) -> str | 
 
 
 def _kill_stopping(node: Node) -> None:
-    """A second stop of a stopping instance SIGKILLs its group at once."""
-    with contextlib.suppress(NodeError, pykka.ActorDeadError):
-        for view in node.list():
-            if view.lifecycle == "stopping":
+    """A second stop of a stopping instance SIGKILLs its group at once.
+
+    Each instance's lifecycle is asked of its actor (``status``), not read from
+    ``list``'s board of posted views, which may not yet show a stop that the
+    chain (and so the operator sending this signal) already does."""
+    for view in node.list():
+        with contextlib.suppress(NodeError, pykka.ActorDeadError):
+            if node.status(view.instance_id).lifecycle == "stopping":
                 node.stop(view.instance_id, grace_s=0, wait=False, by="shutdown")
 
 
