@@ -63,10 +63,14 @@ def head(db: Path) -> tuple[int, bytes]:
 def start_node(root: Path, config: Path, log: str = "run.log") -> NodeRun:
     run = NodeRun(config, root / log)
     data = root / "data"
-    run.until("the API socket", (data / "api.sock").exists)
-    transport = httpx.HTTPTransport(uds=str(data / "api.sock"))
-    with httpx.Client(transport=transport, base_url="http://localhost") as client:
-        run.until("the node open", lambda: client.get("/v1/node").status_code == 200)
+    try:
+        run.until("the API socket", (data / "api.sock").exists)
+        transport = httpx.HTTPTransport(uds=str(data / "api.sock"))
+        with httpx.Client(transport=transport, base_url="http://localhost") as client:
+            run.until("the node open", lambda: client.get("/v1/node").status_code == 200)
+    except BaseException:
+        end_runs([run], data / "chain.db")  # a failed set-up leaves no node behind
+        raise
     return run
 
 

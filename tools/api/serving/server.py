@@ -221,14 +221,33 @@ class ApiServer:
             time.sleep(0.01)
 
 
+#: Where the socket is bound before it takes its name: no longer than the name
+#: itself, so a path that fits a Unix socket address fits this one too.
+STAGING_FILE = ".api.new"
+
+
 def _bind_unix(path: Path) -> socket.socket:
+    """Listen on ``path``, which appears only once it accepts connections.
+
+    The socket is bound, made 0600 and listening under :data:`STAGING_FILE`
+    and then renamed into place (one data directory has one node: run.lock),
+    so a client that sees the file never gets ECONNREFUSED from a node that
+    is starting, as it could between ``bind()`` and ``listen()``.
+
+    Raises:
+        ApiError: ``bad_config``, the socket cannot be made there.
+    """
+    staging = path.with_name(STAGING_FILE)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(str(path))
-        os.chmod(path, 0o600)  # before listen(): nobody connects earlier
+        staging.unlink(missing_ok=True)  # what a node killed right here left
+        sock.bind(str(staging))
+        os.chmod(staging, 0o600)  # before listen(): nobody connects earlier
         sock.listen(ACCEPT_BATCH)
+        os.replace(staging, path)
     except OSError as e:
         sock.close()
+        staging.unlink(missing_ok=True)
         raise ApiError(f"cannot listen on {path}: {e.strerror or e}", "bad_config", 400) from e
     sock.setblocking(False)
     return sock
