@@ -19,17 +19,16 @@ from infervisor.chain.trust import Problem, Verdict
 
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
-from ..clikit.paths import KEY
 from ..node.where import chain_of
-from .chain_inputs import (
-    KEY_HELP,
-    read_checkpoint,
-    read_text,
-    stored_extent,
-    stored_hashes,
-    warn,
+from .chain_inputs import read_text, stored_extent, stored_hashes, warn
+from .trust_options import (
+    TrustArgs,
+    anchor_line,
+    external_checkpoint,
+    judge_chain,
+    located,
+    trust_options,
 )
-from .trust_options import TrustArgs, anchor_line, judge_chain, located, trust_options
 
 __all__ = ["NO_CHECKPOINT_WARNING", "verify"]
 
@@ -49,29 +48,21 @@ NO_CHECKPOINT_WARNING = (
 
 @click.command("verify", cls=Command)
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
-@click.option(
-    "--checkpoint",
-    "checkpoint_file",
-    type=click.Path(path_type=Path),
-    help="A checkpoint saved earlier (infervisor chain checkpoint --out): rules out "
-    "truncation and rewriting up to its tree size.",
-)
-@click.option("--key", type=KEY, help=KEY_HELP + " Needed with --checkpoint.")
+@trust_options
 @click.option(
     "--proof",
     "proof_file",
     type=click.Path(path_type=Path),
     help="An inclusion or consistency proof (chain prove|consistency --json) to check.",
 )
-@trust_options
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 def verify(  # noqa: PLR0917 - one parameter per option, as click passes them
     where: Path,
     checkpoint_file: Path | None,
     key: str | None,
-    proof_file: Path | None,
     witnesses: tuple[str, ...],
     quorum: int | None,
+    proof_file: Path | None,
     as_json: bool,
 ) -> None:
     """Verify every hash and link of the chain in WHERE, and the chain against its checkpoints.
@@ -90,20 +81,14 @@ def verify(  # noqa: PLR0917 - one parameter per option, as click passes them
     when valid; 1 when not; 2 when the file cannot be read.
     """
     db = chain_of(where)
-    if checkpoint_file is not None and key is None:
-        raise Failure(
-            "--checkpoint needs --key PUBKEY (the node's public key: DATA_DIR/node.pub, "
-            "or its key string) to check the signature",
-            "usage",
-            "--key",
-        )
+    args = TrustArgs(where, witnesses, quorum, key, checkpoint_file)
     try:
         report = verify_chain(db)
     except ChainError as e:
         raise Failure(str(e), "chain_unreadable") from e
-    cp = None if checkpoint_file is None else read_checkpoint(checkpoint_file, key, db)
-    external = None if cp is None or checkpoint_file is None else (cp, checkpoint_file.name)
-    verdict = judge_chain(db, TrustArgs(where, witnesses, quorum, key), external)
+    external = external_checkpoint(db, args)
+    cp = None if external is None else external[0]
+    verdict = judge_chain(db, args, external)
     against = _against(verdict, cp) if report.ok else None
     proof = _check_proof(db, proof_file, cp) if proof_file is not None else None
     warning = _warning(verdict, against)

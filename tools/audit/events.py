@@ -76,7 +76,9 @@ def events(  # noqa: PLR0917 - one parameter per option, as click passes them
     WHERE is the chain file, the node's data directory or its config file
     (.toml). Columns: seq, time (ISO 8601 UTC), instance, kind, source (who
     decided: role, or role:caller), lifecycle state before and after (for
-    instance events), reason. The chain is verified in the same pass; a chain
+    instance events), reason. The chain is verified in the same pass, and
+    against its checkpoints as chain verify does (--checkpoint FILE --key
+    PUBKEY rules out truncation up to a checkpoint saved elsewhere); a chain
     that does not verify is refused (exit 1) unless --unverified. Filters
     combine (all must hold). Exit 0, also when nothing matches.
     """

@@ -33,7 +33,9 @@ def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> N
     WHERE is the chain file, the node's data directory or its config file
     (.toml). One line per instance: id, lifecycle state, wanted state, pid,
     restarts, reason; --json prints the reducer's whole state (every sourced
-    field). The chain is verified in the same pass that replays it: one that
+    field). The chain is verified in the same pass that replays it, and
+    against its checkpoints as chain verify does (--checkpoint FILE --key
+    PUBKEY rules out truncation up to a checkpoint saved elsewhere): one that
     does not verify is refused (exit 1, naming the sequence number and why)
     unless --unverified, which replays it as stored and marks the output.
     Exit 1 also when an event does not fit (unknown kind, impossible

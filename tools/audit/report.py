@@ -51,6 +51,8 @@ def audit(  # noqa: PLR0917 - one parameter per option, as click passes them
     where: Path,
     max_restarts: int | None,
     window_s: float | None,
+    checkpoint_file: Path | None,
+    key: str | None,
     witnesses: tuple[str, ...],
     quorum: int | None,
     as_json: bool,
@@ -63,8 +65,10 @@ def audit(  # noqa: PLR0917 - one parameter per option, as click passes them
     time going backwards, and any other transition the lifecycle table
     forbids. The chain is verified in the same pass, and against its
     checkpoints and cosignatures (the trust policy, with --witness/--quorum
-    or the config's [[witnesses]]); the anchor line goes to stderr ("anchor"
-    and "trust" in --json). Exit 0 when there is nothing to report; 1 when
+    or the config's [[witnesses]]; --checkpoint FILE --key PUBKEY adds a
+    signed checkpoint saved elsewhere, which rules out truncation up to its
+    tree size); the anchor line goes to stderr ("anchor" and "trust" in
+    --json). Exit 0 when there is nothing to report; 1 when
     something was found or the chain does not verify; 2 when WHERE cannot be
     read.
     """
@@ -78,7 +82,7 @@ def audit(  # noqa: PLR0917 - one parameter per option, as click passes them
         report = audit_chain(db, policy)
     except ChainError as e:
         fail(str(e), "chain_unreadable")
-    verdict = judge_chain(db, TrustArgs(where, witnesses, quorum))
+    verdict = judge_chain(db, TrustArgs(where, witnesses, quorum, key, checkpoint_file))
     trusted = verdict.problem is None
     verifies = trusted and report.verify.problem is None
     held, _ = stored_extent(db)
@@ -123,6 +127,22 @@ def _verified_prefix(report: AuditReport, verdict: Verdict) -> AuditReport:
     )
 
 
+def _none_verified(rows_ok: bool, held: int) -> str:
+    """Why no event was audited, in chain verify's words: the rows fail from seq 0,
+    or they all check out and the chain fails its checkpoints from seq 0 (their
+    triggers changed, a fork at seq 0): stop 32's trial read "does not verify
+    from seq 0 on" where chain verify said every row checks out."""
+    if not rows_ok:
+        return (
+            f"the chain does not verify from seq 0 on (the file holds {held} events); "
+            "see infervisor chain verify"
+        )
+    return (
+        f"the chain fails against its checkpoints from seq 0 on, though every row's hash "
+        f"and link check out (the file holds {held} events); see infervisor chain verify"
+    )
+
+
 def _print_audit(db: Path, report: AuditReport, held: int, *, verifies: bool) -> None:
     v = report.verify
     if v.problem is not None:
@@ -133,10 +153,7 @@ def _print_audit(db: Path, report: AuditReport, held: int, *, verifies: bool) ->
     if verifies:
         click.echo(f"audit of {db}: {report.events} events, {findings}")
     elif report.events == 0:
-        click.echo(
-            f"audit of {db}: none made: the chain does not verify from seq 0 on (the file "
-            f"holds {held} events); see infervisor chain verify"
-        )
+        click.echo(f"audit of {db}: none made: {_none_verified(v.problem is None, held)}")
         return
     elif report.events >= held:  # a truncated chain: every row the file still holds
         click.echo(

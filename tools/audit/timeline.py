@@ -32,7 +32,9 @@ def timeline(where: Path, instance: str, reading: Reading, as_json: bool) -> Non
     WHERE is the chain file, the node's data directory or its config file
     (.toml); INSTANCE an instance id, or a role naming one instance. Columns:
     seq, time (UTC), lifecycle state before -> after, reason. The chain is
-    verified in the same pass: one that does not verify is refused (exit 1)
+    verified in the same pass, and against its checkpoints as chain verify
+    does (--checkpoint FILE --key PUBKEY rules out truncation up to a
+    checkpoint saved elsewhere): one that does not verify is refused (exit 1)
     unless --unverified (output marked). Exit 1 naming the chain's instances
     when INSTANCE names none of them.
     """

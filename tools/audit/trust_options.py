@@ -1,6 +1,12 @@
-"""The trust policy's options on every reader (``--witness VKEY``, ``--quorum K``)
-and its verdict as the commands print it (chain/trust.py; docs/chain-format.md,
-"Cosignatures and the trust policy").
+"""The trust policy's options on every reader (``--witness VKEY``, ``--quorum K``,
+``--checkpoint FILE --key PUBKEY``) and its verdict as the commands print it
+(chain/trust.py; docs/chain-format.md, "Cosignatures and the trust policy").
+
+``chain verify``, ``audit``, ``replay``, ``timeline`` and ``events`` declare them
+through :func:`trust_options` alone, so the README's "the same checks and the
+same options" holds by construction (a newcomer's trial, stop 32: ``audit``
+and ``events`` refused ``--checkpoint`` while ``audit``'s own warning asked
+for it, so a chain truncated after an auditor-held checkpoint audited clean).
 
 When WHERE is a config (.toml) and no ``--witness`` is given, its
 ``[[witnesses]]`` tables (``vkey``) and ``[node] witness_quorum`` are the
@@ -25,6 +31,8 @@ from infervisor.chain.trust import Problem, Verdict, assess, node_key
 
 from ..clikit.command import UNVERIFIED_HELP
 from ..clikit.failure import Failure
+from ..clikit.paths import KEY
+from .chain_inputs import KEY_HELP, read_checkpoint
 
 __all__ = [
     "NOT_VOUCHED",
@@ -32,6 +40,7 @@ __all__ = [
     "TrustArgs",
     "anchor_line",
     "config_witnesses",
+    "external_checkpoint",
     "judge_chain",
     "located",
     "reading_options",
@@ -43,22 +52,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class TrustArgs(NamedTuple):
-    """What a reader was told to trust: WHERE as given, ``--witness``, ``--quorum``, ``--key``."""
+    """What a reader was told to trust: WHERE as given, ``--witness``, ``--quorum``,
+    ``--key`` and ``--checkpoint`` (a file saved outside the node)."""
 
     where: Path
     witnesses: tuple[str, ...] = ()
     quorum: int | None = None
     key: str | None = None
+    checkpoint: Path | None = None
 
 
 def trust_options(f: F) -> F:
-    """Add ``--witness VKEY`` (repeatable) and ``--quorum K`` to a command."""
+    """Add ``--checkpoint FILE``, ``--key PUBKEY``, ``--witness VKEY`` (repeatable)
+    and ``--quorum K`` to a command (passed as ``checkpoint_file``, ``key``,
+    ``witnesses``, ``quorum``)."""
     f = click.option(
         "--quorum",
         type=click.IntRange(min=1),
         help="How many of the --witness keys must have cosigned (default: all).",
     )(f)
-    return click.option(
+    f = click.option(
         "--witness",
         "witnesses",
         multiple=True,
@@ -66,6 +79,14 @@ def trust_options(f: F) -> F:
         help="A witness's verifier key (name+hexid+base64, c2sp.org/tlog-cosignature); "
         "repeat for each. Its cosignatures stored in the chain anchor the verdict. "
         "Default: the [[witnesses]] of WHERE when it is a config.",
+    )(f)
+    f = click.option("--key", type=KEY, help=KEY_HELP + " Needed with --checkpoint.")(f)
+    return click.option(
+        "--checkpoint",
+        "checkpoint_file",
+        type=click.Path(path_type=Path),
+        help="A checkpoint saved earlier (infervisor chain checkpoint --out): rules out "
+        "truncation and rewriting up to its tree size.",
     )(f)
 
 
@@ -77,7 +98,7 @@ class Reading(NamedTuple):
 
 
 def reading_options(f: F) -> F:
-    """Add ``--unverified``, ``--witness VKEY`` and ``--quorum K`` to a command of WHERE
+    """Add ``--unverified`` and :func:`trust_options` to a command of WHERE
     (replay, timeline, events); it gets them as one ``reading`` (a :class:`Reading`)."""
 
     @functools.wraps(f)
@@ -87,9 +108,11 @@ def reading_options(f: F) -> F:
         unverified: bool,
         witnesses: tuple[str, ...],
         quorum: int | None,
+        key: str | None,
+        checkpoint_file: Path | None,
         **options: Any,
     ) -> Any:
-        reading = Reading(unverified, TrustArgs(where, witnesses, quorum))
+        reading = Reading(unverified, TrustArgs(where, witnesses, quorum, key, checkpoint_file))
         return f(where=where, reading=reading, **options)
 
     unverified = click.option("--unverified", is_flag=True, help=UNVERIFIED_HELP)
@@ -147,14 +170,38 @@ def policy_of(args: TrustArgs) -> WitnessPolicy | None:
         raise Failure(f"{field}: {e}", "usage", field) from e
 
 
+def external_checkpoint(db: Path, args: TrustArgs) -> tuple[Checkpoint, str] | None:
+    """``--checkpoint FILE`` read and its signature checked with ``--key`` (or a key
+    the chain's rotations link to it), with the file's name; None without one.
+
+    Raises:
+        Failure: ``usage`` (exit 2) when ``--key`` is missing; the file unreadable
+            (``bad_path``) or not a checkpoint signed by the key (``checkpoint_invalid``).
+    """
+    if args.checkpoint is None:
+        return None
+    if args.key is None:
+        raise Failure(
+            "--checkpoint needs --key PUBKEY (the node's public key: DATA_DIR/node.pub, "
+            "or its key string) to check the signature",
+            "usage",
+            "--key",
+        )
+    return read_checkpoint(args.checkpoint, args.key, db), args.checkpoint.name
+
+
 def judge_chain(
     db: Path, args: TrustArgs, external: tuple[Checkpoint, str] | None = None
 ) -> Verdict:
-    """The trust policy's verdict on the chain file `db` (its rows verified by the caller).
+    """The trust policy's verdict on the chain file `db` (its rows verified by the
+    caller), against `external`, else against ``args.checkpoint`` when given
+    (:func:`external_checkpoint`).
 
     Raises:
-        Failure: a bad key or policy (usage), or the chain cannot be read.
+        Failure: a bad key, checkpoint or policy, or the chain cannot be read.
     """
+    if external is None:
+        external = external_checkpoint(db, args)
     policy = policy_of(args)
     try:
         key = node_key(db, args.key)
