@@ -121,13 +121,21 @@ class Reservation:
     calls :meth:`sync` with the sourced figure, which also drops a tentative
     hold whose start was refused or never recorded. Owned by the instance
     actor (used from its thread only).
+
+    What the ledger holds for the instance is unknown until the first
+    :meth:`sync` (``held`` None): the node seeds the ledger with the chain's
+    figures before any instance decides (actors/node_open.py), and an actor
+    built then (or rebuilt with its adapter) did not reserve them. Taking it
+    for 0 left the reservation of an instance whose exit the boot records in
+    its first decision held for the rest of the run (an eviction's victim
+    found gone at boot: its sourced figure 0 looked already synced).
     """
 
     def __init__(self, ledger: pykka.ActorRef[Any] | None, instance_id: str, model_bytes: int):
         self._ledger = ledger
         self._instance_id = instance_id
         self._model_bytes = model_bytes
-        self.held = 0
+        self.held: int | None = None
 
     def reserve(self, model_bytes: int | None = None) -> int:
         """Reserve the model's memory tentatively (``model_bytes``, default the
@@ -140,7 +148,8 @@ class Reservation:
         return self.held
 
     def sync(self, sourced_bytes: int) -> None:
-        """Make the ledger hold what the chain says this instance holds."""
+        """Make the ledger hold what the chain says this instance holds (always
+        on the first call: what the ledger holds is not known before)."""
         if self._ledger is not None and sourced_bytes != self.held:
             hold(self._ledger, self._instance_id, sourced_bytes)
         self.held = sourced_bytes if self._ledger is not None else 0

@@ -290,10 +290,9 @@ class NodeResidency:
         answer = started(ref, asked)  # room may have been made meanwhile
         if answer is not None:
             return answer
-        ledger = self.ledger()
-        if ledger is None:  # no budget: nothing to plan (cannot refuse on memory)
+        if self.ledger() is None:  # no budget: nothing to plan (cannot refuse on memory)
             raise NotResident(f"{iid}: no room, and no memory budget to plan", code="no_room")
-        holders = self._holders(ledger)
+        ledger, holders = self._holders()
         me: rule.Holder = holders.get(iid) or ask(ref, m.ResidencyFacts())
         releasing = [h.instance_id for h in holders.values() if h.releasing]
         if releasing:
@@ -354,20 +353,34 @@ class NodeResidency:
             except (FutureTimeout, NodeError, pykka.ActorDeadError) as e:
                 log.warning("%s: its stop did not end: %s", iid, e)
 
-    def _holders(self, ledger: LedgerView) -> dict[str, rule.Holder]:
-        """Every instance's facts (asked of all at once), holding what the ledger says."""
+    def _holders(self) -> tuple[LedgerView, dict[str, rule.Holder]]:
+        """The ledger and every instance's facts (asked of all at once), holding
+        what the ledger says.
+
+        The ledger is read once every actor has answered: an actor answers after
+        the decisions before the ask, each of which ends with its reservation
+        synced to its chain (actors/ledger.py ``Reservation.sync``). Read first,
+        it could count what a decision had just released: at boot, the
+        reservation the node seeded for an eviction's victim whose exit the
+        boot records, and the demand resumed meanwhile evicted another for it.
+        """
         asked = [(ref, ref.ask(m.ResidencyFacts(), block=False)) for ref in self._refs()]
-        holders: dict[str, rule.Holder] = {}
+        facts: list[rule.Holder] = []
         for _, reply in asked:
             try:
-                h: rule.Holder = reply.get(timeout=ASK_TIMEOUT_S)
+                facts.append(reply.get(timeout=ASK_TIMEOUT_S))
             except pykka.ActorDeadError:
                 continue
-            held = ledger.reservations.get(h.instance_id, h.held_bytes)
-            holders[h.instance_id] = rule.Holder(
-                **{**_fields(h), "held_bytes": held},
+        ledger = self.ledger()
+        if ledger is None:  # the budget is fixed for the node's life: not reached
+            raise NotResident("no room, and no memory budget to plan", code="no_room")
+        holders = {
+            h.instance_id: rule.Holder(
+                **{**_fields(h), "held_bytes": ledger.reservations.get(h.instance_id, h.held_bytes)}
             )
-        return holders
+            for h in facts
+        }
+        return ledger, holders
 
     def _refuse(
         self,

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from core_support import Sim, make_rules
+from core_support import Sim, make_rules, up
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -338,6 +338,38 @@ def test_random_walks_keep_the_residency_promises(steps: list[str]) -> None:
     WALK_STATES.add(sim.inst.lifecycle)
     for name in steps:
         _step(sim, name)
+
+
+def test_a_victim_found_gone_at_boot_gives_its_memory_back_in_the_chain() -> None:
+    """A node killed mid-eviction (``residency.evicted`` and the stop to rest
+    durable, the stop in flight) whose victim's server died meanwhile: the boot
+    records the exit, and the fold of that exit releases the victim's
+    reservation (0 bytes: what the ledger is synced to), so the start that
+    demanded room finds it free; nothing of the victim is started again."""
+    needs = 519_904
+    sim = _sim()
+    sim.feed(o.DemandVerb(request="r", model="m", by="front"))
+    sim.checked(demand=True, reserved_bytes=needs)
+    sim.spawn_ok()
+    sim.probe(up())
+    assert sim.inst.lifecycle is S.RUNNING and sim.inst.reserved_bytes == needs
+    sim.feed(
+        o.EvictVerb(
+            by="node", for_instance="b", needed_bytes=needs, freed_bytes=needs,
+            budget_bytes=1_200_000, in_use_bytes=2 * needs, candidates=(), grace_s=6.0,
+        )
+    )  # fmt: skip
+    assert sim.kinds_of_last() == ["residency.evicted", "instance.stop_requested"]
+    assert sim.inst.lifecycle is S.STOPPING and sim.inst.reserved_bytes == needs
+    assert sim.inst.process is not None
+    pid = sim.inst.process.pid
+    sim.clock.advance(2)  # killed here; its server exits while no node runs
+
+    d = sim.feed(o.BootSeen(process=o.ProcessGone(pid=pid, exit_code=None, signal=9, reason="x")))
+    assert sim.kinds_of_last() == ["instance.exited"]
+    assert sim.inst.reserved_bytes == 0, "the victim's memory is still reserved after boot"
+    assert sim.inst.lifecycle is S.RESTING and sim.inst.desired is Desired.STOPPED
+    assert not [e for e in d.effects if isinstance(e, (fx.CheckStart, fx.Spawn))]
 
 
 def test_zz_every_outcome_reason_state_and_kind_reached(request: pytest.FixtureRequest) -> None:

@@ -181,6 +181,51 @@ def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, 
         end(child, node, db)
 
 
+def test_a_victim_that_dies_with_the_node_mid_eviction_gives_its_memory_back_at_boot(
+    tmp_path: Path,
+) -> None:
+    """As above, but the victim's server dies too (SIGKILL) before the node opens
+    again: the boot records its exit in the victim's first decision, and the
+    ledger the boot seeded with the victim's reservation lets it go, so the
+    demanded start fits (before the fix: ``residency.refused ... needs N bytes
+    beside 2N in use``, the victim held until a clean restart)."""
+    fields, settings, (a, b, c) = three_on_demand(tmp_path)
+    db = settings.chain_path
+    child = run_child(fields, [a, b, c])
+    node: Node | None = None
+    try:
+        wait_until(lambda: rows_of(db, "instance.stop_requested", a), 60, "a's eviction")
+        assert not rows_of(db, "instance.exited", a)
+        victim = rows_of(db, "instance.spawned", a)[-1][4]["pid"]
+        held = rows_of(db, "instance.starting", a)[-1][4]["reserved_bytes"]
+        assert held > 0
+        os.killpg(child.pid, signal.SIGKILL)  # the node
+        child.wait(timeout=30)
+        os.kill(victim, signal.SIGKILL)  # and the victim's server, while no node runs
+        wait_until(lambda: not alive(victim), 30, "the victim gone")
+        head = chain_rows(db)[-1][0]
+
+        node = Node.open(settings)
+        wait_until(lambda: node.status(c).lifecycle == "running", 60, "c running after boot")
+        assert node.status(a).lifecycle == "resting"
+        assert node.status(b).lifecycle == "running"
+        (exited,) = rows_of(db, "instance.exited", a)
+        assert exited[0] > head  # recorded by the boot
+        after = [r for r in chain_rows(db) if r[0] > head]
+        assert not [r for r in after if r[2] in ("residency.refused", "instance.start_refused")]
+        assert len(rows_of(db, "instance.starting", c)) == 1
+        # the room was a's: nothing else evicted for c (b was, when a boot decision ran late)
+        assert [r[3] for r in chain_rows(db) if r[2] == "residency.evicted"] == [a]
+        led = node.ledger()
+        assert led is not None
+        assert a not in led.reservations, f"the victim still holds {led.reservations}"
+        assert set(led.reservations) == {b, c}
+        assert led.in_use_bytes == sum(led.reservations.values()) <= led.budget_bytes
+        assert verify_chain(db).ok
+    finally:
+        end(child, node, db)
+
+
 def test_a_node_killed_between_a_restarts_eviction_and_the_restart_decides_the_same(
     tmp_path: Path,
 ) -> None:
