@@ -1,0 +1,104 @@
+"""The front routes by the instances' states of the moment (tools/front/proxy.py):
+its table is built again whenever the node's views version changed
+(``Node.views_version``), so a stop or an eviction is seen by the very next
+request, with no wait for a table to age; and a request by name that meets a
+stopped instance routes once more before answering 503."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import NodeFactory
+from test_front import assert_openai_error, client, front, llama, node, running  # noqa: F401
+
+from infervisor.actors.node import Node
+from infervisor.tools.front import proxy
+
+
+def _tiny(c: Any) -> Any:
+    return c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+
+
+def test_a_stop_is_seen_by_the_next_request_which_goes_to_the_running_instance(
+    node: Node,  # noqa: F811 - the fixture
+    front: Any,  # noqa: F811 - the fixture
+) -> None:
+    b, c = node.place(llama("b")), node.place(llama("c"))
+    for iid in (b, c):
+        node.start(iid)
+        running(node, iid)
+    srv = front(node)
+    with client(srv) as http:
+        first = _tiny(http)
+        assert first.status_code == 200, first.text
+        went = first.headers["x-infervisor-instance"]
+        other = c if went == b else b
+        node.stop(went)
+        after = _tiny(http)  # at once: no waiting for a table to age
+    assert after.status_code == 200, after.text
+    assert after.headers["x-infervisor-instance"] == other
+    assert node.status(went).lifecycle == "stopped"
+
+
+def test_a_name_meeting_a_stopped_instance_on_a_stale_table_routes_once_more(
+    node: Node,  # noqa: F811 - the fixture
+    front: Any,  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The table kept stale on purpose (its version never seen to change): the
+    stopped instance refuses the connection, its demand is refused ``stopped``,
+    and the request by name is routed again on a fresh table, to the running one."""
+    b, c = node.place(llama("b")), node.place(llama("c"))
+    for iid in (b, c):
+        node.start(iid)
+        running(node, iid)
+    monkeypatch.setattr(proxy.Proxy, "_current", lambda self: (0, 0))
+    srv = front(node)
+    with client(srv) as http:
+        went = _tiny(http).headers["x-infervisor-instance"]
+        node.stop(went)
+        after = _tiny(http)
+        by_id = http.post("/v1/completions", json={"model": went, "prompt": "hi"})
+    assert after.status_code == 200, after.text
+    assert after.headers["x-infervisor-instance"] == ({b, c} - {went}).pop()
+    # By its id the stopped instance is what was asked: 503 stopped, no Retry-After
+    # (a retry cannot help until an operator starts it).
+    error = assert_openai_error(by_id, 503, "stopped")
+    assert went in error["message"]
+    assert "retry-after" not in by_id.headers
+
+
+def test_after_an_eviction_a_name_routes_to_the_running_instance_and_evicts_nothing(
+    nodes: NodeFactory,
+    fake_llama: str,
+    fake_model: Path,
+    front: Any,  # noqa: F811 - the fixtures
+) -> None:
+    size = (fake_model / "tiny.gguf").stat().st_size
+    overhead = 8_000
+    node = nodes.open(  # noqa: F811 - not the fixture: a node with a budget
+        nodes.settings(
+            fake_llama,
+            fake_model,
+            memory_budget_bytes=2 * (overhead + size) + overhead // 2,
+            reserve_overhead_bytes=overhead,
+        )
+    )
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    b, c = node.place(llama("b")), node.place(llama("c"))
+    emb = node.place(llama("emb"))
+    srv = front(node)
+    with client(srv) as http:
+        for iid in (b, c):  # b used first: the least recently used, evicted first
+            answer = http.post("/v1/completions", json={"model": iid, "prompt": "hi"})
+            assert answer.status_code == 200, answer.text
+        node.start(emb)
+        running(node, emb)
+        assert node.status(b).lifecycle != "running"  # evicted for emb
+        after = _tiny(http)
+    assert after.status_code == 200, after.text
+    assert after.headers["x-infervisor-instance"] in {c, emb}
+    assert {node.status(i).lifecycle for i in (c, emb)} == {"running"}  # none evicted
+    assert node.status(b).lifecycle != "running"
