@@ -2,19 +2,23 @@
 its table is built again whenever the node's views version changed
 (``Node.views_version``), so a stop or an eviction is seen by the very next
 request, with no wait for a table to age; and a request by name that meets a
-stopped instance routes once more before answering 503."""
+stopped instance routes once more before answering 503. And ``/v1/embeddings``
+by name prefers an instance placed with ``embeddings = true`` among equals."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import NodeFactory
 from test_front import assert_openai_error, client, front, llama, node, running  # noqa: F401
 
 from infervisor.actors.node import Node
+from infervisor.replay.views import InstanceView
 from infervisor.tools.front import proxy
+from infervisor.tools.front.routes import Route, RouteTable
 
 
 def _tiny(c: Any) -> Any:
@@ -102,3 +106,45 @@ def test_after_an_eviction_a_name_routes_to_the_running_instance_and_evicts_noth
     assert after.headers["x-infervisor-instance"] in {c, emb}
     assert {node.status(i).lifecycle for i in (c, emb)} == {"running"}  # none evicted
     assert node.status(b).lifecycle != "running"
+
+
+def _view(iid: str, lifecycle: str, *, embeddings: bool) -> InstanceView:
+    fields: dict[str, object] = {name: None for name in InstanceView.__struct_fields__}
+    fields.update(
+        instance_id=iid, adapter="infer.llamacpp", placed_by="n1", generation=0,
+        role="emb", flavor="llamacpp", mode="managed", endpoint="http://127.0.0.1:1",
+        model="tiny", lifecycle=lifecycle, desired="running", reason="", since_ns=0,
+        restarts=0, health="", health_reason="", status="", reserved_bytes=0,
+        exposure="loopback", last_seq=0, oom_kills=0, on_demand=False, priority=0,
+        pinned=False, resting=False, busy=False, rest_reason="", refusals_folded=0,
+        embeddings=embeddings,
+    )  # fmt: skip
+    converted: InstanceView = msgspec.convert(fields, InstanceView)
+    return converted
+
+
+def test_embeddings_by_name_prefer_an_embeddings_instance_among_equal_ranks() -> None:
+    """``/v1/embeddings`` by a served name or role goes to an instance placed with
+    ``embeddings = true`` among the best ranked (not the first by id, a chat
+    server that answers 501); other routes, and a better ranked instance, win."""
+    table = RouteTable.build(
+        [
+            _view("a-chat", "running", embeddings=False),
+            _view("b-emb", "running", embeddings=True),
+            _view("c-emb", "stopped", embeddings=True),
+        ],
+        lambda name: name,
+    )
+    for name in ("tiny", "emb"):
+        assert _id(table.find(name, embeddings=True)) == "b-emb"
+        assert _id(table.find(name)) == "a-chat"  # completions: the first by id
+    assert _id(table.find("a-chat", embeddings=True)) == "a-chat"  # an id picks one
+    lower = RouteTable.build(
+        [_view("a-chat", "running", embeddings=False), _view("b-emb", "stopped", embeddings=True)],
+        lambda name: name,
+    )
+    assert _id(lower.find("tiny", embeddings=True)) == "a-chat"  # running before stopped
+
+
+def _id(route: Route | None) -> str | None:
+    return None if route is None else route.instance_id

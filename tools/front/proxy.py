@@ -187,10 +187,10 @@ class Proxy:
             FrontError: 404 ``model_not_found`` naming the models there are.
         """
         table = await self.table(fresh=fresh)
-        found = table.find(asked.model, ollama_only=asked.ollama)
+        found = table.find(asked.model, ollama_only=asked.ollama, embeddings=asked.embeddings)
         if found is None and not fresh:
             table = await self.table(fresh=True)
-            found = table.find(asked.model, ollama_only=asked.ollama)
+            found = table.find(asked.model, ollama_only=asked.ollama, embeddings=asked.embeddings)
         if found is None:
             raise table.refuse_unknown(asked.model, ollama_only=asked.ollama)
         return found
