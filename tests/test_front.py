@@ -171,6 +171,7 @@ def test_a_stopped_instance_is_503_without_retry_after(node: Node, front: Any) -
         answer = c.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
     assert_openai_error(answer, 503, "stopped")
     assert "retry-after" not in answer.headers
+    assert answer.headers["x-should-retry"] == "false"  # OpenAI's SDKs: do not retry
     assert node.status(iid).lifecycle == "stopped"  # an operator's stop wins over requests
 
 
@@ -502,6 +503,7 @@ def test_an_instance_stopped_since_the_table_was_built_is_503_stopped_not_502(
     error = assert_openai_error(answer, 503, "stopped")
     assert iid in error["message"]
     assert "retry-after" not in answer.headers
+    assert answer.headers["x-should-retry"] == "false"  # OpenAI's SDKs: do not retry
 
 
 def test_an_unknown_route_is_404_and_a_wrong_method_405(node: Node, front: Any) -> None:

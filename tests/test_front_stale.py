@@ -72,6 +72,7 @@ def test_a_name_meeting_a_stopped_instance_on_a_stale_table_routes_once_more(
     error = assert_openai_error(by_id, 503, "stopped")
     assert went in error["message"]
     assert "retry-after" not in by_id.headers
+    assert by_id.headers["x-should-retry"] == "false"
 
 
 def test_after_an_eviction_a_name_routes_to_the_running_instance_and_evicts_nothing(

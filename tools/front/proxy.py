@@ -73,6 +73,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 #: The node's refusals of an instance held so until an operator acts: no ``Retry-After``.
 HELD_CODES = frozenset({"stopped", "failed"})
+#: Their answer's header instead: OpenAI's SDKs retry a 503 unless told not to
+#: (``x-should-retry: false``, read by openai-python's ``_should_retry``).
+_NO_RETRY = {"x-should-retry": "false"}
 #: ``Retry-After`` of a full queue, seconds.
 QUEUE_FULL_RETRY_S = 2.0
 #: Tries to send a request upstream: a kept-alive connection closed under it, or a
@@ -230,13 +233,14 @@ class Proxy:
         try:
             view = await asyncio.shield(pending)
         except NotResident as e:
-            # Stopped or failed: held so until an operator acts; a retry cannot help.
+            # Stopped or failed: held so until an operator acts; a retry cannot help, so
+            # none is invited, and OpenAI's SDKs are told not to retry on their own.
             held = e.code in HELD_CODES
             raise FrontError(
                 503,
                 f"instance {iid} ({model}): {e}",
                 e.code,
-                headers=None if held else {"Retry-After": retry_after(e.retry_after_s)},
+                headers=dict(_NO_RETRY) if held else {"Retry-After": retry_after(e.retry_after_s)},
             ) from None
         except UnknownInstance:
             self.stale()
