@@ -108,6 +108,16 @@ class NodeViews:
                     views.append(reply.get(timeout=ASK_TIMEOUT_S))
         return views
 
+    def views_version(self) -> tuple[int, int]:
+        """A value that changes whenever what :meth:`list` answers changed in what
+        a router routes by: an instance placed, unloaded or unloading (the
+        published routes), or its lifecycle, desired state, served model, role,
+        endpoint or residency fields (the view board's version,
+        actors/view_board.py). Read it *before* :meth:`list`; equal later:
+        nothing routed by changed. Microseconds, never waits; compare for
+        equality only."""
+        return (self._routes.version, self._actors.views.version)
+
     def wait_for(
         self,
         instance_id: str,

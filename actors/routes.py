@@ -71,6 +71,12 @@ class Routes:
 
     def __init__(self) -> None:
         self._current = EMPTY
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """How many tables were published (an instance added, removed, unloading)."""
+        return self._version
 
     @property
     def current(self) -> RouteTable:
@@ -80,3 +86,4 @@ class Routes:
     def publish(self, table: RouteTable) -> None:
         """Swap in ``table`` (the host's thread only)."""
         self._current = table
+        self._version += 1  # after the swap: a reader of the new version sees the new table

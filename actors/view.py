@@ -214,6 +214,7 @@ def _fixed_view(actor: Viewed, pid: int | None, windowed: bool) -> InstanceView:
         idle_ttl_s=spec.idle_ttl_s,
         priority=spec.priority,
         pinned=spec.pinned,
+        embeddings=spec.embeddings,
         resting=state.lifecycle.value == "resting",
         rest_reason=rest_reason(state),
         refusals_folded=actor.tracking.refusals_folded_total,

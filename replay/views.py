@@ -75,6 +75,8 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
         last_use_ns: its last use (ns since the epoch, UTC; sourced: a demand,
             ``residency.busy``/``.idle``); None: never used.
         busy: it serves a request now (the node's count of requests in flight).
+        embeddings: placed with ``embeddings = true`` (llama-server's
+            ``--embeddings``): the front prefers it for ``/v1/embeddings``.
     """
 
     instance_id: str
@@ -118,3 +120,4 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     busy: bool = False
     rest_reason: str = ""
     refusals_folded: int = 0
+    embeddings: bool = False

@@ -387,7 +387,7 @@ def view(lifecycle: str, seq: int, reason: str = "") -> InstanceView:
         lifecycle=lifecycle, desired="running", reason=reason, since_ns=0, restarts=0,
         health="", health_reason="", status="", reserved_bytes=0, exposure="loopback",
         last_seq=seq, oom_kills=0, on_demand=False, priority=0, pinned=False,
-        resting=False, busy=False, rest_reason="", refusals_folded=0,
+        resting=False, busy=False, rest_reason="", refusals_folded=0, embeddings=False,
     )  # fmt: skip
     converted: InstanceView = msgspec.convert(fields, InstanceView)
     return converted

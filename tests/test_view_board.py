@@ -101,3 +101,37 @@ def test_a_view_is_taken_off_only_by_the_actor_that_posted_it() -> None:
     assert board.get("i1") is posted[1]
     board.drop("i1", second)
     assert board.get("i1") is None
+
+
+def _posted(owner: object, view: InstanceView) -> Posted:
+    return cast(Posted, SimpleNamespace(owner=owner, view=view))
+
+
+def test_the_version_changes_with_what_routes_by_and_not_with_a_request() -> None:
+    """The front rebuilds its routing table when the version changed
+    (tools/front/proxy.py): a first post, a lifecycle change and a removal change
+    it; a post that changes only ``busy`` or ``last_use_ns`` (each request's
+    ``request_began``/``request_ended``) does not."""
+    board, actor = ViewBoard(), object()
+    view = msgspec.convert(
+        {
+            "instance_id": "i1", "adapter": "llamacpp", "placed_by": "operator",
+            "generation": 1, "role": "chat", "flavor": "llamacpp", "mode": "managed",
+            "model": "tiny", "endpoint": "http://127.0.0.1:1", "lifecycle": "running",
+            "desired": "running", "reason": "", "since_ns": 1, "pid": 7, "restarts": 0,
+            "health": "", "health_reason": "", "status": "", "status_detail": None,
+            "reserved_bytes": 0, "rss_bytes": None, "exposure": "", "last_exit": None,
+            "last_seq": 1,
+        },
+        InstanceView,
+    )  # fmt: skip
+    seen = [board.version]
+    board.post("i1", _posted(actor, view))
+    seen.append(board.version)
+    board.post("i1", _posted(actor, msgspec.structs.replace(view, busy=True, last_use_ns=5)))
+    assert board.version == seen[-1]  # a request's own post: no rebuild for it
+    board.post("i1", _posted(actor, msgspec.structs.replace(view, lifecycle="stopped")))
+    seen.append(board.version)
+    board.drop("i1", actor)
+    seen.append(board.version)
+    assert len(set(seen)) == 4

@@ -102,11 +102,8 @@ class FrontApp:
         _allow(method, "POST", path)
         body = await _body(receive, path)
         asked = parse(path, body)
-        route = await proxy.route(asked)
         by = source_for(REQUEST_ROLE, caller)
-        work = asyncio.ensure_future(
-            proxy.forward(scope, send, route=route, asked=asked, body=body, by=by)
-        )
+        work = asyncio.ensure_future(proxy.serve(scope, send, asked=asked, body=body, by=by))
         gone = asyncio.ensure_future(until_disconnect(receive))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
         if work.done():

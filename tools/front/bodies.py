@@ -76,12 +76,15 @@ _MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
 
 
 class Asked(msgspec.Struct, frozen=True):
-    """What a request asks for: ``model``, whether the route is Ollama's own, and
-    whether the body asks for a stream (``stream: true``)."""
+    """What a request asks for: ``model``, whether the route is Ollama's own,
+    whether the body asks for a stream (``stream: true``), and whether it asks
+    for embeddings (``/v1/embeddings``: an instance placed with ``embeddings =
+    true`` is preferred among equals)."""
 
     model: str
     ollama: bool
     stream: bool = False
+    embeddings: bool = False
 
 
 def parse(path: str, body: bytes) -> Asked:
@@ -107,7 +110,8 @@ def parse(path: str, body: bytes) -> Asked:
             "invalid_body",
             param="model",
         )
-    return Asked(model=model, ollama=ROUTES[path][1], stream=getattr(got, "stream", None) is True)
+    stream = getattr(got, "stream", None) is True
+    return Asked(model, ROUTES[path][1], stream, embeddings=path == "/v1/embeddings")
 
 
 def rewritten(

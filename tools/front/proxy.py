@@ -10,9 +10,14 @@ pass the answer back as it arrives, and tell the node it ended.
   ``queue_limit`` wait per instance, one more is answered 503 ``queue_full``.
   A refusal of the node (:class:`~infervisor.actors.errors.NotResident`) is a
   503 with ``Retry-After`` from its ``retry_after_s``.
-- **A stale table.** The table is at most :data:`TABLE_TTL_S` old; an instance
-  seen running but gone since (evicted, stopped) refuses the connection, and
-  the request then goes through the demand once, as if the table had said so.
+- **A current table.** The table is built again, the request waiting, whenever
+  the node's views version changed since it was built (``Node.views_version``:
+  an instance placed, unloaded, started, stopped, evicted...), so a request
+  routes by the states of the moment. An instance that changes between the
+  check and the connection still refuses it, and the request then goes
+  through the demand once; a demand refused ``stopped`` or ``failed`` for a
+  request that named a served name or a role routes once more, on a fresh
+  table, before the 503 (another instance may serve the name).
 - **Streams.** Bytes pass through unchanged, as they arrive (what arrived
   together goes on together); the next is sent only once the client took the
   last (backpressure: uvicorn's ``send`` waits while the client's socket is
@@ -29,7 +34,6 @@ import contextlib
 import functools
 import logging
 import secrets
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -60,15 +64,18 @@ if TYPE_CHECKING:
     from infervisor.actors.node import Node
     from infervisor.replay.views import InstanceView
 
-__all__ = ["TABLE_TTL_S", "Proxy"]
+__all__ = ["Proxy"]
 
 log = logging.getLogger(__name__)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
-#: Seconds a routing table is used before it is built again (in the background).
-TABLE_TTL_S = 1.0
+#: The node's refusals of an instance held so until an operator acts: no ``Retry-After``.
+HELD_CODES = frozenset({"stopped", "failed"})
+#: Their answer's header instead: OpenAI's SDKs retry a 503 unless told not to
+#: (``x-should-retry: false``, read by openai-python's ``_should_retry``).
+_NO_RETRY = {"x-should-retry": "false"}
 #: ``Retry-After`` of a full queue, seconds.
 QUEUE_FULL_RETRY_S = 2.0
 #: Tries to send a request upstream: a kept-alive connection closed under it, or a
@@ -108,22 +115,36 @@ class Proxy:
         self.upstreams = Upstreams(upstream_timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infervisor-front")
         self._table = RouteTable()
-        self._built_at: float | None = None
-        self._building: asyncio.Future[RouteTable] | None = None
+        #: The node's views version when the table was built (None: build it again).
+        self._version: tuple[int, int] | None = None
+        self._building: asyncio.Future[tuple[RouteTable, tuple[int, int] | None]] | None = None
         self._pending: dict[str, asyncio.Future[InstanceView]] = {}
         self._waiting: Counter[str] = Counter()
 
     # ------------------------------------------------------------ the table
     async def table(self, *, fresh: bool = False) -> RouteTable:
-        """The routing table: rebuilt when ``fresh``, when there is none yet, or (in the
-        background, this call not waiting) when older than :data:`TABLE_TTL_S`."""
-        age = None if self._built_at is None else time.monotonic() - self._built_at
-        if fresh or age is None:
-            return await self._rebuild()
-        if age > TABLE_TTL_S and self._building is None:
-            task = asyncio.ensure_future(self._rebuild())
-            task.add_done_callback(_quiet)
+        """The routing table, never older than the instances' states it routes by:
+        built again (this call waiting) when ``fresh``, when there is none yet, or
+        when the node's :meth:`~infervisor.actors.node_views.NodeViews.views_version`
+        changed since it was built (a check of microseconds per request; a build
+        of 1,000 instances takes a few ms and follows a change only).
+
+        Raises:
+            FrontError: 503 ``unavailable`` when the node cannot list its instances.
+        """
+        for _ in range(2):  # the second build began after this call: it saw the version read
+            if not fresh and self._version is not None and self._version == self._current():
+                return self._table
+            await self._rebuild()
+            fresh = False
         return self._table
+
+    def _current(self) -> tuple[int, int] | None:
+        try:
+            return self.node.views_version()
+        except (NodeError, pykka.ActorDeadError) as e:  # pragma: no cover - never raises
+            log.warning("front: the node's views version cannot be read: %s", e)
+            return None
 
     async def _rebuild(self) -> RouteTable:
         """A table built afresh (one build at a time, shared).
@@ -136,7 +157,7 @@ class Proxy:
             self._building = loop.run_in_executor(self._pool, self._build)
             self._building.add_done_callback(self._built)
         try:
-            return await asyncio.shield(self._building)
+            table, _ = await asyncio.shield(self._building)
         except (NodeError, AdapterError, OSError, pykka.ActorDeadError, pykka.Timeout) as e:
             raise FrontError(
                 503,
@@ -144,31 +165,35 @@ class Proxy:
                 "unavailable",
                 headers={"Retry-After": retry_after(1.0)},
             ) from None
+        return table
 
-    def _build(self) -> RouteTable:
+    def _build(self) -> tuple[RouteTable, tuple[int, int] | None]:
+        """The table of the node's instances now, and the views version read before
+        listing them (a change after that read is seen as a change)."""
+        version = self._current()
         registry = self.node.registry
-        return RouteTable.build(self.node.list(), lambda name: registry.entry(name).tag)
+        return RouteTable.build(self.node.list(), lambda name: registry.entry(name).tag), version
 
-    def _built(self, fut: asyncio.Future[RouteTable]) -> None:
+    def _built(self, fut: asyncio.Future[tuple[RouteTable, tuple[int, int] | None]]) -> None:
         self._building = None
         if not fut.cancelled() and fut.exception() is None:
-            self._table, self._built_at = fut.result(), time.monotonic()
+            self._table, self._version = fut.result()
 
     def stale(self) -> None:
         """Build the table afresh at its next use."""
-        self._built_at = None
+        self._version = None
 
-    async def route(self, asked: Asked) -> Route:
+    async def route(self, asked: Asked, *, fresh: bool = False) -> Route:
         """The route of ``asked.model``; a miss looks again in a fresh table.
 
         Raises:
             FrontError: 404 ``model_not_found`` naming the models there are.
         """
-        table = await self.table()
-        found = table.find(asked.model, ollama_only=asked.ollama)
-        if found is None:
+        table = await self.table(fresh=fresh)
+        found = table.find(asked.model, ollama_only=asked.ollama, embeddings=asked.embeddings)
+        if found is None and not fresh:
             table = await self.table(fresh=True)
-            found = table.find(asked.model, ollama_only=asked.ollama)
+            found = table.find(asked.model, ollama_only=asked.ollama, embeddings=asked.embeddings)
         if found is None:
             raise table.refuse_unknown(asked.model, ollama_only=asked.ollama)
         return found
@@ -208,11 +233,14 @@ class Proxy:
         try:
             view = await asyncio.shield(pending)
         except NotResident as e:
+            # Stopped or failed: held so until an operator acts; a retry cannot help, so
+            # none is invited, and OpenAI's SDKs are told not to retry on their own.
+            held = e.code in HELD_CODES
             raise FrontError(
                 503,
                 f"instance {iid} ({model}): {e}",
                 e.code,
-                headers={"Retry-After": retry_after(e.retry_after_s)},
+                headers=dict(_NO_RETRY) if held else {"Retry-After": retry_after(e.retry_after_s)},
             ) from None
         except UnknownInstance:
             self.stale()
@@ -236,6 +264,29 @@ class Proxy:
             self.stale()  # the instance runs now: the table says otherwise
 
     # ------------------------------------------------------------ forwarding
+    async def serve(
+        self, scope: dict[str, Any], send: Send, *, asked: Asked, body: bytes, by: str
+    ) -> None:
+        """Route ``asked`` and :meth:`forward` it; when its instance is refused
+        ``stopped`` or ``failed`` (stopped or failed since the table was built, or
+        the best there is) and the request named a served name or a role, not
+        that instance's id, route once more on a fresh table: another instance
+        may serve the name now.
+
+        Raises:
+            FrontError: as :meth:`route` and :meth:`forward`.
+        """
+        route = await self.route(asked)
+        try:
+            await self.forward(scope, send, route=route, asked=asked, body=body, by=by)
+        except FrontError as e:
+            if e.code not in HELD_CODES or asked.model == route.instance_id:
+                raise
+            again = await self.route(asked, fresh=True)
+            if again.instance_id == route.instance_id and not again.ready:
+                raise
+            await self.forward(scope, send, route=again, asked=asked, body=body, by=by)
+
     async def forward(
         self,
         scope: dict[str, Any],
@@ -388,12 +439,6 @@ def _unreachable(route: Route, e: Exception) -> FrontError:
         f"instance {route.instance_id} ({route.base_url}) cannot be reached: {e}",
         "upstream_unreachable",
     )
-
-
-def _quiet(task: asyncio.Future[Any]) -> None:
-    """Consume a background task's outcome (logged when it failed)."""
-    if not task.cancelled() and (error := task.exception()) is not None:
-        log.warning("front: the routing table could not be built: %s", error)
 
 
 async def until_disconnect(receive: Receive) -> None:

@@ -130,15 +130,21 @@ class RouteTable:
             {k: tuple(v) for k, v in by_role.items()},
         )
 
-    def find(self, model: str, *, ollama_only: bool = False) -> Route | None:
-        """The instance for ``model`` (an instance id, a served name, else a role), or None."""
+    def find(
+        self, model: str, *, ollama_only: bool = False, embeddings: bool = False
+    ) -> Route | None:
+        """The instance for ``model`` (an instance id, a served name, else a role), or
+        None; with ``embeddings`` (``/v1/embeddings``), one placed with ``embeddings
+        = true`` among the best ranked, else the first of them by id."""
         by_id = self._by_id.get(model)
         if by_id is not None and (by_id.ollama or not ollama_only):
             return by_id
         for table in (self._by_name, self._by_role):
             found = [r for r in table.get(model, ()) if r.ollama or not ollama_only]
-            if found:
-                return found[0]  # the best ranked (the table is in that order)
+            if found:  # the best ranked first (the table is in that order)
+                best = rank(found[0].view)
+                equals = (r for r in found if rank(r.view) == best and r.view.embeddings)
+                return next(equals, found[0]) if embeddings else found[0]
         return None
 
     def refuse_unknown(self, model: str, *, ollama_only: bool = False) -> FrontError:
