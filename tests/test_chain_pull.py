@@ -229,4 +229,5 @@ def test_a_url_that_is_not_a_nodes_api_is_a_usage_error(tmp_path: Path) -> None:
     for url in ("notaurl", "ftp://x/", "http://"):
         done = CliRunner().invoke(cli, ["chain", "pull", url, str(tmp_path / "m"), "--token", "t"])
         assert done.exit_code == 2, (url, done.output)
-        assert f"URL {url!r}: a node's API" in done.output
+        assert f"URL {url!r}:" in done.output
+        assert "allowed: http:// or https://" in done.output
