@@ -236,3 +236,28 @@ def test_the_cli_names_its_own_commands_and_the_cordons_reason(
         assert cli_here("uncordon", data).returncode == 0
         assert client.node().cordon_reason is None
         assert "because" not in cli_here("status", data, "--node").stdout
+
+
+def test_a_reason_with_a_control_character_is_refused_and_nothing_recorded(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    """A newline in a cordon's reason was stored and printed raw: it split the rows of
+    `events` and the lines of `status --node`. The CLI refuses it (exit 2 naming
+    --reason), the API too (400 naming `reason`); the chain is left as it was."""
+    settings = nodes.settings(fake_llama, fake_model)
+    data, db = settings.data_dir, Path(settings.chain_path)
+    with served(nodes, settings, fake_model) as (_, client):
+        rows = len(chain_rows(db))
+        for verb in ("cordon", "drain", "uncordon"):
+            for reason in ("first\nsecond", "tab\there", "bell\x07", "c1\x85"):
+                done = cli_here(verb, data, "--reason", reason, "--json")
+                assert done.returncode == 2, done
+                error = json.loads(done.stdout)["error"]
+                assert (error["code"], error["field"]) == ("bad_value", "--reason"), error
+                assert "control character" in error["message"], error
+                api = refused("bad_request", lambda v=verb, r=reason: client.cordon(v, r))
+                assert api.field == "reason", api
+        assert len(chain_rows(db)) == rows
+        assert client.node().cordon == "none"
+        assert cli_here("cordon", data, "--reason", "kernel update, é 日本").returncode == 0
+        assert client.node().cordon_reason == "kernel update, é 日本"

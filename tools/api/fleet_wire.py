@@ -26,7 +26,14 @@ __all__ = [
 MAX_PLACEMENTS = 1024
 
 Reason = Annotated[
-    str, msgspec.Meta(max_length=500, description="Why, for the chain (at most 500 characters).")
+    str,
+    msgspec.Meta(
+        max_length=500,
+        # One line: a newline or other control character (C0, DEL, C1) would split a
+        # line of `events` or `status --node`. `(?!\n)$`: as ControllerId's.
+        pattern=r"^[^\u0000-\u001f\u007f-\u009f]*(?!\n)$",
+        description="Why, for the chain: one line, no control character, at most 500 characters.",
+    ),
 ]
 
 

@@ -11,7 +11,7 @@ import click
 import msgspec
 
 from ..api.fleet_wire import CordonAnswer
-from ..clikit.command import Command
+from ..clikit.command import REASON, Command
 from ..clikit.failure import echo_json
 from .target import Target, connected, node_command
 
@@ -41,7 +41,10 @@ def _options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = node_command("[WHERE]", 0, token_name="controller")(f)  # noqa: S106 -- a name
     f = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")(f)
     return click.option(
-        "--reason", metavar="TEXT", help="Why, recorded in the chain (at most 500 characters)."
+        "--reason",
+        type=REASON,
+        metavar="TEXT",
+        help="Why, recorded in the chain: one line, at most 500 characters.",
     )(f)
 
 
