@@ -119,7 +119,8 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     evicting as a request would, and stays on demand (released when idle).
 
     Prints the outcome (applied, unchanged: the same spec again, or ignored: a
-    stale generation), the instance id and its last event's seq and hash (--json: all).
+    stale generation), the instance id and its last event's seq and hash, and
+    each instance evicted to make room for its start (--json: all; "evicted").
 
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node.
@@ -154,6 +155,8 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
         f"{answer.instance_id}: {answer.outcome} (generation {answer.generation}); "
         f"{v.lifecycle} (wanted {v.desired}); seq {answer.seq} hash {answer.hash}"
     )
+    for victim in answer.evicted:
+        click.echo(f"evicted {victim} to make room for it (it rests until a demand or start)")
 
 
 def _env_pair(item: str) -> tuple[str, str]:
