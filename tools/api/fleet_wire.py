@@ -49,12 +49,15 @@ class CordonRequest(_Body, frozen=True):
 
 class CordonAnswer(msgspec.Struct, frozen=True, kw_only=True):
     """The node's cordon after the verb (``none``, ``cordoned``, ``drained``), the
-    instances a drain stopped, and the chain's head once its event is durable."""
+    instances a drain stopped, and the chain's head once its event is durable;
+    ``recorded`` false: nothing was recorded (the node was so already and no new
+    reason was given, or a cordon of a drained node: the drain's reason stands)."""
 
     cordon: str
     stopped: list[str]
     seq: int
     hash: str
+    recorded: bool = True
 
 
 class PlaceItem(_Body, frozen=True):
