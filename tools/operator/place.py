@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
@@ -23,6 +23,9 @@ from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json, fail
 from ..clikit.schemas import place_record
 from .target import Target, api_failure, connected, node_command
+
+if TYPE_CHECKING:  # only an annotation: the wire types load with the client
+    from ..api.wire import PlaceAnswer
 
 __all__ = ["place"]
 
@@ -150,6 +153,11 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     if as_json:
         echo_json(place_record(answer))
         return
+    _say_placed(answer)
+
+
+def _say_placed(answer: PlaceAnswer) -> None:
+    """The outcome's line, then one line per instance its start evicted (as `start`'s)."""
     v = answer.instance
     click.echo(
         f"{answer.instance_id}: {answer.outcome} (generation {answer.generation}); "
