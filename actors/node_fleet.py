@@ -65,10 +65,12 @@ _PLACE_WAIT_S = 300.0
 
 
 class CordonOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """The cordon after a cordon verb, and the instances it stopped."""
+    """The cordon after a cordon verb, the instances it stopped, and whether it
+    recorded an event (False: the node was so already, its reason unchanged)."""
 
     cordon: Cordon
     stopped: builtins.list[str]
+    recorded: bool = False
 
 
 class SetOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -194,7 +196,10 @@ class NodeFleet:
             if decision.events:
                 WriterAppend(self._writer, self.clock).append(decision.events, source=by)
             self._cordon_now = decision.cordon
-        return CordonOutcome(cordon=decision.cordon, stopped=self._stop_all(decision.stop, by))
+        stopped = self._stop_all(decision.stop, by)
+        return CordonOutcome(
+            cordon=decision.cordon, stopped=stopped, recorded=bool(decision.events)
+        )
 
     def resume_cordon(self, state: NodeState, decision: rule.CordonDecision) -> None:
         """At boot: take the chain's cordon and stop what a drain left wanted running."""

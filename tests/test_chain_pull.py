@@ -119,6 +119,25 @@ def test_a_wrong_key_is_refused(tmp_path: Path) -> None:
     with serving(data) as (url, _), pytest.raises(PullError) as no_token:
         pull(url, tmp_path / "mirror")
     assert no_token.value.code == "unauthorized"
+    assert "a token of scope read (or more) is needed" in str(no_token.value)
+
+
+def test_a_token_the_node_refuses_is_named_as_refused(tmp_path: Path) -> None:
+    """`--token bad` said "a read token is needed (--token)" though one was given."""
+    from click.testing import CliRunner
+
+    from infervisor.tools.cli import cli
+
+    data = tmp_path / "node"
+    grow_chain(data, "n1", 3)
+    with serving(data) as (url, _):
+        args = ["chain", "pull", url, str(tmp_path / "mirror"), "--token", "bad", "--json"]
+        done = CliRunner().invoke(cli, args)
+    assert done.exit_code == 2, done.output
+    error = json.loads(done.stdout)["error"]
+    assert (error["code"], error["field"]) == ("unauthorized", "--token"), error
+    assert "401" in error["message"] and "refused the token given" in error["message"]
+    assert "any of its [api] tokens reads" in error["message"] and "needed" not in error["message"]
 
 
 def test_a_killed_pull_leaves_the_mirror_as_it_was_and_resumes(tmp_path: Path) -> None:
@@ -229,4 +248,5 @@ def test_a_url_that_is_not_a_nodes_api_is_a_usage_error(tmp_path: Path) -> None:
     for url in ("notaurl", "ftp://x/", "http://"):
         done = CliRunner().invoke(cli, ["chain", "pull", url, str(tmp_path / "m"), "--token", "t"])
         assert done.exit_code == 2, (url, done.output)
-        assert f"URL {url!r}: a node's API" in done.output
+        assert f"URL {url!r}:" in done.output
+        assert "allowed: http:// or https://" in done.output

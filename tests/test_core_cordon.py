@@ -44,10 +44,13 @@ STOPPED = ("c-run", "c-stopping")
     [
         (C.NONE, rule.CordonAsked("r"), C.CORDONED, ["node.cordoned"], ()),
         (C.CORDONED, rule.CordonAsked(), C.CORDONED, [], ()),
+        (C.CORDONED, rule.CordonAsked("new"), C.CORDONED, ["node.cordoned"], ()),
         (C.DRAINED, rule.CordonAsked(), C.DRAINED, [], ()),
+        (C.DRAINED, rule.CordonAsked("new"), C.DRAINED, [], ()),
         (C.NONE, rule.DrainAsked("r"), C.DRAINED, ["node.drained"], STOPPED),
         (C.CORDONED, rule.DrainAsked(), C.DRAINED, ["node.drained"], STOPPED),
         (C.DRAINED, rule.DrainAsked(), C.DRAINED, [], STOPPED),
+        (C.DRAINED, rule.DrainAsked("new"), C.DRAINED, ["node.drained"], STOPPED),
         (C.NONE, rule.UncordonAsked(), C.NONE, [], ()),
         (C.CORDONED, rule.UncordonAsked("r"), C.NONE, ["node.uncordoned"], ()),
         (C.DRAINED, rule.UncordonAsked(), C.NONE, ["node.uncordoned"], ()),

@@ -236,3 +236,64 @@ def test_the_cli_names_its_own_commands_and_the_cordons_reason(
         assert cli_here("uncordon", data).returncode == 0
         assert client.node().cordon_reason is None
         assert "because" not in cli_here("status", data, "--node").stdout
+
+
+def test_a_reason_with_a_control_character_is_refused_and_nothing_recorded(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    """A newline in a cordon's reason was stored and printed raw: it split the rows of
+    `events` and the lines of `status --node`. The CLI refuses it (exit 2 naming
+    --reason), the API too (400 naming `reason`); the chain is left as it was."""
+    settings = nodes.settings(fake_llama, fake_model)
+    data, db = settings.data_dir, Path(settings.chain_path)
+    with served(nodes, settings, fake_model) as (_, client):
+        rows = len(chain_rows(db))
+        for verb in ("cordon", "drain", "uncordon"):
+            for reason in ("first\nsecond", "tab\there", "bell\x07", "c1\x85"):
+                done = cli_here(verb, data, "--reason", reason, "--json")
+                assert done.returncode == 2, done
+                error = json.loads(done.stdout)["error"]
+                assert (error["code"], error["field"]) == ("bad_value", "--reason"), error
+                assert "control character" in error["message"], error
+                api = refused("bad_request", lambda v=verb, r=reason: client.cordon(v, r))
+                assert api.field == "reason", api
+        assert len(chain_rows(db)) == rows
+        assert client.node().cordon == "none"
+        assert cli_here("cordon", data, "--reason", "kernel update, é 日本").returncode == 0
+        assert client.node().cordon_reason == "kernel update, é 日本"
+
+
+def test_a_new_reason_is_recorded_and_a_drain_keeps_its_own(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    """Stop 32's trial: `cordon --reason second` on a cordoned node answered 0 with the
+    previous event's seq and kept `first`, silently. It records a new node.cordoned
+    now (the replayed reason agrees); a cordon of a drained node records nothing and
+    says so, naming the drain's reason; a drain of a drained node records its reason."""
+    settings = nodes.settings(fake_llama, fake_model)
+    data, db = settings.data_dir, Path(settings.chain_path)
+    with served(nodes, settings, fake_model) as (_, client):
+        first = json.loads(cli_here("cordon", data, "--reason", "first", "--json").stdout)
+        second = cli_here("cordon", data, "--reason", "second", "--json")
+        assert second.returncode == 0, second
+        answer = json.loads(second.stdout)
+        assert (answer["cordon"], answer["recorded"]) == ("cordoned", True)
+        assert answer["seq"] == first["seq"] + 1
+        assert chain_rows(db)[-1][2:5:2] == (
+            "node.cordoned",
+            {"event": "node.cordoned", "reason": "second", "v": 1},
+        )
+        assert "cordoned because: second" in cli_here("status", data, "--node").stdout
+        same = json.loads(cli_here("cordon", data, "--json").stdout)  # no reason: nothing
+        assert (same["recorded"], same["seq"]) == (False, answer["seq"])
+
+        drained = json.loads(cli_here("drain", data, "--reason", "rack move", "--json").stdout)
+        kept = cli_here("cordon", data, "--reason", "x")
+        assert kept.returncode == 0, kept
+        assert "already drained, because: rack move; nothing recorded" in kept.stdout, kept
+        assert client.node().cordon_reason == "rack move"
+        again = json.loads(cli_here("drain", data, "--reason", "rack 9", "--json").stdout)
+        assert (again["recorded"], again["seq"]) == (True, drained["seq"] + 1)
+        assert client.node().cordon_reason == "rack 9"
+    replayed = json.loads(cli_here("status", data, "--node", "--json").stdout)  # no node runs
+    assert (replayed["cordon"], replayed["cordon_reason"]) == ("drained", "rack 9")

@@ -441,3 +441,46 @@ def test_start_names_the_instances_it_evicted(
         node.shutdown()
     finally:
         server.close()
+
+
+def test_place_start_names_the_instances_it_evicted(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    """`place --start` said nothing of what its start evicted (`start` did): its --json
+    has ``evicted`` (also the API's placement answer) and its text one line each."""
+    from infervisor.tools.api.serving.server import ApiServer
+
+    budget = needs(models, "m1") + needs(models, "m2") // 2  # room for one of them
+    settings = nodes.settings(
+        fake_llama, models, memory_budget_bytes=budget, reserve_overhead_bytes=OVERHEAD
+    )
+    data = Path(settings.data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    server = ApiServer.listen(data, settings.chain_path, settings.node_id)
+    try:
+        node = nodes.open(settings)
+        for name in SIZES:
+            node.registry.adopt(name, models / f"{name}.gguf")
+        server.serve(node)
+        ports = free_ports(3)
+
+        def place(role: str, model: str, port: int, *extra: str) -> Any:
+            flags = ["--flavor", "llamacpp", "--model", model, "--port", port, "--on-demand"]
+            done = cli_here("place", data, "--role", role, *flags, "--start", *extra)
+            assert done.returncode == 0, done
+            return done.stdout
+
+        first = json.loads(place("a", "m1", ports[0], "--json"))
+        assert first["evicted"] == []
+        a = first["instance_id"]
+        node.wait_for(a, lambda v: v.lifecycle == "running", 60)
+        second = json.loads(place("b", "m2", ports[1], "--json"))
+        assert second["evicted"] == [a], second
+        b = second["instance_id"]
+        node.wait_for(b, lambda v: v.lifecycle == "running", 60)
+        text = place("c", "m3", ports[2]).splitlines()
+        assert f"evicted {b} to make room for it" in text[1], text
+        server.stopping()
+        node.shutdown()
+    finally:
+        server.close()

@@ -51,6 +51,8 @@ def test_a_script_learns_the_cordon_from_the_node_and_from_its_chain(
     # the list scripts read is unchanged: instances only
     listed = json.loads(ok(cli_here("status", data, "--json")))
     assert isinstance(listed, list) and {r["role"] for r in listed} == {"chat", "embed"}
+    cordon_line = "node: cordoned: no new placements (`infervisor uncordon` ends it)"
+    assert cordon_line in ok(cli_here("status", data)).splitlines()
 
     assert node.run.stop(signal.SIGTERM) == 0, node.run.output()
     offline = cli_here("status", data, "--node", "--json")
@@ -63,6 +65,8 @@ def test_a_script_learns_the_cordon_from_the_node_and_from_its_chain(
     )
     assert record["phase"] is None and record["version"] is None  # only a node knows
     assert "replayed from the chain" in offline.stderr
+    # `status` read from the chain says it too, as the live one does (it left it out)
+    assert cordon_line in ok(cli_here("status", data)).splitlines()
 
 
 def test_node_is_refused_with_an_instance_or_watch(start_node: Callable[..., Started]) -> None:

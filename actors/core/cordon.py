@@ -16,9 +16,17 @@ have.
 now            cordon                       drain                        uncordon
 =============  ===========================  ===========================  ===========================
 ``none``       ``node.cordoned``            ``node.drained``, stop       nothing
-``cordoned``   nothing                      ``node.drained``, stop       ``node.uncordoned``
-``drained``    nothing (drain holds it)     stop what is left            ``node.uncordoned``
+``cordoned``   ``node.cordoned`` if reason  ``node.drained``, stop       ``node.uncordoned``
+``drained``    nothing (drain holds it)     ``node.drained`` if reason,  ``node.uncordoned``
+                                            stop what is left
 =============  ===========================  ===========================  ===========================
+
+A cordon of a cordoned node, or a drain of a drained one, given a reason records
+its event again: the reason in force is the last cordon event's
+(replay/cordon_reason.py), so the new one replaces it and the cordon itself is
+unchanged (stop 32's trial: the new reason was dropped, silently). Without a
+reason nothing is recorded. A cordon of a drained node records nothing (the
+drain holds, with its reason): the answer says so (``recorded`` false).
 
 "Stop" names every instance a controller placed (``placed_by`` is not this
 node) that is wanted running or still has something up. What the operator
@@ -119,16 +127,18 @@ def _to_stop(placed: Iterable[Held]) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------- the rules
 def _cordon(cordon: Cordon, asked: CordonAsked, _: Iterable[Held]) -> CordonDecision:
-    """Cordon a node that is not: recorded; a cordoned or drained node stays as it is."""
-    if cordon is not Cordon.NONE:
+    """Cordon a node that is not: recorded; a cordoned one given a reason: recorded
+    again (its reason replaced); a drained one stays as it is."""
+    if cordon is Cordon.DRAINED or (cordon is Cordon.CORDONED and asked.reason is None):
         return CordonDecision(cordon=cordon)
     return CordonDecision(cordon=Cordon.CORDONED, events=(ev.NodeCordoned(reason=asked.reason),))
 
 
 def _drain(cordon: Cordon, asked: DrainAsked, placed: Iterable[Held]) -> CordonDecision:
-    """Record the drain (unless drained already), then stop the controllers' instances."""
+    """Record the drain (unless drained already and no reason given), then stop the
+    controllers' instances."""
     events: tuple[ev.Event, ...] = ()
-    if cordon is not Cordon.DRAINED:
+    if cordon is not Cordon.DRAINED or asked.reason is not None:
         events = (ev.NodeDrained(reason=asked.reason),)
     return CordonDecision(cordon=Cordon.DRAINED, events=events, stop=_to_stop(placed))
 

@@ -26,7 +26,14 @@ __all__ = [
 MAX_PLACEMENTS = 1024
 
 Reason = Annotated[
-    str, msgspec.Meta(max_length=500, description="Why, for the chain (at most 500 characters).")
+    str,
+    msgspec.Meta(
+        max_length=500,
+        # One line: a newline or other control character (C0, DEL, C1) would split a
+        # line of `events` or `status --node`. `(?!\n)$`: as ControllerId's.
+        pattern=r"^[^\u0000-\u001f\u007f-\u009f]*(?!\n)$",
+        description="Why, for the chain: one line, no control character, at most 500 characters.",
+    ),
 ]
 
 
@@ -42,12 +49,15 @@ class CordonRequest(_Body, frozen=True):
 
 class CordonAnswer(msgspec.Struct, frozen=True, kw_only=True):
     """The node's cordon after the verb (``none``, ``cordoned``, ``drained``), the
-    instances a drain stopped, and the chain's head once its event is durable."""
+    instances a drain stopped, and the chain's head once its event is durable;
+    ``recorded`` false: nothing was recorded (the node was so already and no new
+    reason was given, or a cordon of a drained node: the drain's reason stands)."""
 
     cordon: str
     stopped: list[str]
     seq: int
     hash: str
+    recorded: bool = True
 
 
 class PlaceItem(_Body, frozen=True):

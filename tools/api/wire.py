@@ -140,7 +140,8 @@ class PlaceAnswer(msgspec.Struct, frozen=True, kw_only=True):
 
     With ``start``, ``started`` says whether the start was done; a start refused
     after a placement that was recorded is ``start_error`` (the placement stands:
-    the answer is still 200, and a retry places ``unchanged``).
+    the answer is still 200, and a retry places ``unchanged``). ``evicted``: the
+    instances evicted to make room for the start (as a start's answer's).
     """
 
     instance_id: str
@@ -151,6 +152,7 @@ class PlaceAnswer(msgspec.Struct, frozen=True, kw_only=True):
     hash: str
     started: bool = False
     start_error: ErrorBody | None = None
+    evicted: list[str] = msgspec.field(default_factory=list)
 
 
 class UnloadAnswer(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,7 @@ from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json
 from ..clikit.paths import KEY
 from ..clikit.tokens import token_of
+from ..clikit.urls import checked_url
 from .pull import TRUST_FIRST_USE, PullError, PullReport, pull
 
 __all__ = ["PULL_TOKEN_NAMES", "PullError", "PullReport", "pull", "pull_cmd"]
@@ -60,13 +61,7 @@ def pull_cmd(  # noqa: PLR0917 - one parameter per option, as click passes them
     or a rollback is refused), every event's hash and link, the hash tiles and the
     signed root. Run again, it fetches only what is new; an interrupted pull resumes.
     """
-    scheme, _, rest = url.partition("://")
-    if scheme not in ("http", "https") or not rest.strip("/"):
-        raise Failure(
-            f"URL {url!r}: a node's API, http://HOST:PORT or https://HOST:PORT",
-            "bad_value",
-            "URL",
-        )
+    url = checked_url(url, "URL")
     if folder.exists() and not folder.is_dir():
         raise Failure(f"DIR {folder}: is a file, not a directory", "bad_path", "DIR")
     secret = token_of(token, token_file, token_name or PULL_TOKEN_NAMES)

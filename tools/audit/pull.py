@@ -53,6 +53,8 @@ CHECKPOINT_DIR = "checkpoints"
 TRUST_GIVEN = "the key given"
 TRUST_PINNED = "the key pinned by the first pull"
 TRUST_FIRST_USE = "trusted on first use: the node's own key, fetched from it and now pinned"
+_REFUSED_TOKEN = "the node refused the token given: any of its [api] tokens reads the log"  # noqa: S105
+_NO_TOKEN = "a token of scope read (or more) is needed (--token, --token-file)"  # noqa: S105
 
 Progress = Callable[[int, int], None]
 
@@ -62,8 +64,7 @@ class PullError(Exception):
 
     def __init__(self, message: str, code: str, field: str | None = None) -> None:
         super().__init__(message)
-        self.code = code
-        self.field = field
+        self.code, self.field = code, field
 
 
 class PullReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,7 +120,9 @@ class _Log:
         except httpx.HTTPError as e:
             raise PullError(f"{url}: no answer ({e})", "node_unreachable", "URL") from e
         if answer.status_code == 401:
-            raise PullError(f"{url}: 401: a read token is needed (--token)", "unauthorized")
+            sent = "authorization" in self._client.headers  # the node never says why it refused
+            why = _REFUSED_TOKEN if sent else _NO_TOKEN
+            raise PullError(f"{url}: 401: {why}", "unauthorized", "--token")
         if answer.status_code == 403:
             raise PullError(f"{url}: 403: the token may not read the log", "forbidden")
         if answer.status_code != 200:

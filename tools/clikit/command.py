@@ -159,3 +159,25 @@ class FiniteRange(click.FloatRange):
         if math.isnan(number):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
         return number
+
+
+class OneLine(click.ParamType[str]):
+    """Free text for the chain (a cordon's --reason): no newline or other control
+    character (it would split a line of ``events`` or ``status --node``), at most
+    ``max_len`` characters; as the API's ``reason`` (tools/api/fleet_wire.py)."""
+
+    name = "text"
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text):
+            self.fail("a control character (a newline, a tab, ...) is not allowed", param, ctx)
+        if len(text) > self.max_len:
+            self.fail(f"{len(text)} characters: at most {self.max_len} allowed", param, ctx)
+        return text
+
+
+REASON = OneLine(500)

@@ -118,7 +118,8 @@ class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
 
 
 class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """``place --json``: what the placement did (``applied``, ``unchanged``, ``ignored``)."""
+    """``place --json``: what the placement did (``applied``, ``unchanged``, ``ignored``)
+    and the instances evicted to make room for its start (``--start``; as a start's)."""
 
     instance_id: str
     outcome: str
@@ -126,6 +127,7 @@ class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
     instance: InstanceRecord
     seq: int
     hash: str
+    evicted: list[str] = msgspec.field(default_factory=list)
 
 
 class TimelineRecord(msgspec.Struct, frozen=True, kw_only=True, rename={"frm": "from"}):
@@ -256,14 +258,8 @@ def verb_record(v: InstanceView, seq: int, digest: str, evicted: Sequence[str] =
 
 def place_record(answer: Any) -> PlaceRecord:
     """The record of a placement's answer (an api.wire.PlaceAnswer)."""
-    return PlaceRecord(
-        instance_id=answer.instance_id,
-        outcome=answer.outcome,
-        generation=answer.generation,
-        instance=from_view(answer.instance),
-        seq=answer.seq,
-        hash=answer.hash,
-    )
+    kept = ("instance_id", "outcome", "generation", "seq", "hash", "evicted")
+    return PlaceRecord(instance=from_view(answer.instance), **{k: getattr(answer, k) for k in kept})
 
 
 def from_timeline(e: TimelineEntry) -> TimelineRecord:
@@ -373,7 +369,6 @@ PLACE_SCHEMA: dict[str, Any] = {
     "title": "placement",
     "type": "object",
     "additionalProperties": False,
-    "required": ["instance_id", "outcome", "generation", "instance", "seq", "hash"],
     "properties": {
         "instance_id": _STR,
         "outcome": {"enum": ["applied", "unchanged", "ignored"]},
@@ -381,8 +376,10 @@ PLACE_SCHEMA: dict[str, Any] = {
         "instance": _INSTANCE_ITEM,
         "seq": _INT,
         "hash": _STR,
+        "evicted": _STRS,
     },
 }
+PLACE_SCHEMA["required"] = list(PLACE_SCHEMA["properties"])
 
 TIMELINE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -21,7 +21,7 @@ import click
 import msgspec
 
 from ..api.errors import ApiError, VerbFailed
-from ..clikit.command import SECONDS, Group
+from ..clikit.command import REASON, SECONDS, Group
 from ..clikit.failure import Failure, echo_json, fail
 from .config import FleetConfig, FleetConfigError, NodeEntry, load_config
 from .follow import Refused, diverged, follow
@@ -182,7 +182,7 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
 @fleet.command()
 @_FILE
 @click.argument("node_name", metavar="NODE")
-@click.option("--reason", help="Why (recorded in the node's chain).")
+@click.option("--reason", type=REASON, help="Why (recorded in the node's chain): one line.")
 @_JSON
 @_TIMEOUT
 def drain(

@@ -11,7 +11,7 @@ import click
 import msgspec
 
 from ..api.fleet_wire import CordonAnswer
-from ..clikit.command import Command
+from ..clikit.command import REASON, Command
 from ..clikit.failure import echo_json
 from .target import Target, connected, node_command
 
@@ -22,9 +22,13 @@ _HELP_TAIL = """
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node (a
     token with scope control: --token-name controller by default).
-    --json prints {"cordon", "stopped", "seq", "hash"}: the node's cordon
-    after it (none, cordoned, drained), the instances stopped, and the
-    chain's head. Exit 0 once recorded (or already so); 1 when the node
+    --json prints {"cordon", "stopped", "seq", "hash", "recorded"}: the
+    node's cordon after it (none, cordoned, drained), the instances stopped,
+    the chain's head, and whether an event was recorded (false: it was so
+    already, the reason in force unchanged). A cordon of a cordoned node or a
+    drain of a drained one with --reason records the new reason; a cordon of
+    a drained node leaves the drain and its reason as they are.
+    Exit 0 once recorded (or already so); 1 when the node
     refuses; 2 when the command line is wrong; 3 when no node runs on WHERE
     (or answers at --url).
     """
@@ -41,17 +45,24 @@ def _options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = node_command("[WHERE]", 0, token_name="controller")(f)  # noqa: S106 -- a name
     f = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")(f)
     return click.option(
-        "--reason", metavar="TEXT", help="Why, recorded in the chain (at most 500 characters)."
+        "--reason",
+        type=REASON,
+        metavar="TEXT",
+        help="Why, recorded in the chain: one line, at most 500 characters.",
     )(f)
 
 
 def _run(target: Target, verb: str, reason: str | None, as_json: bool) -> None:
     with connected(target, {"reason": "--reason"}) as client:
         answer: CordonAnswer = client.cordon(verb, reason)
+        kept = None if answer.recorded or as_json else client.node().cordon_reason
     if as_json:
         echo_json(msgspec.to_builtins(answer))
         return
     click.echo(_SAID.get(answer.cordon, answer.cordon))
+    if not answer.recorded and answer.cordon != "none":
+        because = f", because: {kept}" if kept else " (no reason recorded)"
+        click.echo(f"already {answer.cordon}{because}; nothing recorded, the reason is unchanged")
     for iid in answer.stopped:
         click.echo(f"stopped {iid}")
 

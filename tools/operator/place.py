@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
@@ -23,6 +23,9 @@ from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json, fail
 from ..clikit.schemas import place_record
 from .target import Target, api_failure, connected, node_command
+
+if TYPE_CHECKING:  # only an annotation: the wire types load with the client
+    from ..api.wire import PlaceAnswer
 
 __all__ = ["place"]
 
@@ -119,7 +122,8 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     evicting as a request would, and stays on demand (released when idle).
 
     Prints the outcome (applied, unchanged: the same spec again, or ignored: a
-    stale generation), the instance id and its last event's seq and hash (--json: all).
+    stale generation), the instance id and its last event's seq and hash, and
+    each instance evicted to make room for its start (--json: all; "evicted").
 
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node.
@@ -149,11 +153,18 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     if as_json:
         echo_json(place_record(answer))
         return
+    _say_placed(answer)
+
+
+def _say_placed(answer: PlaceAnswer) -> None:
+    """The outcome's line, then one line per instance its start evicted (as `start`'s)."""
     v = answer.instance
     click.echo(
         f"{answer.instance_id}: {answer.outcome} (generation {answer.generation}); "
         f"{v.lifecycle} (wanted {v.desired}); seq {answer.seq} hash {answer.hash}"
     )
+    for victim in answer.evicted:
+        click.echo(f"evicted {victim} to make room for it (it rests until a demand or start)")
 
 
 def _env_pair(item: str) -> tuple[str, str]:

@@ -169,7 +169,7 @@ def _print_table_and_details(
 ) -> None:
     records = [from_view(v) for v in views]
     _print_table([row(r) for r in records])
-    for line in [*residency_lines(records), *cordon_lines(info), *witness_lines(info)]:
+    for line in [*residency_lines(records), *cordon_lines(info.cordon), *witness_lines(info)]:
         click.echo(line)
     if instance:
         _print_details(views[0])
@@ -217,11 +217,12 @@ def _use_of(r: InstanceRecord, now_ns: int) -> str:
     return f"idle for {age((now_ns - since) / 1e9)}" if r.busy is not None else "running"
 
 
-def cordon_lines(info: NodeInfo) -> list[str]:
-    """``node: cordoned ...`` or ``node: drained ...`` ([] while it takes placements)."""
-    if info.cordon == "cordoned":
+def cordon_lines(cordon: str) -> list[str]:
+    """``node: cordoned ...`` or ``node: drained ...`` ([] while it takes placements):
+    the node's cordon as it answers it, or as replayed from its chain."""
+    if cordon == "cordoned":
         return ["node: cordoned: no new placements (`infervisor uncordon` ends it)"]
-    if info.cordon == "drained":
+    if cordon == "drained":
         return [
             "node: drained: no new placements, its controllers' instances stay stopped "
             "(`infervisor uncordon` ends it)"
@@ -339,7 +340,7 @@ def _status_from_chain(
     if unverified:
         print_marker(db, read)
     _print_table([row(r) for r in records])
-    for line in residency_lines(records):
+    for line in [*residency_lines(records), *cordon_lines(str(state.cordon))]:
         click.echo(line)
 
 

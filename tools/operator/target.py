@@ -25,9 +25,10 @@ from infervisor.replay.views import InstanceView
 from ..api.client import DEFAULT_TIMEOUT_S, ApiClient
 from ..api.errors import ApiError, NoAnswer, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
 from ..clikit.command import SECONDS
-from ..clikit.failure import fail
+from ..clikit.failure import Failure, fail
 from ..clikit.names import resolve
 from ..clikit.tokens import token_of
+from ..clikit.urls import checked_url
 from ..node.where import where
 
 __all__ = [
@@ -97,19 +98,17 @@ def _target(args: tuple[str, ...], url: str | None, token: str | None, most: int
     """WHERE and the rest of ARGS. With --url there is no WHERE; INFERVISOR_URL is
     used when no WHERE is given (a first argument naming a path, or one argument
     more than the command takes, is WHERE)."""
+    name = "--url"
     if url is None and (env := os.environ.get("INFERVISOR_URL", "").strip()):
         names_a_path = bool(args) and Path(args[0]).exists()
         if len(args) <= most and not names_a_path:
-            url = env
+            url, name = env, "INFERVISOR_URL"
     if url is not None:
-        if not url.startswith(("http://", "https://")):
-            fail(
-                f"--url {url!r} is not an http:// or https:// URL "
-                "(e.g. http://127.0.0.1:8765, the node's [api] tcp)",
-                "bad_value",
-                "--url",
-            )
-        target = Target(None, url.rstrip("/"), token)
+        try:
+            url = checked_url(url, name)
+        except Failure as e:
+            fail(str(e), e.code, e.field)
+        target = Target(None, url, token)
         target.rest = args
     else:
         if not args:

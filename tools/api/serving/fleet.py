@@ -117,4 +117,6 @@ def _reason(data: CordonRequest | None) -> str | None:
 def _answer(verb: VerbCall, asked: rule.CordonObservation) -> CordonAnswer:
     done: CordonOutcome = verb.node.cordon_verb(asked, by=verb.source("operator"))
     seq, digest = last_of(verb.api.chain_path)
-    return CordonAnswer(cordon=done.cordon.value, stopped=done.stopped, seq=seq, hash=digest)
+    return CordonAnswer(
+        cordon=done.cordon.value, stopped=done.stopped, seq=seq, hash=digest, recorded=done.recorded
+    )

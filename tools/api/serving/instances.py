@@ -94,6 +94,7 @@ class InstanceController(Controller):
         )
         iid = placed.instance_id
         started, refused = False, None
+        before, _ = last_of(verb.api.chain_path)
         # Also when unchanged: a retry of a placement whose start was cut off starts it
         # (a start of a running instance records nothing).
         if data.start and placed.outcome.value != "ignored":
@@ -112,6 +113,7 @@ class InstanceController(Controller):
             hash=got.hash,
             started=started,
             start_error=refused,
+            evicted=evicted_for(verb.api.chain_path, iid, before) if started else [],
         )
 
     @post("/{instance_id:str}/start", operation_id="startInstance", **_VERB)

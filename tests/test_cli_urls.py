@@ -1,0 +1,72 @@
+"""A malformed node URL is a usage error naming where it came from, never a traceback.
+
+``--url``, INFERVISOR_URL and ``chain pull URL`` are checked once where the command
+reads them (tools/clikit/urls.py): http or https, a host, a port 1-65535. Before,
+``http://[::1`` and ``http://[::1]:abc`` ended in httpx's ``InvalidURL`` traceback
+(exit 1), and port 99999 read as "nothing answers" (exit 3).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import cli_here
+
+BAD_URLS = [
+    "http://[::1",
+    "http://[::1]:abc",
+    "http://127.0.0.1:99999",
+    "http://127.0.0.1:0",
+    "http://:8765",
+    "ftp://127.0.0.1:8765",
+    "127.0.0.1:8765",
+    "http://127.0.0.1:8765/a b",
+]
+
+VERBS = [
+    ["status"],
+    ["start", "chat"],
+    ["stop", "chat"],
+    ["logs", "chat"],
+    ["health"],
+]
+
+
+def refused_naming(args: list[object], name: str, env: dict[str, str] | None = None) -> None:
+    """Exit 2, never a traceback; the message (and --json's error, where the verb has
+    --json) names ``name`` and what is allowed."""
+    as_json = args[0] != "logs"  # logs streams text only
+    result = cli_here(*args, *(["--json"] if as_json else []), env=env)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, (args, result.stdout, result.stderr)
+    assert name in result.stderr
+    assert "port 1-65535" in result.stderr, result.stderr
+    if as_json:
+        error = json.loads(result.stdout)["error"]
+        assert (error["code"], error["field"]) == ("bad_value", name), (args, error)
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_each_verb_refuses_a_malformed_url_naming_url(url: str) -> None:
+    for verb in VERBS:
+        refused_naming([*verb, "--url", url], "--url")
+
+
+@pytest.mark.parametrize("url", BAD_URLS[:3])
+def test_a_malformed_infervisor_url_is_named_as_the_variable(url: str) -> None:
+    refused_naming(["status"], "INFERVISOR_URL", env={"INFERVISOR_URL": url})
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_chain_pull_refuses_a_malformed_url_naming_url(url: str, tmp_path: Path) -> None:
+    refused_naming(["chain", "pull", url, tmp_path / "mirror"], "URL")
+    assert not (tmp_path / "mirror").exists()
+
+
+def test_a_well_formed_url_still_reaches_the_node() -> None:
+    """An IPv6 literal with a port in range passes the check: nothing answers (exit 3)."""
+    result = cli_here("status", "--url", "http://[::1]:9", "--timeout", "2", "--json")
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 3, result.stdout + result.stderr
