@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import re
 import signal
+import sqlite3
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,12 @@ def bounce(member: Member) -> None:
         (view,) = client.list()
         client.stop(view.instance_id, grace_s=2.0)
         client.start(view.instance_id)
+
+
+def _failures(store: Path) -> list[tuple[str, str, str]]:
+    """The verification failures the fleet recorded: (node, what, detail)."""
+    with closing(sqlite3.connect(store)) as db:
+        return list(db.execute("SELECT node, what, detail FROM failures"))
 
 
 def test_no_gap_no_repeat_across_kills(tmp_path: Path, fake_llama: str, tiny_gguf: Path) -> None:
@@ -114,7 +121,8 @@ def test_no_gap_no_repeat_across_kills(tmp_path: Path, fake_llama: str, tiny_ggu
         samples = wait_until(metrics_settled, DEADLINE_S, "the metrics settle")
         for m in members:
             label = f'{{node="{m.name}"}}'
-            assert samples[f"infervisor_fleet_node_verification_failures_total{label}"] == 0.0
+            failed = samples[f"infervisor_fleet_node_verification_failures_total{label}"]
+            assert failed == 0.0, _failures(store)
 
         # fleet status --json agrees with each node's own GET /v1/instances
         def agree() -> bool:
