@@ -22,6 +22,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
+from infervisor.adapters.probe_engine import Later  # one timer of a slot: cancellable
+
 __all__ = ["Cancellable", "TimerWheel", "Timers"]
 
 
@@ -35,19 +37,6 @@ class Timers(Protocol):
     def monotonic(self) -> float: ...
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> Cancellable: ...
-
-
-class _Entry:
-    """One timer of a slot; :meth:`cancel` keeps it from running (any thread)."""
-
-    __slots__ = ("cancelled", "fn")
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.fn = fn
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 class TimerWheel:
@@ -64,7 +53,7 @@ class TimerWheel:
         #: How early a timer may fire, seconds (half a slot, and a hair for the clock).
         self.early_s = slot_s / 2 + 0.001
         self._lock = threading.Lock()
-        self._slots: dict[int, list[_Entry]] = {}
+        self._slots: dict[int, list[Later]] = {}
 
     def monotonic(self) -> float:
         """The clock beneath's monotonic time, seconds."""
@@ -77,7 +66,7 @@ class TimerWheel:
             return self._timers.call_later(0.0, fn)
         now = self._timers.monotonic()
         slot = round((now + max(delay, 0.0)) / self._slot_s)
-        entry = _Entry(fn)
+        entry = Later(fn)
         with self._lock:
             entries = self._slots.get(slot)
             if entries is not None:

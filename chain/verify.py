@@ -324,19 +324,8 @@ def verified(row: Row) -> Verified:
 
 def stored_of(row: Verified, node: str) -> StoredEvent:
     """The `StoredEvent` of a `Verified` row of the chain of `node`."""
-    seq, ts_ns, source, kind, subject, payload, payload_hash, prev_hash, digest = row
-    return StoredEvent(
-        seq=seq,
-        ts_ns=ts_ns,
-        node=node,
-        source=source,
-        kind=kind,
-        subject=subject,
-        payload=payload,
-        payload_hash=payload_hash,
-        prev_hash=prev_hash,
-        hash=digest,
-    )
+    seq, ts_ns, *rest = row
+    return schema.to_event((seq, ts_ns, node, *rest))
 
 
 def stored_event(row: Row, node: str | None = None) -> StoredEvent:

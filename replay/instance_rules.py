@@ -62,7 +62,7 @@ def advance(  # noqa: PLR0917 - the stored event's fields, as the folder holds t
         ReplayError: unknown instance, a second placement, or an illegal transition.
     """
     if work is None or type(event) is _PLACED:
-        return _first(work, event, seq, ts_ns, kind, subject)
+        return _first(work is not None, event, seq, ts_ns, kind, subject)
     if seq <= work.last_seq:
         raise ReplayError(f"seq {seq} is not after {work.last_seq} for {work.instance_id}")
     kind_of = type(event)
@@ -93,17 +93,18 @@ def advance(  # noqa: PLR0917 - the stored event's fields, as the folder holds t
 
 
 def _first(  # noqa: PLR0917 - as `advance`
-    work: InstanceFields | None,
+    placed: bool,
     event: ev.InstanceEvent,
     seq: int,
     ts_ns: int,
     kind: str,
     subject: str,
 ) -> InstanceFields:
-    """`advance` of a placement, or of any event for an instance not placed (refused)."""
+    """`advance` of a placement, or of any event for an instance not placed (refused);
+    ``placed``: whether the instance has a record already (a second placement)."""
     if type(event) is not _PLACED:
         raise ReplayError(f"seq {seq}: {kind} for unknown instance {subject}")
-    if work is not None:
+    if placed:
         raise ReplayError(f"seq {seq}: {subject} is already placed")
     return _placed(subject, seq, ts_ns, event)
 

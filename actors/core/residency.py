@@ -110,13 +110,9 @@ def demand(d: Draft, v: o.DemandVerb) -> None:
     inst = d.inst
     if _on_its_way(inst):
         return
-    refused = None if demand_pending(inst) else _not_for_a_request(inst)
+    refused = _refused(inst, by_request=not demand_pending(inst))
     if refused is not None:
         d.refuse(*refused)
-        return
-    held = _held_back(inst)
-    if held is not None:
-        d.refuse(RefusalKind.INVALID_STATE, held)
         return
     # recorded with its start (a use), or answered "no room" for the node to plan
     try_start(d, v.by, verb=True, demand=True, request=v.request, model=v.model)
@@ -132,13 +128,9 @@ def room_planned(d: Draft, r: o.RoomPlanned) -> None:
     inst = d.inst
     if _on_its_way(inst) or inst.lifecycle not in STARTABLE or demand_pending(inst):
         return
-    refused = None if r.verb else _not_for_a_request(inst)
+    refused = _refused(inst, by_request=not r.verb)
     if refused is not None:
         d.refuse(*refused)
-        return
-    held = _held_back(inst)
-    if held is not None:
-        d.refuse(RefusalKind.INVALID_STATE, held)
         return
     d.emit(rev.ResidencyDemanded(request=r.request, model=r.model, by=r.by))
 
@@ -167,6 +159,17 @@ def start_again(d: Draft, s: o.StartAgain) -> None:
         attempt = scheduled_attempt(inst, d.rules.supervision.restart)
     by = (inst.then_by or s.by) if restarting else s.by
     try_start(d, by, attempt=attempt, demand=not s.record, planned=s.record)
+
+
+def _refused(inst: InstanceState, *, by_request: bool) -> tuple[RefusalKind, str] | None:
+    """Why a start asked for the instance is refused now (None: it may go on): a
+    request's when it must not start it (:func:`_not_for_a_request`), and any
+    while the start itself would be held back (:func:`_held_back`)."""
+    refused = _not_for_a_request(inst) if by_request else None
+    if refused is not None:
+        return refused
+    held = _held_back(inst)
+    return None if held is None else (RefusalKind.INVALID_STATE, held)
 
 
 def _not_for_a_request(inst: InstanceState) -> tuple[RefusalKind, str] | None:
