@@ -189,7 +189,10 @@ def test_every_observation_waits_in_order_and_the_exit_is_told_true(
     retries_until(manual_clock, lambda: count(r.node, r.iid, "restart_scheduled"), "the exit")
     wait_until(lambda: r.node.append_status().writable, 20, "the chain writable again")
     after = history(r.node, r.iid)[before:]
-    assert [s.kind.removeprefix("instance.") for s in after] == ["exited", "restart_scheduled"]
+    # The restart itself may follow already: retries_until may advance the clock to
+    # its backoff in the moment between the scheduling's decision and its row.
+    kinds = [s.kind.removeprefix("instance.") for s in after]
+    assert kinds[:2] == ["exited", "restart_scheduled"] and kinds[2:] in ([], ["starting"]), kinds
     exited = after[0].event
     assert (exited.pid, exited.signal, exited.exit_code) == (pid, 9, None)
     assert exited.reason == "killed by a signal infervisor did not send: signal 9 (SIGKILL)"
