@@ -132,6 +132,27 @@ def end(child: subprocess.Popen[bytes], node: Node | None, db: Path) -> None:
                 os.killpg(r[4]["pgid"], signal.SIGKILL)
 
 
+def kill_the_node_only(child: subprocess.Popen[bytes], db: Path, a: str) -> tuple[int, int]:
+    """SIGKILL the node mid-eviction of ``a``, whose server lives on under its shim:
+    (the victim's pid, the chain's head seq at the kill)."""
+    victim = rows_of(db, "instance.spawned", a)[-1][4]["pid"]
+    os.killpg(child.pid, signal.SIGKILL)  # the node only: its servers live on under their shims
+    child.wait(timeout=30)
+    assert alive(victim), "the victim died with the node"
+    return victim, chain_rows(db)[-1][0]
+
+
+def booted(node: Node, db: Path, ids: tuple[str, str, str], victim: int, head: int) -> list[Any]:
+    """Once the node opened again has c running and a resting (a's server gone, b
+    still running): the chain's rows recorded after ``head``."""
+    a, b, c = ids
+    wait_until(lambda: node.status(c).lifecycle == "running", 60, "c running after boot")
+    wait_until(lambda: node.status(a).lifecycle == "resting", 30, "a resting")
+    assert not alive(victim)
+    assert node.status(b).lifecycle == "running"
+    return [r for r in chain_rows(db) if r[0] > head]
+
+
 @pytest.mark.parametrize("asker", ["request", "operator"])
 def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, asker: str) -> None:
     """``operator``: the third instance was stopped by an operator, and its start
@@ -151,18 +172,9 @@ def test_a_node_killed_mid_eviction_decides_the_same_after_boot(tmp_path: Path, 
         assert demanded[4]["request"] == ("verb" if asker == "operator" else f"req-{c[:6]}")
         assert not rows_of(db, "instance.exited", a)
         assert not rows_of(db, "instance.starting", c)
-        victim = rows_of(db, "instance.spawned", a)[-1][4]["pid"]
-        os.killpg(child.pid, signal.SIGKILL)  # the node only: its servers live on under their shims
-        child.wait(timeout=30)
-        assert alive(victim), "the victim died with the node"
-        head = chain_rows(db)[-1][0]
-
+        victim, head = kill_the_node_only(child, db, a)
         node = Node.open(settings)
-        wait_until(lambda: node.status(c).lifecycle == "running", 60, "c running after boot")
-        wait_until(lambda: node.status(a).lifecycle == "resting", 30, "a resting")
-        assert not alive(victim)
-        assert node.status(b).lifecycle == "running"
-        after = [r for r in chain_rows(db) if r[0] > head]
+        after = booted(node, db, (a, b, c), victim, head)
         # nothing ran twice: one eviction, one stop of a; one demand, one start of c; b reattached
         assert len(rows_of(db, "residency.evicted", a)) == 1
         assert len(rows_of(db, "instance.stop_requested", a)) == 1
@@ -246,18 +258,9 @@ def test_a_node_killed_between_a_restarts_eviction_and_the_restart_decides_the_s
         assert evicted[4]["cause"] == "its restart after an exit (attempt 1)"
         assert len(rows_of(db, "instance.starting", c)) == 1  # its first start only
         assert not rows_of(db, "instance.exited", a)
-        victim = rows_of(db, "instance.spawned", a)[-1][4]["pid"]
-        os.killpg(child.pid, signal.SIGKILL)  # the node only: its servers live on
-        child.wait(timeout=30)
-        assert alive(victim), "the victim died with the node"
-        head = chain_rows(db)[-1][0]
-
+        victim, head = kill_the_node_only(child, db, a)
         node = Node.open(settings)
-        wait_until(lambda: node.status(c).lifecycle == "running", 60, "c running after boot")
-        wait_until(lambda: node.status(a).lifecycle == "resting", 30, "a resting")
-        assert not alive(victim)
-        assert node.status(b).lifecycle == "running"
-        after = [r for r in chain_rows(db) if r[0] > head]
+        after = booted(node, db, (a, b, c), victim, head)
         assert len(rows_of(db, "residency.evicted", a)) == 1
         assert len(rows_of(db, "instance.stop_requested", a)) == 1
         assert len(rows_of(db, "residency.demanded", c)) == 1  # its first start's, no more

@@ -15,6 +15,7 @@ import contextlib
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -401,16 +402,15 @@ def test_a_restart_of_a_resting_instance_makes_room_as_a_start_does(
     assert [p["request"] for k, s, p in rows if k == "residency.demanded" and s == c] == ["verb"]
 
 
-def test_start_names_the_instances_it_evicted(
+@contextlib.contextmanager
+def served_one_of_two(
     nodes: NodeFactory, fake_llama: str, models: Path
-) -> None:
-    """Stop 32's trial: `infervisor start` said nothing of the instance it evicted to
-    make room, and its --json had no field for it: both name it now (``evicted``,
-    also in the API's answer), and a start that evicts nothing has ``evicted: []``."""
-    from infervisor.tools.api.client import ApiClient
+) -> Iterator[tuple[Node, Path]]:
+    """A node whose budget holds one of m1 and m2, its models adopted and its control
+    API served on its socket in this process: (the node, its data directory)."""
     from infervisor.tools.api.serving.server import ApiServer
 
-    budget = needs(models, "m1") + needs(models, "m2") // 2  # room for one of the two
+    budget = needs(models, "m1") + needs(models, "m2") // 2
     settings = nodes.settings(
         fake_llama, models, memory_budget_bytes=budget, reserve_overhead_bytes=OVERHEAD
     )
@@ -422,6 +422,22 @@ def test_start_names_the_instances_it_evicted(
         for name in SIZES:
             node.registry.adopt(name, models / f"{name}.gguf")
         server.serve(node)
+        yield node, data
+        server.stopping()
+        node.shutdown()
+    finally:
+        server.close()
+
+
+def test_start_names_the_instances_it_evicted(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    """Stop 32's trial: `infervisor start` said nothing of the instance it evicted to
+    make room, and its --json had no field for it: both name it now (``evicted``,
+    also in the API's answer), and a start that evicts nothing has ``evicted: []``."""
+    from infervisor.tools.api.client import ApiClient
+
+    with served_one_of_two(nodes, fake_llama, models) as (node, data):
         ports = free_ports(2)
         a, b = node.place(spec("a", "m1", ports[0])), node.place(spec("b", "m2", ports[1]))
         first = cli_here("start", data, a, "--json", "--wait")  # running: idle, evictable
@@ -437,10 +453,6 @@ def test_start_names_the_instances_it_evicted(
         with ApiClient(data_dir=data, timeout_s=60) as client:
             node.wait_for(a, lambda v: v.lifecycle == "running", 60)
             assert client.start(b).evicted == [a]
-        server.stopping()
-        node.shutdown()
-    finally:
-        server.close()
 
 
 def test_place_start_names_the_instances_it_evicted(
@@ -448,20 +460,7 @@ def test_place_start_names_the_instances_it_evicted(
 ) -> None:
     """`place --start` said nothing of what its start evicted (`start` did): its --json
     has ``evicted`` (also the API's placement answer) and its text one line each."""
-    from infervisor.tools.api.serving.server import ApiServer
-
-    budget = needs(models, "m1") + needs(models, "m2") // 2  # room for one of them
-    settings = nodes.settings(
-        fake_llama, models, memory_budget_bytes=budget, reserve_overhead_bytes=OVERHEAD
-    )
-    data = Path(settings.data_dir)
-    data.mkdir(parents=True, exist_ok=True)
-    server = ApiServer.listen(data, settings.chain_path, settings.node_id)
-    try:
-        node = nodes.open(settings)
-        for name in SIZES:
-            node.registry.adopt(name, models / f"{name}.gguf")
-        server.serve(node)
+    with served_one_of_two(nodes, fake_llama, models) as (node, data):
         ports = free_ports(3)
 
         def place(role: str, model: str, port: int, *extra: str) -> Any:
@@ -480,7 +479,3 @@ def test_place_start_names_the_instances_it_evicted(
         node.wait_for(b, lambda v: v.lifecycle == "running", 60)
         text = place("c", "m3", ports[2]).splitlines()
         assert f"evicted {b} to make room for it" in text[1], text
-        server.stopping()
-        node.shutdown()
-    finally:
-        server.close()
