@@ -415,3 +415,17 @@ def managed_fakes_running(
 
     wait_until(all_running, timeout, f"{count} instances running")
     return iids
+
+
+def probe_record(script: str, *args: str, cwd: Path) -> Any:
+    """Run ``python -c script ARGS`` in a fresh process in ``cwd``: the JSON object
+    its last line on stderr holds (what a probe script reports of the process)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return json.loads(done.stderr.strip().splitlines()[-1])

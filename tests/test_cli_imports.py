@@ -10,12 +10,10 @@ client.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import probe_record
 
 from infervisor.chain import SqliteChain
 
@@ -57,15 +55,7 @@ _FORBIDDEN = ("litestar", "infervisor.actors", "infervisor.adapters.ollama", "uv
 
 def _modules(*args: str, cwd: Path) -> tuple[object, list[str]]:
     """The exit code and the modules loaded by ``infervisor ARGS`` run in a fresh process."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    record = json.loads(done.stderr.strip().splitlines()[-1])
+    record = probe_record(_PROBE, *args, cwd=cwd)
     return record["code"], record["modules"]
 
 

@@ -10,12 +10,11 @@ program's collector alone.
 from __future__ import annotations
 
 import gc
-import json
 import subprocess
 import sys
 from pathlib import Path
 
-from support import cli_here
+from support import cli_here, probe_record
 
 #: Runs ``infervisor ARGS`` as the console script does, then prints the collector's
 #: state as the command left it (stderr's last line).
@@ -32,15 +31,7 @@ print(json.dumps({"code": code, "enabled": gc.isenabled(),
 
 
 def _collector_after(*args: str, cwd: Path) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    record: dict[str, object] = json.loads(done.stderr.strip().splitlines()[-1])
+    record: dict[str, object] = probe_record(_PROBE, *args, cwd=cwd)
     return record
 
 
