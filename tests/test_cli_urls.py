@@ -23,6 +23,7 @@ BAD_URLS = [
     "ftp://127.0.0.1:8765",
     "127.0.0.1:8765",
     "http://127.0.0.1:8765/a b",
+    "http://\udcff:1",  # a byte argv could not decode (httpx raised InvalidURL on it)
 ]
 
 VERBS = [

@@ -297,3 +297,21 @@ def test_a_new_reason_is_recorded_and_a_drain_keeps_its_own(
         assert client.node().cordon_reason == "rack 9"
     replayed = json.loads(cli_here("status", data, "--node", "--json").stdout)  # no node runs
     assert (replayed["cordon"], replayed["cordon_reason"]) == ("drained", "rack 9")
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["a\udcffb", "", "   ", "L1\u2028L2", "a\u202eb"],
+    ids=["undecodable-byte", "empty", "blank", "line-separator", "bidi-override"],
+)
+def test_a_reason_that_is_empty_undecodable_or_splits_its_line_is_a_usage_error(
+    reason: str, tmp_path: Path
+) -> None:
+    """A byte argv could not decode ended in a traceback (UnicodeEncodeError) and an
+    empty reason replaced the one in force: each is refused before any node is asked."""
+    for verb in ("cordon", "drain", "uncordon"):
+        done = cli_here(verb, tmp_path, "--reason", reason, "--json")
+        assert done.returncode == 2, done
+        assert "Traceback" not in done.stderr, done.stderr
+        error = json.loads(done.stdout)["error"]
+        assert (error["code"], error["field"]) == ("bad_value", "--reason"), error

@@ -161,6 +161,11 @@ class FiniteRange(click.FloatRange):
         return number
 
 
+#: What splits a line where it is shown (U+2028, U+2029) or turns the text around
+#: it (the bidirectional embeddings, overrides and isolates).
+_SPLITS_OR_TURNS = frozenset("\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 class OneLine(click.ParamType[str]):
     """Free text for the chain (a cordon's --reason): no newline or other control
     character (it would split a line of ``events`` or ``status --node``), at most
@@ -173,8 +178,14 @@ class OneLine(click.ParamType[str]):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         text = str(value)
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in text):  # bytes argv could not decode
+            self.fail("not valid UTF-8 text", param, ctx)
         if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text):
             self.fail("a control character (a newline, a tab, ...) is not allowed", param, ctx)
+        if any(c in _SPLITS_OR_TURNS for c in text):
+            self.fail("a line separator or a bidirectional override is not allowed", param, ctx)
+        if not text.strip():
+            self.fail("empty: give the reason, or leave the option out", param, ctx)
         if len(text) > self.max_len:
             self.fail(f"{len(text)} characters: at most {self.max_len} allowed", param, ctx)
         return text

@@ -30,6 +30,10 @@ def checked_url(url: str, name: str) -> str:
     def refuse(why: str) -> Failure:
         return Failure(f"{name} {url!r}: {why}; allowed: {URL_ALLOWED}", "bad_value", name)
 
+    if any(
+        0xD800 <= ord(c) <= 0xDFFF for c in url
+    ):  # bytes argv or the environment could not decode
+        raise refuse("not valid UTF-8")
     try:
         parts = urllib.parse.urlsplit(url.strip())
         port = parts.port
