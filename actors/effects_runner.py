@@ -115,15 +115,24 @@ class EffectRunner:
         return verify_weights(adapter, ModelRegistry(self.actor.ctx.settings.registry_path))
 
     def _reserve_memory(self) -> tuple[str | None, int]:
-        """Reserve the model's memory: (why it does not fit, or None; the bytes held).
-        An Ollama model's size is the one Ollama reports, else the registry's."""
-        adapter = self.actor.adapter
-        reported = adapter.reported_size() if isinstance(adapter, OllamaServer) else None
+        """Reserve the model's memory (:meth:`start_bytes`): (why it does not fit,
+        or None; the bytes held)."""
         try:
-            size = admission.start_memory_bytes(adapter.model_bytes, reported)
-            return None, self.actor.memory.reserve(size)
+            return None, self.actor.memory.reserve(self.start_bytes())
         except BudgetExceeded as err:
             return str(err), 0
+
+    def start_bytes(self) -> int:
+        """The model's size a start reserves, bytes (the ledger adds its overhead):
+        an Ollama model's is the one Ollama reports now (``/api/tags``), else the
+        registry's; read for the start's memory check and for the node's room plan
+        of it (actors/node_residency.py), so both weigh the same size.
+
+        Blocking: asks Ollama, up to the probe timeout; run it on this instance's
+        own thread. Never raises (Ollama not answering: the registry's size)."""
+        adapter = self.actor.adapter
+        reported = adapter.reported_size() if isinstance(adapter, OllamaServer) else None
+        return admission.start_memory_bytes(adapter.model_bytes, reported)
 
     def ask_room(self, e: fx.AskRoom) -> None:
         """Ask the node to make room for a start it decided itself (never blocks)."""

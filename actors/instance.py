@@ -203,9 +203,9 @@ class InstanceActor(pykka.ThreadingActor):
             case o.RoomRefused() | o.RoomPlanned() | o.StartAgain():
                 self._decide_verb(message)
                 return self.view()
-            case m.ResidencyFacts():
-                serving = self.tracking.serving
-                return holder(self.state, self.rules, serving, self.adapter.model_bytes)
+            case m.ResidencyFacts(sizing=sizing):
+                size = self.effects.start_bytes() if sizing else self.adapter.model_bytes
+                return holder(self.state, self.rules, self.tracking.serving, size)
         return None
 
     def _observe(self, message: Any) -> None:

@@ -104,7 +104,12 @@ class DeepHealth(_Msg, frozen=True):
 
 
 class ResidencyFacts(_Msg, frozen=True):
-    """Answer what an eviction weighs of the instance (``core.residency.Holder``)."""
+    """Answer what an eviction weighs of the instance (``core.room.Holder``).
+    ``sizing``: its ``needs_bytes`` are what a start of it would reserve now (an
+    Ollama model's size read from Ollama, blocking the actor up to the probe
+    timeout), for the room plan of its start; else the registry's size."""
+
+    sizing: bool = False
 
 
 class AwaitReady(_Msg, frozen=True):

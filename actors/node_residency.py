@@ -260,12 +260,15 @@ class NodeResidency:
             NotResident: ``no_room`` (recorded as ``residency.refused``), or
                 ``stopped`` (a request's, stopped meanwhile).
         """
+        # What the start needs, read once by its actor as its start reads it (an
+        # Ollama model's size from Ollama), outside the lock: an HTTP read.
+        me: rule.Holder = ask(start.ref, m.ResidencyFacts(sizing=True))
         plans = 0
         while plans < _PLANS:
             plans += 1
             self._room_changed.clear()  # a request ending from here on wakes a wait
             with self._room_lock:
-                step = self._plan_once(start)
+                step = self._plan_once(start, me)
             if isinstance(step, Future):
                 return step
             if step is _WAIT:
@@ -277,11 +280,12 @@ class NodeResidency:
             retry_after_s=5.0,
         )
 
-    def _plan_once(self, start: _Start) -> Future[Any] | object:
-        """One plan (under the room lock): the start's answer once it fits or the
-        plan cannot make room for it; :data:`_WAIT` when only busy instances
-        could make room and the deadline has not passed; :data:`_AGAIN` when it
-        should plan again (a victim turned busy, or memory was on its way back).
+    def _plan_once(self, start: _Start, me: rule.Holder) -> Future[Any] | object:
+        """One plan (under the room lock) for ``me`` (the starting instance's facts,
+        its ``needs_bytes`` sized as its start reserves): the start's answer once
+        it fits or the plan cannot make room for it; :data:`_WAIT` when only busy
+        instances could make room and the deadline has not passed; :data:`_AGAIN`
+        when it should plan again (a victim turned busy, or memory was on its way back).
 
         Raises:
             NotResident: ``no_room`` (recorded), or a refusal of the start.
@@ -293,7 +297,6 @@ class NodeResidency:
         if self.ledger() is None:  # no budget: nothing to plan (cannot refuse on memory)
             raise NotResident(f"{iid}: no room, and no memory budget to plan", code="no_room")
         ledger, holders = self._holders()
-        me: rule.Holder = holders.get(iid) or ask(ref, m.ResidencyFacts())
         releasing = [h.instance_id for h in holders.values() if h.releasing]
         if releasing:
             self._await_released(releasing)  # memory on its way back: count it first

@@ -47,9 +47,9 @@ def started(ref: pykka.ActorRef[Any], asked: Any) -> Future[Any] | None:
 
 def own_refusal(ref: pykka.ActorRef[Any], asked: Any) -> Future[Any]:
     """The start asked once more, where the room planner sees room that the start
-    does not find: the instance alone knows its size (an Ollama model's, read from
-    its tags as it starts), so no eviction can be planned for it. Its answer if it
-    fits now, else its own refusal, with its numbers.
+    does not find: its size changed between the plan's read and the start's (an
+    Ollama model pulled again meanwhile), so no eviction was planned for it. Its
+    answer if it fits now, else its own refusal, with its numbers.
 
     Raises:
         BudgetExceeded: a verb's (the API's 422 ``no_room``).

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["RunningModel", "byte_count", "running_models", "same_model"]
+__all__ = ["MAX_BYTES", "RunningModel", "byte_count", "running_models", "same_model"]
 
 
 def same_model(a: str, b: str) -> bool:
@@ -64,10 +64,18 @@ def running_models(doc: Any) -> list[RunningModel] | None:
     return found
 
 
+#: The largest size taken from Ollama, bytes (8 PiB, more than any node's memory):
+#: a larger one is taken as this, so it fits no budget and still fits the chain's
+#: signed 64-bit integers once a reservation's overhead is added.
+MAX_BYTES = 2**53 - 1
+
+
 def byte_count(value: Any) -> int:
     """A size as Ollama gives it (``size``, ``size_vram``): a positive JSON
-    integer, bytes; 0 for anything else (absent, zero, negative, not a number)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    integer, bytes, at most :data:`MAX_BYTES`; 0 for anything else (absent,
+    zero, negative, not a number)."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    return min(value, MAX_BYTES) if whole and value > 0 else 0
 
 
 _FAR = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)  # beyond: "forever"

@@ -149,7 +149,8 @@ def test_a_reservation_from_tags_that_does_not_fit_is_refused(
     node = open_node(nodes, fake_llama, fake_model, memory_budget_bytes=10_000)
     srv = server(TAG, model_size=20_000)
     iid = node.place(managed(srv.port))
-    with pytest.raises(Exception, match=r"20000 model \+ 4096 overhead\): does not fit"):
+    # planned from the size /api/tags reports, as a llama.cpp start's is (issue 21)
+    with pytest.raises(Exception, match=r"needs 24096 bytes beside 0 in use of the budget 10000"):
         node.start(iid)
     assert reservations(node) == {}
 
