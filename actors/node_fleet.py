@@ -34,6 +34,7 @@ from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.spec import InstanceSpec, instance_id, valid_token
 from infervisor.replay import Desired, NodeState
 from infervisor.replay.callers import Role
+from infervisor.replay.cordon_reason import CordonInForce, cordon_in_force
 from infervisor.replay.state import Cordon
 from infervisor.replay.views import InstanceView
 
@@ -65,12 +66,14 @@ _PLACE_WAIT_S = 300.0
 
 
 class CordonOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """The cordon after a cordon verb, the instances it stopped, and whether it
-    recorded an event (False: the node was so already, its reason unchanged)."""
+    """The cordon after a cordon verb, the instances it stopped, whether it
+    recorded an event (False: the node was so already, its reason unchanged),
+    and the cordon event in force after it (its reason and time; None: uncordoned)."""
 
     cordon: Cordon
     stopped: builtins.list[str]
     recorded: bool = False
+    in_force: CordonInForce | None = None
 
 
 class SetOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,14 +195,29 @@ class NodeFleet:
         with self._fleet_lock:
             node_id = self.settings.node_id
             placed = [_held(v, node_id) for v in self.list()]
-            decision = rule.decide_cordon(self._cordon_now, asked, placed)
+            now = self._cordon_in_force()
+            decision = rule.decide_cordon(self._cordon_now, asked, placed, now)
             if decision.events:
                 WriterAppend(self._writer, self.clock).append(decision.events, source=by)
             self._cordon_now = decision.cordon
+            if decision.events:
+                now = self._cordon_in_force()
         stopped = self._stop_all(decision.stop, by)
+        recorded = bool(decision.events)
         return CordonOutcome(
-            cordon=decision.cordon, stopped=stopped, recorded=bool(decision.events)
+            cordon=decision.cordon, stopped=stopped, recorded=recorded, in_force=now
         )
+
+    def _cordon_in_force(self) -> CordonInForce | None:
+        """The chain's cordon event in force (None: the node is not cordoned), read
+        under the fleet lock: every cordon event is appended under it.
+
+        Raises:
+            ChainIOError: the chain cannot be read.
+        """
+        if self._cordon_now is Cordon.NONE:
+            return None
+        return cordon_in_force(self.settings.chain_path)
 
     def resume_cordon(self, state: NodeState, decision: rule.CordonDecision) -> None:
         """At boot: take the chain's cordon and stop what a drain left wanted running."""
@@ -234,15 +252,15 @@ class NodeFleet:
 
     def _refuse_new_placement(self, spec: InstanceSpec) -> None:
         """Raise :class:`Cordoned` for a placement of a new instance on a cordoned node."""
-        why = rule.placement_refusal(self._cordon_now)
-        if why is None:
+        if self._cordon_now is Cordon.NONE:
             return
         try:
             iid = instance_id(spec, self.settings.node_id)
         except Exception:  # noqa: BLE001 - the placement itself names what is wrong
             return
         if iid not in {v.instance_id for v in self.list()}:
-            raise Cordoned(why)
+            why = rule.placement_refusal(self._cordon_now, self._cordon_in_force())
+            raise Cordoned(why or f"the node is {self._cordon_now}")
 
     def _refuse_drained_start(self, iid: str) -> None:
         """Raise :class:`Cordoned` for a start of a controller's instance on a drained node."""
@@ -284,7 +302,8 @@ class NodeFleet:
             state = self.rebuild()
             placed = {iid: _existing(inst) for iid, inst in state.instances.items()}
             last = state.placement_sets.get(controller)
-            decision = sets.decide_set(asked, placed, last, self._cordon_now)
+            now = self._cordon_in_force()
+            decision = sets.decide_set(asked, placed, last, self._cordon_now, now)
             if decision.refusal is not None:
                 raise SetRefused(decision.refusal)
             return self._do_set(asked, [spec for spec, _ in items], decision, source)

@@ -26,6 +26,7 @@ from infervisor.replay import (
     kind_of,
 )
 from infervisor.replay import events as ev
+from infervisor.replay.cordon_reason import CordonInForce
 from infervisor.replay.state import Cordon
 
 C = Cordon
@@ -260,3 +261,41 @@ def test_a_held_boot_accounts_for_the_process_and_starts_nothing() -> None:
     unheld.gone(signal=15)
     unheld.feed(o.BootSeen(process=o.ProcessNone()))
     assert unheld.effect(fx.CheckStart).by == "boot"  # not held: started again
+
+
+# ---------------------------------------------------------------- the reason in force
+def in_force(reason: str | None) -> CordonInForce:
+    return CordonInForce(reason=reason, since_ns=1_796_335_805_000_000_000, seq=7)
+
+
+@pytest.mark.parametrize(
+    ("now", "asked", "reason_in_force", "kinds"),
+    [
+        (C.CORDONED, rule.CordonAsked("r"), "r", []),  # re-sent: nothing (stop 33)
+        (C.CORDONED, rule.CordonAsked("r"), "other", ["node.cordoned"]),
+        (C.CORDONED, rule.CordonAsked("r"), None, ["node.cordoned"]),
+        (C.CORDONED, rule.CordonAsked(), "r", []),
+        (C.DRAINED, rule.DrainAsked("r"), "r", []),
+        (C.DRAINED, rule.DrainAsked("r"), "other", ["node.drained"]),
+        (C.CORDONED, rule.DrainAsked("r"), "r", ["node.drained"]),  # a drain is new
+        (C.DRAINED, rule.CordonAsked("r"), "r", []),
+    ],
+)
+def test_the_reason_in_force_again_records_nothing(
+    now: Cordon, asked: rule.CordonObservation, reason_in_force: str | None, kinds: list[str]
+) -> None:
+    """A cordon (or drain) re-sent with the reason in force was recorded again, one
+    row per re-send; it records nothing now, and a drain still stops what is left."""
+    decision = rule.decide_cordon(now, asked, PLACED, in_force(reason_in_force))
+    assert [kind_of(e) for e in decision.events] == kinds
+    assert decision.cordon is (C.DRAINED if isinstance(asked, rule.DrainAsked) else now)
+    if isinstance(asked, rule.DrainAsked):
+        assert decision.stop == STOPPED
+
+
+def test_a_placement_refusal_says_since_when_and_why() -> None:
+    why = rule.placement_refusal(C.CORDONED, in_force("kernel update"))
+    assert why is not None
+    assert "cordoned since 2026-12-03T22:10:05Z, because: kernel update:" in why
+    bare = rule.placement_refusal(C.DRAINED, in_force(None))
+    assert bare is not None and "drained since 2026-12-03T22:10:05Z:" in bare

@@ -9,6 +9,7 @@ read) changing shape (the newcomer's trial of stop 31: a bare list cannot say it
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import signal
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import test_operator_cli
-from support import cli_here
+from support import chain_rows, cli_here
 from test_cli_contract import validate
 from test_operator_cli import Started, ok
 
@@ -51,7 +52,14 @@ def test_a_script_learns_the_cordon_from_the_node_and_from_its_chain(
     # the list scripts read is unchanged: instances only
     listed = json.loads(ok(cli_here("status", data, "--json")))
     assert isinstance(listed, list) and {r["role"] for r in listed} == {"chat", "embed"}
-    cordon_line = "node: cordoned: no new placements (`infervisor uncordon` ends it)"
+    since = cordoned["cordon_since_ns"]  # the cordon's event's time, from the chain
+    (at,) = [t for _, t, k, _, _ in chain_rows(data / "chain.db") if k == "node.cordoned"]
+    assert since == at
+    when = dt.datetime.fromtimestamp(at / 1e9, dt.UTC).isoformat(timespec="seconds")[:-6]
+    cordon_line = (
+        f"node: cordoned since {when}Z, because: maintenance: no new placements "
+        "(`infervisor uncordon` ends it)"
+    )
     assert cordon_line in ok(cli_here("status", data)).splitlines()
 
     assert node.run.stop(signal.SIGTERM) == 0, node.run.output()

@@ -1,7 +1,8 @@
-"""Cordon and drain, node-wide: ``decide_cordon(cordon, observation, placed) -> CordonDecision``.
+"""Cordon and drain, node-wide: ``decide_cordon(cordon, observation, placed, in_force)``.
 
 Pure, as the rest of the core: it reads the node's cordon (folded from the
-chain, ``NodeState.cordon``), one observation and what each instance is
+chain, ``NodeState.cordon``), the cordon event in force (its reason and time,
+read from the chain: replay/cordon_reason.py), one observation and what each instance is
 (:class:`Held`: who placed it, whether it is wanted running or has something
 up), and answers the cordon after, the event to append and which instances
 to stop. The node executes it (actors/node_cordon.py): it appends the event,
@@ -16,17 +17,21 @@ have.
 now            cordon                       drain                        uncordon
 =============  ===========================  ===========================  ===========================
 ``none``       ``node.cordoned``            ``node.drained``, stop       nothing
-``cordoned``   ``node.cordoned`` if reason  ``node.drained``, stop       ``node.uncordoned``
-``drained``    nothing (drain holds it)     ``node.drained`` if reason,  ``node.uncordoned``
-                                            stop what is left
+``cordoned``   ``node.cordoned`` if a new   ``node.drained``, stop       ``node.uncordoned``
+               reason
+``drained``    nothing (drain holds it)     ``node.drained`` if a new    ``node.uncordoned``
+                                            reason, stop what is left
 =============  ===========================  ===========================  ===========================
 
-A cordon of a cordoned node, or a drain of a drained one, given a reason records
-its event again: the reason in force is the last cordon event's
+A cordon of a cordoned node, or a drain of a drained one, given a new reason
+records its event again: the reason in force is the last cordon event's
 (replay/cordon_reason.py), so the new one replaces it and the cordon itself is
 unchanged (stop 32's trial: the new reason was dropped, silently). Without a
-reason nothing is recorded. A cordon of a drained node records nothing (the
-drain holds, with its reason): the answer says so (``recorded`` false).
+reason, or with the reason already in force (a controller re-sending its
+cordon), nothing is recorded (stop 33: each re-send was recorded again). A
+cordon of a drained node records nothing (the drain holds, with its reason).
+The answer says so (``recorded`` false), with the reason in force and since
+when (the time of its event).
 
 "Stop" names every instance a controller placed (``placed_by`` is not this
 node) that is wanted running or still has something up. What the operator
@@ -42,6 +47,7 @@ from typing import Any
 import msgspec
 
 from infervisor.replay import events as ev
+from infervisor.replay.cordon_reason import CordonInForce, in_force_said
 from infervisor.replay.state import Cordon
 
 __all__ = [
@@ -126,31 +132,47 @@ def _to_stop(placed: Iterable[Held]) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------- the rules
-def _cordon(cordon: Cordon, asked: CordonAsked, _: Iterable[Held]) -> CordonDecision:
-    """Cordon a node that is not: recorded; a cordoned one given a reason: recorded
-    again (its reason replaced); a drained one stays as it is."""
-    if cordon is Cordon.DRAINED or (cordon is Cordon.CORDONED and asked.reason is None):
+#: In force: the cordon event in force (None: uncordoned, or none read).
+InForce = CordonInForce | None
+
+
+def _new_reason(reason: str | None, in_force: InForce) -> bool:
+    """Whether ``reason`` would replace the one in force (None keeps it)."""
+    return reason is not None and (in_force is None or reason != in_force.reason)
+
+
+def _cordon(cordon: Cordon, asked: CordonAsked, _: Iterable[Held], now: InForce) -> CordonDecision:
+    """Cordon a node that is not: recorded; a cordoned one given a new reason:
+    recorded again (its reason replaced); the same reason, or none: nothing; a
+    drained one stays as it is."""
+    if cordon is Cordon.DRAINED or (
+        cordon is Cordon.CORDONED and not _new_reason(asked.reason, now)
+    ):
         return CordonDecision(cordon=cordon)
     return CordonDecision(cordon=Cordon.CORDONED, events=(ev.NodeCordoned(reason=asked.reason),))
 
 
-def _drain(cordon: Cordon, asked: DrainAsked, placed: Iterable[Held]) -> CordonDecision:
-    """Record the drain (unless drained already and no reason given), then stop the
-    controllers' instances."""
+def _drain(
+    cordon: Cordon, asked: DrainAsked, placed: Iterable[Held], now: InForce
+) -> CordonDecision:
+    """Record the drain (unless drained already with that reason, or given none),
+    then stop the controllers' instances."""
     events: tuple[ev.Event, ...] = ()
-    if cordon is not Cordon.DRAINED or asked.reason is not None:
+    if cordon is not Cordon.DRAINED or _new_reason(asked.reason, now):
         events = (ev.NodeDrained(reason=asked.reason),)
     return CordonDecision(cordon=Cordon.DRAINED, events=events, stop=_to_stop(placed))
 
 
-def _uncordon(cordon: Cordon, asked: UncordonAsked, _: Iterable[Held]) -> CordonDecision:
+def _uncordon(
+    cordon: Cordon, asked: UncordonAsked, _: Iterable[Held], now: InForce
+) -> CordonDecision:
     """End a cordon or a drain: recorded; nothing is started by it."""
     if cordon is Cordon.NONE:
         return CordonDecision(cordon=cordon)
     return CordonDecision(cordon=Cordon.NONE, events=(ev.NodeUncordoned(reason=asked.reason),))
 
 
-def _boot(cordon: Cordon, _: BootFound, placed: Iterable[Held]) -> CordonDecision:
+def _boot(cordon: Cordon, _: BootFound, placed: Iterable[Held], now: InForce) -> CordonDecision:
     """A drained node holds its controllers' instances at boot and stops those still
     wanted running (a drain the last node was killed in the middle of)."""
     if cordon is not Cordon.DRAINED:
@@ -161,7 +183,7 @@ def _boot(cordon: Cordon, _: BootFound, placed: Iterable[Held]) -> CordonDecisio
 
 
 #: Every observation of the cordon and the rule that decides it.
-CORDON_RULES: dict[type[Any], Callable[[Cordon, Any, Iterable[Held]], CordonDecision]] = {
+CORDON_RULES: dict[type[Any], Callable[[Cordon, Any, Iterable[Held], InForce], CordonDecision]] = {
     CordonAsked: _cordon,
     DrainAsked: _drain,
     UncordonAsked: _uncordon,
@@ -170,20 +192,30 @@ CORDON_RULES: dict[type[Any], Callable[[Cordon, Any, Iterable[Held]], CordonDeci
 
 
 def decide_cordon(
-    cordon: Cordon, observation: CordonObservation, placed: Iterable[Held]
+    cordon: Cordon,
+    observation: CordonObservation,
+    placed: Iterable[Held],
+    in_force: InForce = None,
 ) -> CordonDecision:
-    """What ``observation`` calls for on a node whose cordon is ``cordon`` (pure)."""
-    return CORDON_RULES[type(observation)](cordon, observation, placed)
+    """What ``observation`` calls for on a node whose cordon is ``cordon``, the
+    cordon event in force being ``in_force`` (pure)."""
+    return CORDON_RULES[type(observation)](cordon, observation, placed, in_force)
 
 
 # ---------------------------------------------------------------- refusals
-def placement_refusal(cordon: Cordon) -> str | None:
-    """Why a new placement is refused (None: it is taken)."""
+def _said(in_force: InForce) -> str:
+    return "" if in_force is None else in_force_said(in_force.reason, in_force.since_ns)
+
+
+def placement_refusal(cordon: Cordon, in_force: InForce = None) -> str | None:
+    """Why a new placement is refused (None: it is taken), saying since when and
+    why when the cordon event in force is given."""
     if cordon is Cordon.NONE:
         return None
     return (
-        f"the node is {cordon}: it takes no new placements (nothing recorded); "
-        "place it on another node, or uncordon this one (POST /v1/node/uncordon)"
+        f"the node is {cordon}{_said(in_force)}: it takes no new placements "
+        "(nothing recorded); place it on another node, or uncordon this one "
+        "(POST /v1/node/uncordon)"
     )
 
 

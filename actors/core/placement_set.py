@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from infervisor.replay import events as ev
+from infervisor.replay.cordon_reason import CordonInForce
 from infervisor.replay.state import Cordon
 
 from .cordon import placement_refusal
@@ -114,11 +115,13 @@ def _refused(kind: SetRefusalKind, message: str, field: str) -> SetDecision:
     return SetDecision(refusal=SetRefusal(kind, message, field))
 
 
-def _item_refusal(n: int, item: Item, have: Existing | None, cordon: Cordon) -> SetDecision | None:
+def _item_refusal(
+    n: int, item: Item, have: Existing | None, cordon: Cordon, in_force: CordonInForce | None
+) -> SetDecision | None:
     """Why item ``n`` refuses the set (None: it does not)."""
     at = f"placements[{n}]"
     if have is None:
-        why = placement_refusal(cordon)
+        why = placement_refusal(cordon, in_force)
         return None if why is None else _refused(SetRefusalKind.CORDONED, why, at)
     if have.spec != item.spec:
         changed = sorted(
@@ -138,10 +141,16 @@ def _item_refusal(n: int, item: Item, have: Existing | None, cordon: Cordon) -> 
 
 
 def decide_set(
-    asked: Asked, placed: Mapping[str, Existing], last: int | None, cordon: Cordon
+    asked: Asked,
+    placed: Mapping[str, Existing],
+    last: int | None,
+    cordon: Cordon,
+    in_force: CordonInForce | None = None,
 ) -> SetDecision:
     """What ``asked`` calls for on a node that has ``placed`` (by id), whose last set
-    from this controller had generation ``last`` (None: none), cordoned or not (pure)."""
+    from this controller had generation ``last`` (None: none), cordoned or not
+    (``in_force``: the cordon event in force, which a refusal names: since when
+    and why) (pure)."""
     if last is not None and asked.generation < last:
         return _refused(
             SetRefusalKind.STALE,
@@ -155,7 +164,7 @@ def decide_set(
             why = f"names {item.instance_id} again (placements[{seen[item.instance_id]}])"
             return _refused(SetRefusalKind.BAD_VALUE, f"placements[{n}] {why}", f"placements[{n}]")
         seen[item.instance_id] = n
-        refusal = _item_refusal(n, item, placed.get(item.instance_id), cordon)
+        refusal = _item_refusal(n, item, placed.get(item.instance_id), cordon, in_force)
         if refusal is not None:
             return refusal
     return _plan(asked, placed, last)

@@ -51,13 +51,18 @@ class CordonAnswer(msgspec.Struct, frozen=True, kw_only=True):
     """The node's cordon after the verb (``none``, ``cordoned``, ``drained``), the
     instances a drain stopped, and the chain's head once its event is durable;
     ``recorded`` false: nothing was recorded (the node was so already and no new
-    reason was given, or a cordon of a drained node: the drain's reason stands)."""
+    reason was given, or the reason given is the one in force, or a cordon of a
+    drained node: the drain's reason stands); ``reason`` and ``since_ns`` are the
+    cordon or drain in force after the verb, from the chain: its event's reason
+    (null: none given) and time (ns since the epoch, UTC; null: uncordoned)."""
 
     cordon: str
     stopped: list[str]
     seq: int
     hash: str
     recorded: bool = True
+    reason: str | None = None
+    since_ns: int | None = None
 
 
 class PlaceItem(_Body, frozen=True):

@@ -250,6 +250,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     #: The reason recorded with the cordon or drain in force (null: none given,
     #: or the node is not cordoned).
     cordon_reason: str | None = None
+    #: When the cordon or drain in force was recorded: its event's time, ns since
+    #: the epoch, UTC (null: the node is not cordoned).
+    cordon_since_ns: int | None = None
 
 
 class WatchEvent(EventHeader, frozen=True, kw_only=True, gc=True):

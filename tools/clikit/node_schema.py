@@ -18,7 +18,8 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     and ``chain_error`` are then null). ``cordon`` is ``none``, ``cordoned``
     or ``drained`` (``infervisor cordon``, ``drain``, ``uncordon``; recorded in
     the chain, so a stopped node's is known too); ``cordon_reason`` the reason
-    recorded with it (null: none given, or ``none``); ``takes_placements`` is
+    recorded with it (null: none given, or ``none``), ``cordon_since_ns`` when
+    it was recorded (ns since the epoch, UTC; null: ``none``); ``takes_placements`` is
     whether it is ``none``. ``phase`` is the running node's (``open``,
     ``stopping``). ``instances`` counts the placed instances.
     """
@@ -29,6 +30,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     phase: str | None
     cordon: str
     cordon_reason: str | None
+    cordon_since_ns: int | None
     takes_placements: bool
     head_seq: int
     head_hash: str
@@ -52,6 +54,7 @@ NODE_SCHEMA: dict[str, Any] = {
         "phase": _OPT_STR,
         "cordon": {"enum": ["none", "cordoned", "drained"]},
         "cordon_reason": _OPT_STR,
+        "cordon_since_ns": {"type": ["integer", "null"]},
         "takes_placements": {"type": "boolean"},
         "head_seq": {"type": "integer"},
         "head_hash": {"type": "string"},

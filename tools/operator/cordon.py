@@ -10,6 +10,8 @@ from typing import Any
 import click
 import msgspec
 
+from infervisor.replay.cordon_reason import in_force_said
+
 from ..api.fleet_wire import CordonAnswer
 from ..clikit.command import REASON, Command
 from ..clikit.failure import echo_json
@@ -22,12 +24,15 @@ _HELP_TAIL = """
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node (a
     token with scope control: --token-name controller by default).
-    --json prints {"cordon", "stopped", "seq", "hash", "recorded"}: the
-    node's cordon after it (none, cordoned, drained), the instances stopped,
-    the chain's head, and whether an event was recorded (false: it was so
-    already, the reason in force unchanged). A cordon of a cordoned node or a
-    drain of a drained one with --reason records the new reason; a cordon of
-    a drained node leaves the drain and its reason as they are.
+    --json prints {"cordon", "stopped", "seq", "hash", "recorded", "reason",
+    "since_ns"}: the node's cordon after it (none, cordoned, drained), the
+    instances stopped, the chain's head, whether an event was recorded
+    (false: it was so already, the reason in force unchanged), and the reason
+    and time (ns since the epoch, UTC) of the cordon in force. A cordon of a
+    cordoned node or a drain of a drained one with a new --reason records it;
+    with the reason in force, or none, it records nothing and says since when
+    the node is so; a cordon of a drained node leaves the drain and its reason
+    as they are.
     Exit 0 once recorded (or already so); 1 when the node
     refuses; 2 when the command line is wrong; 3 when no node runs on WHERE
     (or answers at --url).
@@ -55,14 +60,14 @@ def _options(f: Callable[..., Any]) -> Callable[..., Any]:
 def _run(target: Target, verb: str, reason: str | None, as_json: bool) -> None:
     with connected(target, {"reason": "--reason"}) as client:
         answer: CordonAnswer = client.cordon(verb, reason)
-        kept = None if answer.recorded or as_json else client.node().cordon_reason
     if as_json:
         echo_json(msgspec.to_builtins(answer))
         return
     click.echo(_SAID.get(answer.cordon, answer.cordon))
     if not answer.recorded and answer.cordon != "none":
-        because = f", because: {kept}" if kept else " (no reason recorded)"
-        click.echo(f"already {answer.cordon}{because}; nothing recorded, the reason is unchanged")
+        said = in_force_said(answer.reason, answer.since_ns)
+        because = "" if answer.reason is not None else " (no reason recorded)"
+        click.echo(f"already {answer.cordon}{said}{because}; nothing recorded")
     for iid in answer.stopped:
         click.echo(f"stopped {iid}")
 

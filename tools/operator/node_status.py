@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from infervisor.replay import NodeState
-from infervisor.replay.cordon_reason import cordon_reason
+from infervisor.replay.cordon_reason import cordon_in_force, in_force_said
 
 from ..api.errors import ApiError, NoAnswer, NodeUnavailable, NotRunning
 from ..api.wire import NodeInfo
@@ -61,8 +61,9 @@ def _say(record: NodeRecord) -> None:
     phase = record.phase or "not running"
     version = f" (infervisor {record.version})" if record.version else ""
     click.echo(f"node {record.node_id}{version}: {phase}; {_TAKES.get(record.cordon, '?')}")
-    if record.cordon_reason is not None:
-        click.echo(f"{record.cordon} because: {record.cordon_reason}")
+    if record.cordon != "none":
+        said = in_force_said(record.cordon_reason, record.cordon_since_ns)
+        click.echo(f"{record.cordon}{said}" if said else f"{record.cordon}: no reason recorded")
     head = f"head seq {record.head_seq} {record.head_hash}"
     click.echo(f"chain: {head}, {record.instances} instances")
     if record.chain_writable is False:
@@ -77,6 +78,7 @@ def _of_node(info: NodeInfo) -> NodeRecord:
         phase=info.phase,
         cordon=info.cordon,
         cordon_reason=info.cordon_reason,
+        cordon_since_ns=info.cordon_since_ns,
         takes_placements=info.cordon == "none",
         head_seq=info.head_seq,
         head_hash=info.head_hash,
@@ -114,14 +116,15 @@ def _from_chain(
 def _of_state(state: NodeState, db: Path) -> NodeRecord:
     """The record of the replayed state; the cordon's reason read from the same
     chain, no later than the state's head (what verified, unless --unverified)."""
-    reason = None if state.cordon == "none" else cordon_reason(db, state.head_seq)
+    now = None if state.cordon == "none" else cordon_in_force(db, state.head_seq)
     return NodeRecord(
         source="chain",
         node_id=state.node_id,
         version=None,
         phase=None,
         cordon=str(state.cordon),
-        cordon_reason=reason,
+        cordon_reason=None if now is None else now.reason,
+        cordon_since_ns=None if now is None else now.since_ns,
         takes_placements=state.cordon == "none",
         head_seq=state.head_seq,
         head_hash=state.head_hash,

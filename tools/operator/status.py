@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from infervisor.replay.cordon_reason import cordon_in_force, in_force_said
 from infervisor.replay.views import InstanceView
 
 from ..api.errors import ApiError, NoAnswer, NodeStarting, NodeStopping, NodeUnavailable, NotRunning
@@ -169,7 +170,11 @@ def _print_table_and_details(
 ) -> None:
     records = [from_view(v) for v in views]
     _print_table([row(r) for r in records])
-    for line in [*residency_lines(records), *cordon_lines(info.cordon), *witness_lines(info)]:
+    for line in [
+        *residency_lines(records),
+        *cordon_lines(info.cordon, info.cordon_reason, info.cordon_since_ns),
+        *witness_lines(info),
+    ]:
         click.echo(line)
     if instance:
         _print_details(views[0])
@@ -217,15 +222,17 @@ def _use_of(r: InstanceRecord, now_ns: int) -> str:
     return f"idle for {age((now_ns - since) / 1e9)}" if r.busy is not None else "running"
 
 
-def cordon_lines(cordon: str) -> list[str]:
-    """``node: cordoned ...`` or ``node: drained ...`` ([] while it takes placements):
-    the node's cordon as it answers it, or as replayed from its chain."""
+def cordon_lines(cordon: str, reason: str | None = None, since_ns: int | None = None) -> list[str]:
+    """``node: cordoned since T, because: R: ...`` or ``node: drained ...`` ([] while
+    it takes placements): the node's cordon as it answers it, or as replayed from
+    its chain, with since when (its event's time) and why."""
+    said = in_force_said(reason, since_ns)
     if cordon == "cordoned":
-        return ["node: cordoned: no new placements (`infervisor uncordon` ends it)"]
+        return [f"node: cordoned{said}: no new placements (`infervisor uncordon` ends it)"]
     if cordon == "drained":
         return [
-            "node: drained: no new placements, its controllers' instances stay stopped "
-            "(`infervisor uncordon` ends it)"
+            f"node: drained{said}: no new placements, its controllers' instances stay "
+            "stopped (`infervisor uncordon` ends it)"
         ]
     return []
 
@@ -340,7 +347,9 @@ def _status_from_chain(
     if unverified:
         print_marker(db, read)
     _print_table([row(r) for r in records])
-    for line in [*residency_lines(records), *cordon_lines(str(state.cordon))]:
+    now = None if state.cordon == "none" else cordon_in_force(db, state.head_seq)
+    said = (None, None) if now is None else (now.reason, now.since_ns)
+    for line in [*residency_lines(records), *cordon_lines(str(state.cordon), *said)]:
         click.echo(line)
 
 

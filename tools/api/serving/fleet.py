@@ -117,6 +117,13 @@ def _reason(data: CordonRequest | None) -> str | None:
 def _answer(verb: VerbCall, asked: rule.CordonObservation) -> CordonAnswer:
     done: CordonOutcome = verb.node.cordon_verb(asked, by=verb.source("operator"))
     seq, digest = last_of(verb.api.chain_path)
+    now = done.in_force
     return CordonAnswer(
-        cordon=done.cordon.value, stopped=done.stopped, seq=seq, hash=digest, recorded=done.recorded
+        cordon=done.cordon.value,
+        stopped=done.stopped,
+        seq=seq,
+        hash=digest,
+        recorded=done.recorded,
+        reason=None if now is None else now.reason,
+        since_ns=None if now is None else now.since_ns,
     )

@@ -8,7 +8,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import JSONBody
 
 from infervisor.actors.node import VERSION
-from infervisor.replay.cordon_reason import cordon_reason
+from infervisor.replay.cordon_reason import cordon_in_force
 from infervisor.replay.lapses import lapse_stopped
 from infervisor.replay.views import LedgerView
 
@@ -34,6 +34,7 @@ class NodeController(Controller):
         health = node.append_status()
         lag = node.witness_lag()
         views = node.list()
+        now = None if node.cordon == "none" else cordon_in_force(api.chain_path)
         return NodeInfo(
             node_id=api.node_id,
             version=VERSION,
@@ -53,7 +54,8 @@ class NodeController(Controller):
             witnesses=[WitnessInfo(**row._asdict()) for row in lag],
             witness_quorum=(node.settings.witness_quorum or len(lag)) if lag else None,
             cordon=node.cordon.value,
-            cordon_reason=None if node.cordon == "none" else cordon_reason(api.chain_path),
+            cordon_reason=None if now is None else now.reason,
+            cordon_since_ns=None if now is None else now.since_ns,
         )
 
     @get("/ledger", operation_id="getLedger", sync_to_thread=True, responses=responses())
