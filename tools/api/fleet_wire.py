@@ -11,6 +11,7 @@ import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
 
+from .one_line import ALLOWED, MAX_REASON, PATTERN
 from .wire import ControllerId, ErrorBody, Generation
 
 __all__ = [
@@ -25,14 +26,11 @@ __all__ = [
 #: The most items one placement set may have.
 MAX_PLACEMENTS = 1024
 
+#: Why, for the chain: one line (tools/api/one_line.py, the rule ``--reason`` follows too).
 Reason = Annotated[
     str,
     msgspec.Meta(
-        max_length=500,
-        # One line: a newline or other control character (C0, DEL, C1) would split a
-        # line of `events` or `status --node`. `(?!\n)$`: as ControllerId's.
-        pattern=r"^[^\u0000-\u001f\u007f-\u009f]*(?!\n)$",
-        description="Why, for the chain: one line, no control character, at most 500 characters.",
+        max_length=MAX_REASON, pattern=PATTERN, description=f"Why, for the chain: {ALLOWED}."
     ),
 ]
 

@@ -35,6 +35,7 @@ from infervisor.adapters.spec import InstanceSpec
 
 from .fleet_wire import CordonRequest, PlacementSet
 from .idempotency import MAX_BODY, BodyCut, read_body, replayed
+from .one_line import ALLOWED as ONE_LINE
 from .wire import (
     API_VERSION,
     INT64_MAX,
@@ -84,6 +85,7 @@ ALLOWED = {
     "controller": _NAME,
     "generation": "0 to 2^63-1",
     "grace_s": "0 to 3600 seconds",
+    "reason": ONE_LINE,
 }
 
 
@@ -104,6 +106,8 @@ def explain(error: msgspec.MsgspecError, body_type: type[msgspec.Struct]) -> Err
             what += f"; allowed: {', '.join(known)}"
         path = f"{path}.{named['name']}" if path else named["name"]
     allowed = ALLOWED.get(path)
+    if allowed and what.startswith("Expected `str` matching regex"):
+        what = "refused"  # the pattern itself says nothing to a reader: what is allowed does
     if allowed and "allowed" not in what:
         what += f"; allowed: {allowed}"
     if isinstance(error, msgspec.DecodeError) and not path:

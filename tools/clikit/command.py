@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from ..api.exit_codes import EPILOG, cut
+from ..api.one_line import MAX_REASON, refusal
 from .failure import Failure, echo_json, fail
 from .paths import BadPath
 
@@ -161,15 +162,10 @@ class FiniteRange(click.FloatRange):
         return number
 
 
-#: What splits a line where it is shown (U+2028, U+2029) or turns the text around
-#: it (the bidirectional embeddings, overrides and isolates).
-_SPLITS_OR_TURNS = frozenset("\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
 class OneLine(click.ParamType[str]):
-    """Free text for the chain (a cordon's --reason): no newline or other control
-    character (it would split a line of ``events`` or ``status --node``), at most
-    ``max_len`` characters; as the API's ``reason`` (tools/api/fleet_wire.py)."""
+    """Free text for the chain (a cordon's --reason): one line, not blank, at most
+    ``max_len`` characters, by the one rule the API's ``reason`` follows too
+    (tools/api/one_line.py)."""
 
     name = "text"
 
@@ -178,17 +174,12 @@ class OneLine(click.ParamType[str]):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         text = str(value)
-        if any(0xD800 <= ord(c) <= 0xDFFF for c in text):  # bytes argv could not decode
-            self.fail("not valid UTF-8 text", param, ctx)
-        if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text):
-            self.fail("a control character (a newline, a tab, ...) is not allowed", param, ctx)
-        if any(c in _SPLITS_OR_TURNS for c in text):
-            self.fail("a line separator or a bidirectional override is not allowed", param, ctx)
-        if not text.strip():
-            self.fail("empty: give the reason, or leave the option out", param, ctx)
-        if len(text) > self.max_len:
-            self.fail(f"{len(text)} characters: at most {self.max_len} allowed", param, ctx)
+        why = refusal(text, self.max_len)
+        if why == "empty or blank":
+            why = "empty: give the reason, or leave the option out"
+        if why is not None:
+            self.fail(why, param, ctx)
         return text
 
 
-REASON = OneLine(500)
+REASON = OneLine(MAX_REASON)
