@@ -8,11 +8,13 @@ plan that weighed the registry's 0 saw room the start then did not find, and
 the start was refused for memory with nothing evicted. Here the Ollama test
 server (tests/servers/ollama_server.py) reports ``OLLAMA_SIZE`` bytes for each
 of its models; the llama.cpp instances are real processes of the fake
-llama-protocol server on fake GGUF files (test_residency_node.SIZES).
+llama-protocol server on fake GGUF files (test_residency_node.SIZES), and in the
+last test (marked slow) a real llama.cpp server on the project's tiny model.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +212,39 @@ def test_a_size_beyond_any_memory_is_refused_with_a_number_the_chain_holds(
         (refusal,) = [p for k, s, p in rows(node) if (k, s) == ("residency.refused", o)]
         assert refusal["needed_bytes"] == MAX_BYTES + OVERHEAD
         assert node.status(o).reserved_bytes == 0 and listed(srv) == []
+
+
+@pytest.mark.slow
+def test_an_ollama_start_evicts_a_real_llama_server_of_lower_priority(
+    nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path, ollama: OllamaTestServer
+) -> None:
+    """With a real llama.cpp server (``infervisor-llama-server`` on the project's tiny
+    model, its file size reserved): the budget has room for it beside the
+    overhead, not beside the Ollama model's reported size; the start of o evicts
+    it (priority -1), its server process gone, and o runs."""
+    registry = tmp_path / "real-models"
+    registry.mkdir()
+    shutil.copy(tiny_gguf, registry / "tiny.gguf")
+    llama_needs = tiny_gguf.stat().st_size + OVERHEAD
+    settings = nodes.settings(
+        "infervisor-llama-server", registry, memory_budget_bytes=llama_needs + OLLAMA_NEEDS - 1,
+        reserve_overhead_bytes=OVERHEAD, ollama_keep_alive="5m",
+    )  # fmt: skip
+    node = nodes.open(settings)
+    node.registry.adopt("tiny", registry / "tiny.gguf")
+    node.registry.adopt("oa", format=ModelFormat.OLLAMA, ollama_tag="oa")
+    a = node.place(llama("tiny", priority=-1))
+    o = node.place(on_ollama(ollama, "oa"))
+    running(node, a)
+    pid = node.status(a).pid
+    assert pid is not None
+
+    node.start(o)
+
+    wait_until(lambda: node.status(o).lifecycle == "running", 60, "o running")
+    assert node.status(a).lifecycle == "resting" and node.status(a).pid is None
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30, "the llama server gone")
+    (evicted,) = [(s, p) for k, s, p in rows(node) if k == "residency.evicted"]
+    assert evicted[0] == a and evicted[1]["needed_bytes"] == OLLAMA_NEEDS
+    assert evicted[1]["freed_bytes"] == llama_needs
+    assert listed(ollama) == ["oa:latest"]
