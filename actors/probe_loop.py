@@ -81,6 +81,7 @@ class ProbeLoop:
         self._reported: Seen | None = None
         self._closed = False
         self.report: ServerReport | None = None
+        self._of: tuple[int, ServerReport] | None = None  # the last report and its token
         self.latency_s: float | None = None
         self.woken: Counter[Wake] = Counter()
         self.quiet = 0
@@ -92,6 +93,13 @@ class ProbeLoop:
     def probing(self) -> bool:
         """A probe is out."""
         return self._out
+
+    def report_of(self, token: int) -> ServerReport | None:
+        """The last probe's report when it was of ``token`` (the server's pid: a
+        report of the process before a restart says nothing of this one), else None
+        (any thread)."""
+        last = self._of
+        return last[1] if last is not None and last[0] == token else None
 
     def publish(self, watch: Watch) -> None:
         """The actor's watch after a decision: the schedule follows it."""
@@ -128,6 +136,7 @@ class ProbeLoop:
             if self._closed:
                 return
             self.report, self.latency_s = probed.report, probed.latency_s
+            self._of = (probed.token, probed.report)  # one assignment: read whole anywhere
             seen = Seen(probed.token, probed.report, probed.active)
             reason = wake_for(self._watch, seen, self._reported, self._timers.monotonic())
             if reason is None:

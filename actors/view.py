@@ -33,7 +33,7 @@ from infervisor.replay.policy import RestartPolicy, restarts_in_window
 from infervisor.replay.state import Stamp
 from infervisor.replay.views import InstanceView, rest_reason
 
-from .core.health import wants_probe
+from .core.health import probe_token, wants_probe
 from .core.rules import Mode, Rules, Tracking
 from .core.supervision import Supervision
 from .effects_runner import EffectRunner
@@ -55,6 +55,8 @@ class LiveProbes(Protocol):
 
     @property
     def report(self) -> ServerReport | None: ...
+
+    def report_of(self, token: int) -> ServerReport | None: ...
 
     @property
     def latency_s(self) -> float | None: ...
@@ -93,6 +95,7 @@ class Posted:
             predecessor's; only the owner's own post is taken off the board).
         probes: the probe loop's last report and latency (live).
         probed: the state is one that is probed (its report is shown).
+        token: the server the report must be of (its pid; 0 without a process).
         flavor, served_model, alive, adopted: what the report is mapped with.
         load: an Ollama load in progress while starting (its state is live).
         state, policy, now: the restart window's inputs (``windowed``: the
@@ -104,6 +107,7 @@ class Posted:
     owner: object
     probes: LiveProbes
     probed: bool
+    token: int
     flavor: Flavor
     served_model: str | None
     alive: bool
@@ -134,6 +138,7 @@ def post_of(actor: Viewed) -> Posted:
         owner=actor,
         probes=actor.probes,
         probed=wants_probe(state, actor.rules),
+        token=probe_token(state),
         flavor=adapter.spec.flavor,
         served_model=adapter.served_model,
         alive=pid is not None,
@@ -151,7 +156,9 @@ def compose(posted: Posted) -> InstanceView:
     """The view of ``posted`` as of now: the last probe's report and latency,
     the restarts inside the window, the cgroup's memory and CPU (any thread)."""
     probes = posted.probes
-    report = probes.report if posted.probed else None
+    # Only a report of this server (its pid): the last one of the process before a
+    # start or restart read "running"/"up" beside lifecycle starting (stop 33's trial).
+    report = probes.report_of(posted.token) if posted.probed else None
     status, detail = _mapped(posted, report)
     restarts = posted.view.restarts
     if posted.windowed:

@@ -222,14 +222,35 @@ class _Lookups:
 
 
 def _parse_line(line: bytes, number: int, expected: int) -> Row:
+    """One line of events.jsonl; a malformed one is named in this module's words,
+    never Python's ("non-hexadecimal number found in fromhex()", "Expecting value"):
+    a newcomer's trial, stop 33."""
     try:
-        return _decode_line(json.loads(line))
-    except (ValueError, TypeError, KeyError, binascii.Error) as e:
-        raise BundleError(
-            f"{EVENTS_FILE} line {number}: not an event line: {e}",
-            seq=expected,
-            reason="malformed row",
-        ) from e
+        doc = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        why = "it is not JSON"
+    else:
+        try:
+            return _decode_line(doc)
+        except KeyError as e:
+            why = f"no {e.args[0]!r} field"
+        except (ValueError, TypeError) as e:
+            why = str(e)
+    raise BundleError(
+        f"{EVENTS_FILE} line {number}: not an event line: {why}",
+        seq=expected,
+        reason="malformed row",
+    )
+
+
+def _hex_hash(value: Any, name: str) -> bytes:
+    """A 32-byte hash written as 64 hex digits (ValueError naming ``name`` otherwise)."""
+    if isinstance(value, str) and len(value) == 64:
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{name} must be 32 bytes of hex (64 hex digits)")
 
 
 def _decode_line(doc: Any) -> Row:
@@ -241,10 +262,11 @@ def _decode_line(doc: Any) -> Row:
     texts = [doc[k] for k in ("node", "source", "kind", "subject")]
     if not all(isinstance(t, str) for t in texts):
         raise TypeError("node, source, kind, subject must be strings")
-    hashes = [bytes.fromhex(doc[k]) for k in ("payload_hash", "prev_hash", "hash")]
-    if any(len(h) != 32 for h in hashes):
-        raise ValueError("payload_hash, prev_hash and hash must be 32 bytes of hex")
-    payload = base64.b64decode(doc["payload"], validate=True)
+    hashes = [_hex_hash(doc[k], k) for k in ("payload_hash", "prev_hash", "hash")]
+    try:
+        payload = base64.b64decode(doc["payload"], validate=True)
+    except (ValueError, TypeError, binascii.Error):
+        raise ValueError("payload is not base64") from None
     node, source, kind, subject = (t.encode("utf-8") for t in texts)
     return Row(seq, ts_ns, node, source, kind, subject, payload, *hashes)
 

@@ -8,7 +8,19 @@ still matches and the smallest one it fails against (docs/chain-format.md,
 
 from __future__ import annotations
 
-__all__ = ["bounds", "last_of"]
+from infervisor.chain.checkpoint import Checkpoint
+
+__all__ = ["beside", "bounds", "last_of"]
+
+
+def beside(detail: str, cp: Checkpoint, name: str, finding: str) -> str:
+    """A problem of the chain's own evidence (its checkpoint triggers changed, its
+    checkpoints dropped or deleted, a stored signature bad), ``detail``, with what
+    the external checkpoint ``cp`` (named ``name``) shows beside it, ``finding``:
+    that checkpoint vouches for more than the stored ones, so it is named too (a
+    newcomer's trial, stop 33: a chain truncated below the external checkpoint,
+    its delete trigger dropped, read only "checkpoint triggers changed")."""
+    return f"{detail}; and against checkpoint {name} (tree size {cp.tree_size}): {finding}"
 
 
 def last_of(low: int, high: int) -> int | None:

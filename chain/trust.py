@@ -76,7 +76,7 @@ from infervisor.chain.cosignature_store import has_table as has_cosignatures
 from infervisor.chain.cosignature_store import lines_by_size
 from infervisor.chain.errors import CheckpointError, CheckpointMismatch, NoteError
 from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
-from infervisor.chain.locate import bounds, last_of
+from infervisor.chain.locate import beside, bounds, last_of
 from infervisor.chain.note import Verifier
 from infervisor.chain.unkeyed import claims_beyond, roots_disagree
 
@@ -234,7 +234,11 @@ def judge(
             points.append(
                 _Point(external[0].tree_size, _mismatch(hashes, roots, external[0]), True)
             )
-    problem = problem or _locate(points) or _unkeyed(evidence, keys, load_hashes)
+    if problem is None:
+        problem = _locate(points) or _unkeyed(evidence, keys, load_hashes)
+    elif external is not None and (found := _locate(points[-1:])) is not None:
+        finding = f"{found.reason} at seq {found.seq}: {found.detail}"
+        problem = problem._replace(detail=beside(problem.detail, *external, finding))
     anchor, size = _anchor(cosigned, policy, external)
     latest = max([c.tree_size for c in checked], default=0)
     keys_checked = bool(keys) or not evidence.stored

@@ -17,6 +17,7 @@ from typing import Any
 from . import events as ev
 from . import residency_events as rev
 from .callers import Role, role_of
+from .durations import seconds
 from .lifecycle import LIVE_STATES, TRANSITIONS, IllegalTransition, LifecycleState, check_transition
 from .reasons import REASONS, reason_of
 from .residency_events import no_room
@@ -327,7 +328,7 @@ def _on_evicted(w: InstanceFields, ts_ns: int, e: rev.ResidencyEvicted) -> None:
 
 
 def _on_expired(w: InstanceFields, ts_ns: int, e: rev.ResidencyExpired) -> None:
-    w.rested_for = f"idle longer than {e.idle_ttl_s:g} s"
+    w.rested_for = f"idle longer than {seconds(e.idle_ttl_s)}"
 
 
 def _on_busy(w: InstanceFields, ts_ns: int, e: rev.ResidencyBusy) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import events as ev
 from . import residency_events as rev
+from .durations import seconds
 
 __all__ = ["REASONS", "reason_of"]
 
@@ -21,7 +22,7 @@ def _starting(e: ev.Starting) -> str:
 
 
 def _stop(e: ev.StopRequested) -> str:
-    return f"stop by {e.by} (grace {e.grace_s + 0.0:g} s)" + (f": {e.reason}" if e.reason else "")
+    return f"stop by {e.by} (grace {seconds(e.grace_s)})" + (f": {e.reason}" if e.reason else "")
 
 
 def _ready(e: ev.Ready) -> str:
@@ -43,7 +44,9 @@ def _evicted(e: rev.ResidencyEvicted) -> str:
 REASONS: dict[type[Any], Callable[[Any], str]] = {
     rev.ResidencyDemanded: lambda e: f"demanded by {e.by} (request {e.request}, model {e.model})",
     rev.ResidencyEvicted: _evicted,
-    rev.ResidencyExpired: lambda e: f"idle longer than its idle_ttl_s {e.idle_ttl_s:g} s: resting",
+    rev.ResidencyExpired: lambda e: (
+        f"idle longer than its idle_ttl_s {seconds(e.idle_ttl_s)}: resting"
+    ),
     rev.ResidencyRefused: lambda e: (
         f"no room: needs {e.needed_bytes} bytes beside {e.in_use_bytes} in use of "
         f"{e.budget_bytes}, and nothing can be evicted"
@@ -65,10 +68,10 @@ REASONS: dict[type[Any], Callable[[Any], str]] = {
     ev.Recovered: lambda e: "health recovered",
     ev.DeepHealthFailed: lambda e: f"deep health check failed ({e.misses} in a row): {e.reason}",
     ev.Exited: lambda e: e.reason,
-    ev.RestartScheduled: lambda e: f"restart {e.attempt} in {e.delay_s:g} s: {e.reason}",
+    ev.RestartScheduled: lambda e: f"restart {e.attempt} in {seconds(e.delay_s)}: {e.reason}",
     ev.Failed: lambda e: e.reason,
     ev.Finished: lambda e: "one-shot run ended cleanly (exit code 0); not restarted",
-    ev.StableAgain: lambda e: f"up {e.uptime_s:.0f} s: restart budget cleared",
+    ev.StableAgain: lambda e: f"up {seconds(e.uptime_s)}: restart budget cleared",
     ev.StopRequested: _stop,
     ev.Unloaded: lambda e: f"unloaded by {e.by}",
     ev.Exposed: lambda e: f"listening beyond loopback on {', '.join(e.addresses)}: stopped",
@@ -76,7 +79,7 @@ REASONS: dict[type[Any], Callable[[Any], str]] = {
         f"{len(e.pids)} unclaimed process(es) in its cgroup {e.cgroup} killed at boot: "
         f"pid {', '.join(map(str, e.pids[:8]))}"
     ),
-    ev.Terminating: lambda e: f"{e.cause} (SIGKILL after {e.grace_s:g} s)",
+    ev.Terminating: lambda e: f"{e.cause} (SIGKILL after {seconds(e.grace_s)})",
     ev.ModelClaimed: lambda e: (
         "model loaded by this node" if e.ours else "model already resident: not ours to unload"
     ),

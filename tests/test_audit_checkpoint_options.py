@@ -179,3 +179,39 @@ def test_audit_says_the_rows_check_out_when_only_the_checkpoints_fail(tmp_path: 
         "none made: the chain fails against its checkpoints from seq 0 on, though every "
         "row's hash and link check out (the file holds 15 events)"
     ) in ran.stdout
+
+
+@pytest.mark.parametrize("delete_stored", [True, False], ids=["stored deleted", "stored kept"])
+def test_a_truncation_below_the_held_checkpoint_is_named_beside_changed_triggers(
+    tmp_path: Path, delete_stored: bool
+) -> None:
+    """The tail truncated below a checkpoint held off the node, and the checkpoints'
+    delete trigger dropped: chain verify and audit named only "checkpoint triggers
+    changed" (a newcomer's trial, stop 33); they name the truncation against the
+    held checkpoint too (its size against the chain's), as with the triggers intact."""
+    db = make_chain(tmp_path / "node", 20, every=4)
+    held = tmp_path / "held.checkpoint"
+    assert run("chain", "checkpoint", db, "--out", held).code == 0
+    truncate(db, 15)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("DROP TRIGGER checkpoints_append_only_delete")
+    if delete_stored:
+        conn.execute("DELETE FROM checkpoints")
+    conn.close()
+    pub = db.parent / "node.pub"
+    truncation = (
+        f"against checkpoint {held.name} (tree size 20): truncated at seq 15: the chain "
+        "has 15 events but the checkpoint signed 20"
+    )
+    verify = run("chain", "verify", db, "--checkpoint", held, "--key", pub)
+    assert verify.code == 1, verify
+    assert "checkpoint triggers changed" in verify.stdout
+    assert truncation in verify.stdout, verify.stdout
+    as_json = run("chain", "verify", db, "--checkpoint", held, "--key", pub, "--json")
+    assert truncation in json.loads(as_json.stdout)["checkpoint"]["detail"]
+    audit = run("audit", db, "--checkpoint", held, "--key", pub, "--json")
+    assert audit.code == 1, audit
+    assert truncation in json.loads(audit.stdout)["trust"]["detail"]
+    without = run("chain", "verify", db)  # no held checkpoint: nothing to name beside
+    assert "checkpoint triggers changed" in without.stdout
+    assert "against checkpoint" not in without.stdout.split("INVALID against checkpoint")[1]

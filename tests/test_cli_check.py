@@ -99,3 +99,24 @@ def test_a_node_gone_while_wait_polls_is_no_answer_not_no_node(
         wait_running(Gone(), taken, 60.0, Progress(), verb="restart")  # type: ignore[arg-type]
     assert ended.value.code == Exit.NO_ANSWER
     assert "took the restart of n1-chat (recorded at seq 9)" in capsys.readouterr().err
+
+
+def test_a_start_answers_what_is_true_of_the_new_server(
+    start_node: Callable[..., Started],  # noqa: F811 - the fixture imported above
+) -> None:
+    """``start --json`` answered ``"lifecycle": "starting"`` beside ``"status":
+    "running", "health": "up"`` (a newcomer's trial, stop 33): the last probe's
+    report of the process before the stop. A view shows only a report of the server
+    it names (its pid); the new one only ever says it is loading here."""
+    node = start_node()
+    data, chat = node.data, node.ids["chat"]
+    ran = json.loads(cli_here("status", data, "chat", "--json").stdout)
+    assert (ran["lifecycle"], ran["health"], ran["status"]) == ("running", "up", "running")
+    assert _code(cli_here("stop", data, "chat")) == Exit.OK
+    (data / "instances" / chat / "health").write_text("loading")  # the next one loads
+    started = cli_here("start", data, "chat", "--json")
+    assert _code(started) == Exit.OK, started.stderr
+    answer = json.loads(started.stdout)
+    assert answer["lifecycle"] == "starting" and answer["pid"] != ran["pid"], answer
+    assert answer["health"] != "up" and answer["status"] != "running", answer
+    assert node.run.stop() == 0, node.run.output()

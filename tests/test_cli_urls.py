@@ -71,3 +71,25 @@ def test_a_well_formed_url_still_reaches_the_node() -> None:
     result = cli_here("status", "--url", "http://[::1]:9", "--timeout", "2", "--json")
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 3, result.stdout + result.stderr
+
+
+#: What each URL that urllib cannot split is refused with, in the project's words
+#: (a newcomer's trial, stop 33: "Port could not be cast to integer value as 'abc'"
+#: and "Invalid IPv6 URL" were urllib's, passed through).
+OWN_WORDS = {
+    "http://127.0.0.1:abc": "port 'abc' is not a number",
+    "http://[::1]:abc": "port 'abc' is not a number",
+    "http://127.0.0.1:99999": "port 99999 is out of range",
+    "http://[::1": "an IPv6 host must be in brackets, [ and ] both",
+    "http://::1]:8765": "an IPv6 host must be in brackets, [ and ] both",
+}
+PYTHONS_WORDS = ("could not be cast", "Invalid IPv6 URL", "Port out of range", "not a URL (")
+
+
+@pytest.mark.parametrize(("url", "said"), OWN_WORDS.items())
+def test_a_url_urllib_cannot_split_is_refused_in_the_projects_words(url: str, said: str) -> None:
+    result = cli_here("status", "--url", url, "--json")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"--url {url!r}: {said}" in result.stderr, result.stderr
+    assert "; allowed: http:// or https://" in result.stderr, result.stderr
+    assert not any(words in result.stderr for words in PYTHONS_WORDS), result.stderr

@@ -126,7 +126,7 @@ def test_a_refusal_names_what_could_not_go_and_how_long_it_waited() -> None:
     assert d.refusal is not None and d.refusal.kind is RefusalKind.NOT_NO_ROOM
     message = d.refusal.message
     assert "chat (serving a request), embed (pinned)" in message
-    assert "waited 12 s" in message
+    assert "waited 12.4 s" in message  # replay/durations.py: three significant digits
     assert sim.kinds_of_last() == ["residency.refused"]
 
 

@@ -43,6 +43,7 @@ from infervisor.replay import Desired, LifecycleState, RestartPolicy, apply_inst
 from infervisor.replay import events as ev
 from infervisor.replay import residency_events as rev
 from infervisor.replay.policy import jitter_unit, restarts_in_window
+from infervisor.replay.reasons import reason_of
 from infervisor.replay.state import later
 
 S = LifecycleState
@@ -1640,3 +1641,23 @@ def test_zz_every_state_and_event_kind_reached(request: pytest.FixtureRequest) -
     missing_kinds = set(ev.EVENT_TYPES) - NODE_KINDS - SEEN_KINDS
     assert not missing_states, f"lifecycle states never reached: {sorted(missing_states)}"
     assert not missing_kinds, f"event kinds never emitted: {sorted(missing_kinds)}"
+
+
+def test_a_resumed_stops_grace_reads_rounded_in_its_reason() -> None:
+    """What is left of a grace is a float: its reason read ``grace 0.774663 s`` (a
+    newcomer's trial, stop 33); durations in reasons are rounded one way
+    (replay/durations.py), the event keeping the exact value for its timer."""
+    sim = running(process_sim())
+    sim.feed(o.StopVerb(by="shutdown", grace_s=10))
+    sim.clock.advance(8.225337)
+    _boot(sim, _alive(sim))  # one second more
+    assert sim.kinds_of_last() == ["instance.reattached", "instance.stop_requested"]
+    stop = [e for e in sim.last.events if isinstance(e, ev.StopRequested)]  # type: ignore[union-attr]
+    assert stop[0].grace_s == pytest.approx(0.774663)  # exact in the event
+    assert reason_of(stop[0]).startswith("stop by boot (grace 0.775 s): ")
+    assert reason_of(ev.Terminating(cause="killed: x", grace_s=2.0000001, at=0)).endswith(
+        "(SIGKILL after 2 s)"
+    )
+    assert reason_of(ev.RestartScheduled(attempt=1, delay_s=1.2345678, reason="r")).startswith(
+        "restart 1 in 1.23 s"
+    )

@@ -88,6 +88,43 @@ def test_the_verbs_over_tcp_with_a_token(start_node: Callable[..., Started]) -> 
     assert node.run.stop() == 0, node.run.output()
 
 
+#: Every operator command over --url, with what it needs after the options.
+URL_COMMANDS = [
+    ("status",), ("status", "chat"), ("health", "chat"), ("models",), ("start", "chat"),
+    ("stop", "chat"), ("restart", "chat"), ("unload", "chat"), ("cordon",), ("drain",),
+    ("uncordon",), ("watch",),
+]  # fmt: skip
+
+
+def test_an_unknown_token_is_usage_for_every_command_and_a_narrow_scope_a_refusal(
+    start_node: Callable[..., Started],
+) -> None:
+    """docs/cli.md: a missing or unknown token is usage (2, ``unauthorized``: fix
+    --token); a known token whose scope does not cover the verb is a refusal (1,
+    ``forbidden``). A newcomer's trial (stop 33) read ``status``'s 2 as the odd one
+    out: every command says the same, and names --token as the field at fault."""
+    api_port = free_port()
+    node = start_node(
+        top=f'[api]\ntcp = "127.0.0.1:{api_port}"\n'
+        'tokens = ["operator", { name = "grafana", scope = "read" }]\n'
+    )
+    url = f"http://127.0.0.1:{api_port}"
+    for command in URL_COMMANDS:
+        wrong = cli_here(*command, "--url", url, "--token", "not-the-secret", "--json")
+        assert wrong.returncode == 2, (command, wrong.stdout, wrong.stderr)
+        error = json_error(wrong)
+        assert (error["code"], error["field"]) == ("unauthorized", "--token"), (command, error)
+        assert "fix --token (or --token-file, INFERVISOR_TOKEN)" in wrong.stderr
+    logs = cli_here("logs", "chat", "--url", url, "--token", "not-the-secret")
+    assert logs.returncode == 2 and "fix --token" in logs.stderr, logs.stderr
+    reader = json.loads((node.data / "api-tokens.json").read_text())["grafana"]
+    ok(cli_here("status", "--url", url, "--token", reader))
+    narrow = cli_here("stop", "chat", "--url", url, "--token", reader, "--json")
+    assert narrow.returncode == 1, narrow.stdout + narrow.stderr
+    assert json_error(narrow)["code"] == "forbidden"
+    assert node.run.stop() == 0, node.run.output()
+
+
 # ---------------------------------------------------------------- the socket
 def test_the_socket_is_private_and_removed_after_the_run(
     start_node: Callable[..., Started],

@@ -26,6 +26,7 @@ import msgspec
 from infervisor.adapters.probe import HealthKind, ServerReport
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
+from infervisor.replay.durations import seconds
 from infervisor.replay.state import Then
 
 from . import observations as o
@@ -103,11 +104,12 @@ def load_progress(d: Draft, report: ServerReport, starting_for_s: float) -> None
     if still and starting_for_s <= sup.startup_cap_s:
         return  # Ollama still reports the load: the deadline extends, up to the cap
     if still:
-        why = f"not loaded within {sup.startup_cap_s:g} s (the startup cap; the load was given up)"
+        cap = seconds(sup.startup_cap_s)
+        why = f"not loaded within {cap} (the startup cap; the load was given up)"
     else:
         why = (
-            f"Ollama no longer reports the load after {starting_for_s:.0f} s "
-            f"(startup deadline {sup.startup_deadline_s:g} s; the load was given up)"
+            f"Ollama no longer reports the load after {seconds(starting_for_s)} "
+            f"(startup deadline {seconds(sup.startup_deadline_s)}; the load was given up)"
         )
     d.do(AbortLoad())
     _load_failed(d, why, refused=False)

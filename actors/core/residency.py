@@ -64,6 +64,7 @@ import msgspec
 from infervisor.replay import Desired, InstanceState, LifecycleState
 from infervisor.replay import residency_events as rev
 from infervisor.replay.callers import Role
+from infervisor.replay.durations import seconds
 from infervisor.replay.state import Then
 
 from . import observations as o
@@ -288,7 +289,7 @@ def _no_room_message(iid: str, r: o.RoomRefused) -> str:
     """The refusal's text: the numbers, and what could not go and why (what was
     busy named), with how long the start waited for it."""
     named = busy_named(r.candidates) or "pinned, higher priority, serving or loading"
-    waited = f"; waited {r.waited_s:.0f} s for one to turn idle" if r.waited_s > 0 else ""
+    waited = f"; waited {seconds(r.waited_s)} for one to turn idle" if r.waited_s > 0 else ""
     return (
         f"no room for {iid}: it needs {r.needed_bytes} bytes beside {r.in_use_bytes} in "
         f"use of the budget {r.budget_bytes}, and nothing can be evicted ({named}){waited}"
@@ -359,7 +360,7 @@ def tick(d: Draft, stop: Stop) -> None:
     if d.now.wall_ns - since < ttl * 1e9:
         return
     d.emit(rev.ResidencyExpired(idle_since_ns=since, idle_ttl_s=ttl))
-    stop(d, Role.SUPERVISOR, d.rules.stop_grace_s, f"idle longer than {ttl:g} s", Then.REST)
+    stop(d, Role.SUPERVISOR, d.rules.stop_grace_s, f"idle longer than {seconds(ttl)}", Then.REST)
 
 
 def rules_with(stop: Stop, mode_tick: Rule) -> dict[type[Any], Rule]:

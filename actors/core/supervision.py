@@ -19,6 +19,7 @@ import msgspec
 
 from infervisor.adapters.status import InstanceStatus, Phase, StatusState
 from infervisor.replay import RestartPolicy
+from infervisor.replay.durations import seconds
 
 __all__ = [
     "Finished",
@@ -107,5 +108,7 @@ def _degraded(kind: Supervision, sample: HealthSample) -> Verdict:
         return Healthy(serving=False)  # still loading: the deadline extends, up to the cap
     if loading or not_yet:
         limit = kind.startup_cap_s if loading else kind.startup_deadline_s
-        return Unhealthy(f"{detail} after {sample.elapsed_s:.0f} s (startup allowance {limit:g} s)")
+        return Unhealthy(
+            f"{detail} after {seconds(sample.elapsed_s)} (startup allowance {seconds(limit)})"
+        )
     return Unhealthy(detail)

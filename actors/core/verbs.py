@@ -14,6 +14,7 @@ from collections.abc import Callable
 from infervisor.replay import Desired, LifecycleState
 from infervisor.replay import events as ev
 from infervisor.replay.callers import lease_source
+from infervisor.replay.durations import seconds
 from infervisor.replay.state import Then
 
 from .common import STARTABLE, try_start, unloading
@@ -111,6 +112,6 @@ def lease_lapsed(d: Draft, lease: LeaseLapsed, stop: Stop) -> None:
         return
     why = (
         f"controller lease expired: controller {lease.controller} not heard for "
-        f"{lease.silent_s:.1f} s"
+        f"{seconds(lease.silent_s)}"
     )
     stop(d, lease_source(lease.controller), rules.stop_grace_s, why, Then.NOTHING)

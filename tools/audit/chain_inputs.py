@@ -26,6 +26,7 @@ from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
 from infervisor.chain.note import Verifier, split_note
 
 from ..clikit.failure import Failure
+from ..clikit.key_shapes import as_checkpoint_problem
 from ..clikit.paths import need_file
 
 __all__ = [
@@ -94,16 +95,35 @@ def read_checkpoint(
     path: Path, key: str | None, db: Path, field: str = "--checkpoint"
 ) -> Checkpoint:
     """The checkpoint in FILE (named ``field`` in errors): its signature verified with
-    `key` (or a key the chain's rotations link to it), or only parsed without one."""
+    `key` (or a key the chain's rotations link to it), or only parsed without one.
+
+    Raises:
+        Failure: ``bad_value`` (exit 2, the caller's input, as a malformed ``--key``
+            is) when the file is no checkpoint at all: a key (``--checkpoint`` and
+            ``--key`` swapped), not text, not a signed note of a checkpoint;
+            ``checkpoint_invalid`` (exit 1) when it is one whose signature the key
+            does not verify.
+    """
     note = read_text(path, field)
+    why = as_checkpoint_problem(note, str(path), field)
+    if why is not None:
+        raise Failure(why, "bad_value", field)
     try:
-        if key is not None:
-            return read_checkpoint_by(note, trusted(db, key))
         text, _ = split_note(note)
         origin, size, root, head = parse_checkpoint_text(text)
     except (CheckpointError, NoteError) as e:
+        raise Failure(
+            f"{field} {path}: not a checkpoint ({e}); a checkpoint is a signed note written "
+            "by `infervisor chain checkpoint WHERE --out FILE`",
+            "bad_value",
+            field,
+        ) from e
+    if key is None:
+        return Checkpoint(origin, size, root, head, note.decode("utf-8"))
+    try:
+        return read_checkpoint_by(note, trusted(db, key))
+    except (CheckpointError, NoteError) as e:
         raise Failure(f"{field} {path}: {e}", "checkpoint_invalid", field) from e
-    return Checkpoint(origin, size, root, head, note.decode("utf-8"))
 
 
 def stored_hashes(db: Path) -> list[bytes]:

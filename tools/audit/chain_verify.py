@@ -212,14 +212,14 @@ def _rows(report: VerifyReport) -> str:
 def _check_proof(db: Path, path: Path, cp: Checkpoint | None) -> dict[str, Any]:
     raw = read_text(path, "--proof")
     try:
-        doc = json.loads(raw)
+        doc = _proof_doc(raw)
         kind = doc["type"]
         detail = (
             _check_inclusion(db, doc, cp) if kind == "inclusion" else _check_consistency(doc, cp)
         )
     except ProofError as e:
         return {"ok": False, "type": str(doc.get("type")), "detail": str(e)}
-    except (ValueError, KeyError, TypeError) as e:
+    except _Malformed as e:
         raise Failure(
             f"--proof {path}: not a proof from `infervisor chain prove|consistency --json`: {e}",
             "bad_value",
@@ -228,21 +228,65 @@ def _check_proof(db: Path, path: Path, cp: Checkpoint | None) -> dict[str, Any]:
     return {"ok": True, "type": kind, "detail": detail}
 
 
-def _hexes(values: Any) -> list[bytes]:
+def _proof_doc(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a --proof file, whose type is inclusion or consistency."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise _Malformed("it is not JSON") from None
+    if not isinstance(doc, dict):
+        raise _Malformed("it is not a JSON object")
+    if doc.get("type") not in ("inclusion", "consistency"):
+        raise _Malformed(f"type {doc.get('type')!r}; allowed: inclusion, consistency")
+    return doc
+
+
+class _Malformed(Exception):
+    """A --proof file that is not a proof document: why, in the project's words
+    (a newcomer's trial, stop 33, read Python's "non-hexadecimal number found in
+    fromhex() arg at position 0")."""
+
+
+def _field(doc: dict[str, Any], name: str) -> Any:
+    if name not in doc:
+        raise _Malformed(f"no {name!r} field")
+    return doc[name]
+
+
+def _count(doc: dict[str, Any], name: str) -> int:
+    value = _field(doc, name)
+    if type(value) is not int or value < 0:
+        raise _Malformed(f"{name} {value!r} is not a whole number >= 0")
+    return value
+
+
+def _hash(value: Any, name: str) -> bytes:
+    """A SHA-256 hash as the proof writes it: 64 hex digits."""
+    if not isinstance(value, str) or len(value) != 64:
+        raise _Malformed(f"{name} {value!r} is not a hash: 64 hex digits allowed")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise _Malformed(f"{name} {value!r} is not a hash: 64 hex digits allowed") from None
+
+
+def _hexes(doc: dict[str, Any], name: str) -> list[bytes]:
+    values = _field(doc, name)
     if not isinstance(values, list):
-        raise TypeError("expected a list of hex hashes")
-    return [bytes.fromhex(v) for v in values]
+        raise _Malformed(f"{name} is not a list of hashes (64 hex digits each)")
+    return [_hash(v, f"{name}[{i}]") for i, v in enumerate(values)]
 
 
 def _check_inclusion(db: Path, doc: dict[str, Any], cp: Checkpoint | None) -> str:
-    seq, size = int(doc["leaf_index"]), int(doc["tree_size"])
-    root, event = bytes.fromhex(doc["root"]), bytes.fromhex(doc["event_hash"])
+    seq, size = _count(doc, "leaf_index"), _count(doc, "tree_size")
+    root, event = _hash(_field(doc, "root"), "root"), _hash(_field(doc, "event_hash"), "event_hash")
+    path = _hexes(doc, "path")
     if cp is not None and (cp.tree_size != size or cp.root != root):
         raise ProofError(
             f"the proof is for tree size {size} root {root.hex()}, the checkpoint signed "
             f"{cp.tree_size} {cp.root.hex()}"
         )
-    verify_inclusion(seq, size, leaf_hash(event), _hexes(doc["path"]), root)
+    verify_inclusion(seq, size, leaf_hash(event), path, root)
     hashes = stored_hashes(db)
     if seq >= len(hashes) or hashes[seq] != event:
         found = hashes[seq].hex() if seq < len(hashes) else "no such event"
@@ -254,11 +298,11 @@ def _check_inclusion(db: Path, doc: dict[str, Any], cp: Checkpoint | None) -> st
 
 
 def _check_consistency(doc: dict[str, Any], cp: Checkpoint | None) -> str:
-    if doc["type"] != "consistency":
-        raise ValueError(f"type {doc['type']!r}: allowed inclusion, consistency")
-    old, new = int(doc["old_size"]), int(doc["new_size"])
-    old_root, new_root = bytes.fromhex(doc["old_root"]), bytes.fromhex(doc["new_root"])
+    old, new = _count(doc, "old_size"), _count(doc, "new_size")
+    old_root = _hash(_field(doc, "old_root"), "old_root")
+    new_root = _hash(_field(doc, "new_root"), "new_root")
+    proof = _hexes(doc, "proof")
     if cp is not None and (cp.tree_size, cp.root) not in ((old, old_root), (new, new_root)):
         raise ProofError("the proof names neither tree head of the checkpoint")
-    verify_consistency(old, new, old_root, new_root, _hexes(doc["proof"]))
+    verify_consistency(old, new, old_root, new_root, proof)
     return f"the tree of size {new} extends the tree of size {old}"

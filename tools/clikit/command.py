@@ -21,7 +21,7 @@ import click
 from ..api.exit_codes import EPILOG, cut
 from ..api.one_line import MAX_REASON, refusal
 from .failure import Failure, echo_json, fail
-from .paths import BadPath
+from .paths import BadKey, BadPath
 
 __all__ = [
     "SECONDS",
@@ -75,6 +75,8 @@ class Command(click.Command):
                 code = "bad_value" if isinstance(e, click.BadParameter) else "usage"
                 if isinstance(e, BadPath):
                     code = "bad_path"
+                elif isinstance(e, BadKey):
+                    code = "bad_key"
                 body = ErrorBody(code=code, message=cut(e.format_message()), field=_usage_field(e))
                 echo_json(ErrorRecord(error=body))
             raise

@@ -26,8 +26,18 @@ from typing import Any
 import click
 
 from .failure import Failure
+from .key_shapes import as_key_problem
 
-__all__ = ["KEY", "BadPath", "KeyOrFile", "file_problem", "need_dir", "need_file", "need_parent"]
+__all__ = [
+    "KEY",
+    "BadKey",
+    "BadPath",
+    "KeyOrFile",
+    "file_problem",
+    "need_dir",
+    "need_file",
+    "need_parent",
+]
 
 
 def file_problem(path: Path) -> str | None:
@@ -87,6 +97,15 @@ class BadPath(click.BadParameter):
     JSON code is ``bad_path``, as the commands' own path refusals."""
 
 
+class BadKey(click.BadParameter):
+    """A ``--key`` whose value is plainly no verifier key (a checkpoint, the node's
+    private key, not text): a usage error (exit 2) whose JSON code is ``bad_key``."""
+
+
+#: How much of a --key file is read to judge its shape (a key is one short line).
+_KEY_READ_BYTES = 64 * 1024
+
+
 def _key_shaped(text: str) -> bool:
     """Whether ``text`` has the shape of a key string (``name+hexid+base64``, or a
     signer key ``PRIVATE+KEY+...``): two ``+`` at least; a file name seldom has."""
@@ -95,7 +114,9 @@ def _key_shaped(text: str) -> bool:
 
 class KeyOrFile(click.ParamType[str]):
     """``--key``: a key string, or a file holding one. A value naming an existing
-    path must be a readable file; one without a key string's shape must name one.
+    path must be a readable file; one without a key string's shape must name one;
+    one that is plainly no verifier key (a checkpoint, the node's private key,
+    not text: tools/clikit/key_shapes.py) is refused, saying what it is.
     The value is returned as given (the key is parsed where it is used)."""
 
     name = "key"
@@ -104,6 +125,9 @@ class KeyOrFile(click.ParamType[str]):
         text = os.fspath(value)
         path = Path(text)
         if not path.exists() and _key_shaped(text):
+            why = as_key_problem(text.encode("utf-8", "surrogateescape"), "the value")
+            if why is not None:
+                raise BadKey(why, ctx, param)
             return text
         problem = file_problem(path)
         if problem is not None:
@@ -113,6 +137,14 @@ class KeyOrFile(click.ParamType[str]):
                 ctx,
                 param,
             )
+        try:
+            with path.open("rb") as f:
+                head = f.read(_KEY_READ_BYTES)
+        except OSError as e:
+            raise BadPath(f"{text}: cannot read it: {e.strerror or e}", ctx, param) from e
+        why = as_key_problem(head, text)
+        if why is not None:
+            raise BadKey(why, ctx, param)
         return text
 
 

@@ -55,6 +55,13 @@ _FIELDS = {"grace_s": "--grace", "stream": "--stream", "tail_bytes": "--tail"}
 #: told the command (stop 32's trial: a placement on a cordoned node pointed to
 #: POST /v1/node/uncordon); the API's own answer keeps naming the route.
 _COMMAND_OF_ROUTE = {"POST /v1/node/uncordon": "`infervisor uncordon`"}
+#: What an unknown or missing token is told (exit 2, usage, as every --url command
+#: and docs/cli.md's exit table say; a token the node knows whose scope does not
+#: cover the verb is ``forbidden``, a refusal, 1).
+_FIX_UNKNOWN_KEY = (
+    "fix --token (or --token-file, INFERVISOR_TOKEN): one of the node's tokens, as in "
+    "its DATA_DIR/api-tokens.json"
+)
 
 
 def api_failure(e: ApiError, fields: Mapping[str, str] | None = None) -> NoReturn:
@@ -70,6 +77,8 @@ def api_failure(e: ApiError, fields: Mapping[str, str] | None = None) -> NoRetur
         message = message.replace(name, flag) if e.field == name else message
     for route, command in _COMMAND_OF_ROUTE.items():
         message = message.replace(route, command)
+    if e.code == "unauthorized" and field is None:  # the token the command sent
+        field, message = "--token", f"{message}: {_FIX_UNKNOWN_KEY}"
     fail(message, e.code, field)
 
 
