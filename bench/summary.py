@@ -38,7 +38,7 @@ under a second), always; with ``--front``, the OpenAI-compatible front
 against straight to llama-server (bench/front.py: a real node and real
 llama.cpp servers, about 2 more minutes).
 
-Run: ``python bench/summary.py`` (about 3 to 4 minutes on 2 cores; ``--quick``
+Run: ``python bench/summary.py`` (about 2 to 4 minutes on 2 cores; ``--quick``
 scales the counts down for a smoke run). Prints the machine, its load
 average, the git commit, and the table. bench/README.md records its output.
 """
@@ -565,7 +565,7 @@ def main() -> None:
         "--skip-slow",
         action="store_true",
         help="leave out the rows that take longest: RSS through `infervisor run` and "
-        "`place`, the boot on a 200,000-event chain, the auditor's commands (about 2 minutes)",
+        "`place`, the boot on a 200,000-event chain, the auditor's commands (about a minute)",
     )
     args = ap.parse_args()
     big, small, seconds, kills = (100, 30, 3.0, 10) if args.quick else (1000, 300, 10.0, 40)
