@@ -100,19 +100,7 @@ def main() -> None:
     lengths = [int(n) for n in args.events.split(",")]
     print(f"boot_time: {machine()}, {time.strftime('%Y-%m-%d %H:%M')}")
     with workdir("boot") as root:
-        makers: dict[str, Callable[[], Path]] = {"empty": _fresh(root, "empty", None, keep=False)}
-        for n in lengths:
-            master = root / f"long-{n}"
-            began = time.perf_counter()
-            size = long_data_dir(master, n, args.instances)
-            boot(master)  # as a node that ran leaves it: with the snapshot its shutdown wrote
-            print(f"built a {size:,}-event chain in {time.perf_counter() - began:.1f} s")
-            makers[f"{size:,} events, no snapshot"] = _fresh(root, f"no-{n}", master, keep=False)
-            makers[f"{size:,} events, snapshot"] = _fresh(root, f"snap-{n}", master, keep=True)
-        times: dict[str, list[float]] = {what: [] for what in makers}
-        for _ in range(args.rounds):
-            for what, make in makers.items():
-                times[what].append(boot(make()))
+        times = measure(root, lengths, args.instances, args.rounds, say=print)
     empty = statistics.median(times["empty"])
     rows = [
         (what, statistics.median(t), f"{statistics.median(t) / empty:.2f}x")
@@ -122,6 +110,32 @@ def main() -> None:
     worst = max(statistics.median(t) for what, t in times.items() if what.endswith(", snapshot"))
     met = "met" if worst <= 1.3 * empty else "NOT met"
     print(f"target: a snapshot boot at most 1.3x the empty one: {worst / empty:.2f}x, {met}")
+
+
+def measure(
+    root: Path,
+    lengths: list[int],
+    instances: int,
+    rounds: int,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, list[float]]:
+    """Seconds of each boot, ``rounds`` in turns, by what was booted: ``empty``,
+    ``N events, no snapshot`` and ``N events, snapshot`` per chain length (N: the
+    chain's size, formatted with thousands separators); data dirs under ``root``."""
+    makers: dict[str, Callable[[], Path]] = {"empty": _fresh(root, "empty", None, keep=False)}
+    for n in lengths:
+        master = root / f"long-{n}"
+        began = time.perf_counter()
+        size = long_data_dir(master, n, instances)
+        boot(master)  # as a node that ran leaves it: with the snapshot its shutdown wrote
+        say(f"built a {size:,}-event chain in {time.perf_counter() - began:.1f} s")
+        makers[f"{size:,} events, no snapshot"] = _fresh(root, f"no-{n}", master, keep=False)
+        makers[f"{size:,} events, snapshot"] = _fresh(root, f"snap-{n}", master, keep=True)
+    times: dict[str, list[float]] = {what: [] for what in makers}
+    for _ in range(rounds):
+        for what, make in makers.items():
+            times[what].append(boot(make()))
+    return times
 
 
 def _fresh(root: Path, name: str, master: Path | None, *, keep: bool) -> Callable[[], Path]:

@@ -24,13 +24,21 @@ alike. The figures:
   process (CPU, start-up included), and the start-up of ``chain verify`` and
   ``status`` beside the imports every command pays for.
 
+Issue 22's rows measured from outside the node (``--skip-slow`` leaves them
+out, with the auditor's commands): **RSS per adopted instance through
+``infervisor run`` and ``place``** (bench/rss_run.py: the node as its own
+process, 300 adopted instances placed and started through its control API,
+its RSS above the same node empty), and **the node's boot on a 200,000-event
+chain** left as a node leaves it (with its snapshot) against a boot on an
+empty data dir, in turns (bench/boot_time.py).
+
 Issue 21's figures: **loads on the residency trace**, the node's policy
 against an LRU-of-2 swap (bench/residency_trace.py, a simulation: well
 under a second), always; with ``--front``, the OpenAI-compatible front
 against straight to llama-server (bench/front.py: a real node and real
 llama.cpp servers, about 2 more minutes).
 
-Run: ``python bench/summary.py`` (about 2 to 3 minutes on 2 cores; ``--quick``
+Run: ``python bench/summary.py`` (about 2 to 4 minutes on 2 cores; ``--quick``
 scales the counts down for a smoke run). Prints the machine, its load
 average, the git commit, and the table. bench/README.md records its output.
 """
@@ -464,6 +472,46 @@ def exit_latency(root: Path, ports: list[int], others: int, kills: int) -> list[
     ]
 
 
+# ---------------------------------------------------------------- issue 22, outside
+def rss_through_run(root: Path, count: int) -> list[Row]:
+    """bench/rss_run.py: ``infervisor run`` as its own process, ``count`` adopted
+    instances placed and started through its control API as ``place --start`` does."""
+    import rss_run  # noqa: PLC0415 - bench/rss_run.py, beside this file
+
+    r = rss_run.rss_per_instance(root, count)
+    return [
+        Row(
+            f"{count} adopted through `infervisor run` and `place`: RSS above the empty node",
+            f"{r['rss']:.0f} KiB per instance (PSS {r['pss']:.0f}, USS {r['uss']:.0f}; "
+            f"empty node {r['empty_mib']:.0f} MiB; load {r['load']:.1f})",
+            "<= 200 KiB",
+            r["rss"] <= 200,
+        )
+    ]
+
+
+def boot_rows(root: Path, events: int, rounds: int) -> list[Row]:
+    """bench/boot_time.py: ``Node.open`` until it supervises, on a long chain left
+    as a node leaves it (with its snapshot) and on an empty data dir, in turns."""
+    import boot_time  # noqa: PLC0415 - bench/boot_time.py, beside this file
+
+    times = boot_time.measure(root, [events], 20, rounds)
+    empty = statistics.median(times.pop("empty"))
+    snap = next(w for w in times if w.endswith(", snapshot"))
+    full = next(w for w in times if w.endswith(", no snapshot"))
+    ours, whole = statistics.median(times[snap]), statistics.median(times[full])
+    ratio = ours / empty
+    return [
+        Row(
+            f"node boot on a {snap.split(' events')[0]}-event chain, until it supervises",
+            f"{ours * 1e3:.1f} ms = {ratio:.2f}x an empty data dir's {empty * 1e3:.1f} ms "
+            f"(without its snapshot: {whole:.2f} s)",
+            "<= 1.3x the empty boot",
+            ratio <= 1.3,
+        )
+    ]
+
+
 # ---------------------------------------------------------------- main
 # ---------------------------------------------------------------- issue 21
 def residency_loads() -> list[Row]:
@@ -513,6 +561,12 @@ def main() -> None:
         help="only the idle supervision rows (a node at scale; about 1 minute), for runs "
         "repeated side by side",
     )
+    ap.add_argument(
+        "--skip-slow",
+        action="store_true",
+        help="leave out the rows that take longest: RSS through `infervisor run` and "
+        "`place`, the boot on a 200,000-event chain, the auditor's commands (about a minute)",
+    )
     args = ap.parse_args()
     big, small, seconds, kills = (100, 30, 3.0, 10) if args.quick else (1000, 300, 10.0, 40)
     started = time.monotonic()
@@ -531,13 +585,24 @@ def main() -> None:
             rows += probe_cost(ports, 10 if args.quick else 30)
             rows += at_scale(root, ports, big, small, seconds)
             rows += exit_latency(root, ports, small, kills)
-        (root / "cli-audit").mkdir()
-        events = 20_000 if args.quick else 200_000
-        rows += [Row(*r) for r in audit_rows(root / "cli-audit", events=events)]
+        if not args.skip_slow:
+            rows += _slow_rows(root, args.quick)
         rows += residency_loads()
         if args.front:
             rows += front_rows(args.quick)
     _print(rows, started)
+
+
+def _slow_rows(root: Path, quick: bool) -> list[Row]:
+    """The auditor's commands, RSS through ``run`` and ``place``, the boot on a long chain."""
+    events = 20_000 if quick else 200_000
+    (root / "cli-audit").mkdir()
+    rows = [Row(*r) for r in audit_rows(root / "cli-audit", events=events)]
+    (root / "rss-run").mkdir()
+    rows += rss_through_run(root / "rss-run", 100 if quick else 300)
+    (root / "boot").mkdir()
+    rows += boot_rows(root / "boot", events, 3 if quick else 5)
+    return rows
 
 
 def _print(rows: list[Row], started: float) -> None:
