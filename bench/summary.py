@@ -8,8 +8,9 @@ alike. The figures:
   transaction, WAL, ``synchronous=FULL``) against SQLite's own single-row
   transactions on a table of the same shape with the same pragmas;
 - **group commit**: 32 threads appending through the ``ChainWriter`` actor at
-  once, each acknowledged when its event is durable, against SQLite's own
-  1,000-rows-per-transaction rate;
+  once, each acknowledged when its event is durable, in three rounds taken in
+  turns with SQLite's own 32-row and 1,000-row transactions (target: issue
+  22's 20,000 events/s);
 - **CPU per probe**: the node's probing engine probing adopted fakes over
   keep-alive connections, against the same GETs made with ``http.client``;
 - **idle supervision**: node CPU and RSS with 300 and 1,000 idle adopted
@@ -173,8 +174,33 @@ def single_appends(root: Path, count: int) -> list[Row]:
     ]
 
 
-def group_commit(root: Path, threads: int, each: int) -> list[Row]:
-    writer = ChainWriter.start(str(root / "group.db"), "bench")
+def group_commit(root: Path, threads: int, each: int, rounds: int = 3) -> list[Row]:
+    """``threads`` appenders through the ``ChainWriter``, each acknowledged when
+    durable, in ``rounds`` rounds taken in turns with SQLite's own 1,000-row and
+    ``threads``-row transactions on the same schema; the median round of each."""
+    rows = chained_rows(20_000)
+    ours, thousand, same = [], [], []
+    for r in range(rounds):
+        ours.append(_writer_rate(root / f"group-{r}.db", threads, each))
+        thousand.append(sqlite_rate(root / f"group-sqlite-{r}.db", rows, 1_000))
+        same.append(sqlite_rate(root / f"group-sqlite-{threads}-{r}.db", rows, threads))
+    rate = statistics.median(ours)
+    big, small = statistics.median(thousand), statistics.median(same)
+    return [
+        Row(
+            f"group commit, {threads} threads, each acked when durable (median of {rounds})",
+            f"{rate:,.0f} events/s (best {max(ours):,.0f}) = {rate / small:.2f}x SQLite's "
+            f"{threads}-row transactions' {small:,.0f}/s, "
+            f"{rate / big:.2f}x its 1,000-row {big:,.0f}/s",
+            ">= 20,000/s (issue 22)",
+            rate >= 20_000,
+        )
+    ]
+
+
+def _writer_rate(path: Path, threads: int, each: int) -> float:
+    """Events/s of ``threads`` threads each appending ``each`` events one at a time."""
+    writer = ChainWriter.start(str(path), "bench")
     try:
         writer.ask(Append(drafts=(draft(0),)))  # genesis and warm-up
         barrier = threading.Barrier(threads + 1)
@@ -191,19 +217,9 @@ def group_commit(root: Path, threads: int, each: int) -> list[Row]:
         t0 = time.perf_counter()
         for t in pool:
             t.join()
-        ours = threads * each / (time.perf_counter() - t0)
+        return threads * each / (time.perf_counter() - t0)
     finally:
         writer.stop()
-    theirs = sqlite_rate(root / "group-sqlite.db", chained_rows(20_000), 1_000)
-    ratio = ours / theirs
-    return [
-        Row(
-            f"group commit, {threads} threads, each acked when durable",
-            f"{ours:,.0f} events/s = {ratio:.2f}x SQLite's {theirs:,.0f}/s (1,000 a txn)",
-            ">= 20,000/s and >= 0.5x",
-            ours >= 20_000 and ratio >= 0.5,
-        )
-    ]
 
 
 # ---------------------------------------------------------------- probes

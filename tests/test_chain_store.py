@@ -325,6 +325,31 @@ def test_insert_or_replace_cannot_delete_an_event(db: Path) -> None:
     assert verify_chain(db).ok
 
 
+def test_a_shared_prev_hash_is_refused_by_the_trigger_not_an_index(db: Path) -> None:
+    """prev_hash has no UNIQUE index (chain/schema.py): the insert trigger alone
+    refuses a second row linking to the same event, replacing or not."""
+    with SqliteChain.open_readonly(db) as reader:
+        head = reader.head()
+        first = next(reader.events(after=0))
+    fork = seal(draft(9), seq=head.seq + 1, node="node-a", prev_hash=first.hash)
+    conn = sqlite3.connect(db)
+    try:
+        assert not [
+            row
+            for row in conn.execute("PRAGMA index_list(events)")
+            if "prev_hash" in [c[2] for c in conn.execute(f"PRAGMA index_info('{row[1]}')")]
+        ]
+        for verb in ("INSERT", "INSERT OR REPLACE"):
+            with pytest.raises(sqlite3.IntegrityError, match="prev_hash must be the hash"):
+                conn.execute(
+                    f"{verb} INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    tuple(msgspec.structs.astuple(fork)),
+                )
+    finally:
+        conn.close()
+    assert verify_chain(db).head_seq == head.seq
+
+
 @pytest.mark.parametrize(
     "statement", ["UPDATE events SET kind = 'x' WHERE seq = 1", "DELETE FROM events WHERE seq = 3"]
 )
