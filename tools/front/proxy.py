@@ -155,12 +155,15 @@ class Proxy:
         Raises:
             FrontError: 503 ``unavailable`` when the node cannot list its instances.
         """
-        if self._building is None:
+        building = self._building
+        if building is None:
             loop = asyncio.get_running_loop()
-            self._building = loop.run_in_executor(self._pool, self._build)
-            self._building.add_done_callback(self._built)
+            building = self._building = loop.run_in_executor(self._pool, self._build)
+            building.add_done_callback(self._built)
         try:
-            table, _ = await asyncio.shield(self._building)
+            table, _ = await asyncio.shield(building)
+            # taken now: the callback may run after this task resumes (uvloop's order)
+            self._built(building)
         except (NodeError, AdapterError, OSError, pykka.ActorDeadError, pykka.Timeout) as e:
             raise FrontError(
                 503,
@@ -178,6 +181,9 @@ class Proxy:
         return RouteTable.build(self.node.list(), lambda name: registry.entry(name).tag), version
 
     def _built(self, fut: asyncio.Future[tuple[RouteTable, tuple[int, int] | None]]) -> None:
+        """Take a finished build's table (once: a later build's is never replaced)."""
+        if self._building is not fut:
+            return
         self._building = None
         if not fut.cancelled() and fut.exception() is None:
             self._table, self._version = fut.result()
