@@ -219,17 +219,17 @@ class NodeResidency:
         except (NodeError, AdapterError, pykka.ActorDeadError, pykka.Timeout) as e:
             log.warning("%s: room for its %s was not made: %s", instance_id, cause, e)
 
-    def request_began(self, instance_id: str) -> None:
-        """A request routed to the instance began (never blocks: an actor tell).
-        The first of a busy spell is recorded (``residency.busy``); an unknown
-        instance is ignored (it was unloaded meanwhile)."""
-        self._tell(instance_id, o.RequestBegan())
+    def request_began(self, instance_id: str, count: int = 1) -> None:
+        """``count`` requests routed to the instance began (never blocks: an actor
+        tell). The first of a busy spell is recorded (``residency.busy``); an
+        unknown instance is ignored (it was unloaded meanwhile)."""
+        self._tell(instance_id, o.RequestBegan(count=count))
 
-    def request_ended(self, instance_id: str) -> None:
-        """A request routed to the instance ended (never blocks). The idle spell it
-        may begin is recorded at the instance's next reconcile tick; a demand
-        waiting for room plans again."""
-        self._tell(instance_id, o.RequestEnded())
+    def request_ended(self, instance_id: str, count: int = 1) -> None:
+        """``count`` requests routed to the instance ended (never blocks). The idle
+        spell it may begin is recorded at the instance's next reconcile tick; a
+        demand waiting for room plans again."""
+        self._tell(instance_id, o.RequestEnded(count=count))
         self._room_changed.set()
 
     def resume_demands(self, pending: Sequence[str]) -> threading.Thread | None:

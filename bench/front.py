@@ -59,6 +59,11 @@ INFERVISOR = BIN / "infervisor"
 LAUNCHER = BIN / "infervisor-llama-server"
 PROMPT = [{"role": "user", "content": "Hello"}]
 READY_S = 120.0
+#: The direct side's request headers: a new connection per streamed request, as the
+#: front opens one upstream per stream (docs/front.md: llama-server closes a
+#: connection kept alive after a stream once the next request arrives on it, and
+#: a client reusing it gets "Server disconnected without sending a response").
+FRESH = {"Connection": "close"}
 
 
 @dataclass
@@ -208,7 +213,7 @@ def _body(model: str, tokens: int) -> dict[str, object]:
 # ---------------------------------------------------------------- time to first token
 def first_token_s(client: httpx.Client, url: str, model: str) -> float:
     """Seconds from sending the request to its first chunk; reads the stream to its
-    end (the next request reuses the connection)."""
+    end (a client kept alive reuses its connection for the next request)."""
     took = None
     t = time.perf_counter()
     with client.stream("POST", url, json=_body(model, 4)) as r:
@@ -238,7 +243,10 @@ def counted(side: str, f: Callable[[], float]) -> float:
 
 def ttft(s: Setup, count: int) -> list[Row]:
     auth = {"Authorization": f"Bearer {s.token}"}
-    with httpx.Client(timeout=60) as direct, httpx.Client(timeout=60, headers=auth) as front:
+    with (
+        httpx.Client(timeout=60, headers=FRESH) as direct,
+        httpx.Client(timeout=60, headers=auth) as front,
+    ):
         sides = {
             "direct": lambda: first_token_s(direct, f"{s.direct}/v1/chat/completions", "tiny"),
             "front": lambda: first_token_s(front, f"{s.front}/v1/chat/completions", "tiny"),
@@ -277,14 +285,15 @@ async def one_stream(client: httpx.AsyncClient, url: str, tokens: int) -> int:
     return chunks
 
 
-NODE_CPU: list[tuple[float, int]] = []
-"""(CPU seconds the node process spent, tokens) of each round through the front."""
+NODE_CPU: list[tuple[float, float, int]] = []
+"""(CPU seconds the node process spent in user mode, in the kernel, tokens) of each
+round through the front."""
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used."""
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds process ``pid`` has used: (user, system)."""
     t = psutil.Process(pid).cpu_times()
-    return float(t.user + t.system)
+    return float(t.user), float(t.system)
 
 
 async def streams_rate(
@@ -293,28 +302,30 @@ async def streams_rate(
     limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
     async with httpx.AsyncClient(timeout=600, headers=headers, limits=limits) as client:
         url = f"{base}/v1/chat/completions"
-        cpu = cpu_s(node_pid) if node_pid else 0.0
+        cpu = cpu_s(node_pid) if node_pid else (0.0, 0.0)
         t = time.perf_counter()
         counts = await asyncio.gather(*(one_stream(client, url, tokens) for _ in range(streams)))
         took = time.perf_counter() - t
         if node_pid:
-            NODE_CPU.append((cpu_s(node_pid) - cpu, sum(counts)))
+            user, system = cpu_s(node_pid)
+            NODE_CPU.append((user - cpu[0], system - cpu[1], sum(counts)))
         return sum(counts) / took
 
 
 def throughput(s: Setup, streams: int, tokens: int, rounds: int) -> list[Row]:
     auth = {"Authorization": f"Bearer {s.token}"}
     got: dict[str, list[float]] = {"direct": [], "front": []}
-    asyncio.run(streams_rate(s.direct, {}, streams, 8))  # warm up
+    asyncio.run(streams_rate(s.direct, FRESH, streams, 8))  # warm up
     for i in range(rounds):
         order = ("direct", "front") if i % 2 == 0 else ("front", "direct")
         for side in order:
-            base, headers = (s.direct, {}) if side == "direct" else (s.front, auth)
+            base, headers = (s.direct, FRESH) if side == "direct" else (s.front, auth)
             pid = s.node_pid if side == "front" else None
             rate = functools.partial(streams_rate, base, headers, streams, tokens, pid)
             got[side].append(counted(side, lambda r=rate: asyncio.run(r())))
     d, f = statistics.median(got["direct"]), statistics.median(got["front"])
-    cpu, count = sum(c for c, _ in NODE_CPU), sum(n for _, n in NODE_CPU)
+    user, system = sum(u for u, _, _ in NODE_CPU), sum(k for _, k, _ in NODE_CPU)
+    cpu, count = user + system, max(sum(n for _, _, n in NODE_CPU), 1)
     return [
         Row(
             f"tokens/s, {streams} concurrent streams ({rounds} rounds each)",
@@ -324,7 +335,8 @@ def throughput(s: Setup, streams: int, tokens: int, rounds: int) -> list[Row]:
         ),
         Row(
             "the node's CPU per token through the front (its rounds; load-independent)",
-            f"{cpu * 1e6 / max(count, 1):.1f} us/token ({cpu:.2f} s for {count:,} tokens)",
+            f"{cpu * 1e6 / count:.1f} us/token (user {user * 1e6 / count:.1f}, system "
+            f"{system * 1e6 / count:.1f}; {cpu:.2f} s for {count:,} tokens)",
             "-",
             None,
         ),

@@ -1562,6 +1562,26 @@ def test_busy_and_idle_are_debounced_to_one_row_each_per_spell() -> None:
     assert "residency.idle" not in sim.kinds_of_last()
 
 
+def test_requests_told_as_counts_are_counted_each() -> None:
+    """The front tells one event-loop turn's requests as one count (tools/front/told.py)."""
+    sim = running(process_sim())
+    sim.feed(o.RequestBegan(count=3))
+    assert sim.kinds_of_last() == ["residency.busy"] and sim.tracking.inflight == 3
+    d = sim.feed(_evict_verb())
+    assert d.refusal is not None and "serves 3" in d.refusal.message
+    sim.feed(o.RequestEnded(count=2))
+    assert sim.tracking.serving == 1
+    sim.clock.advance(3)
+    sim.feed(o.Tick())
+    assert "residency.idle" not in sim.kinds_of_last()  # one is still in flight
+    ended_at = sim.clock.wall_ns
+    sim.feed(o.RequestEnded(count=5))  # never below none
+    sim.clock.advance(3)
+    sim.feed(o.Tick())
+    assert "residency.idle" in sim.kinds_of_last() and sim.inst.last_use_ns == ended_at
+    assert sim.tracking.inflight == 0
+
+
 def test_the_servers_own_counters_make_it_busy_and_idle_like_routed_requests() -> None:
     sim = running(process_sim())
     sim.feed(o.ServerActivity(active=2))

@@ -162,9 +162,15 @@ class RoomPlanned(_Obs, frozen=True):
 class RequestBegan(_Obs, frozen=True):
     """A request routed to the instance began (the front, or a server's counters)."""
 
+    #: Requests that began together (the front tells those of one event-loop turn at once).
+    count: int = 1
+
 
 class RequestEnded(_Obs, frozen=True):
     """A request routed to the instance ended (answered, failed or cancelled)."""
+
+    #: Requests that ended together.
+    count: int = 1
 
 
 class ServerActivity(_Obs, frozen=True):

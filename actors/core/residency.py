@@ -304,17 +304,18 @@ def _folds(inst: InstanceState, r: o.RoomRefused, now_ns: int) -> bool:
     return same and (r.node or now_ns - inst.refused_ns < rev.REFUSAL_WINDOW_S * 1e9)
 
 
-def request_began(d: Draft, _: o.RequestBegan) -> None:
+def request_began(d: Draft, r: o.RequestBegan) -> None:
     """Count it; the first of a busy spell is recorded (``residency.busy``)."""
-    d.track(msgspec.structs.replace(d.tracking, inflight=d.tracking.inflight + 1))
+    d.track(msgspec.structs.replace(d.tracking, inflight=d.tracking.inflight + max(0, r.count)))
     if not d.inst.busy and d.inst.lifecycle in _SERVING:
         d.emit(rev.ResidencyBusy())
 
 
-def request_ended(d: Draft, _: o.RequestEnded) -> None:
+def request_ended(d: Draft, r: o.RequestEnded) -> None:
     """Count it; the idle spell begins when none is left (recorded at the next tick)."""
     before = d.tracking.serving
-    counted = msgspec.structs.replace(d.tracking, inflight=max(0, d.tracking.inflight - 1))
+    left = max(0, d.tracking.inflight - max(0, r.count))
+    counted = msgspec.structs.replace(d.tracking, inflight=left)
     _count(d, counted, before)
 
 

@@ -144,17 +144,18 @@ class ClientSocket(Protocol):
 
 
 class _Uvicorn:
-    """uvicorn's cycle (``send.__self__``): its transport and its flow control."""
+    """uvicorn's cycle (``send.__self__``): its transport (asyncio's or uvloop's) and
+    its flow control."""
 
     __slots__ = ("_flow", "_transport", "write")
 
-    def __init__(self, transport: asyncio.Transport, flow: Any) -> None:
+    def __init__(self, transport: Any, flow: Any) -> None:
         self._transport = transport
         self._flow = flow
         self.write: Callable[[bytes], None] = transport.write
 
     def is_closing(self) -> bool:
-        return self._transport.is_closing()
+        return bool(self._transport.is_closing())
 
     @property
     def write_paused(self) -> bool:
@@ -174,7 +175,7 @@ def client_socket(send: Callable[..., Any], scope: dict[str, Any]) -> ClientSock
     if (
         scope.get("http_version") != "1.1"
         or getattr(cycle, "chunked_encoding", None) is not True
-        or not isinstance(transport, asyncio.Transport)
+        or not all(hasattr(transport, m) for m in ("write", "is_closing"))
         or not hasattr(flow, "write_paused")
         or not hasattr(flow, "drain")
     ):

@@ -2,8 +2,9 @@
 
 Per request: find the route (:mod:`.routes`), make sure the instance is ready
 (``Node.demand``, on a worker thread, skipped when the table saw it running),
-tell the node the request began (``Node.request_began``), send it upstream,
-pass the answer back as it arrives, and tell the node it ended.
+tell the node the request began (``Node.request_began``: :mod:`.told`, those of
+one event-loop turn at once), send it upstream, pass the answer back as it
+arrives, and tell the node it ended.
 
 - **Waiters.** Requests for an instance that is not ready share one demand
   (one worker thread per instance, however many wait); at most
@@ -50,6 +51,7 @@ from .errors import FrontError, retry_after
 from .pipe import ClientSocket, client_socket
 from .routes import Route, RouteTable, ollama_names
 from .tally import FrontTally
+from .told import Told
 from .upstream import (
     Answer,
     UpstreamDropped,
@@ -112,6 +114,7 @@ class Proxy:
         self.node = node
         self.queue_limit = queue_limit
         self.tally = FrontTally()
+        self.told = Told(node)
         self.upstreams = Upstreams(upstream_timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infervisor-front")
         self._table = RouteTable()
@@ -152,12 +155,15 @@ class Proxy:
         Raises:
             FrontError: 503 ``unavailable`` when the node cannot list its instances.
         """
-        if self._building is None:
+        building = self._building
+        if building is None:
             loop = asyncio.get_running_loop()
-            self._building = loop.run_in_executor(self._pool, self._build)
-            self._building.add_done_callback(self._built)
+            building = self._building = loop.run_in_executor(self._pool, self._build)
+            building.add_done_callback(self._built)
         try:
-            table, _ = await asyncio.shield(self._building)
+            table, _ = await asyncio.shield(building)
+            # taken now: the callback may run after this task resumes (uvloop's order)
+            self._built(building)
         except (NodeError, AdapterError, OSError, pykka.ActorDeadError, pykka.Timeout) as e:
             raise FrontError(
                 503,
@@ -175,6 +181,9 @@ class Proxy:
         return RouteTable.build(self.node.list(), lambda name: registry.entry(name).tag), version
 
     def _built(self, fut: asyncio.Future[tuple[RouteTable, tuple[int, int] | None]]) -> None:
+        """Take a finished build's table (once: a later build's is never replaced)."""
+        if self._building is not fut:
+            return
         self._building = None
         if not fut.cancelled() and fut.exception() is None:
             self._table, self._version = fut.result()
@@ -318,7 +327,7 @@ class Proxy:
             # llama-server drops a connection kept alive after a stream (the next request
             # sent on it gets no answer): the stream's connection is not kept.
             headers.append((b"connection", b"close"))
-        self.node.request_began(iid)
+        self.told.began(iid)
         self.tally.began(iid)
         status = 499  # the client went away before the server answered
         try:
@@ -331,7 +340,7 @@ class Proxy:
             finally:
                 await response.aclose()
         finally:
-            self.node.request_ended(iid)
+            self.told.ended(iid)
             self.tally.ended(iid, path, status)
 
     def _keep_alive(self, route: Route, path: str) -> str | int | None:
@@ -429,6 +438,7 @@ class Proxy:
 
     async def aclose(self) -> None:
         """Close the upstream clients and the worker threads (not waiting for them)."""
+        self.told.flush()
         await self.upstreams.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
 

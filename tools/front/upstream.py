@@ -24,7 +24,7 @@ import collections
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -95,8 +95,9 @@ class _Conn(asyncio.Protocol):
 
     # ---------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)  # a TCP connection
-        self.transport = transport
+        # a TCP transport: asyncio's, or uvloop's (not an asyncio.Transport subclass,
+        # the same methods)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.pipe is not None:
