@@ -65,7 +65,7 @@ FORMAT = "infervisor.snapshot/1"
 #: The modules whose code decides what a chain folds into: a change to any of them
 #: (a field, an event kind, a reducer rule) makes older snapshots unusable.
 _FOLD_MODULES = (
-    "callers", "event_base", "events", "fleet_events", "folder", "instance_rules",
+    "callers", "durations", "event_base", "events", "fleet_events", "folder", "instance_rules",
     "lifecycle", "node_events", "node_sets", "reasons", "reducer", "residency_events",
     "state", "upcast",
 )  # fmt: skip

@@ -166,7 +166,7 @@ def test_a_verbs_start_is_refused_at_its_deadline_naming_what_was_busy(
     assert e.code == "no_room" and e.retry_after_s > 0
     message = str(e)
     assert f"{a} (serving a request)" in message and f"{b} (serving a request)" in message
-    assert re.search(r"; waited \d+ s for one to turn idle", message), message
+    assert re.search(r"; waited \d+(\.\d+)? s for one to turn idle", message), message
     assert [node.status(i).lifecycle for i in (a, b)] == ["running", "running"]
     (refusal,) = [(s, p) for k, s, p in rows(node) if k == "residency.refused"]
     assert refusal[0] == c
