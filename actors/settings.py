@@ -70,7 +70,7 @@ class NodeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             "Checkpoints") every this many events (>= 1); one is also signed
             at a clean shutdown.
         checkpoint_every_s: and at the first event this many seconds after
-            the last checkpoint (> 0).
+            the last checkpoint stored, whichever run signed it (> 0).
         containment: how managed servers are contained (``auto``,
             ``cgroup2``, ``cgroup1``, ``pgroup``; see
             docs/process-supervision.md): ``auto`` uses a writable cgroup v2

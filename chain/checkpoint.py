@@ -39,6 +39,7 @@ from infervisor.chain.note import (
     Signer,
     Verifier,
     check_key_name,
+    key_text,
     open_note,
     parse_signer_key,
     parse_verifier_key,
@@ -334,12 +335,10 @@ def load_verifier(key: str | os.PathLike[str]) -> Verifier:
     Raises:
         CheckpointError: neither a readable file nor a key string.
     """
-    text = os.fspath(key)
-    if os.path.isfile(text):
-        try:
-            text = Path(text).read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{key}: cannot read the key: {e}") from e
+    try:
+        text = key_text(key)
+    except NoteError as e:
+        raise CheckpointError(str(e)) from e
     try:
         if text.startswith("PRIVATE+KEY+"):
             return parse_signer_key(text).verifier

@@ -14,7 +14,13 @@ tree or one that covers events not stored::
 `Checkpointer` keeps the Merkle tree of the chain as a compact range (one
 SHA-256 per event, plus on average one per event for the nodes) and signs a
 checkpoint every `every_events` events, or at the first append `every_s`
-seconds after the last one, and on `close`. A checkpoint's own commit is not
+seconds after the last one, and on `close`. "The last one" is the latest
+stored checkpoint (its `ts_ns`), whichever run signed it, else the genesis:
+a node restarted more often than every `every_s` seconds still signs (a
+newcomer's trial, stop 33: the timer started over with every run, so a
+node killed and restarted every few minutes never signed its events and no
+witness saw them), and a boot whose last checkpoint is already older signs
+at its first commit. A checkpoint's own commit is not
 fsynced (synchronous=NORMAL on its connection): it becomes durable with the
 next event commit, and the one written by `close` is fsynced.
 """
@@ -240,7 +246,12 @@ class Checkpointer:
 
         Args:
             every_events: sign once this many events were added since the last (>= 1).
-            every_s: or at the first append this many seconds after the last (> 0).
+            every_s: or at the first append this many seconds after the last (> 0),
+                counted from the latest stored checkpoint's ``ts_ns`` (else the
+                genesis's) on `now_ns`, then on `monotonic`.
+            monotonic: the clock the timer runs on within this run, seconds.
+            now_ns: wall clock, ns since the Unix epoch, UTC: the stored ``ts_ns``
+                of a checkpoint, and what the last one's age is read against.
 
         Raises:
             ValueError: every_events < 1 or every_s <= 0.
@@ -270,12 +281,29 @@ class Checkpointer:
                 create_table(self._conn)
                 latest = latest_checkpoint(self._conn)
                 self._resume(latest)
+                age_s = self._age_s(latest)
         except BaseException:
             self._conn.close()
             raise
         self.last_size = 0 if latest is None else latest.tree_size
-        self._last_at = monotonic()
+        self._last_at = monotonic() - age_s
         self._closed = False
+
+    def _age_s(self, latest: StoredCheckpoint | None) -> float:
+        """Seconds since the latest stored checkpoint was signed (else since the
+        genesis), on the wall clock, >= 0 (a clock stepped back counts as now).
+
+        The timer then runs on the monotonic clock from ``now - age``, so it
+        counts across runs and is not moved by a step of the wall clock
+        after boot."""
+        if latest is not None:
+            since = latest.ts_ns
+        else:
+            row = self._conn.execute("SELECT ts_ns FROM events WHERE seq = 0").fetchone()
+            if row is None or type(row[0]) is not int:
+                return 0.0
+            since = row[0]
+        return max(0.0, (self._now_ns() - since) / 1e9)
 
     def _resume(self, latest: StoredCheckpoint | None) -> None:
         """The tree of the stored events: from the latest checkpoint's frontier and the

@@ -142,7 +142,16 @@ def parse_witness_key(text: str) -> WitnessKey:
         NoteError: malformed, not a cosignature/v1 key (type 0x04), or the key
             ID is not that of the name and key.
     """
-    name, kid, public = split_key(text, "witness key", COSIGNATURE_V1)
+    try:
+        name, kid, public = split_key(text, "witness key", COSIGNATURE_V1)
+    except NoteError as e:
+        if _is_note_key(text):
+            raise NoteError(
+                "witness key: this is a signed-note Ed25519 key (type 0x01, such as a "
+                "node's node.pub), not a witness's cosignature/v1 key (type 0x04: the "
+                "key `infervisor witness vkey CONFIG` prints)"
+            ) from e
+        raise
     key = WitnessKey(name, public)
     if key.key_id != kid:
         raise NoteError(
@@ -150,6 +159,15 @@ def parse_witness_key(text: str) -> WitnessKey:
             f"({key.key_id.hex()})"
         )
     return key
+
+
+def _is_note_key(text: str) -> bool:
+    """Whether ``text`` is a well-formed Ed25519 signed-note verifier key."""
+    try:
+        split_key(text, "key")
+    except NoteError:
+        return False
+    return True
 
 
 class Cosigner:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from infervisor.chain import ed25519
@@ -111,6 +113,24 @@ class Signer:
         seed = ed25519.seed_of(self._private)
         encoded = base64.b64encode(bytes([ED25519]) + seed).decode("ascii")
         return f"{_PRIVATE_PREFIX}{self.name}+{self.verifier.key_id.hex()}+{encoded}"
+
+
+def key_text(key: str | os.PathLike[str]) -> str:
+    """The key string ``key`` names: the text of the file it names (surrounding
+    whitespace stripped), else ``key`` itself. The one reading of a "key string
+    or a file holding one" (``--key``, ``--witness``; a newcomer's trial, stop 33:
+    ``--witness pub1.txt`` was parsed as a key string).
+
+    Raises:
+        NoteError: the file cannot be read, or is not ASCII.
+    """
+    text = os.fspath(key)
+    if not os.path.isfile(text):
+        return text
+    try:
+        return Path(text).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise NoteError(f"{text}: cannot read the key: {e}") from e
 
 
 def split_key(text: str, what: str, kind: int = ED25519) -> tuple[str, bytes, bytes]:

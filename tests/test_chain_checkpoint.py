@@ -233,9 +233,11 @@ def test_fork_detected(tmp_path: Path) -> None:
     key = tmp_path / "a" / "node.pub"
     status, doc = verify_against(forked, saved, key)
     assert status == 1
-    # b's own checkpoints are signed by another key: a failure, never skipped (issue 18)
-    assert doc["checkpoint"]["reason"] == "checkpoint signature"  # type: ignore[index]
-    assert doc["ok"] is False
+    # b's own checkpoints are signed by another key: a failure, never skipped (issue
+    # 18); its origin is not the saved checkpoint's, which is said as such (stop 33)
+    error = doc["error"]
+    assert error["code"] == "checkpoint_invalid"  # type: ignore[index]
+    assert "this chain was made again under another key" in error["message"]  # type: ignore[index]
     # and an honest extension of the original is fine
     assert (
         compare(hashes_of(original), read_checkpoint(saved.read_text(), load_verifier(key))) is None

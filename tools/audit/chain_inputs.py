@@ -8,22 +8,25 @@ docs/chain-format.md, sections 8 to 12.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
 
 from infervisor.chain import ChainError, verify_chain
 from infervisor.chain.checkpoint import (
+    PUBLIC_KEY_FILE,
     Checkpoint,
     compare,
     load_verifier,
     parse_checkpoint_text,
     read_checkpoint_by,
 )
+from infervisor.chain.checkpoint_store import stored_checkpoints
 from infervisor.chain.connect import connect_reader, translated
 from infervisor.chain.errors import CheckpointError, NoteError
 from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
-from infervisor.chain.note import Verifier, split_note
+from infervisor.chain.note import Verifier, open_note, split_note
 
 from ..clikit.failure import Failure
 from ..clikit.key_shapes import as_checkpoint_problem
@@ -31,6 +34,7 @@ from ..clikit.paths import need_file
 
 __all__ = [
     "KEY_HELP",
+    "foreign_origin",
     "matches",
     "read_checkpoint",
     "read_text",
@@ -97,12 +101,19 @@ def read_checkpoint(
     """The checkpoint in FILE (named ``field`` in errors): its signature verified with
     `key` (or a key the chain's rotations link to it), or only parsed without one.
 
+    The rule (docs/cli.md, "chain verify --json"): a file that is no signed note
+    is the caller's input gone wrong (2); a signed note is checked with the key
+    before its text is read, so one edited after it was signed fails as a
+    verification (1) whether or not the edited text still reads as a checkpoint
+    (a newcomer's trial, stop 33: an edited size line said "not a checkpoint",
+    exit 2, while an edited signature said exit 1).
+
     Raises:
-        Failure: ``bad_value`` (exit 2, the caller's input, as a malformed ``--key``
-            is) when the file is no checkpoint at all: a key (``--checkpoint`` and
-            ``--key`` swapped), not text, not a signed note of a checkpoint;
-            ``checkpoint_invalid`` (exit 1) when it is one whose signature the key
-            does not verify.
+        Failure: ``bad_value`` (exit 2) when the file is no signed note (a key:
+            ``--checkpoint`` and ``--key`` swapped; not text; no signature line),
+            or a note the key signed, or that is read without a key, whose text
+            is no checkpoint; ``checkpoint_invalid`` (exit 1) when the key does
+            not verify its signature.
     """
     note = read_text(path, field)
     why = as_checkpoint_problem(note, str(path), field)
@@ -110,20 +121,100 @@ def read_checkpoint(
         raise Failure(why, "bad_value", field)
     try:
         text, _ = split_note(note)
+    except NoteError as e:
+        raise _not_a_checkpoint(path, field, e) from e
+    keys = None if key is None else trusted(db, key)
+    if keys is not None:
+        try:
+            open_note(note, keys)
+        except NoteError as e:
+            raise Failure(
+                f"{field} {path}: checkpoint signature: {e}{_also_malformed(text)}",
+                "checkpoint_invalid",
+                field,
+            ) from e
+    try:
         origin, size, root, head = parse_checkpoint_text(text)
-    except (CheckpointError, NoteError) as e:
-        raise Failure(
-            f"{field} {path}: not a checkpoint ({e}); a checkpoint is a signed note written "
-            "by `infervisor chain checkpoint WHERE --out FILE`",
-            "bad_value",
-            field,
-        ) from e
-    if key is None:
+    except CheckpointError as e:
+        raise _not_a_checkpoint(path, field, e) from e
+    if keys is None:
         return Checkpoint(origin, size, root, head, note.decode("utf-8"))
     try:
-        return read_checkpoint_by(note, trusted(db, key))
+        return read_checkpoint_by(note, keys)
     except (CheckpointError, NoteError) as e:
         raise Failure(f"{field} {path}: {e}", "checkpoint_invalid", field) from e
+
+
+def _not_a_checkpoint(path: Path, field: str, e: Exception) -> Failure:
+    return Failure(
+        f"{field} {path}: not a checkpoint ({e}); a checkpoint is a signed note written "
+        "by `infervisor chain checkpoint WHERE --out FILE`",
+        "bad_value",
+        field,
+    )
+
+
+def _also_malformed(text: str) -> str:
+    """What else is wrong with a note whose signature failed: its text, edited, may
+    no longer read as a checkpoint ("" when it does)."""
+    try:
+        parse_checkpoint_text(text)
+    except CheckpointError as e:
+        return (
+            f"; its text no longer reads as a checkpoint either ({e}): edited after it was signed"
+        )
+    return ""
+
+
+def foreign_origin(db: Path, cp: Checkpoint) -> str | None:
+    """Why ``cp`` is not of the log in ``db``, when its origin says so; else None.
+
+    A log's origin is the name of the key that signs it, kept across rotations
+    (chain/keys.py): the first line of the chain's stored checkpoints and the
+    name in node.pub beside it. A chain with neither is judged by its genesis's
+    node id against the one a default origin carries (``Checkpoint.node``).
+    Neither side is trusted here: a chain rewritten under a new key has a new
+    origin too, so the words blame neither (a newcomer's trial, stop 33: another
+    node's checkpoint and key read "INVALID ... at seq 63").
+
+    Raises:
+        Failure: ``chain_unreadable`` when the chain cannot be read.
+    """
+    origins, node = _origins(db)
+    if origins:
+        if cp.origin in origins:
+            return None
+        ours = f"its checkpoints' origin is {', '.join(sorted(origins))}"
+    elif cp.node not in (cp.origin, node):
+        ours = "it has no checkpoint"
+    else:
+        return None
+    return (
+        f"the checkpoint's origin is {cp.origin} (node {cp.node}); this chain is node "
+        f"{node}'s and {ours}: either the checkpoint and key are another log's (pass "
+        "this node's: its node.pub and a checkpoint of it), or this chain was made again "
+        "under another key since the checkpoint was signed (a rewrite); either way the "
+        "checkpoint vouches for nothing here"
+    )
+
+
+def _origins(db: Path) -> tuple[set[str], str]:
+    """The origins the chain's stored checkpoints and node.pub beside it name, and
+    the node id its genesis names."""
+    try:
+        conn = connect_reader(str(db))
+        try:
+            with translated(str(db), "read"):
+                row = conn.execute("SELECT node FROM events WHERE seq = 0").fetchone()
+                notes = [c.note for c in stored_checkpoints(conn)]
+        finally:
+            conn.close()
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+    origins = {n.split("\n", 1)[0] for n in notes}
+    with contextlib.suppress(CheckpointError):  # none beside a copy of chain.db alone
+        origins.add(load_verifier(db.parent / PUBLIC_KEY_FILE).name)
+    return origins, "?" if row is None else str(row[0])
 
 
 def stored_hashes(db: Path) -> list[bytes]:

@@ -25,14 +25,15 @@ import click
 
 from infervisor.chain import ChainError
 from infervisor.chain.checkpoint import Checkpoint
-from infervisor.chain.cosignature import WitnessPolicy, parse_witness_key
+from infervisor.chain.cosignature import WitnessKey, WitnessPolicy, parse_witness_key
 from infervisor.chain.errors import CheckpointError, NoteError
+from infervisor.chain.note import key_text
 from infervisor.chain.trust import Problem, Verdict, assess, node_key
 
 from ..clikit.command import UNVERIFIED_HELP
 from ..clikit.failure import Failure
-from ..clikit.paths import KEY
-from .chain_inputs import KEY_HELP, read_checkpoint
+from ..clikit.paths import KEY, WITNESS_KEY
+from .chain_inputs import KEY_HELP, foreign_origin, read_checkpoint
 
 __all__ = [
     "NOT_VOUCHED",
@@ -76,8 +77,10 @@ def trust_options(f: F) -> F:
         "witnesses",
         multiple=True,
         metavar="VKEY",
-        help="A witness's verifier key (name+hexid+base64, c2sp.org/tlog-cosignature); "
-        "repeat for each. Its cosignatures stored in the chain anchor the verdict. "
+        type=WITNESS_KEY,
+        help="A witness's verifier key (name+hexid+base64, c2sp.org/tlog-cosignature), "
+        "or a file holding one (as --key); repeat for each. Its cosignatures stored in "
+        "the chain anchor the verdict. "
         "Default: the [[witnesses]] of WHERE when it is a config.",
     )(f)
     f = click.option("--key", type=KEY, help=KEY_HELP + " Needed with --checkpoint.")(f)
@@ -165,9 +168,24 @@ def policy_of(args: TrustArgs) -> WitnessPolicy | None:
             raise Failure("--quorum needs --witness VKEY", "usage", "--quorum")
         return None
     try:
-        return WitnessPolicy.of([parse_witness_key(v) for v in vkeys], quorum)
-    except (NoteError, ValueError) as e:
+        return WitnessPolicy.of([_witness_key(v, field) for v in vkeys], quorum)
+    except ValueError as e:
         raise Failure(f"{field}: {e}", "usage", field) from e
+
+
+def _witness_key(value: str, field: str) -> WitnessKey:
+    """A witness key from ``value``: a key string, or (``--witness``) a file holding
+    one, read as ``--key`` reads one (chain/note.py ``key_text``).
+
+    Raises:
+        Failure: ``usage`` (exit 2) naming ``field`` and the file, when it does not parse.
+    """
+    from_file = field == "--witness" and Path(value).is_file()
+    try:
+        return parse_witness_key(key_text(value) if from_file else value)
+    except NoteError as e:
+        shown = f" {value}" if from_file else ""
+        raise Failure(f"{field}{shown}: {e}", "usage", field) from e
 
 
 def external_checkpoint(db: Path, args: TrustArgs) -> tuple[Checkpoint, str] | None:
@@ -176,7 +194,9 @@ def external_checkpoint(db: Path, args: TrustArgs) -> tuple[Checkpoint, str] | N
 
     Raises:
         Failure: ``usage`` (exit 2) when ``--key`` is missing; the file unreadable
-            (``bad_path``) or not a checkpoint signed by the key (``checkpoint_invalid``).
+            (``bad_path``) or not a checkpoint signed by the key (``checkpoint_invalid``),
+            or a checkpoint of another log (``checkpoint_invalid``, exit 1: the chain
+            is not vouched for, and a chain made again under a new key looks the same).
     """
     if args.checkpoint is None:
         return None
@@ -187,7 +207,11 @@ def external_checkpoint(db: Path, args: TrustArgs) -> tuple[Checkpoint, str] | N
             "usage",
             "--key",
         )
-    return read_checkpoint(args.checkpoint, args.key, db), args.checkpoint.name
+    cp = read_checkpoint(args.checkpoint, args.key, db)
+    foreign = foreign_origin(db, cp)
+    if foreign is not None:
+        raise Failure(f"--checkpoint {args.checkpoint}: {foreign}", "checkpoint_invalid")
+    return cp, args.checkpoint.name
 
 
 def judge_chain(

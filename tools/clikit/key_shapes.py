@@ -23,6 +23,7 @@ from typing import Literal
 
 __all__ = [
     "NODE_PUB",
+    "WITNESS_VKEY",
     "Shape",
     "as_checkpoint_problem",
     "as_key_problem",
@@ -33,6 +34,11 @@ Shape = Literal["private", "verifier", "note", "binary", "other"]
 
 #: Where an auditor gets the node's verifier key, as the refusals say it.
 NODE_PUB = "DATA_DIR/node.pub (its public half, written beside node.key: name+hexid+base64)"
+
+#: What ``--witness`` takes, as the refusals say it.
+WITNESS_VKEY = (
+    "a witness's verifier key (name+hexid+base64, c2sp.org/tlog-cosignature), or a file holding one"
+)
 
 _VERIFIER = re.compile(r"[^\s+]+\+[0-9a-f]{8}\+[A-Za-z0-9+/]+=*")
 _SIGNATURE_LINE = "\n\n\u2014 "  # a blank line, then U+2014 (em dash) and a space
@@ -56,23 +62,30 @@ def shape_of(data: bytes) -> Shape:
     return "other"
 
 
-def as_key_problem(data: bytes, shown: str) -> str | None:
+def as_key_problem(
+    data: bytes, shown: str, field: str = "--key", takes: str = NODE_PUB
+) -> str | None:
     """Why ``data`` (shown as ``shown``: a file name, or "the value") is no verifier
-    key for ``--key``, when its shape says so; None when it may be one (it is
-    parsed where it is used)."""
+    key for ``field`` (which takes ``takes``), when its shape says so; None when it
+    may be one (it is parsed where it is used)."""
     shape = shape_of(data)
-    if shape == "private":
+    if shape == "private" and field == "--key":
         return (
             f"{shown} is a PRIVATE signing key (PRIVATE+KEY+..., the node's node.key), "
-            f"not a verifier key: keep it on the node; auditors verify with {NODE_PUB}"
+            f"not a verifier key: keep it on the node; auditors verify with {takes}"
+        )
+    if shape == "private":
+        return (
+            f"{shown} is a PRIVATE signing key (PRIVATE+KEY+...), not a verifier key: "
+            f"keep it where it signs; {field} takes {takes}"
         )
     if shape == "note":
         return (
             f"{shown} is a checkpoint (a signed note), not a verifier key; did you swap "
-            f"--checkpoint and --key? --key takes {NODE_PUB}"
+            f"--checkpoint and {field}? {field} takes {takes}"
         )
     if shape == "binary":
-        return f"{shown} is not text, so not a verifier key; --key takes {NODE_PUB}"
+        return f"{shown} is not text, so not a verifier key; {field} takes {takes}"
     return None
 
 

@@ -26,10 +26,11 @@ from typing import Any
 import click
 
 from .failure import Failure
-from .key_shapes import as_key_problem
+from .key_shapes import NODE_PUB, WITNESS_VKEY, as_key_problem
 
 __all__ = [
     "KEY",
+    "WITNESS_KEY",
     "BadKey",
     "BadPath",
     "KeyOrFile",
@@ -113,36 +114,42 @@ def _key_shaped(text: str) -> bool:
 
 
 class KeyOrFile(click.ParamType[str]):
-    """``--key``: a key string, or a file holding one. A value naming an existing
-    path must be a readable file; one without a key string's shape must name one;
-    one that is plainly no verifier key (a checkpoint, the node's private key,
-    not text: tools/clikit/key_shapes.py) is refused, saying what it is.
-    The value is returned as given (the key is parsed where it is used)."""
+    """``--key`` (and ``--witness``): a key string, or a file holding one. A value
+    naming an existing path must be a readable file; one without a key string's
+    shape must name one; one that is plainly no verifier key (a checkpoint, a
+    private key, not text: tools/clikit/key_shapes.py) is refused, saying what
+    it is. The value is returned as given: the key is read where it is used,
+    by ``infervisor.chain.note.key_text`` (file or string, one implementation)."""
 
     name = "key"
+
+    def __init__(self, field: str = "--key", takes: str = NODE_PUB) -> None:
+        self._field = field
+        self._takes = takes
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         text = os.fspath(value)
         path = Path(text)
         if not path.exists() and _key_shaped(text):
-            why = as_key_problem(text.encode("utf-8", "surrogateescape"), "the value")
+            data = text.encode("utf-8", "surrogateescape")
+            why = as_key_problem(data, "the value", self._field, self._takes)
             if why is not None:
                 raise BadKey(why, ctx, param)
             return text
         problem = file_problem(path)
         if problem is not None:
-            raise BadPath(
-                f"{text}: {problem} (a key is a file such as DATA_DIR/node.pub, or a key "
-                "string name+hexid+base64)",
-                ctx,
-                param,
+            hint = (
+                "a key is a file such as DATA_DIR/node.pub, or a key string name+hexid+base64"
+                if self._field == "--key"
+                else f"{self._field} takes {self._takes}"
             )
+            raise BadPath(f"{text}: {problem} ({hint})", ctx, param)
         try:
             with path.open("rb") as f:
                 head = f.read(_KEY_READ_BYTES)
         except OSError as e:
             raise BadPath(f"{text}: cannot read it: {e.strerror or e}", ctx, param) from e
-        why = as_key_problem(head, text)
+        why = as_key_problem(head, text, self._field, self._takes)
         if why is not None:
             raise BadKey(why, ctx, param)
         return text
@@ -150,3 +157,6 @@ class KeyOrFile(click.ParamType[str]):
 
 KEY = KeyOrFile()
 """The type of every ``--key`` option."""
+
+WITNESS_KEY = KeyOrFile("--witness", WITNESS_VKEY)
+"""The type of every ``--witness`` option: a witness's vkey, or a file holding one."""
