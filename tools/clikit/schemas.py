@@ -118,8 +118,10 @@ class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
 
 
 class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """``place --json``: what the placement did (``applied``, ``unchanged``, ``ignored``)
-    and the instances evicted to make room for its start (``--start``; as a start's)."""
+    """``place --json``: what the placement did (``applied``, ``unchanged``, ``ignored``),
+    the instances evicted to make room for its start (``--start``; as a start's), and
+    ``start_error``, the node's refusal of that start (``{code, message, field}``, as
+    an error's; null when it started or none was asked): placed but not started."""
 
     instance_id: str
     outcome: str
@@ -128,6 +130,7 @@ class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
     seq: int
     hash: str
     evicted: list[str] = msgspec.field(default_factory=list)
+    start_error: ErrorBody | None = None
 
 
 class TimelineRecord(msgspec.Struct, frozen=True, kw_only=True, rename={"frm": "from"}):
@@ -258,7 +261,7 @@ def verb_record(v: InstanceView, seq: int, digest: str, evicted: Sequence[str] =
 
 def place_record(answer: Any) -> PlaceRecord:
     """The record of a placement's answer (an api.wire.PlaceAnswer)."""
-    kept = ("instance_id", "outcome", "generation", "seq", "hash", "evicted")
+    kept = ("instance_id", "outcome", "generation", "seq", "hash", "evicted", "start_error")
     return PlaceRecord(instance=from_view(answer.instance), **{k: getattr(answer, k) for k in kept})
 
 
@@ -364,6 +367,13 @@ VERB_SCHEMA["required"] = list(VERB_SCHEMA["properties"])
 
 _INSTANCE_ITEM = {k: v for k, v in INSTANCE_SCHEMA.items() if k not in ("$schema", "title")}
 
+_ERROR_BODY: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["code", "message", "field"],
+    "properties": {"code": _STR, "message": _STR, "field": _OPT_STR},
+}
+
 PLACE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "placement",
@@ -377,6 +387,7 @@ PLACE_SCHEMA: dict[str, Any] = {
         "seq": _INT,
         "hash": _STR,
         "evicted": _STRS,
+        "start_error": {**_ERROR_BODY, "type": ["object", "null"]},
     },
 }
 PLACE_SCHEMA["required"] = list(PLACE_SCHEMA["properties"])
@@ -405,12 +416,7 @@ ERROR_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "required": ["error"],
     "properties": {
-        "error": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["code", "message", "field"],
-            "properties": {"code": _STR, "message": _STR, "field": _OPT_STR},
-        }
+        "error": _ERROR_BODY,
     },
 }
 
