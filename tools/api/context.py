@@ -44,7 +44,9 @@ __all__ = [
 
 @dataclass
 class ApiContext:
-    """What the routes share: the gate, the chain file, who may call, the API's own port."""
+    """What the routes share: the gate, the chain file, who may call, the API's own port,
+    and ``own_ports``: each TCP port the node itself listens on (the API's, the
+    front's) and what to call it in a refusal (``API port (api.tcp)``)."""
 
     data_dir: Path
     chain_path: Path
@@ -52,6 +54,7 @@ class ApiContext:
     node_uid: int
     tokens: Tokens | None = None
     api_port: int | None = None
+    own_ports: dict[int, str] = field(default_factory=dict)
     gate: Gate = field(default_factory=Gate)
     hub: WatchHub = field(default_factory=lambda: WatchHub(-1))
     idempotency: IdempotencyStore = field(default_factory=IdempotencyStore)

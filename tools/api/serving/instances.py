@@ -206,9 +206,16 @@ class InstanceController(Controller):
 
 
 def _check_port(api: ApiContext, port: int) -> None:
-    if api.api_port is not None and port == api.api_port:
+    """Refuse a placement on a port the node itself listens on (the API's, the
+    front's: ``own_ports``), nothing recorded. Stop 33's trial: the front's port
+    was taken for a foreign server ("adopt it instead") and its refusal recorded.
+
+    Raises:
+        ApiError: ``port_taken`` (409), naming the port and whose it is.
+    """
+    if (own := api.own_ports.get(port)) is not None:
         raise ApiError(
-            f"port {port} is the node's own API port (api.tcp); choose another port",
+            f"port {port} is the node's own {own}; choose another port",
             "port_taken",
             409,
             "spec.port",
