@@ -1,5 +1,6 @@
 """A placement on a port the node itself listens on is refused by one rule
-(tools/api/serving/instances.py ``_check_port`` over ``ApiContext.own_ports``):
+(``ApiContext.refuse_own_port`` over ``own_ports``, for ``POST /v1/instances``
+and each item of ``PUT /v1/placements``):
 the control API's TCP port and the ``[front]``'s alike, 409 ``port_taken``,
 nothing recorded.
 
@@ -52,6 +53,15 @@ def test_a_placement_on_the_fronts_port_is_refused_as_the_nodes_own(
                 assert f"port {port} is the node's own front port ([front] listen)" in str(error)
                 assert len(chain_rows(db)) == rows  # nothing recorded
                 assert [v for v in node.list() if v.role == "f1"] == []
+                # the whole-set verb by the same rule, naming the item
+                fine = spec("f2")
+                error = refused(
+                    "port_taken",
+                    lambda: client.put_placements("ctl", 1, [(fine, False), (on_front, False)]),
+                )
+                assert f"port {port} is the node's own front port" in str(error)
+                assert error.field == "placements[1].spec.port", error.field
+                assert len(chain_rows(db)) == rows  # nothing recorded
         finally:
             front.close()
         control.stopping()

@@ -26,7 +26,7 @@ from infervisor.adapters.gpus import GpuCache
 from infervisor.chain.connect import connect_reader
 
 from .auth import Tokens
-from .errors import NodeStarting, NodeStopping
+from .errors import ApiError, NodeStarting, NodeStopping
 from .gate import Gate, Phase
 from .idempotency import IdempotencyStore
 from .watch import WatchHub
@@ -60,6 +60,21 @@ class ApiContext:
     idempotency: IdempotencyStore = field(default_factory=IdempotencyStore)
     metrics: Callable[[], tuple[bytes, str]] | None = None
     gpus: GpuCache = field(default_factory=GpuCache)
+
+    def refuse_own_port(self, port: int, at: str = "spec.port") -> None:
+        """Refuse a placement on a port the node itself listens on (the API's, the
+        front's: ``own_ports``), before anything is recorded; ``at`` names the field.
+        The one rule of ``POST /v1/instances`` and ``PUT /v1/placements``. Stop 33's
+        trial: the front's port was taken for a foreign server ("adopt it instead")
+        and its refusal recorded.
+
+        Raises:
+            ApiError: ``port_taken`` (409), naming the port and whose it is.
+        """
+        if (own := self.own_ports.get(port)) is not None:
+            raise ApiError(
+                f"port {port} is the node's own {own}; choose another port", "port_taken", 409, at
+            )
 
 
 #: A route's parameter ``node``: the node the gate admitted. The app gives it, never
