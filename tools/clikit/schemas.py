@@ -119,9 +119,8 @@ class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
 
 class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
     """``place --json``: what the placement did (``applied``, ``unchanged``, ``ignored``),
-    the instances evicted to make room for its start (``--start``; as a start's), and
-    ``start_error``, the node's refusal of that start (``{code, message, field}``, as
-    an error's; null when it started or none was asked): placed but not started."""
+    the instances evicted for its start (``--start``), and ``start_error``: the node's
+    refusal of that start (an error's body; null: started, or none asked)."""
 
     instance_id: str
     outcome: str
@@ -415,9 +414,7 @@ ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["error"],
-    "properties": {
-        "error": _ERROR_BODY,
-    },
+    "properties": {"error": _ERROR_BODY},
 }
 
 VERIFY_SCHEMA: dict[str, Any] = {

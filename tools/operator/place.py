@@ -156,12 +156,7 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
             field = (e.field or "").removeprefix("spec.")
             named = {e.field or "": _PLACE_FLAGS[field]} if field in _PLACE_FLAGS else {}
             api_failure(e, named if fragment is None else {})
-    if as_json:
-        echo_json(place_record(answer))
-    else:
-        _say_placed(answer)
-    if answer.start_error is not None:
-        _start_refused(answer.start_error)
+    _say_placed(answer, as_json)
 
 
 def _start_refused(error: ErrorBody) -> NoReturn:
@@ -173,8 +168,18 @@ def _start_refused(error: ErrorBody) -> NoReturn:
     sys.exit(exit_for(error.code))
 
 
-def _say_placed(answer: PlaceAnswer) -> None:
-    """The outcome's line, then one line per instance its start evicted (as `start`'s)."""
+def _say_placed(answer: PlaceAnswer, as_json: bool) -> None:
+    """The outcome's line, then one line per instance its start evicted (as `start`'s);
+    or the record (--json). A refused start then exits (:func:`_start_refused`)."""
+    if as_json:
+        echo_json(place_record(answer))
+    else:
+        _say_outcome(answer)
+    if answer.start_error is not None:
+        _start_refused(answer.start_error)
+
+
+def _say_outcome(answer: PlaceAnswer) -> None:
     v = answer.instance
     click.echo(
         f"{answer.instance_id}: {answer.outcome} (generation {answer.generation}); "
