@@ -209,12 +209,14 @@ def test_the_scope_is_recorded_in_the_source(api: Api) -> None:
         error = refused(by_controller, 403, "forbidden")
         assert "controller 'c1' needs scope control" in error["message"]
         assert api.head() == before
-        assert ops.post(f"/v1/instances/{iid}/stop", json={"grace_s": 1}).status_code == 200
         # A controller's placement (never a start here: /bin/false would restart in the
-        # background and move the chain's head under the other tests).
+        # background and move the chain's head under the other tests), which the
+        # operator then unloads (a stop of a never-started instance records nothing).
         placing = {"spec": {**SPEC, "port": 18743}, "controller": "c1", "generation": 1}
         placed = ctl.post("/v1/instances", json=placing)
         assert placed.status_code == 200, placed.text
+        theirs = placed.json()["instance_id"]
+        assert ops.post(f"/v1/instances/{theirs}/unload").status_code == 200
     sources = {source for _, source in api.sources()}
     assert "operator:token=ops (scope operate)" in sources
     assert "operator:token=ctl (scope control)" in sources  # the fixture's placement

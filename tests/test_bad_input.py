@@ -78,3 +78,35 @@ def test_a_config_naming_an_unknown_kind_is_refused_with_the_kinds(tmp_path: Pat
     message = str(err.value)
     assert "[[instances]] #1: kind 'batch' is not a kind of this node" in message
     assert "batch2" in message and "inference" in message and "process" in message
+
+
+@pytest.mark.parametrize(
+    ("kinds", "section", "key"),
+    [
+        ('[node.kinds.inference]\nprobe = "tcp"\n', "[node.kinds.inference]", "probe"),
+        (  # the first kind converts: the second, which does not, is named
+            '[node.kinds.batch2]\nmiss_limit = 2\n\n[node.kinds."my kind"]\nprobe = "tcp"\n',
+            '[node.kinds."my kind"]',
+            "probe",
+        ),
+        (
+            '[node.kinds.inference.restart]\nmax_restarts = "x"\n',
+            "[node.kinds.inference.restart]",
+            "max_restarts",
+        ),
+    ],
+)
+def test_a_bad_kind_is_named_by_its_table_not_a_placeholder(
+    tmp_path: Path, kinds: str, section: str, key: str
+) -> None:
+    """Stop 33's trial: ``[node.kinds.inference] probe = "tcp"`` was refused as
+    ``[node.kinds.<name>], key probe``."""
+    from infervisor.tools.node.config import ConfigError, load_config
+
+    path = tmp_path / "node.toml"
+    path.write_text(f'[node]\nnode_id = "n1"\ndata_dir = "data"\n\n{kinds}', encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert f"{section}, key `{key}`" in message, message
+    assert "<name>" not in message

@@ -327,12 +327,17 @@ def test_the_contract_with_the_node_up_and_down(start_node: Callable[..., Starte
     after = json.loads(exits(cli_here("status", data, chat, "--json"), Exit.OK).stdout)
     assert after["pid"] == before["pid"]
     assert after["last_seq"] == before["last_seq"]
-    stopped = exits(cli("stop", data, "embed", "--grace", "5"), Exit.OK)  # loaded -> stopped
-    assert f"{embed}: stopped (wanted stopped)" in stopped.stdout
+    # placed, never started (loaded, wanted stopped): at rest as a stopped one is, so
+    # its stop records nothing (stop 33's trial recorded loaded -> stopped)
+    embed_before = json.loads(exits(cli_here("status", data, embed, "--json"), Exit.OK).stdout)
+    stopped = exits(cli("stop", data, "embed", "--grace", "5"), Exit.OK)
+    assert f"{embed}: already loaded (wanted stopped)" in stopped.stdout
+    assert stopped.stdout.rstrip().endswith("; nothing recorded"), stopped.stdout
     assert stopped.stderr == ""  # no progress in a pipe
     again = exits(cli_here("stop", data, embed, "--json"), Exit.OK)
     validate(json.loads(again.stdout), VERB_SCHEMA)
-    assert json.loads(again.stdout)["lifecycle"] == "stopped"
+    assert json.loads(again.stdout)["lifecycle"] == "loaded"
+    assert json.loads(again.stdout)["last_seq"] == embed_before["last_seq"]
 
     # start --wait: answers once running; quiet in a pipe
     waited = exits(cli("start", data, "embed", "--wait", "--json"), Exit.OK)

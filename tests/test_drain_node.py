@@ -130,7 +130,11 @@ def test_cordon_drain_restart_uncordon(
             "",
             {"event": "node.uncordoned", "reason": "done", "v": 1},
         )
-        assert cli_here("uncordon", data).stdout.startswith("node uncordoned")  # already so: 0
+        uncordons = [r for r in chain_rows(db) if r[2] == "node.uncordoned"]
+        again = cli_here("uncordon", data)  # already so: 0, and says nothing was recorded
+        assert again.returncode == 0, again
+        assert again.stdout == "not cordoned: the node takes placements; nothing recorded\n"
+        assert [r for r in chain_rows(db) if r[2] == "node.uncordoned"] == uncordons
         c3 = client.place(spec("c3"), controller=CTL, generation=1, start=True).instance_id
         client.start(c1, controller=CTL)
         lifecycle(node, c1, "running")

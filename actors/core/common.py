@@ -276,8 +276,10 @@ def record_stop(
 ) -> float | None:
     """Record a stop (``instance.stop_requested``); the grace recorded, or None
     when there was nothing to stop (a shutdown leaves the state as the chain
-    says; a stopped instance with no restart pending and not wanted running
-    stays as it is).
+    says; a stopped instance, or a placed one never started (``loaded``), with
+    no restart pending and not wanted running stays as it is: docs/cli.md's
+    "a stopped instance records nothing"; stop 33's trial recorded
+    ``loaded -> stopped`` for one).
 
     ``holds_something``: a server process, or a model Ollama holds for us.
     ``escalate``: a second stop while stopping, recorded with grace 0 so a boot
@@ -286,7 +288,8 @@ def record_stop(
     inst = d.inst
     # Stopped by a shutdown, it is still wanted running: a stop records that it is not.
     wanted = inst.desired is Desired.RUNNING
-    settled = inst.lifecycle is S.STOPPED and inst.then != Then.RESTART and not wanted
+    at_rest = inst.lifecycle in {S.STOPPED, S.LOADED}
+    settled = at_rest and inst.then != Then.RESTART and not wanted
     if not holds_something and (by == Role.SHUTDOWN or settled):
         d.do(CancelTimer(name=Timer.RESTART))
         return None

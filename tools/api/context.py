@@ -26,7 +26,7 @@ from infervisor.adapters.gpus import GpuCache
 from infervisor.chain.connect import connect_reader
 
 from .auth import Tokens
-from .errors import NodeStarting, NodeStopping
+from .errors import ApiError, NodeStarting, NodeStopping
 from .gate import Gate, Phase
 from .idempotency import IdempotencyStore
 from .watch import WatchHub
@@ -44,7 +44,9 @@ __all__ = [
 
 @dataclass
 class ApiContext:
-    """What the routes share: the gate, the chain file, who may call, the API's own port."""
+    """What the routes share: the gate, the chain file, who may call, the API's own port,
+    and ``own_ports``: each TCP port the node itself listens on (the API's, the
+    front's) and what to call it in a refusal (``API port (api.tcp)``)."""
 
     data_dir: Path
     chain_path: Path
@@ -52,11 +54,27 @@ class ApiContext:
     node_uid: int
     tokens: Tokens | None = None
     api_port: int | None = None
+    own_ports: dict[int, str] = field(default_factory=dict)
     gate: Gate = field(default_factory=Gate)
     hub: WatchHub = field(default_factory=lambda: WatchHub(-1))
     idempotency: IdempotencyStore = field(default_factory=IdempotencyStore)
     metrics: Callable[[], tuple[bytes, str]] | None = None
     gpus: GpuCache = field(default_factory=GpuCache)
+
+    def refuse_own_port(self, port: int, at: str = "spec.port") -> None:
+        """Refuse a placement on a port the node itself listens on (the API's, the
+        front's: ``own_ports``), before anything is recorded; ``at`` names the field.
+        The one rule of ``POST /v1/instances`` and ``PUT /v1/placements``. Stop 33's
+        trial: the front's port was taken for a foreign server ("adopt it instead")
+        and its refusal recorded.
+
+        Raises:
+            ApiError: ``port_taken`` (409), naming the port and whose it is.
+        """
+        if (own := self.own_ports.get(port)) is not None:
+            raise ApiError(
+                f"port {port} is the node's own {own}; choose another port", "port_taken", 409, at
+            )
 
 
 #: A route's parameter ``node``: the node the gate admitted. The app gives it, never

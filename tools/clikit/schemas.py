@@ -118,8 +118,9 @@ class VerbRecord(InstanceRecord, frozen=True, kw_only=True):
 
 
 class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """``place --json``: what the placement did (``applied``, ``unchanged``, ``ignored``)
-    and the instances evicted to make room for its start (``--start``; as a start's)."""
+    """``place --json``: what the placement did (``applied``, ``unchanged``, ``ignored``),
+    the instances evicted for its start (``--start``), and ``start_error``: the node's
+    refusal of that start (an error's body; null: started, or none asked)."""
 
     instance_id: str
     outcome: str
@@ -128,6 +129,7 @@ class PlaceRecord(msgspec.Struct, frozen=True, kw_only=True):
     seq: int
     hash: str
     evicted: list[str] = msgspec.field(default_factory=list)
+    start_error: ErrorBody | None = None
 
 
 class TimelineRecord(msgspec.Struct, frozen=True, kw_only=True, rename={"frm": "from"}):
@@ -258,7 +260,7 @@ def verb_record(v: InstanceView, seq: int, digest: str, evicted: Sequence[str] =
 
 def place_record(answer: Any) -> PlaceRecord:
     """The record of a placement's answer (an api.wire.PlaceAnswer)."""
-    kept = ("instance_id", "outcome", "generation", "seq", "hash", "evicted")
+    kept = ("instance_id", "outcome", "generation", "seq", "hash", "evicted", "start_error")
     return PlaceRecord(instance=from_view(answer.instance), **{k: getattr(answer, k) for k in kept})
 
 
@@ -364,6 +366,13 @@ VERB_SCHEMA["required"] = list(VERB_SCHEMA["properties"])
 
 _INSTANCE_ITEM = {k: v for k, v in INSTANCE_SCHEMA.items() if k not in ("$schema", "title")}
 
+_ERROR_BODY: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["code", "message", "field"],
+    "properties": {"code": _STR, "message": _STR, "field": _OPT_STR},
+}
+
 PLACE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "placement",
@@ -377,6 +386,7 @@ PLACE_SCHEMA: dict[str, Any] = {
         "seq": _INT,
         "hash": _STR,
         "evicted": _STRS,
+        "start_error": {**_ERROR_BODY, "type": ["object", "null"]},
     },
 }
 PLACE_SCHEMA["required"] = list(PLACE_SCHEMA["properties"])
@@ -404,14 +414,7 @@ ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["code", "message", "field"],
-            "properties": {"code": _STR, "message": _STR, "field": _OPT_STR},
-        }
-    },
+    "properties": {"error": _ERROR_BODY},
 }
 
 VERIFY_SCHEMA: dict[str, Any] = {

@@ -223,6 +223,7 @@ def listen_for_clients(config: NodeConfig, control: ApiServer) -> FrontServer | 
         server = FrontServer.listen(front, address, tokens, settings.node_id)
     except ApiError as e:
         raise RunError(f"[front] {e}") from e
+    control.ctx.own_ports[server.address.port] = "front port ([front] listen)"  # placing refuses it
     gate = control.ctx.gate
     control.ctx.metrics = NodeMetrics(
         lambda: gate.node, settings.chain_path, also=[server.collector()]

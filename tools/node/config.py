@@ -126,7 +126,7 @@ def load_config(path: Path) -> NodeConfig:
     try:
         config = msgspec.convert(raw, NodeConfig)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{path}: {explain(str(e), NodeConfig)}") from e
+        raise ConfigError(f"{path}: {explain(str(e), NodeConfig, raw)}") from e
     _check(config, path)
     resolved = _resolve_paths(config, path.parent, path)
     _check_features_file(config.node.features_file, resolved.node.features_file, path)

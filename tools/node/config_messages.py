@@ -28,15 +28,19 @@ UNKNOWN_KEY = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
 MISSING_KEY = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
 _PART = re.compile(r"\.?(?P<name>[^.\[]+)(?:\[(?P<index>\d+|\.\.\.)\])?")
 _TOP = "the top level"
+#: A TOML bare key (written as it is in a section header; others are quoted).
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def explain(message: str, root: type[msgspec.Struct]) -> str:
-    """Rewrite a msgspec validation message of a ``root`` document in TOML terms."""
+def explain(message: str, root: type[msgspec.Struct], doc: Any = None) -> str:
+    """Rewrite a msgspec validation message of a ``root`` document in TOML terms;
+    ``doc``, the document as parsed (when given), names the table of a keyed section
+    (``[node.kinds.inference]``) where msgspec's path says only ``[...]``."""
     match = _AT.match(message)
     if match is None:  # pragma: no cover - the pattern matches any string
         return message
     what, path = match["what"], match["path"] or ""
-    section, cls, key = _locate(path, root)
+    section, cls, key = _locate(path, root, doc)
     place = "at the top level" if section == _TOP else f"in {section}"
     if unknown := UNKNOWN_KEY.match(what):
         return f"unknown key `{unknown['key']}` {place}; {allowed_keys(cls, unknown['key'])}"
@@ -81,11 +85,15 @@ def enum_hint(cls: type[msgspec.Struct], key: str | None) -> str:
     return ""
 
 
-def _locate(path: str, root: type[msgspec.Struct]) -> tuple[str, type[msgspec.Struct], str | None]:
+def _locate(
+    path: str, root: type[msgspec.Struct], doc: Any = None
+) -> tuple[str, type[msgspec.Struct], str | None]:
     """(TOML section, its struct, the key below it) of a msgspec path like ``.node.restart``.
 
     ``[n]`` indexes an array of tables (shown 1-based); ``[...]`` is a table
-    keyed by any name (``[node.kinds.<name>]``).
+    keyed by any name: the name of its first table that does not convert, read
+    from ``doc`` (``[node.kinds.inference]``), else ``[node.kinds.<name>]``
+    (stop 33's trial read the placeholder).
     """
     cls = root
     names: list[str] = []
@@ -95,12 +103,34 @@ def _locate(path: str, root: type[msgspec.Struct]) -> tuple[str, type[msgspec.St
         child = _struct_field(cls, m["name"])
         if child is None:
             return section, cls, ".".join(p["name"] for p in parts[i:])
-        names.append(m["name"] + (".<name>" if m["index"] == "..." else ""))
-        dotted = ".".join(names)
+        doc = doc.get(m["name"]) if isinstance(doc, dict) else None
         index = m["index"]
+        if index == "...":
+            name = _failing_key(doc, _field_types(cls).get(m["name"]))
+            doc = doc.get(name) if name is not None and isinstance(doc, dict) else None
+            names.append(f"{m['name']}.{name or '<name>'}")
+        else:
+            names.append(m["name"])
+            doc = doc[int(index)] if index and isinstance(doc, list) else doc
+        dotted = ".".join(names)
         section = f"[[{dotted}]] #{int(index) + 1}" if index and index.isdigit() else f"[{dotted}]"
         cls = child
     return section, cls, None
+
+
+def _failing_key(table: Any, field_type: Any) -> str | None:
+    """The first key of ``table`` (a TOML table, of a field typed ``dict[str, V]``)
+    whose value does not convert to ``V`` (msgspec converts a table in order): the
+    one its error is of."""
+    if not isinstance(table, dict) or typing.get_origin(field_type) is not dict:
+        return None
+    value_type = typing.get_args(field_type)[1]
+    for name, value in table.items():
+        try:
+            msgspec.convert(value, value_type)
+        except msgspec.ValidationError:
+            return str(name) if _BARE.fullmatch(str(name)) else f'"{name}"'
+    return None
 
 
 def _struct_field(cls: type[msgspec.Struct], name: str) -> type[msgspec.Struct] | None:

@@ -63,8 +63,13 @@ def _run(target: Target, verb: str, reason: str | None, as_json: bool) -> None:
     if as_json:
         echo_json(msgspec.to_builtins(answer))
         return
+    if not answer.recorded and answer.cordon == "none":
+        # An uncordon of a node that was not cordoned (stop 33's trial: it read
+        # "node uncordoned" though nothing was recorded), as a cordon re-sent says.
+        click.echo("not cordoned: the node takes placements; nothing recorded")
+        return
     click.echo(_SAID.get(answer.cordon, answer.cordon))
-    if not answer.recorded and answer.cordon != "none":
+    if not answer.recorded:
         said = in_force_said(answer.reason, answer.since_ns)
         because = "" if answer.reason is not None else " (no reason recorded)"
         click.echo(f"already {answer.cordon}{said}{because}; nothing recorded")

@@ -47,7 +47,7 @@ def show_node(target: Target, as_json: bool, unverified: bool) -> None:
     except NodeUnavailable as e:
         if target.where is None:
             api_failure(e)
-        _from_chain(*where(target.where), e, as_json=as_json, unverified=unverified)
+        _from_chain(target.where, e, as_json=as_json, unverified=unverified)
         return
     except ApiError as e:
         api_failure(e)
@@ -88,11 +88,11 @@ def _of_node(info: NodeInfo) -> NodeRecord:
     )
 
 
-def _from_chain(
-    folder: Path, db: Path, why: NodeUnavailable, *, as_json: bool, unverified: bool
-) -> None:
-    """The record replayed from the chain (verified unless ``unverified``, as
-    ``status``), printed as :func:`show_node` prints the node's."""
+def _from_chain(given: Path, why: NodeUnavailable, *, as_json: bool, unverified: bool) -> None:
+    """The record replayed from WHERE's chain (`given` as the operator gave it;
+    verified and judged against its checkpoints unless ``unverified``, as
+    ``status`` and ``replay``), printed as :func:`show_node` prints the node's."""
+    folder, db = where(given)
     if not db.is_file():
         if not isinstance(why, NotRunning):
             api_failure(why)  # a new node still opening: no chain yet
@@ -101,8 +101,9 @@ def _from_chain(
         )
     # Imported here: verifying a chain loads its trust checks (checkpoints, notes).
     from ..audit.offline import print_marker, read_offline, wrap  # noqa: PLC0415
+    from ..audit.trust_options import TrustArgs  # noqa: PLC0415
 
-    read = read_offline(db, unverified=unverified)
+    read = read_offline(db, unverified=unverified, trust=TrustArgs(given))
     click.echo("no node answers; its record replayed from the chain", err=True)
     record = _of_state(read.state, db)
     if as_json:

@@ -9,8 +9,9 @@ keys or values before anything is sent.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import msgspec
@@ -19,13 +20,14 @@ from infervisor.adapters.errors import SpecError
 from infervisor.adapters.spec import MAX_IDLE_TTL_S, MIN_IDLE_TTL_S
 
 from ..api.errors import ApiError
+from ..api.exit_codes import cut, exit_for
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json, fail
 from ..clikit.schemas import place_record
 from .target import Target, api_failure, connected, node_command
 
 if TYPE_CHECKING:  # only an annotation: the wire types load with the client
-    from ..api.wire import PlaceAnswer
+    from ..api.wire import ErrorBody, PlaceAnswer
 
 __all__ = ["place"]
 
@@ -127,9 +129,13 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
 
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node.
-    Exit 0 once placed; 1 when the node refuses (port taken, admission or
-    memory budget); 2 when the fragment, a key or a flag is wrong; 3 when no
-    node runs on WHERE (or answers at --url).
+    A --start the node refuses (no room: nothing can be evicted) leaves it
+    placed but not started: stderr says so with the node's message, --json
+    carries it as "start_error", and the exit is `infervisor start`'s for it.
+    Exit 0 once placed (and started, with --start); 1 when the node refuses
+    (port taken, admission or memory budget, or the start); 2 when the
+    fragment, a key or a flag is wrong; 3 when no node runs on WHERE (or
+    answers at --url).
     """
     # the spec's flags (_PLACE_FLAGS); an absent one leaves the fragment's key as it is
     flags = {key: value for key, value in spec_flags.items() if value is not None}
@@ -150,14 +156,30 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
             field = (e.field or "").removeprefix("spec.")
             named = {e.field or "": _PLACE_FLAGS[field]} if field in _PLACE_FLAGS else {}
             api_failure(e, named if fragment is None else {})
+    _say_placed(answer, as_json)
+
+
+def _start_refused(error: ErrorBody) -> NoReturn:
+    """Say on stderr that the start asked with the placement was refused (the node's
+    message; the placement stands), and exit as `infervisor start` does for its code
+    (no_room: 1). A newcomer's trial (stop 33): the refusal was only in the
+    instance's reason, and the exit 0."""
+    click.echo(f"error: placed, not started: {cut(error.message)}", err=True)
+    sys.exit(exit_for(error.code))
+
+
+def _say_placed(answer: PlaceAnswer, as_json: bool) -> None:
+    """The outcome's line, then one line per instance its start evicted (as `start`'s);
+    or the record (--json). A refused start then exits (:func:`_start_refused`)."""
     if as_json:
         echo_json(place_record(answer))
-        return
-    _say_placed(answer)
+    else:
+        _say_outcome(answer)
+    if answer.start_error is not None:
+        _start_refused(answer.start_error)
 
 
-def _say_placed(answer: PlaceAnswer) -> None:
-    """The outcome's line, then one line per instance its start evicted (as `start`'s)."""
+def _say_outcome(answer: PlaceAnswer) -> None:
     v = answer.instance
     click.echo(
         f"{answer.instance_id}: {answer.outcome} (generation {answer.generation}); "

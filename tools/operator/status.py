@@ -88,7 +88,8 @@ def status(  # noqa: PLR0917 - one parameter per option, as click passes them
 
     When no node runs on WHERE, the state is replayed from DATA_DIR/chain.db
     instead, and stderr says so; health and memory are then unknown. The
-    chain is verified in the same pass: one that does not verify is refused
+    chain is verified in the same pass, and against its stored checkpoints
+    (and a config's witnesses) as `replay` does: one that fails is refused
     (exit 1) unless --unverified (output marked). --json prints the same
     objects either way (docs/cli.md, schema "instance"), with "source":
     "node" or "chain"; what only the node knows is null from the chain.
@@ -148,8 +149,7 @@ def _show_status(
     except NodeUnavailable as e:
         if target.where is None or check:
             api_failure(e)
-        folder, db = where(target.where)
-        _status_from_chain(folder, db, instance, as_json, e, unverified=unverified)
+        _status_from_chain(target.where, instance, as_json, e, unverified=unverified)
         return
     except ApiError as e:
         api_failure(e)
@@ -313,14 +313,17 @@ _REDRAW_S = 2.0
 
 
 def _status_from_chain(
-    folder: Path,
-    db: Path,
+    given: Path,
     instance: str | None,
     as_json: bool,
     why: NodeUnavailable,
     *,
     unverified: bool = False,
 ) -> None:
+    """The instances replayed from WHERE's chain (`given` as the operator gave it),
+    verified and judged against its checkpoints (and a config's witnesses) as
+    ``replay`` judges it: refused unless ``unverified``."""
+    folder, db = where(given)
     if not db.is_file():
         if not isinstance(why, NotRunning):
             api_failure(why)  # a new node still opening: no chain yet
@@ -332,8 +335,9 @@ def _status_from_chain(
         )
     # Imported here: verifying a chain loads its trust checks (checkpoints, notes).
     from ..audit.offline import print_marker, read_offline, wrap  # noqa: PLC0415
+    from ..audit.trust_options import TrustArgs  # noqa: PLC0415
 
-    read = read_offline(db, unverified=unverified)
+    read = read_offline(db, unverified=unverified, trust=TrustArgs(given))
     state = read.state
     click.echo(f"{_unavailable(why)}; state replayed from the chain", err=True)
     records = [from_state(inst) for _, inst in sorted(state.instances.items())]

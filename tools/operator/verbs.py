@@ -118,8 +118,9 @@ def stop(target: Target, grace: float | None, as_json: bool) -> None:
     once nothing of the group is left (on a terminal, the grace counts down
     on stderr). The instance stays placed and is wanted stopped (the node
     will not restart it, nor will the next `infervisor run`): `infervisor
-    start` brings it back. A stopped instance is left as it is: exit 0,
-    "already stopped". Adopted servers are never stopped; `infervisor
+    start` brings it back. A stopped instance, or one placed and never
+    started, is left as it is: exit 0, "already stopped" ("already loaded"),
+    nothing recorded. Adopted servers are never stopped; `infervisor
     unload` forgets them. --json adds the seq and hash of the instance's
     last event in the chain.
 
@@ -217,7 +218,8 @@ def say_view(
     pid = f", pid {view.pid}" if view.pid is not None else ""
     state = f"already {view.lifecycle}" if already else view.lifecycle
     reason = f": {view.reason}" if view.reason else ""
-    click.echo(f"{view.instance_id}: {state} (wanted {view.desired}){pid}{reason}")
+    nothing = "; nothing recorded" if already else ""  # as a cordon sent again says
+    click.echo(f"{view.instance_id}: {state} (wanted {view.desired}){pid}{reason}{nothing}")
     for victim in evicted:
         click.echo(f"evicted {victim} to make room for it (it rests until a demand or start)")
 

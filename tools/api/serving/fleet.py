@@ -80,6 +80,8 @@ class FleetController(Controller):
         placements are one chain transaction; the same set again records nothing. A
         generation older than the controller's last set is 409 ``stale_generation``;
         a bad item is answered naming it (``placements[2].spec.model``), nothing done."""
+        for n, item in enumerate(data.placements):
+            verb.api.refuse_own_port(item.spec.port, f"placements[{n}].spec.port")
         items = [(item.spec, item.start) for item in data.placements]
         by = verb.controller_source(data.controller)
         try:

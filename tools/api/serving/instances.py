@@ -87,7 +87,7 @@ class InstanceController(Controller):
         nothing recorded) or ``ignored`` (an older generation: recorded as
         ``instance.placement_ignored``, nothing changes).
         """
-        _check_port(verb.api, data.spec.port)
+        verb.api.refuse_own_port(data.spec.port)
         by = verb.controller_source(data.controller) if data.controller else verb.source("operator")
         placed = verb.node.place_outcome(
             data.spec, placed_by=data.controller, generation=data.generation, source=by
@@ -203,16 +203,6 @@ class InstanceController(Controller):
         path = log_file(api.data_dir, instance_id, stream)
         chunks = follow_log(path, tail_bytes=tail_bytes, follow=follow, stopped=api.hub)
         return Stream(chunks, media_type=MediaType.TEXT)  # Litestar adds "; charset=utf-8"
-
-
-def _check_port(api: ApiContext, port: int) -> None:
-    if api.api_port is not None and port == api.api_port:
-        raise ApiError(
-            f"port {port} is the node's own API port (api.tcp); choose another port",
-            "port_taken",
-            409,
-            "spec.port",
-        )
 
 
 def _making_room(

@@ -135,6 +135,7 @@ class ApiServer:
             node_uid=os.geteuid(),
             tokens=tokens,
             api_port=tcp.port if tcp is not None else None,
+            own_ports={} if tcp is None else {tcp.port: "API port (api.tcp)"},
             metrics=metrics,
         )
         sockets = [_bind_unix(path)]
