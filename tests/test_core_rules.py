@@ -1655,20 +1655,6 @@ NODE_KINDS = {
 }
 
 
-def test_zz_every_state_and_event_kind_reached(request: pytest.FixtureRequest) -> None:
-    """Runs last; meaningful only when every other test of this module ran before it."""
-    items = request.session.items
-    mine = [i for i in items if i.module is request.module]
-    names = {getattr(i, "originalname", i.name) for i in mine}
-    every = {n for n in vars(request.module) if n.startswith("test_")}
-    if names != every or mine[-1] is not request.node:
-        pytest.skip("only a part of this module ran (or not in order): coverage not judged")
-    missing_states = set(LifecycleState) - SEEN_STATES
-    missing_kinds = set(ev.EVENT_TYPES) - NODE_KINDS - SEEN_KINDS
-    assert not missing_states, f"lifecycle states never reached: {sorted(missing_states)}"
-    assert not missing_kinds, f"event kinds never emitted: {sorted(missing_kinds)}"
-
-
 def test_a_resumed_stops_grace_reads_rounded_in_its_reason() -> None:
     """What is left of a grace is a float: its reason read ``grace 0.774663 s`` (a
     newcomer's trial, stop 33); durations in reasons are rounded one way
@@ -1687,3 +1673,19 @@ def test_a_resumed_stops_grace_reads_rounded_in_its_reason() -> None:
     assert reason_of(ev.RestartScheduled(attempt=1, delay_s=1.2345678, reason="r")).startswith(
         "restart 1 in 1.23 s"
     )
+
+
+def test_zz_every_state_and_event_kind_reached(request: pytest.FixtureRequest) -> None:
+    """Runs last; meaningful only when every other test of this module ran before it."""
+    items = request.session.items
+    mine = [i for i in items if i.module is request.module]
+    names = {getattr(i, "originalname", i.name) for i in mine}
+    every = {n for n in vars(request.module) if n.startswith("test_")}
+    if names != every:
+        pytest.skip("only a part of this module ran: coverage not judged")
+    after = [i.name for i in mine[mine.index(request.node) + 1 :]]
+    assert not after, f"this test must be the module's last; move above it: {after}"
+    missing_states = set(LifecycleState) - SEEN_STATES
+    missing_kinds = set(ev.EVENT_TYPES) - NODE_KINDS - SEEN_KINDS
+    assert not missing_states, f"lifecycle states never reached: {sorted(missing_states)}"
+    assert not missing_kinds, f"event kinds never emitted: {sorted(missing_kinds)}"
