@@ -22,10 +22,12 @@ import msgspec
 import pytest
 from conftest import NodeFactory
 from support import chain_rows
+from test_drain_node import refused, served
 from test_front import assert_openai_error, client, front, llama, node
 
 from infervisor.actors.node import Node
 from infervisor.adapters.errors import SpecError
+from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import MIN_MEMORY_MAX_BYTES, Flavor, InstanceSpec
 from infervisor.tools.api.answers import answer_for
 from infervisor.tools.api.serving.server import ApiServer, socket_path
@@ -151,6 +153,31 @@ def test_a_bad_restart_key_is_named_and_nothing_is_recorded(
     assert body.message.startswith(field), body
     assert chain_rows(Path(settings.chain_path)) == rows
     assert n.list() == []
+
+
+def test_the_api_names_the_restart_key_and_the_memory_floor_in_a_placement_and_a_set(
+    nodes: NodeFactory, fake_llama: str, fake_model: Path
+) -> None:
+    settings = nodes.settings(fake_llama, fake_model)
+    db = Path(settings.chain_path)
+    with served(nodes, settings, fake_model) as (_, api):
+        rows = chain_rows(db)
+        good = InstanceSpec(role="ok", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
+        for change, field in (
+            ({"restart": {"base_s": "2"}}, "spec.restart.base_s"),
+            ({"restart": {"max_restarts": -1}}, "spec.restart.max_restarts"),
+            ({"memory_max_bytes": 1000}, "spec.memory_max_bytes"),
+        ):
+            bad = msgspec.structs.replace(good, role="bad", port=free_port(), **change)
+            error = refused("bad_spec", lambda b=bad: api.place(b))
+            assert (error.status, error.field) == (400, field), error
+            error = refused(
+                "bad_spec",
+                lambda b=bad: api.put_placements("ctl-1", 1, [(good, False), (b, False)]),
+            )
+            assert (error.status, error.field) == (400, f"placements[1].{field}"), error
+        assert chain_rows(db) == rows  # refused: nothing recorded
+        assert api.list() == []
 
 
 @pytest.mark.parametrize("limit", [1000, 16 << 20, MIN_MEMORY_MAX_BYTES - 1])
