@@ -33,7 +33,7 @@ from .append import Entry
 from .context import InstanceContext
 from .core import admission as admission_rules
 from .errors import InvalidState
-from .kinds import DEFAULT_KINDS
+from .kinds import DEFAULT_KINDS, RestartOverrideError
 from .stand_in import record_unbuilt
 
 __all__ = [
@@ -190,6 +190,8 @@ def check_spec(ctx: InstanceContext, spec: InstanceSpec) -> None:
         raise SpecError(unknown, field="kind")
     try:
         ctx.settings.supervision(spec.kind, spec.restart)
+    except RestartOverrideError as e:  # the key at fault: spec.restart.base_s
+        raise SpecError(str(e), field=f"restart.{e.key}" if e.key else "restart") from e
     except ValueError as e:
         why = str(e) if str(e).startswith("restart") else f"restart: {e}"
         raise SpecError(why, field="restart") from e

@@ -8,6 +8,7 @@ What the spec means when a probe is judged is the core's
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -17,7 +18,16 @@ from infervisor.replay.policy import check_duration
 
 from .core.supervision import ProbeMethod, Supervision
 
-__all__ = ["DEFAULT_KINDS", "KindSettings", "supervision_for"]
+__all__ = ["DEFAULT_KINDS", "KindSettings", "RestartOverrideError", "supervision_for"]
+
+
+class RestartOverrideError(ValueError):
+    """A spec's ``restart`` override the node refuses; ``key`` is the key at fault
+    (``base_s``), None when none is (the override as a whole)."""
+
+    def __init__(self, message: str, key: str | None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class KindSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -83,8 +93,8 @@ def supervision_for(
     """Resolve an instance's supervision. Unknown kinds get the process judge.
 
     Raises:
-        ValueError: the restart override names an unknown field or a value out of
-            range (the field is named).
+        RestartOverrideError: (a ValueError) the restart override names an unknown
+            key or a value out of range; ``key`` names the key at fault.
     """
     spec = kinds.get(kind) or DEFAULT_KINDS.get(kind) or DEFAULT_KINDS["process"]
     restart = spec.restart or node_restart
@@ -103,11 +113,31 @@ def supervision_for(
 
 
 def _overridden(policy: RestartPolicy, override: dict[str, Any]) -> RestartPolicy:
+    allowed = ", ".join(f.name for f in msgspec.structs.fields(RestartPolicy))
     try:
         merged = msgspec.convert({**msgspec.to_builtins(policy), **override}, RestartPolicy)
     except msgspec.ValidationError as e:
-        allowed = ", ".join(f.name for f in msgspec.structs.fields(RestartPolicy))
-        why = str(e).replace("Object contains unknown field", "unknown key")
-        raise ValueError(f"restart: {why} (allowed keys: {allowed})") from e
-    merged.validate()
+        found = _AT.match(str(e))
+        what, key = (found["what"], found["key"]) if found else (str(e), None)
+        unknown = _UNKNOWN.match(what)
+        if unknown:
+            what, key = "unknown key", unknown["key"]
+        name = f"restart.{key}" if key else "restart"
+        raise RestartOverrideError(f"{name}: {what} (allowed keys: {allowed})", key) from e
+    try:
+        merged.validate()
+    except ValueError as e:
+        # RestartPolicy.validate names the field first (``restart.base_s 0: ...``,
+        # ``max_restarts -1: ...``, ``base_s 4 / cap_s 1: ...``)
+        key = str(e).split(" ", 1)[0].removeprefix("restart.")
+        why = str(e) if str(e).startswith("restart.") else f"restart.{e}"
+        if key == "base_s" and "cap_s" in override and "base_s" not in override:
+            key = "cap_s"  # base_s <= cap_s broken by the override's cap_s
+            why = f"restart.cap_s {merged.cap_s}: need base_s ({merged.base_s}) <= cap_s"
+        raise RestartOverrideError(why, key if key in override else None) from e
     return merged
+
+
+#: msgspec's ``<what> - at `$.<key>```, the key of the override at fault.
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$\.(?P<key>[^`.\[]*)[^`]*`)?$", re.DOTALL)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")

@@ -357,8 +357,11 @@ class NodeFleet:
             m.PlaceMany(placements=msgs, lead=lead, whole=True), block=True, timeout=ASK_TIMEOUT_S
         )
         for n, answer in zip(d.place, answers, strict=True):
-            if isinstance(answer, Exception):
+            if isinstance(answer, Exception):  # refused at once: the others were let go for it
                 raise SetItemRefused(n, answer)
+        for n, answer in zip(d.place, answers, strict=True):
+            if isinstance(answer, Exception):
+                continue
             try:
                 answer.result(timeout=_PLACE_WAIT_S)
             except FutureTimeout:

@@ -19,6 +19,7 @@ from .errors import SpecError
 from .spec_env import check_env
 
 __all__ = [
+    "MIN_MEMORY_MAX_BYTES",
     "Flavor",
     "InstanceSpec",
     "Mode",
@@ -103,7 +104,8 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
             (``max_restarts``, ``base_s``, ``cap_s``, ``stable_after_s``,
             ``window_s``, ``jitter``); checked when the instance is placed.
         memory_max_bytes: the server's memory limit in bytes, written to its
-            cgroup (managed llama.cpp and mlx-lm only; refused at placement
+            cgroup, at least :data:`MIN_MEMORY_MAX_BYTES` (64 MiB) (managed
+            llama.cpp and mlx-lm only; refused at placement
             where the node has no memory cgroup); None: no limit. The kernel's
             OOM killer ends a server that exceeds it, recorded as such.
         on_demand: placed ``resting`` and started by the first request or
@@ -190,11 +192,27 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         return "127.0.0.1" if self.host == "localhost" else self.host
 
 
+#: The smallest memory limit a spec may give (bytes, 64 MiB). The tiny test model's
+#: llama-server (0.5 MB of weights, 512 tokens of context) holds 41 MB resident when
+#: ready and after completions (VmHWM, stop 33b); below that the kernel's OOM killer
+#: ends the server as it loads, and the restart policy starts it into the same end.
+MIN_MEMORY_MAX_BYTES = 64 << 20
+
+
 def _check_memory_max(spec: InstanceSpec) -> None:
     limit = spec.memory_max_bytes
     if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
         raise SpecError(
-            f"memory_max_bytes {limit!r}: allowed a whole number of bytes > 0, or none",
+            f"memory_max_bytes {limit!r}: allowed a whole number of bytes from "
+            f"{MIN_MEMORY_MAX_BYTES} (64 MiB), or none",
+            field="memory_max_bytes",
+        )
+    if limit < MIN_MEMORY_MAX_BYTES:
+        raise SpecError(
+            f"memory_max_bytes {limit}: allowed at least {MIN_MEMORY_MAX_BYTES} (64 MiB), or "
+            "none: even a tiny llama-server holds about 41 MB once loaded, so a smaller "
+            "limit has the kernel's OOM killer end the server as it starts, restart after "
+            "restart",
             field="memory_max_bytes",
         )
     if spec.mode is not Mode.MANAGED or spec.flavor is Flavor.OLLAMA:

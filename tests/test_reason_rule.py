@@ -8,6 +8,7 @@ state or the chain.
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 import click
@@ -27,7 +28,15 @@ SPLITS_OR_TURNS = [
     *map(chr, range(0x202A, 0x202F)),
     *map(chr, range(0x2066, 0x206A)),
 ]
-REFUSED = [f"a{c}b" for c in SPLITS_OR_TURNS] + [
+#: Invisible where a reason is shown (stop 33b): a reason holding one looked like one without.
+INVISIBLE = [
+    *map(chr, range(0x200B, 0x2010)),  # zero-width space, (non-)joiner, LRM, RLM
+    *map(chr, range(0x2060, 0x2065)),  # word joiner, invisible operators
+    "\ufeff",  # byte order mark (zero-width no-break space)
+    "\u00ad",  # soft hyphen
+    "\u061c",  # Arabic letter mark
+]
+REFUSED = [f"a{c}b" for c in SPLITS_OR_TURNS + INVISIBLE] + [
     "",
     "   ",
     "a\nb",
@@ -35,7 +44,15 @@ REFUSED = [f"a{c}b" for c in SPLITS_OR_TURNS] + [
     "c1\x85",
     "x" * 501,
 ]
-TAKEN = ["kernel update", "kernel update, é 日本", "emoji 🙂 ok", "x" * 500, " padded "]
+TAKEN = [
+    "kernel update",
+    "kernel update, é 日本",
+    "emoji 🙂 ok",
+    "x" * 500,
+    " padded ",
+    "variation ❤\ufe0f selector",  # Mn, not Cf
+    "Ελληνικά, русский, עברית, العربية",  # right-to-left letters themselves are fine
+]
 
 
 def api_takes(reason: str) -> bool:
@@ -78,10 +95,41 @@ def test_a_reason_that_splits_or_turns_its_line_is_refused_by_the_api_and_nothin
         client.cordon("cordon", "kernel update")
         rows = chain_rows(db)
         for verb in ("cordon", "drain", "uncordon"):
-            for reason in ("L1\u2028L2", "P1\u2029P2", "a\u202eb", "a\u2066b", " "):
+            for reason in (
+                "L1\u2028L2",
+                "P1\u2029P2",
+                "a\u202eb",
+                "a\u2066b",
+                " ",
+                "a\u200bb",
+                "\ufeffa",
+            ):
                 api = refused("bad_request", lambda v=verb, r=reason: client.cordon(v, r))
                 assert api.field == "reason", api
                 assert "allowed: one line" in str(api), api
         assert chain_rows(db) == rows
         node = client.node()
         assert (node.cordon, node.cordon_reason) == ("cordoned", "kernel update")
+
+
+def test_every_format_character_below_u10000_is_refused_and_none_else_of_its_neighbours() -> None:
+    """The rule is Unicode's category Cf (below U+10000, as the schema's pattern can name),
+    with the controls and the line separators; a letter or a mark is not in it."""
+    for code in range(0x10000):
+        c = chr(code)
+        if 0xD800 <= code <= 0xDFFF:
+            continue
+        category = unicodedata.category(c)
+        expected = category in ("Cf", "Cc", "Zl", "Zp")
+        assert api_takes(f"a{c}b") is not expected, (hex(code), category)
+
+
+def test_an_invisible_characters_refusal_names_it_in_words() -> None:
+    body = msgspec.json.encode({"reason": "kernel\u200bupdate"})
+    with pytest.raises(msgspec.ValidationError) as caught:
+        msgspec.json.decode(body, type=CordonRequest)
+    error = explain(caught.value, CordonRequest)
+    assert error.field == "reason" and "format character" in error.message
+    assert "U+200B" in error.message and "U+FEFF" in error.message
+    with pytest.raises(click.BadParameter, match="U\\+200B"):
+        REASON.convert("kernel\u200bupdate", None, None)

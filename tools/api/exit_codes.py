@@ -113,6 +113,9 @@ EPILOG = (
 #: Longest value quoted whole in a message; longer ones are cut with an ellipsis.
 MAX_VALUE = 200
 _LONG = re.compile(rf"\S{{{MAX_VALUE + 1},}}")
+#: Longest message said whole: a value with spaces (a 100 KB ``role`` of short
+#: words) is not one long word, so the message as a whole is cut after this many.
+MAX_MESSAGE = 2000
 
 
 def exit_for(code: str) -> Exit:
@@ -121,5 +124,9 @@ def exit_for(code: str) -> Exit:
 
 
 def cut(message: str) -> str:
-    """``message`` with every word longer than MAX_VALUE characters cut, ending in ``…``."""
-    return _LONG.sub(lambda m: m[0][:MAX_VALUE] + "…", message)
+    """``message`` with every word longer than MAX_VALUE characters cut, ending in ``…``,
+    and the whole cut after MAX_MESSAGE characters (``… (N characters in all)``)."""
+    message = _LONG.sub(lambda m: m[0][:MAX_VALUE] + "…", message)
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return f"{message[:MAX_MESSAGE]}… ({len(message)} characters in all)"

@@ -6,11 +6,25 @@ control API's ``reason`` (tools/api/fleet_wire.py, through msgspec's pattern,
 Not allowed, as each would split a line where the text is shown (``events``,
 ``timeline``, ``status --node``) or turn the text around it: a control
 character (C0, DEL, C1: a newline, a tab, ...), the line and paragraph
-separators (U+2028, U+2029), the bidirectional embeddings and overrides
-(U+202A to U+202E) and isolates (U+2066 to U+2069) (Unicode's UAX #9; the
-"Trojan Source" attack, CVE-2021-42574); nor a text that is empty or blank
-(it would replace a reason in force with none); nor more than
-:data:`MAX_REASON` characters.
+separators (U+2028, U+2029); nor a format character (Unicode's general
+category Cf), which is invisible where the text is shown, so that two reasons
+that look alike could differ (spoofing): the bidirectional embeddings, overrides,
+isolates and marks (U+202A to U+202E, U+2066 to U+2069, U+200E, U+200F, U+061C;
+Unicode's UAX #9; the "Trojan Source" attack, CVE-2021-42574), the zero-width
+space, non-joiner and joiner (U+200B to U+200D), the word joiner and invisible
+operators (U+2060 to U+2064), the byte order mark (U+FEFF), the soft hyphen
+(U+00AD) and the rest of Cf in the Basic Multilingual Plane (Unicode 14); nor a
+text that is empty or blank (it would replace a reason in force with none); nor
+more than :data:`MAX_REASON` characters.
+
+What Cf costs ordinary text: an emoji joined with U+200D (a family, a rainbow
+flag), Persian or Indic text written with a zero-width non-joiner or joiner,
+and a soft hyphen are refused; letters, accents, CJK, emoji standing alone and
+variation selectors (category Mn) are not. The format characters beyond the
+Basic Multilingual Plane (the tags U+E0001, U+E0020 to U+E007F, and a few
+historic scripts' controls) are not in the rule: :data:`PATTERN` is also the
+OpenAPI schema's, read by ECMA-262 without its ``u`` flag, where no class can
+name a character beyond U+FFFF.
 """
 
 from __future__ import annotations
@@ -22,7 +36,14 @@ __all__ = ["ALLOWED", "MAX_REASON", "PATTERN", "refusal"]
 #: The most characters a reason may have.
 MAX_REASON = 500
 #: The characters not allowed, as the body of a regular expression's class.
-_NOT_ALLOWED = r"\u0000-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_CONTROL = r"\u0000-\u001f\u007f-\u009f"
+#: Unicode 14's format characters (Cf) below U+10000, and the line and paragraph
+#: separators (U+2028, U+2029, category Zl and Zp).
+_FORMAT = (
+    r"\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+    r"\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
+)
+_NOT_ALLOWED = _CONTROL + _FORMAT
 #: The whole rule but the length, one pattern for JSON Schema (ECMA-262) and for
 #: Python's ``re`` alike: not blank, then none of :data:`_NOT_ALLOWED`. ``(?!\n)$``:
 #: Python's ``$`` also matches before a final newline (as ControllerId's pattern).
@@ -30,8 +51,11 @@ PATTERN = rf"^(?!\s*$)[^{_NOT_ALLOWED}]*(?!\n)$"
 #: What is allowed, for an error's message.
 ALLOWED = (
     f"one line of at most {MAX_REASON} characters, not blank: no control character "
-    "(a newline, a tab, ...), line separator (U+2028, U+2029) or bidirectional "
-    "override (U+202A to U+202E, U+2066 to U+2069)"
+    "(a newline, a tab, ...), line separator (U+2028, U+2029) or invisible format "
+    "character (Unicode's category Cf: a bidirectional override or mark, U+202A to "
+    "U+202E, U+2066 to U+2069, U+200E, U+200F; a zero-width space or joiner, U+200B "
+    "to U+200D; a word joiner, U+2060 to U+2064; a byte order mark, U+FEFF; a soft "
+    "hyphen, U+00AD, ...)"
 )
 
 _ONE_LINE = re.compile(PATTERN)
@@ -49,7 +73,12 @@ def refusal(text: str, max_len: int = MAX_REASON) -> str | None:
             return "empty or blank"
         if ord(bad[0]) < 32 or 127 <= ord(bad[0]) < 160:
             return "a control character (a newline, a tab, ...) is not allowed"
-        return "a line separator or a bidirectional override is not allowed"
+        if bad[0] in "\u2028\u2029":
+            return "a line separator (U+2028, U+2029) is not allowed"
+        return (
+            f"an invisible format character (U+{ord(bad[0]):04X}, Unicode's category Cf: "
+            "a zero-width space or joiner, a direction mark or override, ...) is not allowed"
+        )
     if len(text) > max_len:
         return f"{len(text)} characters: at most {max_len} allowed"
     return None

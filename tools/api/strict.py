@@ -33,8 +33,10 @@ import msgspec
 
 from infervisor.adapters.spec import InstanceSpec
 
+from .exit_codes import cut
 from .fleet_wire import CordonRequest, PlacementSet
 from .idempotency import MAX_BODY, BodyCut, read_body, replayed
+from .json_words import malformed, not_an_object
 from .one_line import ALLOWED as ONE_LINE
 from .wire import (
     API_VERSION,
@@ -89,9 +91,14 @@ ALLOWED = {
 }
 
 
-def explain(error: msgspec.MsgspecError, body_type: type[msgspec.Struct]) -> ErrorBody:
-    """A body of ``body_type`` that does not decode: the field at fault (``spec.port``)
-    and what is wrong; an unknown field is answered with the fields there are."""
+def explain(
+    error: msgspec.MsgspecError, body_type: type[msgspec.Struct], body: bytes = b"{}"
+) -> ErrorBody:
+    """A ``body`` of ``body_type`` that does not decode: the field at fault (``spec.port``)
+    and what is wrong; an unknown field is answered with the fields there are; a body
+    that is not JSON, or not an object, in the words of :mod:`.json_words`."""
+    if not isinstance(error, msgspec.ValidationError):  # (a ValidationError is a DecodeError)
+        return _named(BODY, malformed(error, body), in_spec=False)
     match = _AT.match(str(error))
     what = match["what"] if match else str(error)
     path = (match["path"] or "").lstrip(".") if match else ""
@@ -110,8 +117,8 @@ def explain(error: msgspec.MsgspecError, body_type: type[msgspec.Struct]) -> Err
         what = "refused"  # the pattern itself says nothing to a reader: what is allowed does
     if allowed and "allowed" not in what:
         what += f"; allowed: {allowed}"
-    if isinstance(error, msgspec.DecodeError) and not path:
-        what = f"not valid JSON: {what}"
+    if not path and (whole := not_an_object(error)) is not None:
+        what = whole
     missing = what.startswith("Object missing required field")
     in_spec = path.startswith("spec.") or (path == "spec" and not missing)
     return _named((prefix + path).rstrip(".") or BODY, what, in_spec=in_spec)
@@ -122,7 +129,7 @@ def _named(field: str, what: str, *, in_spec: bool | None = None) -> ErrorBody:
     if in_spec is None:
         in_spec = field.startswith("spec.")
     return ErrorBody(
-        code="bad_spec" if in_spec else "bad_request", message=f"{field}: {what}", field=field
+        code="bad_spec" if in_spec else "bad_request", message=cut(f"{field}: {what}"), field=field
     )
 
 
@@ -204,7 +211,7 @@ def _check(
     try:
         decoded = _DECODERS[body_type].decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        return 400, explain(e, body_type)
+        return 400, explain(e, body_type, body)
     except RecursionError:
         return 400, _named(BODY, f"nested deeper than {MAX_DEPTH} levels", in_spec=False)
     found = beyond(decoded)

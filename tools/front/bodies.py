@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from ..api.json_words import malformed, not_an_object
 from .errors import FrontError
 
 __all__ = ["KEEP_ALIVE_ROUTES", "ROUTES", "Asked", "parse", "rewritten"]
@@ -97,11 +98,12 @@ def parse(path: str, body: bytes) -> Asked:
     try:
         got = _DECODERS[path].decode(body)
     except msgspec.ValidationError as e:
+        whole = not_an_object(e)
+        if whole is not None:
+            raise FrontError(400, f"{path}: {whole}", "invalid_body", param=None) from None
         raise _bad(path, str(e)) from None
     except msgspec.DecodeError as e:
-        raise FrontError(
-            400, f"the body of {path} is not JSON: {e}", "invalid_body", param=None
-        ) from None
+        raise FrontError(400, f"{path}: {malformed(e, body)}", "invalid_body", param=None) from None
     model = getattr(got, "model", None) or getattr(got, "name", None)
     if not model:
         raise FrontError(

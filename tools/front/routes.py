@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from infervisor.adapters.proc.errors import AdapterError
 from infervisor.replay.views import InstanceView
 
+from ..api.json_words import shown
 from .errors import FrontError
 
 __all__ = ["Route", "RouteTable", "ollama_names", "rank"]
@@ -155,9 +156,9 @@ class RouteTable:
         if other is not None:
             flavor = f"{_FLAVORS.get(other.view.flavor, 'an')} instance"
             if model == other.instance_id:
-                what = f"instance {model!r} is {flavor}"
+                what = f"instance {shown(model)} is {flavor}"
             else:
-                what = f"model {model!r} is served by {flavor} ({other.instance_id})"
+                what = f"model {shown(model)} is served by {flavor} ({other.instance_id})"
             return FrontError(
                 404,
                 f"{what}; Ollama's own routes (/api/...) reach only Ollama instances: "
@@ -173,7 +174,7 @@ class RouteTable:
         what = "Ollama model" if ollama_only else "model"
         return FrontError(
             404,
-            f"the {what} {model!r} is served by no instance of this node; "
+            f"the {what} {shown(model)} is served by no instance of this node; "
             f"models (served names and roles; or an instance id, GET /v1/models): {there}",
             "model_not_found",
             param="model",
