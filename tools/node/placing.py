@@ -72,20 +72,7 @@ def place_new(
     while its entry is the spec that placement recorded, and placed again,
     said loudly, once the entry changes (:mod:`infervisor.actors.core.config_hold`):
     the chain and the config alone decide, so every boot decides the same."""
-    known = set(node.rebuild().instances)
-    unknown = [
-        (n, entry, entry.spec(), iid)
-        for n, entry in enumerate(config.instances, 1)
-        if (iid := instance_id(entry.spec(), config.node.node_id)) not in known
-    ]
-    records = _recorded(Path(node.settings.chain_path), [iid for *_, iid in unknown])
-    new: list[tuple[int, InstanceEntry, InstanceSpec]] = []
-    for n, entry, spec, iid in unknown:
-        verdict = decide_config_entry(iid, msgspec.to_builtins(spec), records.get(iid))
-        if verdict.note:
-            say(verdict.note)
-        if verdict.outcome is Outcome.PLACE:
-            new.append((n, entry, spec))
+    new = _to_place(node, config, say)
     refused: list[str] = []
 
     def refuse(n: int, spec: InstanceSpec, problem: str) -> None:
@@ -114,6 +101,29 @@ def place_new(
         if start and (problem := _start_one(node, config, spec, iid, say)):
             refuse(n, spec, problem)
     return refused
+
+
+def _to_place(
+    node: Node, config: NodeConfig, say: Say
+) -> list[tuple[int, InstanceEntry, InstanceSpec]]:
+    """The config's entries to place now, numbered from 1 in the config's order:
+    those the node has not got, less those held unloaded (each hold and each
+    placement again after an unload said in one line)."""
+    known = set(node.rebuild().instances)
+    unknown = [
+        (n, entry, entry.spec(), iid)
+        for n, entry in enumerate(config.instances, 1)
+        if (iid := instance_id(entry.spec(), config.node.node_id)) not in known
+    ]
+    records = _recorded(Path(node.settings.chain_path), [iid for *_, iid in unknown])
+    new: list[tuple[int, InstanceEntry, InstanceSpec]] = []
+    for n, entry, spec, iid in unknown:
+        verdict = decide_config_entry(iid, msgspec.to_builtins(spec), records.get(iid))
+        if verdict.note:
+            say(verdict.note)
+        if verdict.outcome is Outcome.PLACE:
+            new.append((n, entry, spec))
+    return new
 
 
 def _recorded(chain_path: Path, iids: list[str]) -> dict[str, Recorded]:
