@@ -2,7 +2,8 @@
 then resume what the live node would have done.
 
 A recorded process still running is re-attached (and a termination in
-flight resumed with what is left of its grace); one that ended while no node
+flight resumed: SIGTERM again and the stop's full grace from the boot, recorded,
+since the boot cannot know whether the dead node sent SIGTERM); one that ended while no node
 ran is recorded with the status its shim kept, and the restart policy (or a
 one-shot's clean finish) follows; a launch interrupted before its spawn was
 recorded is recognised by its launch token.
@@ -20,7 +21,6 @@ from .common import (
     after_exit,
     demand_pending,
     describe_exit,
-    remaining_s,
     restart_due,
     try_start,
     unloading,
@@ -95,8 +95,13 @@ def _reattach(d: Draft, p: ProcessAlive, held: bool = False) -> None:
     d.emit(ev.Reattached(pid=p.pid, up_since=started))
     term = inst.terminating
     if term is not None and not held and inst.lifecycle is S.STOPPING and _wanted_back(inst):
-        _restart_after_shutdown(d, later(term.at, term.grace_s))
-    elif term is not None:
+        _restart_after_shutdown(d, term.grace_s)
+    elif term is not None and term.grace_s > 0:
+        # The dead node may have recorded the stop and died before its SIGTERM: the
+        # server is owed its whole grace, from now, recorded (a second boot reads it).
+        d.emit(ev.Terminating(cause=term.cause, grace_s=term.grace_s, at=d.now))
+        d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, term.grace_s)))
+    elif term is not None:  # an escalated stop (grace 0): SIGKILL at once, as recorded
         d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(term.at, term.grace_s)))
     elif inst.lifecycle is S.STOPPING:
         d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, d.rules.stop_grace_s)))
@@ -140,15 +145,22 @@ def _wanted_back(inst: InstanceState) -> bool:
     return inst.then == Then.NOTHING and inst.desired is Desired.RUNNING and not inst.exposed
 
 
-def _restart_after_shutdown(d: Draft, kill_due: Stamp) -> None:
+def _restart_after_shutdown(d: Draft, grace_s: float) -> None:
     """A live server the shutdown was stopping when the node died: the stop goes on
-    (SIGTERM again, SIGKILL when its grace ends, as recorded), and the boot records
-    that the server is started again once it is gone (``then`` restart, by the
-    boot), as it starts one whose exit it finds (:func:`_exited_at_boot`)."""
-    left = max(0.0, remaining_s(kill_due, d.now))
+    (SIGTERM again, SIGKILL once the stop's full grace has passed from now), and the
+    boot records that the server is started again once it is gone (``then``
+    restart, by the boot), as it starts one whose exit it finds
+    (:func:`_exited_at_boot`).
+
+    Why the full grace and not what is left of it (stop 33): the dead node may have
+    recorded the stop and died before it sent SIGTERM, and the boot cannot tell;
+    what was left of the grace was then spent on a server never asked to stop,
+    and it got SIGKILL at once. The full grace keeps the recorded promise; a
+    server that did get SIGTERM waits one grace more at most. Recorded in the
+    event, so a boot after another crash reads it and decides the same."""
     why = "the shutdown's stop, resumed at boot: started again once stopped"
-    d.emit(ev.StopRequested(by=Role.BOOT, grace_s=left, reason=why, then=Then.RESTART, at=d.now))
-    d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, left)))
+    d.emit(ev.StopRequested(by=Role.BOOT, grace_s=grace_s, reason=why, then=Then.RESTART, at=d.now))
+    d.do(Terminate(), ArmTimer(name=Timer.KILL, due=later(d.now, grace_s)))
 
 
 def _resume(d: Draft, held: bool = False) -> None:

@@ -9,17 +9,21 @@ the others run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 import pykka
 
+from infervisor.actors.core.config_hold import Outcome, Recorded, decide_config_entry
 from infervisor.actors.errors import NodeError
 from infervisor.actors.node import Node
 from infervisor.adapters.proc.errors import AdapterError
 from infervisor.adapters.spec import Flavor, InstanceSpec, Mode, instance_id
+from infervisor.chain import SqliteChain
+from infervisor.replay import events as ev
 
 from ..servers.extras import install_hint, missing_extra
-from .config import NodeConfig
+from .config import InstanceEntry, NodeConfig
 
 __all__ = ["PLACE_BATCH", "place_new", "report_resumed"]
 
@@ -62,13 +66,13 @@ def place_new(
     by side, each batch's events in one transaction), in the config's order, so of two
     that want one address the first wins; then started one at a time in that
     order (a memory budget admits the first ones). One refused is said in one
-    line and the rest go on. Returns the lines of the refusals."""
-    known = set(node.rebuild().instances)
-    new = [
-        (n, entry, entry.spec())
-        for n, entry in enumerate(config.instances, 1)
-        if instance_id(entry.spec(), config.node.node_id) not in known
-    ]
+    line and the rest go on. Returns the lines of the refusals.
+
+    One the chain records unloaded since its last placement is held unloaded
+    while its entry is the spec that placement recorded, and placed again,
+    said loudly, once the entry changes (:mod:`infervisor.actors.core.config_hold`):
+    the chain and the config alone decide, so every boot decides the same."""
+    new = _to_place(node, config, say)
     refused: list[str] = []
 
     def refuse(n: int, spec: InstanceSpec, problem: str) -> None:
@@ -97,6 +101,53 @@ def place_new(
         if start and (problem := _start_one(node, config, spec, iid, say)):
             refuse(n, spec, problem)
     return refused
+
+
+def _to_place(
+    node: Node, config: NodeConfig, say: Say
+) -> list[tuple[int, InstanceEntry, InstanceSpec]]:
+    """The config's entries to place now, numbered from 1 in the config's order:
+    those the node has not got, less those held unloaded (each hold and each
+    placement again after an unload said in one line)."""
+    known = set(node.rebuild().instances)
+    unknown = [
+        (n, entry, entry.spec(), iid)
+        for n, entry in enumerate(config.instances, 1)
+        if (iid := instance_id(entry.spec(), config.node.node_id)) not in known
+    ]
+    records = _recorded(Path(node.settings.chain_path), [iid for *_, iid in unknown])
+    new: list[tuple[int, InstanceEntry, InstanceSpec]] = []
+    for n, entry, spec, iid in unknown:
+        verdict = decide_config_entry(iid, msgspec.to_builtins(spec), records.get(iid))
+        if verdict.note:
+            say(verdict.note)
+        if verdict.outcome is Outcome.PLACE:
+            new.append((n, entry, spec))
+    return new
+
+
+def _recorded(chain_path: Path, iids: list[str]) -> dict[str, Recorded]:
+    """Per id of ``iids`` the chain has ever placed: its last placement's spec and
+    an unload after it. One read of the placements and unloads (the chain's kind
+    index, one connection), however many ids the config lists."""
+    found: dict[str, Recorded] = {}
+    wanted = set(iids)
+    if not wanted:
+        return found
+    kinds = ("instance.placed", "instance.unloaded")
+    with SqliteChain.open_readonly(chain_path) as chain:
+        for stored in chain.events(kinds=kinds):
+            iid = stored.subject
+            if iid not in wanted:
+                continue
+            event = ev.decode_event(stored)
+            if isinstance(event, ev.Placed):
+                found[iid] = Recorded(spec=dict(event.spec))
+            elif isinstance(event, ev.Unloaded) and iid in found:
+                found[iid] = Recorded(
+                    spec=found[iid].spec, unloaded_seq=stored.seq, unloaded_by=event.by
+                )
+    return found
 
 
 #: Configured instances placed at once (each batch is one round of admissions).

@@ -179,8 +179,9 @@ def unload(target: Target, as_json: bool) -> None:
     The server gets SIGTERM and, 5 s later, SIGKILL. The node no longer
     supervises it; its history stays in the chain (`infervisor timeline`).
     An adopted server keeps running: only its registration is forgotten.
-    The next `infervisor run` places it again while its config lists it:
-    remove it there to keep it gone. --json prints the seq and hash of its
+    An instance its config lists stays unloaded at every later boot (the
+    chain records the unload) until `infervisor place` places it again or
+    its [[instances]] entry changes. --json prints the seq and hash of its
     instance.unloaded event.
 
     WHERE is the node's data directory, its config file (.toml) or its
