@@ -103,3 +103,27 @@ def test_witness_takes_a_file_as_key_does(tmp_path: Path) -> None:
     assert "not a witness's cosignature/v1 key" in ran.err
     missing = cli("chain", "verify", str(folder), "--witness", str(tmp_path / "nope.vkey"))
     assert missing.code == 2 and "no such file" in missing.err, missing
+
+
+@pytest.mark.parametrize("command", ["verify", "audit", "replay", "events", "timeline"])
+def test_a_quorum_beyond_the_witnesses_or_a_witness_twice_is_usage(
+    tmp_path: Path, command: str
+) -> None:
+    """A second trial (stop 33): --quorum 2 with one --witness, or one key given
+    twice, ended every reader in a traceback (exit 1, nothing on stdout with --json)."""
+    folder = tmp_path / "data"
+    grow(folder, 5)
+    key = WITNESS.key.key_string()
+    argv = ["chain", "verify"] if command == "verify" else [command]
+    argv.append(str(folder))
+    if command == "timeline":
+        argv.append("x")
+    quorum = cli(*argv, "--witness", key, "--quorum", "2")
+    assert quorum.code == 2, quorum
+    assert "--quorum: witness quorum must be 1 .. 1, found 2" in quorum.err, quorum
+    if command != "events":  # events writes JSON lines (--jsonl), its errors as text
+        as_json = cli(*argv, "--witness", key, "--quorum", "2", "--json")
+        assert as_json.code == 2 and _error(as_json.out)["field"] == "--quorum", as_json
+    twice = cli(*argv, "--witness", key, "--witness", key)
+    assert twice.code == 2 and "--witness: witness " in twice.err, twice
+    assert "named twice" in twice.err and "Traceback" not in twice.err

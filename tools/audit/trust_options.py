@@ -167,10 +167,12 @@ def policy_of(args: TrustArgs) -> WitnessPolicy | None:
         if args.quorum is not None:
             raise Failure("--quorum needs --witness VKEY", "usage", "--quorum")
         return None
+    keys = [_witness_key(v, field) for v in vkeys]
     try:
-        return WitnessPolicy.of([_witness_key(v, field) for v in vkeys], quorum)
-    except ValueError as e:
-        raise Failure(f"{field}: {e}", "usage", field) from e
+        return WitnessPolicy.of(keys, quorum)
+    except (ValueError, NoteError) as e:  # a key named twice, a quorum out of range
+        named = "--quorum" if "quorum" in str(e) and args.quorum is not None else field
+        raise Failure(f"{named}: {e}", "usage", named) from e
 
 
 def _witness_key(value: str, field: str) -> WitnessKey:
