@@ -298,10 +298,22 @@ def check_triggers(conn: sqlite3.Connection, path: str) -> None:
         ChainFormatError: a trigger is missing, altered or added (the file was
             tampered with outside infervisor), naming it.
     """
+    problems = trigger_problems(conn)
+    if problems:
+        raise ChainFormatError(
+            f"chain {path}: its append-only triggers were changed outside infervisor "
+            f"({'; '.join(problems)}); the chain may have been tampered with: check it "
+            f"with `infervisor chain verify {path}` and keep it as evidence"
+        )
+
+
+def trigger_problems(conn: sqlite3.Connection) -> list[str]:
+    """What is wrong with the events table's append-only triggers, by their SQL
+    ([]: exactly ``TRIGGERS``): ``missing [...]``, ``altered [...]``, ``not ours [...]``."""
     rows = conn.execute(
         "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'events'"
     ).fetchall()
-    found = {str(name): normalized_sql(str(sql or "")) for name, sql in rows}
+    found = {_text(name): normalized_sql(_text(sql or "")) for name, sql in rows}
     missing = sorted(set(TRIGGERS) - set(found))
     altered = sorted(
         name
@@ -309,17 +321,11 @@ def check_triggers(conn: sqlite3.Connection, path: str) -> None:
         if name in found and found[name] != normalized_sql(sql)
     )
     added = sorted(set(found) - set(TRIGGERS))
-    problems = [
+    return [
         f"{what} {names}"
         for what, names in (("missing", missing), ("altered", altered), ("not ours", added))
         if names
     ]
-    if problems:
-        raise ChainFormatError(
-            f"chain {path}: its append-only triggers were changed outside infervisor "
-            f"({'; '.join(problems)}); the chain may have been tampered with: check it "
-            f"with `infervisor chain verify {path}` and keep it as evidence"
-        )
 
 
 def events_query(
@@ -368,3 +374,8 @@ def to_event(row: tuple[Any, ...]) -> StoredEvent:
         prev_hash=prev_hash,
         hash=digest,
     )
+
+
+def _text(value: object) -> str:
+    """A name or SQL read as text (a verifier's connection reads TEXT as bytes)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -5,7 +5,8 @@
 ``events``, ``audit`` and the node's boot check all ask :func:`judge` the
 same questions of a chain whose rows already verified (chain/verify.py):
 
-1. The ``checkpoints`` table's append-only triggers are as made, and the
+1. The ``events`` and ``checkpoints`` tables' append-only triggers are as
+   made (the node refuses to open a chain otherwise), and the checkpoints
    table is there when a node key is known.
 2. Every stored checkpoint's signature verifies with a trusted node key (the
    key given, else the data directory's node.pub, and every key a recorded
@@ -78,6 +79,7 @@ from infervisor.chain.errors import CheckpointError, CheckpointMismatch, NoteErr
 from infervisor.chain.keys import KEY_ROTATED_KIND, rotations_in, trusted_keys
 from infervisor.chain.locate import beside, bounds, last_of
 from infervisor.chain.note import Verifier
+from infervisor.chain.schema import trigger_problems as event_trigger_problems
 from infervisor.chain.unkeyed import claims_beyond, roots_disagree
 
 __all__ = ["Evidence", "Problem", "Verdict", "assess", "judge", "node_key", "read_evidence"]
@@ -171,7 +173,8 @@ def read_evidence(conn: sqlite3.Connection) -> Evidence:
         cosignatures=lines_by_size(conn) if has_cosignatures(conn) else {},
         rotations=rotations_in((k, _bytes(p)) for k, p in rows),
         last_stop=stop[0] if stop is not None and isinstance(stop[0], int) else None,
-        triggers=trigger_problems(conn) if table else [],
+        triggers=(trigger_problems(conn) if table else [])
+        + [f"events {p}" for p in event_trigger_problems(conn)],
         table=table,
         events=int(last) + 1 if isinstance(last, int) else 0,
         heads=heads,
@@ -264,12 +267,14 @@ def _signatures(
     evidence: Evidence, keys: list[Verifier]
 ) -> tuple[Problem | None, list[Checkpoint]]:
     """Every stored checkpoint's signature (a bad one is a failure, not skipped)."""
-    if evidence.triggers:
+    if evidence.triggers:  # the events' own first: their rows may have been removed
+        events = evidence.triggers[-1].startswith("events ")
         detail = (
-            "the checkpoints table's append-only triggers were changed outside infervisor "
-            f"({'; '.join(evidence.triggers)}): checkpoints may have been removed"
+            f"the {'events' if events else 'checkpoints'} table's append-only triggers were "
+            f"changed outside infervisor ({'; '.join(evidence.triggers)}): "
+            f"{'events' if events else 'checkpoints'} may have been removed"
         )
-        return Problem(0, "checkpoint triggers changed", detail), []
+        return Problem(0, f"{'event' if events else 'checkpoint'} triggers changed", detail), []
     if not keys:
         return None, []
     if not evidence.table:

@@ -4,12 +4,15 @@ checkpoint, a witness key in a file (a newcomer's trial, stop 33)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import chain_tamper
 import pytest
 from chain_tamper import make_chain
-from test_chain_trust import WITNESS, cli, cosign_all, grow
+from test_chain_trust import NODE, WITNESS, _draft, cli, cosign_all, grow
+
+from infervisor.chain import SqliteChain
 
 
 def _saved(db: Path, out: Path) -> Path:
@@ -127,3 +130,26 @@ def test_a_quorum_beyond_the_witnesses_or_a_witness_twice_is_usage(
     twice = cli(*argv, "--witness", key, "--witness", key)
     assert twice.code == 2 and "--witness: witness " in twice.err, twice
     assert "named twice" in twice.err and "Traceback" not in twice.err
+
+
+def test_a_tail_deleted_under_a_dropped_events_trigger_fails_every_reader(
+    tmp_path: Path,
+) -> None:
+    """A second trial (stop 33): the events' delete trigger dropped and the tail no
+    checkpoint covers yet deleted, chain verify, audit and status said "ok" (the
+    node refuses to open that chain). The readers check the events table's
+    triggers as the node does."""
+    folder = tmp_path / "data"
+    path = grow(folder, 20)
+    with SqliteChain.open(path, NODE) as chain:
+        chain.append_many([_draft(21), _draft(22)])
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER events_append_only_delete")
+    conn.execute("DELETE FROM events WHERE seq = (SELECT max(seq) FROM events)")
+    conn.commit()
+    conn.close()
+    for argv in (["chain", "verify"], ["audit"], ["status"], ["replay"]):
+        ran = cli(*argv, str(folder))
+        assert ran.code == 1, (argv, ran)
+        said = ran.out + ran.err
+        assert "event triggers changed" in said or "events table's append-only" in said, ran
