@@ -121,16 +121,25 @@ def key_text(key: str | os.PathLike[str]) -> str:
     or a file holding one" (``--key``, ``--witness``; a newcomer's trial, stop 33:
     ``--witness pub1.txt`` was parsed as a key string).
 
+    Lines starting with ``#`` and blank lines of a file are skipped (a comment
+    beside the key); the one line left is the key.
+
     Raises:
-        NoteError: the file cannot be read, or is not ASCII.
+        NoteError: the file cannot be read, is not ASCII, or holds no key or more
+            than one.
     """
     text = os.fspath(key)
     if not os.path.isfile(text):
         return text
     try:
-        return Path(text).read_text(encoding="ascii").strip()
+        lines = Path(text).read_text(encoding="ascii").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise NoteError(f"{text}: cannot read the key: {e}") from e
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if len(keys) != 1:
+        found = "no key" if not keys else f"{len(keys)} keys"
+        raise NoteError(f"{text} holds {found}: a key file holds one key string on one line")
+    return keys[0]
 
 
 def split_key(text: str, what: str, kind: int = ED25519) -> tuple[str, bytes, bytes]:

@@ -153,3 +153,22 @@ def test_a_tail_deleted_under_a_dropped_events_trigger_fails_every_reader(
         assert ran.code == 1, (argv, ran)
         said = ran.out + ran.err
         assert "event triggers changed" in said or "events table's append-only" in said, ran
+
+
+def test_a_key_file_may_hold_comments_but_one_key(tmp_path: Path) -> None:
+    """A second trial (stop 33): a --witness file holding the key twice, a comment
+    line, or nothing, read as one key string ('Only base64 data is allowed',
+    "key name '# comment\\n...'", 'found 1 parts')."""
+    folder = tmp_path / "data"
+    grow(folder, 10)
+    key = WITNESS.key.key_string()
+    commented = tmp_path / "commented.vkey"
+    commented.write_text(f"# the witness of our auditors\n\n{key}\n")
+    ran = cli("chain", "verify", str(folder), "--witness", str(commented))
+    assert ran.code == 0, ran
+    for name, text, found in (("empty", "", "no key"), ("twice", f"{key}\n{key}\n", "2 keys")):
+        vkey = tmp_path / f"{name}.vkey"
+        vkey.write_text(text)
+        ran = cli("chain", "verify", str(folder), "--witness", str(vkey))
+        assert ran.code == 2, ran
+        assert f"holds {found}: a key file holds one key string on one line" in ran.err, ran
