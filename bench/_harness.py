@@ -27,6 +27,8 @@ import psutil
 
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
+from infervisor.tools.api.client import ApiClient
+from infervisor.tools.api.errors import ApiError
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
@@ -192,3 +194,15 @@ def machine() -> str:
         f"{os.cpu_count()} cpu, {mem:.0f} GiB, Python {sys.version.split()[0]}, "
         f"{os.uname().sysname} {os.uname().release}, load {load:.1f}"
     )
+
+
+def node_answers(data: Path) -> bool:
+    """Whether the node of DATA_DIR ``data`` answers on its control socket (GET /v1/node)."""
+    if not (data / "api.sock").exists():
+        return False
+    try:
+        with ApiClient(data, timeout_s=5.0) as client:
+            client.node()
+    except ApiError:
+        return False
+    return True

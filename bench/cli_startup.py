@@ -37,10 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
-from _harness import machine, median, reaped_children, table, workdir
-
-from infervisor.tools.api.client import ApiClient
-from infervisor.tools.api.errors import ApiError
+from _harness import machine, median, node_answers, reaped_children, table, workdir
 
 HERE = Path(sys.executable).parent / "infervisor"
 _ANSWER_DEADLINE_S = 60.0
@@ -78,7 +75,7 @@ def running_node(program: Path, root: Path) -> Iterator[subprocess.Popen[bytes]]
     )
     try:
         deadline = time.monotonic() + _ANSWER_DEADLINE_S
-        while not _answers(data):
+        while not node_answers(data):
             if node.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{program} run: no answer (exit {node.returncode})")
             time.sleep(_POLL_S)
@@ -86,17 +83,6 @@ def running_node(program: Path, root: Path) -> Iterator[subprocess.Popen[bytes]]
     finally:
         node.send_signal(signal.SIGTERM)
         node.wait(timeout=_ANSWER_DEADLINE_S)
-
-
-def _answers(data: Path) -> bool:
-    if not (data / "api.sock").exists():
-        return False
-    try:
-        with ApiClient(data, timeout_s=5.0) as client:
-            client.node()
-    except ApiError:
-        return False
-    return True
 
 
 def sample(program: Path, which: str, root: Path) -> float:

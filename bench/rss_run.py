@@ -47,10 +47,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from _harness import FAKE_KEEPALIVE, FAKE_LLAMA, machine, reaped_children, servers, table, workdir
+from _harness import (
+    FAKE_KEEPALIVE,
+    FAKE_LLAMA,
+    machine,
+    node_answers,
+    reaped_children,
+    servers,
+    table,
+    workdir,
+)
 
 from infervisor.tools.api.client import ApiClient
-from infervisor.tools.api.errors import ApiError
 
 HERE = Path(sys.executable).parent / "infervisor"
 TRACED = Path(__file__).resolve().parent / "_traced_run.py"
@@ -166,7 +174,7 @@ def running(
     )
     try:
         deadline = time.monotonic() + READY_S
-        while not _answers(root / "data"):
+        while not node_answers(root / "data"):
             if node.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{program} run: no answer (exit {node.returncode})")
             time.sleep(0.05)
@@ -179,17 +187,6 @@ def running(
             node.kill()
             node.wait()
         log.close()
-
-
-def _answers(data: Path) -> bool:
-    if not (data / "api.sock").exists():
-        return False
-    try:
-        with ApiClient(data, timeout_s=5.0) as client:
-            client.node()
-    except ApiError:
-        return False
-    return True
 
 
 def place_all(program: Path, data: Path, ports: list[int], count: int, via: str) -> None:

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,10 @@ import msgspec
 import pytest
 from conftest import NodeFactory
 from support import chain_rows
+from test_api_bodies import (
+    SPEC,
+    starting,  # noqa: F401 - the fixture
+)
 from test_drain_node import refused, served
 from test_front import assert_openai_error, client, front, llama, node
 
@@ -30,7 +33,6 @@ from infervisor.adapters.errors import SpecError
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.spec import MIN_MEMORY_MAX_BYTES, Flavor, InstanceSpec
 from infervisor.tools.api.answers import answer_for
-from infervisor.tools.api.serving.server import ApiServer, socket_path
 from infervisor.tools.front import bodies
 from infervisor.tools.front.errors import FrontError
 
@@ -38,22 +40,7 @@ __all__ = ["front", "node"]  # fixtures of test_front, used here
 
 #: msgspec's own words, which no answer passes on.
 MSGSPEC_WORDS = ("Input data was truncated", "JSON is malformed", "Expected `", "UTF-8 encoded")
-SPEC = {"role": "chat", "flavor": "llamacpp", "port": 18741, "model": "tiny"}
 JSON = {"content-type": "application/json"}
-
-
-@pytest.fixture(scope="module")
-def starting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """A client of an API server whose node never opens: bodies are checked before it."""
-    data = tmp_path_factory.mktemp("starting") / "data"
-    data.mkdir()
-    server = ApiServer.listen(data, data / "chain.db", "n1")
-    transport = httpx.HTTPTransport(uds=str(socket_path(data)))
-    try:
-        with httpx.Client(transport=transport, base_url="http://node") as c:
-            yield c
-    finally:
-        server.close()
 
 
 def api_refusal(c: httpx.Client, path: str, body: bytes) -> dict[str, Any]:
@@ -85,7 +72,10 @@ def api_refusal(c: httpx.Client, path: str, body: bytes) -> dict[str, Any]:
     ],
 )
 def test_the_api_says_what_is_wrong_with_a_body_that_is_not_a_json_object(
-    starting: httpx.Client, path: str, body: bytes, said: str
+    starting: httpx.Client,  # noqa: F811 - the fixture imported above
+    path: str,
+    body: bytes,
+    said: str,
 ) -> None:
     error = api_refusal(starting, path, body)
     assert (error["field"], error["code"]) == ("body", "bad_request"), error
@@ -224,7 +214,8 @@ def test_the_fronts_404_quotes_a_long_model_cut_with_its_length(node: Node, fron
     ],
 )
 def test_the_apis_answer_never_repeats_a_long_value_whole(
-    starting: httpx.Client, spec: dict[str, Any]
+    starting: httpx.Client,  # noqa: F811 - the fixture imported above
+    spec: dict[str, Any],
 ) -> None:
     body = msgspec.json.encode({"spec": spec})
     answer = starting.post("/v1/instances", content=body, headers=JSON)

@@ -12,7 +12,7 @@ from chain_tamper import NODE, NOW, draft
 from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.messages import Append
 from infervisor.chain import SqliteChain
-from infervisor.chain.checkpoint import load_or_create_signer
+from infervisor.chain.checkpoint import Checkpoint, load_or_create_signer
 from infervisor.chain.checkpoint_store import Checkpointer, read_stored
 
 S = 1_000_000_000  # ns per second
@@ -52,13 +52,18 @@ def _killed(cp: Checkpointer) -> None:
     cp._conn.close()  # what the kernel does to a killed process
 
 
+def _cleanly_stopped_run(path: Path, clocks: Clocks, chain: SqliteChain) -> Checkpoint | None:
+    """A run that appends one event and stops cleanly: its close signs the head."""
+    first = _run(path, clocks)
+    first.observe(chain.append_many([draft(1)]))
+    return first.close()
+
+
 def test_the_timer_counts_from_the_last_stored_checkpoint_across_runs(tmp_path: Path) -> None:
     path = tmp_path / "chain.db"
     clocks = Clocks(NOW)
     with SqliteChain.open(path, NODE, now_ns=lambda: NOW) as chain:
-        first = _run(path, clocks)
-        first.observe(chain.append_many([draft(1)]))
-        assert first.close() is not None  # a clean stop signs: tree size 2 at NOW
+        assert _cleanly_stopped_run(path, clocks, chain) is not None  # tree size 2 at NOW
         seq = 2
         # Killed and restarted every 4 s: each run appends one event.
         for mono in (500.0, 9.0, 7000.0):
@@ -84,9 +89,7 @@ def test_a_boot_whose_last_checkpoint_is_older_signs_at_its_first_commit(
     path = tmp_path / "chain.db"
     clocks = Clocks(NOW)
     with SqliteChain.open(path, NODE, now_ns=lambda: NOW) as chain:
-        first = _run(path, clocks)
-        first.observe(chain.append_many([draft(1)]))
-        first.close()
+        _cleanly_stopped_run(path, clocks, chain)
         run = _run(path, clocks)
         run.observe(chain.append_many([draft(2)]))  # unsigned when the run is killed
         _killed(run)
@@ -120,9 +123,7 @@ def test_a_wall_clock_behind_the_last_checkpoint_waits_the_whole_period(
     path = tmp_path / "chain.db"
     clocks = Clocks(NOW)
     with SqliteChain.open(path, NODE, now_ns=lambda: NOW) as chain:
-        first = _run(path, clocks)
-        first.observe(chain.append_many([draft(1)]))
-        first.close()
+        _cleanly_stopped_run(path, clocks, chain)
         clocks.wall_ns = NOW - 3600 * S  # the clock stepped back an hour
         run = _run(path, clocks)
         assert run.observe(chain.append_many([draft(2)])) is None
