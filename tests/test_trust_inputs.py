@@ -160,7 +160,7 @@ def test_a_key_file_may_hold_comments_but_one_key(tmp_path: Path) -> None:
     line, or nothing, read as one key string ('Only base64 data is allowed',
     "key name '# comment\\n...'", 'found 1 parts')."""
     folder = tmp_path / "data"
-    grow(folder, 10)
+    cosign_all(grow(folder, 10))  # an unmet --witness quorum is a finding (stop 34)
     key = WITNESS.key.key_string()
     commented = tmp_path / "commented.vkey"
     commented.write_text(f"# the witness of our auditors\n\n{key}\n")
