@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import chain_tamper
 import pytest
 from chain_tamper import rewrite_from
 from click.testing import CliRunner
@@ -394,11 +395,32 @@ def test_run_refuses_an_undecodable_event_in_one_line(tmp_path: Path) -> None:
         timeout=120,
         check=False,
     )
-    assert ran.returncode != 0
+    assert ran.returncode == 1, ran.stderr  # a finding about the chain, not usage (stop 34)
     assert "Traceback" not in ran.stderr, ran.stderr
     lines = [line for line in ran.stderr.splitlines() if "undecodable event" in line]
     assert len(lines) == 1, ran.stderr
     assert "at seq 6" in lines[0] and "node.started" in lines[0]
+
+
+def test_run_on_a_tampered_chain_exits_1_as_a_finding(tmp_path: Path) -> None:
+    """Stop 34's trial: `infervisor run` on a chain whose row was altered exited 2,
+    which docs/cli.md gives to usage; a chain that fails verification is 1."""
+    folder = tmp_path / "data"
+    path = grow(folder, 8)
+    chain_tamper.alter_payload(path, 3)
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\nnode_id = "{NODE}"\ndata_dir = "{folder}"\n')
+    ran = subprocess.run(
+        [str(INFERVISOR), "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 1, ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr
+    (line,) = [x for x in ran.stderr.splitlines() if x.startswith("error:")]
+    assert "seq 3" in line, line
 
 
 def test_origin_defaults_to_node_id_and_key_digest_and_an_existing_key_keeps_its_name(
