@@ -455,7 +455,7 @@ def node_key(path: str | os.PathLike[str], key: str | None = None) -> Verifier |
         beside = Path(os.fspath(path)).parent / PUBLIC_KEY_FILE
         if not beside.is_file():
             return None
-        key = str(beside)
+        return load_verifier(beside, None)
     return load_verifier(key)
 
 

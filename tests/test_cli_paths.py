@@ -222,3 +222,33 @@ def test_a_path_option_given_twice_is_usage_naming_it(chain: Chain, argv: str, f
     }
     twice = run("chain", "verify", chain.db, "--witness", "a+b+c", "--witness", "d+e+f")
     assert "given 2 times" not in twice.stderr  # --witness is repeatable
+
+
+KEYED = [
+    "chain verify {db} --key BAD",
+    "chain verify {db} --checkpoint {cp} --key BAD",
+    "chain prove {db} 1 --checkpoint {cp} --key BAD",
+    "chain consistency {db} {cp} {cp} --key BAD",
+    "chain export {db} {tmp}/out --key BAD",
+    "chain verify-bundle {tmp}/bundle --key BAD",
+    "chain pull http://127.0.0.1:9 {tmp}/pulled --key BAD",
+    "audit {db} --checkpoint {cp} --key BAD",
+]
+
+
+@pytest.mark.parametrize("template", KEYED)
+@pytest.mark.parametrize("content", ["twice", "none", "junk"])
+def test_every_key_file_error_names_the_option(
+    chain: Chain, bundle: Path, tmp_path: Path, template: str, content: str
+) -> None:
+    """Stop 34's trial: "two.pub holds 2 keys" named no option, and verify-bundle
+    read a bad --key as the bundle's missing key (exit 1)."""
+    key = chain.pub.read_text().strip()
+    bad = tmp_path / f"{content}.pub"
+    bad.write_text(
+        {"twice": f"{key}\n{key}\n", "none": "# only a comment\n", "junk": "junk\n"}[content]
+    )
+    ran = run(*_argv(template, chain, bad))
+    assert ran.code == 2, ran
+    assert f"error: --key {bad}: " in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr
