@@ -38,6 +38,7 @@ from .fleet_wire import CordonRequest, PlacementSet
 from .idempotency import MAX_BODY, BodyCut, read_body, replayed
 from .json_words import malformed, not_an_object
 from .one_line import ALLOWED as ONE_LINE
+from .one_line import refusal
 from .wire import (
     API_VERSION,
     INT64_MAX,
@@ -114,7 +115,10 @@ def explain(
         path = f"{path}.{named['name']}" if path else named["name"]
     allowed = ALLOWED.get(path)
     if allowed and what.startswith("Expected `str` matching regex"):
-        what = "refused"  # the pattern itself says nothing to a reader: what is allowed does
+        # the pattern itself says nothing to a reader: what is allowed does, and for
+        # a reason which character is not (stop 34's trial: U+200B, unnamed)
+        why = _reason_refusal(body) if path == "reason" else None
+        what = "refused" if why is None else f"{why}; allowed: {allowed}"
     if allowed and "allowed" not in what:
         what += f"; allowed: {allowed}"
     if not path and (whole := not_an_object(error)) is not None:
@@ -122,6 +126,17 @@ def explain(
     missing = what.startswith("Object missing required field")
     in_spec = path.startswith("spec.") or (path == "spec" and not missing)
     return _named((prefix + path).rstrip(".") or BODY, what, in_spec=in_spec)
+
+
+def _reason_refusal(body: bytes) -> str | None:
+    """Why the body's top-level ``reason`` breaks the one-line rule, in
+    :func:`.one_line.refusal`'s words (decoded again: only a refused body pays)."""
+    try:
+        value = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    reason = value.get("reason") if isinstance(value, dict) else None
+    return refusal(reason) if isinstance(reason, str) else None
 
 
 def _named(field: str, what: str, *, in_spec: bool | None = None) -> ErrorBody:
