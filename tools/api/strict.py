@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from infervisor.adapters.spec import InstanceSpec
+from infervisor.adapters.spec import NUMBER_RANGES, InstanceSpec
 
 from .exit_codes import cut
 from .fleet_wire import CordonRequest, PlacementSet
@@ -89,6 +89,7 @@ ALLOWED = {
     "generation": "0 to 2^63-1",
     "grace_s": "0 to 3600 seconds",
     "reason": ONE_LINE,
+    **{f"spec.{name}": allowed for name, allowed in NUMBER_RANGES.items()},
 }
 
 
@@ -157,7 +158,10 @@ def beyond(value: object, path: str = "", depth: int = 0) -> ErrorBody | None:
         low, high = INT64
         if low <= value <= high:
             return None
-        return _named(path, f"{value} is out of range: allowed {low} to {high} (64-bit)")
+        own = ALLOWED.get(path)  # a field's own range, else the chain's integers
+        return _named(
+            path, f"{value} is out of range: allowed {own or f'{low} to {high} (64-bit)'}"
+        )
     if isinstance(value, msgspec.Struct):
         items: Iterable[tuple[object, object]] = (
             (name, getattr(value, name)) for name in value.__struct_fields__
