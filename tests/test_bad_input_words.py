@@ -107,6 +107,41 @@ def test_a_spec_integer_beyond_64_bits_quotes_the_fields_own_range(
 
 
 @pytest.mark.parametrize(
+    ("path", "body", "field", "code"),
+    [
+        (
+            "/v1/instances",
+            b'{"spec": {"role": "chat", "flavor": "llamacpp", "port": 18741, "model": "tiny", '
+            b'"port": 9090}}',
+            "spec.port",
+            "bad_spec",
+        ),
+        (
+            "/v1/instances",
+            b'{"spec": {"role": "chat", "flavor": "llamacpp", "port": 18741, "model": "tiny", '
+            b'"env": {"HOME": "/a", "HOME": "/b"}}}',
+            "spec.env.HOME",
+            "bad_spec",
+        ),
+        ("/v1/node/cordon", b'{"reason": "a", "reason": "b"}', "reason", "bad_request"),
+        ("/v1/heartbeat", b'{"controller": "c1", "controller": "c2"}', "controller", "bad_request"),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_it(
+    starting: httpx.Client,  # noqa: F811 - the fixture imported above
+    path: str,
+    body: bytes,
+    field: str,
+    code: str,
+) -> None:
+    """Stop 34's trial: a duplicated key in a body was taken silently, the last one
+    winning (msgspec's decode cannot see it)."""
+    error = api_refusal(starting, path, body)
+    assert (error["field"], error["code"]) == (field, code), error
+    assert f"{field}: given twice in one object: give each key once" in error["message"]
+
+
+@pytest.mark.parametrize(
     ("body", "said"),
     [
         (b"", "/v1/chat/completions: the body is empty; a JSON object is expected"),

@@ -36,6 +36,7 @@ from infervisor.adapters.spec import NUMBER_RANGES, InstanceSpec
 from .exit_codes import cut
 from .fleet_wire import CordonRequest, PlacementSet
 from .idempotency import MAX_BODY, BodyCut, read_body, replayed
+from .json_keys import duplicated_key
 from .json_words import malformed, not_an_object
 from .one_line import ALLOWED as ONE_LINE
 from .one_line import refusal
@@ -233,8 +234,18 @@ def _check(
         return 400, explain(e, body_type, body)
     except RecursionError:
         return 400, _named(BODY, f"nested deeper than {MAX_DEPTH} levels", in_spec=False)
-    found = beyond(decoded)
+    found = beyond(decoded) or _twice(body)
     return None if found is None else (400, found)
+
+
+def _twice(body: bytes) -> ErrorBody | None:
+    """A key given twice in one object (:mod:`.json_keys`), named with its path."""
+    dup = duplicated_key(body)
+    if dup is None:
+        return None
+    path, key = dup
+    field = f"{path}.{key}" if path else key
+    return _named(field, "given twice in one object: give each key once (msgspec keeps the last)")
 
 
 def _content_type(scope: dict[str, Any]) -> str:
