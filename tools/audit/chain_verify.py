@@ -158,9 +158,10 @@ def _against(verdict: Verdict, cp: Checkpoint | None) -> dict[str, Any] | None:
             **base, "ok": True, "seq": None, "last_seq": None, "reason": None,
             "detail": "as signed" + own,
         }  # fmt: skip
+    whose = "" if p.reason == QUORUM_UNMET else own  # the witnesses', not a checkpoint's
     return {
         **base, "ok": False, "seq": p.seq, "last_seq": p.last_seq, "reason": p.reason,
-        "detail": p.detail + own,
+        "detail": p.detail + whose,
     }  # fmt: skip
 
 
