@@ -252,3 +252,11 @@ def test_every_key_file_error_names_the_option(
     assert ran.code == 2, ran
     assert f"error: --key {bad}: " in ran.stderr, ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+@pytest.mark.parametrize("argv", [["status", ""], ["stop", "", "chat"], ["logs", "", "chat"]])
+def test_an_empty_where_of_an_operator_verb_is_refused(argv: list[str]) -> None:
+    """As ``--witness ""`` (stop 34): an empty WHERE was read as the current directory."""
+    ran = run(*argv)
+    assert ran.code == 2, ran
+    assert "an empty WHERE: give the node's data directory" in ran.stderr, ran.stderr
