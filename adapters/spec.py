@@ -318,3 +318,18 @@ def _check_encoded_size(spec: InstanceSpec) -> None:
         "one tiles entry of the chain",
         field="env" if field == "env" else None,  # None: the spec as a whole
     )
+
+
+#: What each integer or number field of a spec allows, in the words of its own
+#: check above: an API body's value beyond 64 bits is refused before the spec is
+#: built (tools/api/strict.py), and quotes the field's range, not the 64-bit one
+#: (a newcomer's trial, stop 34: ``spec.port`` 2^64 read "allowed -2^63 to 2^63-1").
+NUMBER_RANGES = {
+    "port": "1-65535",
+    "ctx_size": f"8 to {MAX_CTX} tokens",
+    "priority": f"a whole number from {PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}",
+    "memory_max_bytes": (
+        f"a whole number of bytes from {MIN_MEMORY_MAX_BYTES} (64 MiB) to 2^63-1, or none"
+    ),
+    "idle_ttl_s": f"seconds from {MIN_IDLE_TTL_S:g} to {MAX_IDLE_TTL_S:g} (7 days), or none",
+}

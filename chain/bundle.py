@@ -131,7 +131,7 @@ def export_bundle(
     if key is not None:
         verifier = load_verifier(key)
     elif (Path(name).parent / PUBLIC_KEY_FILE).is_file():
-        verifier = load_verifier(Path(name).parent / PUBLIC_KEY_FILE)
+        verifier = load_verifier(Path(name).parent / PUBLIC_KEY_FILE, None)
     # Written aside and renamed into place: a failed export leaves no half bundle.
     try:
         folder = partial_name(target, "export")  # swept by a later run if this one is killed
@@ -373,7 +373,7 @@ def _bundle_key(folder: Path, key: str | None) -> Verifier:
     try:
         if key is not None:
             return load_verifier(key)
-        return load_verifier(folder / PUBLIC_KEY_FILE)
+        return load_verifier(folder / PUBLIC_KEY_FILE, None)
     except CheckpointError as e:
         raise BundleError(
             f"checkpoints cannot be checked without the node's key: {e} (pass --key PUBKEY)",

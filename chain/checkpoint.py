@@ -327,24 +327,45 @@ def write_public_key(path: Path, verifier: Verifier) -> None:
         raise CheckpointError(f"{path}: cannot write the public key: {e.strerror or e}") from e
 
 
-def load_verifier(key: str | os.PathLike[str]) -> Verifier:
+def load_verifier(
+    key: str | os.PathLike[str], field: str | None = "--key", *, private: bool = True
+) -> Verifier:
     """Return the verifier named by `key`: a key string, or a file holding one.
 
-    A signer key file (node.key) is accepted too: its public half is used.
+    A signer key file (node.key) is accepted too, its public half used, unless
+    `private` is False (a config naming a public key file: tools/fleet/config.py).
+
+    Args:
+        key: the key string or file.
+        field: the option or setting that gave it (``--key``), named first in
+            every error (a newcomer's trial, stop 34: "two holds 2 keys" named no
+            option); None for a file the reader found itself (node.pub).
+        private: whether a signer key (``PRIVATE+KEY+...``) is taken.
 
     Raises:
-        CheckpointError: neither a readable file nor a key string.
+        CheckpointError: neither a readable file nor a key string, or a signer key
+            where `private` is False; the message starts ``FIELD KEY: ``.
     """
+    shown = os.fspath(key) if field is None else f"{field} {os.fspath(key)}"
     try:
         text = key_text(key)
     except NoteError as e:
-        raise CheckpointError(str(e)) from e
+        raise CheckpointError(f"{shown}: {e}") from e
     try:
         if text.startswith("PRIVATE+KEY+"):
-            return parse_signer_key(text).verifier
+            signer = parse_signer_key(text)
+            if not private:
+                public = Path(os.fspath(key)).parent / PUBLIC_KEY_FILE
+                where = f"the file {public}, " if public.is_file() else ""
+                raise CheckpointError(
+                    f"{shown}: is a PRIVATE signing key (PRIVATE+KEY+..., a {KEY_FILE}), not "
+                    f"a verifier key: keep it where it signs, and name its public half "
+                    f"({where}the line {signer.verifier.key_string()})"
+                )
+            return signer.verifier
         return parse_verifier_key(text)
     except NoteError as e:
-        raise CheckpointError(f"--key {os.fspath(key)!r}: {e}") from e
+        raise CheckpointError(f"{shown}: {e}") from e
 
 
 # ---------------------------------------------------------------- a chain against checkpoints

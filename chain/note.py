@@ -126,7 +126,8 @@ def key_text(key: str | os.PathLike[str]) -> str:
 
     Raises:
         NoteError: the file cannot be read, is not ASCII, or holds no key or more
-            than one.
+            than one (the message does not name the file: the caller names it with
+            its option, ``--key FILE: ...``).
     """
     text = os.fspath(key)
     if not os.path.isfile(text):
@@ -134,11 +135,11 @@ def key_text(key: str | os.PathLike[str]) -> str:
     try:
         lines = Path(text).read_text(encoding="ascii").splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise NoteError(f"{text}: cannot read the key: {e}") from e
+        raise NoteError(f"cannot read the key: {e}") from e
     keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     if len(keys) != 1:
         found = "no key" if not keys else f"{len(keys)} keys"
-        raise NoteError(f"{text} holds {found}: a key file holds one key string on one line")
+        raise NoteError(f"holds {found}: a key file holds one key string on one line")
     return keys[0]
 
 
@@ -151,6 +152,12 @@ def split_key(text: str, what: str, kind: int = ED25519) -> tuple[str, bytes, by
     Raises:
         NoteError: malformed, or the key type byte is not `kind`.
     """
+    if text.strip().startswith(_PRIVATE_PREFIX):  # stop 34: read as a malformed key id
+        raise NoteError(
+            f"{what}: this is a PRIVATE signing key (PRIVATE+KEY+...), not a public key: keep "
+            "it where it signs and give its public half, <name>+<hex id>+<base64> (a node's "
+            "node.pub; a witness's `infervisor witness vkey CONFIG`)"
+        )
     parts = text.strip().split("+", 2)
     if len(parts) != 3:
         raise NoteError(

@@ -50,6 +50,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from infervisor.chain.anchor import anchor as anchored_by
+from infervisor.chain.anchor import shortfall
 from infervisor.chain.checkpoint import (
     PUBLIC_KEY_FILE,
     Checkpoint,
@@ -113,6 +115,8 @@ class Verdict(NamedTuple):
         anchored_size: tree size the anchor covers (0: unanchored).
         keys_checked: False when checkpoints are stored but no key was known.
         latest: the latest stored checkpoint whose signature verified, or None.
+        shortfall: how the witnesses given fall short of the quorum (chain/anchor.py
+            ``shortfall``), or None: met, or no witnesses given.
     """
 
     problem: Problem | None
@@ -123,6 +127,7 @@ class Verdict(NamedTuple):
     anchored_size: int
     keys_checked: bool
     latest: Checkpoint | None = None
+    shortfall: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -242,13 +247,16 @@ def judge(
     elif external is not None and (found := _locate(points[-1:])) is not None:
         finding = f"{found.reason} at seq {found.seq}: {found.detail}"
         problem = problem._replace(detail=beside(problem.detail, *external, finding))
-    anchor, size = _anchor(cosigned, policy, external)
+    anchor, size = anchored_by(cosigned, policy, external)
+    short = shortfall(cosigned, policy, len(checked))
     latest = max([c.tree_size for c in checked], default=0)
     keys_checked = bool(keys) or not evidence.stored
     if not keys_checked and problem is None:
         anchor += f"; {len(evidence.stored)} stored checkpoints not checked: no node key known"
     newest = max(checked, key=lambda c: c.tree_size, default=None)
-    return Verdict(problem, anchor, size > 0, len(checked), latest, size, keys_checked, newest)
+    return Verdict(
+        problem, anchor, size > 0, len(checked), latest, size, keys_checked, newest, short
+    )
 
 
 def _unkeyed(
@@ -436,29 +444,6 @@ def _detail(text: str) -> str:
     return text.split("; the change is ", 1)[0]
 
 
-def _anchor(
-    cosigned: dict[int, list[Cosignature]],
-    policy: WitnessPolicy | None,
-    external: tuple[Checkpoint, str] | None,
-) -> tuple[str, int]:
-    """The one-line anchor statement and the size it covers (0: none)."""
-    quorate = [s for s, c in cosigned.items() if policy is not None and policy.met_by(c)]
-    if policy is not None and policy.keys and quorate:
-        size = max(quorate)
-        count = len({(c.witness, c.key_id) for c in cosigned[size]})
-        return f"anchored: {count} of {len(policy.keys)} witnesses at size {size:,}", size
-    if external is not None:
-        cp, name = external
-        return f"anchored: checkpoint {name} at size {cp.tree_size:,}", cp.tree_size
-    if policy is not None and policy.keys:
-        best = max((len({c.witness for c in cs}) for cs in cosigned.values()), default=0)
-        return (
-            f"unanchored: {best} of {len(policy.keys)} witnesses cosigned, quorum {policy.quorum}",
-            0,
-        )
-    return "unanchored: no checkpoint held outside this node", 0
-
-
 def node_key(path: str | os.PathLike[str], key: str | None = None) -> Verifier | None:
     """The node key a reader trusts: `key` (a key string or file) if given, else
     node.pub beside the chain file at `path`, else None.
@@ -470,7 +455,7 @@ def node_key(path: str | os.PathLike[str], key: str | None = None) -> Verifier |
         beside = Path(os.fspath(path)).parent / PUBLIC_KEY_FILE
         if not beside.is_file():
             return None
-        key = str(beside)
+        return load_verifier(beside, None)
     return load_verifier(key)
 
 

@@ -63,6 +63,20 @@ def test_replay_json_is_the_reference_fold(
     assert done.stdout == as_cli_json(reference(cut, "varied"))
 
 
+def test_replay_until_beyond_the_head_is_refused_naming_it(
+    varied: tuple[Path, list[StoredEvent]],
+) -> None:
+    """Stop 34's trial: ``--until`` beyond the head printed the head's state, exit 0."""
+    db, stored = varied
+    head = stored[-1].seq
+    assert cli_here("replay", db, "--until", str(head)).returncode == 0
+    done = cli_here("replay", db, "--until", str(head + 1), "--json")
+    assert done.returncode == 1, done.stderr
+    assert f"--until {head + 1} is beyond the chain's head (seq {head} in {db})" in done.stderr
+    error = msgspec.json.decode(done.stdout)["error"]
+    assert (error["code"], error["field"]) == ("beyond_head", "--until")
+
+
 def test_replay_text_names_each_instance_as_the_reference(
     varied: tuple[Path, list[StoredEvent]],
 ) -> None:

@@ -83,6 +83,65 @@ def test_the_api_says_what_is_wrong_with_a_body_that_is_not_a_json_object(
 
 
 @pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("port", 2**64, "allowed 1-65535"),
+        ("port", -(2**63) - 1, "allowed 1-65535"),
+        ("ctx_size", 2**64, "allowed 8 to 16777216 tokens"),
+        ("priority", 2**70, "allowed a whole number from -1000 to 1000"),
+        ("memory_max_bytes", 2**64, "allowed a whole number of bytes from 67108864 (64 MiB)"),
+    ],
+)
+def test_a_spec_integer_beyond_64_bits_quotes_the_fields_own_range(
+    starting: httpx.Client,  # noqa: F811 - the fixture imported above
+    field: str,
+    value: int,
+    said: str,
+) -> None:
+    """Stop 34's trial: spec.port 2^64 was refused quoting the 64-bit range."""
+    body = msgspec.json.encode({"spec": {**SPEC, field: value}})
+    error = api_refusal(starting, "/v1/instances", body)
+    assert (error["field"], error["code"]) == (f"spec.{field}", "bad_spec"), error
+    assert f"{value} is out of range: {said}" in error["message"], error
+    assert "64-bit" not in error["message"] and "9223372036854775807" not in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field", "code"),
+    [
+        (
+            "/v1/instances",
+            b'{"spec": {"role": "chat", "flavor": "llamacpp", "port": 18741, "model": "tiny", '
+            b'"port": 9090}}',
+            "spec.port",
+            "bad_spec",
+        ),
+        (
+            "/v1/instances",
+            b'{"spec": {"role": "chat", "flavor": "llamacpp", "port": 18741, "model": "tiny", '
+            b'"env": {"HOME": "/a", "HOME": "/b"}}}',
+            "spec.env.HOME",
+            "bad_spec",
+        ),
+        ("/v1/node/cordon", b'{"reason": "a", "reason": "b"}', "reason", "bad_request"),
+        ("/v1/heartbeat", b'{"controller": "c1", "controller": "c2"}', "controller", "bad_request"),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_it(
+    starting: httpx.Client,  # noqa: F811 - the fixture imported above
+    path: str,
+    body: bytes,
+    field: str,
+    code: str,
+) -> None:
+    """Stop 34's trial: a duplicated key in a body was taken silently, the last one
+    winning (msgspec's decode cannot see it)."""
+    error = api_refusal(starting, path, body)
+    assert (error["field"], error["code"]) == (field, code), error
+    assert f"{field}: given twice in one object: give each key once" in error["message"]
+
+
+@pytest.mark.parametrize(
     ("body", "said"),
     [
         (b"", "/v1/chat/completions: the body is empty; a JSON object is expected"),

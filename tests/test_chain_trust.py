@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import chain_tamper
 import pytest
 from chain_tamper import rewrite_from
 from click.testing import CliRunner
@@ -286,8 +287,11 @@ def test_anchored_by_a_quorum_of_witnesses(tmp_path: Path) -> None:
     second = Cosigner.generate("witness.example/w2")
     cosign_all(path)
     keys = ["--witness", WITNESS.key.key_string(), "--witness", second.key.key_string()]
-    one = json.loads(cli("chain", "verify", str(folder), "--json", *keys).out)
-    assert one["anchor"] == "unanchored: 1 of 2 witnesses cosigned, quorum 2"
+    one = cli("chain", "verify", str(folder), "--json", *keys)
+    assert one.code == 1, one  # witnesses given and their quorum unmet: a finding (stop 34)
+    doc = json.loads(one.out)
+    assert doc["anchor"] == NOT_VOUCHED
+    assert doc["checkpoint"]["reason"] == "witness quorum not met"
     quorum = json.loads(cli("chain", "verify", str(folder), "--json", *keys, "--quorum", "1").out)
     assert quorum["anchor"] == "anchored: 1 of 2 witnesses at size 20"
     cosign_all(path, second)
@@ -298,6 +302,39 @@ def test_anchored_by_a_quorum_of_witnesses(tmp_path: Path) -> None:
         .err.strip()
         .endswith("anchored: 2 of 2 witnesses at size 20")
     )
+
+
+def test_witnesses_given_and_no_quorum_is_a_finding_naming_them(tmp_path: Path) -> None:
+    """Stop 34's trial: ``--witness`` given, no cosignature stored, exit 0 and a
+    warning to "pass --witness"."""
+    folder = tmp_path / "data"
+    path = grow(folder, 20)
+    keys = ["--witness", WITNESS.key.key_string()]
+    for reader, ran in _readers(folder, keys).items():
+        assert ran.code == 1, (reader, ran)
+        said = ran.out + ran.err
+        assert "0 of 1 needed cosignatures found" in said, (reader, said)
+        assert "witness.example/w1" in said and "pass --witness" not in said, (reader, said)
+        assert "Traceback" not in said
+    assert cli("timeline", str(folder), "inst-x", *keys).code == 1
+    second = Cosigner.generate("witness.example/w2")
+    cosign_all(path)
+    both = [*keys, "--witness", second.key.key_string()]
+    ran = cli("chain", "verify", str(folder), *both)
+    assert ran.code == 1, ran
+    assert "1 of 2 needed cosignatures found (at tree size 20: witness.example/w1)" in ran.out
+    assert "witnesses given: witness.example/w1, witness.example/w2" in ran.out
+    assert cli("replay", str(folder), *both, "--unverified").code == 0
+    # a config's [[witnesses]] (no --witness) stay a warning that names them
+    config = folder.parent / "node.toml"
+    config.write_text(
+        f'[node]\nnode_id = "{NODE}"\ndata_dir = "{folder}"\n\n[[witnesses]]\n'
+        f'url = "http://127.0.0.1:1"\nvkey = "{second.key.key_string()}"\n'
+    )
+    ran = cli("chain", "verify", str(config))
+    assert ran.code == 0, ran
+    assert "config's [[witnesses]] vouch for no checkpoint: 0 of 1" in ran.err
+    assert "pass --witness" not in ran.err
 
 
 def test_the_issue_55_against_40_case_fails_audit(tmp_path: Path) -> None:
@@ -358,11 +395,32 @@ def test_run_refuses_an_undecodable_event_in_one_line(tmp_path: Path) -> None:
         timeout=120,
         check=False,
     )
-    assert ran.returncode != 0
+    assert ran.returncode == 1, ran.stderr  # a finding about the chain, not usage (stop 34)
     assert "Traceback" not in ran.stderr, ran.stderr
     lines = [line for line in ran.stderr.splitlines() if "undecodable event" in line]
     assert len(lines) == 1, ran.stderr
     assert "at seq 6" in lines[0] and "node.started" in lines[0]
+
+
+def test_run_on_a_tampered_chain_exits_1_as_a_finding(tmp_path: Path) -> None:
+    """Stop 34's trial: `infervisor run` on a chain whose row was altered exited 2,
+    which docs/cli.md gives to usage; a chain that fails verification is 1."""
+    folder = tmp_path / "data"
+    path = grow(folder, 8)
+    chain_tamper.alter_payload(path, 3)
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\nnode_id = "{NODE}"\ndata_dir = "{folder}"\n')
+    ran = subprocess.run(
+        [str(INFERVISOR), "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 1, ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr
+    (line,) = [x for x in ran.stderr.splitlines() if x.startswith("error:")]
+    assert "seq 3" in line, line
 
 
 def test_origin_defaults_to_node_id_and_key_digest_and_an_existing_key_keeps_its_name(

@@ -178,3 +178,85 @@ def test_where_names_itself_when_it_names_nothing(tmp_path: Path, command: str) 
     empty = tmp_path / "empty"
     empty.mkdir()
     _refused(run(*command.split(), empty), "WHERE", "no such chain file")
+
+
+EMPTY = [*CASES, ("verify --witness", "chain verify {db} --witness BAD", "--witness", "file")]
+
+
+@pytest.mark.parametrize(("name", "template", "field", "kind"), EMPTY, ids=[c[0] for c in EMPTY])
+def test_an_empty_path_is_usage_naming_the_option(
+    chain: Chain, name: str, template: str, field: str, kind: str
+) -> None:
+    """Stop 34's trial: ``--witness ""`` was read as the current directory (Path("")
+    is "."); an empty value is refused before it becomes one, as bad_path (exit 2)."""
+    argv = [w.format(db=chain.db, pub=chain.pub, cp=chain.cp, tmp=chain.db.parent.parent,
+                     url="http://127.0.0.1:9") for w in template.split()]  # fmt: skip
+    argv = ["" if w == "BAD" else w for w in argv]
+    _refused(run(*argv), field, f"an empty value: {field} takes ")
+    as_json = run(*argv, "--json") if "--json" not in argv and name != "pull DIR" else None
+    if as_json is not None and as_json.stdout.startswith("{"):
+        error = json.loads(as_json.stdout)["error"]
+        assert error["code"] == "bad_path" and error["field"] == field, error
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        ("chain verify {db} --checkpoint {cp} --checkpoint {cp} --key {pub}", "--checkpoint"),
+        ("chain verify {db} --key {pub} --key {pub}", "--key"),
+        ("replay {db} --checkpoint {cp} --key {pub} --checkpoint {cp}", "--checkpoint"),
+        ("chain prove {db} 1 --checkpoint {cp} --checkpoint {cp}", "--checkpoint"),
+    ],
+)
+def test_a_path_option_given_twice_is_usage_naming_it(chain: Chain, argv: str, field: str) -> None:
+    """Stop 34's trial: ``--checkpoint A --checkpoint B`` checked B alone, silently."""
+    words = argv.format(db=chain.db, pub=chain.pub, cp=chain.cp).split()
+    ran = run(*words)
+    assert ran.code == 2, ran
+    assert f"{field} given 2 times: it takes one value" in ran.stderr, ran.stderr
+    doc = json.loads(run(*words, "--json").stdout)
+    assert doc["error"] == {
+        "code": "usage",
+        "message": f"{field} given 2 times: it takes one value (give it once)",
+        "field": field,
+    }
+    twice = run("chain", "verify", chain.db, "--witness", "a+b+c", "--witness", "d+e+f")
+    assert "given 2 times" not in twice.stderr  # --witness is repeatable
+
+
+KEYED = [
+    "chain verify {db} --key BAD",
+    "chain verify {db} --checkpoint {cp} --key BAD",
+    "chain prove {db} 1 --checkpoint {cp} --key BAD",
+    "chain consistency {db} {cp} {cp} --key BAD",
+    "chain export {db} {tmp}/out --key BAD",
+    "chain verify-bundle {tmp}/bundle --key BAD",
+    "chain pull http://127.0.0.1:9 {tmp}/pulled --key BAD",
+    "audit {db} --checkpoint {cp} --key BAD",
+]
+
+
+@pytest.mark.parametrize("template", KEYED)
+@pytest.mark.parametrize("content", ["twice", "none", "junk"])
+def test_every_key_file_error_names_the_option(
+    chain: Chain, bundle: Path, tmp_path: Path, template: str, content: str
+) -> None:
+    """Stop 34's trial: "two.pub holds 2 keys" named no option, and verify-bundle
+    read a bad --key as the bundle's missing key (exit 1)."""
+    key = chain.pub.read_text().strip()
+    bad = tmp_path / f"{content}.pub"
+    bad.write_text(
+        {"twice": f"{key}\n{key}\n", "none": "# only a comment\n", "junk": "junk\n"}[content]
+    )
+    ran = run(*_argv(template, chain, bad))
+    assert ran.code == 2, ran
+    assert f"error: --key {bad}: " in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr
+
+
+@pytest.mark.parametrize("argv", [["status", ""], ["stop", "", "chat"], ["logs", "", "chat"]])
+def test_an_empty_where_of_an_operator_verb_is_refused(argv: list[str]) -> None:
+    """As ``--witness ""`` (stop 34): an empty WHERE was read as the current directory."""
+    ran = run(*argv)
+    assert ran.code == 2, ran
+    assert "an empty WHERE: give the node's data directory" in ran.stderr, ran.stderr

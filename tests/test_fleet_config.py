@@ -16,6 +16,7 @@ GOOD = {"name": "n1", "url": "http://127.0.0.1:7070", "token": "s3cret", "pub": 
 def fleet_file(tmp_path: Path, *nodes: dict[str, object], head: str = "") -> Path:
     (tmp_path / "n1.pub").write_text(Signer.generate("infervisor/n1").verifier.key_string() + "\n")
     (tmp_path / "junk.pub").write_text("not a key\n")
+    (tmp_path / "n1.key").write_text(Signer.generate("infervisor/n1").key_string() + "\n")
     text = head
     for node in nodes:
         text += "\n[[nodes]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in node.items())
@@ -29,7 +30,9 @@ def fleet_file(tmp_path: Path, *nodes: dict[str, object], head: str = "") -> Pat
     [
         ({**GOOD, "name": "n2", "url": "ftp://x"}, "", "[[nodes]] #2 url: 'ftp://x'"),
         ({**GOOD, "name": "n2", "pub": "nope.pub"}, "", "[[nodes]] #2 pub: "),
-        ({**GOOD, "name": "n2", "pub": "junk.pub"}, "", "not a verifier key"),
+        ({**GOOD, "name": "n2", "pub": "junk.pub"}, "", "junk.pub: verifier key must be"),
+        # stop 34: a node's private key where its public key is expected was taken
+        ({**GOOD, "name": "n2", "pub": "n1.key"}, "", "#2 pub: {tmp}/n1.key: is a PRIVATE"),
         ({**GOOD, "name": "n2", "colour": 1}, "", "[[nodes]] #2 colour: unknown key"),
         ({**GOOD}, "", "[[nodes]] #2 name: 'n1' is given twice"),
         ({**GOOD, "name": "n 2"}, "", "[[nodes]] #2 name: 'n 2'"),
@@ -46,8 +49,10 @@ def test_a_bad_entry_is_one_line_naming_it(
     path = fleet_file(tmp_path, GOOD, second, head=head)
     ran = cli_here("fleet", "status", path)
     assert ran.returncode == 2, ran.stdout + ran.stderr
-    assert needle in ran.stderr, ran.stderr
+    assert needle.format(tmp=tmp_path) in ran.stderr, ran.stderr
     assert len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+    if "PRIVATE" in needle:  # the public file to use instead, and the key's public line
+        assert "name its public half (the line infervisor/n1+" in ran.stderr
     assert "Traceback" not in ran.stderr
 
 

@@ -65,6 +65,14 @@ def test_watch_prints_new_events_and_resumes_across_a_node_restart(
     text = ok(cli_here("watch", data, "--from-seq", "1", "--no-follow")).splitlines()
     assert text[0].startswith("[1] ")
     assert any(line.startswith("[") and f" {chat}: " in line for line in text)
+    # stop 34's trial: a start beyond the head + 1 printed nothing and exited 0
+    head = events[-1]["seq"]
+    assert cli_here("watch", data, "--from-seq", str(head + 1), "--no-follow").returncode == 0
+    for follow in ([], ["--no-follow"]):
+        beyond = cli_here("watch", data, "--from-seq", str(head + 50), *follow, "--json")
+        assert beyond.returncode == 1, beyond.stdout + beyond.stderr
+        assert f"--from-seq {head + 50} is beyond the chain's head (seq " in beyond.stderr
+        assert json.loads(beyond.stdout)["error"]["code"] == "beyond_head"
 
     lines: list[str] = []
     with subprocess.Popen(

@@ -133,3 +133,30 @@ def test_an_invisible_characters_refusal_names_it_in_words() -> None:
     assert "U+200B" in error.message and "U+FEFF" in error.message
     with pytest.raises(click.BadParameter, match="U\\+200B"):
         REASON.convert("kernel\u200bupdate", None, None)
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        (
+            "kernel\u200bupdate",
+            "character (Unicode's category Cf), U+200B ZERO WIDTH SPACE at index 6",
+        ),
+        ("a\u202eb", "U+202E RIGHT-TO-LEFT OVERRIDE at index 1"),
+        ("two\nlines", "a control character, U+000A LINE FEED at index 3"),
+        ("L1\u2028L2", "a line separator, U+2028 LINE SEPARATOR at index 2"),
+    ],
+    ids=ascii,
+)
+def test_the_refusal_names_the_character_and_where_it_is(reason: str, said: str) -> None:
+    """Stop 34's trial: the API's refusal of a zero-width space did not say which
+    character it was nor where (the text looks the same without it)."""
+    body = msgspec.json.encode({"reason": reason})
+    with pytest.raises(msgspec.ValidationError) as caught:
+        msgspec.json.decode(body, type=CordonRequest)
+    error = explain(caught.value, CordonRequest, body)
+    assert error.field == "reason" and said in error.message, error
+    assert "allowed: one line" in error.message, error
+    with pytest.raises(click.BadParameter) as cli:
+        REASON.convert(reason, None, None)
+    assert said in str(cli.value)

@@ -461,7 +461,7 @@ def test_place_start_names_the_instances_it_evicted(
     """`place --start` said nothing of what its start evicted (`start` did): its --json
     has ``evicted`` (also the API's placement answer) and its text one line each."""
     with served_one_of_two(nodes, fake_llama, models) as (node, data):
-        ports = free_ports(3)
+        ports = free_ports(4)
 
         def place(role: str, model: str, port: int, *extra: str) -> Any:
             flags = ["--flavor", "llamacpp", "--model", model, "--port", port, "--on-demand"]
@@ -479,3 +479,12 @@ def test_place_start_names_the_instances_it_evicted(
         node.wait_for(b, lambda v: v.lifecycle == "running", 60)
         text = place("c", "m3", ports[2]).splitlines()
         assert f"evicted {b} to make room for it" in text[1], text
+        # stop 34's trial: placed on demand (no start), it read "resting (wanted stopped)"
+        flags = ["--flavor", "llamacpp", "--model", "m1", "--port", str(ports[3]), "--on-demand"]
+        rests = cli_here("place", data, "--role", "d", *flags)
+        assert rests.returncode == 0, rests
+        assert ": applied (generation 0); resting, on demand; seq " in rests.stdout, rests.stdout
+        assert "wanted stopped" not in rests.stdout
+        d = rests.stdout.split(":", 1)[0]
+        row = next(x for x in cli_here("status", data).stdout.splitlines() if x.startswith(d))
+        assert row.split()[3:5] == ["resting", "on-demand"], row

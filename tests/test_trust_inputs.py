@@ -160,7 +160,7 @@ def test_a_key_file_may_hold_comments_but_one_key(tmp_path: Path) -> None:
     line, or nothing, read as one key string ('Only base64 data is allowed',
     "key name '# comment\\n...'", 'found 1 parts')."""
     folder = tmp_path / "data"
-    grow(folder, 10)
+    cosign_all(grow(folder, 10))  # an unmet --witness quorum is a finding (stop 34)
     key = WITNESS.key.key_string()
     commented = tmp_path / "commented.vkey"
     commented.write_text(f"# the witness of our auditors\n\n{key}\n")
@@ -172,3 +172,29 @@ def test_a_key_file_may_hold_comments_but_one_key(tmp_path: Path) -> None:
         ran = cli("chain", "verify", str(folder), "--witness", str(vkey))
         assert ran.code == 2, ran
         assert f"holds {found}: a key file holds one key string on one line" in ran.err, ran
+
+
+def test_a_private_key_where_a_public_one_goes_is_refused_naming_it(tmp_path: Path) -> None:
+    """Stop 34's trial: a node config's [[witnesses]] vkey (and a witness config's
+    log vkey) given a PRIVATE key read "bad key id ... fromhex()"; it says what it
+    is and what to give instead."""
+    from infervisor.chain.cosignature import Cosigner
+    from infervisor.chain.note import Signer
+    from infervisor.tools.node.witness_config import (
+        ConfigError,
+        WitnessEntry,
+        check_witnesses,
+    )
+
+    secret = Cosigner.generate("witness.example/w9").key_string()
+    with pytest.raises(ConfigError) as caught:
+        check_witnesses(
+            [WitnessEntry(url="http://127.0.0.1:1", vkey=secret)], None, tmp_path / "n.toml"
+        )
+    said = str(caught.value)
+    assert "[[witnesses]] #1 vkey: witness key: this is a PRIVATE signing key" in said, said
+    assert "infervisor witness vkey CONFIG" in said and secret not in said
+    node_secret = Signer.generate("n").key_string()
+    ran = cli("chain", "verify", str(tmp_path), "--witness", secret)
+    assert ran.code == 2 and "PRIVATE signing key" in ran.err, ran
+    assert node_secret not in ran.err

@@ -300,7 +300,7 @@ def _unread_bytes(port: int) -> int:
 
 
 def _refusal_line(run: NodeRun) -> str:
-    assert run.wait() == 2, run.output()
+    assert run.wait() == 1, run.output()  # a finding about the chain, not usage (stop 34)
     out = run.output()
     assert "Traceback" not in out, out
     (line,) = [x for x in out.splitlines() if x.startswith("error:")]
@@ -470,8 +470,9 @@ def _rewrite_is_refused(
     assert "Traceback" not in refused.output()
 
     _raw_edit(n2.db, ("DELETE FROM cosignatures", ()))  # the rewriter hides the evidence
-    code, doc = _verify(n2.data, witnesses)
-    assert code == 0 and doc["anchor"].startswith("unanchored: 0 of 2"), doc
+    code, doc = _verify(n2.data, witnesses)  # witnesses given, none cosigned: a finding
+    assert code == 1 and doc["checkpoint"]["reason"] == "witness quorum not met", doc
+    assert "0 of 2 needed cosignatures found" in doc["checkpoint"]["detail"], doc
     line = _refusal_line(n2.start())  # the witnesses remember
     size = len(events_of(n2.db))
     assert f"witness {PLAIN} cosigned size {cosigned}, and the chain of {size} events" in line

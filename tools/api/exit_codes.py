@@ -99,6 +99,7 @@ CODES: dict[str, Exit] = {
     "request_timeout": Exit.NO_NODE,
     "cordoned": Exit.REFUSED,
     "stale_generation": Exit.REFUSED,
+    "beyond_head": Exit.REFUSED,
 }
 
 #: The table as each command's --help ends with it.

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ALLOWED", "MAX_REASON", "PATTERN", "refusal"]
+__all__ = ["ALLOWED", "MAX_REASON", "PATTERN", "named", "refusal"]
 
 #: The most characters a reason may have.
 MAX_REASON = 500
@@ -62,23 +62,48 @@ _ONE_LINE = re.compile(PATTERN)
 _ONE_BAD = re.compile(rf"[{_NOT_ALLOWED}]")
 
 
+#: Names of the C0 and C1 controls, which ``unicodedata.name`` does not give.
+_CONTROL_NAMES = {
+    0x00: "NULL",
+    0x09: "CHARACTER TABULATION",
+    0x0A: "LINE FEED",
+    0x0B: "LINE TABULATION",
+    0x0C: "FORM FEED",
+    0x0D: "CARRIAGE RETURN",
+    0x1B: "ESCAPE",
+    0x7F: "DELETE",
+    0x85: "NEXT LINE",
+}
+
+
+def named(char: str) -> str:
+    """``U+200B ZERO WIDTH SPACE``: a character's code point and Unicode name (a
+    control's alias; the code point alone when it has neither). A newcomer's
+    trial (stop 34) read "an invisible format character (U+200B, ...)" and could
+    not tell which of the characters that look alike it was."""
+    import unicodedata  # noqa: PLC0415 - only a refusal pays for it
+
+    name = unicodedata.name(char, "") or _CONTROL_NAMES.get(ord(char), "")
+    return f"U+{ord(char):04X} {name}".rstrip()
+
+
 def refusal(text: str, max_len: int = MAX_REASON) -> str | None:
     """Why ``text`` is not one line of at most ``max_len`` characters (None: it
-    is), in a few words: decided by :data:`PATTERN`, as the API decides it."""
+    is), in a few words: decided by :data:`PATTERN`, as the API decides it. A
+    character not allowed is named with its index (0-based) in ``text``: ``an
+    invisible format character, U+200B ZERO WIDTH SPACE at index 5, is not allowed``."""
     if any(0xD800 <= ord(c) <= 0xDFFF for c in text):  # bytes argv could not decode
         return "not valid UTF-8 text"
     if _ONE_LINE.search(text) is None:
         bad = _ONE_BAD.search(text)
         if bad is None:
             return "empty or blank"
+        which = f"{named(bad[0])} at index {bad.start()}"
         if ord(bad[0]) < 32 or 127 <= ord(bad[0]) < 160:
-            return "a control character (a newline, a tab, ...) is not allowed"
+            return f"a control character, {which}, is not allowed"
         if bad[0] in "\u2028\u2029":
-            return "a line separator (U+2028, U+2029) is not allowed"
-        return (
-            f"an invisible format character (U+{ord(bad[0]):04X}, Unicode's category Cf: "
-            "a zero-width space or joiner, a direction mark or override, ...) is not allowed"
-        )
+            return f"a line separator, {which}, is not allowed"
+        return f"an invisible format character (Unicode's category Cf), {which}, is not allowed"
     if len(text) > max_len:
         return f"{len(text)} characters: at most {max_len} allowed"
     return None

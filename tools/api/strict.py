@@ -31,13 +31,15 @@ from typing import Any
 
 import msgspec
 
-from infervisor.adapters.spec import InstanceSpec
+from infervisor.adapters.spec import NUMBER_RANGES, InstanceSpec
 
 from .exit_codes import cut
 from .fleet_wire import CordonRequest, PlacementSet
 from .idempotency import MAX_BODY, BodyCut, read_body, replayed
+from .json_keys import duplicated_key
 from .json_words import malformed, not_an_object
 from .one_line import ALLOWED as ONE_LINE
+from .one_line import refusal
 from .wire import (
     API_VERSION,
     INT64_MAX,
@@ -88,6 +90,7 @@ ALLOWED = {
     "generation": "0 to 2^63-1",
     "grace_s": "0 to 3600 seconds",
     "reason": ONE_LINE,
+    **{f"spec.{name}": allowed for name, allowed in NUMBER_RANGES.items()},
 }
 
 
@@ -114,7 +117,10 @@ def explain(
         path = f"{path}.{named['name']}" if path else named["name"]
     allowed = ALLOWED.get(path)
     if allowed and what.startswith("Expected `str` matching regex"):
-        what = "refused"  # the pattern itself says nothing to a reader: what is allowed does
+        # the pattern itself says nothing to a reader: what is allowed does, and for
+        # a reason which character is not (stop 34's trial: U+200B, unnamed)
+        why = _reason_refusal(body) if path == "reason" else None
+        what = "refused" if why is None else f"{why}; allowed: {allowed}"
     if allowed and "allowed" not in what:
         what += f"; allowed: {allowed}"
     if not path and (whole := not_an_object(error)) is not None:
@@ -122,6 +128,17 @@ def explain(
     missing = what.startswith("Object missing required field")
     in_spec = path.startswith("spec.") or (path == "spec" and not missing)
     return _named((prefix + path).rstrip(".") or BODY, what, in_spec=in_spec)
+
+
+def _reason_refusal(body: bytes) -> str | None:
+    """Why the body's top-level ``reason`` breaks the one-line rule, in
+    :func:`.one_line.refusal`'s words (decoded again: only a refused body pays)."""
+    try:
+        value = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    reason = value.get("reason") if isinstance(value, dict) else None
+    return refusal(reason) if isinstance(reason, str) else None
 
 
 def _named(field: str, what: str, *, in_spec: bool | None = None) -> ErrorBody:
@@ -142,7 +159,10 @@ def beyond(value: object, path: str = "", depth: int = 0) -> ErrorBody | None:
         low, high = INT64
         if low <= value <= high:
             return None
-        return _named(path, f"{value} is out of range: allowed {low} to {high} (64-bit)")
+        own = ALLOWED.get(path)  # a field's own range, else the chain's integers
+        return _named(
+            path, f"{value} is out of range: allowed {own or f'{low} to {high} (64-bit)'}"
+        )
     if isinstance(value, msgspec.Struct):
         items: Iterable[tuple[object, object]] = (
             (name, getattr(value, name)) for name in value.__struct_fields__
@@ -214,8 +234,18 @@ def _check(
         return 400, explain(e, body_type, body)
     except RecursionError:
         return 400, _named(BODY, f"nested deeper than {MAX_DEPTH} levels", in_spec=False)
-    found = beyond(decoded)
+    found = beyond(decoded) or _twice(body)
     return None if found is None else (400, found)
+
+
+def _twice(body: bytes) -> ErrorBody | None:
+    """A key given twice in one object (:mod:`.json_keys`), named with its path."""
+    dup = duplicated_key(body)
+    if dup is None:
+        return None
+    path, key = dup
+    field = f"{path}.{key}" if path else key
+    return _named(field, "given twice in one object: give each key once (msgspec keeps the last)")
 
 
 def _content_type(scope: dict[str, Any]) -> str:

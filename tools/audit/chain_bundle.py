@@ -19,7 +19,7 @@ from ..clikit.failure import Failure, echo_json
 from ..clikit.paths import KEY, need_dir
 from ..node.where import chain_of
 from .chain_files import say_swept
-from .chain_inputs import KEY_HELP, warn
+from .chain_inputs import KEY_HELP, verifier, warn
 
 __all__ = ["OWN_KEY_WARNING", "export", "verify_bundle_cmd"]
 
@@ -90,6 +90,8 @@ def verify_bundle_cmd(bundle: Path, key: str | None, as_json: bool) -> None:
     need_dir(bundle, "BUNDLE")
     if not (bundle / "manifest.json").is_file():
         raise Failure(f"{bundle}: not a bundle (no manifest.json)", "bad_path", "BUNDLE")
+    if key is not None:
+        verifier(key)  # a bad --key is usage naming it (2), not the bundle's "no key" (1)
     try:
         report = verify_bundle(bundle, key)
     except BundleError as e:

@@ -213,7 +213,7 @@ def _origins(db: Path) -> tuple[set[str], str]:
         raise Failure(str(e), "chain_unreadable") from e
     origins = {n.split("\n", 1)[0] for n in notes}
     with contextlib.suppress(CheckpointError):  # none beside a copy of chain.db alone
-        origins.add(load_verifier(db.parent / PUBLIC_KEY_FILE).name)
+        origins.add(load_verifier(db.parent / PUBLIC_KEY_FILE, None).name)
     return origins, "?" if row is None else str(row[0])
 
 

@@ -12,6 +12,7 @@ import click
 import msgspec
 
 from infervisor.chain import ChainError, VerifyReport, verify_chain
+from infervisor.chain.anchor import QUORUM_UNMET
 from infervisor.chain.checkpoint import Checkpoint
 from infervisor.chain.errors import ProofError
 from infervisor.chain.merkle import leaf_hash, verify_consistency, verify_inclusion
@@ -123,8 +124,19 @@ def _doc(report: VerifyReport, against: dict[str, Any] | None, **fields: Any) ->
 
 
 def _warning(verdict: Verdict, against: dict[str, Any] | None) -> str | None:
+    """What cannot be ruled out without an anchor, and what to pass; None when
+    anchored, or when the problem already says the --witness quorum was not met
+    (stop 34's trial read "pass --witness" under ``--witness``)."""
     if verdict.anchored:
         return None
+    if verdict.shortfall is not None:
+        if verdict.problem is not None and verdict.problem.reason == QUORUM_UNMET:
+            return None
+        return (
+            f"the config's [[witnesses]] vouch for no checkpoint: {verdict.shortfall}: a "
+            "rewrite of the whole file, its checkpoints re-signed with node.key, cannot be "
+            "ruled out"
+        )
     return NO_CHECKPOINT_WARNING if against is None else STORED_CHECKPOINT_WARNING
 
 
@@ -146,9 +158,10 @@ def _against(verdict: Verdict, cp: Checkpoint | None) -> dict[str, Any] | None:
             **base, "ok": True, "seq": None, "last_seq": None, "reason": None,
             "detail": "as signed" + own,
         }  # fmt: skip
+    whose = "" if p.reason == QUORUM_UNMET else own  # the witnesses', not a checkpoint's
     return {
         **base, "ok": False, "seq": p.seq, "last_seq": p.last_seq, "reason": p.reason,
-        "detail": p.detail + own,
+        "detail": p.detail + whose,
     }  # fmt: skip
 
 

@@ -8,10 +8,9 @@ size is a rollback), then fetches the new events' entry bundles and level-0
 hash tiles: each entry's event hash is recomputed (chain/checks.py), linked
 to the one before, its leaf hash compared with the tile's, and the tree they
 make must have the signed root. Only then are the events and the checkpoint
-committed to ``folder/chain.db`` in one transaction (a chain file every
-reader opens). A pull killed midway leaves ``chain.db`` as it was; what it
-had fetched is kept in ``folder/pull.partial.db`` and checked again by the
-next run, which fetches only the rest.
+committed to ``folder/chain.db`` in one transaction (a chain file every reader
+opens). A pull killed midway leaves ``chain.db`` as it was; what it had fetched
+is kept in ``folder/pull.partial.db`` and checked again by the next run.
 """
 
 from __future__ import annotations
@@ -42,6 +41,8 @@ from infervisor.chain.errors import ChainError, NoteError, ProofError
 from infervisor.chain.merkle import CompactTree, leaf_hash, verify_consistency
 from infervisor.chain.note import Verifier, parse_signature_line, parse_verifier_key, split_note
 from infervisor.chain.tiles import Tile, TileError, entry_row, parse_entry_bundle, tile_for
+
+from .chain_inputs import verifier
 
 __all__ = ["PullError", "PullReport", "pull"]
 
@@ -185,8 +186,7 @@ def _trusted_key(dest: Path, key: str | None, log: _Log) -> tuple[Verifier, str]
     pinned_file = dest / PUBLIC_KEY_FILE
     pinned = _read_key(pinned_file.read_text(), str(pinned_file)) if pinned_file.exists() else None
     if key is not None:
-        text = Path(key).read_text() if Path(key).is_file() else key
-        given = _read_key(text, "--key")
+        given = verifier(key)  # a key string or a file holding one, as every --key
         if pinned is not None and pinned.key_string() != given.key_string():
             raise PullError(
                 f"--key is not the key pinned in {pinned_file} ({pinned.key_string()})",

@@ -10,6 +10,7 @@ import click
 from ..clikit.command import Command
 from ..clikit.failure import echo_json, fail
 from ..node.where import chain_of
+from .chain_inputs import stored_extent
 from .offline import parse_until, print_marker, read_offline, wrap
 from .trust_options import Reading, reading_options
 
@@ -39,7 +40,8 @@ def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> N
     does not verify is refused (exit 1, naming the sequence number and why)
     unless --unverified, which replays it as stored and marks the output.
     Exit 1 also when an event does not fit (unknown kind, impossible
-    transition), 2 when WHERE cannot be read.
+    transition) or --until names a seq beyond the chain's head (beyond_head),
+    2 when WHERE cannot be read.
     """
     try:
         upto = None if until is None else parse_until(until)
@@ -53,6 +55,8 @@ def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> N
     db = chain_of(where)
     unverified = reading.unverified
     read = read_offline(db, unverified=unverified, until=upto, trust=reading.trust)
+    if upto is not None and upto.seq is not None:
+        _within_head(db, upto.seq)
     state = read.state
     if as_json:
         echo_json(wrap(read, state) if unverified else state)
@@ -80,3 +84,22 @@ _ESCAPES = {c: f"\\x{c:02x}" for c in (*range(32), 127)}
 def one_line(text: str) -> str:
     """``text`` on one line: its control characters escaped (``\\x0a``)."""
     return text.translate(_ESCAPES)
+
+
+def _within_head(db: Path, seq: int) -> None:
+    """Refuse (exit 1, ``beyond_head``, naming ``--until``) a seq beyond the chain's
+    head: the state "as of" an event that is not there would be the head's, said as
+    if it were seq's (a newcomer's trial, stop 34, read exit 0 and no word).
+
+    Raises:
+        Failure: when ``seq`` is beyond the head.
+    """
+    _, head = stored_extent(db)
+    if head is None or seq > head:
+        held = f"{db} holds no event" if head is None else f"seq {head} in {db}"
+        fail(
+            f"--until {seq} is beyond the chain's head ({held}): give a seq up to "
+            f"{head or 0}, or a time",
+            "beyond_head",
+            "--until",
+        )

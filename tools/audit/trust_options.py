@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import click
 
 from infervisor.chain import ChainError
+from infervisor.chain.anchor import QUORUM_UNMET
 from infervisor.chain.checkpoint import Checkpoint
 from infervisor.chain.cosignature import WitnessKey, WitnessPolicy, parse_witness_key
 from infervisor.chain.errors import CheckpointError, NoteError
@@ -33,7 +34,7 @@ from infervisor.chain.trust import Problem, Verdict, assess, node_key
 from ..clikit.command import UNVERIFIED_HELP
 from ..clikit.failure import Failure
 from ..clikit.paths import KEY, WITNESS_KEY
-from .chain_inputs import KEY_HELP, foreign_origin, read_checkpoint
+from .chain_inputs import KEY_HELP, foreign_origin, read_checkpoint, stored_extent
 
 __all__ = [
     "NOT_VOUCHED",
@@ -234,9 +235,29 @@ def judge_chain(
     except CheckpointError as e:
         raise Failure(str(e), "bad_key", "--key") from e
     try:
-        return assess(db, key, policy, external)
+        verdict = assess(db, key, policy, external)
     except ChainError as e:
         raise Failure(str(e), "chain_unreadable") from e
+    return required_quorum(db, args, verdict)
+
+
+def required_quorum(db: Path, args: TrustArgs, verdict: Verdict) -> Verdict:
+    """`verdict`, failed (``witness quorum not met``) when ``--witness`` keys were
+    given and no stored checkpoint was cosigned by their quorum: the caller asked
+    for that anchor, so its absence is a finding (exit 1), not a warning to pass
+    ``--witness`` (the newcomer's trial, stop 34, read exit 0). A config's
+    ``[[witnesses]]``, used when no ``--witness`` is given, stay a warning: a node
+    whose witness has not yet cosigned is not a failed chain.
+
+    The problem covers the whole chain (``in seq 0..HEAD``): the witnesses vouch
+    for none of it.
+    """
+    if not args.witnesses or verdict.problem is not None or verdict.shortfall is None:
+        return verdict
+    _, head = stored_extent(db)
+    last = None if head is None or head <= 0 else head
+    problem = Problem(0, QUORUM_UNMET, f"--witness: {verdict.shortfall}", last)
+    return verdict._replace(problem=problem)
 
 
 def refuse(db: Path, verdict: Verdict) -> None:

@@ -22,6 +22,7 @@ from ..api.exit_codes import EPILOG, cut
 from ..api.one_line import MAX_REASON, refusal
 from .failure import Failure, echo_json, fail
 from .paths import BadKey, BadPath
+from .raw_args import check_raw
 
 __all__ = [
     "SECONDS",
@@ -80,6 +81,14 @@ class Command(click.Command):
                 body = ErrorBody(code=code, message=cut(e.format_message()), field=_usage_field(e))
                 echo_json(ErrorRecord(error=body))
             raise
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse an empty path and a path or key option given twice (:mod:`.raw_args`),
+        then parse as click does (the raw parse is a few microseconds)."""
+        if args and not ctx.resilient_parsing:
+            opts, _, order = self.make_parser(ctx).parse_args(args=list(args))
+            check_raw(ctx, opts, order)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

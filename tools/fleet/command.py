@@ -23,6 +23,7 @@ import msgspec
 from ..api.errors import ApiError, VerbFailed
 from ..clikit.command import REASON, SECONDS, Group
 from ..clikit.failure import Failure, echo_json, fail
+from ..clikit.wanted import state_words
 from .config import FleetConfig, FleetConfigError, NodeEntry, load_config
 from .follow import Refused, diverged, follow
 from .node_api import client_of
@@ -174,8 +175,8 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
         echo_json({"node": entry.name, "answer": answer, "passed_over": passed})
         return
     click.echo(
-        f"{entry.name}: {answer.instance_id}: {answer.outcome}; {answer.instance.lifecycle} "
-        f"(wanted {answer.instance.desired}); seq {answer.seq}"
+        f"{entry.name}: {answer.instance_id}: {answer.outcome}; "
+        f"{state_words(answer.instance)}; seq {answer.seq}"
     )
 
 

@@ -230,9 +230,9 @@ def _pub(value: str, where: str, base: Path, path: Path) -> Verifier:
     if not file.is_file():
         raise FleetConfigError(f"{path}: {where} pub: {file}: no such file (a copy of node.pub)")
     try:
-        return load_verifier(file)
+        return load_verifier(file, None, private=False)  # node.key refused, naming node.pub
     except CheckpointError as e:
-        raise FleetConfigError(f"{path}: {where} pub: {file}: not a verifier key ({e})") from e
+        raise FleetConfigError(f"{path}: {where} pub: {e}") from e
 
 
 def _listen(value: Any, path: Path) -> tuple[str, int] | None:

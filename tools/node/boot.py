@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import pykka
 
-from infervisor.actors.errors import NodeError
+from infervisor.actors.errors import NodeError, WitnessConflict
 from infervisor.actors.node import Node
 from infervisor.actors.settings import NodeSettings
 from infervisor.adapters.proc.errors import AdapterError
@@ -29,12 +29,13 @@ from infervisor.adapters.proc.output import open_private
 from infervisor.adapters.registry import ModelFormat, ModelRegistry
 from infervisor.adapters.spec import Flavor
 from infervisor.chain import ChainError, SqliteChain, StoredEvent
+from infervisor.chain.errors import ChainTampered
 
 from ..api.errors import ApiError
 from ..api.serving.server import ApiServer
 from ..servers.extras import install_hint, missing_modules
 from .config import ApiConfig, NodeConfig
-from .lock import RunError
+from .lock import ChainRefused, RunError
 from .models import register_models
 
 if TYPE_CHECKING:
@@ -242,6 +243,7 @@ def open_node(
     resumes past their refusal, recorded).
 
     Raises:
+        ChainRefused: the chain fails its boot check, or a witness refuses it (exit 1).
         RunError: naming the chain, the model or the setting at fault.
     """
     settings = config.node
@@ -255,6 +257,8 @@ def open_node(
             accept_witness_conflict=accept_witness_conflict,
             started_before_s=own_age_s(),
         )
+    except (ChainTampered, WitnessConflict) as e:
+        raise ChainRefused(f"cannot open the node on {settings.data_dir}: {e}") from e
     except (ChainError, NodeError, AdapterError, OSError, ValueError, pykka.ActorDeadError) as e:
         raise RunError(f"cannot open the node on {settings.data_dir}: {e}") from e
 

@@ -19,14 +19,28 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from infervisor.actors.settings import NodeSettings
 
-__all__ = ["LOCK_FILE", "RunError", "claim_data_dir", "holds_no_run"]
+__all__ = ["LOCK_FILE", "ChainRefused", "RunError", "claim_data_dir", "holds_no_run"]
 
 #: Held (``flock``) in the data_dir while a node runs there: one node per data_dir.
 LOCK_FILE = "run.lock"
 
 
 class RunError(Exception):
-    """The node cannot run as configured; the message says what, where and how to fix it."""
+    """The node cannot run as configured; the message says what, where and how to fix it.
+
+    ``exit_status``: what ``infervisor run`` exits with (docs/cli.md, "Exit
+    status"): 2, the config or its data directory cannot be used (usage)."""
+
+    exit_status = 2
+
+
+class ChainRefused(RunError):
+    """The chain failed its check at boot (a bad row, a checkpoint or witness it fails
+    against, an event that cannot be replayed, a witness's refusal): a finding about
+    the data, exit 1 as every reader refusing a chain (``chain_invalid``), not usage
+    (a newcomer's trial, stop 34, read exit 2)."""
+
+    exit_status = 1
 
 
 @contextlib.contextmanager

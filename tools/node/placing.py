@@ -22,6 +22,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode, instance_id
 from infervisor.chain import SqliteChain
 from infervisor.replay import events as ev
 
+from ..clikit.wanted import state_words
 from ..servers.extras import install_hint, missing_extra
 from .config import InstanceEntry, NodeConfig
 
@@ -40,7 +41,7 @@ def report_resumed(node: Node, config: NodeConfig, say: Say) -> None:
         if view is None:
             say(f"warning: {iid} is in the chain but not supervised: see the error above")
             continue
-        say(f"resumed {iid}: {view.lifecycle} (wanted {view.desired})")
+        say(f"resumed {iid}: {state_words(view)}")
         entry = configured.get(iid)
         if entry is None:
             say(f"note: {iid} is not in the config; it stays as the chain says")

@@ -17,7 +17,10 @@ Output: one line per event and per step, on the ``say`` callback; Python
 logging (the actors' diagnostics, with levels) goes to ``<data_dir>/node.log``
 while the node runs, never between those lines.
 
-Exit status: 0 after a clean stop; 1 when a server could not be stopped; 2
+Exit status: 0 after a clean stop; 1 when a server could not be stopped, or
+when the chain fails its check at boot (a bad row, a checkpoint or a witness it
+fails against, an event that cannot be replayed; a witness's refusal): a
+finding about the data, as every reader's ``chain_invalid``; 2
 when the node cannot run as configured (the data_dir cannot be created or is
 used by another run, the chain belongs to another node, a model file is
 missing): reported in one line, and found before anything is created or
@@ -137,11 +140,13 @@ def run(config: Path, accept_witness_conflict: bool) -> None:
     feature file) up to date with what is loaded (docs/deploy.md).
 
     With [[witnesses]] configured, the boot first asks each witness what it
-    cosigned of this chain: a rollback or a fork is refused (exit 2, naming
+    cosigned of this chain: a rollback or a fork is refused (exit 1, naming
     the witness and both sizes) unless --accept-witness-conflict; a witness
     that does not answer in time does not hold the boot back.
 
-    Exit 0 after a clean stop; 1 when a server could not be stopped; 2 when
+    Exit 0 after a clean stop; 1 when a server could not be stopped, or when
+    the chain fails its check at boot (tampered, truncated, an event that
+    cannot be replayed, a witness's refusal: one line names the seq); 2 when
     the config or its data directory cannot be used (one line names the key,
     file or folder).
     """
@@ -209,7 +214,7 @@ def run_node(config: NodeConfig, say: Say, *, accept_witness_conflict: bool = Fa
         except RunError as e:
             say(f"error: {e}")
             notify.status(f"failed: {e}")
-            return 2
+            return e.exit_status
         files.start()
         held.callback(files.stop)
         try:

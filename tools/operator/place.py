@@ -24,6 +24,7 @@ from ..api.exit_codes import cut, exit_for
 from ..clikit.command import Command
 from ..clikit.failure import Failure, echo_json, fail
 from ..clikit.schemas import place_record
+from ..clikit.wanted import state_words
 from .target import Target, api_failure, connected, node_command
 
 if TYPE_CHECKING:  # only an annotation: the wire types load with the client
@@ -183,7 +184,7 @@ def _say_outcome(answer: PlaceAnswer) -> None:
     v = answer.instance
     click.echo(
         f"{answer.instance_id}: {answer.outcome} (generation {answer.generation}); "
-        f"{v.lifecycle} (wanted {v.desired}); seq {answer.seq} hash {answer.hash}"
+        f"{state_words(v)}; seq {answer.seq} hash {answer.hash}"
     )
     for victim in answer.evicted:
         click.echo(f"evicted {victim} to make room for it (it rests until a demand or start)")

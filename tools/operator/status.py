@@ -24,6 +24,7 @@ from ..clikit.command import UNVERIFIED_HELP, Command
 from ..clikit.failure import echo_json, fail, say_line
 from ..clikit.names import chain_roles, resolve
 from ..clikit.schemas import InstanceRecord, from_state, from_view
+from ..clikit.wanted import wanted
 from ..node.where import where
 from .target import Target, api_failure, node_command, running_healthy, view_of
 
@@ -388,27 +389,12 @@ def row(r: InstanceRecord, now_ns: int | None = None) -> tuple[str, ...]:
         r.flavor or "?",
         r.mode or "?",
         r.lifecycle,
-        _wanted(r),
+        wanted(r),
         since,
         f"{r.restarts}/{budget}",
         r.endpoint or "-",
         memory,
     )
-
-
-#: WANTED of a resting instance, by the start of its ``rest_reason``: it is started
-#: by the next request or start for it (its desired state reads ``stopped``
-#: though nobody stopped it), and this says why it rests.
-_RESTS_AS = (("evicted", "evicted"), ("idle", "expired"))
-
-
-def _wanted(r: InstanceRecord) -> str:
-    """WANTED: ``evicted`` or ``expired`` for an instance that rests for that,
-    ``on-demand`` for one placed on demand that rests since; else the desired state."""
-    if not (r.resting or r.lifecycle == "resting"):
-        return r.desired
-    why = r.rest_reason or ""
-    return next((w for start, w in _RESTS_AS if why.startswith(start)), "on-demand")
 
 
 def _mib(size: int | None) -> str:

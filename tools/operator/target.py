@@ -127,6 +127,13 @@ def _target(args: tuple[str, ...], url: str | None, token: str | None, most: int
                 "usage",
                 "WHERE",
             )
+        if not args[0].strip():  # Path("") is "." (stop 34's trial: --witness "")
+            fail(
+                "an empty WHERE: give the node's data directory, its config file (.toml) "
+                "or its chain file",
+                "bad_path",
+                "WHERE",
+            )
         target = Target(Path(args[0]), None, token)
         target.rest = args[1:]
     if len(target.rest) > most:

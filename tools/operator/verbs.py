@@ -16,6 +16,7 @@ from ..api.errors import NodeUnavailable
 from ..clikit.command import SECONDS, Command, Seconds
 from ..clikit.failure import echo_json, fail
 from ..clikit.schemas import verb_record
+from ..clikit.wanted import state_words
 from .progress import Progress, countdown, elapsed
 from .target import Target, answer_timeout, connected, instance_arg, node_command, view_of
 
@@ -217,10 +218,9 @@ def say_view(
         echo_json(verb_record(view, seq, digest, evicted))
         return
     pid = f", pid {view.pid}" if view.pid is not None else ""
-    state = f"already {view.lifecycle}" if already else view.lifecycle
     reason = f": {view.reason}" if view.reason else ""
     nothing = "; nothing recorded" if already else ""  # as a cordon sent again says
-    click.echo(f"{view.instance_id}: {state} (wanted {view.desired}){pid}{reason}{nothing}")
+    click.echo(f"{view.instance_id}: {state_words(view, already)}{pid}{reason}{nothing}")
     for victim in evicted:
         click.echo(f"evicted {victim} to make room for it (it rests until a demand or start)")
 

@@ -59,8 +59,10 @@ def watch(
 
     WHERE is the node's data directory, its config file (.toml) or its
     chain file; without it, --url (or INFERVISOR_URL) names the node.
-    Exit 0 when --no-follow reaches the head, or on Ctrl-C; 2 when the
-    command line is wrong; 3 when no node answers for --retry-for seconds.
+    Exit 0 when --no-follow reaches the head, or on Ctrl-C; 1 when
+    --from-seq is beyond the head + 1 (beyond_head: the events between would
+    be skipped); 2 when the command line is wrong; 3 when no node answers for
+    --retry-for seconds.
     """
     click.get_current_context().meta["json_lines"] = True
     try:
@@ -79,13 +81,16 @@ def _watch_events(
 ) -> None:
     out = sys.stdout.buffer
     down_since: float | None = None
-    tries = 0
+    tries, checked = 0, False
     with target.client() as client:
         while True:
             try:
                 head = client.node().head_seq  # the node answers: (re)connected
                 if next_seq is None:
                     next_seq = head + 1  # resumable from here on
+                elif next_seq > head + 1 and not checked:
+                    _beyond_head(next_seq, head)
+                checked = True  # a reconnect resumes where it was, whatever the head
                 if down_since is not None:
                     click.echo(f"watch: reconnected; from seq {next_seq}", err=True)
                     down_since, tries = None, 0
@@ -113,6 +118,19 @@ def _watch_events(
                 tries += 1
             except ApiError as e:
                 api_failure(e)
+
+
+def _beyond_head(from_seq: int, head: int) -> None:
+    """Refuse (exit 1, ``beyond_head``, naming ``--from-seq``) a start beyond the next
+    event: the events between the head and it would be skipped unseen, and with
+    --no-follow nothing is printed (a newcomer's trial, stop 34, read exit 0)."""
+    fail(
+        f"--from-seq {from_seq} is beyond the chain's head (seq {head}): the next event "
+        f"appended is seq {head + 1}; give at most {head + 1} (or leave it out: from "
+        "the head on)",
+        "beyond_head",
+        "--from-seq",
+    )
 
 
 def watch_line(event: WatchEvent) -> str:

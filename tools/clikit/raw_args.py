@@ -1,0 +1,84 @@
+"""What the command line says before click converts it: a path option or argument
+given as an empty string, and a single-valued path or key option given twice.
+
+Both read as something else once converted: ``Path("")`` is ``.``, so ``--witness
+""`` was read as the current directory, and click keeps the last of an option given
+twice, so ``--checkpoint A --checkpoint B`` checked B alone (a newcomer's trial,
+stop 34). :func:`check_raw` refuses them as usage (exit 2), naming the option.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from .paths import BadPath, KeyOrFile
+
+__all__ = ["Repeated", "check_raw"]
+
+
+class Repeated(click.UsageError):
+    """A single-valued option given more than once (usage, exit 2); ``param`` names it
+    (the ``field`` of the JSON error)."""
+
+    def __init__(self, message: str, ctx: click.Context, param: click.Parameter) -> None:
+        super().__init__(message, ctx)
+        self.param = param
+
+
+def _takes_a_path(param: click.Parameter) -> bool:
+    """A parameter whose value names a file or directory (or a key, or a file holding one)."""
+    return isinstance(param.type, (click.Path, click.File, KeyOrFile))
+
+
+def _name(param: click.Parameter) -> str:
+    if isinstance(param, click.Option) and param.opts:
+        return max(param.opts, key=len)
+    return str(param.human_readable_name)
+
+
+def _values(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, (list, tuple)) else [value]
+
+
+def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Parameter]) -> None:
+    """Refuse, as usage naming the option or argument: an empty value where a path
+    (or key) is expected, and a single-valued path or key option given twice.
+
+    Args:
+        ctx: the command's context.
+        opts: the parser's values by parameter name, before conversion.
+        order: the parameters in the order the command line gave them (an option
+            once per occurrence).
+
+    Raises:
+        BadPath: an empty path (``bad_path``, exit 2).
+        Repeated: an option given twice (``usage``, exit 2).
+    """
+    seen = Counter(p.name for p in order)
+    for param in dict.fromkeys(order):
+        if not _takes_a_path(param):
+            continue
+        name = _name(param)
+        if isinstance(param, click.Option) and not param.multiple and seen[param.name] > 1:
+            raise Repeated(
+                f"{name} given {seen[param.name]} times: it takes one value (give it once)",
+                ctx,
+                param,
+            )
+        if any(isinstance(v, str) and not v.strip() for v in _values(opts.get(param.name or ""))):
+            raise BadPath(f"an empty value: {name} takes {_what(param.type)}", ctx, param)
+
+
+def _what(kind: click.ParamType[Any]) -> str:
+    """What a path parameter takes, for the refusal of an empty value."""
+    if isinstance(kind, KeyOrFile):
+        return "a key string or a file holding one"
+    if isinstance(kind, click.Path) and not kind.dir_okay:
+        return "a file name"
+    if isinstance(kind, click.Path) and not kind.file_okay:
+        return "a directory name"
+    return "a file or directory name"
