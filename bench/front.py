@@ -26,6 +26,11 @@ Counting: a chunk is one ``data:`` line of the server-sent stream other than
 ``[DONE]`` (llama-server sends one per token). The front needs a token: the
 ``operator`` secret of ``<data_dir>/api-tokens.json``.
 
+``--server-threads N`` gives llama-server ``N`` CPU threads (the instance's
+``threads`` key, its ``-t``; default: the launcher's, 2, both cores of the
+2-core machine the figures were measured on). Both sides talk to that one
+server, so the count applies to both alike; the streams row names it.
+
 Run: ``python bench/front.py`` (about 2 minutes; ``--quick`` for a smoke run).
 Needs the front (tools/front, ``[front]`` in the config); a node without it
 refuses the config, and the script prints the node's log and exits 1.
@@ -52,6 +57,7 @@ import httpx
 import psutil
 from _harness import free_port, machine, percentile, reaped_children, table, workdir
 
+from infervisor.tools.servers.launcher import DEFAULT_THREADS
 from infervisor.tools.servers.tinymodel import generate_tiny_gguf
 
 BIN = Path(sys.executable).parent
@@ -93,9 +99,13 @@ class Setup:
     cold_spec: dict[str, object]
     cold_weights: Path
     node_pid: int
+    threads: int | None = None  # llama-server's -t; None: the launcher's default
 
 
-def write_config(root: Path, front_port: int, hot_port: int, cold_port: int, hz: float) -> Path:
+def write_config(root: Path, ports: tuple[int, int], hz: float, threads: int | None) -> Path:
+    """The node's config: the front on ``ports[0]``, the chat instance on ``ports[1]``
+    (``threads = N`` when given)."""
+    front_port, hot_port = ports
     models = root / "models"
     models.mkdir()
     for name, seed in (("tiny", 0), ("tiny-cold", 1)):
@@ -131,15 +141,17 @@ port = {hot_port}
 ctx_size = 4096
 start = true
 """
+    if threads is not None:
+        text += f"threads = {threads}\n"
     path = root / "node.toml"
     path.write_text(text)
     return path
 
 
 @contextmanager
-def node(root: Path, hz: float) -> Iterator[Setup]:
+def node(root: Path, hz: float, threads: int | None = None) -> Iterator[Setup]:
     front_port, hot_port, cold_port = free_port(), free_port(), free_port()
-    config = write_config(root, front_port, hot_port, cold_port, hz)
+    config = write_config(root, (front_port, hot_port), hz, threads)
     log = (root / "node.log").open("wb")
     proc = subprocess.Popen(
         [str(INFERVISOR), "run", str(config)], stdout=log, stderr=log, start_new_session=True
@@ -152,6 +164,8 @@ def node(root: Path, hz: float) -> Iterator[Setup]:
         auth = {"Authorization": f"Bearer {tokens['operator']}"}
         _wait(lambda: _running(f"{front}/v1/models", auth), proc, root, "the front")
         cold = {"role": "cold", "flavor": "llamacpp", "model": "tiny-cold", "port": cold_port}
+        if threads is not None:
+            cold["threads"] = threads
         yield Setup(
             root,
             front,
@@ -161,6 +175,7 @@ def node(root: Path, hz: float) -> Iterator[Setup]:
             cold,
             root / "models" / "tiny-cold.gguf",
             proc.pid,
+            threads,
         )
     finally:
         if proc.poll() is None:
@@ -328,7 +343,8 @@ def throughput(s: Setup, streams: int, tokens: int, rounds: int) -> list[Row]:
     cpu, count = user + system, max(sum(n for _, _, n in NODE_CPU), 1)
     return [
         Row(
-            f"tokens/s, {streams} concurrent streams ({rounds} rounds each)",
+            f"tokens/s, {streams} concurrent streams ({rounds} rounds each, "
+            f"llama-server -t {_threads(s)})",
             f"{f:,.0f}/s through the front = {f / d:.3f}x direct's {d:,.0f}/s",
             ">= 0.97x direct",
             f / d >= 0.97,
@@ -341,6 +357,10 @@ def throughput(s: Setup, streams: int, tokens: int, rounds: int) -> list[Row]:
             None,
         ),
     ]
+
+
+def _threads(s: Setup) -> str:
+    return f"{DEFAULT_THREADS}, the default" if s.threads is None else str(s.threads)
 
 
 # ---------------------------------------------------------------- a resting model
@@ -380,7 +400,8 @@ def cold_direct(s: Setup) -> float:
     base = f"http://127.0.0.1:{port}"
     t = time.perf_counter()
     proc = subprocess.Popen(
-        [str(LAUNCHER), "-m", str(s.cold_weights), "--port", str(port), "--alias", "tiny-cold"],
+        [str(LAUNCHER), "-m", str(s.cold_weights), "--port", str(port), "--alias", "tiny-cold"]
+        + ([] if s.threads is None else ["-t", str(s.threads)]),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -432,6 +453,12 @@ def main() -> None:
         help="the node's health_interval_s (1.0, its default): how soon it sees a start ready",
     )
     ap.add_argument(
+        "--server-threads",
+        type=int,
+        metavar="N",
+        help=f"llama-server's CPU threads, both sides (default: the launcher's, {DEFAULT_THREADS})",
+    )
+    ap.add_argument(
         "--only",
         choices=("ttft", "streams", "resting"),
         action="append",
@@ -443,7 +470,11 @@ def main() -> None:
     print(f"# {machine()}", flush=True)
     started = time.monotonic()
     rows: list[Row] = []
-    with reaped_children(), workdir("front") as root, node(root, args.health_interval) as s:
+    with (
+        reaped_children(),
+        workdir("front") as root,
+        node(root, args.health_interval, args.server_threads) as s,
+    ):
         rows += ttft(s, count) if "ttft" in only else []
         rows += throughput(s, args.streams, args.tokens, rounds) if "streams" in only else []
         rows += resting(s, cold) if "resting" in only else []
