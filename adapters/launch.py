@@ -75,7 +75,7 @@ def build_llamacpp_launch(
 
         program -m <model path> --host <host> --port <port> -c <ctx_size>
                 --alias <model name> [-md <draft path>] [--embeddings]
-                [--pooling <pooling>]
+                [--pooling <pooling>] [-t <threads>]
 
     run in ``workdir`` with only the ``passthrough`` variables of this process,
     then ``extra_env``, then ``spec.env`` (a later one wins on a clash), then,
@@ -101,6 +101,8 @@ def build_llamacpp_launch(
         args += ["--embeddings"]
     if spec.pooling is not None:
         args += ["--pooling", spec.pooling]
+    if spec.threads is not None:
+        args += ["-t", str(spec.threads)]
     return LaunchPlan(
         program=program,
         args=args,

@@ -122,6 +122,11 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
             one of :data:`POOLINGS`); None: the model's own (a model with none,
             a causal LM, must be given one for ``/v1/embeddings``); managed
             llama.cpp only.
+        threads: CPU threads the server generates with (llama-server's
+            ``--threads``/``-t``, 1 to :data:`MAX_THREADS`; its batches use as
+            many, as llama-server's ``--threads-batch`` defaults to it); None:
+            the launcher's default (2); managed llama.cpp only. A node that also
+            runs the front, probes or other servers keeps cores for them this way.
     """
 
     role: str
@@ -143,6 +148,7 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     pinned: bool = False
     embeddings: bool = False
     pooling: str | None = None
+    threads: int | None = None
 
     def validate(self) -> None:
         """Check every field an operator can get wrong.
@@ -178,6 +184,7 @@ class InstanceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         check_env(self.env)
         _check_residency(self)
         _check_embeddings(self)
+        _check_threads(self)
         _check_encoded_size(self)
 
     @property
@@ -286,6 +293,25 @@ def _check_embeddings(spec: InstanceSpec) -> None:
             f"pooling {spec.pooling!r}: allowed {', '.join(POOLINGS)}, for a managed "
             "llama.cpp server only (its --pooling flag)",
             field="pooling",
+        )
+
+
+#: The most CPU threads a spec may give a server (the launcher's own bound, its ``-t``).
+MAX_THREADS = 1024
+
+
+def _check_threads(spec: InstanceSpec) -> None:
+    """``threads``: a whole number from 1 to :data:`MAX_THREADS`, for a managed
+    llama.cpp server only (its ``--threads``)."""
+    n = spec.threads
+    if n is None:
+        return
+    llamacpp = spec.flavor is Flavor.LLAMACPP and spec.mode is Mode.MANAGED
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS or not llamacpp:
+        raise SpecError(
+            f"threads {n!r}: allowed a whole number from 1 to {MAX_THREADS}, or none (the "
+            "launcher's default, 2), for a managed llama.cpp server only (its --threads)",
+            field="threads",
         )
 
 

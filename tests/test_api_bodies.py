@@ -69,6 +69,7 @@ def refused(client: httpx.Client, path: str, body: bytes | Any) -> dict[str, Any
         ("/v1/heartbeat/", {"controller": 1}, "controller", "bad_request"),
         ("/v1/instances", {"spec": {**SPEC, "port": 18741.0}}, "spec.port", "bad_spec"),
         ("/v1/instances", {"spec": {**SPEC, "ctx_size": "512"}}, "spec.ctx_size", "bad_spec"),
+        ("/v1/instances", {"spec": {**SPEC, "threads": "2"}}, "spec.threads", "bad_spec"),
         ("/v1/instances", {"spec": SPEC, "start": "true"}, "start", "bad_request"),
         ("/v1/instances", {"spec": SPEC, "generation": "0"}, "generation", "bad_request"),
         ("/v1/instances", {"spec": SPEC, "generation": -1}, "generation", "bad_request"),

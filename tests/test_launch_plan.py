@@ -131,3 +131,52 @@ def test_embeddings_and_pooling_are_refused_naming_the_field(
     with pytest.raises(SpecError) as refused:
         spec(**fields).validate()
     assert refused.value.field == field and field in str(refused.value)
+
+
+def test_threads_is_llama_servers_threads_flag(reg: ModelRegistry, tmp_path: Path) -> None:
+    """``threads`` becomes ``-t N``, which the launcher passes on to an exec'd
+    llama-server and to the embedded one (generation and batches); none: no
+    ``-t`` in the plan, and the launcher's default (2)."""
+    from infervisor.tools.servers.launcher import (
+        DEFAULT_THREADS,
+        _build_params,
+        llama_server_argv,
+        parse_args,
+    )
+
+    plan = build_llamacpp_launch(spec(threads=1), reg.resolve("tiny"), None, program="p",
+                                 workdir=tmp_path)  # fmt: skip
+    assert plan.args[-2:] == ["-t", "1"]
+    args = parse_args(plan.args)
+    assert args is not None and args.threads == 1
+    assert llama_server_argv("/bin/llama-server", args)[7:9] == ["-t", "1"]
+    xllamacpp = pytest.importorskip("xllamacpp")
+    params = _build_params(xllamacpp, args)
+    assert (params.cpuparams.n_threads, params.cpuparams_batch.n_threads) == (1, 1)
+
+    plain = build_llamacpp_launch(spec(), reg.resolve("tiny"), None, program="p", workdir=tmp_path)
+    assert "-t" not in plain.args
+    default = parse_args(plain.args)
+    assert default is not None and default.threads == DEFAULT_THREADS
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"threads": 0},
+        {"threads": -2},
+        {"threads": 1025},
+        {"threads": True},
+        {"threads": 2.0},
+        {"threads": 2, "flavor": Flavor.MLX_LM},
+        {"threads": 2, "mode": Mode.ADOPTED},
+    ],
+)
+def test_threads_is_refused_naming_the_field_and_the_allowed_values(
+    fields: dict[str, object],
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        spec(**fields).validate()
+    assert refused.value.field == "threads"
+    assert "threads" in str(refused.value) and "1 to 1024" in str(refused.value)
+    assert "managed llama.cpp" in str(refused.value)

@@ -9,17 +9,20 @@ Marked slow: run alone with ``pytest -m slow``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
-from support import pids_of_group
+from support import pids_of_group, wait_until
 
 from infervisor.actors.node import Node
 from infervisor.adapters.llamacpp_bin import find_packaged_server
 from infervisor.adapters.ports import free_port
 from infervisor.adapters.probe import HealthKind, ServerClient
+from infervisor.adapters.proc.output import log_paths
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.chain import verify_chain
 from infervisor.replay import RestartPolicy, timeline
@@ -125,6 +128,30 @@ def test_tiny_model_serves_through_the_node(node: Node, tiny_gguf: Path) -> None
         assert client.tiny_completion("tiny")
     node.stop(iid)
     assert pids_of_group(view.pid) == []
+
+
+def test_threads_reach_the_running_server(node: Node, tiny_gguf: Path) -> None:
+    """``threads = 1`` is the server's ``-t 1`` (its argv in /proc, whichever
+    llama-server runs), and llama.cpp says in its own log that it computes on
+    one thread."""
+    shutil.copy(tiny_gguf, node.registry.root / "tiny.gguf")
+    node.registry.adopt("tiny", node.registry.root / "tiny.gguf")
+    spec = InstanceSpec(
+        role="one", flavor=Flavor.LLAMACPP, model="tiny", port=free_port(), threads=1
+    )
+    iid = node.place(spec)
+    node.start(iid)
+    view = node.wait_for(iid, lambda v: v.lifecycle == "running", 60)
+    assert view.pid is not None
+    server = psutil.Process(view.pid)
+    argv = server.cmdline()
+    assert argv[argv.index("-t") + 1] == "1", argv
+    _, stderr = log_paths(server.cwd())
+    said = re.compile(r"n_threads = 1\b")
+    wait_until(lambda: said.search(Path(stderr).read_text()), 10, "llama.cpp's n_threads line")
+    with ServerClient(spec.base_url, timeout=60.0) as client:
+        assert client.tiny_completion("tiny")
+    node.stop(iid)
 
 
 @pytest.mark.skipif(

@@ -301,6 +301,15 @@ def test_bad_input_exits_by_the_table_and_changes_nothing(
             "bad_spec",
             "--priority",
         ),
+        (
+            [
+                *("place", data, "--role", "x", "--flavor", "mlx-lm", "--port", "9"),
+                *("--model", "tiny", "--threads", "2"),
+            ],
+            2,
+            "bad_spec",
+            "--threads",
+        ),
         (["status", "--url", "ftp://x"], 2, "bad_value", "--url"),
     ]
     for args, status, code, field in cases:

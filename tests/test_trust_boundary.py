@@ -169,6 +169,7 @@ def test_a_malformed_or_oversized_env_is_refused_naming_the_bound(
         ({"host": "0.0.0.0"}, "host"),
         ({"model": None}, "model"),
         ({"ctx_size": 1}, "ctx_size"),
+        ({"threads": 0}, "threads"),
         ({"env": {"PATH": "/x"}}, "env.PATH"),
         ({"env": {"A": "x" * 40_000}}, "env.A"),
     ],

@@ -17,7 +17,7 @@ import click
 import msgspec
 
 from infervisor.adapters.errors import SpecError
-from infervisor.adapters.spec import MAX_IDLE_TTL_S, MIN_IDLE_TTL_S
+from infervisor.adapters.spec import MAX_IDLE_TTL_S, MAX_THREADS, MIN_IDLE_TTL_S
 
 from ..api.errors import ApiError
 from ..api.exit_codes import cut, exit_for
@@ -47,6 +47,7 @@ _PLACE_FLAGS = {
     "idle_ttl_s": "--idle-ttl-s",
     "priority": "--priority",
     "pinned": "--pinned",
+    "threads": "--threads",
 }
 
 
@@ -85,6 +86,12 @@ _PLACE_FLAGS = {
     help="Eviction takes lower or equal priority only (-1000 to 1000) [default: 0].",
 )
 @click.option("--pinned", is_flag=True, default=None, help="Never evicted.")
+@click.option(
+    "--threads",
+    type=click.IntRange(1, MAX_THREADS),
+    metavar="N",
+    help="CPU threads of a managed llama.cpp server (llama-server's --threads) [default: 2].",
+)
 @click.option("--controller", metavar="ID", help="Place as this controller (with --generation).")
 @click.option(
     "--generation",
@@ -115,7 +122,7 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     The fragment holds the keys of an [[instances]] table of the node's
     config (role, flavor, port, mode, model, host, ctx_size, draft_model,
     env, kind, continuous, restart, memory_max_bytes, on_demand, idle_ttl_s,
-    priority, pinned, start), flat or in one [[instances]]
+    priority, pinned, embeddings, pooling, threads, start), flat or in one [[instances]]
     table; flags given beside it override its keys. An unknown or mistyped
     key is refused naming it and the allowed keys or values; nothing is
     sent. As the node itself by default, or as --controller ID at

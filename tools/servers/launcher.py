@@ -55,7 +55,7 @@ from typing import Any
 from infervisor.adapters.errors import ProgramMissing
 from infervisor.adapters.llama_choice import AUTO, EMBEDDED, LLAMA_SERVER_VAR, PACKAGED
 from infervisor.adapters.llamacpp_bin import find_packaged_server
-from infervisor.adapters.spec import POOLINGS
+from infervisor.adapters.spec import MAX_THREADS, POOLINGS
 
 __all__ = [
     "DEFAULT_HOST",
@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-a", "--alias", help="model name the API reports")
     p.add_argument("-md", "--model-draft", type=Path, help="draft model for speculative decoding")
     p.add_argument(
-        "-t", "--threads", type=_bounded_int(1, 1024), default=DEFAULT_THREADS,
+        "-t", "--threads", type=_bounded_int(1, MAX_THREADS), default=DEFAULT_THREADS,
         help="CPU threads for generation and batches (%(default)s)",
     )  # fmt: skip
     p.add_argument(
