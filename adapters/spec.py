@@ -358,4 +358,5 @@ NUMBER_RANGES = {
         f"a whole number of bytes from {MIN_MEMORY_MAX_BYTES} (64 MiB) to 2^63-1, or none"
     ),
     "idle_ttl_s": f"seconds from {MIN_IDLE_TTL_S:g} to {MAX_IDLE_TTL_S:g} (7 days), or none",
+    "threads": f"a whole number from 1 to {MAX_THREADS}, or none",
 }

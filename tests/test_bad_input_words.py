@@ -90,6 +90,7 @@ def test_the_api_says_what_is_wrong_with_a_body_that_is_not_a_json_object(
         ("ctx_size", 2**64, "allowed 8 to 16777216 tokens"),
         ("priority", 2**70, "allowed a whole number from -1000 to 1000"),
         ("memory_max_bytes", 2**64, "allowed a whole number of bytes from 67108864 (64 MiB)"),
+        ("threads", 2**64, "allowed a whole number from 1 to 1024"),
     ],
 )
 def test_a_spec_integer_beyond_64_bits_quotes_the_fields_own_range(
