@@ -25,14 +25,13 @@ mean batch and the load average.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 from typing import ClassVar
 
 import group_commit
 from _harness import machine, table, workdir
-from group_commit import SIZES, writer_rate
+from group_commit import SIZES, arguments, writer_rate
 from summary import commit
 
 from infervisor.actors import chain_writer
@@ -71,11 +70,7 @@ VARIANTS: dict[str, type[FillPolicy]] = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--callers", type=int, default=32)
-    ap.add_argument("--each", type=int, default=300, help="events per caller per round")
-    args = ap.parse_args()
+    args = arguments(__doc__)
     print(f"# {machine()}, commit {commit()}", flush=True)
     rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
     sizes: dict[str, list[int]] = {name: [] for name in VARIANTS}

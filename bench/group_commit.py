@@ -77,12 +77,17 @@ def writer_rate(path: Path, callers: int, each: int, fill_wait_s: float | None) 
         writer.stop()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """``--rounds``, ``--callers`` and ``--each``, with ``doc``'s first paragraph as help."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--callers", type=int, default=32)
     ap.add_argument("--each", type=int, default=300, help="events per caller per round")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__)
     print(f"# {machine()}, commit {commit()}", flush=True)
     rates: dict[str, list[float]] = {
         "filling": [],

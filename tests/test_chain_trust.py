@@ -386,15 +386,7 @@ def test_run_refuses_an_undecodable_event_in_one_line(tmp_path: Path) -> None:
         chain.append_many(
             [EventDraft(ts_ns=NOW + 9, source="node", kind="node.started", subject="", payload=old)]
         )
-    config = tmp_path / "node.toml"
-    config.write_text(f'[node]\nnode_id = "{NODE}"\ndata_dir = "{folder}"\n')
-    ran = subprocess.run(
-        [str(INFERVISOR), "run", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    ran = _run_node(tmp_path, folder)
     assert ran.returncode == 1, ran.stderr  # a finding about the chain, not usage (stop 34)
     assert "Traceback" not in ran.stderr, ran.stderr
     lines = [line for line in ran.stderr.splitlines() if "undecodable event" in line]
@@ -408,15 +400,7 @@ def test_run_on_a_tampered_chain_exits_1_as_a_finding(tmp_path: Path) -> None:
     folder = tmp_path / "data"
     path = grow(folder, 8)
     chain_tamper.alter_payload(path, 3)
-    config = tmp_path / "node.toml"
-    config.write_text(f'[node]\nnode_id = "{NODE}"\ndata_dir = "{folder}"\n')
-    ran = subprocess.run(
-        [str(INFERVISOR), "run", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    ran = _run_node(tmp_path, folder)
     assert ran.returncode == 1, ran.stderr
     assert "Traceback" not in ran.stderr, ran.stderr
     (line,) = [x for x in ran.stderr.splitlines() if x.startswith("error:")]
@@ -506,3 +490,17 @@ def test_unverified_readers_mark_a_chain_the_trust_policy_fails(tmp_path: Path) 
     assert doc["verified"] is False and doc["problem"]["reason"] == "truncated"
     lines = cli("events", str(folder), "--unverified", "--jsonl").out.splitlines()
     assert lines and all(json.loads(line)["verified"] is False for line in lines)
+
+
+def _run_node(tmp_path: Path, folder: Path) -> subprocess.CompletedProcess[str]:
+    """`infervisor run` on a config whose data directory is ``folder``; it is
+    expected to refuse the chain and exit."""
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\nnode_id = "{NODE}"\ndata_dir = "{folder}"\n')
+    return subprocess.run(
+        [str(INFERVISOR), "run", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
