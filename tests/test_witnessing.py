@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from servers.witness_double import WitnessDouble
-from support import wait_until
+from support import cli_here, wait_until
 
 from infervisor.actors.chain_writer import ChainWriter
 from infervisor.actors.clock import RealClock
@@ -176,6 +177,14 @@ def _node_draft(n: int) -> EventDraft:
     )
 
 
+def _started_draft() -> EventDraft:
+    event = ev.NodeStarted(pid=1, boot_id="b", version="0")
+    return EventDraft(
+        ts_ns=1_800_000_000_000_000_000, source="node", kind=ev.kind_of(event),
+        subject="", payload=ev.encode_event(event),
+    )  # fmt: skip
+
+
 def _verified_sizes(db: Path, double: WitnessDouble) -> list[int]:
     """Tree sizes whose stored cosignature of ``double`` verifies against the stored checkpoint."""
     notes = {row.tree_size: row.note for row in read_stored(db)}
@@ -244,6 +253,59 @@ def test_a_chain_rewritten_and_resigned_with_the_node_key_is_refused(
     with SqliteChain.open_readonly(settings.chain_path) as chain:
         kinds = [e.kind for e in chain.events()]
     assert "node.started" not in kinds  # nothing was appended
+
+
+def _rows(db: Path) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of the chain's events and checkpoints tables, in order."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+            for table in ("events", "checkpoints", "checkpoint_frontiers")
+        }
+    finally:
+        conn.close()
+
+
+def test_a_rolled_back_chain_is_refused_before_the_node_key_signs_anything(
+    tmp_path: Path, witness: WitnessDouble
+) -> None:
+    """A newcomer's trial (stop 34): the refused boot used to sign and store a
+    checkpoint over the truncated chain (size 15 here) before the witness said 98."""
+    data = tmp_path / "data"
+    settings = NodeSettings(
+        node_id="n1", data_dir=str(data), llamacpp_program="/bin/false",
+        checkpoint_every_events=1, witness_boot_timeout_s=30.0,
+    )  # fmt: skip
+    signer = load_or_create_signer(data, "n1")
+    with SqliteChain.open(settings.chain_path, "n1") as chain:
+        chain.append_many([_node_draft(n) for n in range(1, 10)])
+    Checkpointer(settings.chain_path, "n1", signer).close()  # size 10
+    with SqliteChain.open(settings.chain_path, "n1") as chain:
+        chain.append_many([_started_draft()] * 5)  # 15 events: runs cut off, no clean stop
+    # The witness cosigned size 98 of this chain before events were cut.
+    witness.state[_origin(tmp_path)] = (98, bytes(32))
+    before = _rows(settings.chain_path)
+    assert max(size for size, *_ in before["checkpoints"]) == 10
+
+    with pytest.raises(WitnessConflict) as refused:
+        Node.open(settings, witnesses=[target_of(witness)])
+    message = str(refused.value)
+    assert "cosigned size 98" in message and "the chain has 15 events" in message
+    assert _rows(settings.chain_path) == before  # no checkpoint, no event, no frontier
+    assert "ok against checkpoint: tree size 10" in cli_chain_verify(settings.chain_path)
+
+
+def target_of(double: WitnessDouble) -> WitnessTarget:
+    """The node's view of ``double``: its URL and key."""
+    return WitnessTarget(double.url, double.cosigner.key)
+
+
+def cli_chain_verify(db: Path) -> str:
+    """``chain verify``'s report on ``db`` (asserting exit 0)."""
+    done = cli_here("chain", "verify", db)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def test_memoized_consistency_proofs_are_the_same_proofs() -> None:
