@@ -504,3 +504,38 @@ def _run_node(tmp_path: Path, folder: Path) -> subprocess.CompletedProcess[str]:
         timeout=120,
         check=False,
     )
+
+
+TAMPERINGS = {
+    "checkpoints dropped": "DROP TABLE checkpoints",
+    "format version": "PRAGMA user_version = 7",
+    "checkpoint trigger changed": (
+        "DROP TRIGGER checkpoints_append_only_delete;"
+        "CREATE TRIGGER checkpoints_append_only_delete BEFORE DELETE ON checkpoints "
+        "BEGIN SELECT 1; END"
+    ),
+    "events trigger dropped": "DROP TRIGGER events_append_only_update",
+}
+
+
+@pytest.mark.parametrize("name", list(TAMPERINGS))
+def test_export_refuses_what_every_reader_refuses(tmp_path: Path, name: str) -> None:
+    """A newcomer's trial (stop 34): export wrote a bundle of a chain every other reader
+    refused (exit 0, no warning), and verify-bundle called it ok. Now it refuses with
+    the readers' exit status and message, and writes nothing."""
+    path = grow(tmp_path / "data", 12)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(TAMPERINGS[name])
+    conn.close()
+    read = cli("events", str(path))
+    assert read.code in (1, 2), read
+    out = tmp_path / "bundle"
+    exported = cli("chain", "export", str(path), str(out))
+    assert exported.code == read.code, exported
+    assert not out.exists() and exported.out == ""
+
+    def headline(err: str) -> str:
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+        return line.split("; nothing ")[0]
+
+    assert headline(exported.err) == headline(read.err)

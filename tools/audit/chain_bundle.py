@@ -12,6 +12,7 @@ import msgspec
 
 from infervisor.chain import ChainError, verify_chain
 from infervisor.chain.bundle import export_bundle, verify_bundle
+from infervisor.chain.checks import Problem
 from infervisor.chain.errors import BundleError, CheckpointError
 
 from ..clikit.command import Command
@@ -20,6 +21,7 @@ from ..clikit.paths import KEY, need_dir
 from ..node.where import chain_of
 from .chain_files import say_swept
 from .chain_inputs import KEY_HELP, verifier, warn
+from .trust_options import TrustArgs, judge_chain, refuse
 
 __all__ = ["OWN_KEY_WARNING", "export", "verify_bundle_cmd"]
 
@@ -28,6 +30,9 @@ OWN_KEY_WARNING = (
     "made the bundle chose: pass --key PUBKEY (the node's public key, obtained elsewhere)"
 )
 UNANCHORED = "unanchored: no checkpoint held outside this node"
+NOTHING_EXPORTED = (
+    "nothing exported (a bundle would not carry what fails, and verify-bundle would call it ok)"
+)
 
 
 @click.command("export", cls=Command)
@@ -40,8 +45,15 @@ def export(where: Path, out: Path, key: str | None, as_json: bool) -> None:
 
     OUT gets events.jsonl (every field and hash), checkpoints/, node.pub and
     manifest.json (counts, SHA-256 of each file): docs/chain-format.md.
+    The chain is judged first as every reader judges it: one that fails the
+    trust policy against its checkpoints (a dropped checkpoints table,
+    changed triggers) is refused (exit 1) and nothing is written, as the
+    bundle would not carry what fails; a file of another format, exit 2.
+    One whose rows fail is exported as stored, with a warning (verify-bundle
+    refuses it).
     """
     db = chain_of(where)
+    problem = _judged(db, where, key)
     say_swept(out)
     try:
         manifest = export_bundle(db, out, key)
@@ -61,16 +73,36 @@ def export(where: Path, out: Path, key: str | None, as_json: bool) -> None:
         )
         if not manifest["key"]:
             warn("no node.pub beside the chain: verify-bundle will need --key PUBKEY")
-    try:
-        problem = verify_chain(db).problem
-    except ChainError:
-        problem = None  # it was read just now; verify-bundle will say what is wrong
     if problem is not None:
         warn(
             f"the chain does not verify (INVALID at seq {problem.seq}: {problem.reason}); "
             "the bundle holds it as stored, and verify-bundle will refuse it"
         )
     sys.exit(0)
+
+
+def _judged(db: Path, where: Path, key: str | None) -> Problem | None:
+    """Judge the chain as every reader does before anything is written: the rows
+    (``verify_chain``), then the trust policy (chain/trust.py: checkpoints,
+    their triggers, the events' triggers, the format version). A chain that
+    fails the trust policy is refused: the bundle would not carry what fails
+    (a dropped checkpoints table exports as a bundle without checkpoints,
+    which verify-bundle calls ok: a newcomer's trial, stop 34). A row that
+    fails is the bundle's to carry as stored (verify-bundle refuses it): its
+    problem is returned, for a warning.
+
+    Raises:
+        Failure: ``chain_unreadable`` (2) when the file is not a chain of this
+            format; ``chain_invalid`` (1) when it fails the trust policy.
+    """
+    try:
+        report = verify_chain(db)
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+    if report.problem is not None:
+        return report.problem
+    refuse(db, judge_chain(db, TrustArgs(where, key=key)), shown=NOTHING_EXPORTED)
+    return None
 
 
 @click.command("verify-bundle", cls=Command)

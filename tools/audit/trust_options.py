@@ -260,8 +260,13 @@ def required_quorum(db: Path, args: TrustArgs, verdict: Verdict) -> Verdict:
     return verdict._replace(problem=problem)
 
 
-def refuse(db: Path, verdict: Verdict) -> None:
-    """Refuse (exit 1, ``chain_invalid``) a chain that fails the trust policy.
+#: What a reader with ``--unverified`` says it did not do when it refuses.
+NOTHING_SHOWN = "nothing shown (--unverified reads it anyway, marked)"
+
+
+def refuse(db: Path, verdict: Verdict, *, shown: str = NOTHING_SHOWN) -> None:
+    """Refuse (exit 1, ``chain_invalid``) a chain that fails the trust policy; the
+    message ends with ``shown``, what the reader did not do.
 
     Raises:
         Failure: when it fails.
@@ -270,7 +275,7 @@ def refuse(db: Path, verdict: Verdict) -> None:
     if p is not None:
         raise Failure(
             f"{db} does not verify against its checkpoints {located(p)}: {p.reason}: "
-            f"{p.detail}; nothing shown (--unverified reads it anyway, marked)",
+            f"{p.detail}; {shown}",
             "chain_invalid",
         )
 
