@@ -17,6 +17,7 @@ from infervisor.adapters.proc.identity import boot_id
 from infervisor.chain import SqliteChain
 from infervisor.chain.boot import check_node_chain
 from infervisor.chain.cosignature import WitnessPolicy
+from infervisor.chain.errors import NodeMismatch
 from infervisor.replay import NodeState
 from infervisor.replay import events as ev
 
@@ -53,12 +54,24 @@ def open_chain(settings: NodeSettings, witnesses: Sequence[WitnessTarget]) -> Bo
     settings.validate()
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     settings.registry_path.mkdir(parents=True, exist_ok=True)
-    # Open (and create) the chain here first, so its errors reach the caller as raised.
-    SqliteChain.open(settings.chain_path, settings.node_id).close()
-    # Refuses a tampered chain (from its last checkpoint), then each event replayed
-    # (those after the snapshot of the state, or all without one: node_boot.boot_state).
-    check_node_chain(settings.chain_path, settings.node_id, _policy(settings, witnesses))
-    return boot_state(settings.chain_path, settings.node_id)
+    path, policy = settings.chain_path, _policy(settings, witnesses)
+    existing = path.exists() and path.stat().st_size > 0
+    if existing:
+        # Every check before anything is written (the open below adds views), read
+        # only: the owner, then the boot check, which finds changed triggers and
+        # tables as every reader does (ChainTampered; a newcomer's trial, stop 34,
+        # read the open's ChainFormatError, exit 2 for usage).
+        with SqliteChain.open_readonly(path) as chain:
+            if chain.node_id != settings.node_id:
+                raise NodeMismatch(str(path), settings.node_id, chain.node_id)
+        check_node_chain(path, settings.node_id, policy)
+    # Open (and create) the chain here, so its errors reach the caller as raised.
+    SqliteChain.open(path, settings.node_id).close()
+    if not existing:
+        check_node_chain(path, settings.node_id, policy)
+    # Each event replayed (those after the snapshot of the state, or all without
+    # one: node_boot.boot_state).
+    return boot_state(path, settings.node_id)
 
 
 def boot_instances(

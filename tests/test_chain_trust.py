@@ -539,3 +539,23 @@ def test_export_refuses_what_every_reader_refuses(tmp_path: Path, name: str) -> 
         return line.split("; nothing ")[0]
 
     assert headline(exported.err) == headline(read.err)
+
+
+@pytest.mark.parametrize("name", list(TAMPERINGS))
+def test_run_refuses_a_tampered_table_or_trigger_as_a_finding(tmp_path: Path, name: str) -> None:
+    """A newcomer's trial (stop 34): `infervisor run` on a chain with a dropped
+    events trigger exited 2 (usage); a tampered chain at boot is 1 (docs/cli.md),
+    as every reader says, and nothing is written to it. A format version this code
+    does not read stays 2, as for every reader (a file that is not a chain it reads)."""
+    folder = tmp_path / "data"
+    path = grow(folder, 12)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(TAMPERINGS[name])
+    conn.close()
+    before = path.read_bytes()
+    ran = _run_node(tmp_path, folder)
+    assert ran.returncode == cli("events", str(path)).code, ran.stderr
+    assert ran.returncode == (2 if name == "format version" else 1), ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr
+    assert len([x for x in ran.stderr.splitlines() if x.startswith("error:")]) == 1, ran.stderr
+    assert path.read_bytes() == before  # nothing written: no genesis, view or checkpoint
