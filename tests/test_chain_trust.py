@@ -559,3 +559,22 @@ def test_run_refuses_a_tampered_table_or_trigger_as_a_finding(tmp_path: Path, na
     assert "Traceback" not in ran.stderr, ran.stderr
     assert len([x for x in ran.stderr.splitlines() if x.startswith("error:")]) == 1, ran.stderr
     assert path.read_bytes() == before  # nothing written: no genesis, view or checkpoint
+
+
+def test_witness_quorum_not_met_is_unanchored_and_the_json_warning_says_so(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's trial (stop 34): ``--witness W --json`` with no quorum gave
+    ``"warning": null``, which docs/cli.md keeps for an anchored verdict."""
+    folder = tmp_path / "data"
+    grow(folder, 12)
+    keys = ["--witness", WITNESS.key.key_string()]
+    ran = cli("chain", "verify", str(folder), "--json", *keys)
+    assert ran.code == 1, ran
+    doc = json.loads(ran.out)
+    assert doc["ok"] is False and doc["anchor"] == NOT_VOUCHED
+    warning = doc["warning"]
+    assert warning is not None and "cannot be ruled out" in warning, doc
+    assert "0 of 1 needed cosignatures found" in warning and "pass --witness" not in warning
+    text = cli("chain", "verify", str(folder), *keys)
+    assert "cannot be ruled out" in text.err and "pass --witness" not in text.err

@@ -124,18 +124,19 @@ def _doc(report: VerifyReport, against: dict[str, Any] | None, **fields: Any) ->
 
 
 def _warning(verdict: Verdict, against: dict[str, Any] | None) -> str | None:
-    """What cannot be ruled out without an anchor, and what to pass; None when
-    anchored, or when the problem already says the --witness quorum was not met
-    (stop 34's trial read "pass --witness" under ``--witness``)."""
+    """What cannot be ruled out without an anchor, and what to pass; None only when
+    anchored (docs/cli.md, "chain verify --json"). Witnesses that vouch for no
+    checkpoint are named, with no advice to pass --witness when they were given
+    (stop 34's trial read "pass --witness" under ``--witness``, then, once that
+    was dropped, ``"warning": null`` under a quorum not met)."""
     if verdict.anchored:
         return None
     if verdict.shortfall is not None:
-        if verdict.problem is not None and verdict.problem.reason == QUORUM_UNMET:
-            return None
+        given = verdict.problem is not None and verdict.problem.reason == QUORUM_UNMET
+        who = "the --witness keys" if given else "the config's [[witnesses]]"
         return (
-            f"the config's [[witnesses]] vouch for no checkpoint: {verdict.shortfall}: a "
-            "rewrite of the whole file, its checkpoints re-signed with node.key, cannot be "
-            "ruled out"
+            f"{who} vouch for no checkpoint: {verdict.shortfall}: a rewrite of the whole "
+            "file, its checkpoints re-signed with node.key, cannot be ruled out"
         )
     return NO_CHECKPOINT_WARNING if against is None else STORED_CHECKPOINT_WARNING
 
