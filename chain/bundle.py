@@ -325,11 +325,9 @@ def verify_bundle(out: str | os.PathLike[str], key: str | None = None) -> Bundle
 
 
 def _bad(problem: Problem) -> BundleError:
-    return BundleError(
-        f"INVALID at seq {problem.seq}: {problem.reason}: {problem.detail}",
-        seq=problem.seq,
-        reason=problem.reason,
-    )
+    # The seq and reason are the error's fields, which its reader puts first (once:
+    # "INVALID at seq 48: payload altered:" came twice, a newcomer's trial, stop 34).
+    return BundleError(problem.detail, seq=problem.seq, reason=problem.reason)
 
 
 def _verify_checkpoints(
@@ -361,8 +359,7 @@ def _verify_checkpoints(
         mismatch = compare(hashes, cp, [c for c in signed if c.tree_size < cp.tree_size])
         if mismatch is not None:
             raise BundleError(
-                f"{mismatch.reason} at seq {mismatch.seq} (against checkpoint of tree size "
-                f"{cp.tree_size}): {mismatch.detail}",
+                f"against checkpoint of tree size {cp.tree_size}: {mismatch.detail}",
                 seq=mismatch.seq,
                 reason=mismatch.reason,
             )

@@ -197,3 +197,24 @@ def test_backup_of_a_live_chain_keeps_the_wal(tmp_path: Path) -> None:
         tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         count = conn.execute("SELECT count(*) FROM events").fetchone()[0] if tables else 0
     assert count < 30
+
+
+@pytest.mark.parametrize("edit", ["payload", "truncate"])
+def test_verify_bundle_names_the_seq_and_reason_once(bundle: Path, edit: str) -> None:
+    """A newcomer's trial (stop 34): "INVALID at seq 5: payload altered:" was printed
+    twice on one line (the CLI's prefix, then the error's own)."""
+    rows = lines(bundle)
+    if edit == "payload":
+        rows[5]["payload"] = base64.b64encode(encode_payload({"n": 99})).decode()
+        write(bundle, rows)
+    else:
+        write(bundle, rows[:-1])
+    ran = cli("chain", "verify-bundle", str(bundle))
+    assert ran.returncode == 1
+    (line,) = ran.stdout.splitlines()
+    head = "INVALID at seq 5: payload altered: " if edit == "payload" else "INVALID at seq 11: "
+    assert line.startswith(head), line
+    assert line.count("INVALID") == 1 and line.count(" at seq ") == 1, line
+    assert line.count("payload altered" if edit == "payload" else "truncated") == 1, line
+    doc = json.loads(cli("chain", "verify-bundle", str(bundle), "--json").stdout)
+    assert "INVALID" not in doc["detail"] and doc["detail"] in line, doc
