@@ -375,12 +375,35 @@ def _report(
 
 
 def _check_columns(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a file whose events table is not a chain's, naming what the file is:
+    empty, a database without tables, without an events table (a newcomer's
+    trial, stop 34, read "lacks columns [...]" of a 0-byte file), or an events
+    table without the chain's columns.
+
+    Raises:
+        ChainFormatError: naming the file and what it is.
+    """
     found = {row[1].decode() for row in conn.execute("PRAGMA table_info(events)")}
     missing = [name for name in schema.COLUMNS if name not in found]
-    if missing:
-        raise ChainFormatError(
-            f"{path} is not an infervisor chain: table events lacks columns {missing}"
-        )
+    if not missing:
+        return
+    if found:
+        what = f"table events lacks columns {missing}"
+    elif not schema.is_empty(conn):
+        what = "it has no events table"
+    elif _size(path) == 0:
+        what = "it is an empty file (0 bytes)"
+    else:
+        what = "it is an SQLite database with no tables"
+    raise ChainFormatError(f"{path} is not an infervisor chain: {what}")
+
+
+def _size(path: str) -> int | None:
+    """The file's size in bytes (None: it cannot be read, or is no file)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
 
 
 class SqlLookups:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import load_independent_verifier
+from support import cli_here, load_independent_verifier
 
 from infervisor.chain import (
     ChainFormatError,
@@ -406,3 +406,29 @@ def test_the_worked_example_in_the_format_document_is_what_the_code_computes() -
         assert f"\n              {header.hex()}\n" in doc
         assert f"payload       {stored.payload.decode()}\n" in doc
     assert json.loads(genesis.payload) == {"format": 1, "hash": "blake3", "node": "node-a"}
+
+
+@pytest.mark.parametrize("content", ["empty file", "empty database", "other tables"])
+def test_a_file_that_is_no_chain_is_named_for_what_it_is(tmp_path: Path, content: str) -> None:
+    """A newcomer's trial (stop 34): a 0-byte chain.db read "table events lacks
+    columns [...]", as if a chain had lost its columns."""
+    path = tmp_path / "chain.db"
+    path.touch()
+    if content != "empty file":
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE notes (x)")
+        if content == "empty database":
+            conn.execute("DROP TABLE notes")
+        conn.commit()
+        conn.close()
+    want = {
+        "empty file": "it is an empty file (0 bytes)",
+        "empty database": "it is an SQLite database with no tables",
+        "other tables": "it has no events table",
+    }[content]
+    for args in (["chain", "verify"], ["events"], ["replay"], ["audit"]):
+        ran = cli_here(*args, path)
+        assert ran.returncode == 2, (args, ran)
+        (line,) = ran.stderr.splitlines()
+        assert f"{path} is not an infervisor chain: {want}" in line, (args, line)
+        assert "lacks columns" not in line
