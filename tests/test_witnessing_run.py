@@ -163,6 +163,7 @@ def test_a_restored_backup_is_refused_and_the_override_is_recorded(
         if name.startswith("chain.db"):
             (data / name).unlink()
     shutil.copy(backup, db)
+    checkpoints = read_stored(db)
     refused = runs(config)
     assert refused.wait() == 1, refused.output()  # a finding about the chain (stop 34)
     out = refused.output()
@@ -171,6 +172,7 @@ def test_a_restored_backup_is_refused_and_the_override_is_recorded(
     assert f"the chain has {old_size} events" in line and "--accept-witness-conflict" in line
     assert "Traceback" not in out
     assert len(events_of(db)) == old_size  # nothing appended
+    assert read_stored(db) == checkpoints  # and nothing signed (stop 34)
 
     resumed = runs(config, "--accept-witness-conflict")
     resumed.until("the node running", lambda: "node n1 running" in resumed.output())
