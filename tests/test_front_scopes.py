@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
+from conftest import NodeFactory
 from test_front import SECRET, assert_openai_error, llama, node, running  # noqa: F401
 
 from infervisor.actors.node import Node
@@ -77,3 +80,50 @@ def test_an_instance_placed_without_a_start_is_503_stopped_naming_who_nothing_re
     with http(srv, SECRET) as c:
         answer = c.post("/v1/completions", json={"model": "x", "prompt": "hi"})
     assert answer.status_code == 200, answer.text
+
+
+def test_a_read_token_neither_starts_nor_evicts_nor_generates_through_the_front(
+    nodes: NodeFactory,
+    fake_llama: str,
+    fake_model: Path,
+    front: Any,
+) -> None:
+    """The trial's case: an operator started ``chat``; ``lazy`` rests on demand and
+    fits only by evicting ``chat``. A read token's request for ``lazy`` is 403
+    ``forbidden`` naming ``operate`` (nothing demanded, nothing evicted), as is one
+    for the running ``chat`` (inference is work a read token may not cause, as the
+    deep health check); it may still list the models. An operate token starts it."""
+    size = (fake_model / "tiny.gguf").stat().st_size
+    overhead = 8_000
+    node = nodes.open(  # noqa: F811 - not the fixture: room for one instance
+        nodes.settings(
+            fake_llama,
+            fake_model,
+            memory_budget_bytes=(overhead + size) + overhead // 2,
+            reserve_overhead_bytes=overhead,
+        )
+    )
+    node.registry.adopt("tiny", fake_model / "tiny.gguf")
+    chat = node.place(llama("chat"))
+    node.start(chat)
+    running(node, chat)
+    lazy = node.place(msgspec.structs.replace(llama("lazy"), on_demand=True))
+    chat_before, lazy_before = kinds(node, chat), kinds(node, lazy)
+    srv = front(node)
+    with http(srv, READ_SECRET) as c:
+        for model, path in ((lazy, "/v1/completions"), ("chat", "/v1/chat/completions")):
+            body = {"model": model, "prompt": "hi", "messages": []}
+            error = assert_openai_error(c.post(path, json=body), 403, "forbidden")
+            assert error["type"] == "permission_error"
+            assert "needs scope operate" in error["message"]
+            assert "token=grafana (scope read)" in error["message"]
+        assert c.get("/v1/models").status_code == 200  # looking is read's
+    assert node.status(lazy).lifecycle == "resting"
+    assert node.status(chat).lifecycle == "running"
+    assert kinds(node, lazy) == lazy_before
+    assert "residency.evicted" not in kinds(node, chat)[len(chat_before) :]
+    assert srv.tally.snapshot().refused["forbidden"] == 2
+    with http(srv, SECRET) as c:  # operate: the request may evict for its start
+        answer = c.post("/v1/completions", json={"model": "lazy", "prompt": "hi"})
+    assert answer.status_code == 200, answer.text
+    assert node.status(chat).lifecycle == "resting"
