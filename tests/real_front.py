@@ -15,9 +15,10 @@ import pytest
 from infervisor.actors.node import Node
 from infervisor.adapters.ports import free_port
 from infervisor.tools.api.auth import TcpAddress, Tokens
+from infervisor.tools.api.scopes import Scope
 from infervisor.tools.front import FrontConfig, FrontServer
 
-#: The bearer token (named ``ci``) the front takes and ``sdk`` sends.
+#: The bearer token (named ``ci``, scope operate: inference) the front takes and ``sdk`` sends.
 SECRET = "real-front-secret"
 
 
@@ -26,7 +27,7 @@ def front(node: Node) -> Iterator[FrontServer]:
     port = free_port()
     config = FrontConfig(listen=f"127.0.0.1:{port}")
     with FrontServer.listen(
-        config, TcpAddress("127.0.0.1", port), Tokens({"ci": SECRET}, {}), "n1"
+        config, TcpAddress("127.0.0.1", port), Tokens({"ci": SECRET}, {"ci": Scope.OPERATE}), "n1"
     ) as server:
         server.serve(node)
         yield server

@@ -372,6 +372,26 @@ def test_a_victim_found_gone_at_boot_gives_its_memory_back_in_the_chain() -> Non
     assert not [e for e in d.effects if isinstance(e, (fx.CheckStart, fx.Spawn))]
 
 
+def test_a_request_does_not_start_an_instance_placed_without_a_start() -> None:
+    """Placed without a start and not on demand (``loaded``, wanted stopped): a
+    request's demand, and the node's room plan for one, are refused ``stopped``
+    naming who placed it, nothing recorded; an operator's start verb starts it."""
+    sim = Sim(rules=make_rules(CoreMode.PROCESS))
+    assert sim.inst.lifecycle is S.LOADED and sim.inst.desired is Desired.STOPPED
+    for obs in (
+        o.DemandVerb(request="r", model="m", by="front:token=grafana (scope read)"),
+        o.RoomPlanned(request="r", model="m", by="front", verb=False),
+    ):
+        d = sim.feed(obs)
+        assert not d.events and not d.effects
+        assert d.refusal is not None and d.refusal.kind == "not_resident_stopped"
+        assert f"placed by {sim.inst.placed_by}" in d.refusal.message
+        assert "without a start" in d.refusal.message
+    d = sim.feed(o.StartVerb(by="operator:uid=1(ann)"))
+    assert d.refusal is None and any(isinstance(e, fx.CheckStart) for e in d.effects)
+    assert "instance.starting" in [kind_of(e) for e in sim.checked().events]
+
+
 def test_zz_every_outcome_reason_state_and_kind_reached(request: pytest.FixtureRequest) -> None:
     """Runs last: fails naming what the tests above never reached."""
     mine = [i for i in request.session.items if i.module is request.module]

@@ -33,6 +33,7 @@ from infervisor.adapters.spec import Flavor, InstanceSpec, Mode
 from infervisor.replay import timeline
 from infervisor.tools.api.auth import TcpAddress, Tokens
 from infervisor.tools.api.metrics import NodeMetrics
+from infervisor.tools.api.scopes import Scope
 from infervisor.tools.front import FrontConfig, FrontServer, app, pipe, proxy, routes
 
 SECRET = "front-secret-for-tests"
@@ -55,7 +56,7 @@ def front() -> Iterator[Callable[..., FrontServer]]:
         def start(node: Node, **config: Any) -> FrontServer:
             port = free_port()
             cfg = FrontConfig(listen=f"127.0.0.1:{port}", **config)
-            tokens = Tokens({"ci": SECRET}, {})
+            tokens = Tokens({"ci": SECRET}, {"ci": Scope.OPERATE})
             server = FrontServer.listen(cfg, TcpAddress("127.0.0.1", port), tokens, "n1")
             stack.callback(server.close)
             server.serve(node)
@@ -178,7 +179,7 @@ def test_a_stopped_instance_is_503_without_retry_after(node: Node, front: Any) -
 def test_a_full_queue_is_503_with_retry_after_and_the_waiter_is_served_once_ready(
     node: Node, front: Any
 ) -> None:
-    iid = node.place(llama())
+    iid = node.place(msgspec.structs.replace(llama(), on_demand=True))
     folder = Path(node.settings.data_dir) / "instances" / iid
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "health").write_text("loading")  # the fake server loads until told otherwise
@@ -242,7 +243,7 @@ def test_each_of_four_instances_of_one_model_is_listed_by_its_id_and_routed_by_i
 ) -> None:
     """Four instances serving ``tiny``: ``models.list()`` gives four distinct ids, a
     request by each id reaches that instance, and ``tiny`` and the role still route."""
-    ids = {node.place(llama(role)) for role in ("a", "b", "c", "d")}
+    ids = {node.place(msgspec.structs.replace(llama(r), on_demand=True)) for r in "abcd"}
     srv = front(node)
     with sdk(srv) as c:
         listed = c.models.list().data
@@ -258,10 +259,10 @@ def test_each_of_four_instances_of_one_model_is_listed_by_its_id_and_routed_by_i
         assert by_role.headers["x-infervisor-instance"] == next(i for i in ids if i[:2] == "c-")
 
 
-def test_a_role_routes_to_its_instance_and_a_loaded_one_is_started_on_request(
+def test_a_role_routes_to_its_instance_and_a_resting_one_is_started_on_request(
     node: Node, front: Any
 ) -> None:
-    iid = node.place(llama("writer"))
+    iid = node.place(msgspec.structs.replace(llama("writer"), on_demand=True))
     srv = front(node)
     with client(srv) as c:
         answer = c.post("/v1/completions", json={"model": "writer", "prompt": "hi"})
@@ -397,7 +398,7 @@ def test_a_resting_instance_is_listed_resting_and_started_by_a_request(
         e for e in timeline(node.settings.chain_path, iid) if e.kind == "residency.demanded"
     ]
     assert len(demanded) == 1
-    assert demanded[0].source == "front:token=ci (scope read)"
+    assert demanded[0].source == "front:token=ci (scope operate)"
 
 
 def test_a_name_routes_to_a_resting_instance_before_one_an_operator_stopped(
@@ -456,9 +457,9 @@ def test_a_name_routes_to_running_then_starting_then_resting_then_stopped_then_f
         "f-restarting",
         "g-starting",
         "d-resting",
-        "e-placed",
         "b-stopped",
         "c-exited-held",
+        "e-placed",  # placed without a start: held as a stopped one (issue: front scope)
         "a-failed",
     ]
 

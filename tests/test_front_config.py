@@ -91,15 +91,23 @@ def test_run_serves_the_front_with_the_api_tokens(
         )
         assert {m["role"] for m in listed} == {"chat", "embed"}
         embed = next(m for m in listed if m["role"] == "embed")
-        assert embed["residency"] == "loaded"  # start = false: started by a request
+        chat = next(m for m in listed if m["role"] == "chat")
+        assert embed["residency"] == "loaded"  # start = false: held for a verb, not a request
         answer = c.post("/v1/completions", json={"model": "embed", "prompt": "hi"}, timeout=60)
-        assert answer.status_code == 200, answer.text
-        assert answer.headers["x-infervisor-instance"] == embed["instance_id"]
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "stopped"
+        assert "without a start" in answer.json()["error"]["message"]
+
+        def chat_answer() -> httpx.Response | None:  # start = true: once it runs
+            got = c.post("/v1/completions", json={"model": "chat", "prompt": "hi"}, timeout=60)
+            return got if got.status_code == 200 else None
+
+        answered = run.until("chat to answer", chat_answer)
+        assert answered.headers["x-infervisor-instance"] == chat["instance_id"]
     transport = httpx.HTTPTransport(uds=str(data / "api.sock"))
     with httpx.Client(transport=transport, base_url="http://localhost") as api:
         exposed = api.get("/metrics").text
     assert (
-        f'infervisor_front_requests_total{{code="200",instance="{embed["instance_id"]}"' in exposed
+        f'infervisor_front_requests_total{{code="200",instance="{chat["instance_id"]}"' in exposed
     )
     assert "OpenAI-compatible endpoint: http://127.0.0.1:" in run.output()
     assert run.stop(signal.SIGTERM) == 0

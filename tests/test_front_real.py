@@ -37,8 +37,10 @@ def node(nodes: NodeFactory, tmp_path: Path, tiny_gguf: Path) -> Node:
 def test_the_openai_client_through_the_front_to_llama_server(
     node: Node, front: FrontServer, sdk: openai.OpenAI
 ) -> None:
-    spec = InstanceSpec(role="chat", flavor=Flavor.LLAMACPP, model="tiny", port=free_port())
-    iid = node.place(spec)  # loaded, not started: the first request starts it
+    spec = InstanceSpec(
+        role="chat", flavor=Flavor.LLAMACPP, model="tiny", port=free_port(), on_demand=True
+    )
+    iid = node.place(spec)  # resting (on demand), not started: the first request starts it
     hello = [{"role": "user", "content": "Hello"}]
 
     whole = sdk.chat.completions.create(model="tiny", messages=hello, max_tokens=8)  # type: ignore[arg-type]
@@ -80,7 +82,7 @@ def test_embeddings_through_the_front_from_a_llama_server_placed_for_them(
     through the front starts it and gets one vector per input."""
     spec = InstanceSpec(
         role="embed", flavor=Flavor.LLAMACPP, model="tiny", port=free_port(),
-        embeddings=True, pooling="mean",
+        embeddings=True, pooling="mean", on_demand=True,
     )  # fmt: skip
     iid = node.place(spec)
 

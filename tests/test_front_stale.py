@@ -16,9 +16,16 @@ from conftest import NodeFactory
 from test_front import assert_openai_error, client, front, llama, node, running  # noqa: F401
 
 from infervisor.actors.node import Node
+from infervisor.adapters.spec import InstanceSpec
 from infervisor.replay.views import InstanceView
 from infervisor.tools.front import proxy
 from infervisor.tools.front.routes import Route, RouteTable
+
+
+def resting(role: str) -> InstanceSpec:
+    """``llama(role)`` placed on demand: a request may start it (a plain placement,
+    ``loaded``, is held for a verb)."""
+    return msgspec.structs.replace(llama(role), on_demand=True)
 
 
 def _tiny(c: Any) -> Any:
@@ -29,7 +36,7 @@ def test_a_stop_is_seen_by_the_next_request_which_goes_to_the_running_instance(
     node: Node,  # noqa: F811 - the fixture
     front: Any,  # noqa: F811 - the fixture
 ) -> None:
-    b, c = node.place(llama("b")), node.place(llama("c"))
+    b, c = node.place(resting("b")), node.place(resting("c"))
     for iid in (b, c):
         node.start(iid)
         running(node, iid)
@@ -54,7 +61,7 @@ def test_a_name_meeting_a_stopped_instance_on_a_stale_table_routes_once_more(
     """The table kept stale on purpose (its version never seen to change): the
     stopped instance refuses the connection, its demand is refused ``stopped``,
     and the request by name is routed again on a fresh table, to the running one."""
-    b, c = node.place(llama("b")), node.place(llama("c"))
+    b, c = node.place(resting("b")), node.place(resting("c"))
     for iid in (b, c):
         node.start(iid)
         running(node, iid)
@@ -92,8 +99,8 @@ def test_after_an_eviction_a_name_routes_to_the_running_instance_and_evicts_noth
         )
     )
     node.registry.adopt("tiny", fake_model / "tiny.gguf")
-    b, c = node.place(llama("b")), node.place(llama("c"))
-    emb = node.place(llama("emb"))
+    b, c = node.place(resting("b")), node.place(resting("c"))
+    emb = node.place(resting("emb"))
     srv = front(node)
     with client(srv) as http:
         for model in (b, c, c):  # the table then says both run; b the least recently used

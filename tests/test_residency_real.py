@@ -28,6 +28,7 @@ from infervisor.actors.kinds import KindSettings
 from infervisor.actors.node import Node
 from infervisor.adapters.spec import Flavor, InstanceSpec
 from infervisor.tools.api.auth import TcpAddress, Tokens
+from infervisor.tools.api.scopes import Scope
 from infervisor.tools.front import FrontConfig, FrontServer
 
 pytestmark = pytest.mark.slow
@@ -309,7 +310,7 @@ def test_a_full_queue_is_503_with_retry_after_and_the_queued_requests_are_served
     port = free_ports(1)[0]
     config = FrontConfig(listen=f"127.0.0.1:{port}", queue_limit=2)
     secret = "queue-test-secret"
-    tokens = Tokens({"ci": secret}, {})
+    tokens = Tokens({"ci": secret}, {"ci": Scope.OPERATE})
     with FrontServer.listen(config, TcpAddress("127.0.0.1", port), tokens, "n1") as front:
         front.serve(node)
         http = openai.DefaultHttpxClient(trust_env=False)

@@ -30,7 +30,8 @@ demand              starting, running, unhealthy           nothing (it is, or be
 demand              restarting, exited (wanted running)    nothing (the restart policy runs)
 demand              failed                                 refused ``failed``
 demand              stopped (by an operator/controller)    refused ``stopped``, naming who
-demand              resting or loaded                      start checks (``residency.demanded``
+demand              loaded (placed without a start)        refused ``stopped``, naming who placed it
+demand              resting                                start checks (``residency.demanded``
                                                            with the start; no room: answered)
 room planned        up, or demanded already                nothing
 room planned        stopped, by a request                  refused ``stopped``, naming who
@@ -48,8 +49,10 @@ tick                running, idle past idle_ttl_s          ``residency.expired``
 ==================  ====================================  ================================
 
 An operator's or controller's stop wins: a stopped instance is not started by
-a request, only by a verb. Last use is sourced (a start a caller asked for:
-``instance.starting`` by an operator or controller, or after
+a request, only by a verb; so does a placement without a start (``loaded``, not
+on demand): a request starts only an instance that rests by residency (evicted,
+expired, or placed on demand: ``resting``). Last use is sourced (a start a
+caller asked for: ``instance.starting`` by an operator or controller, or after
 ``residency.demanded``; ``residency.busy``, ``.idle``), so eviction order and
 expiry are decided the same after a boot; a refused start is no use.
 """
@@ -184,6 +187,14 @@ def _not_for_a_request(inst: InstanceState) -> tuple[RefusalKind, str] | None:
     refusal = _stopped_refusal(inst)
     if refusal is not None:
         return RefusalKind.NOT_STOPPED, refusal
+    if inst.lifecycle is S.LOADED and inst.desired is not Desired.RUNNING:
+        # placed without a start (not on demand): held as a stop is, for a verb to start
+        return (
+            RefusalKind.NOT_STOPPED,
+            f"{inst.instance_id} was placed by {inst.placed_by or 'the node'} without a "
+            "start (not on demand): a request does not start it; start it "
+            "(infervisor start) or place it on demand to serve requests",
+        )
     if inst.lifecycle not in STARTABLE:
         return (
             RefusalKind.INVALID_STATE,

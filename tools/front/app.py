@@ -18,8 +18,10 @@ measurements). Routes (docs/front.md):
   the models the node has instances for).
 
 Every request needs ``Authorization: Bearer <secret>`` of one of the control
-API's tokens (``<data_dir>/api-tokens.json``; any scope); a refusal is answered
-in OpenAI's error shape (:mod:`.errors`).
+API's tokens (``<data_dir>/api-tokens.json``); the GET routes (what only looks)
+take any scope, the POST routes (inference, which may start and evict
+instances: residency) ``operate`` (:data:`INFERENCE_SCOPE`); a refusal is
+answered in OpenAI's error shape (:mod:`.errors`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import msgspec
 from infervisor.replay.callers import source_for
 
 from ..api.errors import ApiRefusal
+from ..api.scopes import Scope
 from .bodies import ROUTES, parse
 from .errors import FrontError, retry_after
 from .proxy import Proxy, Receive, Send, until_disconnect
@@ -40,7 +43,7 @@ from .routes import READY, Route
 from .upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from ..api.auth import Tokens
+    from ..api.auth import Caller, Tokens
 
 __all__ = ["MAX_BODY_BYTES", "FrontApp"]
 
@@ -51,6 +54,10 @@ REQUEST_ROLE = "front"
 _GETS = ("/v1/models", "/api/tags", "/api/ps")
 _ONE_MODEL = "/v1/models/"
 _JSON = [(b"content-type", b"application/json")]
+#: The scope a POST route (inference) needs: a request may start an instance and
+#: evict others for it, and makes a server generate, as the control API's start
+#: and deep health check do (both ``operate``); ``read`` only looks.
+INFERENCE_SCOPE = Scope.OPERATE
 
 
 class FrontApp:
@@ -100,9 +107,10 @@ class FrontApp:
                 "unknown_route",
             )
         _allow(method, "POST", path)
+        _permit(caller, path)
         body = await _body(receive, path)
         asked = parse(path, body)
-        by = source_for(REQUEST_ROLE, caller)
+        by = source_for(REQUEST_ROLE, caller.identity)
         work = asyncio.ensure_future(proxy.serve(scope, send, asked=asked, body=body, by=by))
         gone = asyncio.ensure_future(until_disconnect(receive))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -114,7 +122,7 @@ class FrontApp:
         with contextlib.suppress(asyncio.CancelledError, FrontError):
             await work
 
-    def _caller(self, scope: dict[str, Any]) -> str:
+    def _caller(self, scope: dict[str, Any]) -> Caller:
         given = [v for k, v in scope["headers"] if k == b"authorization"]
         if len(given) > 1:
             raise FrontError(
@@ -129,7 +137,7 @@ class FrontApp:
                 "invalid_api_key",
                 headers={"WWW-Authenticate": 'Bearer realm="infervisor"'},
             ) from None
-        return caller.identity
+        return caller
 
     def _proxy(self) -> Proxy:
         if self.stopping:
@@ -228,6 +236,27 @@ async def _ollama_lists(proxy: Proxy, path: str) -> dict[str, Any]:
 
     found = await asyncio.gather(*(one(b, n) for b, n in sorted(servers.items())))
     return {"models": [m for models in found for m in models]}
+
+
+def _permit(caller: Caller, path: str) -> None:
+    """Refuse an inference request of a token whose scope does not cover
+    :data:`INFERENCE_SCOPE`, before its body is read (nothing is demanded,
+    nothing recorded), as the control API refuses a route beyond a scope.
+
+    Raises:
+        FrontError: 403 ``forbidden`` (``permission_error``) naming the scope needed
+            and the one held.
+    """
+    if caller.scope.covers(INFERENCE_SCOPE):
+        return
+    raise FrontError(
+        403,
+        f"POST {path} needs scope {INFERENCE_SCOPE.value}; {caller.identity} holds "
+        f"{caller.scope.value}: a request through the front may start an instance and "
+        "evict others, as a start does (scopes: read < operate < control; a token's "
+        "scope is set in the node's [api] tokens)",
+        "forbidden",
+    )
 
 
 def _allow(method: str, allowed: str, path: str) -> None:

@@ -41,15 +41,17 @@ READY = "running"
 #: (actors/core/residency.py ``_UP``, ``_COMING_BACK``).
 _COMING = frozenset({"starting", "restarting", "unhealthy"})
 #: Where an instance that is not wanted running was stopped (by an operator, a
-#: controller or a drain): a request does not start it (``_stopped_refusal`` there).
-_HELD = frozenset({"stopped", "exited", "finished", "stopping"})
+#: controller or a drain), or placed without a start (``loaded``): a request does
+#: not start it (``_not_for_a_request`` there).
+_HELD = frozenset({"stopped", "exited", "finished", "stopping", "loaded"})
 
 
 def rank(view: InstanceView) -> int:
     """How likely ``view``'s instance is to serve a request now, best first: 0
     running, 1 starting or coming back (the wait is for it), 2 startable by a
     request (resting, or anything else the node's demand would start), 3 stopped
-    by an operator or controller, 4 failed (both refused to a request)."""
+    by an operator or controller, or placed without a start, 4 failed (both
+    refused to a request)."""
     wanted = view.desired == READY
     if view.lifecycle == READY:
         return 0
