@@ -39,7 +39,7 @@ from infervisor.tools.api.serving.openapi_cli import DOC
 from infervisor.tools.api.serving.server import ApiServer, socket_path
 from infervisor.tools.node.config import ConfigError, load_config
 
-TOKENS = {"ro": Scope.READ, "ops": Scope.OPERATE, "ctl": Scope.CONTROL}
+TOKENS = {"ro": Scope.READ, "app": Scope.INFER, "ops": Scope.OPERATE, "ctl": Scope.CONTROL}
 MODEL_BYTES = b"GGUF" + struct.pack("<IQQ", 3, 0, 0) + bytes(40)
 SPEC = {"role": "chat", "flavor": "llamacpp", "port": 18741, "model": "tiny"}
 JSON = {"content-type": "application/json"}
@@ -133,6 +133,9 @@ def test_scopes_are_ordered_and_a_bare_name_has_its_default() -> None:
     read, operate, control = Scope.READ, Scope.OPERATE, Scope.CONTROL
     assert control.covers(operate) and control.covers(read) and operate.covers(read)
     assert not read.covers(operate) and not operate.covers(control)
+    infer = Scope.INFER  # an application's: the front's inference, no verb of this API
+    assert infer.covers(read) and operate.covers(infer) and not infer.covers(operate)
+    assert not read.covers(infer)
     assert default_scope("operator") is operate and default_scope("controller") is control
     assert default_scope("grafana") is read
 
@@ -156,7 +159,7 @@ def test_the_config_gives_tokens_by_name_or_with_a_scope(tmp_path: Path) -> None
     tables = '[[api.tokens]]\nname = "ops"\nscope = "operate"'
     assert token_scopes(load_config(config(tmp_path, tables)).api.tokens) == {"ops": Scope.OPERATE}
     for tokens, said in [
-        ('tokens = [{ name = "x", scope = "admin" }]', "allowed: read, operate, control"),
+        ('tokens = [{ name = "x", scope = "admin" }]', "allowed: read, infer, operate, control"),
         ('tokens = [{ name = "x" }]', "missing key `scope`"),
         ('tokens = ["x\\n"]', "not a plain token name"),
         ('tokens = ["x", { name = "x", scope = "read" }]', "more than once"),

@@ -1,9 +1,9 @@
 """Who may make the front start or evict an instance (docs/front.md "Scopes and
 residency"): a request starts only an instance that rests by residency
 (evicted, expired, placed on demand), never one an operator placed without a
-start; and inference needs a token of scope ``operate``, the scope of the
-control API's start, so a ``read`` token (a dashboard's) can neither start nor
-evict through the front. Real front, the fake llama server (tests/test_front.py).
+start; and inference needs a token of scope ``infer`` (an application's: no
+verb of the control API), so a ``read`` token (a dashboard's) can neither start
+nor evict through the front. Real front, the fake llama server (tests/test_front.py).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ READ_SECRET = "grafana-secret-for-tests"
 
 @pytest.fixture
 def front() -> Iterator[Callable[[Node], FrontServer]]:
-    """``front(node)``: a front taking ``ci`` (operate) and ``grafana`` (read)."""
+    """``front(node)``: a front taking ``ci`` (infer) and ``grafana`` (read)."""
     with contextlib.ExitStack() as stack:
 
         def start(served: Node) -> FrontServer:
             port = free_port()
-            tokens = Tokens({"ci": SECRET, "grafana": READ_SECRET}, {"ci": Scope.OPERATE})
+            tokens = Tokens({"ci": SECRET, "grafana": READ_SECRET}, {"ci": Scope.INFER})
             cfg = FrontConfig(listen=f"127.0.0.1:{port}")
             server = FrontServer.listen(cfg, TcpAddress("127.0.0.1", port), tokens, "n1")
             stack.callback(server.close)
@@ -90,9 +90,10 @@ def test_a_read_token_neither_starts_nor_evicts_nor_generates_through_the_front(
 ) -> None:
     """The trial's case: an operator started ``chat``; ``lazy`` rests on demand and
     fits only by evicting ``chat``. A read token's request for ``lazy`` is 403
-    ``forbidden`` naming ``operate`` (nothing demanded, nothing evicted), as is one
+    ``forbidden`` naming ``infer`` (nothing demanded, nothing evicted), as is one
     for the running ``chat`` (inference is work a read token may not cause, as the
-    deep health check); it may still list the models. An operate token starts it."""
+    deep health check); it may still list the models. An infer token (an
+    application's) starts it."""
     size = (fake_model / "tiny.gguf").stat().st_size
     overhead = 8_000
     node = nodes.open(  # noqa: F811 - not the fixture: room for one instance
@@ -115,7 +116,7 @@ def test_a_read_token_neither_starts_nor_evicts_nor_generates_through_the_front(
             body = {"model": model, "prompt": "hi", "messages": []}
             error = assert_openai_error(c.post(path, json=body), 403, "forbidden")
             assert error["type"] == "permission_error"
-            assert "needs scope operate" in error["message"]
+            assert "needs scope infer" in error["message"]
             assert "token=grafana (scope read)" in error["message"]
         assert c.get("/v1/models").status_code == 200  # looking is read's
     assert node.status(lazy).lifecycle == "resting"
@@ -123,7 +124,7 @@ def test_a_read_token_neither_starts_nor_evicts_nor_generates_through_the_front(
     assert kinds(node, lazy) == lazy_before
     assert "residency.evicted" not in kinds(node, chat)[len(chat_before) :]
     assert srv.tally.snapshot().refused["forbidden"] == 2
-    with http(srv, SECRET) as c:  # operate: the request may evict for its start
+    with http(srv, SECRET) as c:  # infer: the request may evict for its start
         answer = c.post("/v1/completions", json={"model": "lazy", "prompt": "hi"})
     assert answer.status_code == 200, answer.text
     assert node.status(chat).lifecycle == "resting"

@@ -10,7 +10,7 @@
   ``<data_dir>/api-tokens.json``, mode 0600, and compared with
   ``hmac.compare_digest`` against every token, so the time taken does not
   say which one, nor how much of it, matched.
-- Each token holds a scope (tools/api/scopes.py: read < operate < control),
+- Each token holds a scope (tools/api/scopes.py: read < infer < operate < control),
   from ``[api] tokens``; a socket peer holds control. :func:`authorize`
   refuses a caller whose scope does not cover the route's (403).
 - A TCP address beyond loopback is refused at start unless the config sets
@@ -37,7 +37,7 @@ import msgspec
 from infervisor.replay.callers import token_credential
 
 from .errors import ApiError, ApiRefusal
-from .scopes import ApiToken, Scope, default_scope, token_scopes
+from .scopes import SCOPE_ORDER, ApiToken, Scope, default_scope, token_scopes
 
 __all__ = [
     "TOKENS_FILE",
@@ -95,7 +95,7 @@ def authorize(caller: Caller, needed: Scope, what: str) -> None:
     if not caller.scope.covers(needed):
         raise ApiRefusal(
             f"{what} needs scope {needed.value}; {caller.identity} holds "
-            f"{caller.scope.value} (scopes: read < operate < control; a token's scope "
+            f"{caller.scope.value} (scopes: {SCOPE_ORDER}; a token's scope "
             "is set in the node's [api] tokens)",
             "forbidden",
             403,

@@ -112,7 +112,7 @@ _BEARER = SecurityScheme(
     scheme="bearer",
     description="TCP only: `Authorization: Bearer <secret>` (one header), "
     "a secret of DATA_DIR/api-tokens.json (0600; one per `[api] tokens` "
-    "name). Each token holds a scope, read < operate < control: each "
+    "name). Each token holds a scope, read < infer < operate < control: each "
     "operation's description names the one it needs (403 `forbidden` "
     "otherwise). Requests on the Unix socket carry none and hold control.",
 )

@@ -3,10 +3,14 @@ that gives every route its scope.
 
 Scopes are ordered, each covering the ones below it::
 
-    read < operate < control
+    read < infer < operate < control
 
 - ``read``: what only looks (node, models, instances, status, ledger, the chain's
   events, its checkpoint, tiles and proofs, logs, metrics, the OpenAPI document).
+- ``infer``: an application's inference through the OpenAI-compatible front
+  (tools/front/): a request may start a resting instance and evict others for
+  it, by the node's residency policy, but no verb of this API: an application
+  token cannot stop, start, restart or unload an instance by name.
 - ``operate``: the verbs on placed instances (start, stop, restart, unload)
   and the deep health check: it makes the model server generate a token, real
   work on the inference server (it competes with real requests), so a
@@ -31,25 +35,37 @@ from collections.abc import Iterable
 
 import msgspec
 
-__all__ = ["ROUTE_SCOPES", "ApiToken", "Scope", "default_scope", "scope_for", "token_scopes"]
+__all__ = [
+    "ROUTE_SCOPES",
+    "SCOPE_ORDER",
+    "ApiToken",
+    "Scope",
+    "default_scope",
+    "scope_for",
+    "token_scopes",
+]
 
 
 class Scope(enum.StrEnum):
     """A token's scope; ``a.covers(b)`` when ``a`` may do what ``b`` may."""
 
     READ = "read"
+    INFER = "infer"
     OPERATE = "operate"
     CONTROL = "control"
 
     @property
     def rank(self) -> int:
-        """0 for read, 1 for operate, 2 for control."""
+        """0 for read, 1 for infer, 2 for operate, 3 for control."""
         return list(Scope).index(self)
 
     def covers(self, needed: Scope) -> bool:
         """True when this scope may do what ``needed`` may."""
         return self.rank >= needed.rank
 
+
+#: The scopes in order, as messages say it: each covers the ones before it.
+SCOPE_ORDER = " < ".join(s.value for s in Scope)
 
 #: The scope of a bare token name in ``[api] tokens`` (any other name: read).
 _DEFAULT_SCOPES = {"operator": Scope.OPERATE, "controller": Scope.CONTROL}

@@ -35,7 +35,7 @@ import msgspec
 from infervisor.replay.callers import source_for
 
 from ..api.errors import ApiRefusal
-from ..api.scopes import Scope
+from ..api.scopes import SCOPE_ORDER, Scope
 from .bodies import ROUTES, parse
 from .errors import FrontError, retry_after
 from .proxy import Proxy, Receive, Send, until_disconnect
@@ -57,7 +57,7 @@ _JSON = [(b"content-type", b"application/json")]
 #: The scope a POST route (inference) needs: a request may start an instance and
 #: evict others for it, and makes a server generate, as the control API's start
 #: and deep health check do (both ``operate``); ``read`` only looks.
-INFERENCE_SCOPE = Scope.OPERATE
+INFERENCE_SCOPE = Scope.INFER
 
 
 class FrontApp:
@@ -253,7 +253,7 @@ def _permit(caller: Caller, path: str) -> None:
         403,
         f"POST {path} needs scope {INFERENCE_SCOPE.value}; {caller.identity} holds "
         f"{caller.scope.value}: a request through the front may start an instance and "
-        "evict others, as a start does (scopes: read < operate < control; a token's "
+        f"evict others (scopes: {SCOPE_ORDER}; a token's "
         "scope is set in the node's [api] tokens)",
         "forbidden",
     )

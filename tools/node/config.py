@@ -83,7 +83,7 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             ``<data_dir>/api-tokens.json`` (0600): a bare name (its scope:
             :func:`~infervisor.tools.api.scopes.default_scope`, ``operator``
             operate, ``controller`` control, any other read) or a table with
-            ``name`` and ``scope`` (read, operate, control).
+            ``name`` and ``scope`` (read, infer, operate, control).
         max_connections: open connections per listener (the socket and TCP each);
             when full, connections without a complete request are shed first
             (tools/api/limits.py).
