@@ -70,3 +70,41 @@ def test_chain_pull_refuses_a_private_key_token(node_key: Path, tmp_path: Path) 
     assert ran.code == 2, ran
     assert "--token-file" in ran.stderr and "PRIVATE" in ran.stderr
     assert not (tmp_path / "pulled").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        ("status --url {url} --token a --token b", "--token"),
+        ("status --url {url} --timeout 5 --timeout 6", "--timeout"),
+        ("stop --url {url} chat --grace 1 --grace 2", "--grace"),
+        ("cordon --url {url} --reason a --reason b", "--reason"),
+        ("place --url {url} --port 18001 --port 18002 --model m", "--port"),
+        ("replay {db} --until 5 --until 6", "--until"),
+        ("status --url {url} --url {url}", "--url"),
+    ],
+)
+def test_a_single_valued_option_given_twice_is_usage(tmp_path: Path, argv: str, field: str) -> None:
+    db = make_chain(tmp_path / "node", 9)
+    ran = run(*argv.format(url=NOBODY, db=db).split(), "--json")
+    assert ran.code == 2, ran
+    message = f"{field} given 2 times: it takes one value (give it once)"
+    assert message in ran.stderr
+    assert json.loads(ran.stdout)["error"] == {"code": "usage", "message": message, "field": field}
+
+
+def test_a_flag_given_twice_is_left_alone(tmp_path: Path) -> None:
+    db = make_chain(tmp_path / "node", 9)
+    ran = run("chain", "verify", db, "--json", "--json")
+    assert ran.code == 0, ran
+
+
+PLACE = ("place", "--url", NOBODY, "--role", "r", "--flavor", "llamacpp", "--model", "m")
+
+
+def test_place_refuses_an_env_key_given_twice() -> None:
+    ran = run(*PLACE, "--port", "18001", "--env", "A=1", "--env", "A=2")
+    assert ran.code == 2, ran
+    assert "--env 'A' given twice" in ran.stderr
+    assert "=1" not in ran.stderr and "=2" not in ran.stderr
+    assert run(*PLACE, "--port", "18001", "--env", "A=1", "--env", "B=2").code == 3

@@ -1,10 +1,13 @@
 """What the command line says before click converts it: a path option or argument
-given as an empty string, and a single-valued path or key option given twice.
+given as an empty string, and a single-valued option given twice.
 
 Both read as something else once converted: ``Path("")`` is ``.``, so ``--witness
 ""`` was read as the current directory, and click keeps the last of an option given
-twice, so ``--checkpoint A --checkpoint B`` checked B alone (a newcomer's trial,
-stop 34). :func:`check_raw` refuses them as usage (exit 2), naming the option.
+twice, so ``--checkpoint A --checkpoint B`` checked B alone and ``stop --grace 1
+--grace 2`` waited 2 s (newcomers' trials, stop 34). :func:`check_raw` refuses them
+as usage (exit 2), naming the option. Every option that takes one value is checked
+(not one declared ``multiple=True``, such as ``--witness`` or ``--env``); a flag
+given twice says the same thing twice and is left alone.
 """
 
 from __future__ import annotations
@@ -44,9 +47,19 @@ def _values(value: Any) -> Sequence[Any]:
     return value if isinstance(value, (list, tuple)) else [value]
 
 
+def _single_valued(param: click.Parameter) -> bool:
+    """An option that takes one value: not repeatable, not a flag, not a counter."""
+    return (
+        isinstance(param, click.Option)
+        and not param.multiple
+        and not param.is_flag
+        and not param.count
+    )
+
+
 def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Parameter]) -> None:
     """Refuse, as usage naming the option or argument: an empty value where a path
-    (or key) is expected, and a single-valued path or key option given twice.
+    (or key) is expected, and a single-valued option given twice.
 
     Args:
         ctx: the command's context.
@@ -60,15 +73,15 @@ def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Pa
     """
     seen = Counter(p.name for p in order)
     for param in dict.fromkeys(order):
-        if not _takes_a_path(param):
-            continue
-        name = _name(param)
-        if isinstance(param, click.Option) and not param.multiple and seen[param.name] > 1:
+        if seen[param.name] > 1 and _single_valued(param):
             raise Repeated(
-                f"{name} given {seen[param.name]} times: it takes one value (give it once)",
+                f"{_name(param)} given {seen[param.name]} times: it takes one value (give it once)",
                 ctx,
                 param,
             )
+        if not _takes_a_path(param):
+            continue
+        name = _name(param)
         if any(isinstance(v, str) and not v.strip() for v in _values(opts.get(param.name or ""))):
             raise BadPath(f"an empty value: {name} takes {_what(param.type)}", ctx, param)
 
