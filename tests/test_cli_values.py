@@ -108,3 +108,28 @@ def test_place_refuses_an_env_key_given_twice() -> None:
     assert "--env 'A' given twice" in ran.stderr
     assert "=1" not in ran.stderr and "=2" not in ran.stderr
     assert run(*PLACE, "--port", "18001", "--env", "A=1", "--env", "B=2").code == 3
+
+
+@pytest.mark.parametrize(
+    ("how", "secret", "field"),
+    [
+        ("--token", "a\nb", "--token"),
+        ("--token", "a b", "--token"),
+        ("--token", "caf\u00e9", "--token"),
+        ("env", "a\rb", "INFERVISOR_TOKEN"),
+        ("--token-file", "a\tb", "--token-file"),
+        ("--token-file", '{"operator": "a\\u0000b"}', "--token-file"),
+    ],
+)
+def test_a_token_a_header_cannot_carry_is_a_bad_value(
+    tmp_path: Path, how: str, secret: str, field: str
+) -> None:
+    file = tmp_path / "token"
+    file.write_text(secret)
+    given = {"--token": ["--token", secret], "--token-file": ["--token-file", str(file)]}
+    env = {"INFERVISOR_TOKEN": secret if how == "env" else ""}
+    ran = run("status", "--url", NOBODY, *given.get(how, []), "--json", env=env)
+    assert ran.code == 2, ran
+    assert f"{field}: a token may hold visible ASCII only" in ran.stderr
+    assert json.loads(ran.stdout)["error"]["code"] == "bad_value"
+    assert json.loads(ran.stdout)["error"]["field"] == field

@@ -37,6 +37,21 @@ def _refuse_private(text: str, field: str, shown: str) -> None:
         )
 
 
+def _header_safe(secret: str | None, field: str) -> str | None:
+    """``secret`` when an Authorization header can carry it: visible ASCII (``!`` to
+    ``~``, RFC 6750's b64token and more), else exit 2 (``bad_value``) naming ``field``
+    (a newcomer's trial, stop 34: ``--token $'a\\nb'`` read as the node going away)."""
+    if secret is not None and not all("!" <= ch <= "~" for ch in secret):
+        bad = next(ch for ch in secret if not "!" <= ch <= "~")
+        fail(
+            f"{field}: a token may hold visible ASCII only (letters, digits, punctuation; "
+            f"no spaces, controls or other characters), found {bad!a}",
+            "bad_value",
+            field,
+        )
+    return secret
+
+
 def token_of(
     token: str | None, token_file: Path | None, token_name: str | tuple[str, ...]
 ) -> str | None:
@@ -48,11 +63,11 @@ def token_of(
     a token file that is neither shape, or a --token-name it lacks."""
     if token is not None:
         _refuse_private(token, "--token", "--token")
-        return token.strip() or None
+        return _header_safe(token.strip() or None, "--token")
     if token_file is None:
         secret = os.environ.get("INFERVISOR_TOKEN", "")
         _refuse_private(secret, "INFERVISOR_TOKEN", "INFERVISOR_TOKEN")
-        return secret.strip() or None
+        return _header_safe(secret.strip() or None, "INFERVISOR_TOKEN")
     problem = file_problem(token_file)
     if problem is not None:
         fail(f"--token-file {token_file}: {problem}", "bad_path", "--token-file")
@@ -62,7 +77,7 @@ def token_of(
         fail(f"--token-file {token_file}: cannot read it: {e}", "bad_path", "--token-file")
     _refuse_private(text, "--token-file", f"--token-file {token_file}")
     if not text.startswith("{"):
-        return text or None
+        return _header_safe(text or None, "--token-file")
     try:
         tokens = json.loads(text)
     except ValueError as e:
@@ -83,4 +98,4 @@ def token_of(
             "bad_value",
             "--token-name",
         )
-    return str(tokens[token_name])
+    return _header_safe(str(tokens[token_name]), "--token-file")
