@@ -133,3 +133,36 @@ def test_a_token_a_header_cannot_carry_is_a_bad_value(
     assert f"{field}: a token may hold visible ASCII only" in ran.stderr
     assert json.loads(ran.stdout)["error"]["code"] == "bad_value"
     assert json.loads(ran.stdout)["error"]["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (
+            "place --url {url} --role r --flavor llamacpp --model m --port "
+            "\u0661\u0668\u0667\u0667\u0667",
+            "--port",
+        ),
+        ("watch --url {url} --retry-for 0 --from-seq \u0661\u0666\u0660", "--from-seq"),
+        ("status --url {url} --timeout \u0665", "--timeout"),
+        ("stop --url {url} chat --grace \uff15", "--grace"),
+        ("chain prove {db} \u0663", "SEQ"),
+    ],
+)
+def test_a_number_in_other_digits_is_a_bad_value(tmp_path: Path, argv: str, field: str) -> None:
+    db = make_chain(tmp_path / "node", 9)
+    ran = run(*argv.format(url=NOBODY, db=db).split(), "--json")
+    assert ran.code == 2, ran
+    assert "a number is written in ASCII digits (0-9)" in ran.stderr
+    assert json.loads(ran.stdout)["error"]["code"] == "bad_value"
+    assert json.loads(ran.stdout)["error"]["field"] == field
+
+
+def test_replay_until_in_other_digits_is_a_bad_value(tmp_path: Path) -> None:
+    from test_cli import build_chain
+
+    db = build_chain(tmp_path / "chain.db")
+    assert run("replay", db, "--until", "3").code == 0
+    ran = run("replay", db, "--until", "\u0663")
+    assert ran.code == 2, ran
+    assert "--until '\\u0663' is neither a sequence number (ASCII digits 0-9)" in ran.stderr

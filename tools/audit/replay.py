@@ -47,8 +47,8 @@ def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> N
         upto = None if until is None else parse_until(until)
     except ValueError:
         fail(
-            f"--until {until!r} is neither a sequence number nor an ISO 8601 time "
-            "(2026-11-01T00:00:00Z)",
+            f"--until {until!a} is neither a sequence number (ASCII digits 0-9) nor an "
+            "ISO 8601 time (2026-11-01T00:00:00Z)",
             "bad_value",
             "--until",
         )

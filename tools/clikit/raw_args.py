@@ -5,9 +5,11 @@ Both read as something else once converted: ``Path("")`` is ``.``, so ``--witnes
 ""`` was read as the current directory, and click keeps the last of an option given
 twice, so ``--checkpoint A --checkpoint B`` checked B alone and ``stop --grace 1
 --grace 2`` waited 2 s (newcomers' trials, stop 34). :func:`check_raw` refuses them
-as usage (exit 2), naming the option. Every option that takes one value is checked
-(not one declared ``multiple=True``, such as ``--witness`` or ``--env``); a flag
-given twice says the same thing twice and is left alone.
+as usage (exit 2), naming the option. A number given with other than ASCII
+characters (``--port ١٨٧٧٧``: Python's ``int()`` and ``float()`` read every Unicode
+digit, the API does not) is refused too (``bad_value``). Every option that takes
+one value is checked (not one declared ``multiple=True``, such as ``--witness`` or
+``--env``); a flag given twice says the same thing twice and is left alone.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import click
 
 from .paths import BadPath, KeyOrFile
 
-__all__ = ["Repeated", "check_raw"]
+__all__ = ["NotAscii", "Repeated", "check_raw"]
 
 
 class Repeated(click.UsageError):
@@ -30,6 +32,29 @@ class Repeated(click.UsageError):
     def __init__(self, message: str, ctx: click.Context, param: click.Parameter) -> None:
         super().__init__(message, ctx)
         self.param = param
+
+
+class NotAscii(click.BadParameter):
+    """A number holding a character other than ASCII (``bad_value``, exit 2)."""
+
+
+def _takes_a_number(param: click.Parameter) -> bool:
+    """A parameter click converts with ``int()`` or ``float()`` (ranges, and
+    :class:`~.command.Seconds`, named "seconds", too)."""
+    kind = param.type
+    return isinstance(kind, (click.types.IntParamType, click.types.FloatParamType)) or (
+        kind.name == "seconds"
+    )
+
+
+def _check_ascii_number(ctx: click.Context, param: click.Parameter, values: Sequence[Any]) -> None:
+    for value in values:
+        if isinstance(value, str) and not value.isascii():
+            raise NotAscii(
+                f"{value!a}: a number is written in ASCII digits (0-9), not other scripts' digits",
+                ctx,
+                param,
+            )
 
 
 def _takes_a_path(param: click.Parameter) -> bool:
@@ -59,7 +84,8 @@ def _single_valued(param: click.Parameter) -> bool:
 
 def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Parameter]) -> None:
     """Refuse, as usage naming the option or argument: an empty value where a path
-    (or key) is expected, and a single-valued option given twice.
+    (or key) is expected, a single-valued option given twice, and a number written
+    with other than ASCII.
 
     Args:
         ctx: the command's context.
@@ -69,6 +95,7 @@ def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Pa
 
     Raises:
         BadPath: an empty path (``bad_path``, exit 2).
+        NotAscii: a number holding other than ASCII (``bad_value``, exit 2).
         Repeated: an option given twice (``usage``, exit 2).
     """
     seen = Counter(p.name for p in order)
@@ -79,6 +106,8 @@ def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Pa
                 ctx,
                 param,
             )
+        if _takes_a_number(param):
+            _check_ascii_number(ctx, param, _values(opts.get(param.name or "")))
         if not _takes_a_path(param):
             continue
         name = _name(param)
