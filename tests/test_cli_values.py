@@ -166,3 +166,14 @@ def test_replay_until_in_other_digits_is_a_bad_value(tmp_path: Path) -> None:
     ran = run("replay", db, "--until", "\u0663")
     assert ran.code == 2, ran
     assert "--until '\\u0663' is neither a sequence number (ASCII digits 0-9)" in ran.stderr
+
+
+def test_replay_until_a_time_before_the_first_event_is_beyond_head(tmp_path: Path) -> None:
+    from test_cli import build_chain
+
+    db = build_chain(tmp_path / "chain.db")
+    ran = run("replay", db, "--until", "1970-01-01T00:00:00Z", "--json")
+    assert ran.code == 1, ran
+    assert "is before the chain's first event (its first event is at 2026-" in ran.stderr
+    error = json.loads(ran.stdout)["error"]
+    assert (error["code"], error["field"]) == ("beyond_head", "--until")
