@@ -177,3 +177,45 @@ def test_replay_until_a_time_before_the_first_event_is_beyond_head(tmp_path: Pat
     assert "is before the chain's first event (its first event is at 2026-" in ran.stderr
     error = json.loads(ran.stdout)["error"]
     assert (error["code"], error["field"]) == ("beyond_head", "--until")
+
+
+def test_an_empty_checkpoint_says_it_takes_a_file(tmp_path: Path) -> None:
+    db = make_chain(tmp_path / "node", 3)
+    ran = run("chain", "verify", db, "--checkpoint", "")
+    assert ran.code == 2, ran
+    assert "--checkpoint takes a file name" in ran.stderr
+
+
+def test_a_timeout_variable_that_is_no_number_is_named_with_its_value() -> None:
+    ran = run("status", "--url", NOBODY, env={"INFERVISOR_TIMEOUT": "abc"})
+    assert ran.code == 2, ran
+    assert "INFERVISOR_TIMEOUT='abc': allowed a number of seconds" in ran.stderr
+    assert "nan" not in ran.stderr
+
+
+def test_a_model_name_that_does_not_print_is_shown_escaped_only(tmp_path: Path) -> None:
+    from infervisor.adapters import planning
+    from infervisor.adapters.registry import ModelRegistry, RegistryError
+
+    for look in (planning._resolve, planning._locate):
+        with pytest.raises(RegistryError) as err:
+            look(ModelRegistry(tmp_path), "ab\u200bc", "model")
+        assert "\u200b" not in str(err.value)
+        assert str(err.value).startswith("model 'ab\\u200bc': ")
+
+
+def test_threads_on_another_flavor_names_the_flavor_not_the_range() -> None:
+    ran = run(*PLACE[:6], "mlx-lm", "--model", "m", "--port", "18001", "--threads", "2")
+    assert ran.code == 2, ran
+    assert "threads 2: only a managed llama.cpp server takes threads" in ran.stderr
+    assert "this one is mlx-lm, managed" in ran.stderr
+    assert "allowed a whole number" not in ran.stderr
+
+
+def test_threads_out_of_range_still_says_the_range() -> None:
+    from infervisor.adapters.spec import Flavor, InstanceSpec, SpecError
+
+    spec = InstanceSpec(role="r", flavor=Flavor.MLX_LM, model="m", port=18001, threads=0)
+    with pytest.raises(SpecError) as err:
+        spec.validate()
+    assert "threads 0: allowed a whole number from 1 to" in str(err.value)

@@ -112,15 +112,18 @@ def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Pa
             continue
         name = _name(param)
         if any(isinstance(v, str) and not v.strip() for v in _values(opts.get(param.name or ""))):
-            raise BadPath(f"an empty value: {name} takes {_what(param.type)}", ctx, param)
+            raise BadPath(f"an empty value: {name} takes {_what(param)}", ctx, param)
 
 
-def _what(kind: click.ParamType[Any]) -> str:
-    """What a path parameter takes, for the refusal of an empty value."""
+def _what(param: click.Parameter) -> str:
+    """What a path parameter takes, for the refusal of an empty value: by its type, or
+    by its metavar (FILE, DIR) where the type lets both through and the command
+    refuses the other (``--checkpoint DIR`` is refused as no file)."""
+    kind = param.type
     if isinstance(kind, KeyOrFile):
         return "a key string or a file holding one"
-    if isinstance(kind, click.Path) and not kind.dir_okay:
+    if (isinstance(kind, click.Path) and not kind.dir_okay) or param.metavar == "FILE":
         return "a file name"
-    if isinstance(kind, click.Path) and not kind.file_okay:
+    if (isinstance(kind, click.Path) and not kind.file_okay) or param.metavar == "DIR":
         return "a directory name"
     return "a file or directory name"
