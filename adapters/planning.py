@@ -120,19 +120,25 @@ def _check_port_range(spec: InstanceSpec, settings: AdapterSettings) -> None:
         raise AdmissionRefused(f"port {spec.port} is outside this node's allowed range {lo}-{hi}")
 
 
+def _shown(name: str) -> str:
+    """``name`` as a message prints it: escaped (``'ab\\u200bc'``) when it holds a
+    character that does not print, never raw beside its escaped form (stop 34)."""
+    return name if name.isprintable() else repr(name)
+
+
 def _resolve(registry: ModelRegistry, name: str, what: str) -> ResolvedModel:
     try:
         return registry.resolve(name)
     except RegistryError as e:
         why = str(e).removeprefix(f"model {name}: ")  # the registry names it already
-        raise RegistryError(f"{what} {name}: {why}") from e
+        raise RegistryError(f"{what} {_shown(name)}: {why}") from e
 
 
 def _locate(registry: ModelRegistry, name: str, what: str) -> ResolvedModel:
     try:
         return registry.locate(name)
     except RegistryError as e:
-        raise RegistryError(f"{what} {name}: {e}") from e
+        raise RegistryError(f"{what} {_shown(name)}: {e}") from e
 
 
 def verify_weights(adapter: ServerAdapter, registry: ModelRegistry) -> str | None:

@@ -306,11 +306,16 @@ def _check_threads(spec: InstanceSpec) -> None:
     n = spec.threads
     if n is None:
         return
-    llamacpp = spec.flavor is Flavor.LLAMACPP and spec.mode is Mode.MANAGED
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS or not llamacpp:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
         raise SpecError(
             f"threads {n!r}: allowed a whole number from 1 to {MAX_THREADS}, or none (the "
             "launcher's default, 2), for a managed llama.cpp server only (its --threads)",
+            field="threads",
+        )
+    if spec.flavor is not Flavor.LLAMACPP or spec.mode is not Mode.MANAGED:
+        raise SpecError(
+            f"threads {n}: only a managed llama.cpp server takes threads (its --threads); "
+            f"this one is {spec.flavor.value}, {spec.mode.value}: leave threads out",
             field="threads",
         )
 

@@ -168,8 +168,6 @@ def test_threads_is_llama_servers_threads_flag(reg: ModelRegistry, tmp_path: Pat
         {"threads": 1025},
         {"threads": True},
         {"threads": 2.0},
-        {"threads": 2, "flavor": Flavor.MLX_LM},
-        {"threads": 2, "mode": Mode.ADOPTED},
     ],
 )
 def test_threads_is_refused_naming_the_field_and_the_allowed_values(
@@ -179,4 +177,26 @@ def test_threads_is_refused_naming_the_field_and_the_allowed_values(
         spec(**fields).validate()
     assert refused.value.field == "threads"
     assert "threads" in str(refused.value) and "1 to 1024" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "which"),
+    [
+        ({"threads": 2, "flavor": Flavor.MLX_LM}, "mlx-lm, managed"),
+        ({"threads": 2, "mode": Mode.ADOPTED}, "llamacpp, adopted"),
+    ],
+)
+def test_threads_on_another_server_names_the_server_not_the_range(
+    fields: dict[str, object], which: str
+) -> None:
+    """Stop 34's trial: ``threads 2`` on mlx-lm read "allowed a whole number from 1 to
+    1024", though 2 is one; the flavor (or mode) is what is wrong."""
+    with pytest.raises(SpecError) as refused:
+        spec(**fields).validate()
+    assert refused.value.field == "threads"
+    assert (
+        f"only a managed llama.cpp server takes threads (its --threads); this one is {which}"
+        in str(refused.value)
+    )
+    assert "1 to 1024" not in str(refused.value)
     assert "managed llama.cpp" in str(refused.value)

@@ -28,7 +28,9 @@ __all__ = ["backup", "checkpoint", "rotate_key", "say_swept"]
 
 @click.command("checkpoint", cls=Command)
 @click.argument("where", metavar="WHERE", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), help="Write it to this file.")
+@click.option(
+    "--out", type=click.Path(path_type=Path), metavar="FILE", help="Write it to this file."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
 def checkpoint(where: Path, out: Path | None, as_json: bool) -> None:
     """Print (or write to --out) the latest signed checkpoint stored in the chain.

@@ -252,6 +252,24 @@ def stored_extent(db: Path) -> tuple[int, int | None]:
     return int(count), (last if isinstance(last, int) else None)
 
 
+def first_stamp(db: Path) -> int | None:
+    """The time of the chain's first event (ns since the Unix epoch; None: no row).
+
+    Raises:
+        Failure: ``chain_unreadable`` when the file cannot be read.
+    """
+    try:
+        conn = connect_reader(str(db))
+        try:
+            with translated(str(db), "read"):
+                row = conn.execute("SELECT ts_ns FROM events ORDER BY seq LIMIT 1").fetchone()
+        finally:
+            conn.close()
+    except ChainError as e:
+        raise Failure(str(e), "chain_unreadable") from e
+    return row[0] if row is not None and isinstance(row[0], int) else None
+
+
 def matches(db: Path, hashes: list[bytes], cp: Checkpoint, field: str) -> None:
     mismatch = compare(hashes, cp)
     if mismatch is not None:

@@ -29,6 +29,7 @@ __all__ = ["consistency", "prove"]
     "checkpoint_file",
     required=True,
     type=click.Path(path_type=Path),
+    metavar="FILE",
     help="The checkpoint whose tree the proof is for.",
 )
 @click.option(

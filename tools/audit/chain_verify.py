@@ -54,6 +54,7 @@ NO_CHECKPOINT_WARNING = (
     "--proof",
     "proof_file",
     type=click.Path(path_type=Path),
+    metavar="FILE",
     help="An inclusion or consistency proof (chain prove|consistency --json) to check.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")

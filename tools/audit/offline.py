@@ -65,12 +65,12 @@ def parse_time(text: str) -> int:
 
 
 def parse_until(text: str) -> Until:
-    """``--until``'s value: digits are a seq, anything else an ISO 8601 time.
+    """``--until``'s value: ASCII digits are a seq, anything else an ISO 8601 time.
 
     Raises:
-        ValueError: neither.
+        ValueError: neither (``٣``, digits of another script, too: ``int()`` reads them).
     """
-    if text.strip().isdigit():
+    if text.strip().isascii() and text.strip().isdigit():
         return Until(seq=int(text))
     return Until(ts_ns=parse_time(text))
 

@@ -10,8 +10,8 @@ import click
 from ..clikit.command import Command
 from ..clikit.failure import echo_json, fail
 from ..node.where import chain_of
-from .chain_inputs import stored_extent
-from .offline import parse_until, print_marker, read_offline, wrap
+from .chain_inputs import first_stamp, stored_extent
+from .offline import iso, parse_until, print_marker, read_offline, wrap
 from .trust_options import Reading, reading_options
 
 __all__ = ["replay"]
@@ -40,15 +40,15 @@ def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> N
     does not verify is refused (exit 1, naming the sequence number and why)
     unless --unverified, which replays it as stored and marks the output.
     Exit 1 also when an event does not fit (unknown kind, impossible
-    transition) or --until names a seq beyond the chain's head (beyond_head),
-    2 when WHERE cannot be read.
+    transition) or --until names a seq beyond the chain's head or a time
+    before its first event (beyond_head), 2 when WHERE cannot be read.
     """
     try:
         upto = None if until is None else parse_until(until)
     except ValueError:
         fail(
-            f"--until {until!r} is neither a sequence number nor an ISO 8601 time "
-            "(2026-11-01T00:00:00Z)",
+            f"--until {until!a} is neither a sequence number (ASCII digits 0-9) nor an "
+            "ISO 8601 time (2026-11-01T00:00:00Z)",
             "bad_value",
             "--until",
         )
@@ -57,6 +57,8 @@ def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> N
     read = read_offline(db, unverified=unverified, until=upto, trust=reading.trust)
     if upto is not None and upto.seq is not None:
         _within_head(db, upto.seq)
+    if upto is not None and upto.ts_ns is not None and read.state.head_seq < 0:
+        _before_first(db, until or "")
     state = read.state
     if as_json:
         echo_json(wrap(read, state) if unverified else state)
@@ -103,3 +105,21 @@ def _within_head(db: Path, seq: int) -> None:
             "beyond_head",
             "--until",
         )
+
+
+def _before_first(db: Path, until: str) -> None:
+    """Refuse (exit 1, ``beyond_head``, naming ``--until``) a time before the chain's
+    first event: there is no state as of then, and "head seq -1, 0 boots" read as
+    one (a newcomer's trial, stop 34).
+
+    Raises:
+        Failure: always.
+    """
+    first = first_stamp(db)
+    held = f"{db} holds no event" if first is None else f"its first event is at {iso(first)}"
+    fail(
+        f"--until {until!a} is before the chain's first event ({held}): give a time from "
+        "then on, or a seq",
+        "beyond_head",
+        "--until",
+    )

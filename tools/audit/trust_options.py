@@ -89,6 +89,7 @@ def trust_options(f: F) -> F:
         "--checkpoint",
         "checkpoint_file",
         type=click.Path(path_type=Path),
+        metavar="FILE",
         help="A checkpoint saved earlier (infervisor chain checkpoint --out): rules out "
         "truncation and rewriting up to its tree size.",
     )(f)

@@ -83,7 +83,7 @@ class Command(click.Command):
             raise
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        """Refuse an empty path and a path or key option given twice (:mod:`.raw_args`),
+        """Refuse an empty path and a single-valued option given twice (:mod:`.raw_args`),
         then parse as click does (the raw parse is a few microseconds)."""
         if args and not ctx.resilient_parsing:
             opts, _, order = self.make_parser(ctx).parse_args(args=list(args))

@@ -1,10 +1,15 @@
 """What the command line says before click converts it: a path option or argument
-given as an empty string, and a single-valued path or key option given twice.
+given as an empty string, and a single-valued option given twice.
 
 Both read as something else once converted: ``Path("")`` is ``.``, so ``--witness
 ""`` was read as the current directory, and click keeps the last of an option given
-twice, so ``--checkpoint A --checkpoint B`` checked B alone (a newcomer's trial,
-stop 34). :func:`check_raw` refuses them as usage (exit 2), naming the option.
+twice, so ``--checkpoint A --checkpoint B`` checked B alone and ``stop --grace 1
+--grace 2`` waited 2 s (newcomers' trials, stop 34). :func:`check_raw` refuses them
+as usage (exit 2), naming the option. A number given with other than ASCII
+characters (``--port ١٨٧٧٧``: Python's ``int()`` and ``float()`` read every Unicode
+digit, the API does not) is refused too (``bad_value``). Every option that takes
+one value is checked (not one declared ``multiple=True``, such as ``--witness`` or
+``--env``); a flag given twice says the same thing twice and is left alone.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import click
 
 from .paths import BadPath, KeyOrFile
 
-__all__ = ["Repeated", "check_raw"]
+__all__ = ["NotAscii", "Repeated", "check_raw"]
 
 
 class Repeated(click.UsageError):
@@ -27,6 +32,29 @@ class Repeated(click.UsageError):
     def __init__(self, message: str, ctx: click.Context, param: click.Parameter) -> None:
         super().__init__(message, ctx)
         self.param = param
+
+
+class NotAscii(click.BadParameter):
+    """A number holding a character other than ASCII (``bad_value``, exit 2)."""
+
+
+def _takes_a_number(param: click.Parameter) -> bool:
+    """A parameter click converts with ``int()`` or ``float()`` (ranges, and
+    :class:`~.command.Seconds`, named "seconds", too)."""
+    kind = param.type
+    return isinstance(kind, (click.types.IntParamType, click.types.FloatParamType)) or (
+        kind.name == "seconds"
+    )
+
+
+def _check_ascii_number(ctx: click.Context, param: click.Parameter, values: Sequence[Any]) -> None:
+    for value in values:
+        if isinstance(value, str) and not value.isascii():
+            raise NotAscii(
+                f"{value!a}: a number is written in ASCII digits (0-9), not other scripts' digits",
+                ctx,
+                param,
+            )
 
 
 def _takes_a_path(param: click.Parameter) -> bool:
@@ -44,9 +72,20 @@ def _values(value: Any) -> Sequence[Any]:
     return value if isinstance(value, (list, tuple)) else [value]
 
 
+def _single_valued(param: click.Parameter) -> bool:
+    """An option that takes one value: not repeatable, not a flag, not a counter."""
+    return (
+        isinstance(param, click.Option)
+        and not param.multiple
+        and not param.is_flag
+        and not param.count
+    )
+
+
 def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Parameter]) -> None:
     """Refuse, as usage naming the option or argument: an empty value where a path
-    (or key) is expected, and a single-valued path or key option given twice.
+    (or key) is expected, a single-valued option given twice, and a number written
+    with other than ASCII.
 
     Args:
         ctx: the command's context.
@@ -56,29 +95,35 @@ def check_raw(ctx: click.Context, opts: dict[str, Any], order: Sequence[click.Pa
 
     Raises:
         BadPath: an empty path (``bad_path``, exit 2).
+        NotAscii: a number holding other than ASCII (``bad_value``, exit 2).
         Repeated: an option given twice (``usage``, exit 2).
     """
     seen = Counter(p.name for p in order)
     for param in dict.fromkeys(order):
-        if not _takes_a_path(param):
-            continue
-        name = _name(param)
-        if isinstance(param, click.Option) and not param.multiple and seen[param.name] > 1:
+        if seen[param.name] > 1 and _single_valued(param):
             raise Repeated(
-                f"{name} given {seen[param.name]} times: it takes one value (give it once)",
+                f"{_name(param)} given {seen[param.name]} times: it takes one value (give it once)",
                 ctx,
                 param,
             )
+        if _takes_a_number(param):
+            _check_ascii_number(ctx, param, _values(opts.get(param.name or "")))
+        if not _takes_a_path(param):
+            continue
+        name = _name(param)
         if any(isinstance(v, str) and not v.strip() for v in _values(opts.get(param.name or ""))):
-            raise BadPath(f"an empty value: {name} takes {_what(param.type)}", ctx, param)
+            raise BadPath(f"an empty value: {name} takes {_what(param)}", ctx, param)
 
 
-def _what(kind: click.ParamType[Any]) -> str:
-    """What a path parameter takes, for the refusal of an empty value."""
+def _what(param: click.Parameter) -> str:
+    """What a path parameter takes, for the refusal of an empty value: by its type, or
+    by its metavar (FILE, DIR) where the type lets both through and the command
+    refuses the other (``--checkpoint DIR`` is refused as no file)."""
+    kind = param.type
     if isinstance(kind, KeyOrFile):
         return "a key string or a file holding one"
-    if isinstance(kind, click.Path) and not kind.dir_okay:
+    if (isinstance(kind, click.Path) and not kind.dir_okay) or param.metavar == "FILE":
         return "a file name"
-    if isinstance(kind, click.Path) and not kind.file_okay:
+    if (isinstance(kind, click.Path) and not kind.file_okay) or param.metavar == "DIR":
         return "a directory name"
     return "a file or directory name"

@@ -3,6 +3,11 @@
 A token file is either the bare secret or the node's ``api-tokens.json`` (token
 names to secrets), from which ``--token-name`` picks one: the whole file is
 never sent, so no other token can leak into a header or an error message.
+
+A token that is a signed-note private key (``PRIVATE+KEY+...``: ``--token-file
+DATA_DIR/node.key``) is refused before anything is sent, by the shape
+:func:`~.key_shapes.shape_of` gives ``--key`` and ``--checkpoint`` (a newcomer's
+trial, stop 34: the node's signing key went out as a bearer header over HTTP).
 """
 
 from __future__ import annotations
@@ -12,20 +17,57 @@ import os
 from pathlib import Path
 
 from .failure import fail
+from .key_shapes import shape_of
 from .paths import file_problem
 
-__all__ = ["token_of"]
+__all__ = ["TOKEN_FILE_HOLDS", "token_of"]
+
+#: What a token file holds, as the refusals say it.
+TOKEN_FILE_HOLDS = "a token file holds the bare secret, or the node's DATA_DIR/api-tokens.json"  # noqa: S105 - words, no secret
+
+
+def _refuse_private(text: str, field: str, shown: str) -> None:
+    """Exit 2 (``bad_value``) naming ``field`` when ``text`` is a private signing key."""
+    if shape_of(text.encode("utf-8", "surrogateescape")) == "private":
+        fail(
+            f"{shown} is a PRIVATE signing key (PRIVATE+KEY+..., a node.key), not a bearer "
+            f"token: it is never sent; {TOKEN_FILE_HOLDS} (--token-name picks one)",
+            "bad_value",
+            field,
+        )
+
+
+def _header_safe(secret: str | None, field: str) -> str | None:
+    """``secret`` when an Authorization header can carry it: visible ASCII (``!`` to
+    ``~``, RFC 6750's b64token and more), else exit 2 (``bad_value``) naming ``field``
+    (a newcomer's trial, stop 34: ``--token $'a\\nb'`` read as the node going away)."""
+    if secret is not None and not all("!" <= ch <= "~" for ch in secret):
+        bad = next(ch for ch in secret if not "!" <= ch <= "~")
+        fail(
+            f"{field}: a token may hold visible ASCII only (letters, digits, punctuation; "
+            f"no spaces, controls or other characters), found {bad!a}",
+            "bad_value",
+            field,
+        )
+    return secret
 
 
 def token_of(
     token: str | None, token_file: Path | None, token_name: str | tuple[str, ...]
 ) -> str | None:
     """The bearer secret: --token, else --token-file (the bare secret, or the node's
-    api-tokens.json, from which --token-name picks), else INFERVISOR_TOKEN."""
+    api-tokens.json, from which --token-name picks), else INFERVISOR_TOKEN.
+
+    Exits 2 through :func:`~.failure.fail`: ``bad_path`` for a token file that
+    cannot be read, ``bad_value`` for a private signing key in any of the three,
+    a token file that is neither shape, or a --token-name it lacks."""
     if token is not None:
-        return token.strip() or None
+        _refuse_private(token, "--token", "--token")
+        return _header_safe(token.strip() or None, "--token")
     if token_file is None:
-        return os.environ.get("INFERVISOR_TOKEN", "").strip() or None
+        secret = os.environ.get("INFERVISOR_TOKEN", "")
+        _refuse_private(secret, "INFERVISOR_TOKEN", "INFERVISOR_TOKEN")
+        return _header_safe(secret.strip() or None, "INFERVISOR_TOKEN")
     problem = file_problem(token_file)
     if problem is not None:
         fail(f"--token-file {token_file}: {problem}", "bad_path", "--token-file")
@@ -33,8 +75,9 @@ def token_of(
         text = token_file.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:
         fail(f"--token-file {token_file}: cannot read it: {e}", "bad_path", "--token-file")
+    _refuse_private(text, "--token-file", f"--token-file {token_file}")
     if not text.startswith("{"):
-        return text or None
+        return _header_safe(text or None, "--token-file")
     try:
         tokens = json.loads(text)
     except ValueError as e:
@@ -55,4 +98,4 @@ def token_of(
             "bad_value",
             "--token-name",
         )
-    return str(tokens[token_name])
+    return _header_safe(str(tokens[token_name]), "--token-file")

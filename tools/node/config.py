@@ -185,6 +185,7 @@ def _check(config: NodeConfig, path: Path) -> None:
         section = "[node.restart]" if _is_restart_error(config.node.restart) else "[node]"
         raise ConfigError(f"{path}: {section} {e}") from e
     _check_run_as(config.node.run_as, path)
+    _check_no_empty_path(config.node, path)
     known = sorted({*DEFAULT_KINDS, *config.node.kinds})
     for n, entry in enumerate(config.instances, 1):
         if entry.kind not in known:
@@ -201,6 +202,28 @@ def _check(config: NodeConfig, path: Path) -> None:
     _check_api(config, path)
     _check_front(config, path)
     check_witnesses(config.witnesses, config.node.witness_quorum, path)
+
+
+#: The path keys of ``[node]`` and what each names, for the refusal of an empty one.
+_PATH_KEYS = {
+    "data_dir": "a directory",
+    "registry_dir": "a directory",
+    "llamacpp_program": "a program",
+    "mlx_program": "a program",
+    "features_file": "a file",
+}
+
+
+def _check_no_empty_path(node: NodeSettings, path: Path) -> None:
+    """Refuse an empty (or blank) path key: resolved, ``""`` names the config's own
+    folder (a newcomer's trial, stop 34: ``data_dir = ""`` ran a node there)."""
+    for key, what in _PATH_KEYS.items():
+        value = getattr(node, key)
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError(
+                f"{path}: [node] {key} is empty: give {what} (a relative path is from the "
+                "config's folder)" + ("" if key == "data_dir" else ", or leave the key out")
+            )
 
 
 def _check_features_file(given: str | None, features_file: str | None, path: Path) -> None:

@@ -148,7 +148,7 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     # the spec's flags (_PLACE_FLAGS); an absent one leaves the fragment's key as it is
     flags = {key: value for key, value in spec_flags.items() if value is not None}
     if env:
-        flags["env"] = dict(_env_pair(item) for item in env)
+        flags["env"] = _env_of(env)
     if generation is not None and controller is None:
         fail("--generation needs --controller ID", "usage", "--generation")
     spec, start_key = spec_of_fragment(fragment, flags)
@@ -197,11 +197,22 @@ def _say_outcome(answer: PlaceAnswer) -> None:
         click.echo(f"evicted {victim} to make room for it (it rests until a demand or start)")
 
 
-def _env_pair(item: str) -> tuple[str, str]:
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        fail(f"--env {item!r}: expected KEY=VALUE", "bad_value", "--env")
-    return key, value
+def _env_of(items: tuple[str, ...]) -> dict[str, str]:
+    """The --env pairs as a mapping; a key given twice is refused (``bad_value``), as
+    the API refuses ``spec.env`` with a key twice, rather than the last one kept."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--env {item!r}: expected KEY=VALUE", "bad_value", "--env")
+        if key in env:
+            fail(
+                f"--env {key!r} given twice: give each key once (its values are not shown)",
+                "bad_value",
+                "--env",
+            )
+        env[key] = value
+    return env
 
 
 def spec_of_fragment(

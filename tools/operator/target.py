@@ -154,18 +154,23 @@ _TIMEOUT_HELP = (
 
 
 def answer_timeout(given: float | None) -> float:
-    """--timeout, else INFERVISOR_TIMEOUT, else DEFAULT_TIMEOUT_S; 0 is refused."""
-    where = "--timeout"
+    """--timeout, else INFERVISOR_TIMEOUT, else DEFAULT_TIMEOUT_S; 0 is refused, and
+    so is a variable that is no number (named with its value as set, not as "nan")."""
+    where, shown = "--timeout", "" if given is None else f"--timeout {given:g}"
     if given is None and (env := os.environ.get(_TIMEOUT_ENV, "").strip()):
-        where = _TIMEOUT_ENV
+        where, shown = _TIMEOUT_ENV, f"{_TIMEOUT_ENV}={env!a}"
         try:
-            given = float(env)
+            given = float(env) if env.isascii() else math.nan
         except ValueError:
             given = math.nan
     if given is None:
         return DEFAULT_TIMEOUT_S
     if not math.isfinite(given) or given <= 0:
-        fail(f"{where} {given:g}: allowed more than 0 seconds", "bad_value", where)
+        fail(
+            f"{shown}: allowed a number of seconds more than 0 (ASCII, such as 30 or 2.5)",
+            "bad_value",
+            where,
+        )
     return given
 
 

@@ -146,6 +146,11 @@ def _check(parsed: _File, path: Path) -> WitnessConfig:
         check_key_name(w.name)
     except NoteError as e:
         raise ConfigError(f"{path}: witness.name: {e}") from e
+    if not w.data_dir.strip():  # base / "" is the config's own folder (stop 34)
+        raise ConfigError(
+            f"{path}: witness.data_dir is empty: give a directory (a relative path is from "
+            "the config's folder)"
+        )
     host, port = parse_listen(w.listen)
     if not 0 < w.read_timeout_s <= 600 or not 1 <= w.max_connections <= 65536:
         raise ConfigError(
@@ -166,6 +171,11 @@ def _check(parsed: _File, path: Path) -> WitnessConfig:
             verifiers = tuple(parse_verifier_key(k) for k in keys)
         except NoteError as e:
             raise ConfigError(f"{where}.vkey: {e}") from e
+        if log.token_file is not None and not log.token_file.strip():
+            raise ConfigError(
+                f"{where}.token_file is empty: give a file holding a read token, or leave "
+                "the key out"
+            )
         token = base / log.token_file if log.token_file else None
         _check_source(where, log.url, token)
         logs[log.origin] = WitnessedLog(log.origin, verifiers, log.url, token)
