@@ -99,6 +99,8 @@ def test_no_gap_no_repeat_across_kills(tmp_path: Path, fake_llama: str, tiny_ggu
         checked = cli_here("fleet", "check", fleet)
         assert checked.returncode == 0, checked.stdout + checked.stderr
 
+        # n1's real server may still append (turning ready) after the check above
+        wait_converged(store, members)
         for m in members:
             seqs = [s for s, _ in fleet_rows(store, m.name)]
             assert seqs == list(range(len(seqs))), m.name

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -58,8 +59,9 @@ def node(nodes, tmp_path: Path) -> Node:
 def watch_health_until_up(base_url: str) -> list[HealthKind]:
     """Probe as fast as possible until the server is up; the verdicts seen, in order."""
     seen: list[HealthKind] = []
+    deadline = time.monotonic() + 120.0  # a bound on a hang: loading takes longer at load 10
     with ServerClient(base_url, timeout=5.0) as client:
-        for _ in range(20000):
+        while time.monotonic() < deadline:
             kind = client.probe(Flavor.LLAMACPP).health.kind
             if not seen or seen[-1] is not kind:
                 seen.append(kind)
