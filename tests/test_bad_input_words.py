@@ -164,6 +164,25 @@ def test_the_front_says_what_is_wrong_with_a_body_that_is_not_a_json_object(
     assert not any(w in error.message for w in MSGSPEC_WORDS), error.message
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"model": "a", "messages": [], "model": "b"}', "model"),
+        (b'{"model": "a", "messages": [{"role": "user", "role": "s"}]}', "messages.0.role"),
+    ],
+)
+def test_the_front_refuses_a_key_given_twice_naming_it(body: bytes, field: str) -> None:
+    """msgspec keeps the last (``model`` "b" would be routed); the control API's
+    json_keys names it, with its path, in the front's own error shape."""
+    with pytest.raises(FrontError) as caught:
+        bodies.parse("/v1/chat/completions", body)
+    error = caught.value
+    assert (error.status, error.code, error.param) == (400, "invalid_body", field)
+    assert error.message == (
+        f"/v1/chat/completions: `{field}`: given twice in one object: give each key once"
+    )
+
+
 def test_an_empty_post_to_the_front_is_answered_so(node: Node, front: Any) -> None:
     node.place(llama("chat"))
     with client(front(node)) as c:

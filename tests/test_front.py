@@ -153,6 +153,27 @@ def test_a_malformed_body_is_400_naming_the_field(
     assert error["param"] == field and f"`{field}`" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"model": "chat", "messages": [], "model": "tiny"}', "model"),
+        (b'{"model": "chat", "messages": [{"role": "user", "role": "system"}]}', "messages.0.role"),
+    ],
+)
+def test_a_key_given_twice_is_400_naming_it_and_nothing_is_routed(
+    node: Node, front: Any, body: bytes, field: str
+) -> None:
+    """msgspec keeps the last of a key given twice: the front refuses the body
+    as the control API does, rather than route by a value the caller may not mean."""
+    iid = node.place(llama())
+    with client(front(node)) as c:
+        answer = c.post("/v1/chat/completions", content=body)
+    error = assert_openai_error(answer, 400, "invalid_body")
+    assert error["param"] == field, error
+    assert f"`{field}`: given twice in one object" in error["message"], error
+    assert node.status(iid).lifecycle == "loaded"  # nothing was started for it
+
+
 def test_a_body_that_is_not_json_is_400(node: Node, front: Any) -> None:
     srv = front(node)
     with client(srv) as c:
