@@ -398,6 +398,34 @@ def test_a_client_that_disconnects_cancels_the_upstream_request(
     assert srv.tally.snapshot().requests[(iid, "/api/generate", "499")] == 1
 
 
+def test_a_client_that_leaves_while_its_instance_starts_is_counted_499(
+    node: Node, front: Any
+) -> None:
+    """A request waiting for its instance to be ready when the client goes away
+    was counted nowhere (only the waiting gauge fell): it is a 499, as nginx
+    logs a client that closed its request before the answer."""
+    iid = node.place(llama())
+    folder = Path(node.settings.data_dir) / "instances" / iid
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "health").write_text("loading")  # the fake server loads until told otherwise
+    srv = front(node)
+    body = json.dumps({"model": "tiny", "prompt": "hi"}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", srv.address.port)) as sock:
+        sock.sendall(head.encode() + body)
+        wait_until(lambda: srv.tally.snapshot().waiting[iid] == 1, 30, "the request to wait")
+    wait_until(lambda: srv.tally.snapshot().waiting[iid] == 0, 30, "the waiter to leave")
+    wait_until(
+        lambda: srv.tally.snapshot().requests[(iid, "/v1/completions", "499")] == 1,
+        30,
+        "the request counted 499",
+    )
+    assert srv.tally.snapshot().in_flight[iid] == 0
+
+
 # --- residency (the node's demand) ------------------------------------------------------
 
 
