@@ -262,6 +262,7 @@ def _on_stop(w: InstanceFields, ts_ns: int, e: ev.StopRequested) -> None:
         w.rested_for = ""  # an operator's stop: it no longer rests for a reason of its own
     if not keeps_wanted:
         w.desired, w.demanded = Desired.STOPPED, False  # a stop ends a demand not yet started
+        w.refusal = ""  # a refused start's cause is no longer what the instance waits on
     if not w.then:
         w.then_by = ""
     w.restart_due = None

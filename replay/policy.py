@@ -17,6 +17,7 @@ from .state import InstanceState, Stamp, elapsed_s
 
 __all__ = [
     "MAX_DURATION_S",
+    "RESTART_RANGES",
     "Exhausted",
     "Restart",
     "RestartDecision",
@@ -35,13 +36,29 @@ _NS = 1_000_000_000
 MAX_DURATION_S = 7 * 24 * 3600.0
 
 
+def _seconds(*, allow_zero: bool = False) -> str:
+    return f"{'0' if allow_zero else 'more than 0'} to {MAX_DURATION_S:g} seconds"
+
+
 def check_duration(name: str, value: float, *, allow_zero: bool = False) -> None:
     """Raise ValueError naming ``name`` unless ``value`` is a finite number of seconds
     in ``(0, MAX_DURATION_S]`` (``[0, ...]`` with ``allow_zero``)."""
     low_ok = value >= 0 if allow_zero else value > 0
     if not (math.isfinite(value) and low_ok and value <= MAX_DURATION_S):
-        low = "0" if allow_zero else "more than 0"
-        raise ValueError(f"{name} {value}: allowed {low} to {MAX_DURATION_S:g} seconds")
+        raise ValueError(f"{name} {value}: allowed {_seconds(allow_zero=allow_zero)}")
+
+
+#: What each restart policy field allows, as :meth:`RestartPolicy.validate` checks
+#: it and says it; the control API quotes these for a value beyond 64 bits
+#: (tools/api/strict.py, ``spec.restart.base_s``) rather than the chain's range.
+RESTART_RANGES = {
+    "max_restarts": "a whole number, 0 or more",
+    "base_s": f"{_seconds()}, at most cap_s",
+    "cap_s": f"{_seconds()}, at least base_s",
+    "stable_after_s": _seconds(),
+    "window_s": f"{_seconds()}, or none",
+    "jitter": "0 to 1",
+}
 
 
 class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -74,7 +91,9 @@ class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def validate(self) -> None:
         """Raise ValueError naming the field when a bound is out of range."""
         if self.max_restarts < 0:
-            raise ValueError(f"max_restarts {self.max_restarts}: allowed 0 or more")
+            raise ValueError(
+                f"max_restarts {self.max_restarts}: allowed {RESTART_RANGES['max_restarts']}"
+            )
         for name in ("base_s", "cap_s", "stable_after_s"):
             check_duration(f"restart.{name}", getattr(self, name))
         if self.window_s is not None:
@@ -82,7 +101,7 @@ class RestartPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if not 0 < self.base_s <= self.cap_s:
             raise ValueError(f"base_s {self.base_s} / cap_s {self.cap_s}: need 0 < base_s <= cap_s")
         if not (math.isfinite(self.jitter) and 0 <= self.jitter <= 1):
-            raise ValueError(f"jitter {self.jitter}: allowed 0 to 1")
+            raise ValueError(f"jitter {self.jitter}: allowed {RESTART_RANGES['jitter']}")
         if self.window_s is not None and self.window_s <= 0:
             raise ValueError(f"window_s {self.window_s}: allowed a positive number or none")
 

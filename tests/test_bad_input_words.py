@@ -108,6 +108,31 @@ def test_a_spec_integer_beyond_64_bits_quotes_the_fields_own_range(
 
 
 @pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("max_restarts", 2**64, "allowed a whole number, 0 or more"),
+        ("base_s", 2**64, "allowed more than 0 to 604800 seconds, at most cap_s"),
+        ("cap_s", -(2**70), "allowed more than 0 to 604800 seconds, at least base_s"),
+        ("stable_after_s", 2**64, "allowed more than 0 to 604800 seconds"),
+        ("window_s", 2**64, "allowed more than 0 to 604800 seconds, or none"),
+        ("jitter", 2**64, "allowed 0 to 1"),
+    ],
+)
+def test_a_restart_override_beyond_64_bits_quotes_the_fields_own_range(
+    starting: httpx.Client,  # noqa: F811 - the fixture imported above
+    key: str,
+    value: int,
+    said: str,
+) -> None:
+    """Stop 34's leftovers: spec.restart.base_s 2^64 quoted the 64-bit range."""
+    body = msgspec.json.encode({"spec": {**SPEC, "restart": {key: value}}})
+    error = api_refusal(starting, "/v1/instances", body)
+    assert (error["field"], error["code"]) == (f"spec.restart.{key}", "bad_spec"), error
+    assert f"{value} is out of range: {said}" in error["message"], error
+    assert "64-bit" not in error["message"] and "9223372036854775807" not in error["message"]
+
+
+@pytest.mark.parametrize(
     ("path", "body", "field", "code"),
     [
         (
@@ -162,6 +187,25 @@ def test_the_front_says_what_is_wrong_with_a_body_that_is_not_a_json_object(
     assert (error.status, error.code, error.param) == (400, "invalid_body", None)
     assert said in error.message, error.message
     assert not any(w in error.message for w in MSGSPEC_WORDS), error.message
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"model": "a", "messages": [], "model": "b"}', "model"),
+        (b'{"model": "a", "messages": [{"role": "user", "role": "s"}]}', "messages.0.role"),
+    ],
+)
+def test_the_front_refuses_a_key_given_twice_naming_it(body: bytes, field: str) -> None:
+    """msgspec keeps the last (``model`` "b" would be routed); the control API's
+    json_keys names it, with its path, in the front's own error shape."""
+    with pytest.raises(FrontError) as caught:
+        bodies.parse("/v1/chat/completions", body)
+    error = caught.value
+    assert (error.status, error.code, error.param) == (400, "invalid_body", field)
+    assert error.message == (
+        f"/v1/chat/completions: `{field}`: given twice in one object: give each key once"
+    )
 
 
 def test_an_empty_post_to_the_front_is_answered_so(node: Node, front: Any) -> None:

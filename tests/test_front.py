@@ -154,6 +154,27 @@ def test_a_malformed_body_is_400_naming_the_field(
     assert error["param"] == field and f"`{field}`" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"model": "chat", "messages": [], "model": "tiny"}', "model"),
+        (b'{"model": "chat", "messages": [{"role": "user", "role": "system"}]}', "messages.0.role"),
+    ],
+)
+def test_a_key_given_twice_is_400_naming_it_and_nothing_is_routed(
+    node: Node, front: Any, body: bytes, field: str
+) -> None:
+    """msgspec keeps the last of a key given twice: the front refuses the body
+    as the control API does, rather than route by a value the caller may not mean."""
+    iid = node.place(llama())
+    with client(front(node)) as c:
+        answer = c.post("/v1/chat/completions", content=body)
+    error = assert_openai_error(answer, 400, "invalid_body")
+    assert error["param"] == field, error
+    assert f"`{field}`: given twice in one object" in error["message"], error
+    assert node.status(iid).lifecycle == "loaded"  # nothing was started for it
+
+
 def test_a_body_that_is_not_json_is_400(node: Node, front: Any) -> None:
     srv = front(node)
     with client(srv) as c:
@@ -376,6 +397,34 @@ def test_a_client_that_disconnects_cancels_the_upstream_request(
         wait_until(lambda: loading() == [], 30, "the upstream to see the client go")
     wait_until(lambda: srv.tally.snapshot().in_flight[iid] == 0, 30, "the request to end")
     assert srv.tally.snapshot().requests[(iid, "/api/generate", "499")] == 1
+
+
+def test_a_client_that_leaves_while_its_instance_starts_is_counted_499(
+    node: Node, front: Any
+) -> None:
+    """A request waiting for its instance to be ready when the client goes away
+    was counted nowhere (only the waiting gauge fell): it is a 499, as nginx
+    logs a client that closed its request before the answer."""
+    iid = node.place(llama())
+    folder = Path(node.settings.data_dir) / "instances" / iid
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "health").write_text("loading")  # the fake server loads until told otherwise
+    srv = front(node)
+    body = json.dumps({"model": "tiny", "prompt": "hi"}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", srv.address.port)) as sock:
+        sock.sendall(head.encode() + body)
+        wait_until(lambda: srv.tally.snapshot().waiting[iid] == 1, 30, "the request to wait")
+    wait_until(lambda: srv.tally.snapshot().waiting[iid] == 0, 30, "the waiter to leave")
+    wait_until(
+        lambda: srv.tally.snapshot().requests[(iid, "/v1/completions", "499")] == 1,
+        30,
+        "the request counted 499",
+    )
+    assert srv.tally.snapshot().in_flight[iid] == 0
 
 
 # --- residency (the node's demand) ------------------------------------------------------

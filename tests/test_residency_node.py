@@ -488,3 +488,23 @@ def test_place_start_names_the_instances_it_evicted(
         d = rests.stdout.split(":", 1)[0]
         row = next(x for x in cli_here("status", data).stdout.splitlines() if x.startswith(d))
         assert row.split()[3:5] == ["resting", "on-demand"], row
+
+
+def test_an_operators_stop_clears_the_no_room_refusal_from_the_status(
+    nodes: NodeFactory, fake_llama: str, models: Path
+) -> None:
+    """Stop 34's leftovers: a start refused for room, then stopped, still showed
+    "start refused: no room ..." in status after the stop."""
+    node = open_node(nodes, fake_llama, models, needs(models, "m1") - 1)
+    (port,) = free_ports(1)
+    iid = node.place(InstanceSpec(role="chat", flavor=Flavor.LLAMACPP, model="m1", port=port))
+    with contextlib.suppress(Exception):
+        node.start(iid)
+    assert "no room" in node.status(iid).reason, node.status(iid)
+    node.stop(iid)
+    view = node.status(iid)
+    assert view.lifecycle == "stopped" and "no room" not in view.reason, view
+    assert view.reason.startswith("stop by operator"), view.reason
+    node.stop(iid)  # a second stop records nothing (docs/cli.md)
+    kinds = [k for _, _, k, _, _ in chain_rows(node.settings.chain_path)]
+    assert kinds.count("instance.stop_requested") == 1, kinds

@@ -289,7 +289,9 @@ def record_stop(
     # Stopped by a shutdown, it is still wanted running: a stop records that it is not.
     wanted = inst.desired is Desired.RUNNING
     at_rest = inst.lifecycle in {S.STOPPED, S.LOADED}
-    settled = at_rest and inst.then != Then.RESTART and not wanted
+    # a refused start's cause still shows (stop 34: "start refused: no room ..." after
+    # the stop): the operator's stop is recorded, and it clears the cause
+    settled = at_rest and inst.then != Then.RESTART and not wanted and not inst.refusal
     if not holds_something and (by == Role.SHUTDOWN or settled):
         d.do(CancelTimer(name=Timer.RESTART))
         return None

@@ -26,7 +26,7 @@ class _Twice(Exception):
 
 
 def _check(pairs: list[tuple[str, Any]]) -> None:
-    if len(pairs) > 1 and len({k for k, _ in pairs}) != len(pairs):
+    if len(pairs) > 1 and len(dict(pairs)) != len(pairs):
         raise _Twice
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from infervisor.adapters.spec import NUMBER_RANGES, InstanceSpec
+from infervisor.replay.policy import RESTART_RANGES
 
 from .exit_codes import cut
 from .fleet_wire import CordonRequest, PlacementSet
@@ -91,6 +92,7 @@ ALLOWED = {
     "grace_s": "0 to 3600 seconds",
     "reason": ONE_LINE,
     **{f"spec.{name}": allowed for name, allowed in NUMBER_RANGES.items()},
+    **{f"spec.restart.{name}": allowed for name, allowed in RESTART_RANGES.items()},
 }
 
 

@@ -4,7 +4,11 @@ each route cannot do without (named in a 400 when missing or mistyped).
 The body itself goes upstream unchanged (re-encoded only for an Ollama
 instance: a model asked for by another name is given Ollama's, and a managed
 instance's ``keep_alive`` is the node's, :data:`KEEP_ALIVE_ROUTES`): only these
-fields are decoded, with msgspec, so a large prompt costs one scan.
+fields are decoded, with msgspec. A body that gives a key twice in one object
+is refused as the control API refuses it (:mod:`..api.json_keys`): msgspec
+keeps the last, so ``{"model": "a", ..., "model": "b"}`` would route by "b"
+while a server that keeps the first would answer for "a". That scan is the
+standard library's C scanner over the body once more (bench/front_body.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from ..api.json_keys import duplicated_key
 from ..api.json_words import malformed, not_an_object
 from .errors import FrontError
 
@@ -93,7 +98,8 @@ def parse(path: str, body: bytes) -> Asked:
 
     Raises:
         FrontError: 400 ``invalid_body`` naming the field (``param``) that is
-            missing or of the wrong type, or saying the body is not a JSON object.
+            missing or of the wrong type, or given twice in one object
+            (``messages.0.role``), or saying the body is not a JSON object.
     """
     try:
         got = _DECODERS[path].decode(body)
@@ -104,6 +110,8 @@ def parse(path: str, body: bytes) -> Asked:
         raise _bad(path, str(e)) from None
     except msgspec.DecodeError as e:
         raise FrontError(400, f"{path}: {malformed(e, body)}", "invalid_body", param=None) from None
+    if (twice := duplicated_key(body)) is not None:
+        raise _twice(path, *twice)
     model = getattr(got, "model", None) or getattr(got, "name", None)
     if not model:
         raise FrontError(
@@ -129,6 +137,12 @@ def rewritten(
     if keep_alive is not None:
         doc["keep_alive"] = keep_alive
     return msgspec.json.encode(doc)
+
+
+def _twice(path: str, where: str, key: str) -> FrontError:
+    field = f"{where}.{key}" if where else key
+    text = f"{path}: `{field}`: given twice in one object: give each key once"
+    return FrontError(400, text, "invalid_body", param=field)
 
 
 def _bad(path: str, message: str) -> FrontError:

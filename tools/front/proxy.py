@@ -315,7 +315,7 @@ class Proxy:
         """
         iid = route.instance_id
         path = scope["path"]
-        base = route.base_url if route.ready else await self.ready(route, asked.model, by)
+        base = route.base_url if route.ready else await self._readied(route, asked, path, by)
         model = None
         if route.ollama and route.served and asked.model not in ollama_names(route.served):
             model = route.served  # asked by role or registry name
@@ -342,6 +342,15 @@ class Proxy:
         finally:
             self.told.ended(iid)
             self.tally.ended(iid, path, status)
+
+    async def _readied(self, route: Route, asked: Asked, path: str, by: str) -> str:
+        """:meth:`ready`, counting a client that goes away while it waits as a 499
+        on the instance's route (nginx's "client closed request")."""
+        try:
+            return await self.ready(route, asked.model, by)
+        except asyncio.CancelledError:
+            self.tally.left(route.instance_id, path)
+            raise
 
     def _keep_alive(self, route: Route, path: str) -> str | int | None:
         """The ``keep_alive`` a request on ``path`` carries to a managed Ollama

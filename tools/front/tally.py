@@ -9,7 +9,9 @@ Metrics (labels ``instance`` and, where said, ``route`` and ``code``):
 
 - ``infervisor_front_requests_total{instance, route, code}`` (a counter):
   requests routed to the instance, by route (``/v1/chat/completions``...) and
-  HTTP status the server answered (``499``: the client went away before it did).
+  HTTP status the server answered (``499``, nginx's "client closed request":
+  the client went away before it did, or while its request waited for the
+  instance to be ready).
 - ``infervisor_front_tokens_total{instance, kind}`` (a counter): tokens the
   servers reported (``usage``, Ollama's ``eval_count``), ``kind`` ``prompt`` or
   ``completion``; a stream that reports no usage counts one completion token per
@@ -54,6 +56,12 @@ class FrontTally:
         with self._lock:
             self.in_flight[instance_id] -= 1
             self.requests[(instance_id, route, str(status))] += 1
+
+    def left(self, instance_id: str, route: str) -> None:
+        """A client went away while its request waited for ``instance_id`` to be
+        ready: a 499, as one that leaves before the server answers."""
+        with self._lock:
+            self.requests[(instance_id, route, "499")] += 1
 
     def counted(self, instance_id: str, prompt: int, completion: int) -> None:
         with self._lock:
