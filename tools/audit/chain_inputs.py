@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -240,15 +241,8 @@ def stored_extent(db: Path) -> tuple[int, int | None]:
     Raises:
         Failure: ``chain_unreadable`` when the file cannot be read.
     """
-    try:
-        conn = connect_reader(str(db))
-        try:
-            with translated(str(db), "read"):
-                count, last = conn.execute("SELECT count(*), max(seq) FROM events").fetchone()
-        finally:
-            conn.close()
-    except ChainError as e:
-        raise Failure(str(e), "chain_unreadable") from e
+    row = _one_row(db, "SELECT count(*), max(seq) FROM events")
+    count, last = row if row is not None else (0, None)
     return int(count), (last if isinstance(last, int) else None)
 
 
@@ -258,16 +252,25 @@ def first_stamp(db: Path) -> int | None:
     Raises:
         Failure: ``chain_unreadable`` when the file cannot be read.
     """
+    row = _one_row(db, "SELECT ts_ns FROM events ORDER BY seq LIMIT 1")
+    return row[0] if row is not None and isinstance(row[0], int) else None
+
+
+def _one_row(db: Path, sql: str) -> Any:
+    """The first row ``sql`` answers from the chain file (None: none).
+
+    Raises:
+        Failure: ``chain_unreadable`` when the file cannot be read.
+    """
     try:
         conn = connect_reader(str(db))
         try:
             with translated(str(db), "read"):
-                row = conn.execute("SELECT ts_ns FROM events ORDER BY seq LIMIT 1").fetchone()
+                return conn.execute(sql).fetchone()
         finally:
             conn.close()
     except ChainError as e:
         raise Failure(str(e), "chain_unreadable") from e
-    return row[0] if row is not None and isinstance(row[0], int) else None
 
 
 def matches(db: Path, hashes: list[bytes], cp: Checkpoint, field: str) -> None:
