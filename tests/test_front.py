@@ -405,7 +405,7 @@ def test_a_client_that_leaves_while_its_instance_starts_is_counted_499(
     """A request waiting for its instance to be ready when the client goes away
     was counted nowhere (only the waiting gauge fell): it is a 499, as nginx
     logs a client that closed its request before the answer."""
-    iid = node.place(llama())
+    iid = node.place(msgspec.structs.replace(llama(), on_demand=True))  # a request starts it
     folder = Path(node.settings.data_dir) / "instances" / iid
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "health").write_text("loading")  # the fake server loads until told otherwise
