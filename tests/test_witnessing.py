@@ -218,6 +218,30 @@ def test_every_checkpoint_the_writer_signs_is_cosigned_and_stored(
         witnessing.stop()
 
 
+def test_the_checkpoint_a_clean_stop_signs_is_cosigned(
+    tmp_path: Path, witness: WitnessDouble
+) -> None:
+    """A newcomer's trial (stop 34): the checkpoint the writer signs as it closes
+    was stored but never handed to the witnesses, so a session shorter than the
+    checkpoint period was witnessed only at the next boot, the very boot a backup
+    of its start, restored over its end, would take. Stopped as stop_actors does
+    (the writer, then the witnesses' flush), the witness has cosigned the head."""
+    db = tmp_path / "data" / "chain.db"
+    target = WitnessTarget(witness.url, witness.cosigner.key)
+    witnessing = Witnessing([target], db, RealClock())
+    writer = ChainWriter.start(
+        db, "n1", checkpoint_every_events=1_000, on_checkpoint=witnessing.offer
+    )
+    try:
+        for n in range(1, 4):
+            writer.ask(Append(drafts=[_node_draft(n)]), timeout=DEADLINE_S)
+    finally:
+        writer.stop()
+        witnessing.stop()
+    assert witness.size_of(_origin(tmp_path)) == 4  # the genesis and 3 events
+    assert _verified_sizes(db, witness) == [4]
+
+
 # ---------------------------------------------------------------- the boot check (422)
 def test_a_chain_rewritten_and_resigned_with_the_node_key_is_refused(
     tmp_path: Path, witness: WitnessDouble
