@@ -26,10 +26,12 @@ from infervisor.chain.checkpoint import load_signer
 from infervisor.chain.checks import Row
 from infervisor.chain.keys import rotate_key
 from infervisor.chain.note import Signer
+from infervisor.tools.api.errors import NotRunning
 from infervisor.tools.fleet.config import load_config
 from infervisor.tools.fleet.node_api import client_of
 from infervisor.tools.fleet.serve import Fleet
 from infervisor.tools.fleet.store import FleetStore, StoreError
+from infervisor.tools.fleet.witness import check_node
 
 
 @pytest.fixture
@@ -240,3 +242,27 @@ def test_events_that_are_not_what_the_checkpoint_signed_are_named(
     assert code == 1
     assert nodes["n1"]["outcome"] == "events_differ", nodes
     assert "n1 (events_differ)" in err
+
+
+def test_a_node_gone_between_its_checkpoint_and_its_proof_is_unreachable_not_forked(
+    tmp_path: Path, served: ServedChain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clean-clone .ci/run (stop 34): a node restarting after it served its
+    checkpoint refused the consistency proof's connection, and the fleet recorded
+    a verification failure, 'forked'. A node that does not answer is not checked
+    (unreachable), nothing is recorded, and the next check verifies it."""
+    fleet = verified_once(tmp_path, served)
+    served.grow(5)
+    config = load_config(fleet)
+    entry = config.nodes[0]
+
+    def refused(self: object, old: int, new: int) -> list[bytes]:
+        raise NotRunning("nothing answers at the node: [Errno 111] Connection refused", "no_node")
+
+    with FleetStore(config.store) as store, client_of(entry) as client:
+        monkeypatch.setattr(type(client), "consistency", refused)
+        result = check_node(entry, client, store)
+        monkeypatch.undo()
+        assert (result.outcome, result.size) == ("unreachable", None), result
+        assert store.failures("n1") == []
+        assert check_node(entry, client, store).outcome == "ok"

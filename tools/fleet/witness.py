@@ -39,7 +39,7 @@ from infervisor.chain.witness_protocol import (
     judge,
 )
 
-from ..api.errors import ApiError
+from ..api.errors import ApiError, NodeUnavailable
 from .config import NodeEntry
 from .follow import Diverged
 from .node_api import FleetClient
@@ -108,9 +108,14 @@ def check_node(entry: NodeEntry, client: FleetClient, store: FleetStore) -> Chec
             None,
             f"not signed by {entry.pub_path} or a key a recorded rotation links to it ({e})",
         )
-    problem = _consistency(client, held, cp, note) or _against_events(
-        entry, store, cp, held is None
-    )
+    try:
+        problem = _consistency(client, held, cp, note) or _against_events(
+            entry, store, cp, held is None
+        )
+    except NodeUnavailable as e:  # gone between its checkpoint and its proof: not checked
+        return CheckResult(
+            node=entry.name, outcome="unreachable", verified_size=before, size=None, detail=str(e)
+        )
     if problem is not None:
         return _failed(entry, store, problem[0], before, cp.tree_size, problem[1])
     if held is None or cp.tree_size > held.size:
@@ -180,6 +185,8 @@ def _consistency(
     if cp.tree_size > held.size:
         try:
             proof = client.consistency(held.size, cp.tree_size)
+        except NodeUnavailable:
+            raise  # a node restarting is no fork (check_node: unreachable)
         except (ApiError, ValueError, msgspec.DecodeError) as e:
             return "forked", f"no consistency proof from {held.size} to {cp.tree_size}: {e}"
     request = AddCheckpoint(
