@@ -66,6 +66,8 @@ REFUSED_ENV: tuple[tuple[str, str], ...] = (
     ("NODE_PATH", "Node.js module path"),
     ("OPENSSL_*", "OpenSSL's config, engines and providers (code)"),
     ("GGML_*", "ggml loads a backend library from GGML_BACKEND_PATH"),
+    ("LLAMA_ARG_THREADS", "the launcher's -t wins over it: set the spec's threads key"),
+    ("LLAMA_ARG_THREADS_BATCH", "it follows -t, the launcher's: set the spec's threads key"),
     (
         "LLAMA_ARG_*",
         "llama.cpp reads its flags from these: the model, a hub repo, a model URL, "
@@ -83,9 +85,9 @@ REFUSED_ENV: tuple[tuple[str, str], ...] = (
 LLAMA_ARG_TUNING = frozenset(
     f"LLAMA_ARG_{name}"
     for name in (
-        "N_GPU_LAYERS", "SPLIT_MODE", "MAIN_GPU", "TENSOR_SPLIT", "THREADS", "THREADS_BATCH",
-        "BATCH", "UBATCH", "N_PARALLEL", "CONT_BATCHING", "FLASH_ATTN", "CACHE_TYPE_K",
-        "CACHE_TYPE_V", "MLOCK", "NO_MMAP", "NUMA", "N_PREDICT", "DEFRAG_THOLD",
+        "N_GPU_LAYERS", "SPLIT_MODE", "MAIN_GPU", "TENSOR_SPLIT", "BATCH", "UBATCH",
+        "N_PARALLEL", "CONT_BATCHING", "FLASH_ATTN", "CACHE_TYPE_K", "CACHE_TYPE_V",
+        "MLOCK", "NO_MMAP", "NUMA", "N_PREDICT", "DEFRAG_THOLD",
     )
 )  # fmt: skip
 

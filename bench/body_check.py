@@ -25,7 +25,7 @@ import timeit, msgspec
 from infervisor.tools.api import strict
 from infervisor.tools.api.wire import PlaceRequest
 body = msgspec.json.encode({"spec": {"role": "chat", "flavor": "llamacpp", "port": 18741,
-    "model": "tiny", "ctx_size": 4096, "env": {"LLAMA_ARG_THREADS": "4",
+    "model": "tiny", "ctx_size": 4096, "env": {"LLAMA_ARG_BATCH": "512",
     "CUDA_VISIBLE_DEVICES": "0"}, "restart": {"max_restarts": 5, "base_s": 1.0},
     "on_demand": True, "idle_ttl_s": 600, "priority": 10}, "controller": "ctl-1",
     "generation": 7, "start": True})

@@ -147,6 +147,8 @@ def test_a_token_a_header_cannot_carry_is_a_bad_value(
         ("status --url {url} --timeout \u0665", "--timeout"),
         ("stop --url {url} chat --grace \uff15", "--grace"),
         ("chain prove {db} \u0663", "SEQ"),
+        ("place --url {url} --role r --flavor llamacpp --model m --port 1_8777", "--port"),
+        ("stop --url {url} chat --grace 1_0", "--grace"),
     ],
 )
 def test_a_number_in_other_digits_is_a_bad_value(tmp_path: Path, argv: str, field: str) -> None:

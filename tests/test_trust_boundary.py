@@ -129,6 +129,15 @@ def test_a_variable_that_chooses_code_or_weights_is_refused(key: str) -> None:
     assert (status, body.code, body.field) == (400, "bad_spec", f"spec.env.{key}")
 
 
+@pytest.mark.parametrize("key", ["LLAMA_ARG_THREADS", "LLAMA_ARG_THREADS_BATCH"])
+def test_a_thread_count_by_variable_is_refused_naming_the_threads_key(key: str) -> None:
+    """A second trial (stop 34): LLAMA_ARG_THREADS was accepted, though the
+    launcher's -t wins over it; the spec's ``threads`` key sets it."""
+    error = refusal(env={key: "64"})
+    assert error.field == f"env.{key}"
+    assert "threads key" in str(error)
+
+
 def test_ordinary_tuning_variables_pass() -> None:
     spec(env={"OMP_NUM_THREADS": "2", "TZ": "UTC", "MY_KNOB": "", "_X1": "y" * 1000}).validate()
     spec(env=dict.fromkeys(LLAMA_ARG_TUNING, "1")).validate()  # llama.cpp tuning flags

@@ -48,13 +48,19 @@ def _takes_a_number(param: click.Parameter) -> bool:
 
 
 def _check_ascii_number(ctx: click.Context, param: click.Parameter, values: Sequence[Any]) -> None:
+    """Python's ``int()`` and ``float()`` take what no other reader of a number
+    does: other scripts' digits, ``1_0`` and surrounding spaces (a second
+    trial, stop 34: ``--threads 1_0`` placed 10 threads)."""
     for value in values:
-        if isinstance(value, str) and not value.isascii():
-            raise NotAscii(
-                f"{value!a}: a number is written in ASCII digits (0-9), not other scripts' digits",
-                ctx,
-                param,
-            )
+        if not isinstance(value, str):
+            continue
+        if not value.isascii():
+            why = "not other scripts' digits"
+        elif "_" in value or value != value.strip():
+            why = "without underscores or spaces"
+        else:
+            continue
+        raise NotAscii(f"{value!a}: a number is written in ASCII digits (0-9), {why}", ctx, param)
 
 
 def _takes_a_path(param: click.Parameter) -> bool:
