@@ -34,11 +34,11 @@ class _Pairs(list[tuple[str, Any]]):
     """An object as its pairs, in order, duplicates kept (the slow pass)."""
 
 
-def duplicated_key(body: bytes) -> tuple[str, str] | None:
+def duplicated_key(body: bytes) -> str | None:
     """The first key given twice in one object of ``body`` (JSON text msgspec
-    decoded), as (the object's path, the key): ``("spec", "port")``, ``("",
-    "start")`` for the top level, ``("spec.env", "HOME")``; None when every
-    object's keys are distinct (or the text does not parse here)."""
+    decoded), with its path: ``"spec.port"``, ``"start"`` at the top level,
+    ``"spec.env.HOME"``, ``"messages.0.role"``; None when every object's keys are
+    distinct (or the text does not parse here)."""
     try:
         json.loads(body, object_pairs_hook=_check)
     except _Twice:
@@ -48,13 +48,13 @@ def duplicated_key(body: bytes) -> tuple[str, str] | None:
     return None
 
 
-def _locate(value: Any, path: str) -> tuple[str, str] | None:
+def _locate(value: Any, path: str) -> str | None:
     """Where the first duplicate is, depth first in the body's order."""
     if isinstance(value, _Pairs):
         seen: set[str] = set()
         for key, _ in value:
             if key in seen:
-                return path, key
+                return _joined(path, key)
             seen.add(key)
         items: list[tuple[str, Any]] = [(key, inner) for key, inner in value]
     elif isinstance(value, list):
@@ -62,7 +62,11 @@ def _locate(value: Any, path: str) -> tuple[str, str] | None:
     else:
         return None
     for key, inner in items:
-        found = _locate(inner, f"{path}.{key}" if path else key)
+        found = _locate(inner, _joined(path, key))
         if found is not None:
             return found
     return None
+
+
+def _joined(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key

@@ -242,11 +242,9 @@ def _check(
 
 def _twice(body: bytes) -> ErrorBody | None:
     """A key given twice in one object (:mod:`.json_keys`), named with its path."""
-    dup = duplicated_key(body)
-    if dup is None:
+    field = duplicated_key(body)
+    if field is None:
         return None
-    path, key = dup
-    field = f"{path}.{key}" if path else key
     return _named(field, "given twice in one object: give each key once (msgspec keeps the last)")
 
 

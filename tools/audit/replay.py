@@ -53,10 +53,10 @@ def replay(where: Path, until: str | None, reading: Reading, as_json: bool) -> N
             "--until",
         )
     db = chain_of(where)
+    if upto is not None and upto.seq is not None:
+        _within_head(db, upto.seq)  # before the replay: one indexed read, not the chain
     unverified = reading.unverified
     read = read_offline(db, unverified=unverified, until=upto, trust=reading.trust)
-    if upto is not None and upto.seq is not None:
-        _within_head(db, upto.seq)
     if upto is not None and upto.ts_ns is not None and read.state.head_seq < 0:
         _before_first(db, until or "")
     state = read.state

@@ -20,7 +20,7 @@ measurements). Routes (docs/front.md):
 Every request needs ``Authorization: Bearer <secret>`` of one of the control
 API's tokens (``<data_dir>/api-tokens.json``); the GET routes (what only looks)
 take any scope, the POST routes (inference, which may start and evict
-instances: residency) ``operate`` (:data:`INFERENCE_SCOPE`); a refusal is
+instances: residency) ``infer`` (:data:`INFERENCE_SCOPE`); a refusal is
 answered in OpenAI's error shape (:mod:`.errors`).
 """
 
@@ -55,8 +55,8 @@ _GETS = ("/v1/models", "/api/tags", "/api/ps")
 _ONE_MODEL = "/v1/models/"
 _JSON = [(b"content-type", b"application/json")]
 #: The scope a POST route (inference) needs: a request may start an instance and
-#: evict others for it, and makes a server generate, as the control API's start
-#: and deep health check do (both ``operate``); ``read`` only looks.
+#: evict others for it by the residency policy, and makes a server generate;
+#: ``read`` only looks, and ``infer`` takes no verb of the control API.
 INFERENCE_SCOPE = Scope.INFER
 
 

@@ -111,7 +111,7 @@ def parse(path: str, body: bytes) -> Asked:
     except msgspec.DecodeError as e:
         raise FrontError(400, f"{path}: {malformed(e, body)}", "invalid_body", param=None) from None
     if (twice := duplicated_key(body)) is not None:
-        raise _twice(path, *twice)
+        raise _twice(path, twice)
     model = getattr(got, "model", None) or getattr(got, "name", None)
     if not model:
         raise FrontError(
@@ -139,8 +139,7 @@ def rewritten(
     return msgspec.json.encode(doc)
 
 
-def _twice(path: str, where: str, key: str) -> FrontError:
-    field = f"{where}.{key}" if where else key
+def _twice(path: str, field: str) -> FrontError:
     text = f"{path}: `{field}`: given twice in one object: give each key once"
     return FrontError(400, text, "invalid_body", param=field)
 
