@@ -297,6 +297,9 @@ class Connection:
                 _, wire = await loop.create_connection(
                     lambda: _Wire(max_body), self._host, self._port, ssl=context
                 )
+        except TimeoutError:
+            # not a refusal: get() says how late the timer fired (a node paused mid-connect)
+            raise
         except OSError as e:
             raise ProbeError(f"{where}: cannot connect ({e.strerror or e})") from e
         if self._retired:  # retired while it connected

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import stat
 import struct
@@ -27,6 +26,7 @@ import msgspec
 import psutil
 import pytest
 
+import infervisor.adapters.ports as ports
 from infervisor.adapters.proc.handles import ServerProcess
 from infervisor.adapters.proc.identity import ProcessIdentity, same_process
 from infervisor.adapters.proc.pidfd import PidHandle
@@ -380,15 +380,11 @@ def own_server(
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports free on ``host`` now: each is held bound until all
-    are chosen, so two calls in a row cannot hand out the same port."""
-    with contextlib.ExitStack() as held:
-        ports = []
-        for _ in range(count):
-            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind((host, 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
+    """``count`` distinct ports free on ``host`` now, from this worker's band
+    (tests/port_once.py): never the kernel's ephemeral ports, which another worker's
+    outgoing connection can take before the server binds one ("127.0.0.1:P is already
+    taken by something else", as CI saw)."""
+    return [ports.free_port(host) for _ in range(count)]
 
 
 def managed_fakes_running(

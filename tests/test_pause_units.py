@@ -22,7 +22,8 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pykka
 import pytest
@@ -202,16 +203,15 @@ def deaf_server() -> Iterator[tuple[str, threading.Event]]:
             conn.close()
 
 
-def test_the_engine_says_how_late_its_own_timeout_fired(
-    deaf_server: tuple[str, threading.Event],
-) -> None:
-    url, accepted = deaf_server
+def late_report(url: str, in_flight: Callable[[], bool]) -> Health:
+    """The health a probe of ``url`` reports when the engine's loop is held (as in a
+    SIGSTOP) from the moment ``in_flight()`` holds until well past the timeout."""
     timeout = 3.0
     reports: list[ServerReport] = []
     engine = ProbeEngine()
     try:
         engine.probe("i", ProbeTarget(url, Flavor.LLAMACPP, timeout), reports.append)
-        wait_until(accepted.is_set, 20.0, "the probe's request in flight")
+        wait_until(in_flight, 20.0, "the probe's request in flight")
         held_until = time.monotonic() + timeout + NODE_LATE_S + 1.0
 
         def pause() -> None:  # the loop does not run, as in a SIGSTOP
@@ -221,8 +221,39 @@ def test_the_engine_says_how_late_its_own_timeout_fired(
         wait_until(lambda: reports, 30.0, "the probe's report")
     finally:
         engine.close()
-    health = reports[0].health
+    return reports[0].health
+
+
+def test_the_engine_says_how_late_its_own_timeout_fired(
+    deaf_server: tuple[str, threading.Event],
+) -> None:
+    url, accepted = deaf_server
+    health = late_report(url, accepted.is_set)
     assert health.kind is HealthKind.UNREACHABLE
+    assert health.node_late_s > NODE_LATE_S, health
+
+
+def syn_sent_to(port: int) -> bool:
+    """Whether a connection to 127.0.0.1:``port`` waits for its handshake (SYN_SENT)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[2] == f"0100007F:{port:04X}" and fields[3] == "02":
+            return True
+    return False
+
+
+def test_a_timeout_that_fires_late_while_connecting_is_the_nodes_too() -> None:
+    # A listener whose accept queue is full drops the SYN: the probe's connect waits.
+    # The loop held then fires the connect's timer late; once that was reported as
+    # "cannot connect ()" on time, a miss against the server (as CI saw, under load).
+    with socket.socket() as listener, socket.socket() as filler:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        filler.connect(("127.0.0.1", port))  # the queue of a backlog of 0 is now full
+        health = late_report(f"http://127.0.0.1:{port}", lambda: syn_sent_to(port))
+    assert health.kind is HealthKind.UNREACHABLE
+    assert "no answer within" in health.reason, health
     assert health.node_late_s > NODE_LATE_S, health
 
 
