@@ -104,9 +104,15 @@ class Setup:
     threads: int | None = None  # llama-server's -t; None: the launcher's default
 
 
-def write_config(root: Path, ports: tuple[int, int], hz: float, threads: int | None) -> Path:
+def write_config(
+    root: Path,
+    ports: tuple[int, int],
+    hz: float,
+    threads: int | None,
+    flush_interval_s: float | None = None,
+) -> Path:
     """The node's config: the front on ``ports[0]``, the chat instance on ``ports[1]``
-    (``threads = N`` when given)."""
+    (``threads = N`` and ``stream_flush_interval_s`` when given)."""
     front_port, hot_port = ports
     models = root / "models"
     models.mkdir()
@@ -124,6 +130,7 @@ tokens = ["operator"]
 
 [front]
 listen = "127.0.0.1:{front_port}"
+{"" if flush_interval_s is None else f"stream_flush_interval_s = {flush_interval_s}"}
 
 [[models]]
 name = "tiny"
@@ -151,9 +158,11 @@ start = true
 
 
 @contextmanager
-def node(root: Path, hz: float, threads: int | None = None) -> Iterator[Setup]:
+def node(
+    root: Path, hz: float, threads: int | None = None, flush_interval_s: float | None = None
+) -> Iterator[Setup]:
     front_port, hot_port, cold_port = free_port(), free_port(), free_port()
-    config = write_config(root, (front_port, hot_port), hz, threads)
+    config = write_config(root, (front_port, hot_port), hz, threads, flush_interval_s)
     log = (root / "node.log").open("wb")
     proc = subprocess.Popen(
         [str(INFERVISOR), "run", str(config)], stdout=log, stderr=log, start_new_session=True
@@ -469,6 +478,12 @@ def main() -> None:
         help=f"llama-server's CPU threads, both sides (default: the launcher's, {DEFAULT_THREADS})",
     )
     ap.add_argument(
+        "--flush-interval",
+        type=float,
+        metavar="S",
+        help="[front] stream_flush_interval_s (default: the node's, 0.005; 0: every piece at once)",
+    )
+    ap.add_argument(
         "--only",
         choices=("ttft", "streams", "resting"),
         action="append",
@@ -483,7 +498,7 @@ def main() -> None:
     with (
         reaped_children(),
         workdir("front") as root,
-        node(root, args.health_interval, args.server_threads) as s,
+        node(root, args.health_interval, args.server_threads, args.flush_interval) as s,
     ):
         rows += ttft(s, count) if "ttft" in only else []
         rows += throughput(s, args.streams, args.tokens, rounds) if "streams" in only else []

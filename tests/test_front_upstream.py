@@ -245,12 +245,14 @@ class Sink:
 
     def __init__(self) -> None:
         self.got = bytearray()
+        self.writes: list[bytes] = []
         self.writable = asyncio.Event()
         self.writable.set()
         self.closing = False
 
     def write(self, data: bytes) -> None:
         self.got += data
+        self.writes.append(bytes(data))
 
     def is_closing(self) -> bool:
         return self.closing
@@ -290,19 +292,81 @@ def test_a_chunked_stream_is_piped_in_its_framing_less_the_last_chunk_and_kept_a
     asyncio.run(asyncio.wait_for(run(), 60))
 
 
+def test_after_the_first_token_the_pieces_of_a_flush_interval_go_on_in_one_write() -> None:
+    """``[front] stream_flush_interval_s``: the first token is written the moment it
+    comes; the server's socket is then not read until the interval is over, and the
+    pieces it sent meanwhile reach the client in one write."""
+    gate = asyncio.Event()
+
+    async def fast(n: int) -> AsyncIterator[bytes]:
+        yield CHUNKED_HEAD + chunk(SSE[0])
+        await gate.wait()  # the pipe holds its reading back: three more writes of the server
+        yield chunk(SSE[1])
+        yield chunk(SSE[2])
+        yield b"0\r\n\r\n"
+
+    async def run() -> None:
+        async with server(fast) as (base, _):
+            up = Upstreams(30.0, flush_interval_s=0.5)
+            answer = await up.send(base, "POST", "/s", [], b"")
+            sink = Sink()
+            task = asyncio.ensure_future(answer.pipe(sink))
+            while answer._conn.pipe is None or answer._conn.pipe.held_back is None:
+                await asyncio.sleep(0.005)
+            assert sink.writes == [chunk(SSE[0])]  # the first token was not held
+            gate.set()
+            counted = await task
+            assert sink.writes == [chunk(SSE[0]), chunk(SSE[1]) + chunk(SSE[2])]
+            assert counted.close().completion == 3
+            await answer.aclose()
+            await up.aclose()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_pipe_left_while_its_reading_is_held_back_leaves_no_timer() -> None:
+    """A request cancelled inside a flush interval cancels its timer: it would
+    otherwise resume reading a connection that may serve another request."""
+
+    async def stalls(n: int) -> AsyncIterator[bytes]:
+        yield CHUNKED_HEAD + chunk(SSE[0])
+        await asyncio.Event().wait()
+
+    async def run() -> None:
+        async with server(stalls) as (base, _):
+            up = Upstreams(30.0, flush_interval_s=30.0)
+            answer = await up.send(base, "POST", "/s", [], b"")
+            task = asyncio.ensure_future(answer.pipe(Sink()))
+            while answer._conn.pipe is None or answer._conn.pipe.held_back is None:
+                await asyncio.sleep(0.005)
+            timer = answer._conn.pipe.held_back
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert timer.cancelled() and answer._conn.pipe.held_back is None
+            await answer.aclose()
+            await up.aclose()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
 async def endless(n: int) -> AsyncIterator[bytes]:
     yield CHUNKED_HEAD
-    while True:
-        yield chunk(b"x" * 0x4000)
+    while True:  # text in each piece: a flush interval holds reading back after it
+        yield chunk(SSE[0] + b"x" * 0x4000)
 
 
-def test_a_piped_stream_stops_being_read_while_the_client_is_full() -> None:
+@pytest.mark.parametrize("flush_interval_s", [0.0, 0.01])
+def test_a_piped_stream_stops_being_read_while_the_client_is_full(
+    flush_interval_s: float,
+) -> None:
     """Backpressure: while the client's socket is full the server's is not read (its
-    writes back up); once the client drains, the stream goes on."""
+    writes back up); once the client drains, the stream goes on. With a flush
+    interval too: a full client's pause comes first, and no timer reads meanwhile."""
 
     async def run() -> None:
         async with server(endless) as (base, _):
-            up = Upstreams(30.0)
+            up = Upstreams(30.0, flush_interval_s)
             answer = await up.send(base, "POST", "/s", [], b"")
             sink = Sink()
             sink.writable.clear()  # full from the start
@@ -313,6 +377,7 @@ def test_a_piped_stream_stops_being_read_while_the_client_is_full() -> None:
             for _ in range(50):
                 await asyncio.sleep(0.005)
             assert len(sink.got) == before  # nothing read while paused
+            assert answer._conn.pipe is not None and answer._conn.pipe.held_back is None
             sink.writable.set()
             while len(sink.got) < before + (1 << 20):  # goes on once drained
                 await asyncio.sleep(0.01)

@@ -23,8 +23,11 @@ from infervisor.replay.views import InstanceView
 
 
 def _steady(view: InstanceView) -> InstanceView:
-    """The view without the last probe's latency (a probe may land between two reads)."""
-    return msgspec.structs.replace(view, probe_latency_s=None)
+    """The view without its sampled readings: a probe or a resource sample may land
+    between two reads (the server's CPU seconds moved between list and status in CI)."""
+    return msgspec.structs.replace(
+        view, probe_latency_s=None, rss_bytes=None, cgroup_memory_bytes=None, cpu_seconds=None
+    )
 
 
 def test_list_asks_no_actor_and_answers_what_status_answers(

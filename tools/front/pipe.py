@@ -1,6 +1,14 @@
 """A streamed answer's body passed from the server's socket to the client's as it
 arrives, still in its HTTP/1.1 chunked framing (the front's hot path, issue 21).
 
+After a stream's first token the server's socket is read at most once a flush
+interval (``[front] stream_flush_interval_s``, 5 ms by default): the pieces the
+server sends meanwhile go on in one read and one write, as a reverse proxy's
+flush interval does (Go's ``httputil.ReverseProxy.FlushInterval``, Caddy's
+``flush_interval``). A model that generates slower than that is passed piece by
+piece as before; a fast one costs the node and the client a wake-up per interval
+rather than per token.
+
 When the server answers ``Transfer-Encoding: chunked`` and the client's
 connection speaks HTTP/1.1 chunked too (uvicorn frames every answer without a
 length so), the chunks need no re-framing: each piece the server's socket
@@ -209,9 +217,15 @@ class Piped:
     connection's ``data_received`` calls :meth:`received` with each piece;
     :meth:`run` waits for the end and drains the client's socket when it fills."""
 
-    __slots__ = ("counter", "framing", "loop", "seen", "sink", "wire")
+    __slots__ = ("counter", "flush_s", "framing", "held_back", "loop", "seen", "sink", "wire")
 
-    def __init__(self, wire: Wire, sink: ClientSocket, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        wire: Wire,
+        sink: ClientSocket,
+        loop: asyncio.AbstractEventLoop,
+        flush_interval_s: float = 0.0,
+    ) -> None:
         self.wire = wire
         self.sink = sink
         self.loop = loop
@@ -219,6 +233,11 @@ class Piped:
         self.counter = PipeCounter()
         #: The loop time the last piece came (or the client's socket drained).
         self.seen = loop.time()
+        #: After the first token, the server's socket is read at most once this often
+        #: (seconds; 0: every piece at once): ``[front] stream_flush_interval_s``.
+        self.flush_s = flush_interval_s
+        #: The timer that reads the server's socket again (reading is held back till then).
+        self.held_back: asyncio.TimerHandle | None = None
 
     async def run(self, held: bytes | None, timeout_s: float) -> PipeCounter:
         """Pass ``held`` (the body's bytes read before), then the rest as it comes,
@@ -228,6 +247,14 @@ class Piped:
             UpstreamError: the server closed the connection midway, broke the framing
                 or sent nothing for ``timeout_s`` (``UpstreamTimeout``).
         """
+        try:
+            return await self._run(held, timeout_s)
+        finally:
+            if self.held_back is not None:  # the connection may serve another request next
+                self.held_back.cancel()
+                self.held_back = None
+
+    async def _run(self, held: bytes | None, timeout_s: float) -> PipeCounter:
         wire = self.wire
         if held:
             self.received(held)
@@ -240,7 +267,7 @@ class Piped:
                 await self.sink.drain()
                 self.seen = self.loop.time()
                 wire.paused = False
-                if wire.transport is not None and not wire.lost:
+                if self.held_back is None and wire.transport is not None and not wire.lost:
                     wire.transport.resume_reading()
                 continue
             await wire.wait(timeout_s, self._since)
@@ -274,6 +301,20 @@ class Piped:
             wire.paused = True
             wire.transport.pause_reading()
             wire.wake()
+        elif self.flush_s and self.counter.texts and wire.transport is not None:
+            # The next pieces gather in the socket meanwhile: one read and one write pass
+            # them all, not one per token (the client wakes once for them too). The first
+            # token is never held: it went out above.
+            wire.transport.pause_reading()
+            self.held_back = self.loop.call_later(self.flush_s, self._read_again)
+
+    def _read_again(self) -> None:
+        """The flush interval is over: read what gathered (unless the client's socket
+        is full: :meth:`run` reads again once it drains)."""
+        self.held_back = None
+        wire = self.wire
+        if not wire.paused and wire.transport is not None and not wire.lost:
+            wire.transport.resume_reading()
 
     def lost(self, exc: Exception | None) -> None:
         """The server closed the connection."""

@@ -110,12 +110,19 @@ class Proxy:
     Event loop thread only, apart from the worker threads it runs node calls on.
     """
 
-    def __init__(self, node: Node, *, queue_limit: int, upstream_timeout_s: float) -> None:
+    def __init__(
+        self,
+        node: Node,
+        *,
+        queue_limit: int,
+        upstream_timeout_s: float,
+        stream_flush_interval_s: float = 0.0,
+    ) -> None:
         self.node = node
         self.queue_limit = queue_limit
         self.tally = FrontTally()
         self.told = Told(node)
-        self.upstreams = Upstreams(upstream_timeout_s)
+        self.upstreams = Upstreams(upstream_timeout_s, stream_flush_interval_s)
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="infervisor-front")
         self._table = RouteTable()
         #: The node's views version when the table was built (None: build it again).

@@ -118,6 +118,7 @@ class FrontServer:
             node,
             queue_limit=self.config.queue_limit,
             upstream_timeout_s=self.config.upstream_timeout_s,
+            stream_flush_interval_s=self.config.stream_flush_interval_s,
         )
         proxy.tally = self.tally
         self.app.proxy = proxy

@@ -37,6 +37,12 @@ class FrontConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         upstream_timeout_s: seconds to wait for a server's answer to start, and
             between two pieces of a stream (a generation that stalls that long is
             ended: 504 before its first byte).
+        stream_flush_interval_s: after a stream's first token, the server's socket
+            is read at most once this often (seconds, 0-1; 0: each piece passes
+            the moment it comes): the pieces sent meanwhile go to the client in
+            one write. 5 ms holds a token at most 5 ms and, for a model faster than
+            200 tokens a second a stream, spares the node and the client a
+            wake-up per token (tools/front/pipe.py; bench/README.md).
     """
 
     listen: str
@@ -44,3 +50,4 @@ class FrontConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     queue_limit: Annotated[int, msgspec.Meta(ge=1, le=65536)] = DEFAULT_QUEUE_LIMIT
     max_connections: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 1024
     upstream_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 600.0
+    stream_flush_interval_s: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.005

@@ -322,7 +322,7 @@ class Answer:
         pool = self._pool
         assert pool is not None  # piped after aclose: a bug of ours
         conn = self._conn
-        piped = conn.pipe = Piped(conn, sink, asyncio.get_running_loop())
+        piped = conn.pipe = Piped(conn, sink, asyncio.get_running_loop(), pool.flush_interval_s)
         held, conn.held = conn.held, None
         return await piped.run(held, pool.read_timeout_s)
 
@@ -336,7 +336,7 @@ class Answer:
 class _Pool:
     """One server's kept-alive connections (event loop thread only)."""
 
-    def __init__(self, base_url: str, read_timeout_s: float) -> None:
+    def __init__(self, base_url: str, read_timeout_s: float, flush_interval_s: float) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or parts.hostname is None:
             raise UpstreamRefused(f"{base_url!r}: the front reaches only http://host:port servers")
@@ -344,6 +344,7 @@ class _Pool:
         self.port = parts.port or 80
         self.authority = parts.netloc.encode("ascii")
         self.read_timeout_s = read_timeout_s
+        self.flush_interval_s = flush_interval_s
         self.idle: list[_Conn] = []
 
     async def _connect(self) -> _Conn:
@@ -410,14 +411,17 @@ class _Pool:
 class Upstreams:
     """A pool of connections per base URL (event loop thread only)."""
 
-    def __init__(self, read_timeout_s: float) -> None:
+    def __init__(self, read_timeout_s: float, flush_interval_s: float = 0.0) -> None:
         self.read_timeout_s = read_timeout_s
+        self.flush_interval_s = flush_interval_s
         self._pools: dict[str, _Pool] = {}
 
     def _pool(self, base_url: str) -> _Pool:
         found = self._pools.get(base_url)
         if found is None:
-            found = self._pools[base_url] = _Pool(base_url, self.read_timeout_s)
+            found = self._pools[base_url] = _Pool(
+                base_url, self.read_timeout_s, self.flush_interval_s
+            )
         return found
 
     async def send(
