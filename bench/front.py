@@ -33,6 +33,10 @@ Counting: a chunk is one ``data:`` line of the server-sent stream other than
 2-core machine the figures were measured on). Both sides talk to that one
 server, so the count applies to both alike; the streams row names it.
 
+``--flush-interval S`` sets ``[front] stream_flush_interval_s`` (default: the
+node's, 5 ms; 0 passes each piece of a stream the moment it comes). The direct
+side has no such setting: llama-server writes one piece a token.
+
 Run: ``python bench/front.py`` (about 2 minutes; ``--quick`` for a smoke run).
 Needs the front (tools/front, ``[front]`` in the config); a node without it
 refuses the config, and the script prints the node's log and exits 1.
