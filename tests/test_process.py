@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from support import Exits, gone, kill_exact, printed_pid, script_plan, stop, wai
 from infervisor.adapters.proc.errors import ProcessControlError, SpawnError
 from infervisor.adapters.proc.handles import ManagedProcess
 from infervisor.adapters.proc.identity import ProcessIdentity, find_process
-from infervisor.adapters.proc.output import STDERR_LOG, STDOUT_LOG
+from infervisor.adapters.proc.output import STDERR_LOG, STDOUT_LOG, LogReader, Tail
 from infervisor.adapters.proc.pgroup import (
     group_members,
     kill_group,
@@ -196,12 +197,50 @@ def test_output_goes_to_log_files_in_cwd(spawned, tmp_path: Path) -> None:
 def test_log_file_capped_on_disk_with_its_tail_saved(spawned, tmp_path: Path) -> None:
     proc, exits = spawned("write_bytes.py", "300000", output_limit=1000)
     exits.wait()
+    # The exit report waits for the readers at most _READER_DRAIN (0.5 s): at load
+    # the last read and the cut may come after it. Wait for the cut, not a report.
+    saved = tmp_path / (STDOUT_LOG + ".earlier")
+    wait_until(lambda: saved.exists() and proc.output()[0].endswith("<END>"), DEADLINE, "the cut")
+    wait_until(lambda: (tmp_path / STDOUT_LOG).stat().st_size <= 1000, DEADLINE, "the cut log")
     live = (tmp_path / STDOUT_LOG).read_bytes()
-    previous = (tmp_path / (STDOUT_LOG + ".earlier")).read_bytes()
+    previous = saved.read_bytes()
     assert len(live) <= 1000
     assert len(previous) <= 1000
     assert (previous + live).endswith(b"<END>")
     assert (previous + live)[-1000:].decode() == proc.output()[0]
+
+
+def test_a_log_read_past_its_limit_is_not_caught_up_until_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that has read a file past its limit to the end, but not yet saved
+    its tail and emptied it, is not done: an exit report must wait for it
+    (fails before: caught_up() said yes with the cut pending)."""
+    log = tmp_path / STDOUT_LOG
+    log.write_bytes(b"x" * 2000)
+    entered, release = threading.Event(), threading.Event()
+    save = LogReader._save_previous
+
+    def held(reader: LogReader) -> None:
+        entered.set()
+        release.wait(DEADLINE)
+        save(reader)
+
+    monkeypatch.setattr(LogReader, "_save_previous", held)
+    stop = threading.Event()
+    reader = LogReader(str(log), Tail(1000), 1000, stop, resume=False)
+    thread = threading.Thread(target=reader.run)
+    thread.start()
+    try:
+        assert entered.wait(DEADLINE)
+        assert not reader.caught_up()
+    finally:
+        release.set()
+        stop.set()
+        thread.join(DEADLINE)
+    assert reader.caught_up()
+    assert log.stat().st_size == 0
+    assert (tmp_path / (STDOUT_LOG + ".earlier")).read_bytes() == b"x" * 1000
 
 
 def test_exit_report_ends_with_the_last_lines_printed(spawned) -> None:

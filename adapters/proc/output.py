@@ -196,9 +196,14 @@ class LogReader:
         self._following = False
 
     def caught_up(self) -> bool:
-        """Everything the log holds now is in the tail (any thread): its reader
-        follows it and has read to its end. False while it has not begun."""
-        if not self._following:
+        """Everything the log holds now is in the tail and the file is within its
+        limit (any thread): its reader follows it, has read to its end and has
+        nothing left to do there. False while it has not begun, and while a file
+        read past ``limit`` is not yet saved as ``<log>.earlier`` and emptied: an
+        exit report that took such a reader as done came before the cut (a test
+        found no ``.earlier`` after the exit), which a next spawn's rotation
+        could then meet half done."""
+        if not self._following or self._pos > self._limit:
             return False
         try:
             return os.stat(self._path).st_size == self._pos
