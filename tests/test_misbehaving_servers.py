@@ -183,7 +183,11 @@ def tick_until(node: Node, clock: ManualClock, iid: str, done: Callable[[], Any]
             clock.advance(node.settings.health_interval_s)
         return None
 
-    return wait_until(step, 60, what)  # a bound on a hang: many steps at load 10
+    try:
+        return wait_until(step, 60, what)  # a bound on a hang: many steps at load 10
+    except pytest.fail.Exception as stuck:  # say where it stuck: the timeline
+        steps = [(s.kind, s.frm, s.to, s.reason) for s in history(node, iid)]
+        pytest.fail(f"{stuck}; the instance's timeline: {steps}")
 
 
 def tick_to(r: Rig, lifecycle: str) -> None:
