@@ -251,12 +251,29 @@ def end_runs(started: list[NodeRun], db: Path) -> None:
             if pids_of_group(pgid):
                 os.killpg(pgid, signal.SIGKILL)
     # A server spawned by a run killed before it recorded the spawn is in no recorded
-    # group (the next boot would find it by its launch token): its command names the
-    # data directory's model.
-    for proc in psutil.process_iter(["cmdline"]):
-        if str(db.parent) + os.sep in " ".join(proc.info["cmdline"] or ()):
+    # group (the next boot would find it by its launch token).
+    wait_until(lambda: not _kill_unrecorded(db.parent), EXIT_DEADLINE_S, "no unrecorded server")
+
+
+def _kill_unrecorded(data: Path) -> list[psutil.Process]:
+    """SIGKILL what a run left in ``data`` outside any recorded group; returns
+    what it found (empty: nothing was left).
+
+    A server's command names the data directory's model. Its launch shim's does
+    not (``python -I -S shim.py``) but its working directory is the instance's,
+    under ``data``, as is the shim's child before it execs the server: a run
+    SIGKILLed mid-start left a shim that went on to start its server after a
+    single scan by command line had passed (tests/test_cli_check.py), so this
+    is called until a scan finds nothing."""
+    inside = str(data) + os.sep
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        command, cwd = " ".join(proc.info["cmdline"] or ()), proc.info["cwd"] or ""
+        if proc.pid != os.getpid() and (inside in command or (cwd + os.sep).startswith(inside)):
+            found.append(proc)
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+    return found
 
 
 @pytest.fixture
