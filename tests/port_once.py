@@ -10,16 +10,22 @@ in a row, and a test that places two instances then sees them collide.
 So each worker takes ports from a band of its own below the ephemeral range
 (``/proc/sys/net/ipv4/ip_local_port_range``), in turn, each checked free by a
 bind on the host asked for, and never hands one out twice in a run unless its
-band is used up. conftest.py imports this first, so every test module that
-imports ``free_port`` gets the patched one.
+band is used up. Two suites running at once on one machine (other checkouts,
+CI) have the same bands: a worker hands ports out only of blocks it holds an
+advisory lock on (``flock``, held for its life, in a folder of the temporary
+directory), so a port one suite hands out is never handed out by another.
+conftest.py imports this first, so every test module that imports
+``free_port`` gets the patched one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import random
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +36,10 @@ import infervisor.adapters.ports as ports
 LOWEST = 10_000
 #: Bands: xdist workers beyond this many share bands (a collision is then only possible).
 BANDS = 8
+#: Ports claimed at once: a worker holds the lock of each block it hands ports out of.
+BLOCK = 32
+#: Where the blocks' lock files are (one file a block, named by its number).
+CLAIMS = Path(tempfile.gettempdir()) / "infervisor-test-ports"
 
 
 def _ephemeral_low() -> int:
@@ -61,6 +71,32 @@ _turns: Iterator[int] = _turns_from_anywhere(_band())
 _handed_out: set[int] = set()
 
 
+_held: dict[int, int] = {}  # block -> the descriptor holding its lock
+
+
+def _claimed(port: int) -> bool:
+    """Whether this process holds, or now takes, the lock of ``port``'s block. A
+    run beside another suite had a port checked free by one bound by the other
+    before its server started ("127.0.0.1:P is already taken by something else",
+    tests/test_crash_recovery.py): the random start below made that rare, not
+    impossible. Where no lock file can be made, True (the bind check alone)."""
+    block = port // BLOCK
+    if block in _held:
+        return True
+    try:
+        CLAIMS.mkdir(exist_ok=True)
+        fd = os.open(CLAIMS / str(block), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another process holds it
+        os.close(fd)
+        return False
+    _held[block] = fd
+    return True
+
+
 def _bindable(family: socket.AddressFamily, address: str, port: int) -> bool:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
@@ -81,11 +117,14 @@ def free_port_once(host: str = "127.0.0.1") -> int:
     band = _band()
     if len(_handed_out) >= len(band):
         _handed_out.clear()  # the band is used up: ports of ended tests are free again
-    for _ in range(len(band)):
-        port = next(_turns)
-        if port not in _handed_out and _bindable(family, address, port):
-            _handed_out.add(port)
-            return port
+    for claims in (True, False):  # every block held by others: the bind check alone
+        for _ in range(len(band)):
+            port = next(_turns)
+            if port in _handed_out or (claims and not _claimed(port)):
+                continue
+            if _bindable(family, address, port):
+                _handed_out.add(port)
+                return port
     return _of_the_kernel(host)  # nothing in the band binds: the kernel's, as before
 
 
