@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,19 @@ from typing import Any
 import msgspec
 
 from infervisor.chain import schema
+from infervisor.chain.bundle_manifest import (
+    BUNDLE_FORMAT,
+    CHECKPOINT_DIR,
+    EVENTS_FILE,
+    MANIFEST_FILE,
+    Contents,
+    KeyTwice,
+    check_claims,
+    check_layout,
+    no_twice,
+    read_manifest,
+    sha256_file,
+)
 from infervisor.chain.checkpoint import (
     PUBLIC_KEY_FILE,
     Checkpoint,
@@ -38,16 +50,25 @@ from infervisor.chain.checkpoint import (
 from infervisor.chain.checkpoint_store import stored_checkpoints
 from infervisor.chain.checks import Problem, Row, check_row
 from infervisor.chain.connect import connect_reader, translated
-from infervisor.chain.errors import BundleError, CheckpointError
+from infervisor.chain.errors import BundleError, CheckpointError, NoteError
 from infervisor.chain.keys import rotations_in, trusted_keys
 from infervisor.chain.leftovers import partial_name
-from infervisor.chain.note import Verifier
+from infervisor.chain.note import Verifier, split_note
 from infervisor.chain.private import FOLDER_MODE, create_private, private_folder
 
-BUNDLE_FORMAT = "infervisor-bundle/1"
-EVENTS_FILE = "events.jsonl"
-MANIFEST_FILE = "manifest.json"
-CHECKPOINT_DIR = "checkpoints"
+__all__ = [
+    "BUNDLE_FORMAT",
+    "CHECKPOINT_DIR",
+    "EVENTS_FILE",
+    "MANIFEST_FILE",
+    "BundleReport",
+    "event_line",
+    "export_bundle",
+    "verify_bundle",
+]
+
+
+_INT64_MAX = (1 << 63) - 1
 
 
 class BundleReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,16 +114,6 @@ def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8")
     return str(value)
-
-
-def _sha256_file(path: Path) -> tuple[int, str]:
-    h = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-            size += len(block)
-    return size, h.hexdigest()
 
 
 def export_bundle(
@@ -184,7 +195,7 @@ def _write_bundle(name: str, folder: Path, verifier: Verifier | None) -> dict[st
         _write(folder / PUBLIC_KEY_FILE, (verifier.key_string() + "\n").encode("ascii"))
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        size, digest = _sha256_file(path)
+        size, digest = sha256_file(path)
         files[path.relative_to(folder).as_posix()] = {"bytes": size, "sha256": digest}
     manifest = {
         "format": BUNDLE_FORMAT,
@@ -224,10 +235,13 @@ class _Lookups:
 def _parse_line(line: bytes, number: int, expected: int) -> Row:
     """One line of events.jsonl; a malformed one is named in this module's words,
     never Python's ("non-hexadecimal number found in fromhex()", "Expecting value"):
-    a newcomer's trial, stop 33."""
+    a newcomer's trial, stop 33. A key given twice is refused: json.loads keeps the
+    last, other readers the first (stop 35)."""
     try:
-        doc = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+        doc = json.loads(line, object_pairs_hook=no_twice)
+    except KeyTwice as e:
+        why = str(e)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         why = "it is not JSON"
     else:
         try:
@@ -257,8 +271,12 @@ def _decode_line(doc: Any) -> Row:
     if not isinstance(doc, dict):
         raise TypeError("not an object")
     seq, ts_ns = doc["seq"], doc["ts_ns"]
+    # The header packs them as uint64 and int64 (docs/chain-format.md, sections 3-4);
+    # SQLite's integers are signed 64 bits. Beyond, struct.error was a traceback.
     if type(seq) is not int or type(ts_ns) is not int or seq < 0:
         raise TypeError("seq and ts_ns must be integers, seq >= 0")
+    if seq > _INT64_MAX or not -_INT64_MAX - 1 <= ts_ns <= _INT64_MAX:
+        raise ValueError("seq must be at most 2^63-1, ts_ns from -2^63 to 2^63-1")
     texts = [doc[k] for k in ("node", "source", "kind", "subject")]
     if not all(isinstance(t, str) for t in texts):
         raise TypeError("node, source, kind, subject must be strings")
@@ -272,27 +290,28 @@ def _decode_line(doc: Any) -> Row:
 
 
 def verify_bundle(out: str | os.PathLike[str], key: str | None = None) -> BundleReport:
-    """Verify a bundle directory: every event, every checkpoint, then the manifest.
+    """Verify a bundle directory: its manifest's shape and files, every event, every
+    checkpoint, then each of the manifest's claims (docs/chain-format.md, section 13).
 
-    Events are checked as `verify_chain` checks rows (docs/chain-format.md,
-    "Verification"); each checkpoint's signature with `key` (default: the
-    bundle's node.pub), then the events against it (truncated, rewritten,
-    forked); then the manifest's counts and file hashes.
+    The manifest's fields are checked for type and range and the bundle for
+    exactly the files it lists (chain/bundle_manifest.py); events are checked
+    as `verify_chain` checks rows (section 5); each checkpoint's signature
+    with `key` (default: the bundle's node.pub), its file name against its
+    tree size, then the events against it (truncated, rewritten, forked);
+    then the manifest's node, counts, head, checkpoints, key and file hashes
+    against what the bundle holds.
 
     Raises:
         BundleError: the first problem, with `seq` and `reason` where they apply.
     """
     folder = Path(out)
     try:
-        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-        lines = (folder / EVENTS_FILE).read_bytes().splitlines()
-    except (OSError, ValueError) as e:
+        manifest = read_manifest((folder / MANIFEST_FILE).read_bytes())
+        check_layout(folder, manifest)
+        data = (folder / EVENTS_FILE).read_bytes()
+    except OSError as e:
         raise BundleError(f"{folder}: not a readable bundle: {e}", reason="unreadable") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
-        raise BundleError(f"{folder}: manifest format is not {BUNDLE_FORMAT!r}", reason="manifest")
-    rows: list[Row] = []
-    for number, line in enumerate(lines, 1):
-        rows.append(_parse_line(line, number, rows[-1].seq + 1 if rows else 0))
+    rows = _rows(data)
     lookups = _Lookups(rows)
     before: Row | None = None
     genesis: Row | None = None
@@ -303,10 +322,13 @@ def verify_bundle(out: str | os.PathLike[str], key: str | None = None) -> Bundle
         before, genesis = row, genesis or row
     if before is None or genesis is None:
         raise BundleError(f"{folder}: {EVENTS_FILE} is empty", seq=0, reason="bad genesis")
+    checkpoints = _verify_checkpoints(folder, rows, key)
+    sizes = [c.tree_size for c in checkpoints]
     node = genesis.node.decode()
-    checkpoints = _verify_checkpoints(folder, rows, key, manifest)
-    _verify_manifest(folder, manifest, len(rows))
-    covered = max((c.tree_size for c in checkpoints), default=0)
+    held_key = (folder / PUBLIC_KEY_FILE).is_file()
+    found = Contents(node, len(rows), before.seq, before.hash.hex(), sizes, held_key)
+    check_claims(folder, manifest, found)
+    covered = max(sizes, default=0)
     warning = None
     if covered < len(rows):
         warning = (
@@ -318,10 +340,32 @@ def verify_bundle(out: str | os.PathLike[str], key: str | None = None) -> Bundle
         events=len(rows),
         head_seq=before.seq,
         head_hash=before.hash.hex(),
-        checkpoints=[c.tree_size for c in checkpoints],
+        checkpoints=sizes,
         covered=covered,
         warning=warning,
     )
+
+
+def _rows(data: bytes) -> list[Row]:
+    """The events of events.jsonl's bytes: one line each, every line ended by a newline.
+
+    A last line with no newline after it is a file that was cut (section 13: one
+    newline after each line), named as truncated at that line's seq, rather than
+    as a line that is 'not JSON' or, cut at a line's end, not at all (stop 35).
+    """
+    lines = data.split(b"\n")
+    cut = lines.pop()  # b"" when the file ends with a newline
+    rows: list[Row] = []
+    for number, line in enumerate(lines, 1):
+        rows.append(_parse_line(line, number, rows[-1].seq + 1 if rows else 0))
+    if cut:
+        raise BundleError(
+            f"{EVENTS_FILE} ends inside line {len(lines) + 1} (no newline after its "
+            f"{len(cut)} bytes): the file was cut; seq {len(rows)} on are missing",
+            seq=len(rows),
+            reason="truncated",
+        )
+    return rows
 
 
 def _bad(problem: Problem) -> BundleError:
@@ -330,29 +374,20 @@ def _bad(problem: Problem) -> BundleError:
     return BundleError(problem.detail, seq=problem.seq, reason=problem.reason)
 
 
-def _verify_checkpoints(
-    folder: Path, rows: list[Row], key: str | None, manifest: dict[str, Any]
-) -> list[Checkpoint]:
+def _verify_checkpoints(folder: Path, rows: list[Row], key: str | None) -> list[Checkpoint]:
+    """Each checkpoint file's signature, name and signers, then the events against them;
+    the checkpoints, smallest tree first."""
     files = sorted((folder / CHECKPOINT_DIR).glob("*.txt"), key=lambda p: (len(p.stem), p.stem))
-    listed = manifest.get("checkpoints", [])
-    if isinstance(listed, list) and len(listed) > len(files):
-        raise BundleError(
-            f"the manifest lists {len(listed)} checkpoints, {CHECKPOINT_DIR}/ holds {len(files)}",
-            reason="manifest",
-        )
-    if not files:
+    if not files and key is None:
         return []
     # The key given (or the bundle's), and every key a recorded rotation links to it.
     keys = trusted_keys(_bundle_key(folder, key), rotations_in((r.kind, r.payload) for r in rows))
+    if key is not None and (folder / PUBLIC_KEY_FILE).is_file():
+        _same_node_key(folder, keys)
+    if not files:
+        return []
     hashes = [r.hash for r in rows]
-    signed: list[Checkpoint] = []
-    for path in files:
-        try:
-            cp = read_checkpoint_by(path.read_bytes(), keys)
-        except (CheckpointError, OSError) as e:
-            raise BundleError(f"{path.name}: {e}", reason="checkpoint signature") from e
-        signed.append(cp)
-    signed.sort(key=lambda c: c.tree_size)
+    signed = sorted((_read_checkpoint(path, keys) for path in files), key=lambda c: c.tree_size)
     # The latest checkpoint names the failure (truncated, rewritten, forked); the
     # earlier ones say from which seq on the events differ. Then each on its own.
     for cp in [signed[-1], *signed[:-1]]:
@@ -366,6 +401,56 @@ def _verify_checkpoints(
     return signed
 
 
+def _read_checkpoint(path: Path, keys: list[Verifier]) -> Checkpoint:
+    """A checkpoint file whose signature verifies, whose name is its tree size, and
+    which carries no signature but a trusted key's.
+
+    A bundle carries the node's signatures alone (export writes the stored note, no
+    cosignature), and nothing here checks another key's: a line that reads as a
+    witness's cosignature, of this checkpoint or of another, is refused rather than
+    left for a person to take as one (stop 35).
+    """
+    rel = f"{CHECKPOINT_DIR}/{path.name}"
+    try:
+        note = path.read_bytes()
+        cp = read_checkpoint_by(note, keys)
+        signers = split_note(note)[1]
+    except (CheckpointError, NoteError, OSError) as e:
+        raise BundleError(f"{rel}: {e}", reason="checkpoint signature") from e
+    known = {(k.name, k.key_id) for k in keys}
+    for sig in signers:
+        if (sig.name, sig.key_id) not in known:
+            raise BundleError(
+                f"{rel}: carries a signature line of {sig.name} (key id {sig.key_id.hex()}), "
+                "not a node key: a bundle carries no cosignatures, and verify-bundle "
+                "checks none; remove the line, or check the witness's cosignature with "
+                "infervisor chain verify on the chain",
+                reason="checkpoint signature",
+            )
+    if str(cp.tree_size) != path.stem:
+        raise BundleError(
+            f"{rel} holds the checkpoint of tree size {cp.tree_size}: a checkpoint file "
+            f"is named by its tree size ({CHECKPOINT_DIR}/{cp.tree_size}.txt)",
+            reason="manifest",
+        )
+    return cp
+
+
+def _same_node_key(folder: Path, keys: list[Verifier]) -> None:
+    """The bundle's node.pub is the key given, or one a recorded rotation links to it:
+    a bundle handing out another key as the node's is refused (stop 35)."""
+    try:
+        held = load_verifier(folder / PUBLIC_KEY_FILE, None)
+    except CheckpointError as e:
+        raise BundleError(f"{PUBLIC_KEY_FILE}: {e}", reason="node key") from e
+    if held.key_string() not in {k.key_string() for k in keys}:
+        raise BundleError(
+            f"{PUBLIC_KEY_FILE}: the bundle's key {held.key_string()} is neither the key "
+            "given (--key) nor one a recorded rotation links to it",
+            reason="node key",
+        )
+
+
 def _bundle_key(folder: Path, key: str | None) -> Verifier:
     try:
         if key is not None:
@@ -376,22 +461,3 @@ def _bundle_key(folder: Path, key: str | None) -> Verifier:
             f"checkpoints cannot be checked without the node's key: {e} (pass --key PUBKEY)",
             reason="no key",
         ) from e
-
-
-def _verify_manifest(folder: Path, manifest: dict[str, Any], events: int) -> None:
-    if manifest.get("events") != events:
-        raise BundleError(
-            f"the manifest counts {manifest.get('events')} events, {EVENTS_FILE} holds {events}",
-            seq=min(events, int(manifest.get("events") or 0)),
-            reason="truncated",
-        )
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        raise BundleError("the manifest has no files table", reason="manifest")
-    for rel, want in sorted(files.items()):
-        path = folder / rel
-        if not path.is_file():
-            raise BundleError(f"{rel}: listed in the manifest but missing", reason="manifest")
-        size, digest = _sha256_file(path)
-        if not isinstance(want, dict) or want.get("sha256") != digest or want.get("bytes") != size:
-            raise BundleError(f"{rel}: sha256 or size differs from the manifest", reason="manifest")

@@ -125,7 +125,9 @@ class BundleError(ChainError):
 
     Attributes:
         seq: the sequence number at fault, or None for a bundle-wide problem.
-        reason: what is wrong (a verification reason, "truncated", "manifest", ...).
+        reason: what is wrong: a verification reason ("payload altered", "truncated",
+            ...), "manifest" (the manifest's shape, or a claim the contents
+            contradict), "checkpoint signature", "node key", "no key", "unreadable".
     """
 
     def __init__(self, message: str, *, seq: int | None = None, reason: str = "bundle") -> None:

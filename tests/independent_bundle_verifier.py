@@ -4,7 +4,8 @@ Usage:
     python tests/independent_bundle_verifier.py BUNDLE_DIR [PUBKEY]
     python tests/independent_bundle_verifier.py --db CHAIN.db CHECKPOINT_FILE PUBKEY
 
-Prints "ok <events> <head-hash-hex>" (exit 0) or "bad <seq> <reason>" (exit 1);
+Prints "ok <events> <head-hash-hex>" (exit 0) or "bad <seq> <reason>" (exit 1;
+"bad - manifest <field>" for a claim of the manifest the contents contradict);
 exit 2 when the input cannot be read. Imports no infervisor code: the
 Merkle tree is tests/independent_rfc6962.py (from RFC 6962), the signature
 check tests/independent_note.py (from c2sp.org/signed-note).
@@ -13,6 +14,7 @@ check tests/independent_note.py (from c2sp.org/signed-note).
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import sqlite3
 import struct
@@ -31,7 +33,7 @@ ZERO = bytes(32)
 
 
 class Bad(Exception):
-    def __init__(self, seq: int, reason: str) -> None:
+    def __init__(self, seq: int | str, reason: str) -> None:
         super().__init__(f"bad {seq} {reason}")
         self.seq, self.reason = seq, reason
 
@@ -132,12 +134,38 @@ def bundle(folder: Path, vkey: str | None) -> tuple[int, bytes]:
             got_origin, size, root, head = checkpoint_values(file.read_bytes(), key)
             if got_origin != origin:
                 raise Bad(0, "checkpoint node")
+            if size != int(file.stem):
+                raise Bad("-", "manifest checkpoints")
             cps.append((size, root, head))
         against([r["hash"] for r in rows], cps)
     manifest = json.loads((folder / "manifest.json").read_text())
-    if manifest["events"] != len(rows):
-        raise Bad(min(len(rows), manifest["events"]), "truncated")
+    if type(manifest["events"]) is int and manifest["events"] > len(rows):
+        raise Bad(len(rows), "truncated")
+    claims(folder, manifest, rows, sorted(int(f.stem) for f in files))
     return len(rows), rows[-1]["hash"]
+
+
+def claims(folder: Path, manifest: dict, rows: list[dict], sizes: list[int]) -> None:
+    """Section 13's claims of the manifest against the contents ("bad - manifest <field>")."""
+    shown = {
+        "format": "infervisor-bundle/1",
+        "node": rows[0]["node"],
+        "events": len(rows),
+        "head_seq": rows[-1]["seq"],
+        "head_hash": rows[-1]["hash"].hex(),
+        "checkpoints": sizes,
+        "key": "node.pub" if (folder / "node.pub").is_file() else None,
+    }
+    for field, value in shown.items():
+        if manifest.get(field) != value or type(manifest.get(field)) is not type(value):
+            raise Bad("-", f"manifest {field}")
+    held = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()}
+    if set(manifest) != {*shown, "files"} or held - {"manifest.json"} != set(manifest["files"]):
+        raise Bad("-", "manifest files")
+    for rel, want in manifest["files"].items():
+        data = (folder / rel).read_bytes()
+        if want != {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}:
+            raise Bad("-", "manifest files")
 
 
 def database(db: Path, checkpoint: Path, vkey: str) -> tuple[int, bytes]:

@@ -77,6 +77,9 @@ def test_a_good_proof_still_checks_out(chain: Chain, tmp_path: Path) -> None:
         ("hash", "zz", "hash must be 32 bytes of hex (64 hex digits)"),
         ("payload", "%%%", "payload is not base64"),
         ("seq", None, "no 'seq' field"),
+        # stop 35: beyond 64 bits, struct.error came out as a traceback
+        ("ts_ns", 2**63, "seq must be at most 2^63-1, ts_ns from -2^63 to 2^63-1"),
+        ("seq", 2**64, "seq must be at most 2^63-1, ts_ns from -2^63 to 2^63-1"),
     ],
 )
 def test_a_malformed_bundle_line_is_named_in_the_projects_words(

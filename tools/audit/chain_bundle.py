@@ -112,9 +112,14 @@ def _judged(db: Path, where: Path, key: str | None) -> Problem | None:
 def verify_bundle_cmd(bundle: Path, key: str | None, as_json: bool) -> None:
     """Verify an export bundle with no database: events, checkpoints, manifest.
 
-    Without --key the checkpoints are checked with the bundle's own node.pub,
-    which whoever made the bundle chose: the output says so ("trusted_key":
-    "bundle" in --json), and a bundle re-signed with another key verifies.
+    Nothing in the unsigned manifest is believed: each field's type and
+    range, the files it lists (exactly those the bundle holds), and its node,
+    event count, head seq and hash, checkpoint sizes and key are checked
+    against the events, checkpoints and key the bundle carries (docs/chain-
+    format.md, section 13). Without --key the checkpoints are checked with
+    the bundle's own node.pub, which whoever made the bundle chose: the
+    output says so ("trusted_key": "bundle" in --json), and a bundle
+    re-signed with another key verifies.
     A bundle carries no cosignatures: its verdict is unanchored (docs/chain-
     format.md, "Cosignatures and the trust policy"). Exit 0 when valid; 1 when
     not, naming the sequence number and the reason.
