@@ -40,6 +40,8 @@ __all__ = ["Refusal", "body_too_large", "framing_refusal", "parser_refusal"]
 
 #: RFC 9110 section 8.6: ``Content-Length = 1*DIGIT``.
 _DIGITS = re.compile(rb"[0-9]+")
+#: Most characters of a parser's words quoted in a refusal.
+_SAID = 200
 #: The RFC section every framing refusal points to.
 _RFC = "RFC 9112 section 6"
 
@@ -141,6 +143,8 @@ def parser_refusal(said: str) -> Refusal:
     """A request the HTTP parser could not read (h11's or llhttp's words in ``said``):
     ``bad_framing`` naming the header when it is about the body's framing, else
     ``bad_request``."""
+    if len(said) > _SAID:  # h11 quotes the line it could not read, whole
+        said = f"{said[:_SAID]}… ({len(said)} characters in all)"
     lowered = said.lower()
     named = [h for h in ("Transfer-Encoding", "Content-Length") if h.lower() in lowered]
     if len(named) == 2:  # llhttp's "Content-Length can't be present with Transfer-Encoding"
