@@ -160,7 +160,10 @@ def test_a_body_that_is_not_json_is_refused(starting: httpx.Client) -> None:
 def test_a_body_beyond_the_limit_is_refused_413(starting: httpx.Client) -> None:
     answer = starting.post("/v1/heartbeat", content=b" " * (MAX_BODY + 1))
     assert answer.status_code == 413, answer.text
-    assert answer.json()["error"]["code"] == "too_large"
+    error = answer.json()["error"]
+    assert error["code"] == "body_too_large" and error["field"] == "body"  # too_large before
+    assert f"at most {MAX_BODY} bytes" in error["message"]
+    assert answer.headers["connection"] == "close"
 
 
 def test_an_empty_idempotency_key_is_refused(starting: httpx.Client) -> None:

@@ -32,6 +32,7 @@ from infervisor.tools.api.scopes import (
     ApiToken,
     Scope,
     default_scope,
+    methods_for,
     scope_for,
     token_scopes,
 )
@@ -125,7 +126,11 @@ def test_every_route_has_exactly_one_scope() -> None:
     assert len(rows) == len(set(rows))
     assert set(rows) == documented | {("GET", "/schema/openapi.json")}
     assert scope_for("POST", "/v1/instances/x/stop/") is Scope.OPERATE  # a trailing slash
-    assert scope_for("GET", "/v1/nowhere") is Scope.CONTROL  # not listed: fails closed
+    assert scope_for("GET", "/v1/nowhere") is None  # not listed: answered 404, never routed
+    assert scope_for("DELETE", "/v1/node") is None
+    assert methods_for("/v1/node/") == ("GET",)
+    assert methods_for("/v1/instances") == ("GET", "POST")
+    assert methods_for("/v1/nowhere") == ()
     assert scope_for("POST", "/v1/instances/x/deep-health") is Scope.OPERATE
 
 
@@ -202,6 +207,54 @@ def test_a_token_is_refused_every_route_beyond_its_scope(api: Api, token: str) -
             contract.check(answer)
     assert forbidden == sum(not held.covers(needed) for _, _, needed in ROUTE_SCOPES)
     assert api.head() == before
+
+
+#: Requests for no route of the API: an unknown path, a path under no version.
+NO_ROUTE = [
+    ("GET", "/v1/nowhere"),
+    ("POST", "/v1/nowhere"),
+    ("GET", "/v2/node"),
+    ("GET", "/v1/instances/x/y"),
+    ("PUT", "/"),
+]
+
+
+@pytest.mark.parametrize("token", [*sorted(TOKENS), None])
+def test_an_unknown_route_is_404_and_a_wrong_method_405_whatever_the_scope(
+    api: Api, token: str | None
+) -> None:
+    """A trial (stop 35): a read token asking for a route that does not exist was told
+    403 "needs scope control", as if the route existed and were a controller's."""
+    before = api.head()
+    with api.client(token) as client:
+        for method, path in NO_ROUTE:
+            answer = client.request(method, path)
+            error = refused(answer, 404, "not_found")
+            assert f"no route {method} {path}" in error["message"], error
+            assert "GET /schema/openapi.json" in error["message"], error
+            assert "connection" not in answer.headers  # an authenticated caller keeps it
+        for method, path, allow in [
+            ("DELETE", "/v1/node", "GET"),
+            ("HEAD", "/v1/instances", "GET, POST"),
+            ("GET", "/v1/heartbeat", "POST"),
+            ("OPTIONS", f"/v1/instances/{api.instance_id}/stop", "POST"),
+        ]:
+            answer = client.request(method, path)
+            assert answer.status_code == 405, (method, path, answer.text)
+            assert answer.headers["allow"] == allow
+            if method != "HEAD":
+                error = refused(answer, 405, "method_not_allowed")
+                assert f"takes {allow}, not {method}" in error["message"], error
+    assert api.head() == before
+
+
+def test_an_unknown_route_without_a_token_is_401_first(api: Api) -> None:
+    """Authentication comes first: a stranger learns nothing of which routes exist."""
+    with httpx.Client(base_url=api.url, timeout=30) as stranger:
+        for method, path in [*NO_ROUTE, ("GET", "/v1/node")]:
+            answer = stranger.request(method, path)
+            refused(answer, 401, "unauthorized")
+            assert answer.headers["connection"] == "close"
 
 
 def test_the_scope_is_recorded_in_the_source(api: Api) -> None:

@@ -38,6 +38,8 @@ def fleet_file(tmp_path: Path, *nodes: dict[str, object], head: str = "") -> Pat
         ({**GOOD, "name": "n 2"}, "", "[[nodes]] #2 name: 'n 2'"),
         ({"name": "n2", "url": GOOD["url"], "token": "x"}, "", "[[nodes]] #2 pub: missing"),
         ({**GOOD, "name": "n2", "token_file": "t"}, "", "give token or token_file, not both"),
+        # stop 35: a token no Authorization header can carry was taken
+        ({**GOOD, "name": "n2", "token": "s3\ncret"}, "", "#2 token: a token may hold visible"),
         ({**GOOD, "name": "n2"}, '[fleet]\nmetrics = "nowhere"\n', "[fleet] metrics: 'nowhere'"),
         ({**GOOD, "name": "n2"}, "[fleet]\ncheck_interval_s = 0\n", "[fleet] check_interval_s"),
         ({**GOOD, "name": "n2"}, "[fleets]\n", "unknown table 'fleets'"),
@@ -91,3 +93,36 @@ def test_an_api_tokens_file_gives_a_read_and_a_control_token(tmp_path: Path) -> 
     del node["token"]
     entry = load_config(fleet_file(tmp_path, node)).nodes[0]
     assert (entry.token, entry.control_token) == ("op", "ctl")
+
+
+#: Tokens no Authorization header can carry: a control character (CR, LF), a space,
+#: a character beyond ASCII (an invisible one too).
+UNSENDABLE = ["s3\ncret", "s3\rcret", "s3 cret", "s3\x01cret", "s3\x7fcret", "s3\u200bcret"]
+
+
+@pytest.mark.parametrize("secret", UNSENDABLE)
+def test_a_token_no_header_can_carry_is_refused_at_load_naming_its_key(
+    tmp_path: Path, secret: str
+) -> None:
+    """A trial (stop 35): the fleet sent its config's tokens as they were; one holding
+    a newline broke its Authorization header at the first request. The command line's
+    --token is checked the same way (tools/netkit/bearer.py)."""
+    from infervisor.tools.fleet.config import FleetConfigError, load_config
+
+    (tmp_path / "bare").write_text(secret + "\n")
+    (tmp_path / "tokens.json").write_text(json.dumps({"operator": "op", "controller": secret}))
+    bare = {**GOOD, "token_file": "bare"}
+    api = {**GOOD, "token_file": "tokens.json"}
+    del bare["token"], api["token"]
+    for node, key in [
+        ({**GOOD, "token": secret}, "token"),
+        (bare, f"token_file: {tmp_path / 'bare'}"),
+        (api, f"token_file: {tmp_path / 'tokens.json'}: token 'controller'"),
+    ]:
+        with pytest.raises(FleetConfigError) as refused:
+            load_config(fleet_file(tmp_path, node))
+        assert str(refused.value) == (
+            f"{tmp_path / 'fleet.toml'}: [[nodes]] #1 {key}: a token may hold visible ASCII "
+            "only (letters, digits, punctuation; no spaces, controls or other characters), "
+            f"found {secret[2]!a}"
+        )

@@ -821,7 +821,9 @@ def test_a_request_that_does_not_arrive_whole_is_408_and_closed_and_holds_no_pla
 
     half_head = answer_to(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
     assert half_head.startswith(b"HTTP/1.1 408 ")
-    assert b'"code": "timeout"' in half_head
+    error = json.loads(half_head.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "request_timeout"  # the control API's code ("timeout" before)
+    assert error["message"].startswith("the request did not arrive whole within 0.5 s")
     half_body = answer_to(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n"
         + f"authorization: Bearer {SECRET}\r\n\r\n".encode()

@@ -244,3 +244,41 @@ def test_a_log_source_is_checked_when_the_config_is_read(
     with pytest.raises(ConfigError) as refused:
         load_config(config)
     assert named in str(refused.value) and "\n" not in str(refused.value)
+
+
+#: Tokens no Authorization header can carry (a trial, stop 35: the witness's token
+#: file was not checked; a bad one failed every audit, in the HTTP client's words).
+UNSENDABLE = ["s3\ncret", "s3\rcret", "s3 cret", "s3\x01cret", "s3\u200bcret", "s3écret"]
+
+
+@pytest.mark.parametrize("secret", UNSENDABLE)
+def test_a_token_no_header_can_carry_is_refused_when_the_config_is_read(
+    tmp_path: Path, secret: str
+) -> None:
+    from infervisor.tools.witness.config import ConfigError, load_config
+
+    config = write_config(tmp_path, [Log("example.com/l")])
+    (tmp_path / "log.token").write_text(secret + "\n", encoding="utf-8")
+    config.write_text(config.read_text() + 'url = "http://n:1"\ntoken_file = "log.token"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(config)
+    message = str(refused.value)
+    assert message.startswith(
+        f"{config}: logs[0].token_file {str(tmp_path / 'log.token')!r}: a token may hold "
+        "visible ASCII only (letters, digits, punctuation; no spaces, controls or other "
+        f"characters), found {secret[2]!a}"
+    ), message
+    assert "\n" not in message
+
+
+def test_a_token_file_changed_since_the_start_is_refused_at_the_fetch(tmp_path: Path) -> None:
+    from infervisor.tools.witness.audit import FetchError, fetch_log
+    from infervisor.tools.witness.config import WitnessedLog
+
+    token = tmp_path / "log.token"
+    token.write_text("s3\ncret\n")
+    log = WitnessedLog(
+        "example.com/l", (Log("example.com/l").signer.verifier,), "http://n:1", token
+    )
+    with pytest.raises(FetchError, match=r"the token file .*log\.token: a token may hold visible"):
+        fetch_log(log, tmp_path)

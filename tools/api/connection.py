@@ -1,5 +1,6 @@
 """One control-API connection: uvicorn's h11 protocol with the listener and the
-socket peer in the ASGI scope, the per-listener cap, the read deadlines and
+socket peer in the ASGI scope, the per-listener cap, the read deadlines, the
+request framing and body size (:mod:`infervisor.tools.netkit.framing`) and
 ``TCP_NODELAY`` (see :mod:`.limits`, docs/api.md "Connection limits").
 
 uvicorn's own ``timeout_keep_alive`` only runs between requests: a connection
@@ -9,6 +10,13 @@ connections all stayed open). The read deadline here covers that.
 sockets created with ``IPPROTO_TCP`` as their protocol, and without it an
 answer written in two parts waits for the client's delayed ACK (about 40 ms
 on each request after the first of a kept-alive connection).
+
+What h11 cannot read, and what :func:`~infervisor.tools.netkit.framing.framing_refusal`
+refuses of what it can (a trial, stop 35: ``Transfer-Encoding`` with
+``Content-Length`` was taken; a body announced beyond :data:`~.idempotency.MAX_BODY`
+waited for the read deadline and was then closed unanswered), is answered in the
+API's error shape before any app sees the request, and the connection closed;
+uvicorn's own answer was a plain-text "Invalid HTTP request received.".
 """
 
 from __future__ import annotations
@@ -21,12 +29,48 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..netkit.framing import Refusal, body_too_large, framing_refusal, parser_refusal
 from .auth import peer_of
+from .idempotency import MAX_BODY
 from .limits import TIMED, Listeners, Phase, raw_error
 
 __all__ = ["ApiConnection", "protocol_for"]
 
 log = logging.getLogger(__name__)
+
+
+class _Framed(h11.Connection):
+    """h11's server side, which also refuses a request :func:`framing_refusal` refuses
+    and a body growing past ``limit`` bytes: :attr:`refusal` says why, and
+    :meth:`next_event` raises ``h11.RemoteProtocolError``, which uvicorn answers
+    through :meth:`ApiConnection.send_400_response` without running the app."""
+
+    def __init__(self, limit: int, max_incomplete_event_size: int | None) -> None:
+        if max_incomplete_event_size is None:  # uvicorn's default: h11's own
+            super().__init__(h11.SERVER)
+        else:
+            super().__init__(h11.SERVER, max_incomplete_event_size)
+        self.limit = limit
+        self.refusal: Refusal | None = None
+        self._received = 0  # body bytes of the request arriving
+
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as e:
+            self.refusal = self.refusal or parser_refusal(str(e))
+            raise
+        if isinstance(event, h11.Request):
+            self._received = 0
+            version = event.http_version.decode("ascii")
+            self.refusal = framing_refusal(event.headers, version, self.limit)
+        elif isinstance(event, h11.Data):
+            self._received += len(event.data)
+            if self._received > self.limit:  # chunked: the length was not announced
+                self.refusal = body_too_large(self.limit)
+        if self.refusal is not None:
+            raise h11.RemoteProtocolError(self.refusal.message)
+        return event
 
 
 class ApiConnection(H11Protocol):
@@ -36,6 +80,7 @@ class ApiConnection(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.conn = _Framed(MAX_BODY, self.config.h11_max_incomplete_event_size)
         self.listener = "tcp"
         self.admitted = False
         self.timeout_keep_alive = self.listeners.limits.keep_alive_s  # type: ignore[assignment]
@@ -70,6 +115,13 @@ class ApiConnection(H11Protocol):
         self._disarm()
         self.listeners.leave(self.listener, self)
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 or :class:`_Framed` refused (``msg``: uvicorn's words): its
+        refusal in the API's error shape, then the close."""
+        assert isinstance(self.conn, _Framed)
+        refusal = self.conn.refusal or parser_refusal(msg)
+        self._close_unanswered(refusal.status, refusal.code, refusal.message, refusal.field)
 
     # ------------------------------------------------------------ limits
     @property
@@ -129,19 +181,29 @@ class ApiConnection(H11Protocol):
             return
         what = "request head" if phase is Phase.HEAD else "request body"
         timeout = self.listeners.limits.read_timeout_s
-        if phase is Phase.HEAD:
-            self._close_with(
-                408,
-                "request_timeout",
-                f"the {what} did not arrive within {timeout:g} s (api.read_timeout_s): "
-                "send the whole request at once",
-            )
-        else:  # the app is reading the body: it sees the client gone and answers nothing
+        # a body: the app waiting for it sees the client gone and answers nothing, so
+        # a verb never runs on part of a body; the caller is told why (a trial, stop 35:
+        # it was closed unanswered)
+        self._close_unanswered(
+            408,
+            "request_timeout",
+            f"the {what} did not arrive within {timeout:g} s (api.read_timeout_s): "
+            "send the whole request at once",
+        )
+
+    def _close_unanswered(
+        self, status: int, code: str, message: str, field: str | None = None
+    ) -> None:
+        """Answer the request arriving with this error, unless an answer to it has
+        begun (then only close: a second answer would be read as the next one's)."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            self._close_with(status, code, message, field)
+        else:
             self.transport.close()
 
-    def _close_with(self, status: int, code: str, message: str) -> None:
+    def _close_with(self, status: int, code: str, message: str, field: str | None = None) -> None:
         if not self.transport.is_closing():
-            self.transport.write(raw_error(status, code, message))
+            self.transport.write(raw_error(status, code, message, field))
             self.transport.close()
 
 

@@ -94,7 +94,9 @@ CODES: dict[str, Exit] = {
     "node_stopping": Exit.NO_NODE,
     "node_unreachable": Exit.NO_NODE,
     "no_answer": Exit.NO_ANSWER,
-    "too_large": Exit.USAGE,
+    "body_too_large": Exit.USAGE,
+    "too_large": Exit.USAGE,  # body_too_large's name before stop 35 (an older node's answer)
+    "bad_framing": Exit.USAGE,
     "too_many_connections": Exit.NO_NODE,
     "request_timeout": Exit.NO_NODE,
     "cordoned": Exit.REFUSED,

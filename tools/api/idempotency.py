@@ -26,12 +26,14 @@ from typing import Any
 
 import msgspec
 
+from ..netkit.framing import body_too_large
 from .wire import ErrorBody, ErrorEnvelope
 
 __all__ = [
     "HEADER",
     "MAX_KEYS",
     "MAX_KEY_LENGTH",
+    "TOO_LARGE",
     "BodyCut",
     "IdempotencyStore",
     "idempotent",
@@ -126,7 +128,7 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
         except BodyCut:
             return  # the caller is gone: nothing done, nothing to answer
         if body is None:
-            await _send_error(send, 413, _TOO_LARGE)
+            await _send_error(send, 413, TOO_LARGE)
             return
         slot = (str(scope.get("infervisor.identity", "")), key)
         fingerprint = _fingerprint(scope, body)
@@ -147,9 +149,10 @@ def idempotent(app: Any, store: IdempotencyStore) -> Any:
     return middleware
 
 
-_TOO_LARGE = ErrorBody(
-    code="too_large", field="body", message=f"the body is larger than {MAX_BODY} bytes"
-)
+_OVER = body_too_large(MAX_BODY)
+#: A body over :data:`MAX_BODY`, in the words the listeners use (tools/netkit/framing.py;
+#: they refuse it first, as it arrives; this answers it where the app is served alone).
+TOO_LARGE = ErrorBody(code=_OVER.code, field=_OVER.field, message=_OVER.message)
 
 
 def _bad_key(key: bytes) -> ErrorBody | None:

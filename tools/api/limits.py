@@ -131,10 +131,11 @@ class Listeners:
             yield from (c for c in open_ if c.phase is phase)
 
 
-def raw_error(status: int, code: str, message: str) -> bytes:
+def raw_error(status: int, code: str, message: str, field: str | None = None) -> bytes:
     """A whole HTTP/1.1 answer with the API's error envelope and ``Connection: close``,
     for a connection that has no request to answer through the framework."""
-    body = msgspec.json.encode(ErrorEnvelope(error=ErrorBody(code=code, message=message)))
+    error = ErrorBody(code=code, message=message, field=field)
+    body = msgspec.json.encode(ErrorEnvelope(error=error))
     head = (
         f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
         "content-type: application/json\r\n"

@@ -146,6 +146,7 @@ def amend(doc: OpenAPI) -> None:
             if operation is None or operation.responses is None:
                 continue
             needed = scope_for(method, route)
+            assert needed is not None, f"{method} {route}: no row in ROUTE_SCOPES"
             operation.description = (
                 f"{operation.description or ''}\n\nScope: {needed.value} (docs/api.md)."
             ).lstrip()

@@ -68,7 +68,7 @@ def _on_validation(_: Request[Any, Any, Any], exc: ValidationException) -> Respo
 
 
 def _on_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorEnvelope]:
-    codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+    codes = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
     code = codes.get(exc.status_code, "bad_request")
     message = str(exc.detail)
     if exc.status_code == 404:

@@ -21,10 +21,13 @@ Scopes are ordered, each covering the ones below it::
 
 A bearer token's scope comes from the node's config (``[api] tokens``); a
 peer of the Unix socket (the node's uid or root) holds ``control``. A request
-the table does not list needs ``control`` (fails closed): the only such
-requests are for routes that do not exist, answered 404 to a caller that
-holds it. ``tests/test_api_scopes.py`` checks that every route of the app is
-in the table.
+the table does not list is for no route: once its caller is authenticated it
+is answered 404 ``not_found`` (405 ``method_not_allowed`` when the path is
+listed for other methods: :func:`methods_for`) whatever the caller's scope,
+and never reaches the app (fails closed: a route the app had and the table
+lacked would be answered 404, not served). A trial (stop 35) found it was
+answered 403 "needs scope control" to a lower scope, as if the route existed.
+``tests/test_api_scopes.py`` checks that every route of the app is in the table.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ __all__ = [
     "ApiToken",
     "Scope",
     "default_scope",
+    "methods_for",
     "scope_for",
     "token_scopes",
 ]
@@ -140,11 +144,24 @@ _PARAM = {"{tile_path}": "[^?#]+"}
 _COMPILED = tuple((method, _pattern(route), scope) for method, route, scope in ROUTE_SCOPES)
 
 
-def scope_for(method: str, path: str) -> Scope:
+def _route_path(path: str) -> str:
+    """``path`` as the table matches it: a trailing slash names the same route, as
+    Litestar routes it."""
+    return path.rstrip("/") or "/"
+
+
+def scope_for(method: str, path: str) -> Scope | None:
     """The scope a request needs: its row of :data:`ROUTE_SCOPES` (a trailing
-    slash names the same route, as Litestar routes it), else ``control``."""
-    path = path.rstrip("/") or "/"
+    slash names the same route), else None: the API has no such route."""
+    path, method = _route_path(path), method.upper()
     for row_method, pattern, scope in _COMPILED:
-        if row_method == method.upper() and pattern.fullmatch(path):
+        if row_method == method and pattern.fullmatch(path):
             return scope
-    return Scope.CONTROL
+    return None
+
+
+def methods_for(path: str) -> tuple[str, ...]:
+    """The methods :data:`ROUTE_SCOPES` lists for ``path``, sorted (``()``: no route),
+    for a 405's ``Allow``."""
+    path = _route_path(path)
+    return tuple(sorted({m for m, pattern, _ in _COMPILED if pattern.fullmatch(path)}))

@@ -36,7 +36,7 @@ from infervisor.replay.policy import RESTART_RANGES
 
 from .exit_codes import cut
 from .fleet_wire import CordonRequest, PlacementSet
-from .idempotency import MAX_BODY, BodyCut, read_body, replayed
+from .idempotency import MAX_BODY, TOO_LARGE, BodyCut, read_body, replayed
 from .json_keys import duplicated_key
 from .json_words import malformed, not_an_object
 from .one_line import ALLOWED as ONE_LINE
@@ -206,8 +206,7 @@ def strict_bodies(app: Any) -> Any:
         except BodyCut:
             return  # the caller is gone: nothing done, nothing to answer
         if body is None:
-            message = f"the body is larger than {MAX_BODY} bytes"
-            await _refuse(send, 413, ErrorBody(code="too_large", field=BODY, message=message))
+            await _refuse(send, 413, TOO_LARGE)
             return
         if not body.strip() and optional:
             body = b""  # no body: the route's defaults (blank space would not decode)

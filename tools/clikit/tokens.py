@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from ..netkit.bearer import token_problem
 from .failure import fail
 from .key_shapes import shape_of
 from .paths import file_problem
@@ -38,17 +39,13 @@ def _refuse_private(text: str, field: str, shown: str) -> None:
 
 
 def _header_safe(secret: str | None, field: str) -> str | None:
-    """``secret`` when an Authorization header can carry it: visible ASCII (``!`` to
-    ``~``, RFC 6750's b64token and more), else exit 2 (``bad_value``) naming ``field``
-    (a newcomer's trial, stop 34: ``--token $'a\\nb'`` read as the node going away)."""
-    if secret is not None and not all("!" <= ch <= "~" for ch in secret):
-        bad = next(ch for ch in secret if not "!" <= ch <= "~")
-        fail(
-            f"{field}: a token may hold visible ASCII only (letters, digits, punctuation; "
-            f"no spaces, controls or other characters), found {bad!a}",
-            "bad_value",
-            field,
-        )
+    """``secret`` when an Authorization header can carry it
+    (:func:`~infervisor.tools.netkit.bearer.token_problem`), else exit 2
+    (``bad_value``) naming ``field`` (a newcomer's trial, stop 34: ``--token
+    $'a\\nb'`` read as the node going away)."""
+    problem = None if secret is None else token_problem(secret)
+    if problem is not None:
+        fail(f"{field}: {problem}", "bad_value", field)
     return secret
 
 

@@ -16,7 +16,10 @@ Shape (``examples/fleet.toml``)::
 
 Relative paths are resolved against the file's folder. A bad entry is
 reported in one line naming it and its key (``[[nodes]] #2 url: ...``):
-:class:`FleetConfigError`.
+:class:`FleetConfigError`. A token is sent in an ``Authorization`` header, so
+one that holds anything but visible ASCII (a control character, CR or LF, a
+space) is refused here, by the check every sender of the tools uses
+(tools/netkit/bearer.py), not by the HTTP client at the first request.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Any
 from infervisor.chain.checkpoint import load_verifier
 from infervisor.chain.errors import CheckpointError
 from infervisor.chain.note import Verifier
+
+from ..netkit.bearer import token_problem
 
 __all__ = [
     "CONTROL_TOKEN_NAMES",
@@ -198,16 +203,17 @@ def _tokens(
         raise FleetConfigError(f"{path}: {where} token: give token or token_file, not both")
     if "token" in table:
         token = _text(table["token"], f"{where} token", path).strip()
-        return token, token
+        return _sendable(token, f"{where} token", path), token
     if "token_file" not in table:
         return None, None
     file = base / _text(table["token_file"], f"{where} token_file", path)
     try:
-        text = file.read_text(encoding="utf-8").strip()
+        text = file.read_bytes().decode("utf-8").strip()  # a CR kept: named if inside
     except (OSError, UnicodeDecodeError) as e:
         raise FleetConfigError(f"{path}: {where} token_file: {file}: cannot read it: {e}") from e
     if not text.startswith("{"):
-        return text or None, text or None
+        bare = _sendable(text, f"{where} token_file: {file}", path) or None
+        return bare, bare
     try:
         tokens = json.loads(text)
     except ValueError as e:
@@ -217,12 +223,28 @@ def _tokens(
             f"{path}: {where} token_file: {file}: expected the bare secret or the node's "
             'api-tokens.json ({"operator": "..."})'
         )
-    read = next((tokens[n] for n in TOKEN_NAMES if n in tokens), None)
+    read = next((n for n in TOKEN_NAMES if n in tokens), None)
     if read is None:
         raise FleetConfigError(
             f"{path}: {where} token_file: {file} has none of the tokens {', '.join(TOKEN_NAMES)}"
         )
-    return read, next((tokens[n] for n in CONTROL_TOKEN_NAMES if n in tokens), read)
+    control = next((n for n in CONTROL_TOKEN_NAMES if n in tokens), read)
+    for name in (read, control):
+        _sendable(tokens[name], f"{where} token_file: {file}: token {name!r}", path)
+    return tokens[read], tokens[control]
+
+
+def _sendable(token: str, where: str, path: Path) -> str:
+    """``token`` when an Authorization header can carry it (tools/netkit/bearer.py).
+
+    Raises:
+        FleetConfigError: naming the file, the entry and the key (``where``), and
+            what a token may hold.
+    """
+    problem = token_problem(token)
+    if problem is not None:
+        raise FleetConfigError(f"{path}: {where}: {problem}")
+    return token
 
 
 def _pub(value: str, where: str, base: Path, path: Path) -> Verifier:

@@ -36,6 +36,7 @@ from infervisor.replay.callers import source_for
 
 from ..api.errors import ApiRefusal
 from ..api.scopes import SCOPE_ORDER, Scope
+from ..netkit.framing import body_too_large
 from .bodies import ROUTES, parse
 from .errors import FrontError, retry_after
 from .proxy import Proxy, Receive, Send, until_disconnect
@@ -274,10 +275,9 @@ async def _body(receive: Receive, path: str) -> bytes:
             raise _ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise FrontError(
-                413, f"{path}: the body is over {MAX_BODY_BYTES} bytes", "body_too_large"
-            )
+        if size > MAX_BODY_BYTES:  # the connection refuses it first (tools/netkit/framing.py)
+            over = body_too_large(MAX_BODY_BYTES)
+            raise FrontError(over.status, f"{path}: {over.message}", over.code, param=over.field)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

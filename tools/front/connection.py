@@ -21,6 +21,15 @@ the oldest one that has not sent a whole request head (answered 503
 with a request in flight (its body arriving, its answer being made or streamed)
 is never shed, and when every connection has one, the new connection is answered
 503 ``too_many_connections`` and closed.
+
+A request's framing is held to the control API's rules
+(:mod:`infervisor.tools.netkit.framing`): ``Transfer-Encoding`` with
+``Content-Length``, a coding other than ``chunked``, a ``Content-Length`` given
+twice, or a body beyond :data:`~.app.MAX_BODY_BYTES` (announced, or as it arrives)
+is answered 400 ``bad_framing`` or 413 ``body_too_large`` in OpenAI's shape before
+the app sees it, and the connection closed. llhttp refused most of these already,
+but uvicorn answered them in plain text ("Invalid HTTP request received."); a body
+announced beyond the limit waited for the deadline.
 """
 
 from __future__ import annotations
@@ -29,9 +38,12 @@ import asyncio
 import http
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..api.limits import Listeners, Phase
+from ..netkit.framing import Refusal, body_too_large, framing_refusal, parser_refusal
+from . import app
 from .errors import FrontError, retry_after
 
 __all__ = ["ARRIVAL_S", "LISTENER", "FrontConnection", "protocol_for"]
@@ -42,14 +54,10 @@ ARRIVAL_S = 10.0
 #: The front's one listener, as :class:`Listeners` names it.
 LISTENER = "front"
 
-_TIMED_OUT_BODY = (
-    b'{"error": {"message": "the request did not arrive whole in time", '
-    b'"type": "invalid_request_error", "param": null, "code": "timeout"}}'
-)
-_TIMED_OUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY)
-)
+
+class _Refused(Exception):
+    """Raised in a parser callback to stop reading a refused request (httptools
+    raises it on from ``feed_data`` as an ``HttpParserCallbackError``)."""
 
 
 def _raw(e: FrontError) -> bytes:
@@ -72,6 +80,8 @@ class FrontConnection(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._arrival: asyncio.TimerHandle | None = None
         self._reading: Phase | None = None  # HEAD or BODY while a request arrives
+        self._refusal: Refusal | None = None  # why the request arriving is refused
+        self._received = 0  # body bytes of the request arriving
 
     # ------------------------------------------------------------ the protocol's events
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -86,10 +96,38 @@ class FrontConnection(HttpToolsProtocol):
         self._reading = Phase.HEAD
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, but a request refused (by llhttp, or here for its framing or
+        size) is answered naming why, in OpenAI's shape, and the connection closed."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._unsupported_upgrade_warning()  # the front serves no WebSocket
+        except httptools.HttpParserError as e:
+            refusal = self._refusal
+            if refusal is None:  # llhttp's: the head's fields say it best when whole
+                version = self.parser.get_http_version() or "1.1"
+                said = framing_refusal(self.headers or [], version, app.MAX_BODY_BYTES)
+                refusal = said or parser_refusal(str(e))
+            self._refuse(refusal)
+
     def on_headers_complete(self) -> None:
+        version = self.parser.get_http_version()
+        self._refusal = framing_refusal(self.headers, version, app.MAX_BODY_BYTES)
+        if self._refusal is not None:
+            raise _Refused  # before uvicorn's callback: no app runs for it
+        self._received = 0
         super().on_headers_complete()
         self._reading = Phase.BODY
         self._arm()  # the body has a deadline of its own, as on the control API
+
+    def on_body(self, body: bytes) -> None:
+        self._received += len(body)
+        if self._received > app.MAX_BODY_BYTES:  # chunked: the length was not announced
+            self._refusal = body_too_large(app.MAX_BODY_BYTES)
+            raise _Refused
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._reading = None
@@ -148,6 +186,14 @@ class FrontConnection(HttpToolsProtocol):
             return cycle.response_complete
         return not cycle.response_started
 
+    def _refuse(self, refusal: Refusal) -> None:
+        """Answer ``refusal`` (unless an answer has begun) and close."""
+        if self._may_answer():
+            error = FrontError(refusal.status, refusal.message, refusal.code, param=refusal.field)
+            self._close_with(_raw(error))
+        else:
+            self.transport.close()
+
     def _close_with(self, answer: bytes) -> None:
         if not self.transport.is_closing():
             self.transport.write(answer)
@@ -167,9 +213,14 @@ class FrontConnection(HttpToolsProtocol):
         self._arrival = None
         if self.transport.is_closing():
             return
-        if self._may_answer():
-            self.transport.write(_TIMED_OUT)
-        self.transport.close()
+        self._refuse(
+            Refusal(
+                408,
+                "request_timeout",
+                f"the request did not arrive whole within {ARRIVAL_S:g} s (its head, then "
+                "its body): send the whole request at once",
+            )
+        )
 
 
 def protocol_for(listeners: Listeners) -> type[FrontConnection]:

@@ -52,7 +52,7 @@ from infervisor.chain.verify import SqlLookups, stored_event
 from infervisor.chain.witness_protocol import AddCheckpoint, Refusal, WitnessState
 from infervisor.replay.audit import Finding, TransitionAudit
 
-from .config import WitnessedLog
+from .config import ConfigError, WitnessedLog, token_of
 
 __all__ = [
     "CHAIN_FILE",
@@ -133,11 +133,11 @@ def _copy_local(source: Path, folder: Path) -> None:
 
 def _pull(log: WitnessedLog, url: str, folder: Path) -> None:
     token = None
-    if log.token_file is not None:
+    if log.token_file is not None:  # read again: it may have changed since the start
         try:
-            token = log.token_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise FetchError(f"cannot read the token file {log.token_file}: {e}") from e
+            token = token_of(log.token_file, f"the token file {log.token_file}")
+        except ConfigError as e:
+            raise FetchError(str(e)) from e
     try:
         from infervisor.tools.audit.chain_pull import pull  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
     except ImportError:

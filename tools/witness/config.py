@@ -34,6 +34,8 @@ from infervisor.chain.cosignature import Cosigner, parse_cosigner_key
 from infervisor.chain.errors import NoteError
 from infervisor.chain.note import Verifier, check_key_name, parse_verifier_key
 
+from ..netkit.bearer import token_problem
+
 __all__ = [
     "KEY_FILE",
     "VKEY_FILE",
@@ -43,6 +45,7 @@ __all__ = [
     "load_config",
     "load_or_create_cosigner",
     "parse_listen",
+    "token_of",
 ]
 
 KEY_FILE = "witness.key"
@@ -260,5 +263,28 @@ def _check_source(where: str, url: str | None, token: Path | None) -> None:
             )
         if scheme == "file" and not Path(rest).exists():
             raise ConfigError(f"{where}.url {url!r}: no such file or directory")
-    if token is not None and not token.is_file():
-        raise ConfigError(f"{where}.token_file {str(token)!r}: no such file")
+    if token is not None:
+        token_of(token, f"{where}.token_file {str(token)!r}")
+
+
+def token_of(file: Path, where: str) -> str:
+    """The read token in ``file``, once an Authorization header can carry it: read
+    at start (a token no header can carry would otherwise fail every audit, in the
+    HTTP client's words) and at each fetch (tools/witness/audit.py: the file may
+    have changed).
+
+    Raises:
+        ConfigError: naming ``where`` (the config file, the log, the key): no such
+            file, unreadable, or a character a token may not hold
+            (tools/netkit/bearer.py).
+    """
+    try:
+        secret = file.read_bytes().decode("utf-8").strip()  # a CR kept: named if inside
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: cannot read it: {e}") from e
+    problem = token_problem(secret)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
+    return secret
