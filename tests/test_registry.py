@@ -11,10 +11,9 @@ import pytest
 from support import FAKE_GGUF
 
 from infervisor.adapters.digest import digest_tree
+from infervisor.adapters.errors import AdmissionRefused, RegistryError
 from infervisor.adapters.planning import plan
 from infervisor.adapters.ports import free_port
-from infervisor.adapters.server import AdapterSettings
-from infervisor.adapters.errors import AdmissionRefused, RegistryError
 from infervisor.adapters.registry import (
     ModelEntry,
     ModelFormat,
@@ -22,6 +21,7 @@ from infervisor.adapters.registry import (
     ResolvedModel,
     check_format,
 )
+from infervisor.adapters.server import AdapterSettings
 from infervisor.adapters.spec import Flavor, InstanceSpec
 
 WEIGHTS = FAKE_GGUF + bytes(range(256)) * 40

@@ -50,7 +50,7 @@ def _takes_a_number(param: click.Parameter) -> bool:
 def number_problem(value: str) -> str | None:
     """Why ``value`` is no number as the API and every other reader writes one, or
     None: Python's ``int()`` and ``float()`` take what no other reader of a number
-    does: other scripts' digits (``١٨٧٧٧``, full-width ``８０８０``), ``1_0`` and
+    does: other scripts' digits (Arabic-Indic, full-width), ``1_0`` and
     surrounding spaces (a second trial, stop 34: ``--threads 1_0`` placed 10
     threads). Also the check of a URL's port (:mod:`.urls`)."""
     if not value.isascii():

@@ -36,7 +36,7 @@ def checked_url(url: str, name: str) -> str:
     ):  # bytes argv or the environment could not decode
         raise refuse("not valid UTF-8")
     port_problem = number_problem(_port_text(url.strip()))
-    if port_problem is not None:  # int() reads "８０８０" as 8080, or urllib says "out of range"
+    if port_problem is not None:  # int() reads full-width 8080 as 8080; urllib: "out of range"
         raise refuse(f"port {port_problem}")
     try:
         parts = urllib.parse.urlsplit(url.strip())
