@@ -91,3 +91,26 @@ def test_an_api_tokens_file_gives_a_read_and_a_control_token(tmp_path: Path) -> 
     del node["token"]
     entry = load_config(fleet_file(tmp_path, node)).nodes[0]
     assert (entry.token, entry.control_token) == ("op", "ctl")
+
+
+@pytest.mark.parametrize(
+    ("content", "refused"),
+    [(b"\xef\xbb\xbfs3cret\n", None), (b"", "it is empty"), (b"[1]", "JSON that is not an object")],
+)
+def test_a_token_file_is_read_as_the_command_line_reads_it(
+    tmp_path: Path, content: bytes, refused: str | None
+) -> None:
+    """One reading of a token file (tools/api/bearer.py): a leading BOM dropped, an
+    empty file or JSON other than an object refused (stop 35's trial; before, the
+    BOM went out in the header and an empty file as no token)."""
+    from infervisor.tools.fleet.config import FleetConfigError, load_config
+
+    (tmp_path / "token").write_bytes(content)
+    node = {**GOOD, "token_file": "token"}
+    del node["token"]
+    if refused is None:
+        entry = load_config(fleet_file(tmp_path, node)).nodes[0]
+        assert (entry.token, entry.control_token) == ("s3cret", "s3cret")
+        return
+    with pytest.raises(FleetConfigError, match=f"token_file: .*token: {refused}"):
+        load_config(fleet_file(tmp_path, node))

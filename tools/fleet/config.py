@@ -21,7 +21,6 @@ reported in one line naming it and its key (``[[nodes]] #2 url: ...``):
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -31,6 +30,8 @@ from typing import Any
 from infervisor.chain.checkpoint import load_verifier
 from infervisor.chain.errors import CheckpointError
 from infervisor.chain.note import Verifier
+
+from ..api.bearer import TokenFileError, token_file_secrets
 
 __all__ = [
     "CONTROL_TOKEN_NAMES",
@@ -203,20 +204,16 @@ def _tokens(
         return None, None
     file = base / _text(table["token_file"], f"{where} token_file", path)
     try:
-        text = file.read_text(encoding="utf-8").strip()
+        tokens = token_file_secrets(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise FleetConfigError(f"{path}: {where} token_file: {file}: cannot read it: {e}") from e
-    if not text.startswith("{"):
-        return text or None, text or None
-    try:
-        tokens = json.loads(text)
-    except ValueError as e:
-        raise FleetConfigError(f"{path}: {where} token_file: {file}: not JSON: {e}") from e
-    if not isinstance(tokens, dict) or not all(isinstance(v, str) for v in tokens.values()):
+    except TokenFileError as e:  # the command line's own reading (tools/api/bearer.py)
         raise FleetConfigError(
-            f"{path}: {where} token_file: {file}: expected the bare secret or the node's "
+            f"{path}: {where} token_file: {file}: {e}; expected the bare secret or the node's "
             'api-tokens.json ({"operator": "..."})'
-        )
+        ) from e
+    if isinstance(tokens, str):
+        return tokens, tokens
     read = next((tokens[n] for n in TOKEN_NAMES if n in tokens), None)
     if read is None:
         raise FleetConfigError(
