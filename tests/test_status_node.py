@@ -72,6 +72,7 @@ def test_a_script_learns_the_cordon_from_the_node_and_from_its_chain(
         False,
     )
     assert record["phase"] is None and record["version"] is None  # only a node knows
+    assert record["witnesses"] is None and record["witness_quorum"] is None
     assert "replayed from the chain" in offline.stderr
     # `status` read from the chain says it too, as the live one does (it left it out)
     assert cordon_line in ok(cli_here("status", data)).splitlines()

@@ -26,6 +26,7 @@ from ..clikit.names import chain_roles, resolve
 from ..clikit.schemas import InstanceRecord, from_state, from_view
 from ..clikit.wanted import wanted
 from ..node.where import where
+from .node_status import show_node, witness_lines
 from .target import Target, api_failure, node_command, running_healthy, view_of
 
 __all__ = ["age", "chain_refusal", "cordon_lines", "residency_lines", "row", "status"]
@@ -117,8 +118,6 @@ def status(  # noqa: PLR0917 - one parameter per option, as click passes them
     if node_record:
         if instance is not None or watch or check:
             fail("--node shows the node: not with INSTANCE, --watch or --check", "usage", "--node")
-        from .node_status import show_node  # noqa: PLC0415 - only --node pays for it
-
         show_node(target, as_json, unverified)
         return
     if check and (instance is None or watch):
@@ -174,7 +173,7 @@ def _print_table_and_details(
     for line in [
         *residency_lines(records),
         *cordon_lines(info.cordon, info.cordon_reason, info.cordon_since_ns),
-        *witness_lines(info),
+        *witness_lines(info.witnesses, info.witness_quorum),
     ]:
         click.echo(line)
     if instance:
@@ -236,31 +235,6 @@ def cordon_lines(cordon: str, reason: str | None = None, since_ns: int | None = 
             "stopped (`infervisor uncordon` ends it)"
         ]
     return []
-
-
-def witness_lines(info: NodeInfo) -> list[str]:
-    """A summary against the quorum, then ``witness NAME: cosigned size N, M events
-    behind; last success ...; last error ...`` per witness ([] without witnesses)."""
-    if not info.witnesses:
-        return []
-    current = sum(1 for w in info.witnesses if w.behind_events == 0 and w.cosigned_size > 0)
-    quorum = info.witness_quorum or len(info.witnesses)
-    met = "met" if current >= quorum else "not met"
-    lines = [
-        f"witnesses: {current} of {len(info.witnesses)} cosigned the latest checkpoint "
-        f"(quorum {quorum}: {met})"
-    ]
-    for w in info.witnesses:
-        success = "never (this run)"
-        if w.last_success_ns is not None:
-            at = dt.datetime.fromtimestamp(w.last_success_ns / 1e9, dt.UTC)
-            success = at.isoformat(timespec="seconds")
-        error = f"; last error: {w.last_error}" if w.last_error else ""
-        lines.append(
-            f"witness {w.witness}: cosigned size {w.cosigned_size}, {w.behind_events} events "
-            f"behind; last success {success}{error}"
-        )
-    return lines
 
 
 def chain_refusal(info: NodeInfo) -> str | None:
