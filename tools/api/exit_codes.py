@@ -19,6 +19,9 @@ command's ``--help``)::
     4  no answer: the node was asked and went away (crashed, restarted, or stopped
        answering) before it answered a verb it may have taken (code ``no_answer``):
        look with `infervisor status` once the node is back before asking again
+  141  standard output closed early: its reader went away (``status | head -1``);
+       said by nothing (no message, no JSON error), as a program SIGPIPE ends
+       (tools/clikit/closed_stdout.py)
 
 ``status INSTANCE --check`` and ``health INSTANCE --check`` (like ``systemctl
 is-active``): 0 when INSTANCE is running and healthy, 1 otherwise, 3 when no
@@ -48,6 +51,10 @@ class Exit(enum.IntEnum):
     USAGE = 2
     NO_NODE = 3
     NO_ANSWER = 4
+    #: Standard output was closed before all was written (``status | head -1``):
+    #: 128 + SIGPIPE, what the shell reports of a program SIGPIPE ends; no error
+    #: code, no message (tools/clikit/closed_stdout.py).
+    CLOSED_STDOUT = 141
 
 
 #: Every error code and the exit status it gives.
@@ -108,7 +115,8 @@ EPILOG = (
     "(unknown instance, a refusal of the node, a chain that does not verify); "
     "2 usage (bad option, value, path, spec or token); 3 no node takes verbs "
     "there (none runs or answers, or it is starting or shutting down); 4 no answer: "
-    "the node went away before answering a verb it may have taken (see status)."
+    "the node went away before answering a verb it may have taken (see status); "
+    "141 standard output closed early (| head), said by nothing."
 )
 
 #: Longest value quoted whole in a message; longer ones are cut with an ellipsis.

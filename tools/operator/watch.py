@@ -69,8 +69,6 @@ def watch(
         _watch_events(target, from_seq, as_json, follow=not no_follow, retry_for=retry_for)
     except KeyboardInterrupt:
         sys.exit(0)
-    except BrokenPipeError:
-        sys.exit(0)
 
 
 _BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
