@@ -38,8 +38,9 @@ _TAKES = {
 def show_node(target: Target, as_json: bool, unverified: bool) -> None:
     """Print the node's record: a line or two, or one JSON object (``--json``).
 
-    Exits 3 (``api_failure``) when no node answers at --url, 2 (``no_chain``) when
-    none runs on WHERE and no chain is there to read."""
+    Exits 3 (``api_failure``) when no node listens at --url, 4 when the node is
+    there and does not answer, 2 (``no_chain``) when none runs on WHERE and no
+    chain is there to read."""
     try:
         with target.client() as client:
             record = _of_node(client.node())
