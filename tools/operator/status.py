@@ -102,8 +102,7 @@ def status(  # noqa: PLR0917 - one parameter per option, as click passes them
 
     --check is for scripts: INSTANCE's line (or JSON) as above, then exit 0
     only when the node has it running and its last probe did not fail, 1
-    otherwise, 3 when no node runs, 4 when it does not answer (the chain is
-    not asked).
+    otherwise, 3 when no node runs, 4 when it does not answer (no chain read).
 
     --node shows the node instead of its instances: whether it takes
     placements (cordon: none, cordoned, drained; and its reason), its phase
@@ -114,8 +113,7 @@ def status(  # noqa: PLR0917 - one parameter per option, as click passes them
     Exit 0; 1 when INSTANCE is not placed (the message names those that are);
     2 when WHERE names nothing, no running node and no chain (no_chain); 3
     when no node listens at --url, or WHERE's is still opening its chain; 4
-    when the node is there but does not answer within --timeout (a stopped
-    process is named with `kill -CONT PID`).
+    when the node is there but does not answer within --timeout.
     """
     instance = target.rest[0] if target.rest else None
     if node_record:
