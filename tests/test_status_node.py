@@ -21,6 +21,7 @@ from support import chain_rows, cli_here
 from test_cli_contract import validate
 from test_operator_cli import Started, ok
 
+from infervisor.tools.api.wire import WitnessInfo
 from infervisor.tools.clikit.node_schema import NODE_SCHEMA, NodeRecord
 from infervisor.tools.clikit.schemas import SCHEMAS
 
@@ -90,3 +91,6 @@ def test_the_schema_is_listed_and_matches_the_record() -> None:
     assert SCHEMAS["node"] is NODE_SCHEMA
     assert set(NODE_SCHEMA["properties"]) == set(NodeRecord.__struct_fields__)
     assert set(NODE_SCHEMA["required"]) == set(NodeRecord.__struct_fields__)
+    witness = NODE_SCHEMA["properties"]["witnesses"]["items"]  # GET /v1/node's, whole
+    assert set(witness["properties"]) == set(witness["required"])
+    assert set(witness["required"]) == set(WitnessInfo.__struct_fields__)

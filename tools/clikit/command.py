@@ -61,15 +61,9 @@ class Command(click.Command):
         kwargs.setdefault("epilog", EPILOG)
         super().__init__(*args, **kwargs)
 
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         with quiet_on_closed_stdout():  # --help, or a usage error's JSON, into a closed pipe
-            return self._make_context(info_name, args, parent, **extra)
+            return self._make_context(*args, **kwargs)
 
     def _make_context(
         self,
@@ -120,15 +114,9 @@ class Group(click.Group):
         kwargs.setdefault("epilog", EPILOG)
         super().__init__(*args, **kwargs)
 
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         with quiet_on_closed_stdout():
-            return super().make_context(info_name, args, parent, **extra)
+            return super().make_context(*args, **kwargs)
 
 
 Group.group_class = Group

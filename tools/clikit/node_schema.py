@@ -51,19 +51,23 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _OPT_INT = {"type": ["integer", "null"]}
+
+
+#: The JSON type of each field of a witness (:class:`~..api.wire.WitnessInfo`).
+_WITNESS_TYPES: dict[str, str | list[str]] = {
+    "witness": "string",
+    "url": "string",
+    "cosigned_size": "integer",
+    "checkpoint_size": "integer",
+    "behind_events": "integer",
+    "last_error": ["string", "null"],
+    "last_success_ns": ["integer", "null"],
+}
 _WITNESS = {
     "type": "object",
     "additionalProperties": False,
     "required": list(WitnessInfo.__struct_fields__),
-    "properties": {
-        "witness": {"type": "string"},
-        "url": {"type": "string"},
-        "cosigned_size": {"type": "integer"},
-        "checkpoint_size": {"type": "integer"},
-        "behind_events": {"type": "integer"},
-        "last_error": {"type": ["string", "null"]},
-        "last_success_ns": _OPT_INT,
-    },
+    "properties": {name: {"type": kind} for name, kind in _WITNESS_TYPES.items()},
 }
 _OPT_STR = {"type": ["string", "null"]}
 
