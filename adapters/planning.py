@@ -130,15 +130,21 @@ def _resolve(registry: ModelRegistry, name: str, what: str) -> ResolvedModel:
     try:
         return registry.resolve(name)
     except RegistryError as e:
-        why = str(e).removeprefix(f"model {name}: ")  # the registry names it already
-        raise RegistryError(f"{what} {_shown(name)}: {why}") from e
+        raise _named(e, name, what) from e
 
 
 def _locate(registry: ModelRegistry, name: str, what: str) -> ResolvedModel:
     try:
         return registry.locate(name)
     except RegistryError as e:
-        raise RegistryError(f"{what} {_shown(name)}: {e}") from e
+        raise _named(e, name, what) from e
+
+
+def _named(e: RegistryError, name: str, what: str) -> RegistryError:
+    """The registry's refusal of ``name`` as ``what`` (model, draft model): the name
+    said once, the registry's own ``model NAME: `` prefix dropped."""
+    why = str(e).removeprefix(f"model {name}: ")
+    return RegistryError(f"{what} {_shown(name)}: {why}")
 
 
 def verify_weights(adapter: ServerAdapter, registry: ModelRegistry) -> str | None:

@@ -118,8 +118,10 @@ class ModelRegistry:
         """
         manifest = self._manifest(name)
         if not manifest.is_file():
+            # "model NAME: ..." as every other refusal of a manifest, so that a caller
+            # naming the model first strips it rather than say it twice (stop 35's trial)
             known = ", ".join(self.names()) or "none: adopt one first"
-            raise RegistryError(f"unknown model {name!r}; known models: {known}")
+            raise RegistryError(f"model {name}: not in the registry; registered models: {known}")
         try:
             raw = tomllib.loads(manifest.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:

@@ -81,6 +81,17 @@ def test_a_token_file_is_the_bare_secret_or_the_nodes_tokens(tmp_path: Path) -> 
     assert ended.value.code == 2
 
 
+def test_a_token_file_written_with_a_byte_order_mark_gives_the_secret(tmp_path: Path) -> None:
+    """Editors on Windows write a UTF-8 BOM first (stop 35's trial: refused as a
+    token holding '\ufeff'); one is dropped, for the bare secret and the JSON."""
+    bare = tmp_path / "secret"
+    bare.write_bytes(b"\xef\xbb\xbfs3cret\r\n")
+    assert target.token_of(None, bare, "operator") == "s3cret"
+    tokens = tmp_path / "api-tokens.json"
+    tokens.write_bytes(b"\xef\xbb\xbf" + json.dumps({"operator": "a"}).encode())
+    assert target.token_of(None, tokens, "operator") == "a"
+
+
 def test_the_command_line_loads_a_commands_libraries_only_when_it_runs() -> None:
     """The root group and its --help do not import the node, its API or the chain
     group's checkpoint and bundle libraries; `chain --help` lists every chain command."""

@@ -24,6 +24,7 @@ BAD_URLS = [
     "127.0.0.1:8765",
     "http://127.0.0.1:8765/a b",
     "http://\udcff:1",  # a byte argv could not decode (httpx raised InvalidURL on it)
+    "http://127.0.0.1:\uff18\uff10\uff18\uff10",  # full-width digits: int() reads 8080
 ]
 
 VERBS = [
@@ -82,6 +83,12 @@ OWN_WORDS = {
     "http://127.0.0.1:99999": "port 99999 is out of range",
     "http://[::1": "an IPv6 host must be in brackets, [ and ] both",
     "http://::1]:8765": "an IPv6 host must be in brackets, [ and ] both",
+    # Other scripts' digits, as every number option refuses them (clikit/raw_args.py;
+    # stop 35's trial: "port \\uff18... is out of range" for a port 8080 in full-width).
+    "http://127.0.0.1:\uff18\uff10\uff18\uff10": "port '\\uff18\\uff10\\uff18\\uff10': a number "
+    "is written in ASCII digits (0-9), not other scripts' digits",
+    "http://[::1]:\u0668\u0660": "port '\\u0668\\u0660': a number is written in ASCII digits (0-9)",
+    "http://127.0.0.1:8_0": "port '8_0': a number is written in ASCII digits (0-9), without",
 }
 PYTHONS_WORDS = ("could not be cast", "Invalid IPv6 URL", "Port out of range", "not a URL (")
 

@@ -130,9 +130,37 @@ def test_a_token_a_header_cannot_carry_is_a_bad_value(
     env = {"INFERVISOR_TOKEN": secret if how == "env" else ""}
     ran = run("status", "--url", NOBODY, *given.get(how, []), "--json", env=env)
     assert ran.code == 2, ran
-    assert f"{field}: a token may hold visible ASCII only" in ran.stderr
+    named = f"--token-file {file}" if how == "--token-file" else field  # the file too
+    assert f"error: {named}" in ran.stderr, ran.stderr
+    assert ": a token may hold visible ASCII only" in ran.stderr, ran.stderr
     assert json.loads(ran.stdout)["error"]["code"] == "bad_value"
     assert json.loads(ran.stdout)["error"]["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("[1]", "JSON that is not an object of token names and secrets"),
+        ('"s3cret"', "JSON that is not an object of token names and secrets"),
+        ("s3cret\nsecond line\n", "more than one line"),
+        ("", "it is empty"),
+        ("\n \n", "it is empty"),
+        ("\ufeff", "it is empty"),
+        ("\ufeff\ufeffs3cret", "a token may hold visible ASCII only"),  # one BOM is dropped
+    ],
+)
+def test_a_token_file_holding_no_one_secret_is_refused_naming_the_option_and_file(
+    tmp_path: Path, content: str, why: str
+) -> None:
+    """Stop 35's trial: `[1]` and a second line went out as the bearer secret, an
+    empty file as no token at all (the node then said 'unauthorized')."""
+    file = tmp_path / "token"
+    file.write_text(content, encoding="utf-8")
+    ran = run("status", "--url", NOBODY, "--token-file", file, "--json")
+    assert ran.code == 2, ran
+    assert f"--token-file {file}: {why}" in ran.stderr, ran.stderr
+    error = json.loads(ran.stdout)["error"]
+    assert (error["code"], error["field"]) == ("bad_value", "--token-file")
 
 
 @pytest.mark.parametrize(

@@ -114,15 +114,42 @@ def test_a_token_no_header_can_carry_is_refused_at_load_naming_its_key(
     bare = {**GOOD, "token_file": "bare"}
     api = {**GOOD, "token_file": "tokens.json"}
     del bare["token"], api["token"]
+    why = (
+        "a token may hold visible ASCII only (letters, digits, punctuation; no spaces, "
+        f"controls or other characters), found {secret[2]!a}"
+    )
     for node, key in [
         ({**GOOD, "token": secret}, "token"),
-        (bare, f"token_file: {tmp_path / 'bare'}"),
         (api, f"token_file: {tmp_path / 'tokens.json'}: token 'controller'"),
     ]:
         with pytest.raises(FleetConfigError) as refused:
             load_config(fleet_file(tmp_path, node))
-        assert str(refused.value) == (
-            f"{tmp_path / 'fleet.toml'}: [[nodes]] #1 {key}: a token may hold visible ASCII "
-            "only (letters, digits, punctuation; no spaces, controls or other characters), "
-            f"found {secret[2]!a}"
-        )
+        assert str(refused.value) == f"{tmp_path / 'fleet.toml'}: [[nodes]] #1 {key}: {why}"
+    # a bare secret's file is read as the command line reads it: a CR or LF is a second line
+    with pytest.raises(FleetConfigError) as refused:
+        load_config(fleet_file(tmp_path, bare))
+    said = "more than one line" if secret[2] in "\r\n" else why
+    assert f"[[nodes]] #1 token_file: {tmp_path / 'bare'}: {said}" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "refused"),
+    [(b"\xef\xbb\xbfs3cret\n", None), (b"", "it is empty"), (b"[1]", "JSON that is not an object")],
+)
+def test_a_token_file_is_read_as_the_command_line_reads_it(
+    tmp_path: Path, content: bytes, refused: str | None
+) -> None:
+    """One reading of a token file (tools/netkit/bearer.py): a leading BOM dropped, an
+    empty file or JSON other than an object refused (stop 35's trial; before, the
+    BOM went out in the header and an empty file as no token)."""
+    from infervisor.tools.fleet.config import FleetConfigError, load_config
+
+    (tmp_path / "token").write_bytes(content)
+    node = {**GOOD, "token_file": "token"}
+    del node["token"]
+    if refused is None:
+        entry = load_config(fleet_file(tmp_path, node)).nodes[0]
+        assert (entry.token, entry.control_token) == ("s3cret", "s3cret")
+        return
+    with pytest.raises(FleetConfigError, match=f"token_file: .*token: {refused}"):
+        load_config(fleet_file(tmp_path, node))

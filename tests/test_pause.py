@@ -8,7 +8,9 @@ client (the kernel queues the connection). Synchronisation is by condition
 and deadline; the one sleep is the pause itself, the length the issue asks for.
 The status commands run in this process (support.cli_here: the CLI's own
 --timeout is what ends them); a verb runs as a process of its own, which must
-end within :data:`CLI_DEADLINE_S`.
+end within :data:`CLI_DEADLINE_S`. A node that is there and does not answer
+is exit 4 (``no_answer``), not 3 (no node): stop 35's trial. A test that
+stops the node sends SIGCONT in a ``finally``, whatever fails.
 """
 
 from __future__ import annotations
@@ -60,20 +62,24 @@ def json_error(result: object) -> dict[str, object]:
     return body
 
 
-def test_a_node_that_does_not_answer_is_exit_3_naming_the_socket_and_timeout(
+def test_a_socket_that_takes_connections_and_does_not_answer_is_no_answer(
     tmp_path: Path,
 ) -> None:
+    """Exit 4 (``no_answer``), naming the socket, the timeout and its listener's pid:
+    something is there and does not answer (stop 35: it was exit 3, "no node")."""
     data = tmp_path / "data"
     put_model(data)
     with deaf_node(data) as path:
         result = cli_here("status", data, "--timeout", "1", "--json")
-        assert result.returncode == 3, result.stdout + result.stderr
+        assert result.returncode == 4, result.stdout + result.stderr
         assert "Traceback" not in result.stderr
         error = json_error(result)
-        assert error["code"] == "node_unreachable"
+        assert error["code"] == "no_answer"
         assert error["field"] == "--timeout"
-        assert str(path) in str(error["message"])
-        assert "within 1 s" in str(error["message"])
+        message = str(error["message"])
+        assert str(path) in message and "took the connection" in message
+        assert "within 1 s" in message
+        assert f"its process (pid {os.getpid()}) runs, but it is paused" in message
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
         verb = subprocess.run(  # a verb, its timeout from the environment
@@ -84,13 +90,66 @@ def test_a_node_that_does_not_answer_is_exit_3_naming_the_socket_and_timeout(
             check=False,
             env={**os.environ, "INFERVISOR_TIMEOUT": "1"},
         )
-        assert verb.returncode == 3, verb.stdout + verb.stderr
+        assert verb.returncode == 4, verb.stdout + verb.stderr
         assert "did not answer within 1 s" in verb.stderr
 
         with ApiClient(data, timeout_s=1.0) as client, pytest.raises(NoAnswer) as sent:
             client.heartbeat("ctl")  # a POST with no wait of its own: 1 s
         assert sent.value.code == "no_answer"  # a verb sent may have been recorded
         assert "may have been recorded" in str(sent.value)
+
+
+def test_a_url_that_takes_connections_and_does_not_answer_is_no_answer() -> None:
+    """Over TCP too: the kernel took the connection (a listener whose process is
+    paused, with no accept), so something is there: exit 4, not 3."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        result = cli_here("status", "--url", url, "--timeout", "1", "--json")
+    assert result.returncode == 4, result.stdout + result.stderr
+    error = json_error(result)
+    assert error["code"] == "no_answer" and "within 1 s" in str(error["message"])
+    assert "`kill -CONT PID`" in str(error["message"])
+
+
+@contextlib.contextmanager
+def stopped(node: Started) -> Iterator[int]:
+    """The node's process stopped with SIGSTOP; SIGCONT always follows, failed or not."""
+    node.run.send(signal.SIGSTOP)
+    try:
+        yield node.run.proc.pid
+    finally:
+        node.run.send(signal.SIGCONT)
+
+
+def test_a_stopped_node_is_no_answer_naming_its_pid_and_kill_cont(
+    start_node: Callable[..., Started],  # noqa: F811
+) -> None:
+    """Stop 35's trial: `infervisor stop` to a SIGSTOPped `infervisor run` exited 3
+    (no_node) although the node holds its lock and its socket takes connections;
+    it is 4 (no_answer), naming the pid that is stopped and `kill -CONT` (fails before)."""
+    node = start_node()
+    with stopped(node) as pid:
+        for args in (["status", node.data, "--json"], ["stop", node.data, "chat", "--json"]):
+            ran = subprocess.run(
+                [str(INFERVISOR), *map(str, args), "--timeout", "2"],
+                capture_output=True,
+                text=True,
+                timeout=CLI_DEADLINE_S,
+                check=False,
+            )
+            assert ran.returncode == 4, ran.stdout + ran.stderr
+            error = json_error(ran)
+            assert (error["code"], error["field"]) == ("no_answer", "--timeout")
+            message = str(error["message"])
+            assert "did not answer within 2 s" in message, message
+            assert f"its process (pid {pid}) is stopped: `kill -CONT {pid}` resumes it" in message
+        with ApiClient(node.data, timeout_s=2.0) as client, pytest.raises(NoAnswer) as sent:
+            client.heartbeat("ctl")
+        assert sent.value.code == "no_answer" and "may have been recorded" in str(sent.value)
+    node.run.until("the node answers again", lambda: live_views(node.data))
+    assert cli_here("status", node.data).returncode == 0
 
 
 @pytest.mark.parametrize("value", ["0", "nan"])
@@ -130,9 +189,9 @@ def test_a_node_stopped_past_the_stall_allowance_resumes_and_stops_no_server(
     node.run.send(signal.SIGSTOP)
     try:
         stopped_at = time.monotonic()
-        # While it is stopped the CLI does not hang: exit 3 naming the timeout.
+        # While it is stopped the CLI does not hang: exit 4 naming the timeout.
         deaf = cli_here("status", node.data, "--timeout", "2")
-        assert deaf.returncode == 3, deaf.stdout + deaf.stderr
+        assert deaf.returncode == 4, deaf.stdout + deaf.stderr
         assert "did not answer within 2 s" in deaf.stderr
         time.sleep(max(0.0, PAUSE_S - (time.monotonic() - stopped_at)))  # the pause itself
     finally:

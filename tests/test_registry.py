@@ -12,6 +12,8 @@ from support import FAKE_GGUF
 
 from infervisor.adapters.digest import digest_tree
 from infervisor.adapters.errors import AdmissionRefused, RegistryError
+from infervisor.adapters.planning import plan
+from infervisor.adapters.ports import free_port
 from infervisor.adapters.registry import (
     ModelEntry,
     ModelFormat,
@@ -19,7 +21,8 @@ from infervisor.adapters.registry import (
     ResolvedModel,
     check_format,
 )
-from infervisor.adapters.spec import Flavor
+from infervisor.adapters.server import AdapterSettings
+from infervisor.adapters.spec import Flavor, InstanceSpec
 
 WEIGHTS = FAKE_GGUF + bytes(range(256)) * 40
 
@@ -80,8 +83,27 @@ def test_unknown_model_lists_known_names(reg: ModelRegistry, root: Path) -> None
     with pytest.raises(RegistryError, match="none: adopt one first"):
         reg.resolve("tiny")
     reg.adopt("tiny", root / "models" / "tiny.gguf")
-    with pytest.raises(RegistryError, match=r"unknown model 'big'; known models: tiny"):
+    with pytest.raises(
+        RegistryError, match=r"^model big: not in the registry; registered models: tiny$"
+    ):
         reg.resolve("big")
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_placing_an_unknown_model_names_it_once_with_the_registered_ones(
+    reg: ModelRegistry, root: Path, draft: bool
+) -> None:
+    """Stop 35's trial: "model nosuch: unknown model 'nosuch'; known models: tiny"
+    named the model twice (fails before: the planner put its own prefix on the
+    registry's message)."""
+    reg.adopt("tiny", root / "models" / "tiny.gguf")
+    models = {"model": "tiny", "draft_model": "nosuch"} if draft else {"model": "nosuch"}
+    spec = InstanceSpec(role="x", flavor=Flavor.LLAMACPP, port=free_port(), **models)
+    settings = AdapterSettings(data_root=str(root))
+    with pytest.raises(RegistryError) as refused:
+        plan(spec, "x-1", reg, settings)
+    what = "draft model" if draft else "model"
+    assert str(refused.value) == f"{what} nosuch: not in the registry; registered models: tiny"
 
 
 def test_unknown_manifest_key_is_named(reg: ModelRegistry, root: Path) -> None:

@@ -21,6 +21,7 @@ from support import chain_rows, cli_here
 from test_cli_contract import validate
 from test_operator_cli import Started, ok
 
+from infervisor.tools.api.wire import WitnessInfo
 from infervisor.tools.clikit.node_schema import NODE_SCHEMA, NodeRecord
 from infervisor.tools.clikit.schemas import SCHEMAS
 
@@ -72,6 +73,7 @@ def test_a_script_learns_the_cordon_from_the_node_and_from_its_chain(
         False,
     )
     assert record["phase"] is None and record["version"] is None  # only a node knows
+    assert record["witnesses"] is None and record["witness_quorum"] is None
     assert "replayed from the chain" in offline.stderr
     # `status` read from the chain says it too, as the live one does (it left it out)
     assert cordon_line in ok(cli_here("status", data)).splitlines()
@@ -89,3 +91,6 @@ def test_the_schema_is_listed_and_matches_the_record() -> None:
     assert SCHEMAS["node"] is NODE_SCHEMA
     assert set(NODE_SCHEMA["properties"]) == set(NodeRecord.__struct_fields__)
     assert set(NODE_SCHEMA["required"]) == set(NodeRecord.__struct_fields__)
+    witness = NODE_SCHEMA["properties"]["witnesses"]["items"]  # GET /v1/node's, whole
+    assert set(witness["properties"]) == set(witness["required"])
+    assert set(witness["required"]) == set(WitnessInfo.__struct_fields__)

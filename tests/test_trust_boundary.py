@@ -192,8 +192,10 @@ def test_every_validation_failure_names_its_field(kw: dict[str, Any], field: str
 
 def test_a_bad_spec_answer_never_says_field_null() -> None:
     answers = {
-        "spec.draft_model": RegistryError("draft_model nope: unknown model 'nope'"),
-        "spec.model": RegistryError("model nope: unknown model 'nope'"),
+        "spec.draft_model": RegistryError(
+            "draft_model nope: not in the registry; registered models: tiny"
+        ),
+        "spec.model": RegistryError("model nope: not in the registry; registered models: tiny"),
         "spec.kind": SpecError("kind 'x' is not a kind of this node", field="kind"),
         "spec.restart": SpecError("restart: max_restarts -1", field="restart"),
         "spec": SpecError("something no field covers"),

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from servers.witness_double import WitnessDouble
 from support import cli_here, wait_until
+from test_cli_contract import validate
 from test_run_resume import (
     INFERVISOR,
     NodeRun,
@@ -40,6 +41,7 @@ from test_witnessing import _verified_sizes, new_chain
 
 from infervisor.chain.checkpoint_store import read_stored
 from infervisor.chain.cosignature_store import read_lines_by_size
+from infervisor.tools.clikit.node_schema import NODE_SCHEMA
 
 DEADLINE_S = 60.0
 ORIGIN = "example.com/fleet/n1"  # tests/test_witnessing.py new_chain
@@ -120,6 +122,21 @@ def test_a_witness_that_is_down_delays_nothing_and_gets_its_backlog(
     status = cli_here("status", tmp_path / "data")
     assert "witness witness.test/one: cosigned size 0," in status.stdout, status.stdout
     assert "witnesses: 0 of 1 cosigned the latest checkpoint (quorum 1: not met)" in status.stdout
+    # status --node says the same, and its --json carries /v1/node's witness fields
+    # (stop 35's trial: neither had them; fails before)
+    node_text = cli_here("status", tmp_path / "data", "--node")
+    assert "witnesses: 0 of 1 cosigned the latest checkpoint" in node_text.stdout, node_text
+    assert "witness witness.test/one: cosigned size 0," in node_text.stdout
+    record = json.loads(cli_here("status", tmp_path / "data", "--node", "--json").stdout)
+    validate(record, NODE_SCHEMA)
+    (said,) = record["witnesses"]
+    assert record["witness_quorum"] == 1
+    assert (said["witness"], said["url"], said["cosigned_size"]) == (
+        "witness.test/one",
+        lag["url"],
+        0,
+    )
+    assert said["behind_events"] > 0 and "unreachable" in said["last_error"]
     metrics = _api(tmp_path, "/metrics").text
     assert 'infervisor_witness_failing{witness="witness.test/one"} 1.0' in metrics
 

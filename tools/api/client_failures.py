@@ -2,8 +2,10 @@
 
 httpx's transport errors and the node's error answers become the errors of
 :mod:`.errors` here, as httpx maps httpcore's at its edge: ``NotRunning`` when
-nothing listens, ``NoAnswer`` when nothing answers in time (a verb sent may
-have been recorded), ``NodeStopping`` when the node went away midway,
+nothing listens, ``NoAnswer`` when the node is there (it took the connection)
+but does not answer in time (``no_answer``; a verb sent may have been
+recorded; a stopped node is named with its pid and ``kill -CONT``),
+``NodeStopping`` when the node went away midway,
 ``NodeStarting``/``NodeStopping`` for a 503 and ``VerbFailed`` (the stable
 ``code``, the HTTP ``status`` and the ``field``) for every other refusal.
 """
@@ -57,22 +59,50 @@ class RequestFailures:
     def no_answer(
         self, error: httpx.TimeoutException, method: str, timeout_s: float | None
     ) -> NoAnswer:
-        """No answer in time (``timeout_s``, seconds; None: a stream gone silent): the
-        node is stopped (SIGSTOP), frozen or overloaded. A verb sent may have been
-        recorded; a connect that timed out sent nothing."""
-        where = f"{self.where} (socket {self.socket})" if self.socket is not None else self.where
+        """No answer in time (``timeout_s``, seconds; None: a stream gone silent).
+
+        The node is there but does not answer (``no_answer``, exit 4): it took the
+        connection (its socket's queue or the kernel's accept queue), or its socket
+        listens with a full queue; a stopped process (SIGSTOP) is named with its
+        pid and how to resume it. A verb sent may have been recorded. Only a TCP
+        connect that timed out is ``node_unreachable`` (exit 3): nothing took the
+        connection, which says nothing of a node there (a firewall drops it too).
+        """
         within = f"within {timeout_s:g} s" if timeout_s is not None else "in time"
-        message = (
-            f"the node at {where} did not answer {within}: it is stopped, frozen or "
-            f"overloaded ({type(error).__name__})"
-        )
-        if method == "POST" and not isinstance(error, httpx.ConnectTimeout):
+        connect = isinstance(error, httpx.ConnectTimeout)
+        if connect and self.socket is None:
+            return NoAnswer(
+                f"nothing at {self.where} took the connection {within}: no node listens "
+                "there and something drops the connection, or the node's queue is full "
+                "(a paused node: SIGSTOP, a frozen cgroup or VM)",
+                "node_unreachable",
+                0,
+            )
+        where = f"{self.where} (socket {self.socket})" if self.socket is not None else self.where
+        took = "listens (its queue is full)" if connect else "took the connection"
+        message = f"the node at {where} {took} but did not answer {within}: {self._why_silent()}"
+        if method == "POST" and not connect:
             message += (
                 "; the verb may have been recorded: see `infervisor status` or "
                 "`infervisor watch` once the node answers before asking again"
             )
-            return NoAnswer(message, "no_answer", 0)
-        return NoAnswer(message, "node_unreachable", 0)
+        return NoAnswer(message, "no_answer", 0)
+
+    def _why_silent(self) -> str:
+        """Why a node that is there may not answer: its process stopped (named, with
+        the command that resumes it), else the causes a client cannot tell apart."""
+        found = None
+        if self.socket is not None:
+            from .uds import listener  # noqa: PLC0415 - loads httpcore, as the request did
+
+            found = listener(str(self.socket))
+        if found is not None and found.stopped:
+            return f"its process (pid {found.pid}) is stopped: `kill -CONT {found.pid}` resumes it"
+        pid = f"its process (pid {found.pid}) runs, but " if found is not None else ""
+        return (
+            f"{pid}it is paused (a stopped process: `kill -CONT PID`; a frozen cgroup; "
+            "a paused VM), stuck or overloaded"
+        )
 
     def unreachable(self, error: httpx.TransportError) -> NodeUnavailable:
         """Nothing listens (NotRunning), a stream went silent (NoAnswer) or the

@@ -48,8 +48,9 @@ class NotRunning(NodeUnavailable):
 
 class NoAnswer(NodeUnavailable):
     """The node took the connection but did not answer within the timeout: it is
-    stopped (SIGSTOP), frozen or overloaded. ``code`` is ``node_unreachable``, or
-    ``no_answer`` for a verb that may have been recorded."""
+    stopped (SIGSTOP), frozen or overloaded. ``code`` is ``no_answer`` (the node is
+    there), or ``node_unreachable`` for a TCP connect that timed out (nothing took
+    the connection)."""
 
 
 class NodeStarting(NodeUnavailable):

@@ -12,17 +12,21 @@ command's ``--help``)::
        ambiguous, the chain does not verify or cannot be replayed, a demo step failed
     2  usage: the command line is wrong (unknown option, a bad value, a path that
        names no data directory, config or chain, a config that cannot be used)
-    3  no node takes verbs there (none runs on the data directory or answers at the
-       URL, it does not answer within --timeout, or it is still starting, or
-       shutting down): try again once
+    3  no node takes verbs there (none runs on the data directory or listens at
+       the URL, or it is still starting, or shutting down): try again once
        `infervisor run` is up
-    4  no answer: the node was asked and went away (crashed, restarted, or stopped
-       answering) before it answered a verb it may have taken (code ``no_answer``):
-       look with `infervisor status` once the node is back before asking again
+    4  no answer (code ``no_answer``): the node is there (it took the connection)
+       but did not answer within --timeout (its process stopped: `kill -CONT PID`;
+       frozen; overloaded), or it went away (crashed, restarted) before it
+       answered; a verb it was sent may have been taken: look with `infervisor
+       status` once the node answers before asking again
+  141  standard output closed early: its reader went away (``status | head -1``);
+       said by nothing (no message, no JSON error), as a program SIGPIPE ends
+       (tools/clikit/closed_stdout.py)
 
 ``status INSTANCE --check`` and ``health INSTANCE --check`` (like ``systemctl
 is-active``): 0 when INSTANCE is running and healthy, 1 otherwise, 3 when no
-node answers.
+node runs, 4 when it does not answer.
 
 The command line's own codes (``usage``, ``bad_path``, ``chain_invalid``, ...) are
 in the same table, so an answer's ``code`` gives the exit status directly.
@@ -48,6 +52,10 @@ class Exit(enum.IntEnum):
     USAGE = 2
     NO_NODE = 3
     NO_ANSWER = 4
+    #: Standard output was closed before all was written (``status | head -1``):
+    #: 128 + SIGPIPE, what the shell reports of a program SIGPIPE ends; no error
+    #: code, no message (tools/clikit/closed_stdout.py).
+    CLOSED_STDOUT = 141
 
 
 #: Every error code and the exit status it gives.
@@ -109,8 +117,10 @@ EPILOG = (
     "Exit status (every command): 0 done or already so; 1 refused or invalid "
     "(unknown instance, a refusal of the node, a chain that does not verify); "
     "2 usage (bad option, value, path, spec or token); 3 no node takes verbs "
-    "there (none runs or answers, or it is starting or shutting down); 4 no answer: "
-    "the node went away before answering a verb it may have taken (see status)."
+    "there (none runs, or it is starting or shutting down); 4 no answer: the node "
+    "is there but did not answer within --timeout (stopped: kill -CONT PID), or went "
+    "away, before answering a verb it may have taken (see status); "
+    "141 standard output closed early (| head), said by nothing."
 )
 
 #: Longest value quoted whole in a message; longer ones are cut with an ellipsis.

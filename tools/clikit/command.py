@@ -3,7 +3,8 @@
 :class:`Command` ends each ``--help`` with the exit-status table, under
 ``--json`` also prints a usage error as one JSON object on stdout, and
 reports a :class:`~.failure.Failure` its callback raises on the one error
-path (:func:`~.failure.fail`);
+path (:func:`~.failure.fail`), and ends quietly with exit 141 when its standard
+output is closed early (:mod:`.closed_stdout`);
 :class:`Group` makes its subcommands such commands. :data:`SECONDS` and
 :class:`FiniteRange` refuse NaN and infinity, which click's own number types
 let through.
@@ -20,6 +21,7 @@ import click
 
 from ..api.exit_codes import EPILOG, cut
 from ..api.one_line import MAX_REASON, refusal
+from .closed_stdout import quiet_on_closed_stdout
 from .failure import Failure, echo_json, fail
 from .paths import BadKey, BadPath
 from .raw_args import check_raw
@@ -59,7 +61,11 @@ class Command(click.Command):
         kwargs.setdefault("epilog", EPILOG)
         super().__init__(*args, **kwargs)
 
-    def make_context(
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with quiet_on_closed_stdout():  # --help, or a usage error's JSON, into a closed pipe
+            return self._make_context(*args, **kwargs)
+
+    def _make_context(
         self,
         info_name: str | None,
         args: list[str],
@@ -91,20 +97,26 @@ class Command(click.Command):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except Failure as e:
-            fail(str(e), e.code, e.field)
+        with quiet_on_closed_stdout():  # its reader went away: exit 141, quietly
+            try:
+                return super().invoke(ctx)
+            except Failure as e:
+                fail(str(e), e.code, e.field)
 
 
 class Group(click.Group):
-    """A group of :class:`Command` (and of groups like itself), with the exit table too."""
+    """A group of :class:`Command` (and of groups like itself), with the exit table too;
+    its own output (``--help``, ``--version``) ends quietly on a closed pipe too."""
 
     command_class = Command
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("epilog", EPILOG)
         super().__init__(*args, **kwargs)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with quiet_on_closed_stdout():
+            return super().make_context(*args, **kwargs)
 
 
 Group.group_class = Group

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from ..api.wire import WitnessInfo
+
 __all__ = ["NODE_SCHEMA", "NodeRecord"]
 
 
@@ -22,6 +24,13 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     it was recorded (ns since the epoch, UTC; null: ``none``); ``takes_placements`` is
     whether it is ``none``. ``phase`` is the running node's (``open``,
     ``stopping``). ``instances`` counts the placed instances.
+
+    ``witnesses`` are the node's witnesses (``[[witnesses]]``) as ``GET
+    /v1/node`` answers them: each one's ``witness``, ``url``, ``cosigned_size``,
+    ``checkpoint_size``, ``behind_events``, ``last_error`` and ``last_success_ns``
+    (empty without witnesses; null from the chain: only the running node knows
+    them); ``witness_quorum`` how many must cosign a checkpoint (null: no
+    witnesses, or from the chain).
     """
 
     source: str
@@ -37,8 +46,29 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     instances: int
     chain_writable: bool | None
     chain_error: str | None
+    witnesses: list[WitnessInfo] | None
+    witness_quorum: int | None
 
 
+_OPT_INT = {"type": ["integer", "null"]}
+
+
+#: The JSON type of each field of a witness (:class:`~..api.wire.WitnessInfo`).
+_WITNESS_TYPES: dict[str, str | list[str]] = {
+    "witness": "string",
+    "url": "string",
+    "cosigned_size": "integer",
+    "checkpoint_size": "integer",
+    "behind_events": "integer",
+    "last_error": ["string", "null"],
+    "last_success_ns": ["integer", "null"],
+}
+_WITNESS = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": list(WitnessInfo.__struct_fields__),
+    "properties": {name: {"type": kind} for name, kind in _WITNESS_TYPES.items()},
+}
 _OPT_STR = {"type": ["string", "null"]}
 
 NODE_SCHEMA: dict[str, Any] = {
@@ -61,5 +91,7 @@ NODE_SCHEMA: dict[str, Any] = {
         "instances": {"type": "integer"},
         "chain_writable": {"type": ["boolean", "null"]},
         "chain_error": _OPT_STR,
+        "witnesses": {"type": ["array", "null"], "items": _WITNESS},
+        "witness_quorum": _OPT_INT,
     },
 }

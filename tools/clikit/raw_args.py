@@ -22,7 +22,7 @@ import click
 
 from .paths import BadPath, KeyOrFile
 
-__all__ = ["NotAscii", "Repeated", "check_raw"]
+__all__ = ["NotAscii", "Repeated", "check_raw", "number_problem"]
 
 
 class Repeated(click.UsageError):
@@ -47,20 +47,26 @@ def _takes_a_number(param: click.Parameter) -> bool:
     )
 
 
+def number_problem(value: str) -> str | None:
+    """Why ``value`` is no number as the API and every other reader writes one, or
+    None: Python's ``int()`` and ``float()`` take what no other reader of a number
+    does: other scripts' digits (Arabic-Indic, full-width), ``1_0`` and
+    surrounding spaces (a second trial, stop 34: ``--threads 1_0`` placed 10
+    threads). Also the check of a URL's port (:mod:`.urls`)."""
+    if not value.isascii():
+        why = "not other scripts' digits"
+    elif "_" in value or value != value.strip():
+        why = "without underscores or spaces"
+    else:
+        return None
+    return f"{value!a}: a number is written in ASCII digits (0-9), {why}"
+
+
 def _check_ascii_number(ctx: click.Context, param: click.Parameter, values: Sequence[Any]) -> None:
-    """Python's ``int()`` and ``float()`` take what no other reader of a number
-    does: other scripts' digits, ``1_0`` and surrounding spaces (a second
-    trial, stop 34: ``--threads 1_0`` placed 10 threads)."""
+    """A number option's values, by :func:`number_problem`."""
     for value in values:
-        if not isinstance(value, str):
-            continue
-        if not value.isascii():
-            why = "not other scripts' digits"
-        elif "_" in value or value != value.strip():
-            why = "without underscores or spaces"
-        else:
-            continue
-        raise NotAscii(f"{value!a}: a number is written in ASCII digits (0-9), {why}", ctx, param)
+        if isinstance(value, str) and (why := number_problem(value)) is not None:
+            raise NotAscii(why, ctx, param)
 
 
 def _takes_a_path(param: click.Parameter) -> bool:

@@ -12,11 +12,10 @@ trial, stop 34: the node's signing key went out as a bearer header over HTTP).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from ..netkit.bearer import token_problem
+from ..netkit.bearer import BOM, TokenFileError, token_file_secrets, token_problem
 from .failure import fail
 from .key_shapes import shape_of
 from .paths import file_problem
@@ -38,14 +37,12 @@ def _refuse_private(text: str, field: str, shown: str) -> None:
         )
 
 
-def _header_safe(secret: str | None, field: str) -> str | None:
-    """``secret`` when an Authorization header can carry it
-    (:func:`~infervisor.tools.netkit.bearer.token_problem`), else exit 2
-    (``bad_value``) naming ``field`` (a newcomer's trial, stop 34: ``--token
-    $'a\\nb'`` read as the node going away)."""
-    problem = None if secret is None else token_problem(secret)
-    if problem is not None:
-        fail(f"{field}: {problem}", "bad_value", field)
+def _header_safe(secret: str | None, field: str, shown: str | None = None) -> str | None:
+    """``secret`` when an Authorization header can carry it (the one rule of every
+    client: tools/netkit/bearer.py), else exit 2 (``bad_value``) naming ``field``
+    (said as ``shown``, the field by default)."""
+    if secret is not None and (problem := token_problem(secret)) is not None:
+        fail(f"{shown or field}: {problem}", "bad_value", field)
     return secret
 
 
@@ -57,7 +54,9 @@ def token_of(
 
     Exits 2 through :func:`~.failure.fail`: ``bad_path`` for a token file that
     cannot be read, ``bad_value`` for a private signing key in any of the three,
-    a token file that is neither shape, or a --token-name it lacks."""
+    a token a header cannot carry, a token file that holds no one secret (empty,
+    several lines, JSON other than an object of names and secrets: one leading
+    byte order mark is dropped, tools/netkit/bearer.py), or a --token-name it lacks."""
     if token is not None:
         _refuse_private(token, "--token", "--token")
         return _header_safe(token.strip() or None, "--token")
@@ -69,23 +68,16 @@ def token_of(
     if problem is not None:
         fail(f"--token-file {token_file}: {problem}", "bad_path", "--token-file")
     try:
-        text = token_file.read_text(encoding="utf-8").strip()
+        text = token_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         fail(f"--token-file {token_file}: cannot read it: {e}", "bad_path", "--token-file")
-    _refuse_private(text, "--token-file", f"--token-file {token_file}")
-    if not text.startswith("{"):
-        return _header_safe(text or None, "--token-file")
+    _refuse_private(text.removeprefix(BOM).strip(), "--token-file", f"--token-file {token_file}")
     try:
-        tokens = json.loads(text)
-    except ValueError as e:
-        fail(f"--token-file {token_file}: not JSON: {e}", "bad_value", "--token-file")
-    if not isinstance(tokens, dict) or not all(isinstance(v, str) for v in tokens.values()):
-        fail(
-            f"--token-file {token_file}: expected the bare secret or a JSON object of "
-            'token names and secrets ({"operator": "..."})',
-            "bad_value",
-            "--token-file",
-        )
+        tokens = token_file_secrets(text)
+    except TokenFileError as e:
+        fail(f"--token-file {token_file}: {e}; {TOKEN_FILE_HOLDS}", "bad_value", "--token-file")
+    if isinstance(tokens, str):
+        return tokens
     if isinstance(token_name, tuple):  # a preference: the first name the file has
         token_name = next((n for n in token_name if n in tokens), token_name[0])
     if token_name not in tokens:
@@ -95,4 +87,5 @@ def token_of(
             "bad_value",
             "--token-name",
         )
-    return _header_safe(str(tokens[token_name]), "--token-file")
+    shown = f"--token-file {token_file} (token {token_name!r})"
+    return _header_safe(tokens[token_name], "--token-file", shown)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import urllib.parse
 
 from .failure import Failure
+from .raw_args import number_problem
 
 __all__ = ["URL_ALLOWED", "checked_url"]
 
@@ -34,6 +35,9 @@ def checked_url(url: str, name: str) -> str:
         0xD800 <= ord(c) <= 0xDFFF for c in url
     ):  # bytes argv or the environment could not decode
         raise refuse("not valid UTF-8")
+    port_problem = number_problem(_port_text(url.strip()))
+    if port_problem is not None:  # int() reads full-width 8080 as 8080; urllib: "out of range"
+        raise refuse(f"port {port_problem}")
     try:
         parts = urllib.parse.urlsplit(url.strip())
         port = parts.port
@@ -54,10 +58,27 @@ def _why_unsplit(url: str) -> str:
     """What is wrong with a URL urllib could not split, in the project's words
     (urllib's own, "Port could not be cast to integer value as 'abc'", is
     Python's, not an operator's: a newcomer's trial, stop 33)."""
-    netloc = url.partition("://")[2].split("/", 1)[0].rpartition("@")[2]
+    netloc = _netloc(url)
     if ("[" in netloc) != ("]" in netloc):
         return "an IPv6 host must be in brackets, [ and ] both (e.g. http://[::1]:8765)"
-    port = netloc.rpartition("]")[2].rpartition(":")[2] if ":" in netloc else ""
+    port = _port_text(url)
     if port.isdigit():
         return f"port {port} is out of range"
     return f"port {port!r} is not a number"
+
+
+def _netloc(url: str) -> str:
+    """The host and port of ``url`` (its user info dropped), as written."""
+    return (
+        url.partition("://")[2]
+        .split("/", 1)[0]
+        .split("?", 1)[0]
+        .split("#", 1)[0]
+        .rpartition("@")[2]
+    )
+
+
+def _port_text(url: str) -> str:
+    """The port of ``url`` as written ("" when it gives none)."""
+    netloc = _netloc(url)
+    return netloc.rpartition("]")[2].rpartition(":")[2] if ":" in netloc else ""

@@ -146,9 +146,9 @@ def place(  # noqa: PLR0917 - one parameter per option, as click passes them
     Prints the node chosen and the node's answer (--json: {"node", "answer",
     "passed_over": [{"node", "reason"}]}). Exit 0 once placed; 1 when no node
     fits or every node refuses (each named) or a node refuses what every node
-    would (400); 2 when the file or SPEC is wrong; 3 when the node does not
-    answer, 4 (no_answer) when it was asked and did not answer (it may have
-    taken it: see its GET /v1/instances); no other node is tried then.
+    would (400); 2 when the file or SPEC is wrong; 3 when no node is there, 4
+    (no_answer) when it is there and did not answer (asked the placement, it
+    may have taken it: see its GET /v1/instances); no other node is tried then.
     """
     from ..operator.place import spec_of_fragment  # noqa: PLC0415 - keeps --help fast
 

@@ -24,7 +24,6 @@ space) is refused here, by the check every sender of the tools uses
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from infervisor.chain.checkpoint import load_verifier
 from infervisor.chain.errors import CheckpointError
 from infervisor.chain.note import Verifier
 
-from ..netkit.bearer import token_problem
+from ..netkit.bearer import TokenFileError, token_file_secrets, token_problem
 
 __all__ = [
     "CONTROL_TOKEN_NAMES",
@@ -208,21 +207,17 @@ def _tokens(
         return None, None
     file = base / _text(table["token_file"], f"{where} token_file", path)
     try:
-        text = file.read_bytes().decode("utf-8").strip()  # a CR kept: named if inside
+        # bytes decoded, not read_text: its newline translation would make a CR a line
+        tokens = token_file_secrets(file.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise FleetConfigError(f"{path}: {where} token_file: {file}: cannot read it: {e}") from e
-    if not text.startswith("{"):
-        bare = _sendable(text, f"{where} token_file: {file}", path) or None
-        return bare, bare
-    try:
-        tokens = json.loads(text)
-    except ValueError as e:
-        raise FleetConfigError(f"{path}: {where} token_file: {file}: not JSON: {e}") from e
-    if not isinstance(tokens, dict) or not all(isinstance(v, str) for v in tokens.values()):
+    except TokenFileError as e:  # the command line's own reading (tools/netkit/bearer.py)
         raise FleetConfigError(
-            f"{path}: {where} token_file: {file}: expected the bare secret or the node's "
+            f"{path}: {where} token_file: {file}: {e}; expected the bare secret or the node's "
             'api-tokens.json ({"operator": "..."})'
-        )
+        ) from e
+    if isinstance(tokens, str):
+        return tokens, tokens
     read = next((n for n in TOKEN_NAMES if n in tokens), None)
     if read is None:
         raise FleetConfigError(

@@ -36,8 +36,8 @@ __all__ = ["health"]
 @click.option(
     "--check",
     is_flag=True,
-    help="Exit 0 only when INSTANCE is running and healthy, else 1 (3: no node answers), "
-    "like `systemctl is-active`.",
+    help="Exit 0 only when INSTANCE is running and healthy, else 1 (3: no node runs; "
+    "4: it does not answer), like `systemctl is-active`.",
 )
 @node_command("[WHERE] INSTANCE", 1)
 def health(target: Target, deep: bool, as_json: bool, check: bool) -> None:

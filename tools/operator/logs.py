@@ -57,5 +57,3 @@ def logs(target: Target, follow: bool, stream: str, tail_bytes: int) -> None:
                 out.flush()
     except KeyboardInterrupt:
         sys.exit(0)
-    except BrokenPipeError:
-        sys.exit(0)

@@ -10,6 +10,7 @@ what only a running node knows is null).
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import click
@@ -18,13 +19,13 @@ from infervisor.replay import NodeState
 from infervisor.replay.cordon_reason import cordon_in_force, in_force_said
 
 from ..api.errors import ApiError, NoAnswer, NodeUnavailable, NotRunning
-from ..api.wire import NodeInfo
+from ..api.wire import NodeInfo, WitnessInfo
 from ..clikit.failure import echo_json, fail
 from ..clikit.node_schema import NodeRecord
 from ..node.where import where
 from .target import Target, api_failure
 
-__all__ = ["show_node"]
+__all__ = ["show_node", "witness_lines"]
 
 _TAKES = {
     "none": "takes placements",
@@ -37,8 +38,9 @@ _TAKES = {
 def show_node(target: Target, as_json: bool, unverified: bool) -> None:
     """Print the node's record: a line or two, or one JSON object (``--json``).
 
-    Exits 3 (``api_failure``) when no node answers at --url, 2 (``no_chain``) when
-    none runs on WHERE and no chain is there to read."""
+    Exits 3 (``api_failure``) when no node listens at --url, 4 when the node is
+    there and does not answer, 2 (``no_chain``) when none runs on WHERE and no
+    chain is there to read."""
     try:
         with target.client() as client:
             record = _of_node(client.node())
@@ -66,6 +68,8 @@ def _say(record: NodeRecord) -> None:
         click.echo(f"{record.cordon}{said}" if said else f"{record.cordon}: no reason recorded")
     head = f"head seq {record.head_seq} {record.head_hash}"
     click.echo(f"chain: {head}, {record.instances} instances")
+    for line in witness_lines(record.witnesses, record.witness_quorum):
+        click.echo(line)
     if record.chain_writable is False:
         click.echo(f"warning: the chain refuses writes: {record.chain_error}", err=True)
 
@@ -85,6 +89,8 @@ def _of_node(info: NodeInfo) -> NodeRecord:
         instances=info.instances,
         chain_writable=info.chain_writable,
         chain_error=info.chain_error,
+        witnesses=info.witnesses,
+        witness_quorum=info.witness_quorum,
     )
 
 
@@ -132,4 +138,32 @@ def _of_state(state: NodeState, db: Path) -> NodeRecord:
         instances=len(state.instances),
         chain_writable=None,
         chain_error=None,
+        witnesses=None,
+        witness_quorum=None,
     )
+
+
+def witness_lines(witnesses: list[WitnessInfo] | None, quorum: int | None) -> list[str]:
+    """A summary against the quorum, then ``witness NAME: cosigned size N, M events
+    behind; last success ...; last error ...`` per witness ([] without witnesses, or
+    None: not known, read from the chain); ``quorum`` None: all of them."""
+    if not witnesses:
+        return []
+    current = sum(1 for w in witnesses if w.behind_events == 0 and w.cosigned_size > 0)
+    quorum = quorum or len(witnesses)
+    met = "met" if current >= quorum else "not met"
+    lines = [
+        f"witnesses: {current} of {len(witnesses)} cosigned the latest checkpoint "
+        f"(quorum {quorum}: {met})"
+    ]
+    for w in witnesses:
+        success = "never (this run)"
+        if w.last_success_ns is not None:
+            at = dt.datetime.fromtimestamp(w.last_success_ns / 1e9, dt.UTC)
+            success = at.isoformat(timespec="seconds")
+        error = f"; last error: {w.last_error}" if w.last_error else ""
+        lines.append(
+            f"witness {w.witness}: cosigned size {w.cosigned_size}, {w.behind_events} events "
+            f"behind; last success {success}{error}"
+        )
+    return lines

@@ -26,6 +26,7 @@ from ..clikit.names import chain_roles, resolve
 from ..clikit.schemas import InstanceRecord, from_state, from_view
 from ..clikit.wanted import wanted
 from ..node.where import where
+from .node_status import show_node, witness_lines
 from .target import Target, api_failure, node_command, running_healthy, view_of
 
 __all__ = ["age", "chain_refusal", "cordon_lines", "residency_lines", "row", "status"]
@@ -56,8 +57,8 @@ _MIB = 1024 * 1024
 @click.option(
     "--check",
     is_flag=True,
-    help="Exit 0 only when INSTANCE is running and healthy, else 1 (3: no node answers), "
-    "like `systemctl is-active`.",
+    help="Exit 0 only when INSTANCE is running and healthy, else 1 (3: no node runs; "
+    "4: it does not answer), like `systemctl is-active`.",
 )
 @click.option(
     "--node",
@@ -101,7 +102,7 @@ def status(  # noqa: PLR0917 - one parameter per option, as click passes them
 
     --check is for scripts: INSTANCE's line (or JSON) as above, then exit 0
     only when the node has it running and its last probe did not fail, 1
-    otherwise, 3 when no node answers (the chain is not asked).
+    otherwise, 3 when no node runs, 4 when it does not answer (no chain read).
 
     --node shows the node instead of its instances: whether it takes
     placements (cordon: none, cordoned, drained; and its reason), its phase
@@ -111,14 +112,13 @@ def status(  # noqa: PLR0917 - one parameter per option, as click passes them
 
     Exit 0; 1 when INSTANCE is not placed (the message names those that are);
     2 when WHERE names nothing, no running node and no chain (no_chain); 3
-    when no node answers at --url, or WHERE's is still opening its chain.
+    when no node listens at --url, or WHERE's is still opening its chain; 4
+    when the node is there but does not answer within --timeout.
     """
     instance = target.rest[0] if target.rest else None
     if node_record:
         if instance is not None or watch or check:
             fail("--node shows the node: not with INSTANCE, --watch or --check", "usage", "--node")
-        from .node_status import show_node  # noqa: PLC0415 - only --node pays for it
-
         show_node(target, as_json, unverified)
         return
     if check and (instance is None or watch):
@@ -174,7 +174,7 @@ def _print_table_and_details(
     for line in [
         *residency_lines(records),
         *cordon_lines(info.cordon, info.cordon_reason, info.cordon_since_ns),
-        *witness_lines(info),
+        *witness_lines(info.witnesses, info.witness_quorum),
     ]:
         click.echo(line)
     if instance:
@@ -236,31 +236,6 @@ def cordon_lines(cordon: str, reason: str | None = None, since_ns: int | None = 
             "stopped (`infervisor uncordon` ends it)"
         ]
     return []
-
-
-def witness_lines(info: NodeInfo) -> list[str]:
-    """A summary against the quorum, then ``witness NAME: cosigned size N, M events
-    behind; last success ...; last error ...`` per witness ([] without witnesses)."""
-    if not info.witnesses:
-        return []
-    current = sum(1 for w in info.witnesses if w.behind_events == 0 and w.cosigned_size > 0)
-    quorum = info.witness_quorum or len(info.witnesses)
-    met = "met" if current >= quorum else "not met"
-    lines = [
-        f"witnesses: {current} of {len(info.witnesses)} cosigned the latest checkpoint "
-        f"(quorum {quorum}: {met})"
-    ]
-    for w in info.witnesses:
-        success = "never (this run)"
-        if w.last_success_ns is not None:
-            at = dt.datetime.fromtimestamp(w.last_success_ns / 1e9, dt.UTC)
-            success = at.isoformat(timespec="seconds")
-        error = f"; last error: {w.last_error}" if w.last_error else ""
-        lines.append(
-            f"witness {w.witness}: cosigned size {w.cosigned_size}, {w.behind_events} events "
-            f"behind; last success {success}{error}"
-        )
-    return lines
 
 
 def chain_refusal(info: NodeInfo) -> str | None:

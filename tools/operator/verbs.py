@@ -33,9 +33,11 @@ _VERB_HELP_TAIL = """
     INSTANCE is an instance id, or a role naming one instance.
     Exit 0 printing the resulting state; 1 when the node refuses (with its
     message: an unknown INSTANCE names the placed ones); 2 when the command
-    line is wrong; 3 when no node runs on WHERE (or answers at --url); 4
-    (no_answer) when the node went away after taking the verb, before it
-    answered (or, with --wait, before it was running): see `status`.
+    line is wrong; 3 when no node runs on WHERE (or listens at --url); 4
+    (no_answer) when the node is there but does not answer within --timeout
+    (a stopped process: `kill -CONT PID`), or went away after taking the
+    verb, before it answered (or, with --wait, before it was running): see
+    `status`.
     """
 
 

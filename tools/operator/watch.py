@@ -61,15 +61,13 @@ def watch(
     chain file; without it, --url (or INFERVISOR_URL) names the node.
     Exit 0 when --no-follow reaches the head, or on Ctrl-C; 1 when
     --from-seq is beyond the head + 1 (beyond_head: the events between would
-    be skipped); 2 when the command line is wrong; 3 when no node answers for
-    --retry-for seconds.
+    be skipped); 2 when the command line is wrong; 3 when no node runs (4:
+    one is there but does not answer) for --retry-for seconds.
     """
     click.get_current_context().meta["json_lines"] = True
     try:
         _watch_events(target, from_seq, as_json, follow=not no_follow, retry_for=retry_for)
     except KeyboardInterrupt:
-        sys.exit(0)
-    except BrokenPipeError:
         sys.exit(0)
 
 
