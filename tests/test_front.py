@@ -366,6 +366,39 @@ def test_the_ollama_client_through_the_front(
     assert err.value.status_code == 404
 
 
+@pytest.mark.parametrize("flush_interval_s", [0.0, 0.005])
+def test_an_answer_the_server_cut_short_reaches_the_client_cut_not_whole(
+    node: Node, front: Any, flush_interval_s: float
+) -> None:
+    """A newcomer's trial (stop 35): a server that died mid-stream, and the front wrote
+    the last chunk itself, so the client took the cut answer for a whole one (the
+    ``openai`` client returned normally without finish_reason). Now the front closes
+    the connection without it, as the server did: the client reports the cut."""
+    iid = node.place(llama())
+    node.start(iid)
+    running(node, iid)
+    cwd = Path(node.settings.data_dir) / "instances" / iid
+    (cwd / "completions").write_text("cut")
+    srv = front(node, stream_flush_interval_s=flush_interval_s)
+    with sdk(srv) as c:
+        stream = c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        with pytest.raises(openai.APIConnectionError):
+            list(stream)
+    body = json.dumps({"model": "tiny", "messages": [], "stream": True}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    port = int(srv.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head.encode() + body)
+        got = _until_closed(sock)
+    assert b'" fake"' in got  # what was generated still went out
+    assert not got.endswith(b"0\r\n\r\n"), got  # but not the end of a whole answer
+
+
 def test_a_client_that_disconnects_cancels_the_upstream_request(
     node: Node, front: Any, ollama_srv: Any
 ) -> None:

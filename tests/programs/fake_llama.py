@@ -10,8 +10,10 @@ it exists: ``ok`` (200), ``loading`` (503 "Loading model", nested form),
 ``FAKE_EXIT_CODE`` (default 0): a one-shot run.
 
 Each completion (any POST) is chosen by the file ``completions`` in the
-working directory the same way: ``ok`` (200, the token ``" fake"``) or
-``fail`` (500, llama-server's error shape). ``GET /slots`` is chosen by the
+working directory the same way: ``ok`` (200, the token ``" fake"``),
+``fail`` (500, llama-server's error shape) or ``cut`` (200, a chunked event
+stream of one token, then the connection closed without the last chunk: a
+server that died mid-answer). ``GET /slots`` is chosen by the
 file ``slots``: a whole number n, the slots processing a request (llama-server's
 shape: a list of slots with ``is_processing``, n of them true, at least one
 slot); without the file, 404 (a server without counters). Flags of its own:
@@ -41,12 +43,26 @@ class FakeLlama(Handler):
         self.reply(200, [{"id": i, "is_processing": i < busy} for i in range(max(busy, 1))])
 
     def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+        if mode("completions") == "cut":
+            self.cut()
+            return
         if mode("completions") != "fail":
             super().do_POST()
             return
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         error = {"code": 500, "message": "injected completion failure", "type": "server_error"}
         self.reply(500, {"error": error})
+
+    def cut(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        event = b'data: {"choices":[{"index":0,"delta":{"content":" fake"}}]}\n\n'
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        self.wfile.flush()
+        self.close_connection = True  # no "0" chunk, no [DONE]: cut mid-answer
 
 
 def own_flags(p: argparse.ArgumentParser) -> None:

@@ -34,7 +34,16 @@ from typing import Any, Protocol
 from .upstream_errors import UpstreamError
 from .usage import StreamCounter, Usage
 
-__all__ = ["ClientSocket", "Dechunk", "FramingError", "PipeCounter", "Piped", "client_socket"]
+__all__ = [
+    "AnswerCutOff",
+    "ClientSocket",
+    "Dechunk",
+    "FramingError",
+    "PipeCounter",
+    "Piped",
+    "client_socket",
+    "cut_off",
+]
 
 #: Bytes a chunk's size line may take (with extensions) before the framing is refused.
 SIZE_LINE_MAX = 4096
@@ -189,6 +198,32 @@ def client_socket(send: Callable[..., Any], scope: dict[str, Any]) -> ClientSock
     ):
         return None
     return _Uvicorn(transport, flow)
+
+
+class AnswerCutOff(Exception):
+    """An answer the server did not finish, under an ASGI server other than uvicorn:
+    raised so that server closes the connection without the answer's end."""
+
+
+def cut_off(send: Callable[..., Any]) -> None:
+    """Close the client's connection without ending its answer: no last chunk (or
+    short of its Content-Length), so the client's HTTP library reports the answer
+    cut (``openai``: ``APIConnectionError``), as it would straight from a server
+    that died mid-answer. The bytes already written still go out first.
+
+    uvicorn's cycle is marked disconnected first: its ``send`` then writes nothing
+    more, and it does not log the answer as left incomplete by the app.
+
+    Raises:
+        AnswerCutOff: ``send`` is not uvicorn's (the ASGI server closes the
+            connection on an exception after the answer began).
+    """
+    cycle: Any = getattr(send, "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if cycle is None or transport is None or not hasattr(cycle, "disconnected"):
+        raise AnswerCutOff("the server ended its answer early")
+    cycle.disconnected = True
+    transport.close()
 
 
 class Wire(Protocol):

@@ -48,7 +48,7 @@ from infervisor.adapters.proc.errors import AdapterError
 
 from .bodies import KEEP_ALIVE_ROUTES, Asked, rewritten
 from .errors import FrontError, retry_after
-from .pipe import ClientSocket, client_socket
+from .pipe import ClientSocket, client_socket, cut_off
 from .routes import Route, RouteTable, ollama_names
 from .tally import FrontTally
 from .told import Told
@@ -417,11 +417,16 @@ class Proxy:
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         streamed = answer.header(b"content-type").startswith(_STREAMED)
         sink = client_socket(send, scope) if streamed and answer.chunked else None
-        if sink is not None:
-            await self._piped(answer, sink, iid)
+        whole = await (self._piped(answer, sink, iid) if sink else self._relayed(answer, send, iid))
+        if whole:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        counter = StreamCounter() if streamed else None
+        else:  # the client must not take a cut answer for a whole one
+            cut_off(send)
+
+    async def _relayed(self, answer: Answer, send: Send, iid: str) -> bool:
+        """The answer's body through ASGI messages, piece by piece; False when the
+        server died or stalled mid-answer (:func:`_ended_early`)."""
+        counter = StreamCounter() if answer.header(b"content-type").startswith(_STREAMED) else None
         kept = bytearray()
         try:
             async with contextlib.aclosing(answer.chunks()) as chunks:
@@ -431,32 +436,40 @@ class Proxy:
                     elif len(kept) < USAGE_BODY_MAX:
                         kept += chunk
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except UpstreamError as e:  # the server died or stalled mid-answer: end it here
-            log.warning("front: the answer of %s ended early: %s", iid, e)
+        except UpstreamError as e:
+            return _ended_early(iid, e)
         finally:  # also when the client went away: what was generated still counts
             usage = counter.close() if counter is not None else usage_of(bytes(kept))
             if usage is not None and answer.status < 400:
                 self.tally.counted(iid, usage.prompt, usage.completion)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
 
-    async def _piped(self, answer: Answer, sink: ClientSocket, iid: str) -> None:
+    async def _piped(self, answer: Answer, sink: ClientSocket, iid: str) -> bool:
         """A chunked stream to a chunked client: its bytes go from socket to socket
-        (:mod:`.pipe`), its tokens counted by bytes."""
+        (:mod:`.pipe`), its tokens counted by bytes; False when it ended early."""
         try:
             await answer.pipe(sink)
-        except UpstreamError as e:  # the server died or stalled mid-answer: end it here
-            log.warning("front: the answer of %s ended early: %s", iid, e)
+        except UpstreamError as e:
+            return _ended_early(iid, e)
         finally:  # also when the client went away: what was generated still counts
             counter = answer.pipe_counter()
             if counter is not None and answer.status < 400:
                 usage = counter.close()
                 self.tally.counted(iid, usage.prompt, usage.completion)
+        return True
 
     async def aclose(self) -> None:
         """Close the upstream clients and the worker threads (not waiting for them)."""
         self.told.flush()
         await self.upstreams.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _ended_early(iid: str, e: UpstreamError) -> bool:
+    """The server died, stalled or broke its framing mid-answer (or the client went
+    away): logged; the answer is not whole (False)."""
+    log.warning("front: the answer of %s ended early: %s", iid, e)
+    return False
 
 
 def _unreachable(route: Route, e: Exception) -> FrontError:
