@@ -113,7 +113,7 @@ def two_busy(nodes: NodeFactory, fake_llama: str, models: Path, **extra: Any) ->
     running(node, a, b)
     node.request_began(a)
     node.request_began(b)
-    wait_until(lambda: node.status(a).busy and node.status(b).busy, 10, "both busy")
+    wait_until(lambda: node.status(a).busy and node.status(b).busy, 30, "both busy")
     return node, (a, b, c)
 
 
