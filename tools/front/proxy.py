@@ -417,7 +417,10 @@ class Proxy:
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         streamed = answer.header(b"content-type").startswith(_STREAMED)
         sink = client_socket(send, scope) if streamed and answer.chunked else None
-        whole = await (self._piped(answer, sink, iid) if sink else self._relayed(answer, send, iid))
+        if sink is not None:
+            whole = await self._piped(answer, sink, iid)
+        else:
+            whole = await self._relayed(answer, send, iid)
         if whole:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:  # the client must not take a cut answer for a whole one
