@@ -420,16 +420,17 @@ class Proxy:
         if sink is not None:
             whole = await self._piped(answer, sink, iid)
         else:
-            whole = await self._relayed(answer, send, iid)
+            whole = await self._relayed(answer, send, iid, streamed)
         if whole:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:  # the client must not take a cut answer for a whole one
             cut_off(send)
 
-    async def _relayed(self, answer: Answer, send: Send, iid: str) -> bool:
-        """The answer's body through ASGI messages, piece by piece; False when the
-        server died or stalled mid-answer (:func:`_ended_early`)."""
-        counter = StreamCounter() if answer.header(b"content-type").startswith(_STREAMED) else None
+    async def _relayed(self, answer: Answer, send: Send, iid: str, streamed: bool) -> bool:
+        """The answer's body through ASGI messages, piece by piece (``streamed``: an
+        event stream, its tokens counted as they pass); False when the server died
+        or stalled mid-answer (:func:`_ended_early`)."""
+        counter = StreamCounter() if streamed else None
         kept = bytearray()
         try:
             async with contextlib.aclosing(answer.chunks()) as chunks:
